@@ -1,0 +1,1 @@
+"""Agents: one per remote service, with retries, a circuit breaker and a deadline."""

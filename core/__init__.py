@@ -1,0 +1,1 @@
+"""Shared code for all roles: message schemas, state store, settings and workflow definitions."""

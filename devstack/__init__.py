@@ -1,0 +1,1 @@
+"""Local development stack (not deployed): dev Service Bus broker, fake services, tooling."""

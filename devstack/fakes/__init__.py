@@ -1,0 +1,1 @@
+"""Fake remote services with fault profiles and an effects ledger (local use only)."""

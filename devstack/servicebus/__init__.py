@@ -1,0 +1,1 @@
+"""Development broker that speaks the Service Bus AMQP dialect (local use only)."""

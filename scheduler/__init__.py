@@ -1,0 +1,1 @@
+"""Scheduler: order intake, claims, step dispatch, reply handling and compensation."""

@@ -1,0 +1,1 @@
+"""Supervisor: periodic recovery of expired, stale and failed orders, and operator alerts."""

@@ -1,0 +1,1 @@
+"""Test helpers: start and stop Azurite and the development Service Bus broker."""
