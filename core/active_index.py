@@ -1,0 +1,180 @@
+"""The active-order index: which orders are in flight, at a cost that ignores finished ones.
+
+The Supervisor must look at every order in flight on every tick, and at nothing else, so that
+its cost grows with the orders in flight and not with every order ever processed. The orders
+table cannot answer "which orders are in flight" without a scan, so a second table does:
+
+- One row per in-flight order *generation*: PartitionKey ``a<nn>`` (crc32 of the order id
+  modulo 16, spreading writes over partitions), RowKey ``<order_id>.<generation>``, with
+  ``OrderID``, ``Generation``, ``Workflow``, ``WrittenAt``. No copies of mutable fields such as
+  CompleteBy: a copy written outside the order's own transaction can be stale in the direction
+  that hides an expired order, so the Supervisor point-reads each listed process row instead.
+- Crash ordering (there are no cross-table transactions): the row is written BEFORE the
+  transaction that puts an order generation in flight (create, resubmit) and deleted AFTER the
+  transaction that makes it terminal (Processed, Error). A crash leaves at worst an extra row,
+  never an in-flight order without one.
+- Extra rows are garbage, removed by :meth:`ActiveOrderIndex.reap` once the order generation
+  they name is missing, terminal or superseded, and the row is older than a grace period (a
+  create may still be on its way after its row was written) and unchanged since it was listed
+  (ETag: a resubmit may have re-written it meanwhile). The generation in the RowKey keeps the
+  cleanup after an Error from deleting the row of a resubmission that followed it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableEntity, UpdateMode
+
+from core.state_models import (
+    ActivePage,
+    ActiveRow,
+    CorruptOrderState,
+    ProcessRecord,
+    etag_of,
+    utc,
+)
+
+INDEX_BUCKETS: Final = 16
+DEFAULT_GRACE: Final = timedelta(minutes=15)
+MAX_PAGE: Final = 1000  # the most rows one Table query response holds
+
+_log = logging.getLogger(__name__)
+
+
+def index_partition(order_id: str) -> str:
+    return f"a{zlib.crc32(order_id.encode('ascii')) % INDEX_BUCKETS:02d}"
+
+
+def index_row_key(order_id: str, generation: int) -> str:
+    return f"{order_id}.{generation}"
+
+
+class ActiveOrderIndex:
+    """Rows of the ``activeorders`` table. Ids are validated by the caller (the state store)."""
+
+    def __init__(self, table: TableClient, clock: Callable[[], datetime]) -> None:
+        self._table = table
+        self._clock = clock
+
+    def put(self, order_id: str, generation: int, workflow: str) -> None:
+        """Write (or refresh) the row of an order generation about to be in flight."""
+        self._table.upsert_entity(
+            {
+                "PartitionKey": index_partition(order_id),
+                "RowKey": index_row_key(order_id, generation),
+                "OrderID": order_id,
+                "Generation": generation,
+                "Workflow": workflow,
+                "WrittenAt": utc(self._clock()),
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def discard(self, order_id: str, generation: int) -> None:
+        """Delete the row of an order generation that has ended; failures are only logged.
+
+        The order's own transition has committed by now and :meth:`reap` removes whatever is
+        left behind, so a failure here must not make the caller retry that transition.
+        """
+        try:
+            self._table.delete_entity(
+                index_partition(order_id), index_row_key(order_id, generation)
+            )
+        except HttpResponseError as exc:
+            _log.warning(
+                "could not delete index row %s (left for the supervisor to reap): %s",
+                index_row_key(order_id, generation),
+                exc,
+            )
+
+    def list(self, limit: int = MAX_PAGE, *, continuation: str | None = None) -> ActivePage:
+        """One page of at most ``limit`` rows, and where to go on (None: that was the last).
+
+        One request per page. The Supervisor point-reads each listed order's process row, so a
+        full pass costs one request per ``limit`` rows plus one per order in flight.
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
+        token = _decode_continuation(continuation)
+        entities = self._table.list_entities(results_per_page=limit)
+        # The Tables SDK's continuation tokens are dicts, whatever ItemPaged's hints say.
+        pages = entities.by_page(continuation_token=token)  # type: ignore[arg-type]
+        try:
+            page = next(pages)
+        except StopIteration:
+            return ActivePage(rows=(), continuation=None)
+        rows = tuple(_active_row(entity) for entity in page)
+        next_token = pages.continuation_token  # type: ignore[attr-defined]
+        return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
+
+    def reap(
+        self, row: ActiveRow, process: ProcessRecord | None, *, grace: timedelta = DEFAULT_GRACE
+    ) -> bool:
+        """Delete ``row`` if it no longer stands for an order in flight; True if deleted.
+
+        ``process`` must have been read AFTER ``row`` was listed (None: the order is missing).
+        The row is kept while its order generation is in flight, while it is younger than
+        ``grace``, and if it changed since it was listed.
+        """
+        live = (
+            process is not None and process.state.in_flight and process.generation == row.generation
+        )
+        if live or utc(self._clock()) - row.written_at < grace:
+            return False
+        try:
+            self._table.delete_entity(
+                row.partition_key,
+                row.row_key,
+                etag=row.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
+
+
+def _active_row(entity: TableEntity) -> ActiveRow:
+    try:
+        return ActiveRow(
+            order_id=entity["OrderID"],
+            generation=int(entity["Generation"]),
+            workflow=entity.get("Workflow", ""),
+            written_at=utc(entity["WrittenAt"]),
+            partition_key=entity["PartitionKey"],
+            row_key=entity["RowKey"],
+            etag=etag_of(entity),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptOrderState(
+            f"index row {entity.get('RowKey')} is unreadable: {exc!r}"
+        ) from None
+
+
+def _encode_continuation(token: Any) -> str | None:
+    if not token:
+        return None
+    return json.dumps(token, separators=(",", ":"), sort_keys=True)
+
+
+def _decode_continuation(value: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    try:
+        token = json.loads(value)
+    except ValueError:
+        token = None
+    if (
+        not isinstance(token, dict)
+        or set(token) != {"PartitionKey", "RowKey"}
+        or not all(isinstance(v, str) for v in token.values())
+    ):
+        raise ValueError("continuation is not a token returned by list_active")
+    return token

@@ -1,0 +1,236 @@
+"""Workflows as data: ordered steps, each done by one agent, each with its undo and budget.
+
+The Scheduler walks a workflow forward; compensation walks the completed steps backwards
+through their ``undo_operation``. Nothing here talks to a queue or to storage.
+
+Idempotency rule (every step follows it; see :mod:`core.ids`): a step presents
+``<order_id>:<step>:<do|undo>:<generation>`` to its remote service, the same for every attempt
+and redelivery, so the service applies each direction of each step at most once per generation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Final, Literal, get_args
+
+from core import ids
+
+AgentName = Literal["inventory", "payment", "shipping"]
+AGENT_NAMES: Final[tuple[AgentName, ...]] = get_args(AgentName)
+MAX_STEPS: Final = 90
+"""Create writes details + process + timeline + one row per step in one 100-operation batch."""
+
+
+class UnknownStep(LookupError):
+    """A step name that the workflow does not have (bad input, or a reply for another flow)."""
+
+
+class UnknownWorkflow(LookupError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long to wait before retry number ``failure_count`` (the pattern's extended wait).
+
+    ``delay = min(cap, base_delay * factor ** (failure_count - 1))``, then reduced by up to
+    ``jitter`` (a fraction, 0-1) at random, so retries of many orders failing together spread out
+    instead of arriving in one wave. The result is never above ``cap`` and never below
+    ``(1 - jitter)`` times the un-jittered delay.
+    """
+
+    base_delay: timedelta
+    factor: float
+    cap: timedelta
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.base_delay <= timedelta(0):
+            raise ValueError(f"base_delay must be positive, got {self.base_delay}")
+        if self.factor < 1.0:
+            raise ValueError(f"factor must be >= 1 so delays never shrink, got {self.factor}")
+        if self.cap < self.base_delay:
+            raise ValueError(f"cap {self.cap} is below base_delay {self.base_delay}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"jitter is a fraction from 0 to 1, got {self.jitter}")
+
+    def nominal_delay(self, failure_count: int) -> timedelta:
+        """The delay before jitter."""
+        if failure_count < 1:
+            raise ValueError(f"failure_count starts at 1, got {failure_count}")
+        cap_s = self.cap.total_seconds()
+        try:
+            seconds = self.base_delay.total_seconds() * self.factor ** (failure_count - 1)
+        except OverflowError:
+            seconds = cap_s
+        return timedelta(seconds=min(seconds, cap_s))
+
+    def delay(self, failure_count: int, rng: random.Random) -> timedelta:
+        nominal = self.nominal_delay(failure_count)
+        return nominal * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One unit of work at one remote service.
+
+    ``operation``/``undo_operation`` are the remote service's action names (``reserve`` /
+    ``release``); ``undo_operation`` is None for a step with nothing to undo.
+    ``complete_by_budget`` is how long one attempt may take, from claim to reply.
+    """
+
+    name: str
+    agent: AgentName
+    operation: str
+    undo_operation: str | None
+    complete_by_budget: timedelta
+
+    def __post_init__(self) -> None:
+        ids.validate_name(self.name, "step name")
+        if self.agent not in AGENT_NAMES:
+            raise ValueError(f"step {self.name}: agent {self.agent!r} is not one of {AGENT_NAMES}")
+        ids.validate_name(self.operation, "action name")
+        if self.undo_operation is not None:
+            ids.validate_name(self.undo_operation, "action name")
+        if self.complete_by_budget <= timedelta(0):
+            raise ValueError(f"step {self.name}: complete_by_budget must be positive")
+
+    @property
+    def compensable(self) -> bool:
+        return self.undo_operation is not None
+
+    def action_for(self, operation: ids.Operation) -> str:
+        """The remote action for a direction: ``do`` -> operation, ``undo`` -> undo_operation."""
+        if operation == "do":
+            return self.operation
+        if self.undo_operation is None:
+            raise ValueError(f"step {self.name} has no undo operation")
+        return self.undo_operation
+
+    def idempotency_key(self, order_id: str, operation: ids.Operation, generation: int) -> str:
+        return ids.idempotency_key(order_id, self.name, operation, generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """An ordered, non-empty list of uniquely named steps plus how to retry and when to stop.
+
+    ``failure_threshold``: the number of failed attempts after which the Supervisor stops
+    retrying and compensates (the pattern's "failure threshold").
+    """
+
+    name: str
+    steps: tuple[Step, ...]
+    retry: RetryPolicy
+    failure_threshold: int = 3
+    _index: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ids.validate_name(self.name, "workflow name")
+        if not self.steps:
+            raise ValueError(f"workflow {self.name} has no steps")
+        if len(self.steps) > MAX_STEPS:
+            raise ValueError(
+                f"workflow {self.name} has {len(self.steps)} steps; at most {MAX_STEPS}"
+            )
+        index: dict[str, int] = {}
+        for position, step in enumerate(self.steps):
+            if step.name in index:
+                raise ValueError(f"workflow {self.name} has two steps named {step.name!r}")
+            index[step.name] = position
+        if self.failure_threshold < 1:
+            raise ValueError(f"workflow {self.name}: failure_threshold must be at least 1")
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "_index", MappingProxyType(index))
+
+    @property
+    def first_step(self) -> Step:
+        return self.steps[0]
+
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        return tuple(step.name for step in self.steps)
+
+    def index_of(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise UnknownStep(
+                f"workflow {self.name!r} has no step {str(name)[:64]!r}; "
+                f"its steps are: {', '.join(self.step_names)}"
+            ) from None
+
+    def step_named(self, name: str) -> Step:
+        return self.steps[self.index_of(name)]
+
+    def next_step(self, after: str) -> Step | None:
+        """The step after ``after``, or None when ``after`` is the last one."""
+        position = self.index_of(after) + 1
+        return self.steps[position] if position < len(self.steps) else None
+
+    def compensation_steps(self, completed: Iterable[str]) -> tuple[Step, ...]:
+        """The completed steps that have an undo, latest first (the order to undo them in)."""
+        done = {self.index_of(name) for name in completed}
+        return tuple(
+            self.steps[position]
+            for position in sorted(done, reverse=True)
+            if self.steps[position].compensable
+        )
+
+
+DEFAULT_RETRY: Final = RetryPolicy(
+    base_delay=timedelta(seconds=5), factor=2.0, cap=timedelta(minutes=5), jitter=0.2
+)
+
+ORDER_WORKFLOW: Final = Workflow(
+    name="order",
+    steps=(
+        Step(
+            name="reserve_inventory",
+            agent="inventory",
+            operation="reserve",
+            undo_operation="release",
+            complete_by_budget=timedelta(seconds=30),
+        ),
+        Step(
+            name="charge_payment",
+            agent="payment",
+            operation="charge",
+            undo_operation="refund",
+            complete_by_budget=timedelta(seconds=30),
+        ),
+        Step(
+            name="create_shipment",
+            agent="shipping",
+            operation="create",
+            undo_operation="cancel",
+            complete_by_budget=timedelta(seconds=30),
+        ),
+    ),
+    retry=DEFAULT_RETRY,
+)
+
+SINGLE_STEP_WORKFLOW: Final = Workflow(
+    name="single_step",
+    steps=(ORDER_WORKFLOW.step_named("reserve_inventory"),),
+    retry=DEFAULT_RETRY,
+)
+"""One step only: for benchmarks that measure the machinery rather than the flow."""
+
+WORKFLOWS: Final[Mapping[str, Workflow]] = MappingProxyType(
+    {flow.name: flow for flow in (ORDER_WORKFLOW, SINGLE_STEP_WORKFLOW)}
+)
+DEFAULT_WORKFLOW: Final = ORDER_WORKFLOW.name
+
+
+def get_workflow(name: str) -> Workflow:
+    try:
+        return WORKFLOWS[name]
+    except (KeyError, TypeError):
+        raise UnknownWorkflow(
+            f"no workflow named {str(name)[:64]!r}; known: {', '.join(WORKFLOWS)}"
+        ) from None
