@@ -1,0 +1,321 @@
+"""The agent's call to its remote service: retries with backoff, a circuit breaker, a deadline.
+
+One ``call`` POSTs ``{base_url}/{operation}`` with a JSON body and an ``Idempotency-Key`` header
+that stays the same on every attempt, so the service applies the effect at most once however
+often the request is repeated.
+
+- Transient failures (timeouts, connection errors, 408, 429, 5xx) are retried by tenacity with
+  exponential backoff and full jitter, or after the server's Retry-After when it sends one.
+- Every other 4xx is a business refusal: no retry, ``Failed(transient=False)``.
+- Nothing runs past ``complete_by``: an attempt's timeout is the smaller of the configured one
+  and the time left; no sleep and no attempt starts unless it can end before complete-by. When
+  that stops the call, the outcome is ``DeadlinePassed`` and the agent replies nothing.
+- The per-service circuit breaker counts only transient failures; while it is open, calls fail
+  fast (``Failed(code="circuit_open", transient=True)``) without touching the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception_type, wait_exponential
+
+from agent.circuit import CircuitBreaker, breaker_for
+from agent.http_errors import error_details, is_transient_status, parse_retry_after
+from agent.outcomes import CallOutcome, DeadlinePassed, Failed, Succeeded
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_OPERATION = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_KEY = re.compile(r"^[!-~]{1,255}$")  # visible ASCII: safe in a header, same rule as the fakes
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard one call tries. All times in seconds.
+
+    ``max_attempts``: attempts per call (None: as many as fit before complete-by).
+    ``attempt_timeout``: upper bound for one attempt (cut to the time left).
+    ``backoff_initial`` / ``backoff_max``: full jitter, the n-th wait is
+    uniform(0, min(backoff_max, backoff_initial * 2 ** (n - 1))).
+    ``min_attempt_time``: an attempt is not started with less time than this left.
+    ``max_response_bytes``: larger answers are refused.
+    """
+
+    max_attempts: int | None = 5
+    attempt_timeout: float = 10.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+    min_attempt_time: float = 0.05
+    max_response_bytes: int = 1_048_576
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1 (or None)")
+        if self.attempt_timeout <= 0 or self.min_attempt_time <= 0:
+            raise ValueError("attempt_timeout and min_attempt_time must be positive")
+        if self.backoff_initial < 0 or self.backoff_max < self.backoff_initial:
+            raise ValueError("need 0 <= backoff_initial <= backoff_max")
+        if self.max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be positive")
+
+
+class _TransientFailure(Exception):
+    """One attempt failed in a way that a later attempt may not."""
+
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+class _CircuitOpen(Exception):
+    pass
+
+
+class _NoTimeLeft(Exception):
+    pass
+
+
+@dataclass
+class _CallState:
+    operation: str
+    key: str
+    complete_by: datetime
+    attempts: int = 0
+    last_error: str | None = None
+    stopped_by_deadline: bool = False
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class RemoteServiceClient:
+    """Calls one remote service; safe to share between threads (state lives per call)."""
+
+    def __init__(
+        self,
+        service: str,
+        base_url: str,
+        http: httpx.Client,
+        breaker: CircuitBreaker | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        now: Callable[[], datetime] = _utc_now,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an absolute http(s) URL, got {base_url!r}")
+        self.service = service
+        self.base_url = base_url.rstrip("/")
+        self.policy = policy or RetryPolicy()
+        self.breaker = breaker if breaker is not None else breaker_for(service)
+        self._http = http
+        self._now = now
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._backoff = wait_exponential(
+            multiplier=self.policy.backoff_initial, max=self.policy.backoff_max
+        )
+
+    def call(
+        self,
+        operation: str,
+        payload: Mapping[str, Any],
+        idempotency_key: str,
+        complete_by: datetime,
+    ) -> CallOutcome:
+        """Run ``operation`` until it succeeds, is refused, or complete-by stops it.
+
+        Raises ValueError for arguments that no attempt could fix (naive ``complete_by``, bad
+        operation name or key, a payload that is not JSON); every remote failure is an outcome.
+        """
+        if complete_by.tzinfo is None:
+            raise ValueError("complete_by must be timezone-aware")
+        if not _OPERATION.match(operation):
+            raise ValueError(f"invalid operation name {operation!r}")
+        if not _KEY.match(idempotency_key):
+            raise ValueError("idempotency_key must be 1-255 visible ASCII characters, no spaces")
+        body = json.dumps(dict(payload), separators=(",", ":"), allow_nan=False).encode()
+        state = _CallState(operation, idempotency_key, complete_by)
+        outcome = self._run(state, body)
+        self._log_outcome(state, outcome)
+        return outcome
+
+    def _run(self, state: _CallState, body: bytes) -> CallOutcome:
+        retrying = Retrying(
+            sleep=self._sleep,
+            stop=lambda rs: self._should_stop(state, rs),
+            wait=self._wait,
+            retry=retry_if_exception_type(_TransientFailure),
+            reraise=False,
+        )
+        try:
+            return retrying(self._attempt, state, body)
+        except RetryError as stopped:
+            failure = stopped.last_attempt.exception()
+            if not isinstance(failure, _TransientFailure):  # only these are retried
+                raise TypeError("retry stopped on an unexpected outcome") from stopped
+            if state.stopped_by_deadline:
+                return DeadlinePassed(state.last_error, state.attempts)
+            return Failed(failure.code, failure.message, transient=True, attempts=state.attempts)
+        except _NoTimeLeft:
+            return DeadlinePassed(state.last_error, state.attempts)
+        except _CircuitOpen:
+            retry_in = self.breaker.retry_in()
+            message = f"circuit open for {self.service}; next trial in {retry_in:.1f}s"
+            if state.last_error:
+                message += f"; last error: {state.last_error}"
+            return Failed("circuit_open", message, transient=True, attempts=state.attempts)
+
+    def _time_left(self, complete_by: datetime) -> float:
+        return (complete_by - self._now()).total_seconds()
+
+    def _should_stop(self, state: _CallState, rs: RetryCallState) -> bool:
+        if self.policy.max_attempts is not None and rs.attempt_number >= self.policy.max_attempts:
+            return True
+        left = self._time_left(state.complete_by)
+        if rs.upcoming_sleep + self.policy.min_attempt_time > left:
+            state.stopped_by_deadline = True
+            return True
+        return False
+
+    def _wait(self, rs: RetryCallState) -> float:
+        failure = rs.outcome.exception() if rs.outcome is not None else None
+        if isinstance(failure, _TransientFailure) and failure.retry_after is not None:
+            return failure.retry_after
+        return self._rng.uniform(0.0, self._backoff(rs))
+
+    def _attempt(self, state: _CallState, body: bytes) -> CallOutcome:
+        left = self._time_left(state.complete_by)
+        if left < self.policy.min_attempt_time:
+            raise _NoTimeLeft
+        if not self.breaker.acquire():
+            raise _CircuitOpen
+        state.attempts += 1
+        timeout = min(self.policy.attempt_timeout, left)
+        started = time.monotonic()
+        try:
+            outcome = self._exchange(state, body, timeout)
+        except _TransientFailure as failure:
+            self.breaker.record_failure()
+            state.last_error = str(failure)
+            self._log_attempt(state, timeout, started, f"transient {failure}")
+            raise
+        except BaseException:
+            self.breaker.release()
+            raise
+        # A refusal is a healthy service answering: only transient failures trip the breaker.
+        self.breaker.record_success()
+        result = "ok" if isinstance(outcome, Succeeded) else f"refused {outcome.code}"
+        self._log_attempt(state, timeout, started, result)
+        return outcome
+
+    def _exchange(self, state: _CallState, body: bytes, timeout: float) -> Succeeded | Failed:
+        url = f"{self.base_url}/{state.operation}"
+        headers = {
+            IDEMPOTENCY_HEADER: state.key,
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        attempt_deadline = self._now() + timedelta(seconds=timeout)
+        try:
+            with self._http.stream(
+                "POST", url, content=body, headers=headers, timeout=httpx.Timeout(timeout)
+            ) as response:
+                data = self._read_body(response, attempt_deadline)
+        except httpx.TimeoutException as exc:
+            detail = _describe(exc, f"no answer in {timeout:.3f}s")
+            raise _TransientFailure("timeout", detail) from exc
+        except httpx.RequestError as exc:
+            raise _TransientFailure("connection_error", _describe(exc, "request failed")) from exc
+
+        status = response.status_code
+        if 200 <= status < 300:
+            return self._success(status, data, state.attempts)
+        code, message = error_details(status, data)
+        if is_transient_status(status):
+            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._now())
+            raise _TransientFailure(code, message, retry_after)
+        return Failed(code, message, transient=False, attempts=state.attempts)
+
+    def _read_body(self, response: httpx.Response, attempt_deadline: datetime) -> bytes:
+        """Read the body, bounded in size and in total time (httpx bounds each read only)."""
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self.policy.max_response_bytes:
+                raise _TransientFailure(
+                    "response_too_large", f"answer exceeds {self.policy.max_response_bytes} bytes"
+                )
+            if self._now() > attempt_deadline:
+                raise _TransientFailure("timeout", "answer still arriving at the attempt timeout")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _success(status: int, data: bytes, attempts: int) -> Succeeded | Failed:
+        if not data.strip():
+            return Succeeded({}, attempts)
+        try:
+            result = json.loads(data)
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            return Failed(
+                "invalid_response",
+                f"HTTP {status} body is not a JSON object",
+                transient=False,
+                attempts=attempts,
+            )
+        return Succeeded(result, attempts)
+
+    def _log_attempt(self, state: _CallState, timeout: float, started: float, result: str) -> None:
+        log.debug(
+            "remote attempt service=%s operation=%s key=%s attempt=%d timeout=%.3fs "
+            "elapsed=%.3fs result=%s",
+            self.service,
+            state.operation,
+            state.key,
+            state.attempts,
+            timeout,
+            time.monotonic() - started,
+            result,
+        )
+
+    def _log_outcome(self, state: _CallState, outcome: CallOutcome) -> None:
+        match outcome:
+            case Succeeded():
+                detail = "succeeded"
+            case Failed(code=code, transient=transient):
+                detail = f"failed code={code} transient={transient}"
+            case DeadlinePassed(last_error=last_error):
+                detail = f"deadline_passed last_error={last_error}"
+        log.info(
+            "remote call service=%s operation=%s key=%s attempts=%d outcome=%s",
+            self.service,
+            state.operation,
+            state.key,
+            state.attempts,
+            detail,
+        )
+
+
+def _describe(exc: Exception, fallback: str) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__}: {fallback}"
