@@ -55,6 +55,7 @@ from pydantic import (
 )
 
 from core import ids
+from core.workflows import DEFAULT_WORKFLOW, WORKFLOWS
 
 MAX_MESSAGE_BYTES: Final = 256 * 1024
 MAX_RAW_EXCERPT_BYTES: Final = 2048
@@ -168,6 +169,12 @@ class LineItem(BaseModel):
         return self.quantity * self.unit_price_cents
 
 
+def _known_workflow(name: str) -> str:
+    if name not in WORKFLOWS:
+        raise ValueError(f"unknown workflow {name[:64]!r}; known: {', '.join(WORKFLOWS)}")
+    return name
+
+
 class OrderSubmitted(MessageBase):
     """An order to process. ``total_cents`` may be omitted; if given it must equal the sum."""
 
@@ -178,6 +185,7 @@ class OrderSubmitted(MessageBase):
     currency: Currency
     total_cents: Annotated[StrictInt, Field(ge=0, le=MAX_TOTAL_CENTS)]
     reply_to: QueueName | None = None
+    workflow: Annotated[str, AfterValidator(_known_workflow)] = DEFAULT_WORKFLOW
     submitted_at: UtcDatetime = Field(default_factory=utc_now)
 
     @model_validator(mode="before")

@@ -1,0 +1,43 @@
+"""SDK clients built from Settings: managed identity in Azure, connection strings locally.
+
+Every client reports its requests to core.op_counts.COUNTS. Clients are created once per
+process and reused (opening a Service Bus link costs about a second).
+"""
+
+from __future__ import annotations
+
+from azure.data.tables import TableServiceClient
+from azure.servicebus import ServiceBusClient
+from azure.storage.blob import BlobServiceClient
+
+from core.op_counts import COUNTS
+from core.settings import Connection
+
+
+def table_service(conn: Connection) -> TableServiceClient:
+    hook = COUNTS.request_hook("table")
+    if conn.connection_string:
+        return TableServiceClient.from_connection_string(
+            conn.connection_string, raw_request_hook=hook
+        )
+    assert conn.endpoint is not None
+    return TableServiceClient(conn.endpoint, credential=conn.credential(), raw_request_hook=hook)
+
+
+def blob_service(conn: Connection) -> BlobServiceClient:
+    hook = COUNTS.request_hook("blob")
+    if conn.connection_string:
+        return BlobServiceClient.from_connection_string(
+            conn.connection_string, raw_request_hook=hook
+        )
+    assert conn.blob_endpoint is not None
+    return BlobServiceClient(
+        conn.blob_endpoint, credential=conn.credential(), raw_request_hook=hook
+    )
+
+
+def servicebus_client(conn: Connection) -> ServiceBusClient:
+    if conn.connection_string:
+        return ServiceBusClient.from_connection_string(conn.connection_string)
+    assert conn.endpoint is not None
+    return ServiceBusClient(conn.endpoint, credential=conn.credential())

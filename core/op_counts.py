@@ -1,0 +1,44 @@
+"""Exact counts of the storage requests and Service Bus operations this process makes.
+
+Storage requests are counted at the SDK pipeline (`raw_request_hook` runs once per HTTP attempt,
+retries included). Service Bus has no HTTP pipeline; its operations are counted where the app
+calls the SDK: each send here, each receive and settlement in the hosts that drive triggers.
+Benchmarks and the demo divide these by the orders processed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+
+class OperationCounts:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[kind] += n
+
+    def request_hook(self, service: str) -> Callable[[Any], None]:
+        """An azure-core `raw_request_hook` counting `<service>.<method>` per HTTP request."""
+
+        def hook(request: Any) -> None:
+            self.add(f"{service}.{request.http_request.method.lower()}")
+
+        return hook
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+COUNTS = OperationCounts()
+"""The process-wide counter every client built by core.clients reports to."""

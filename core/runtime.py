@@ -1,0 +1,118 @@
+"""What a handler needs to do its work, built once per process from the app settings.
+
+Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
+same code; `current()` builds the process-wide one lazily on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import httpx
+
+from agent.circuit import breaker_for
+from agent.remote_client import RemoteServiceClient
+from core import clients
+from core.bus import Bus
+from core.messages import OperatorAlert, utc_now
+from core.settings import Settings
+from core.state_store import OrderStateStore
+from core.workflows import Workflow
+
+log = logging.getLogger("runtime")
+
+
+def new_instance_id(role: str = "app") -> str:
+    """Who acts, as recorded in LockedBy and the timeline: host, process and a random part."""
+    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-.")[:40] or "host"
+    return f"{role}@{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: OrderStateStore
+    bus: Bus
+    workflows: Mapping[str, Workflow]
+    instance_id: str = field(default_factory=new_instance_id)
+    clock: Callable[[], datetime] = utc_now
+    rng: random.Random = field(default_factory=random.Random)
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(http2=False))
+    _remote_clients: dict[str, RemoteServiceClient] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: object) -> Runtime:
+        workflows = settings.workflows()
+        store = OrderStateStore(
+            clients.table_service(settings.storage),
+            orders_table=settings.orders_table,
+            active_table=settings.active_table,
+            workflows=workflows,
+            clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
+        )
+        bus = Bus(lambda: clients.servicebus_client(settings.servicebus))
+        return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
+
+    def actor(self, role: str) -> str:
+        return f"{role}:{self.instance_id}"
+
+    def workflow(self, name: str) -> Workflow:
+        return self.workflows[name]
+
+    def alert(self, alert: OperatorAlert) -> None:
+        log.warning(
+            "operator alert (%s) for %s: %s — %s",
+            alert.severity,
+            alert.order_id or "unknown order",
+            alert.reason,
+            alert.detail,
+        )
+        self.bus.send(self.settings.queue("alerts"), alert)
+
+    def remote_client(self, service: str) -> RemoteServiceClient:
+        client = self._remote_clients.get(service)
+        if client is None:
+            client = RemoteServiceClient(
+                service,
+                self.settings.service_urls[service],
+                self.http,
+                breaker_for(service),
+                rng=self.rng,
+            )
+            self._remote_clients[service] = client
+        return client
+
+    def close(self) -> None:
+        self.bus.close()
+        self.store.close()
+        self.http.close()
+
+
+_current: Runtime | None = None
+_lock = threading.Lock()
+
+
+def current() -> Runtime:
+    """The process-wide Runtime, built from the environment on first use."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = Runtime.from_settings(Settings.from_env())
+            log.info("runtime ready as %s", _current.instance_id)
+        return _current
+
+
+def install(runtime: Runtime | None) -> Runtime | None:
+    """Replace the process-wide Runtime (the local host and tests); returns the previous one."""
+    global _current
+    with _lock:
+        previous, _current = _current, runtime
+        return previous

@@ -1,0 +1,203 @@
+"""App settings: every name the code reads, where it comes from, and how clients are built.
+
+In Azure the settings come from the Function App's configuration (infra/ declares each one) and
+clients authenticate with the app's managed identity; locally they come from
+local.settings.json or the environment and clients use connection strings. This module is the
+one place that decides which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from core import ids
+from core.workflows import WORKFLOWS, RetryPolicy, Workflow
+
+SERVICEBUS_CONNECTION = "ServiceBusConnection"
+STATE_STORAGE_CONNECTION = "StateStorage"
+AGENT_SERVICES = ("inventory", "payment", "shipping")
+
+QUEUE_SETTINGS = {
+    "orders": "ORDERS_QUEUE",
+    "commands": "SCHEDULER_COMMANDS_QUEUE",
+    "responses": "AGENT_RESPONSES_QUEUE",
+    "alerts": "OPERATOR_ALERTS_QUEUE",
+    **{service: f"{service.upper()}_REQUESTS_QUEUE" for service in AGENT_SERVICES},
+}
+SERVICE_URL_SETTINGS = {service: f"{service.upper()}_SERVICE_URL" for service in AGENT_SERVICES}
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names it and says what is expected."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A connection string (local) or an endpoint reached with a managed identity (Azure)."""
+
+    name: str
+    connection_string: str | None = None
+    endpoint: str | None = None
+    blob_endpoint: str | None = None
+    client_id: str | None = None
+
+    def credential(self) -> Any:
+        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+        if self.client_id:
+            return ManagedIdentityCredential(client_id=self.client_id)
+        return DefaultAzureCredential()
+
+
+@dataclass(frozen=True)
+class Settings:
+    queues: Mapping[str, str]
+    service_urls: Mapping[str, str]
+    servicebus: Connection
+    storage: Connection
+    orders_table: str = "orders"
+    active_table: str = "activeorders"
+    lease_container: str = "supervisor-leases"
+    supervisor_schedule: str = "*/15 * * * * *"
+    pending_stale_after: timedelta = timedelta(minutes=2)
+    step_timeout: timedelta | None = None
+    failure_threshold: int | None = None
+    retry_base_delay: timedelta | None = None
+    retry_max_delay: timedelta | None = None
+
+    def queue(self, role: str) -> str:
+        return self.queues[role]
+
+    def workflows(self) -> Mapping[str, Workflow]:
+        """The registered workflows with this deployment's budgets and retry policy applied."""
+        return {name: self._tuned(flow) for name, flow in WORKFLOWS.items()}
+
+    def _tuned(self, flow: Workflow) -> Workflow:
+        steps = flow.steps
+        if self.step_timeout is not None:
+            steps = tuple(
+                dataclasses.replace(step, complete_by_budget=self.step_timeout) for step in steps
+            )
+        retry = flow.retry
+        if self.retry_base_delay is not None or self.retry_max_delay is not None:
+            base = self.retry_base_delay or retry.base_delay
+            retry = RetryPolicy(
+                base_delay=base,
+                factor=retry.factor,
+                cap=max(self.retry_max_delay or retry.cap, base),
+                jitter=retry.jitter,
+            )
+        threshold = self.failure_threshold or flow.failure_threshold
+        if (steps, retry, threshold) == (flow.steps, flow.retry, flow.failure_threshold):
+            return flow
+        return Workflow(name=flow.name, steps=steps, retry=retry, failure_threshold=threshold)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        reader = _Reader(env)
+        queues = {
+            role: ids.validate_entity_name(reader.required(name), name)
+            for role, name in QUEUE_SETTINGS.items()
+        }
+        urls = {service: reader.required(name) for service, name in SERVICE_URL_SETTINGS.items()}
+        for name, url in zip(SERVICE_URL_SETTINGS.values(), urls.values(), strict=True):
+            if not url.startswith(("http://", "https://")):
+                raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
+        settings = cls(
+            queues=queues,
+            service_urls=urls,
+            servicebus=reader.servicebus(SERVICEBUS_CONNECTION),
+            storage=reader.storage(STATE_STORAGE_CONNECTION),
+            orders_table=reader.optional("ORDERS_TABLE", "orders"),
+            active_table=reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"),
+            lease_container=reader.optional("SUPERVISOR_LEASE_CONTAINER", "supervisor-leases"),
+            supervisor_schedule=reader.optional("SUPERVISOR_SCHEDULE", "*/15 * * * * *"),
+            pending_stale_after=reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0),
+            step_timeout=reader.seconds_or_none("STEP_TIMEOUT_SECONDS"),
+            failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
+            retry_base_delay=reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS"),
+            retry_max_delay=reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS"),
+        )
+        ids.validate_table_name(settings.orders_table)
+        ids.validate_table_name(settings.active_table)
+        return settings
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def required(self, name: str) -> str:
+        value = self.env.get(name, "").strip()
+        if not value:
+            raise SettingsError(
+                f"app setting {name} is not set; set it in local.settings.json (Values) or the "
+                "environment locally, or in the Function App configuration in Azure"
+            )
+        return value
+
+    def optional(self, name: str, default: str) -> str:
+        return self.env.get(name, "").strip() or default
+
+    def seconds(self, name: str, default: float) -> timedelta:
+        return self.seconds_or_none(name) or timedelta(seconds=default)
+
+    def seconds_or_none(self, name: str) -> timedelta | None:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
+        if value <= 0:
+            raise SettingsError(f"{name} must be positive, got {raw!r}")
+        return timedelta(seconds=value)
+
+    def int_or_none(self, name: str) -> int | None:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise SettingsError(f"{name} must be a positive integer, got {raw!r}")
+        return int(raw)
+
+    def servicebus(self, name: str) -> Connection:
+        conn = self.env.get(name, "").strip()
+        namespace = self.env.get(f"{name}__fullyQualifiedNamespace", "").strip()
+        if conn:
+            return Connection(name, connection_string=conn)
+        if namespace:
+            return Connection(
+                name, endpoint=namespace, client_id=self.env.get(f"{name}__clientId") or None
+            )
+        raise SettingsError(
+            f"Service Bus connection {name} is not configured: set {name} to a connection string "
+            f"(local) or {name}__fullyQualifiedNamespace (+ {name}__clientId) for a managed "
+            "identity (Azure)"
+        )
+
+    def storage(self, name: str) -> Connection:
+        conn = self.env.get(name, "").strip()
+        table = self.env.get(f"{name}__tableServiceUri", "").strip()
+        blob = self.env.get(f"{name}__blobServiceUri", "").strip()
+        if conn:
+            return Connection(name, connection_string=conn)
+        if table and blob:
+            return Connection(
+                name,
+                endpoint=table,
+                blob_endpoint=blob,
+                client_id=self.env.get(f"{name}__clientId") or None,
+            )
+        raise SettingsError(
+            f"state storage {name} is not configured: set {name} to a connection string (local) "
+            f"or {name}__tableServiceUri and {name}__blobServiceUri (+ {name}__clientId) for a "
+            "managed identity (Azure)"
+        )
