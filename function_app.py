@@ -1,14 +1,17 @@
-"""Azure Functions entry point (v2 programming model).
+"""Azure Functions entry point (v2 programming model): the FunctionApp and its blueprints.
 
-This module only creates the FunctionApp and registers the blueprints of the scheduler,
-agent and supervisor packages. Blueprints are registered here as they land; no function is
-defined in this file.
+Scheduler (Service Bus triggers on the orders, agent-responses and scheduler-commands queues),
+one Agent per remote service (Service Bus triggers on their request queues), and the Supervisor
+(timer trigger). Queue names, the schedule and connections are app settings (`%NAME%`).
 """
 
 import azure.functions as func
 
-app = func.FunctionApp()
+from agent.functions import bp as agents
+from scheduler.functions import bp as scheduler
+from supervisor.functions import bp as supervisor
 
-# Blueprints are registered here as they land, e.g.:
-#   from scheduler.functions import bp as scheduler_bp
-#   app.register_functions(scheduler_bp)
+app = func.FunctionApp()
+app.register_functions(scheduler)
+app.register_functions(agents)
+app.register_functions(supervisor)

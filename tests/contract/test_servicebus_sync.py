@@ -58,8 +58,10 @@ def test_send_receive_complete_carries_metadata(sb_client, queue_named):
         assert message.correlation_id == "order-1"
         assert message.subject == "OrderSubmitted"
         assert message.content_type == "application/json"
-        props = {k.decode() if isinstance(k, bytes) else k: v for k, v in
-                 message.application_properties.items()}  # fmt: skip
+        props = {
+            k.decode() if isinstance(k, bytes) else k: v
+            for k, v in message.application_properties.items()
+        }
         assert props["attempt"] == 2
         assert props["kind"] in ("order", b"order")
         assert message.delivery_count == 0
@@ -351,5 +353,9 @@ def test_wrong_key_is_refused(servicebus: ServiceBusNamespace, queue_named):
         with pytest.raises(ServiceBusAuthenticationError):
             with client.get_queue_sender(queue) as sender:
                 sender.send_messages(ServiceBusMessage("intruder"))
-    assert receive_one(ServiceBusClient.from_connection_string(servicebus.connection_string),
-                       queue, wait=1) == []  # fmt: skip
+    assert (
+        receive_one(
+            ServiceBusClient.from_connection_string(servicebus.connection_string), queue, wait=1
+        )
+        == []
+    )

@@ -257,16 +257,26 @@ def run_broker_cli(*args: str) -> subprocess.CompletedProcess:
 def test_help_explains_every_option():
     result = run_broker_cli("--help")
     assert result.returncode == 0
-    for option in ("--host", "--port", "--config", "--port-file", "--data-dir", "--key-name",
-                   "--key", "--log-level"):  # fmt: skip
+    for option in (
+        "--host",
+        "--port",
+        "--config",
+        "--port-file",
+        "--data-dir",
+        "--key-name",
+        "--key",
+        "--log-level",
+    ):
         assert option in result.stdout
     assert "UseDevelopmentEmulator=true" in result.stdout
 
 
 def test_bad_config_is_refused_with_the_place_at_fault(tmp_path: Path):
     bad = tmp_path / "Config.json"
-    bad.write_text('{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": '
-                   '{"LockDuration": "one minute"}}]}]}}')  # fmt: skip
+    bad.write_text(
+        '{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": '
+        '{"LockDuration": "one minute"}}]}]}}'
+    )
     result = run_broker_cli("--config", str(bad), "--key", "k", "--port", "0")
     assert result.returncode == 2
     assert "LockDuration" in result.stderr and "ISO 8601" in result.stderr

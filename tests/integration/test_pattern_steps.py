@@ -1,0 +1,353 @@
+"""The pattern one message at a time, against real Azurite, the development broker and the fake
+remote services over HTTP. Each test plays the Functions host by hand: it takes the next message
+off a queue and calls the same handler the function would, so races, crashes and late replies
+can be staged exactly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+
+from agent.circuit import reset_breakers
+from agent.handler import handle_request
+from core.messages import AgentResponse, OrderSubmitted, encode
+from core.states import ProcessState
+from devstack.fakes.remote_services import FakeServices
+from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
+from supervisor.tick import run_tick
+from tests.support.app import Clock, QueueReader, app_settings, make_runtime
+
+STEPS = (
+    ("reserve_inventory", "inventory"),
+    ("charge_payment", "payment"),
+    ("create_shipment", "shipping"),
+)
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    services = FakeServices.start()
+    yield services
+    services.stop()
+
+
+@pytest.fixture(scope="module")
+def reader(servicebus):
+    reader = QueueReader(servicebus.connection_string)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture
+def env(servicebus, azurite, fakes, unique_name):
+    fakes.set_profile(None)
+    reset_breakers()
+    return app_settings(servicebus, azurite.connection_string, fakes.url, unique_name("t"))
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def rt(env, clock):
+    runtime = make_runtime(env, "scheduler", clock)
+    yield runtime
+    runtime.close()
+
+
+def new_order(**overrides) -> OrderSubmitted:
+    fields = {
+        "order_id": f"o-{uuid.uuid4().hex[:12]}",
+        "customer_id": "c-1",
+        "items": [{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1250}],
+        "currency": "EUR",
+    }
+    return OrderSubmitted.model_validate(fields | overrides)
+
+
+def queue(rt, role: str) -> str:
+    return rt.settings.queue(role)
+
+
+def run_agent_step(rt, reader, order_id: str, service: str) -> None:
+    handle_request(reader.expect(queue(rt, service), order_id), service, rt)
+    handle_response(reader.expect(queue(rt, "responses"), order_id), rt)
+
+
+def effects(fakes, order_id: str) -> list[tuple[str, str]]:
+    return [(e["service"], e["operation"]) for e in fakes.ledger() if e["order_id"] == order_id]
+
+
+def test_happy_path_through_three_steps(rt, reader, fakes):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    for _, service in STEPS:
+        run_agent_step(rt, reader, order.order_id, service)
+    record = rt.store.get_order(order.order_id)
+    assert record.process.state is ProcessState.PROCESSED
+    assert record.process.locked_by is None
+    assert [s.state for s in record.steps] == ["Succeeded"] * 3
+    assert effects(fakes, order.order_id) == [
+        ("inventory", "reserve"),
+        ("payment", "charge"),
+        ("shipping", "create"),
+    ]
+    events = [t.event for t in rt.store.get_timeline(order.order_id)]
+    assert events.count("claimed") == 1 and events[-1] == "processed"
+    active = [row.order_id for row in rt.store.list_active().rows]
+    assert order.order_id not in active, "a finished order leaves the active index"
+
+
+def test_two_schedulers_racing_for_one_order_one_wins(env, reader):
+    order = new_order()
+    body = encode(order)
+    runtimes = [make_runtime(env, f"scheduler{i}") for i in range(4)]
+    barrier = threading.Barrier(len(runtimes))
+
+    def submit(runtime) -> None:
+        barrier.wait()
+        handle_submission(body, runtime)
+
+    threads = [threading.Thread(target=submit, args=(r,)) for r in runtimes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    store = runtimes[0].store
+    process = store.get_process(order.order_id)
+    claims = [t for t in store.get_timeline(order.order_id) if t.event == "claimed"]
+    assert len(claims) == 1
+    assert process.locked_by in {r.instance_id for r in runtimes}
+    assert process.attempt == 1
+    request = json.loads(reader.expect(queue(runtimes[0], "inventory"), order.order_id))
+    assert request["attempt"] == 1
+    assert reader.take(queue(runtimes[0], "inventory"), order.order_id, wait=1) is None
+    for r in runtimes:
+        r.close()
+
+
+def test_redelivered_agent_request_applies_the_effect_once(rt, reader, fakes):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    request = reader.expect(queue(rt, "inventory"), order.order_id)
+    handle_request(request, "inventory", rt)  # the first delivery did the work...
+    handle_request(request, "inventory", rt)  # ...and its redelivery after a crash
+    first = reader.expect(queue(rt, "responses"), order.order_id)
+    handle_response(first, rt)
+    assert reader.take(queue(rt, "responses"), order.order_id, wait=1) is None, "deduplicated"
+    assert effects(fakes, order.order_id) == [("inventory", "reserve")]
+    assert rt.store.get_process(order.order_id).current_step == "charge_payment"
+
+
+def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes, clock):
+    order = new_order()
+    fakes.set_profile({"services": {"inventory": {"hang_rate": 1.0, "hang_seconds": 8}}})
+    handle_submission(encode(order), rt)
+    request = reader.expect(queue(rt, "inventory"), order.order_id)
+    handle_request(request, "inventory", rt)  # hangs until complete-by, then stays silent
+    assert reader.take(queue(rt, "responses"), order.order_id, wait=1) is None
+    fakes.set_profile(None)
+
+    clock.advance(6)  # past CompleteBy (5 s budget)
+    report = run_tick(rt)
+    assert report.retried == 1
+    process = rt.store.get_process(order.order_id)
+    assert (process.state, process.failure_count, process.locked_by) == (
+        ProcessState.PENDING,
+        1,
+        None,
+    )
+    assert process.next_attempt_at is not None
+
+    command = reader.expect(queue(rt, "commands"), order.order_id, wait=10)
+    handle_command(command, rt)
+    request = json.loads(reader.expect(queue(rt, "inventory"), order.order_id))
+    assert request["attempt"] == 2
+    handle_request(json.dumps(request).encode(), "inventory", rt)
+    handle_response(reader.expect(queue(rt, "responses"), order.order_id), rt)
+    for service in ("payment", "shipping"):
+        run_agent_step(rt, reader, order.order_id, service)
+    assert rt.store.get_process(order.order_id).state is ProcessState.PROCESSED
+    assert effects(fakes, order.order_id).count(("inventory", "reserve")) == 1
+
+
+def test_late_reply_after_recovery_is_ignored(rt, reader, fakes, clock):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    request = reader.expect(queue(rt, "inventory"), order.order_id)
+    clock.advance(6)
+    assert run_tick(rt).retried == 1
+    clock.offset = clock.offset * 0  # the slow agent still believes it is in time
+    handle_request(request, "inventory", rt)
+    late = reader.expect(queue(rt, "responses"), order.order_id)
+    before = rt.store.get_process(order.order_id)
+    handle_response(late, rt)
+    after = rt.store.get_process(order.order_id)
+    assert after.etag == before.etag, "a stale reply changes nothing"
+    assert after.state is ProcessState.PENDING
+
+
+def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    reader.expect(queue(rt, "inventory"), order.order_id)  # an agent that never answers
+    delays = []
+    for expected_failures in (1, 2):
+        clock.advance(30)
+        assert run_tick(rt).retried == 1
+        released = rt.store.get_process(order.order_id)
+        command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
+        assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
+        delays.append((released.next_attempt_at - released.updated_at).total_seconds())
+        handle_command(command, rt)
+        reader.expect(queue(rt, "inventory"), order.order_id)
+        assert rt.store.get_process(order.order_id).failure_count == expected_failures
+    # RETRY_BASE_DELAY 1 s, factor 2, jitter 0.2: the second wait is longer than the first
+    assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
+    clock.advance(30)
+    assert run_tick(rt).failed == 1
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert "failure threshold of 3" in (process.last_error or "")
+    alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
+    assert (alert["reason"], alert["severity"]) == ("failure_threshold", "error")
+
+
+def test_decline_is_an_error_with_an_alert(rt, reader, fakes):
+    order = new_order()
+    fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    run_agent_step(rt, reader, order.order_id, "payment")
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert "card_declined" in (process.last_error or "")
+    alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
+    assert alert["reason"] == "step_declined"
+
+
+def test_duplicate_submission_carries_on_conflicting_one_is_rejected(rt, reader):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    handle_submission(encode(order), rt)  # redelivered: nothing new
+    changed = order.model_copy(update={"currency": "USD"})
+    handle_submission(encode(changed), rt)
+    alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
+    assert alert["reason"] == "conflicting_submission"
+    record = rt.store.get_order(order.order_id)
+    assert record.details.currency == "EUR"
+    assert [t.event for t in rt.store.get_timeline(order.order_id)].count("claimed") == 1
+    reader.expect(queue(rt, "inventory"), order.order_id)
+    assert reader.take(queue(rt, "inventory"), order.order_id, wait=1) is None
+
+
+def test_two_supervisors_recover_an_order_once(env, rt, reader, clock):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    reader.expect(queue(rt, "inventory"), order.order_id)
+    clock.advance(6)
+    supervisors = [make_runtime(env, f"supervisor{i}", clock) for i in range(3)]
+    barrier = threading.Barrier(len(supervisors))
+    reports = []
+
+    def tick(runtime) -> None:
+        barrier.wait()
+        reports.append(run_tick(runtime))
+
+    threads = [threading.Thread(target=tick, args=(s,)) for s in supervisors]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sum(r.retried for r in reports) == 1
+    assert rt.store.get_process(order.order_id).failure_count == 1
+    reader.expect(queue(rt, "commands"), order.order_id, wait=10)
+    assert reader.take(queue(rt, "commands"), order.order_id, wait=1) is None
+    for s in supervisors:
+        s.close()
+
+
+HOSTILE_ID = "x' or PartitionKey ne '"
+
+
+@pytest.mark.parametrize(
+    ("handler", "body"),
+    [
+        ("intake", b"{not json"),
+        ("intake", b"\xff\xfe not utf-8"),
+        ("intake", json.dumps({"type": "OrderSubmitted", "order_id": "o-1"}).encode()),
+        (
+            "intake",
+            json.dumps(
+                {
+                    "type": "OrderSubmitted",
+                    "order_id": HOSTILE_ID,
+                    "customer_id": "c",
+                    "currency": "EUR",
+                    "items": [{"sku": "S", "quantity": 1, "unit_price_cents": 1}],
+                }
+            ).encode(),
+        ),
+        ("intake", b'{"type": "OrderSubmitted", "pad": "' + b"x" * (300 * 1024) + b'"}'),
+        ("replies", json.dumps({"type": "AgentResponse", "order_id": HOSTILE_ID}).encode()),
+        ("commands", b"[]"),
+        ("agent", b'{"type": "AgentRequest"}'),
+    ],
+    ids=[
+        "malformed-json",
+        "not-utf8",
+        "wrong-schema",
+        "hostile-id",
+        "oversized",
+        "hostile-reply",
+        "not-an-object",
+        "agent-schema",
+    ],
+)
+def test_bad_messages_are_settled_with_an_alert(rt, reader, handler, body):
+    handlers = {
+        "intake": lambda b: handle_submission(b, rt),
+        "replies": lambda b: handle_response(b, rt),
+        "commands": lambda b: handle_command(b, rt),
+        "agent": lambda b: handle_request(b, "inventory", rt),
+    }
+    handlers[handler](body)  # returns normally: the message is completed, not retried
+    alert = json.loads(reader.expect(queue(rt, "alerts"), None))
+    assert alert["reason"] == "bad_message"
+    assert alert["detail"]
+    assert alert["order_id"] is None or alert["order_id"] != HOSTILE_ID
+
+
+def test_a_bad_message_does_not_touch_other_orders(rt, reader, fakes):
+    good = new_order()
+    handle_submission(encode(good), rt)
+    handle_submission(b"{broken", rt)
+    reader.expect(queue(rt, "alerts"), None)
+    for _, service in STEPS:
+        run_agent_step(rt, reader, good.order_id, service)
+    assert rt.store.get_process(good.order_id).state is ProcessState.PROCESSED
+
+
+def test_reply_for_a_step_the_workflow_lacks_is_not_applied(rt, reader):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    reader.expect(queue(rt, "inventory"), order.order_id)
+    before = rt.store.get_process(order.order_id)
+    bogus = AgentResponse(
+        order_id=order.order_id,
+        step="teleport",
+        operation="do",
+        attempt=before.attempt,
+        outcome="succeeded",
+    )
+    handle_response(encode(bogus), rt)
+    assert rt.store.get_process(order.order_id).etag == before.etag
+    alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
+    assert alert["reason"] == "bad_message" and "teleport" in alert["detail"]

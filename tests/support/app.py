@@ -1,0 +1,124 @@
+"""The app wired to real local services for tests: settings, runtimes, and a queue reader.
+
+`app_settings` builds the app settings the Functions host would give the app (queue names of
+this run's broker, fresh tables in Azurite, the fake remote services' URLs). `QueueReader`
+keeps one receiver per queue for the whole session (opening one costs about a second) and
+takes the next message for a given order, discarding leftovers of earlier tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from azure.servicebus import ServiceBusClient, ServiceBusReceiver
+
+from core.messages import utc_now
+from core.runtime import Runtime, new_instance_id
+from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+
+EXAMPLE_SETTINGS = json.loads(
+    (Path(__file__).resolve().parents[2] / "local.settings.json.example").read_text()
+)["Values"]
+APP_QUEUES = {role: EXAMPLE_SETTINGS[name] for role, name in QUEUE_SETTINGS.items()}
+"""role -> queue name as declared in devstack/servicebus/Config.json."""
+
+
+def app_settings(
+    servicebus: Any, storage_connection: str, service_url: Callable[[str], str], tables: str
+) -> dict[str, str]:
+    env = {QUEUE_SETTINGS[role]: servicebus.queue(logical) for role, logical in APP_QUEUES.items()}
+    env |= {name: service_url(service) for service, name in SERVICE_URL_SETTINGS.items()}
+    env |= {
+        "ServiceBusConnection": servicebus.connection_string,
+        "StateStorage": storage_connection,
+        "ORDERS_TABLE": f"{tables}orders",
+        "ACTIVE_ORDERS_TABLE": f"{tables}active",
+        "SUPERVISOR_LEASE_CONTAINER": f"{tables}leases",
+        "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
+        "STEP_TIMEOUT_SECONDS": "5",
+        "PENDING_STALE_AFTER_SECONDS": "10",
+        "RETRY_BASE_DELAY_SECONDS": "1",
+        "RETRY_MAX_DELAY_SECONDS": "4",
+        "FAILURE_THRESHOLD": "3",
+    }
+    return env
+
+
+class Clock:
+    """A clock tests can move forward (the Supervisor's view of deadlines)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return utc_now() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+def make_runtime(env: dict[str, str], role: str = "app", clock: Clock | None = None) -> Runtime:
+    runtime = Runtime.from_settings(
+        Settings.from_env(env),
+        instance_id=new_instance_id(role),
+        clock=clock or Clock(),
+    )
+    runtime.store.ensure_tables()
+    return runtime
+
+
+class QueueReader:
+    """Reads app queues through long-lived receivers; messages of other orders are discarded."""
+
+    def __init__(self, connection_string: str) -> None:
+        self._client = ServiceBusClient.from_connection_string(connection_string)
+        self._receivers: dict[str, ServiceBusReceiver] = {}
+        self._lock = threading.Lock()
+
+    def _receiver(self, queue: str) -> ServiceBusReceiver:
+        with self._lock:
+            if queue not in self._receivers:
+                self._receivers[queue] = self._client.get_queue_receiver(queue)
+            return self._receivers[queue]
+
+    def take(self, queue: str, order_id: str | None, wait: float = 10.0) -> bytes | None:
+        """The body of the next message on `queue` about `order_id` (None: any), completed."""
+        receiver = self._receiver(queue)
+        deadline = utc_now() + timedelta(seconds=wait)
+        while (left := (deadline - utc_now()).total_seconds()) > 0:
+            for message in receiver.receive_messages(max_message_count=1, max_wait_time=left):
+                receiver.complete_message(message)
+                raw = b"".join(message.body)
+                if order_id is None or json.loads(raw).get("order_id") == order_id:
+                    return raw
+        return None
+
+    def expect(self, queue: str, order_id: str | None, wait: float = 10.0) -> bytes:
+        raw = self.take(queue, order_id, wait)
+        assert raw is not None, f"no message for {order_id} on {queue} within {wait}s"
+        return raw
+
+    def take_scheduled(self, queue: str, order_id: str) -> tuple[bytes, datetime]:
+        """Take a scheduled message before its time: cancel it and return its body and due time.
+
+        Tests check when a delayed message is due instead of sleeping until it arrives.
+        """
+        receiver = self._receiver(queue)
+        for message in receiver.peek_messages(max_message_count=250, sequence_number=1):
+            raw = b"".join(message.body)
+            due = message.scheduled_enqueue_time_utc
+            if due is not None and json.loads(raw).get("order_id") == order_id:
+                with self._client.get_queue_sender(queue) as sender:
+                    sender.cancel_scheduled_messages(message.sequence_number)
+                return raw, due
+        raise AssertionError(f"no scheduled message for {order_id} on {queue}")
+
+    def close(self) -> None:
+        for receiver in self._receivers.values():
+            receiver.close()
+        self._client.close()

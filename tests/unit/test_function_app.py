@@ -1,0 +1,83 @@
+"""The bindings the Functions host indexes match the declared queues, settings and host.json."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+
+import pytest
+
+from core.settings import QUEUE_SETTINGS, SERVICEBUS_CONNECTION
+from tests.support.app import EXAMPLE_SETTINGS
+from tests.support.broker import entity_names, load_config
+from tests.support.processes import REPO_ROOT
+
+DECLARED_QUEUES = set(entity_names(load_config(REPO_ROOT / "devstack/servicebus/Config.json"))[0])
+
+
+@pytest.fixture(scope="module")
+def bindings() -> dict[str, list[dict]]:
+    sys.modules.pop("function_app", None)
+    module = importlib.import_module("function_app")
+    return {
+        f.get_function_name(): json.loads(f.get_function_json())["bindings"]
+        for f in module.app.get_functions()
+    }
+
+
+def setting_of(value: str) -> str:
+    match = re.fullmatch(r"%([A-Za-z0-9_]+)%", value)
+    assert match, f"{value!r} must be an app setting reference (%NAME%), not a literal"
+    return match.group(1)
+
+
+def test_every_function_is_registered(bindings):
+    assert set(bindings) == {
+        "scheduler_intake",
+        "scheduler_replies",
+        "scheduler_commands",
+        "inventory_agent",
+        "payment_agent",
+        "shipping_agent",
+        "supervisor",
+    }
+
+
+def test_service_bus_triggers_name_declared_queues_through_settings(bindings):
+    consumed = set()
+    for name, function_bindings in bindings.items():
+        for binding in function_bindings:
+            if binding["type"] != "serviceBusTrigger":
+                continue
+            setting = setting_of(binding["queueName"])
+            assert setting in QUEUE_SETTINGS.values(), f"{name} reads an unknown setting"
+            assert binding["connection"] == SERVICEBUS_CONNECTION
+            assert EXAMPLE_SETTINGS[setting] in DECLARED_QUEUES, f"{name}: queue not declared"
+            consumed.add(setting)
+    # Every queue the app sends to has a consumer, except the operators' alert queue.
+    assert consumed == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
+
+
+def test_every_queue_setting_names_a_declared_queue_and_back():
+    named = {EXAMPLE_SETTINGS[setting] for setting in QUEUE_SETTINGS.values()}
+    assert named <= DECLARED_QUEUES
+    assert DECLARED_QUEUES - named == {"order-status"}, "the default status reply queue"
+
+
+def test_supervisor_timer_reads_its_schedule_setting(bindings):
+    (timer,) = bindings["supervisor"]
+    assert timer["type"] == "timerTrigger"
+    assert setting_of(timer["schedule"]) == "SUPERVISOR_SCHEDULE"
+    assert len(EXAMPLE_SETTINGS["SUPERVISOR_SCHEDULE"].split()) == 6, "NCRONTAB has 6 fields"
+
+
+def test_host_json_sets_the_service_bus_options():
+    host = json.loads((REPO_ROOT / "host.json").read_text())
+    assert host["extensionBundle"]["version"] == "[4.*, 5.0.0)"
+    service_bus = host["extensions"]["serviceBus"]
+    assert service_bus["autoCompleteMessages"] is True
+    assert service_bus["maxConcurrentCalls"] >= 1
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", service_bus["maxAutoLockRenewalDuration"])
+    assert "prefetchCount" in service_bus
