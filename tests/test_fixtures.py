@@ -10,7 +10,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
-from tests.support import processes
+from devstack.stack import processes
 from tests.support.broker import write_suffixed_config
 
 pytestmark = pytest.mark.integration

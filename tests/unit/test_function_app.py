@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from core.settings import QUEUE_SETTINGS, SERVICEBUS_CONNECTION
+from devstack.stack.processes import REPO_ROOT
 from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.broker import entity_names, load_config
-from tests.support.processes import REPO_ROOT
 
 DECLARED_QUEUES = set(entity_names(load_config(REPO_ROOT / "devstack/servicebus/Config.json"))[0])
 
