@@ -1,0 +1,232 @@
+"""``LocalHost``: index a FunctionApp and drive its Service Bus and timer triggers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, TracebackType
+
+from azure.servicebus import AutoLockRenewer
+
+from devstack.host.indexing import (
+    HttpTrigger,
+    IndexedFunction,
+    ServiceBusTrigger,
+    TimerTrigger,
+    index_app,
+    load_app,
+)
+from devstack.host.invoke import Invoker
+from devstack.host.servicebus_runner import (
+    ClientPool,
+    Connection,
+    ServiceBusRunner,
+    resolve_connection,
+)
+from devstack.host.settings import HostConfigError, load_servicebus_options, load_settings
+from devstack.host.stats import FunctionStats, StatsCounter
+from devstack.host.timer_runner import TimerRunner
+
+log = logging.getLogger("devstack.host")
+
+STRAGGLER_GRACE_S = 1.0  # after the deadline: time for idle receiver threads to close and end
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """One indexed function, as the host registered it."""
+
+    name: str
+    trigger: str  # serviceBusTrigger | timerTrigger | httpTrigger
+    target: str  # queue=..., schedule=..., route=...
+    concurrency: int | None  # receivers for a Service Bus trigger; 1 for a timer
+    served: bool  # False for HTTP triggers (not served yet)
+
+    def describe(self) -> str:
+        if not self.served:
+            return f"{self.name}: {self.trigger} {self.target} (not served by the local host)"
+        return f"{self.name}: {self.trigger} {self.target} concurrency={self.concurrency}"
+
+
+class LocalHost:
+    """Runs the functions of a FunctionApp against real Service Bus queues and the clock.
+
+    Indexing happens here (the app module is imported and ``get_functions()`` called once),
+    so configuration errors raise :class:`HostConfigError` before anything connects.
+
+    ``settings`` defaults to ``local.settings.json`` Values overlaid by the environment.
+    ``host_json`` supplies ``extensions.serviceBus``; ``concurrency_override`` replaces its
+    ``maxConcurrentCalls`` for every Service Bus trigger; ``functions`` selects by name.
+    """
+
+    def __init__(
+        self,
+        app_module: str | ModuleType = "function_app",
+        settings: Mapping[str, str] | None = None,
+        host_json: str | Path | None = Path("host.json"),
+        concurrency_override: int | None = None,
+        functions: Collection[str] | None = None,
+        *,
+        app_attribute: str = "app",
+    ) -> None:
+        self.settings = dict(load_settings() if settings is None else settings)
+        self.options = load_servicebus_options(host_json)
+        if concurrency_override is not None and concurrency_override < 1:
+            raise HostConfigError(f"concurrency must be at least 1, not {concurrency_override}")
+        self.concurrency = concurrency_override or self.options.max_concurrent_calls
+        app, directory = load_app(app_module, app_attribute)
+        self._functions = index_app(app, self.settings, directory=directory, only=functions)
+        self._connections: dict[str, Connection] = {}
+        for function in self._functions:
+            if isinstance(function.trigger, ServiceBusTrigger):
+                if not self.options.auto_complete_messages:
+                    raise HostConfigError(
+                        f"function {function.name!r}: host.json extensions.serviceBus."
+                        "autoCompleteMessages=false is not supported by the local host"
+                    )
+                self._connections[function.name] = resolve_connection(
+                    function.name, function.trigger.connection, self.settings
+                )
+        self._stats = {function.name: StatsCounter() for function in self._functions}
+        self._runners: list[ServiceBusRunner | TimerRunner] = []
+        self._invoker = Invoker()
+        self._clients: ClientPool | None = None
+        self._renewer: AutoLockRenewer | None = None
+        self._state = "created"
+        self._lock = threading.Lock()
+
+    # -- what is registered ----------------------------------------------------------------
+
+    @property
+    def functions(self) -> tuple[FunctionInfo, ...]:
+        return tuple(self._info(function) for function in self._functions)
+
+    def _info(self, function: IndexedFunction) -> FunctionInfo:
+        trigger = function.trigger
+        concurrency = (
+            self.concurrency
+            if isinstance(trigger, ServiceBusTrigger)
+            else 1
+            if isinstance(trigger, TimerTrigger)
+            else None
+        )
+        return FunctionInfo(
+            name=function.name,
+            trigger=function.trigger_type,
+            target=trigger.describe(),
+            concurrency=concurrency,
+            served=not isinstance(trigger, HttpTrigger),
+        )
+
+    def stats(self) -> dict[str, FunctionStats]:
+        """Counters per function name (a snapshot)."""
+        return {name: counter.snapshot() for name, counter in self._stats.items()}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> LocalHost:
+        with self._lock:
+            if self._state != "created":
+                raise RuntimeError(f"the host can be started once (it is {self._state})")
+            self._state = "running"
+        self._clients = ClientPool()
+        self._renewer = AutoLockRenewer(
+            max_lock_renewal_duration=self.options.max_auto_lock_renewal_duration
+        )
+        try:
+            for function in self._functions:
+                runner = self._make_runner(function)
+                if runner is not None:
+                    self._runners.append(runner)
+                    runner.start()
+                info = self._info(function)
+                if info.served:
+                    log.info("registered %s", info.describe())
+                else:
+                    log.info(
+                        "http trigger %s not served by the local host (%s)",
+                        function.name, info.target,
+                    )  # fmt: skip
+        except BaseException:
+            self.stop(timeout=0)
+            raise
+        return self
+
+    def _make_runner(self, function: IndexedFunction) -> ServiceBusRunner | TimerRunner | None:
+        assert self._clients is not None and self._renewer is not None
+        if isinstance(function.trigger, ServiceBusTrigger):
+            return ServiceBusRunner(
+                function,
+                self._connections[function.name],
+                clients=self._clients,
+                renewer=self._renewer,
+                invoker=self._invoker,
+                stats=self._stats[function.name],
+                concurrency=self.concurrency,
+                prefetch=self.options.prefetch_count,
+                max_lock_renewal=self.options.max_auto_lock_renewal_duration,
+            )
+        if isinstance(function.trigger, TimerTrigger):
+            if function.trigger.use_monitor:
+                log.debug("%s: useMonitor has no effect locally (no schedule store)", function.name)
+            return TimerRunner(function, invoker=self._invoker, stats=self._stats[function.name])
+        return None
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop receiving and ticking; let runs in progress finish until ``timeout`` seconds.
+
+        Messages whose function is still running at the deadline are abandoned (the broker
+        delivers them again); their threads are left to end on their own and do not settle.
+        Returns True when every run finished in time. Takes at most ``timeout`` plus about
+        two seconds (a receive in progress, closing the connections).
+        """
+        with self._lock:
+            if self._state != "running":
+                return self._state != "stopped-late"
+            self._state = "stopping"
+        deadline = time.monotonic() + max(0.0, timeout)
+        for runner in self._runners:
+            runner.request_stop()
+        threads = [thread for runner in self._runners for thread in runner.threads]
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        servicebus_runners = [r for r in self._runners if isinstance(r, ServiceBusRunner)]
+        for runner in servicebus_runners:
+            runner.close_receivers()
+        for runner in servicebus_runners:
+            runner.abandon_in_flight()
+        if self._renewer is not None:
+            self._renewer.close()
+        grace = time.monotonic() + STRAGGLER_GRACE_S
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, grace - time.monotonic()))
+        stragglers = [thread.name for thread in threads if thread.is_alive()]
+        if self._clients is not None:
+            self._clients.close()
+        self._invoker.close()
+        if stragglers:
+            log.warning(
+                "stopped with %d run(s) still going past the deadline: %s",
+                len(stragglers), ", ".join(stragglers),
+            )  # fmt: skip
+        with self._lock:
+            self._state = "stopped-late" if stragglers else "stopped"
+        log.info("host stopped")
+        return not stragglers
+
+    def __enter__(self) -> LocalHost:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,457 @@
+"""Service Bus queue triggers: peek-lock receive, invoke, settle, renew the lock meanwhile.
+
+Per function, N receiver threads (``maxConcurrentCalls``), each with its own
+``ServiceBusReceiver`` over the one ``ServiceBusClient`` of its connection. Each thread takes
+one message at a time: invoke the function, then complete on return or abandon on exception;
+the queue's MaxDeliveryCount dead-letters a message abandoned too often. An ``AutoLockRenewer``
+keeps the lock while the function runs, for up to ``maxAutoLockRenewalDuration``.
+
+Every call on a receiver (receive, settle, renew, abandon at shutdown) holds that receiver's
+slot lock, so the worker thread, the renewer and ``stop`` never use one receiver at once.
+Receivers are opened at most ``MAX_CONCURRENT_OPENS`` at a time, and reopened with a backoff
+after a connection error (a restarted broker, say).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
+from azure.servicebus import (
+    AutoLockRenewer,
+    ServiceBusClient,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusReceiver,
+)
+from azure.servicebus.amqp import AmqpMessageBodyType
+from azure.servicebus.exceptions import ServiceBusError
+
+from core.op_counts import COUNTS
+from devstack.host.indexing import IndexedFunction, ServiceBusTrigger
+from devstack.host.invoke import Invoker
+from devstack.host.settings import HostConfigError
+from devstack.host.stats import StatsCounter
+
+log = logging.getLogger("devstack.host.servicebus")
+
+RECEIVE_WAIT_S = 1.0  # longest a receive blocks: bounds how long stop() waits for idle slots
+RECONNECT_BACKOFF_S = (1.0, 30.0)
+# Receivers being opened at once, per host. Each open is a connection plus a CBS handshake
+# (about a second); dozens at once overwhelm the development broker and time out.
+MAX_CONCURRENT_OPENS = 8
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where a trigger's ``connection`` setting points: a connection string or a namespace."""
+
+    setting: str
+    connection_string: str | None = None
+    fully_qualified_namespace: str | None = None
+    credential: str | None = None  # "managedidentity" or None (DefaultAzureCredential)
+    client_id: str | None = None
+
+
+def resolve_connection(function: str, setting: str, settings: Mapping[str, str]) -> Connection:
+    """Resolve a trigger's ``connection`` the way the Functions host does.
+
+    ``<setting>`` (or ``AzureWebJobs<setting>``) holding a connection string, or the identity
+    form ``<setting>__fullyQualifiedNamespace`` (+ ``__credential``, ``__clientId``).
+    """
+    for name in (setting, f"AzureWebJobs{setting}"):
+        value = settings.get(name, "").strip()
+        if value:
+            if "endpoint=" not in value.lower():
+                raise HostConfigError(
+                    f"function {function!r}: app setting {name!r} (the trigger's connection) "
+                    "does not hold a Service Bus connection string (no Endpoint=)"
+                )
+            return Connection(setting=name, connection_string=value)
+    namespace = settings.get(f"{setting}__fullyQualifiedNamespace", "").strip()
+    if namespace:
+        return Connection(
+            setting=setting,
+            fully_qualified_namespace=namespace,
+            credential=settings.get(f"{setting}__credential", "").strip().lower() or None,
+            client_id=settings.get(f"{setting}__clientId", "").strip() or None,
+        )
+    raise HostConfigError(
+        f"function {function!r}: the trigger's connection {setting!r} is not configured: set app "
+        f"setting {setting!r} to a connection string, or {setting}__fullyQualifiedNamespace "
+        "for an identity-based connection"
+    )
+
+
+class ClientPool:
+    """One ``ServiceBusClient`` per connection, shared by every receiver on it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[Connection, ServiceBusClient] = {}
+        self._opening = threading.BoundedSemaphore(MAX_CONCURRENT_OPENS)
+
+    def open_receiver(
+        self, connection: Connection, queue: str, prefetch: int, stopping: threading.Event
+    ) -> ServiceBusReceiver | None:
+        """An open PEEK_LOCK receiver on ``queue``, or None when ``stopping`` is set first."""
+        while not self._opening.acquire(timeout=0.2):
+            if stopping.is_set():
+                return None
+        try:
+            if stopping.is_set():
+                return None
+            with self._lock:  # the client's handler bookkeeping is not thread-safe
+                client = self._clients.get(connection)
+                if client is None:
+                    client = self._clients[connection] = _make_client(connection)
+                receiver = client.get_queue_receiver(
+                    queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch
+                )
+            try:
+                receiver.__enter__()  # opens the link now (the SDK would on the first receive)
+            except BaseException:
+                receiver.close()
+                raise
+            return receiver
+        finally:
+            self._opening.release()
+
+    def close(self) -> None:
+        """Close every client, and with it every receiver it opened."""
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                client.close()
+            except Exception:
+                log.warning("closing a Service Bus client failed", exc_info=True)
+
+
+def _make_client(connection: Connection) -> ServiceBusClient:
+    if connection.connection_string is not None:
+        return ServiceBusClient.from_connection_string(connection.connection_string)
+    from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+    credential: Any
+    if connection.credential == "managedidentity":
+        credential = ManagedIdentityCredential(client_id=connection.client_id)
+    else:
+        credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
+    assert connection.fully_qualified_namespace is not None
+    return ServiceBusClient(connection.fully_qualified_namespace, credential)
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def message_body(message: ServiceBusReceivedMessage) -> bytes:
+    """The body as bytes: data sections joined; an AMQP value or sequence as UTF-8 / JSON."""
+    body = message.body
+    if message.body_type == AmqpMessageBodyType.DATA:
+        return body if isinstance(body, bytes) else b"".join(body)
+    if message.body_type == AmqpMessageBodyType.SEQUENCE:
+        body = list(body)
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return json.dumps(body, default=_text).encode("utf-8")
+
+
+def _delivery_count(message: ServiceBusReceivedMessage) -> int | None:
+    """1-based, as the Functions host reports it; the SDK gives the AMQP header's 0-based count."""
+    return None if message.delivery_count is None else message.delivery_count + 1
+
+
+def to_function_message(message: ServiceBusReceivedMessage) -> FunctionMessage:
+    """The ``func.ServiceBusMessage`` the Functions host would pass for ``message``.
+
+    ``delivery_count`` is 1-based, as the host reports it. Property keys and string values
+    are ``str`` (the SDK may hand them over as ``bytes``).
+    """
+    properties = {_text(k): _text(v) for k, v in (message.application_properties or {}).items()}
+    state = message.state
+    return FunctionMessage(
+        body=message_body(message),
+        trigger_metadata=None,
+        application_properties=properties,
+        user_properties=dict(properties),
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        dead_letter_error_description=message.dead_letter_error_description,
+        dead_letter_reason=message.dead_letter_reason,
+        dead_letter_source=message.dead_letter_source,
+        delivery_count=_delivery_count(message),
+        enqueued_sequence_number=message.enqueued_sequence_number,
+        enqueued_time_utc=message.enqueued_time_utc,
+        expires_at_utc=message.expires_at_utc,
+        label=message.subject,
+        subject=message.subject,
+        locked_until=message.locked_until_utc,
+        lock_token=None if message.lock_token is None else str(message.lock_token),
+        message_id=str(message.message_id) if message.message_id is not None else "",
+        partition_key=message.partition_key,
+        reply_to=message.reply_to,
+        reply_to_session_id=message.reply_to_session_id,
+        scheduled_enqueue_time_utc=message.scheduled_enqueue_time_utc,
+        sequence_number=message.sequence_number,
+        session_id=message.session_id,
+        state=None if state is None else int(state.value),
+        time_to_live=message.time_to_live,
+        to=message.to,
+    )
+
+
+def trigger_value(trigger: ServiceBusTrigger, message: FunctionMessage) -> Any:
+    if trigger.body_as == "bytes":
+        return message.get_body()
+    if trigger.body_as == "str":
+        return message.get_body().decode("utf-8")
+    return message
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+class _Slot:
+    """One receiver thread: its receiver, the message it is working on, and their lock."""
+
+    def __init__(self, runner: ServiceBusRunner, index: int) -> None:
+        self.runner = runner
+        self.lock = threading.Lock()
+        self.receiver: ServiceBusReceiver | None = None
+        self.in_flight: ServiceBusReceivedMessage | None = None
+        self.settled_at_stop = False  # stop abandoned in_flight: do not run or settle it
+        self.closed = False  # stop's deadline has passed: receive nothing more
+        self.thread = threading.Thread(
+            target=self.run, name=f"host-sb-{runner.function.name}-{index}", daemon=True
+        )
+
+    # Called by the AutoLockRenewer (this object stands in for the receiver there).
+    def renew_message_lock(self, message: ServiceBusReceivedMessage) -> Any:
+        with self.lock:
+            if self.in_flight is not message or self.receiver is None:
+                return None  # settled meanwhile; the renewer sees that and stops
+            COUNTS.add("servicebus.renew_lock")
+            return self.receiver.renew_message_lock(message)
+
+    def run(self) -> None:
+        runner = self.runner
+        backoff = RECONNECT_BACKOFF_S[0]
+        try:
+            while not runner.stopping.is_set():
+                try:
+                    if self.receiver is None and not self._open_receiver():
+                        break
+                    with self.lock:
+                        if self.closed or self.receiver is None:
+                            break
+                        messages = self.receiver.receive_messages(
+                            max_message_count=1, max_wait_time=RECEIVE_WAIT_S
+                        )
+                        # In flight from now on, so that stop can abandon it at its deadline.
+                        self.in_flight = messages[0] if messages else None
+                        if messages:
+                            COUNTS.add("servicebus.receive")
+                        self.settled_at_stop = False
+                    backoff = RECONNECT_BACKOFF_S[0]
+                except Exception as error:  # the SDK raises more than ServiceBusError
+                    if runner.stopping.is_set():
+                        break
+                    log.warning(
+                        "%s: receiving from %s failed (%r); reconnecting in %.0f s",
+                        runner.function.name, runner.trigger.queue_name, error, backoff,
+                    )  # fmt: skip
+                    self._close_receiver()
+                    runner.stopping.wait(backoff)
+                    backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
+                    continue
+                for message in messages:
+                    self.process(message)
+        finally:
+            self._close_receiver()
+
+    def _open_receiver(self) -> bool:
+        """Open this slot's receiver (outside the slot lock: it takes a while)."""
+        runner = self.runner
+        receiver = runner.clients.open_receiver(
+            runner.connection, runner.trigger.queue_name, runner.prefetch, runner.stopping
+        )
+        if receiver is None:
+            return False
+        with self.lock:
+            if not self.closed:
+                self.receiver = receiver
+                return True
+        receiver.close()
+        return False
+
+    def process(self, message: ServiceBusReceivedMessage) -> None:
+        runner = self.runner
+        name = runner.function.name
+        with self.lock:
+            if self.settled_at_stop:
+                self.in_flight = None
+                return  # received just before stop's deadline and abandoned there: not run
+            try:
+                # 00:00:00 turns renewal off, as in Azure. The slot stands in for the
+                # receiver, so that renewals take the slot lock.
+                if runner.max_lock_renewal > 0:
+                    runner.renewer.register(
+                        self,  # type: ignore[arg-type]
+                        message,
+                        max_lock_renewal_duration=runner.max_lock_renewal,
+                        on_lock_renew_failure=runner.on_lock_renew_failure,
+                    )
+            except ServiceBusError as error:
+                log.warning("%s: lock renewal not available: %s", name, error)
+        runner.stats.started()
+        try:
+            converted = to_function_message(message)
+            runner.invoker.call(
+                runner.function,
+                trigger_value(runner.trigger, converted),
+                trace=converted.application_properties,
+            )
+            ok = True
+        except Exception:
+            ok = False
+            log.exception(
+                "%s failed on message %s (delivery count %s); abandoning it",
+                name, message.message_id, _delivery_count(message),
+            )  # fmt: skip
+        try:
+            self._settle(message, ok)
+        finally:
+            runner.stats.finished(ok)  # after settling: a counted success is completed
+
+    def _settle(self, message: ServiceBusReceivedMessage, ok: bool) -> None:
+        name = self.runner.function.name
+        with self.lock:
+            self.in_flight = None
+            if self.settled_at_stop:
+                log.warning(
+                    "%s: message %s finished after the host's stop deadline; it was abandoned "
+                    "then and is not settled again", name, message.message_id,
+                )  # fmt: skip
+                return
+            try:
+                assert self.receiver is not None
+                if ok:
+                    self.receiver.complete_message(message)
+                else:
+                    self.receiver.abandon_message(message)
+                COUNTS.add("servicebus.complete" if ok else "servicebus.abandon")
+            except (ServiceBusError, OSError) as error:
+                self.runner.stats.add(settle_errors=1)
+                log.warning(
+                    "%s: could not %s message %s (%s); the broker will deliver it again",
+                    name, "complete" if ok else "abandon", message.message_id, error,
+                )  # fmt: skip
+
+    def close(self) -> None:
+        """Receive no more (waits for a receive in progress, at most ``RECEIVE_WAIT_S``)."""
+        with self.lock:
+            self.closed = True
+
+    def abandon_at_stop(self) -> bool:
+        """Stop's deadline has passed: abandon the message still in hand, if any."""
+        with self.lock:
+            self.closed = True
+            message = self.in_flight
+            if message is None or self.settled_at_stop or self.receiver is None:
+                return False
+            self.settled_at_stop = True
+            try:
+                self.receiver.abandon_message(message)
+            except (ServiceBusError, OSError) as error:
+                log.warning("%s: abandon at stop failed: %s", self.runner.function.name, error)
+            return True
+
+    def _close_receiver(self) -> None:
+        with self.lock:
+            receiver, self.receiver = self.receiver, None
+        if receiver is not None:
+            try:
+                receiver.close()
+            except Exception:
+                log.debug("closing a receiver failed", exc_info=True)
+
+
+class ServiceBusRunner:
+    """Drives one Service Bus queue trigger with ``concurrency`` receiver threads."""
+
+    def __init__(
+        self,
+        function: IndexedFunction,
+        connection: Connection,
+        *,
+        clients: ClientPool,
+        renewer: AutoLockRenewer,
+        invoker: Invoker,
+        stats: StatsCounter,
+        concurrency: int,
+        prefetch: int,
+        max_lock_renewal: float,
+    ) -> None:
+        assert isinstance(function.trigger, ServiceBusTrigger)
+        self.function = function
+        self.trigger: ServiceBusTrigger = function.trigger
+        self.connection = connection
+        self.clients = clients
+        self.renewer = renewer
+        self.invoker = invoker
+        self.stats = stats
+        self.prefetch = prefetch
+        self.max_lock_renewal = max_lock_renewal
+        self.stopping = threading.Event()
+        self._slots = [_Slot(self, i) for i in range(concurrency)]
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [slot.thread for slot in self._slots]
+
+    def start(self) -> None:
+        for slot in self._slots:
+            slot.thread.start()
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    def close_receivers(self) -> None:
+        """Stop's deadline: no receiver of this function receives again.
+
+        Done for every function before any message is abandoned, so an abandoned message
+        cannot be picked up again by another receiver of this host that is still receiving.
+        """
+        for slot in self._slots:
+            slot.close()
+
+    def abandon_in_flight(self) -> int:
+        abandoned = sum(slot.abandon_at_stop() for slot in self._slots)
+        if abandoned:
+            self.stats.add(abandoned_on_stop=abandoned)
+            log.warning(
+                "%s: %d message(s) still in progress at the stop deadline were abandoned",
+                self.function.name, abandoned,
+            )  # fmt: skip
+        return abandoned
+
+    def on_lock_renew_failure(self, message: Any, error: Exception | None) -> None:
+        log.warning(
+            "%s: lock renewal for message %s stopped: %s",
+            self.function.name, getattr(message, "message_id", "?"), error,
+        )  # fmt: skip

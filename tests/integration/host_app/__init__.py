@@ -1,0 +1,1 @@
+"""A tiny FunctionApp the local host tests run (see function_app.py)."""
