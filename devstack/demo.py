@@ -1,0 +1,290 @@
+"""`orderctl demo`: orders through the whole pattern under a fault profile, watched live.
+
+It uses a running stack (`orderctl up`) or starts its own. Progress comes from the state store
+the way an operator would see it: the active-order index says what is in flight, and an order
+that has left it is read once for its final state. The summary is computed from the store, the
+alert queue, the fake services' ledger and the hosts' operation counters; nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from azure.servicebus import ServiceBusClient
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from core.messages import OrderSubmitted
+from core.settings import Settings
+from core.state_models import ProcessRecord
+from core.states import ProcessState
+from devstack.orders import open_store, send_orders
+from devstack.stack.local_stack import LocalStack, StackInfo
+
+QUICK_SETTINGS = {
+    "STEP_TIMEOUT_SECONDS": "4",
+    "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+    "PENDING_STALE_AFTER_SECONDS": "10",
+    "RETRY_BASE_DELAY_SECONDS": "1",
+    "RETRY_MAX_DELAY_SECONDS": "4",
+}
+READS_PER_POLL = 60
+
+
+@dataclass
+class Summary:
+    orders: int
+    profile: str
+    workflow: str
+    hosts: int
+    processed: int = 0
+    errors: int = 0
+    not_finished: int = 0
+    errors_with_alert: int = 0
+    alerts: int = 0
+    recovered_by_supervisor: int = 0
+    retries: int = 0
+    duplicated_effects: int = 0
+    elapsed_s: float = 0.0
+    orders_per_s: float = 0.0
+    latency_p50_s: float | None = None
+    latency_p99_s: float | None = None
+    operations_per_order: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def all_terminal(self) -> bool:
+        return self.not_finished == 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"all_terminal": self.all_terminal}, indent=2) + "\n"
+
+
+class Demo:
+    def __init__(
+        self,
+        *,
+        orders: int,
+        profile: str,
+        workflow: str,
+        hosts: int,
+        concurrency: int | None,
+        timeout: float,
+        quick: bool,
+        workdir: Path,
+        console: Console,
+    ) -> None:
+        self.count = orders
+        self.profile = profile
+        self.workflow = workflow
+        self.hosts = hosts
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.quick = quick
+        self.workdir = workdir
+        self.console = console
+
+    def run(self) -> Summary:
+        info = StackInfo.load(self.workdir)
+        own: LocalStack | None = None
+        if info is None:
+            own = LocalStack(
+                self.workdir,
+                hosts=self.hosts,
+                concurrency=self.concurrency,
+                profile=self.profile,
+                overrides=QUICK_SETTINGS if self.quick else {},
+            )
+            info = own.start(progress=lambda step: self.console.print(f"[dim]…[/] {step}"))
+        else:
+            self.console.print(f"using the running stack in {self.workdir}")
+            self._set_profile(info)
+        try:
+            return self._run(info)
+        finally:
+            if own is not None:
+                self.console.print("[dim]… stopping the stack this demo started[/]")
+                own.stop()
+
+    def _set_profile(self, info: StackInfo) -> None:
+        from devstack.stack.local_stack import _profile_path
+
+        profile = json.loads(_profile_path(self.profile).read_text())
+        httpx.post(f"{info.fakes_url}/_profile", json=profile, timeout=10).raise_for_status()
+
+    def _run(self, info: StackInfo) -> Summary:
+        run = uuid.uuid4().hex[:6]
+        orders = [
+            OrderSubmitted(
+                order_id=f"demo-{run}-{n:05d}",
+                customer_id=f"customer-{n % 97}",
+                items=[{"sku": f"SKU-{n % 13}", "quantity": 1 + n % 3, "unit_price_cents": 999}],
+                currency="EUR",
+                workflow=self.workflow,
+            )
+            for n in range(self.count)
+        ]
+        ops_before = host_operations(self.workdir)
+        store = open_store(info.settings)
+        started = time.monotonic()
+        send_orders(info.settings, orders)
+        self.console.print(f"submitted {self.count} orders ({self.workflow} workflow, "
+                           f"profile {self.profile})")  # fmt: skip
+        finals = self._watch(store, [o.order_id for o in orders], started)
+        summary = self._summarize(info, store, orders, finals, ops_before)
+        summary.elapsed_s = round(time.monotonic() - started, 2)
+        if finals:
+            first = min(p.created_at for p in finals.values())
+            last = max(p.updated_at for p in finals.values())
+            span = (last - first).total_seconds()
+            summary.orders_per_s = round(len(finals) / span, 1) if span > 0 else 0.0
+        store.close()
+        self._show(summary)
+        return summary
+
+    def _watch(self, store, order_ids: list[str], started: float) -> dict[str, ProcessRecord]:
+        finals: dict[str, ProcessRecord] = {}
+        unseen = list(order_ids)
+        ours = set(order_ids)
+        in_flight_now = 0
+        with Live(self._progress(0, 0, finals, 0.0), console=self.console,
+                  refresh_per_second=4) as live:  # fmt: skip
+            while unseen and time.monotonic() - started < self.timeout:
+                active = {row.order_id for row in _all_active(store)} & ours
+                in_flight_now = len(active)
+                candidates = [o for o in unseen if o not in active][:READS_PER_POLL]
+                for order_id in candidates:
+                    process = store.find_process(order_id)
+                    if process is not None and process.state.terminal:
+                        finals[order_id] = process
+                        unseen.remove(order_id)
+                elapsed = time.monotonic() - started
+                live.update(self._progress(len(unseen), in_flight_now, finals, elapsed))
+                time.sleep(0.5)
+        return finals
+
+    def _progress(self, waiting: int, in_flight: int, finals: dict, elapsed: float) -> Table:
+        states = Counter(p.state for p in finals.values())
+        table = Table(title=f"{self.count} orders, {elapsed:.0f}s")
+        for column in ("not started", "in flight", "Processed", "Error", "orders/s"):
+            table.add_column(column, justify="right")
+        rate = len(finals) / elapsed if elapsed > 0 else 0.0
+        table.add_row(
+            str(max(waiting - in_flight, 0)),
+            str(in_flight),
+            f"[green]{states[ProcessState.PROCESSED]}[/]",
+            f"[red]{states[ProcessState.ERROR]}[/]",
+            f"{rate:.1f}",
+        )
+        return table
+
+    def _summarize(self, info, store, orders, finals, ops_before) -> Summary:
+        summary = Summary(
+            orders=self.count, profile=self.profile, workflow=self.workflow, hosts=self.hosts
+        )
+        states = Counter(p.state for p in finals.values())
+        summary.processed = states[ProcessState.PROCESSED]
+        summary.errors = states[ProcessState.ERROR]
+        summary.not_finished = self.count - len(finals)
+        latencies = sorted(
+            (p.updated_at - p.created_at).total_seconds()
+            for p in finals.values()
+            if p.state is ProcessState.PROCESSED
+        )
+        if latencies:
+            summary.latency_p50_s = round(statistics.median(latencies), 3)
+            summary.latency_p99_s = round(latencies[min(len(latencies) - 1,
+                                                         int(len(latencies) * 0.99))], 3)  # fmt: skip
+        for order_id in finals:
+            released = [e for e in store.get_timeline(order_id) if e.event == "released"]
+            summary.retries += len(released)
+            if any(e.actor.startswith("supervisor") for e in released):
+                summary.recovered_by_supervisor += 1
+        alerted = alerted_orders(info.settings)
+        ours = {o.order_id for o in orders}
+        summary.alerts = len(alerted & ours)
+        summary.errors_with_alert = sum(
+            1 for order_id, p in finals.items()
+            if p.state is ProcessState.ERROR and order_id in alerted
+        )  # fmt: skip
+        summary.duplicated_effects = duplicated_effects(info.fakes_url, ours)
+        ops_after = host_operations(self.workdir)
+        summary.operations_per_order = {
+            kind: round((ops_after.get(kind, 0) - ops_before.get(kind, 0)) / self.count, 2)
+            for kind in sorted(ops_after)
+            if ops_after.get(kind, 0) != ops_before.get(kind, 0)
+        }
+        return summary
+
+    def _show(self, s: Summary) -> None:
+        table = Table("", "", title="summary")
+        rows = [
+            ("processed", f"[green]{s.processed}[/] of {s.orders}"),
+            ("errors (each with an alert?)", f"{s.errors} ({s.errors_with_alert} alerted)"),
+            ("not finished", f"{s.not_finished}"),
+            ("recovered by the Supervisor", str(s.recovered_by_supervisor)),
+            ("retries", str(s.retries)),
+            ("duplicated remote effects", str(s.duplicated_effects)),
+            ("orders/s", str(s.orders_per_s)),
+            ("latency p50 / p99 (s)", f"{s.latency_p50_s} / {s.latency_p99_s}"),
+        ]
+        rows += [(f"{kind} per order", str(n)) for kind, n in s.operations_per_order.items()]
+        for name, value in rows:
+            table.add_row(name, value)
+        self.console.print(table)
+
+
+def _all_active(store):
+    continuation = None
+    while True:
+        page = store.list_active(1000, continuation=continuation)
+        yield from page.rows
+        continuation = page.continuation
+        if continuation is None:
+            return
+
+
+def alerted_orders(settings: dict[str, str]) -> set[str]:
+    """Order ids named by the alerts waiting on the operator alert queue (peeked, not taken)."""
+    queue = Settings.from_env(settings).queue("alerts")
+    found: set[str] = set()
+    with (
+        ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        sequence = 1
+        while batch := receiver.peek_messages(max_message_count=250, sequence_number=sequence):
+            for message in batch:
+                order_id = json.loads(b"".join(message.body)).get("order_id")
+                if order_id:
+                    found.add(order_id)
+            sequence = batch[-1].sequence_number + 1
+    return found
+
+
+def duplicated_effects(fakes_url: str, order_ids: set[str]) -> int:
+    """Effects the fake services applied more than once for one idempotency key."""
+    ledger = httpx.get(f"{fakes_url}/_ledger", timeout=30).json()
+    entries = ledger["entries"] if isinstance(ledger, dict) else ledger
+    keys = Counter(
+        (e["service"], e["idempotency_key"]) for e in entries if e.get("order_id") in order_ids
+    )
+    return sum(n - 1 for n in keys.values() if n > 1)
+
+
+def host_operations(workdir: Path) -> dict[str, int]:
+    """Storage and Service Bus operations counted by every host of the stack, added up."""
+    total: Counter[str] = Counter()
+    for path in workdir.glob("host-*.stats.json"):
+        try:
+            total.update(json.loads(path.read_text()).get("operations", {}))
+        except (OSError, ValueError):
+            continue
+    return dict(total)

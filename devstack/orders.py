@@ -1,0 +1,87 @@
+"""Submitting and reading orders against a running local stack (the CLI and the demo)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+
+from azure.servicebus import ServiceBusClient
+
+from core import clients
+from core.bus import to_servicebus_message
+from core.messages import OrderSubmitted
+from core.settings import Settings
+from core.state_models import OrderRecord, TimelineEntry
+from core.state_store import OrderStateStore
+
+SEND_BATCH = 100
+
+
+def parse_item(text: str) -> dict[str, object]:
+    """'SKU:QUANTITY:UNIT_PRICE_CENTS' -> a line item, with a message that says what is wrong."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"item {text!r} must be SKU:QUANTITY:UNIT_PRICE_CENTS, e.g. SKU-1:2:1999")
+    sku, quantity, price = parts
+    if not quantity.isdigit() or not price.isdigit():
+        raise ValueError(f"item {text!r}: quantity and unit price (in cents) must be integers")
+    return {"sku": sku, "quantity": int(quantity), "unit_price_cents": int(price)}
+
+
+def build_order(
+    order_id: str | None,
+    items: Sequence[str],
+    customer: str,
+    currency: str,
+    workflow: str,
+    reply_to: str | None,
+) -> OrderSubmitted:
+    return OrderSubmitted.model_validate(
+        {
+            "order_id": order_id or f"order-{uuid.uuid4().hex[:12]}",
+            "customer_id": customer,
+            "items": [parse_item(item) for item in items],
+            "currency": currency,
+            "workflow": workflow,
+            "reply_to": reply_to,
+        }
+    )
+
+
+def send_orders(settings: dict[str, str], orders: Iterable[OrderSubmitted]) -> int:
+    """Send in batches of SEND_BATCH (one AMQP transfer each); returns how many were sent."""
+    config = Settings.from_env(settings)
+    sent = 0
+    with (
+        ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
+        client.get_queue_sender(config.queue("orders")) as sender,
+    ):
+        batch: list = []
+        for order in orders:
+            batch.append(to_servicebus_message(order))
+            if len(batch) == SEND_BATCH:
+                sender.send_messages(batch)
+                sent += len(batch)
+                batch = []
+        if batch:
+            sender.send_messages(batch)
+            sent += len(batch)
+    return sent
+
+
+def open_store(settings: dict[str, str]) -> OrderStateStore:
+    config = Settings.from_env(settings)
+    return OrderStateStore(
+        clients.table_service(config.storage),
+        orders_table=config.orders_table,
+        active_table=config.active_table,
+        workflows=config.workflows(),
+    )
+
+
+def read_order(settings: dict[str, str], order_id: str) -> tuple[OrderRecord, list[TimelineEntry]]:
+    store = open_store(settings)
+    try:
+        return store.get_order(order_id), store.get_timeline(order_id)
+    finally:
+        store.close()

@@ -1,0 +1,42 @@
+"""The one-command demo, as a user runs it, under the chaotic fault profile (quick mode).
+
+It starts its own stack (Azurite, broker, fake services, two function hosts as processes),
+submits orders, and must end with every order Processed or Error, an alert for every Error,
+and no remote effect applied twice for one idempotency key.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from devstack.stack.processes import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+def test_quick_demo_under_chaos_ends_with_every_order_accounted_for(tmp_path):
+    summary_path = tmp_path / "summary.json"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "devstack.cli", "demo",
+            "--quick", "--profile", "chaotic", "--orders", "24", "--hosts", "2",
+            "--timeout", "300", "--workdir", str(tmp_path / "stack"),
+            "--json", str(summary_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["all_terminal"] is True
+    assert summary["processed"] + summary["errors"] == 24
+    assert summary["errors_with_alert"] == summary["errors"]
+    assert summary["duplicated_effects"] == 0
+    assert summary["operations_per_order"]["table.get"] > 0
+    assert "summary" in result.stdout
