@@ -88,8 +88,11 @@ def up(
 def show_stack(info: StackInfo) -> None:
     table = Table("component", "where", "PID", title="local stack")
     settings = info.settings
-    table.add_row("Service Bus broker", settings["ServiceBusConnection"].split(";")[0],
-                  str(info.pids.get("broker", "")))  # fmt: skip
+    table.add_row(
+        "Service Bus broker",
+        settings["ServiceBusConnection"].split(";")[0],
+        str(info.pids.get("broker", "")),
+    )
     table.add_row("Azurite", "tables + blobs (see stack.json)", str(info.pids.get("azurite", "")))
     table.add_row("fake services", info.fakes_url, str(info.pids.get("fakes", "")))
     for name, pid in info.pids.items():
@@ -101,9 +104,10 @@ def show_stack(info: StackInfo) -> None:
 @app.command()
 def submit(
     order_id: Annotated[str | None, typer.Option(help="default: a new unique id")] = None,
-    item: Annotated[list[str], typer.Option(help="SKU:QUANTITY:UNIT_PRICE_CENTS, repeatable")] = [
-        "SKU-1:1:1999"
-    ],  # noqa: B006 - typer reads the default, never mutates it
+    item: Annotated[
+        list[str] | None,
+        typer.Option(help="SKU:QUANTITY:UNIT_PRICE_CENTS, repeatable [default: SKU-1:1:1999]"),
+    ] = None,
     customer: str = "customer-1",
     currency: str = "EUR",
     workflow: str = "order",
@@ -115,7 +119,9 @@ def submit(
 
     info = running_stack(workdir)
     try:
-        order = build_order(order_id, item, customer, currency, workflow, reply_to)
+        order = build_order(
+            order_id, item or ["SKU-1:1:1999"], customer, currency, workflow, reply_to
+        )
     except (ValueError, ValidationError) as error:
         raise fail(f"the order is not valid: {error}", 2) from None
     send_orders(info.settings, [order])

@@ -135,8 +135,9 @@ class Demo:
         store = open_store(info.settings)
         started = time.monotonic()
         send_orders(info.settings, orders)
-        self.console.print(f"submitted {self.count} orders ({self.workflow} workflow, "
-                           f"profile {self.profile})")  # fmt: skip
+        self.console.print(
+            f"submitted {self.count} orders ({self.workflow} workflow, profile {self.profile})"
+        )
         finals = self._watch(store, [o.order_id for o in orders], started)
         summary = self._summarize(info, store, orders, finals, ops_before)
         summary.elapsed_s = round(time.monotonic() - started, 2)
@@ -154,8 +155,9 @@ class Demo:
         unseen = list(order_ids)
         ours = set(order_ids)
         in_flight_now = 0
-        with Live(self._progress(0, 0, finals, 0.0), console=self.console,
-                  refresh_per_second=4) as live:  # fmt: skip
+        with Live(
+            self._progress(0, 0, finals, 0.0), console=self.console, refresh_per_second=4
+        ) as live:
             while unseen and time.monotonic() - started < self.timeout:
                 active = {row.order_id for row in _all_active(store)} & ours
                 in_flight_now = len(active)
@@ -200,8 +202,9 @@ class Demo:
         )
         if latencies:
             summary.latency_p50_s = round(statistics.median(latencies), 3)
-            summary.latency_p99_s = round(latencies[min(len(latencies) - 1,
-                                                         int(len(latencies) * 0.99))], 3)  # fmt: skip
+            summary.latency_p99_s = round(
+                latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3
+            )
         for order_id in finals:
             released = [e for e in store.get_timeline(order_id) if e.event == "released"]
             summary.retries += len(released)
@@ -211,9 +214,10 @@ class Demo:
         ours = {o.order_id for o in orders}
         summary.alerts = len(alerted & ours)
         summary.errors_with_alert = sum(
-            1 for order_id, p in finals.items()
+            1
+            for order_id, p in finals.items()
             if p.state is ProcessState.ERROR and order_id in alerted
-        )  # fmt: skip
+        )
         summary.duplicated_effects = duplicated_effects(info.fakes_url, ours)
         ops_after = host_operations(self.workdir)
         summary.operations_per_order = {
