@@ -43,6 +43,17 @@ def check_installed() -> None:
         raise fail("Azurite is not installed: run scripts/bootstrap (it runs `npm ci`)", 2)
 
 
+def check_profile(profile: str) -> None:
+    """Refuse a bad fault profile before anything starts, naming the line or field at fault."""
+    from devstack.fakes.profiles import ProfileError, load_profile
+    from devstack.stack.local_stack import profile_path
+
+    try:
+        load_profile(profile_path(profile))
+    except (ProfileError, ValueError, OSError) as error:
+        raise fail(f"fault profile: {error}", 2) from None
+
+
 def running_stack(workdir: Path) -> StackInfo:
     info = StackInfo.load(workdir)
     if info is None:
@@ -68,6 +79,7 @@ def up(
 ) -> None:
     """Start the local stack and keep it running until Ctrl-C."""
     check_installed()
+    check_profile(profile)
     if (existing := StackInfo.load(workdir)) is not None:
         raise fail(f"a stack is already running from {workdir} (PIDs {existing.pids})", 2)
     stack = LocalStack(workdir, hosts=hosts, concurrency=concurrency, profile=profile)
@@ -182,6 +194,7 @@ def demo(
     from devstack.demo import Demo
 
     check_installed()
+    check_profile(profile)
     try:
         summary = Demo(
             orders=orders,

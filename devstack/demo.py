@@ -114,9 +114,9 @@ class Demo:
                 own.stop()
 
     def _set_profile(self, info: StackInfo) -> None:
-        from devstack.stack.local_stack import _profile_path
+        from devstack.stack.local_stack import profile_path
 
-        profile = json.loads(_profile_path(self.profile).read_text())
+        profile = json.loads(profile_path(self.profile).read_text())
         httpx.post(f"{info.fakes_url}/_profile", json=profile, timeout=10).raise_for_status()
 
     def _run(self, info: StackInfo) -> Summary:

@@ -139,7 +139,7 @@ class LocalStack:
         argv = [sys.executable, "-m", "devstack.fakes.remote_services", "--port", "0"]
         argv += ["--port-file", str(port_file), "--seed", str(self.seed)]
         if self.profile:
-            argv += ["--profile", str(_profile_path(self.profile))]
+            argv += ["--profile", str(profile_path(self.profile))]
         proc = self._spawn("fakes", argv, os.environ.copy())
         if not processes.wait_until(lambda: port_file.is_file(), timeout=20, proc=proc):
             raise processes.ServiceStartError(
@@ -200,7 +200,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _profile_path(profile: str | Path) -> Path:
+def profile_path(profile: str | Path) -> Path:
     """A profile name shipped with the fakes (clean, flaky, chaotic) or a path to a JSON file."""
     path = Path(profile)
     if path.suffix == ".json" or path.exists():
