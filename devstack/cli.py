@@ -181,12 +181,14 @@ def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
 @app.command()
 def demo(
     orders: Annotated[int, typer.Option(min=1, max=100_000)] = 40,
-    profile: Annotated[str, typer.Option(help="clean, flaky, chaotic or a path")] = "flaky",
+    profile: Annotated[str, typer.Option(help="clean, flaky, chaotic or a path")] = "chaotic",
     workflow: str = "order",
     hosts: Annotated[int, typer.Option(min=1, max=8)] = 2,
     concurrency: Annotated[int | None, typer.Option(min=1)] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for every order")] = 300.0,
-    quick: Annotated[bool, typer.Option(help="short deadlines and retry delays")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="demo timings: 4 s step deadlines, 2 s supervisor ticks")
+    ] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the summary here")] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:

@@ -37,6 +37,7 @@ QUICK_SETTINGS = {
     "RETRY_MAX_DELAY_SECONDS": "4",
 }
 READS_PER_POLL = 60
+RETRY_FUNCTION = "scheduler_commands"  # every retry, by the Supervisor or after a failed reply
 
 
 @dataclass
@@ -154,38 +155,25 @@ class Demo:
         finals: dict[str, ProcessRecord] = {}
         unseen = list(order_ids)
         ours = set(order_ids)
-        in_flight_now = 0
-        with Live(
-            self._progress(0, 0, finals, 0.0), console=self.console, refresh_per_second=4
-        ) as live:
+        retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
+        view = Progress(self.count)
+        with Live(view.table(), console=self.console, refresh_per_second=4) as live:
             while unseen and time.monotonic() - started < self.timeout:
                 active = {row.order_id for row in _all_active(store)} & ours
-                in_flight_now = len(active)
                 candidates = [o for o in unseen if o not in active][:READS_PER_POLL]
                 for order_id in candidates:
                     process = store.find_process(order_id)
                     if process is not None and process.state.terminal:
                         finals[order_id] = process
                         unseen.remove(order_id)
-                elapsed = time.monotonic() - started
-                live.update(self._progress(len(unseen), in_flight_now, finals, elapsed))
+                view.waiting = len(unseen) - len(active)
+                view.in_flight = len(active)
+                view.states = Counter(p.state for p in finals.values())
+                view.retries = host_invocations(self.workdir, RETRY_FUNCTION) - retries_before
+                view.elapsed = time.monotonic() - started
+                live.update(view.table())
                 time.sleep(0.5)
         return finals
-
-    def _progress(self, waiting: int, in_flight: int, finals: dict, elapsed: float) -> Table:
-        states = Counter(p.state for p in finals.values())
-        table = Table(title=f"{self.count} orders, {elapsed:.0f}s")
-        for column in ("not started", "in flight", "Processed", "Error", "orders/s"):
-            table.add_column(column, justify="right")
-        rate = len(finals) / elapsed if elapsed > 0 else 0.0
-        table.add_row(
-            str(max(waiting - in_flight, 0)),
-            str(in_flight),
-            f"[green]{states[ProcessState.PROCESSED]}[/]",
-            f"[red]{states[ProcessState.ERROR]}[/]",
-            f"{rate:.1f}",
-        )
-        return table
 
     def _summarize(self, info, store, orders, finals, ops_before) -> Summary:
         summary = Summary(
@@ -245,6 +233,34 @@ class Demo:
         self.console.print(table)
 
 
+@dataclass
+class Progress:
+    """What the live view shows while orders flow."""
+
+    orders: int
+    waiting: int = 0
+    in_flight: int = 0
+    retries: int = 0
+    elapsed: float = 0.0
+    states: Counter = field(default_factory=Counter)
+
+    def table(self) -> Table:
+        done = sum(self.states.values())
+        table = Table(title=f"{self.orders} orders, {self.elapsed:.0f}s")
+        columns = ("not started", "in flight", "Processed", "Error", "retries", "orders/s")
+        for column in columns:
+            table.add_column(column, justify="right")
+        table.add_row(
+            str(max(self.waiting, 0)),
+            str(self.in_flight),
+            f"[green]{self.states[ProcessState.PROCESSED]}[/]",
+            f"[red]{self.states[ProcessState.ERROR]}[/]",
+            f"[yellow]{self.retries}[/]",
+            f"{done / self.elapsed:.1f}" if self.elapsed > 0 else "-",
+        )
+        return table
+
+
 def _all_active(store):
     continuation = None
     while True:
@@ -281,6 +297,18 @@ def duplicated_effects(fakes_url: str, order_ids: set[str]) -> int:
         (e["service"], e["idempotency_key"]) for e in entries if e.get("order_id") in order_ids
     )
     return sum(n - 1 for n in keys.values() if n > 1)
+
+
+def host_invocations(workdir: Path, function: str) -> int:
+    """How often every host of the stack has run `function` so far."""
+    total = 0
+    for path in workdir.glob("host-*.stats.json"):
+        try:
+            stats = json.loads(path.read_text()).get("functions", {}).get(function, {})
+        except (OSError, ValueError):
+            continue
+        total += int(stats.get("invocations", 0))
+    return total
 
 
 def host_operations(workdir: Path) -> dict[str, int]:
