@@ -1,0 +1,108 @@
+// The function app on the Flex Consumption plan (FC1), Python 3.11, running as the
+// user-assigned managed identity. The runtime is set in functionAppConfig, not in app settings
+// (Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and sets FUNCTIONS_EXTENSION_VERSION itself).
+
+param name string
+param planName string
+param location string = resourceGroup().location
+param tags object = {}
+
+@description('Resource id of the user-assigned managed identity the app runs as.')
+param identityId string
+@description('Client id of that identity (the host and the SDK clients pick it by client id).')
+param identityClientId string
+param storageAccountName string
+param deploymentContainerName string
+param appInsightsName string
+
+@description('The settings the app code reads (main.bicep).')
+param appSettings object
+
+@maxValue(1000)
+@minValue(1)
+param maximumInstanceCount int = 100
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+// Settings of the Functions host itself (not read by the app code), all identity-based.
+var hostSettings = {
+  AzureWebJobsStorage__accountName: storage.name
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identityClientId
+  APPLICATIONINSIGHTS_CONNECTION_STRING: appInsights.properties.ConnectionString
+  // Entra ID authentication for telemetry (the component has local auth off).
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${storage.properties.primaryEndpoints.blob}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+  }
+}
+
+resource appSettingsConfig 'Microsoft.Web/sites/config@2024-04-01' = {
+  parent: functionApp
+  name: 'appsettings'
+  properties: union(appSettings, hostSettings)
+}
+
+output name string = functionApp.name
+output id string = functionApp.id
+output defaultHostName string = functionApp.properties.defaultHostName

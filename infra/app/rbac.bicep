@@ -1,0 +1,155 @@
+// Role assignments, least privilege. Data-plane roles only: no Owner, no Contributor, no
+// Service Bus Data Owner, no role that can read keys or change the resources.
+//
+// The app's managed identity:
+//   Storage Blob Data Owner         storage account  Functions host storage (AzureWebJobsStorage:
+//                                                    timer and host locks, container creation),
+//                                                    the Flex deployment package, the Supervisor's
+//                                                    lease blob
+//   Storage Table Data Contributor  storage account  the state store tables; the host's
+//                                                    diagnostic events table
+//   Azure Service Bus Data Sender   namespace        requests, replies, commands, alerts, and
+//                                                    status to any reply queue a submitter names
+//   Azure Service Bus Data Receiver each queue with   the Service Bus triggers
+//                                   receivedByApp
+//   Monitoring Metrics Publisher    App Insights     telemetry with local auth off
+// The deploying principal (optional, for infra/smoke.py):
+//   Azure Service Bus Data Sender   orders queue     submit the smoke order
+//   Storage Table Data Reader       orders table     watch it until Processed
+//
+// tests/infra/checks.py fails if any other role definition id appears in infra/.
+
+param appPrincipalId string
+param storageAccountName string
+param serviceBusNamespaceName string
+@description('Queues the app is triggered by (servicebus.bicep outputs them).')
+param appReceiveQueueNames array
+param appInsightsName string
+
+@description('Deploying user or pipeline principal; empty: no role for it.')
+param userPrincipalId string = ''
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param userPrincipalType string = 'User'
+@description('The queue the smoke test sends its order to.')
+param submitQueueName string
+@description('The table the smoke test reads the order state from.')
+param ordersTableName string
+
+// Built-in role definition ids (the same in every tenant).
+var roles = {
+  storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+  storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+  storageTableDataReader: '76199698-9eea-4c19-bc75-cec21354c6b6'
+  serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+  serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
+}
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' existing = {
+  parent: storage
+  name: 'default'
+}
+
+resource ordersTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  parent: tableService
+  name: ordersTableName
+}
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusNamespaceName
+}
+
+resource receivedQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in appReceiveQueueNames: {
+  parent: namespace
+  name: queueName
+}]
+
+resource submitQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
+  parent: namespace
+  name: submitQueueName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+// ---------------------------------------------------------------- the app's managed identity
+
+resource appBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, appPrincipalId, roles.storageBlobDataOwner)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appTableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, appPrincipalId, roles.storageTableDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataContributor)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appServiceBusSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace.id, appPrincipalId, roles.serviceBusDataSender)
+  scope: namespace
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appServiceBusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in appReceiveQueueNames: {
+  name: guid(receivedQueues[i].id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: receivedQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
+
+resource appMetricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, appPrincipalId, roles.monitoringMetricsPublisher)
+  scope: appInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ------------------------------------------------- the deploying principal (smoke test only)
+
+resource userSubmitSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(userPrincipalId)) {
+  name: guid(submitQueue.id, userPrincipalId, roles.serviceBusDataSender)
+  scope: submitQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: userPrincipalId
+    principalType: userPrincipalType
+  }
+}
+
+resource userOrdersTableReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(userPrincipalId)) {
+  name: guid(ordersTable.id, userPrincipalId, roles.storageTableDataReader)
+  scope: ordersTable
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataReader)
+    principalId: userPrincipalId
+    principalType: userPrincipalType
+  }
+}

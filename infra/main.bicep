@@ -1,0 +1,252 @@
+// Scheduler Agent Supervisor on Azure Functions: everything one environment needs.
+//
+// `azd up` deploys this file with infra/main.parameters.json; without azd:
+//   az deployment sub create --location <region> --template-file infra/main.bicep \
+//     --parameters environmentName=<name> location=<region> alertEmail=<address> ...
+// (docs/deploy.md lists every parameter). No secret is created, stored or passed: every
+// connection is Microsoft Entra ID with the app's user-assigned managed identity.
+//
+// tests/infra checks this template offline against the code: every app setting the code reads
+// is set below and nothing else is, queue/table/container names agree with the Service Bus and
+// storage modules, devstack/servicebus/Config.json and local.settings.json.example, and only
+// the allowed roles are granted.
+
+targetScope = 'subscription'
+
+@minLength(1)
+@maxLength(64)
+@description('Name of the azd environment. With the subscription and location it makes the resource names unique.')
+param environmentName string
+
+@minLength(1)
+@description('Region for every resource. Pick one that offers the Flex Consumption plan.')
+@metadata({
+  azd: {
+    type: 'location'
+  }
+})
+param location string
+
+@description('Object id of the deploying user or pipeline principal (azd sets AZURE_PRINCIPAL_ID). It gets the data roles the smoke test needs: send to the orders queue, read the orders table. Empty: no role for anyone but the app.')
+param principalId string = ''
+
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+@description('Kind of principalId.')
+param principalType string = 'User'
+
+@minLength(3)
+@description('Email address of the operators: Azure Monitor alerts (operator alert waiting, dead-lettered messages) go there.')
+param alertEmail string
+
+@minLength(11)
+@description('NCRONTAB schedule of the Supervisor timer, six fields, seconds first, in UTC (Flex Consumption has no WEBSITE_TIME_ZONE).')
+param supervisorSchedule string = '*/15 * * * * *'
+
+@minLength(1)
+@description('Failed attempts after which the Supervisor stops retrying an order, compensates its completed steps and alerts an operator.')
+param failureThreshold string = '3'
+
+@minLength(8)
+@description('Base URL of the inventory service (outside this deployment).')
+param inventoryServiceUrl string
+
+@minLength(8)
+@description('Base URL of the payment service (outside this deployment).')
+param paymentServiceUrl string
+
+@minLength(8)
+@description('Base URL of the shipping service (outside this deployment).')
+param shippingServiceUrl string
+
+@description('Seconds without progress after which the Supervisor bumps a Pending order.')
+param pendingStaleAfterSeconds string = '120'
+
+@description('Budget of one step attempt in seconds, for every step. Empty: each step keeps its workflow budget.')
+param stepTimeoutSeconds string = ''
+
+@description('First retry delay in seconds. Empty: the workflow default.')
+param retryBaseDelaySeconds string = ''
+
+@description('Longest retry delay in seconds. Empty: the workflow default.')
+param retryMaxDelaySeconds string = ''
+
+@maxValue(1000)
+@minValue(1)
+@description('Most Flex Consumption instances the app may scale out to.')
+param maximumInstanceCount int = 100
+
+@allowed([
+  512
+  2048
+  4096
+])
+@description('Memory of one Flex Consumption instance, in MB.')
+param instanceMemoryMB int = 2048
+
+var abbrs = loadJsonContent('abbreviations.json')
+var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
+var tags = {
+  'azd-env-name': environmentName
+}
+// azure.yaml names the service `api`; azd finds the function app by this tag.
+var serviceName = 'api'
+var deploymentContainerName = 'app-package'
+
+resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
+  name: '${abbrs.resourcesResourceGroups}${environmentName}'
+  location: location
+  tags: tags
+}
+
+module identity 'app/identity.bicep' = {
+  name: 'identity'
+  scope: rg
+  params: {
+    name: '${abbrs.managedIdentityUserAssignedIdentities}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module storage 'app/storage.bicep' = {
+  name: 'storage'
+  scope: rg
+  params: {
+    name: '${abbrs.storageStorageAccounts}${resourceToken}'
+    location: location
+    tags: tags
+    deploymentContainerName: deploymentContainerName
+  }
+}
+
+module serviceBus 'app/servicebus.bicep' = {
+  name: 'servicebus'
+  scope: rg
+  params: {
+    name: '${abbrs.serviceBusNamespaces}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module monitoring 'app/monitoring.bicep' = {
+  name: 'monitoring'
+  scope: rg
+  params: {
+    logAnalyticsName: '${abbrs.operationalInsightsWorkspaces}${resourceToken}'
+    appInsightsName: '${abbrs.insightsComponents}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+// Every app setting the code reads (core/settings.py, the %NAME% binding expressions and the
+// `ServiceBusConnection` trigger connection). The Functions host's own settings
+// (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
+var appSettings = {
+  // Service Bus, through the managed identity (no connection string anywhere). The host's
+  // Service Bus extension reads all three; core/settings.py reads the namespace and client id.
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identity.outputs.clientId
+  // The state store (tables) and the Supervisor's lease (blob), through the managed identity.
+  StateStorage__tableServiceUri: storage.outputs.tableEndpoint
+  StateStorage__blobServiceUri: storage.outputs.blobEndpoint
+  StateStorage__clientId: identity.outputs.clientId
+  // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
+  ORDERS_QUEUE: 'orders'
+  SCHEDULER_COMMANDS_QUEUE: 'scheduler-commands'
+  AGENT_RESPONSES_QUEUE: 'agent-responses'
+  OPERATOR_ALERTS_QUEUE: 'operator-alerts'
+  INVENTORY_REQUESTS_QUEUE: 'inventory-requests'
+  PAYMENT_REQUESTS_QUEUE: 'payment-requests'
+  SHIPPING_REQUESTS_QUEUE: 'shipping-requests'
+  // Tables and the lease container: declared in app/storage.bicep.
+  ORDERS_TABLE: 'orders'
+  ACTIVE_ORDERS_TABLE: 'activeorders'
+  SUPERVISOR_LEASE_CONTAINER: 'supervisor-leases'
+  // The remote services the agents call.
+  INVENTORY_SERVICE_URL: inventoryServiceUrl
+  PAYMENT_SERVICE_URL: paymentServiceUrl
+  SHIPPING_SERVICE_URL: shippingServiceUrl
+  // Supervisor and retry tuning. An empty value means "the code's default".
+  SUPERVISOR_SCHEDULE: supervisorSchedule
+  FAILURE_THRESHOLD: failureThreshold
+  PENDING_STALE_AFTER_SECONDS: pendingStaleAfterSeconds
+  STEP_TIMEOUT_SECONDS: stepTimeoutSeconds
+  RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
+  RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
+}
+
+module rbac 'app/rbac.bicep' = {
+  name: 'rbac'
+  scope: rg
+  params: {
+    appPrincipalId: identity.outputs.principalId
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
+    appReceiveQueueNames: serviceBus.outputs.appReceiveQueueNames
+    appInsightsName: monitoring.outputs.appInsightsName
+    userPrincipalId: principalId
+    userPrincipalType: principalType
+    submitQueueName: appSettings.ORDERS_QUEUE
+    ordersTableName: appSettings.ORDERS_TABLE
+  }
+}
+
+module api 'app/function.bicep' = {
+  name: 'function'
+  scope: rg
+  // The host starts as soon as the app exists: grant its roles first.
+  dependsOn: [
+    rbac
+  ]
+  params: {
+    name: '${abbrs.webSitesFunctions}${resourceToken}'
+    planName: '${abbrs.webServerFarms}${resourceToken}'
+    location: location
+    tags: union(tags, {
+      'azd-service-name': serviceName
+    })
+    identityId: identity.outputs.id
+    identityClientId: identity.outputs.clientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: deploymentContainerName
+    appInsightsName: monitoring.outputs.appInsightsName
+    appSettings: appSettings
+    maximumInstanceCount: maximumInstanceCount
+    instanceMemoryMB: instanceMemoryMB
+  }
+}
+
+module alerts 'app/alerts.bicep' = {
+  name: 'alerts'
+  scope: rg
+  params: {
+    actionGroupName: '${abbrs.insightsActionGroups}${resourceToken}'
+    tags: tags
+    alertEmail: alertEmail
+    serviceBusNamespaceName: serviceBus.outputs.name
+    operatorAlertsQueueName: appSettings.OPERATOR_ALERTS_QUEUE
+  }
+}
+
+// What azd stores in the environment (`azd env get-values`) and the smoke test reads.
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = rg.name
+output SERVICE_API_NAME string = api.outputs.name
+output AZURE_FUNCTION_APP_NAME string = api.outputs.name
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
+output SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
+output AZURE_STORAGE_TABLE_ENDPOINT string = storage.outputs.tableEndpoint
+output AZURE_STORAGE_BLOB_ENDPOINT string = storage.outputs.blobEndpoint
+output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
+output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
+output ORDERS_TABLE string = appSettings.ORDERS_TABLE
+output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE

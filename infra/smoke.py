@@ -1,0 +1,420 @@
+"""Post-deploy smoke test: submit one order to the deployed app and wait until it is Processed.
+
+    python infra/smoke.py --namespace <ns>.servicebus.windows.net \\
+        --storage-table-endpoint https://<account>.table.core.windows.net/ [--timeout 120]
+
+After ``azd up``, ``eval "$(azd env get-values)"`` exports SERVICEBUS_FULLY_QUALIFIED_NAMESPACE,
+AZURE_STORAGE_TABLE_ENDPOINT, ORDERS_QUEUE and ORDERS_TABLE, which are the defaults of the
+options, so ``python infra/smoke.py`` alone works.
+
+It signs in with DefaultAzureCredential (``az login``, ``azd auth login``, environment or
+managed identity). The signed-in principal needs Azure Service Bus Data Sender on the orders
+queue and Storage Table Data Reader on the orders table; infra/main.bicep grants both to the
+principal that ran the deployment (AZURE_PRINCIPAL_ID).
+
+The order is built and encoded by the app's own code (core.messages, core.bus), so its schema and
+MessageId are the app's. It goes through the real remote services the app is configured with:
+point INVENTORY/PAYMENT/SHIPPING_SERVICE_URL at test endpoints, or pass ``--workflow
+single_step`` to touch only the inventory service.
+
+The command prints every state change of the order's process record. If the order does not
+reach Processed in time, it prints where it got stuck: state, current step, attempt, LockedBy,
+CompleteBy, LastError and the last timeline rows, with a hint at what to look at.
+
+Exit status: 0 Processed, 1 the order ended in Error, 2 usage error, 3 timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as `python infra/smoke.py` from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+from core.messages import OrderSubmitted  # noqa: E402
+from core.state_models import ProcessRecord, TimelineEntry  # noqa: E402
+from core.states import ProcessState  # noqa: E402
+
+DEFAULT_ORDERS_QUEUE = "orders"
+DEFAULT_ORDERS_TABLE = "orders"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+DEFAULT_POLL_SECONDS = 2.0
+TIMELINE_ROWS_SHOWN = 8
+
+EXIT_PROCESSED = 0
+EXIT_ERROR = 1
+EXIT_TIMEOUT = 3
+
+ENV_NAMESPACE = "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE"
+ENV_TABLE_ENDPOINT = "AZURE_STORAGE_TABLE_ENDPOINT"
+ENV_ORDERS_QUEUE = "ORDERS_QUEUE"
+ENV_ORDERS_TABLE = "ORDERS_TABLE"
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+def normalize_namespace(value: str) -> str:
+    """'sb://x.servicebus.windows.net/' or 'https://x...:443/' -> 'x.servicebus.windows.net'."""
+    host = value.strip()
+    for prefix in ("sb://", "https://", "amqps://"):
+        if host.lower().startswith(prefix):
+            host = host[len(prefix) :]
+    host = host.split("/", 1)[0].split(":", 1)[0]
+    if "." not in host or not host.replace(".", "").replace("-", "").isalnum():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a fully qualified Service Bus namespace "
+            "(like myns.servicebus.windows.net)"
+        )
+    return host.lower()
+
+
+def table_endpoint(value: str) -> str:
+    endpoint = value.strip()
+    if not endpoint.lower().startswith("https://") or len(endpoint) <= len("https://"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a table endpoint (like https://myaccount.table.core.windows.net/)"
+        )
+    return endpoint
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be positive")
+    return seconds
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python infra/smoke.py",
+        description="Submit one order to the deployed app and wait until it is Processed.",
+        epilog=f"Defaults come from {ENV_NAMESPACE}, {ENV_TABLE_ENDPOINT}, {ENV_ORDERS_QUEUE} "
+        f"and {ENV_ORDERS_TABLE} (azd env get-values). Exit status: 0 Processed, 1 Error, "
+        "2 usage, 3 timed out.",
+    )
+    parser.add_argument(
+        "--namespace",
+        type=normalize_namespace,
+        default=env.get(ENV_NAMESPACE) or None,
+        help=f"Service Bus namespace host name (default: ${ENV_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--storage-table-endpoint",
+        type=table_endpoint,
+        default=env.get(ENV_TABLE_ENDPOINT) or None,
+        help=f"state storage table endpoint (default: ${ENV_TABLE_ENDPOINT})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help="seconds to wait for Processed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=positive_seconds,
+        default=DEFAULT_POLL_SECONDS,
+        help="seconds between reads of the order state (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--orders-queue",
+        default=env.get(ENV_ORDERS_QUEUE) or DEFAULT_ORDERS_QUEUE,
+        help=f"queue the app takes submissions from (default: ${ENV_ORDERS_QUEUE} or %(default)s)",
+    )
+    parser.add_argument(
+        "--orders-table",
+        default=env.get(ENV_ORDERS_TABLE) or DEFAULT_ORDERS_TABLE,
+        help=f"table of the order state (default: ${ENV_ORDERS_TABLE} or %(default)s)",
+    )
+    parser.add_argument("--order-id", help="order id to use (default: a new smoke-... id)")
+    parser.add_argument(
+        "--workflow", default="order", help="workflow to run (default: %(default)s)"
+    )
+    parser.add_argument("--reply-to", help="queue for StatusUpdate messages (default: none)")
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    env = os.environ if env is None else env
+    parser = build_parser(env)
+    # argparse runs `type` on string defaults too, so values from the environment are checked.
+    args = parser.parse_args(argv)
+    if args.namespace is None:
+        parser.error(f"--namespace is required (or set {ENV_NAMESPACE})")
+    if args.storage_table_endpoint is None:
+        parser.error(f"--storage-table-endpoint is required (or set {ENV_TABLE_ENDPOINT})")
+    args.order_id = args.order_id or new_order_id()
+    return args
+
+
+def new_order_id(now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    return f"smoke-{now:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+def build_order(order_id: str, workflow: str, reply_to: str | None) -> OrderSubmitted:
+    """One small order, validated by the app's own schema."""
+    return OrderSubmitted.model_validate(
+        {
+            "order_id": order_id,
+            "customer_id": "smoke-test",
+            "items": [{"sku": "SMOKE-1", "quantity": 1, "unit_price_cents": 100}],
+            "currency": "USD",
+            "workflow": workflow,
+            "reply_to": reply_to,
+        }
+    )
+
+
+# ------------------------------------------------------------------------------ watching
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the smoke test shows of the process record; a change of any field is printed."""
+
+    state: str
+    step: str | None
+    operation: str
+    attempt: int
+    failure_count: int
+    locked_by: str | None
+    complete_by: datetime | None
+    last_error: str | None
+
+    @classmethod
+    def of(cls, record: ProcessRecord) -> Snapshot:
+        return cls(
+            state=str(record.state),
+            step=record.current_step,
+            operation=record.current_operation,
+            attempt=record.attempt,
+            failure_count=record.failure_count,
+            locked_by=record.locked_by,
+            complete_by=record.complete_by,
+            last_error=record.last_error,
+        )
+
+    def line(self) -> str:
+        step = f"{self.step}/{self.operation}" if self.step else "-"
+        text = (
+            f"{self.state:<12} step={step} attempt={self.attempt} "
+            f"failures={self.failure_count} locked_by={self.locked_by or '-'}"
+        )
+        return f"{text} last_error={_one_line(self.last_error, 120)}" if self.last_error else text
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    snapshot: Snapshot | None
+    waited: float
+
+
+def _one_line(text: str | None, limit: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    if when is None:
+        return "-"
+    seconds = (now - when).total_seconds()
+    relation = "ago" if seconds >= 0 else "from now"
+    return f"{when:%Y-%m-%dT%H:%M:%SZ} ({abs(seconds):.0f} s {relation})"
+
+
+_HINTS = {
+    None: "The order never reached the state store: the scheduler intake did not take it. Is "
+    "the code deployed (azd deploy) and the app running? Look at the orders queue (active or "
+    "dead-lettered messages) and at the app's traces in Application Insights.",
+    ProcessState.PENDING.value: "Waiting for a scheduler claim or a delayed retry from the "
+    "Supervisor (it runs on SUPERVISOR_SCHEDULE). Look at the scheduler-commands queue and the "
+    "Supervisor's traces.",
+    ProcessState.PROCESSING.value: "A step is out with its agent and no reply has been recorded. "
+    "Look at the agent's request queue, its *_SERVICE_URL and its traces; after CompleteBy the "
+    "Supervisor retries the step.",
+    ProcessState.COMPENSATING.value: "The order failed and its completed steps are being undone; "
+    "an operator alert follows if it ends in Error.",
+    ProcessState.ERROR.value: "The order failed: an OperatorAlert with the reason is on the "
+    "operator alerts queue, and Azure Monitor emails the operators.",
+}
+
+
+def format_stuck_report(
+    order_id: str,
+    snapshot: Snapshot | None,
+    timeline: Sequence[TimelineEntry],
+    *,
+    waited: float,
+    now: datetime,
+    ended: bool = False,
+) -> str:
+    """Where the order got stuck (or how it ended, if ``ended``), for a person to act on."""
+    head = (
+        f"order {order_id} ended in {snapshot.state if snapshot else '?'} after {waited:.0f} s"
+        if ended
+        else f"order {order_id} did not reach Processed within {waited:.0f} s"
+    )
+    lines = [head + "."]
+    if snapshot is None:
+        lines.append("  no process record in the orders table")
+    else:
+        step = f"{snapshot.step} ({snapshot.operation})" if snapshot.step else "-"
+        lines += [
+            f"  state:        {snapshot.state}",
+            f"  current step: {step}",
+            f"  attempt:      {snapshot.attempt} (failures so far: {snapshot.failure_count})",
+            f"  LockedBy:     {snapshot.locked_by or '-'}",
+            f"  CompleteBy:   {_ago(snapshot.complete_by, now)}",
+            f"  LastError:    {_one_line(snapshot.last_error, 500) or '-'}",
+        ]
+    if timeline:
+        shown = timeline[-TIMELINE_ROWS_SHOWN:]
+        lines.append(f"last {len(shown)} of {len(timeline)} timeline rows:")
+        for entry in shown:
+            move = f"{entry.from_state or '-'} -> {entry.to_state}"
+            where = f" step={entry.step}" if entry.step else ""
+            detail = f"  {_one_line(entry.detail, 160)}" if entry.detail else ""
+            lines.append(
+                f"  #{entry.seq} {entry.at:%H:%M:%S} {entry.event:<18} {move}{where} "
+                f"attempt={entry.attempt} by {entry.actor}{detail}"
+            )
+    elif snapshot is not None:
+        lines.append("no timeline rows")
+    lines.append("hint: " + _HINTS.get(snapshot.state if snapshot else None, ""))
+    return "\n".join(lines)
+
+
+def watch(
+    order_id: str,
+    read_process: Callable[[], ProcessRecord | None],
+    read_timeline: Callable[[], list[TimelineEntry]],
+    *,
+    timeout: float,
+    poll_interval: float,
+    out: TextIO,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Outcome:
+    """Poll the process record, print each change, stop at Processed, Error or the timeout."""
+    started = monotonic()
+    last: Snapshot | str | None = "unset"
+    while True:
+        record = read_process()
+        snapshot = Snapshot.of(record) if record is not None else None
+        waited = monotonic() - started
+        if snapshot != last:
+            text = snapshot.line() if snapshot else "no process record yet"
+            print(f"{waited:6.1f}s  {text}", file=out, flush=True)
+            last = snapshot
+        if snapshot is not None and snapshot.state == ProcessState.PROCESSED.value:
+            print(f"order {order_id} Processed in {waited:.1f} s", file=out, flush=True)
+            return Outcome(EXIT_PROCESSED, snapshot, waited)
+        if snapshot is not None and snapshot.state == ProcessState.ERROR.value:
+            report = format_stuck_report(
+                order_id, snapshot, read_timeline(), waited=waited, now=now(), ended=True
+            )
+            print(report, file=out, flush=True)
+            return Outcome(EXIT_ERROR, snapshot, waited)
+        if waited >= timeout:
+            timeline = read_timeline() if snapshot is not None else []
+            report = format_stuck_report(order_id, snapshot, timeline, waited=waited, now=now())
+            print(report, file=out, flush=True)
+            return Outcome(EXIT_TIMEOUT, snapshot, waited)
+        sleep(min(poll_interval, max(timeout - waited, 0.0)))
+
+
+# ---------------------------------------------------------------------------------- Azure
+
+
+def submit(namespace: str, queue: str, order: OrderSubmitted, credential: Any) -> None:
+    from azure.servicebus import ServiceBusClient
+
+    from core.bus import to_servicebus_message
+
+    with ServiceBusClient(namespace, credential) as client, client.get_queue_sender(queue) as s:
+        s.send_messages(to_servicebus_message(order))
+
+
+ACCESS_HINT = (
+    "The signed-in principal needs Azure Service Bus Data Sender on the orders queue and "
+    "Storage Table Data Reader on the orders table (main.bicep grants both to "
+    "AZURE_PRINCIPAL_ID); new role assignments can take a few minutes to apply."
+)
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    args = parse_args(argv)
+    try:
+        order = build_order(args.order_id, args.workflow, args.reply_to)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        print(f"python infra/smoke.py: error: {exc}", file=sys.stderr)
+        return 2
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+    from azure.servicebus.exceptions import (
+        ServiceBusAuthenticationError,
+        ServiceBusAuthorizationError,
+        ServiceBusError,
+    )
+
+    try:
+        return _run(args, order, out)
+    except (ClientAuthenticationError, ServiceBusAuthenticationError) as exc:
+        print(f"sign-in failed (az login?): {exc}\n{ACCESS_HINT}", file=sys.stderr)
+    except ServiceBusAuthorizationError as exc:
+        print(f"sending the order was refused: {exc}\n{ACCESS_HINT}", file=sys.stderr)
+    except ServiceBusError as exc:
+        print(f"sending the order failed: {exc}", file=sys.stderr)
+    except HttpResponseError as exc:
+        hint = f"\n{ACCESS_HINT}" if exc.status_code in (401, 403) else ""
+        print(f"reading the order state failed: {exc.message}{hint}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
+    from azure.data.tables import TableServiceClient
+    from azure.identity import DefaultAzureCredential
+
+    from core.state_store import OrderStateStore
+
+    credential = DefaultAzureCredential()
+    print(
+        f"submitting order {order.order_id} ({order.workflow}) to "
+        f"{args.namespace}/{args.orders_queue}",
+        file=out,
+        flush=True,
+    )
+    submit(args.namespace, args.orders_queue, order, credential)
+    service = TableServiceClient(args.storage_table_endpoint, credential=credential)
+    with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
+        outcome = watch(
+            order.order_id,
+            lambda: store.find_process(order.order_id),
+            lambda: store.get_timeline(order.order_id),
+            timeout=args.timeout,
+            poll_interval=args.poll_interval,
+            out=out,
+        )
+    return outcome.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Offline checks of infra/ (Bicep, parameters, azure.yaml) and the post-deploy smoke command."""

@@ -1,0 +1,1036 @@
+"""Offline checks of infra/ against the code, the local settings and the broker's entity config.
+
+No Bicep CLI and no Azure here: every ``.bicep`` file is parsed with pycep-parser (syntax and
+structure only; it resolves no module, symbol or ARM schema), and the checks read the parsed
+declarations statically. Each check takes paths and returns a list of problems (empty when all
+is well), so ``tests/infra/test_mutations.py`` can run the very same checks on a mutated copy
+and prove that they fail.
+
+What the code reads comes from the code itself (:func:`code_facts`): the settings module is run
+against a recording environment, and the bindings come from indexing ``function_app`` the way
+the Functions host does.
+
+pycep renders a string literal and an identifier alike (``'orders'`` and ``orders`` both become
+``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
+bare name through variables and module parameters only where an expression is expected; a name
+the checks cannot read statically is reported, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pycep import BicepParser
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# ------------------------------------------------------------------------------ policy
+
+HOST_SETTINGS: Mapping[str, str] = {
+    # Settings of the Functions host itself, not read by the app code, so the "every setting is
+    # used" rule exempts them by name. FUNCTIONS_EXTENSION_VERSION is deliberately not set:
+    # Flex Consumption sets it itself (and the runtime comes from functionAppConfig).
+    "AzureWebJobsStorage__accountName": "host storage, identity-based",
+    "AzureWebJobsStorage__credential": "host storage, identity-based",
+    "AzureWebJobsStorage__clientId": "host storage: which user-assigned identity",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": "host telemetry target",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING": "host telemetry with Entra ID (local auth off)",
+}
+
+FORBIDDEN_SETTINGS: Mapping[str, str] = {
+    "ServiceBusConnection": "a connection string (secret); use the __fullyQualifiedNamespace form",
+    "StateStorage": "a connection string (secret); use the __tableServiceUri/__blobServiceUri form",
+    "AzureWebJobsStorage": "a connection string (secret); use the __accountName form",
+    "FUNCTIONS_WORKER_RUNTIME": "Flex Consumption rejects it; the runtime is functionAppConfig",
+    "FUNCTIONS_EXTENSION_VERSION": "Flex Consumption sets it itself",
+    "WEBSITE_TIME_ZONE": "Flex Consumption rejects it; schedules run in UTC",
+    "WEBSITE_RUN_FROM_PACKAGE": "Flex Consumption deploys from functionAppConfig.deployment",
+}
+
+UNREFERENCED_QUEUES: Mapping[str, str] = {
+    # Declared queues that no app setting names, and why they exist anyway.
+    "order-status": "the default reply queue submitters name for StatusUpdate messages",
+}
+
+STORAGE_NAME_SETTINGS: Mapping[str, str] = {
+    "ORDERS_TABLE": "table",
+    "ACTIVE_ORDERS_TABLE": "table",
+    "SUPERVISOR_LEASE_CONTAINER": "container",
+}
+
+ALLOWED_ROLES: Mapping[str, str] = {
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
+    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
+    "76199698-9eea-4c19-bc75-cec21354c6b6": "Storage Table Data Reader",
+    "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
+    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
+    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
+}
+
+KNOWN_BROAD_ROLES: Mapping[str, str] = {
+    "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
+    "b24988ac-6180-49ef-a2ac-17ca41fa4eb2": "Contributor",
+    "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9": "User Access Administrator",
+    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
+    "17d1049b-9a84-46fb-8f53-869881c3d3ab": "Storage Account Contributor",
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
+    "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
+}
+
+REQUIRED_OUTPUTS = (
+    "AZURE_LOCATION",
+    "AZURE_TENANT_ID",
+    "AZURE_RESOURCE_GROUP",
+    "AZURE_FUNCTION_APP_NAME",
+    "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE",
+    "AZURE_STORAGE_TABLE_ENDPOINT",
+    "AZURE_STORAGE_BLOB_ENDPOINT",
+)
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SETTING_REFERENCE = re.compile(r"%([A-Za-z0-9_]+)%")
+_SECRET_FUNCTION = re.compile(r"\blist[A-Z][A-Za-z]*\s*\(")
+
+
+class CheckError(Exception):
+    """The infra cannot be read the way the checks expect (a problem in itself)."""
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the checked files live, relative to a repository root (a real one or a copy)."""
+
+    root: Path
+
+    @property
+    def infra(self) -> Path:
+        return self.root / "infra"
+
+    @property
+    def main_bicep(self) -> Path:
+        return self.infra / "main.bicep"
+
+    @property
+    def parameters_json(self) -> Path:
+        return self.infra / "main.parameters.json"
+
+    @property
+    def broker_config(self) -> Path:
+        return self.root / "devstack" / "servicebus" / "Config.json"
+
+    @property
+    def local_settings_example(self) -> Path:
+        return self.root / "local.settings.json.example"
+
+    @property
+    def azure_yaml(self) -> Path:
+        return self.root / "azure.yaml"
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@cache
+def _parse_text(text: str) -> dict[str, Any]:
+    return BicepParser().parse(text=text)
+
+
+def parse_bicep(path: Path) -> dict[str, Any]:
+    """pycep's dict for one file (raises whatever pycep raises on a syntax error)."""
+    return _parse_text(path.read_text(encoding="utf-8"))
+
+
+def bicep_files(infra: Path) -> list[Path]:
+    return sorted(infra.rglob("*.bicep"))
+
+
+def _unquote(key: str) -> str:
+    return key[1:-1] if len(key) >= 2 and key[0] == key[-1] == "'" else key
+
+
+@dataclass
+class BicepFile:
+    path: Path
+    tree: dict[str, Any]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.tree.get("parameters") or {}
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        return self.tree.get("variables") or {}
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return self.tree.get("resources") or {}
+
+    @property
+    def modules(self) -> dict[str, Any]:
+        return self.tree.get("modules") or {}
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        return self.tree.get("outputs") or {}
+
+
+@dataclass
+class Infra:
+    """All .bicep files under one infra/ directory, parsed."""
+
+    layout: Layout
+    files: dict[Path, BicepFile] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, layout: Layout) -> Infra:
+        infra = cls(layout)
+        for path in bicep_files(layout.infra):
+            try:
+                infra.files[path.resolve()] = BicepFile(path, parse_bicep(path))
+            except Exception as exc:
+                raise CheckError(f"{_rel(layout, path)} does not parse: {exc}") from None
+        if layout.main_bicep.resolve() not in infra.files:
+            raise CheckError("infra/main.bicep is missing")
+        return infra
+
+    @property
+    def main(self) -> BicepFile:
+        return self.files[self.layout.main_bicep.resolve()]
+
+    def rel(self, path: Path) -> str:
+        return _rel(self.layout, path)
+
+    def resources(
+        self, type_: str, *, existing: bool = False
+    ) -> Iterator[tuple[BicepFile, str, dict]]:
+        """(file, symbol, resource) for every resource of ``type_`` (declared, or existing)."""
+        for bicep in self.files.values():
+            for symbol, resource in bicep.resources.items():
+                if resource.get("type") == type_ and bool(resource.get("existing")) == existing:
+                    yield bicep, symbol, resource
+
+    def one_resource(self, type_: str) -> tuple[BicepFile, str, dict]:
+        found = list(self.resources(type_))
+        if len(found) != 1:
+            raise CheckError(f"expected exactly one declared {type_}, found {len(found)}")
+        return found[0]
+
+    def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
+        """(file, module config) of every local module declaration that deploys ``target``."""
+        for bicep in self.files.values():
+            for module in bicep.modules.values():
+                if module.get("type") != "local":
+                    continue
+                path = (bicep.path.parent / module["detail"]["path"]).resolve()
+                if path == target.path.resolve():
+                    yield bicep, module["config"]
+
+    def resolve(self, bicep: BicepFile, expr: Any) -> Any:
+        """The literal value of ``expr`` in ``bicep``: follows variables and, for a module
+        parameter, the value its single caller passes. Raises CheckError when not static."""
+        if isinstance(expr, dict) and set(expr) == {"operator"}:
+            op = expr["operator"]
+            if op["type"] == "property_accessor":
+                base = self.resolve(bicep, op["operands"]["operand_1"])
+                key = op["operands"]["operand_2"]
+                if isinstance(base, dict) and isinstance(key, str):
+                    base = {_unquote(k): v for k, v in base.items()}
+                    if key in base:
+                        return self.resolve(bicep, base[key])
+            raise CheckError(f"{self.rel(bicep.path)}: {_short(expr)} is not a static value")
+        if isinstance(expr, dict) and set(expr) == {"function"}:
+            raise CheckError(f"{self.rel(bicep.path)}: {_short(expr)} is not a static value")
+        if not isinstance(expr, str):
+            return expr
+        if expr in bicep.variables:
+            return self.resolve(bicep, bicep.variables[expr]["value"])
+        if expr in bicep.params:
+            callers = list(self.callers(bicep))
+            if len(callers) == 1:
+                caller, config = callers[0]
+                params = config.get("params") or {}
+                if expr in params:
+                    return self.resolve(caller, params[expr])
+            default = bicep.params[expr].get("default")
+            if default is not None:
+                return default
+            raise CheckError(f"{self.rel(bicep.path)}: parameter {expr} has no static value")
+        return expr
+
+
+def _rel(layout: Layout, path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(layout.root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _short(expr: Any) -> str:
+    text = json.dumps(expr, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _camel(name: str) -> str:
+    return name[:1].lower() + name[1:]
+
+
+def _body(resource: dict[str, Any]) -> dict[str, Any]:
+    """The declaration body of a resource, inside its loop or condition if it has one."""
+    config = resource.get("config") or {}
+    if "loop_type" in config or "condition" in config:
+        return config.get("config") or {}
+    return config
+
+
+def _checked(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """Turn a CheckError raised while reading the infra into a reported problem."""
+
+    def run(*args: Any, **kwargs: Any) -> list[str]:
+        try:
+            return check(*args, **kwargs)
+        except CheckError as exc:
+            return [str(exc)]
+
+    run.__name__ = check.__name__
+    run.__doc__ = check.__doc__
+    return run
+
+
+# ------------------------------------------------------------------ what the code reads
+
+
+@dataclass(frozen=True)
+class CodeFacts:
+    """What the app code reads, taken from the code (see :func:`code_facts`)."""
+
+    settings_read: frozenset[str]
+    """Every setting name the settings module looked up with an identity-based configuration."""
+    local_only: frozenset[str]
+    """Connection-string settings: read locally, never set in Azure."""
+    binding_settings: frozenset[str]
+    """``%NAME%`` references in the indexed bindings (queue names, the timer schedule)."""
+    binding_connections: frozenset[str]
+    """Connection names of the bindings; the host reads their identity-based forms."""
+    trigger_queue_settings: frozenset[str]
+    """Settings naming the queues a Service Bus trigger consumes."""
+    queue_settings: frozenset[str]
+    """core.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
+
+    @property
+    def required_settings(self) -> frozenset[str]:
+        host_reads = {
+            f"{connection}__{part}"
+            for connection in self.binding_connections
+            for part in ("fullyQualifiedNamespace", "credential", "clientId")
+        }
+        return frozenset(
+            (self.settings_read - self.local_only) | self.binding_settings | host_reads
+        )
+
+
+class _RecordingEnv(Mapping[str, str]):
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self._values = dict(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self._values[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return key in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
+    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form.
+
+    The environment is local.settings.json.example with the connection strings replaced by
+    identity-based endpoints, so the reader takes the branch it takes in Azure.
+    """
+    from core import settings as settings_module
+
+    example = json.loads(Layout(root).local_settings_example.read_text())["Values"]
+    sb, st = settings_module.SERVICEBUS_CONNECTION, settings_module.STATE_STORAGE_CONNECTION
+    local_only = {sb, st}
+    env = {k: v for k, v in example.items() if k not in local_only}
+    env |= {
+        f"{sb}__fullyQualifiedNamespace": "example.servicebus.windows.net",
+        f"{sb}__clientId": "00000000-0000-0000-0000-000000000000",
+        f"{st}__tableServiceUri": "https://example.table.core.windows.net/",
+        f"{st}__blobServiceUri": "https://example.blob.core.windows.net/",
+        f"{st}__clientId": "00000000-0000-0000-0000-000000000000",
+    }
+    recorder = _RecordingEnv(env)
+    settings_module.Settings.from_env(recorder)
+    return recorder.read, local_only
+
+
+_INDEX_SCRIPT = """
+import json, sys
+import function_app
+json.dump([json.loads(f.get_function_json()) for f in function_app.app.get_functions()], sys.stdout)
+"""
+
+
+def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
+    """The function.json documents the host indexes, from a fresh interpreter (the FunctionApp
+    object allows one get_functions() call, and nothing leaks into the test process)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _INDEX_SCRIPT],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise CheckError(f"indexing function_app failed:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout)
+
+
+def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
+    from core.settings import QUEUE_SETTINGS
+
+    read, local_only = settings_read_by_code(root)
+    binding_settings: set[str] = set()
+    connections: set[str] = set()
+    trigger_queues: set[str] = set()
+    for function in indexed_functions(root):
+        for binding in function["bindings"]:
+            for value in binding.values():
+                if isinstance(value, str):
+                    binding_settings.update(_SETTING_REFERENCE.findall(value))
+            if binding.get("connection"):
+                connections.add(binding["connection"])
+            if binding.get("type") == "serviceBusTrigger":
+                trigger_queues.update(_SETTING_REFERENCE.findall(binding.get("queueName", "")))
+    return CodeFacts(
+        settings_read=frozenset(read),
+        local_only=frozenset(local_only),
+        binding_settings=frozenset(binding_settings),
+        binding_connections=frozenset(connections),
+        trigger_queue_settings=frozenset(trigger_queues),
+        queue_settings=frozenset(QUEUE_SETTINGS.values()),
+    )
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_bicep_parses(layout: Layout) -> list[str]:
+    """Every .bicep parses; every local module and loadJsonContent file it names exists."""
+    problems = []
+    files = bicep_files(layout.infra)
+    if not files:
+        return [f"no .bicep file under {_rel(layout, layout.infra)}"]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            tree = parse_bicep(path)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[:3]
+            problems.append(f"{_rel(layout, path)} does not parse: {' | '.join(first)}")
+            continue
+        for name, module in (tree.get("modules") or {}).items():
+            if module.get("type") == "local":
+                target = path.parent / module["detail"]["path"]
+                if not target.is_file():
+                    problems.append(f"{_rel(layout, path)}: module {name} -> missing {target.name}")
+        for loaded in re.findall(r"load(?:Json|Text|Yaml)Content\(\s*'([^']+)'", text):
+            if not (path.parent / loaded).is_file():
+                problems.append(f"{_rel(layout, path)}: loads missing file {loaded}")
+    return problems
+
+
+@_checked
+def check_api_versions(layout: Layout) -> list[str]:
+    """No preview API version anywhere."""
+    infra = Infra.load(layout)
+    return [
+        f"{infra.rel(bicep.path)}: {symbol} uses preview API {resource['api_version']}"
+        for bicep in infra.files.values()
+        for symbol, resource in bicep.resources.items()
+        if "preview" in str(resource.get("api_version", ""))
+    ]
+
+
+def declared_queues(infra: Infra) -> dict[str, dict[str, Any]]:
+    """Queue name -> declaration (``name``, ``receivedByApp``, ``properties``) of the Service
+    Bus module, read from the literal array its queue resource loop iterates over."""
+    bicep, symbol, resource = infra.one_resource("Microsoft.ServiceBus/namespaces/queues")
+    loop = (resource.get("config") or {}).get("loop_type")
+    if not loop:
+        raise CheckError(f"{infra.rel(bicep.path)}: {symbol} must loop over a declared array")
+    array = infra.resolve(bicep, loop["detail"]["array_name"])
+    if not isinstance(array, list):
+        raise CheckError(f"{infra.rel(bicep.path)}: the queue list is not a literal array")
+    queues: dict[str, dict[str, Any]] = {}
+    for entry in array:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise CheckError(f"{infra.rel(bicep.path)}: queue entry without a literal name")
+        if name in queues:
+            raise CheckError(f"{infra.rel(bicep.path)}: queue {name} is declared twice")
+        queues[name] = entry
+    return queues
+
+
+def broker_queues(config_json: Path) -> dict[str, dict[str, Any]]:
+    """Queue name -> properties (camelCase, as in ARM) of the emulator-format entity config."""
+    config = json.loads(config_json.read_text())
+    queues: dict[str, dict[str, Any]] = {}
+    for namespace in config["UserConfig"]["Namespaces"]:
+        for queue in namespace.get("Queues", []):
+            queues[queue["Name"]] = {
+                _camel(key): value for key, value in (queue.get("Properties") or {}).items()
+            }
+    return queues
+
+
+@_checked
+def check_queues_match_broker(layout: Layout) -> list[str]:
+    """The Service Bus module declares exactly the broker's queues, with the same properties."""
+    infra = Infra.load(layout)
+    declared = declared_queues(infra)
+    broker = broker_queues(layout.broker_config)
+    config = json.loads(layout.broker_config.read_text())
+    problems = [
+        f"Config.json declares topics {[t.get('Name') for t in ns['Topics']]}; infra declares none"
+        for ns in config["UserConfig"]["Namespaces"]
+        if ns.get("Topics")
+    ]
+    for name in sorted(broker.keys() - declared.keys()):
+        problems.append(f"queue {name} is in devstack/servicebus/Config.json but not in infra")
+    for name in sorted(declared.keys() - broker.keys()):
+        problems.append(f"queue {name} is in infra but not in devstack/servicebus/Config.json")
+    for name in sorted(declared.keys() & broker.keys()):
+        infra_props = declared[name].get("properties") or {}
+        for key, expected in broker[name].items():
+            actual = infra_props.get(key)
+            if expected == "" and actual in (None, ""):
+                continue  # ForwardTo / ForwardDeadLetteredMessagesTo: none
+            if actual != expected or type(actual) is not type(expected):
+                problems.append(
+                    f"queue {name}: {key} is {actual!r} in infra, {expected!r} in Config.json"
+                )
+        for key in sorted(infra_props.keys() - broker[name].keys()):
+            problems.append(f"queue {name}: infra sets {key}, which Config.json does not declare")
+    return problems
+
+
+def function_app_settings(infra: Infra) -> dict[str, Any]:
+    """Setting name -> value expression of the function app (the ``appsettings`` config)."""
+    configs = [
+        (bicep, resource)
+        for bicep, _, resource in infra.resources("Microsoft.Web/sites/config")
+        if _body(resource).get("name") == "appsettings"
+    ]
+    if len(configs) != 1:
+        raise CheckError(f"expected one sites/config 'appsettings' resource, found {len(configs)}")
+    bicep, resource = configs[0]
+    properties = _body(resource)["properties"]
+    if isinstance(properties, dict) and set(properties) == {"function"}:
+        function = properties["function"]
+        if function["type"] != "union":
+            raise CheckError(f"{infra.rel(bicep.path)}: app settings must be an object or union()")
+        parts = list(function["parameters"].values())
+    else:
+        parts = [properties]
+    settings: dict[str, Any] = {}
+    for part in parts:
+        value = _resolve_object(infra, bicep, part)
+        settings |= {_unquote(key): item for key, item in value.items()}
+    return settings
+
+
+def _resolve_object(infra: Infra, bicep: BicepFile, expr: Any) -> dict[str, Any]:
+    """Like Infra.resolve, but keeps the values of the object as expressions (they may be
+    runtime values, e.g. module outputs); only the object itself must be static."""
+    if isinstance(expr, dict) and not ({"operator", "function"} & set(expr)):
+        return expr
+    if isinstance(expr, str) and expr in bicep.variables:
+        return _resolve_object(infra, bicep, bicep.variables[expr]["value"])
+    if isinstance(expr, str) and expr in bicep.params:
+        callers = list(infra.callers(bicep))
+        if len(callers) == 1 and expr in (callers[0][1].get("params") or {}):
+            caller, config = callers[0]
+            return _resolve_object(infra, caller, config["params"][expr])
+    raise CheckError(f"{infra.rel(bicep.path)}: {_short(expr)} is not a static object")
+
+
+@_checked
+def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
+    """The function app sets every setting the code reads and nothing else but host settings."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    required = facts.required_settings
+    problems = [
+        f"app setting {name} is read by the code but not set in infra"
+        for name in sorted(required - settings.keys())
+    ]
+    for name in sorted(HOST_SETTINGS.keys() - settings.keys()):
+        problems.append(f"host setting {name} ({HOST_SETTINGS[name]}) is not set in infra")
+    for name in sorted(settings.keys() - required - HOST_SETTINGS.keys()):
+        reason = FORBIDDEN_SETTINGS.get(name, "nothing in the code or the host reads it")
+        problems.append(f"app setting {name} is set in infra but must not be: {reason}")
+    for name, value in settings.items():
+        if isinstance(value, str) and re.search(r"AccountKey=|SharedAccessKey=", value):
+            problems.append(f"app setting {name} holds a key")
+        if name.endswith("__credential") and value != "managedidentity":
+            problems.append(f"app setting {name} is {value!r}, must be 'managedidentity'")
+        if name.endswith("__clientId") and not _last_name(value).lower().endswith("clientid"):
+            problems.append(f"app setting {name} is {_short(value)}, not the identity's client id")
+    for _, symbol, resource in infra.resources("Microsoft.Web/sites"):
+        site_config = (_body(resource).get("properties") or {}).get("siteConfig") or {}
+        if "appSettings" in site_config:
+            problems.append(f"{symbol}: app settings belong in the 'appsettings' config only")
+    return problems
+
+
+@_checked
+def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
+    """Queue settings name declared queues, agree with local.settings.json.example, and every
+    declared queue is named by a setting (or is a listed exception)."""
+    infra = Infra.load(layout)
+    declared = declared_queues(infra)
+    settings = function_app_settings(infra)
+    example = json.loads(layout.local_settings_example.read_text())["Values"]
+    problems = []
+    named = set()
+    for setting in sorted(facts.queue_settings):
+        value = settings.get(setting)
+        if value is None:
+            problems.append(f"queue setting {setting} is not set in infra")
+            continue
+        if not isinstance(value, str):
+            problems.append(f"queue setting {setting} must be a literal queue name in infra")
+            continue
+        named.add(value)
+        if value not in declared:
+            problems.append(f"{setting} names queue {value!r}, which infra does not declare")
+        if example.get(setting) != value:
+            problems.append(
+                f"{setting} is {value!r} in infra but {example.get(setting)!r} in "
+                "local.settings.json.example"
+            )
+    for name in sorted(declared.keys() - named - UNREFERENCED_QUEUES.keys()):
+        problems.append(f"queue {name} is declared but no app setting names it")
+    for name in sorted(UNREFERENCED_QUEUES.keys() - declared.keys()):
+        problems.append(f"listed exception {name} is not a declared queue any more")
+    return problems
+
+
+@_checked
+def check_receiver_queues(layout: Layout, facts: CodeFacts) -> list[str]:
+    """``receivedByApp`` (which queues get the Receiver role) marks exactly the queues that a
+    Service Bus trigger consumes."""
+    infra = Infra.load(layout)
+    declared = declared_queues(infra)
+    settings = function_app_settings(infra)
+    triggered = {settings.get(setting) for setting in facts.trigger_queue_settings}
+    marked = {name for name, queue in declared.items() if queue.get("receivedByApp") is True}
+    problems = [
+        f"queue {name} feeds a trigger but is not receivedByApp (no Receiver role)"
+        for name in sorted(triggered - marked, key=str)
+    ]
+    problems += [
+        f"queue {name} is receivedByApp but no trigger consumes it (Receiver role not needed)"
+        for name in sorted(marked - triggered, key=str)
+    ]
+    return problems
+
+
+@_checked
+def check_storage_names(layout: Layout) -> list[str]:
+    """Tables and containers declared in the storage module are exactly those the settings
+    name plus the deployment package container, and agree with local.settings.json.example."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    example = json.loads(layout.local_settings_example.read_text())["Values"]
+    tables = set()
+    for bicep, symbol, resource in infra.resources(
+        "Microsoft.Storage/storageAccounts/tableServices/tables"
+    ):
+        tables |= _declared_names(infra, bicep, symbol, resource)
+    containers = set()
+    for bicep, symbol, resource in infra.resources(
+        "Microsoft.Storage/storageAccounts/blobServices/containers"
+    ):
+        containers |= _declared_names(infra, bicep, symbol, resource)
+    expected = {"table": set(), "container": {_deployment_container(infra)}}
+    problems = []
+    for setting, kind in STORAGE_NAME_SETTINGS.items():
+        value = settings.get(setting)
+        if not isinstance(value, str):
+            problems.append(f"{setting} must be a literal {kind} name in infra")
+            continue
+        expected[kind].add(value)
+        if example.get(setting, value) != value:
+            problems.append(
+                f"{setting} is {value!r} in infra but {example[setting]!r} in "
+                "local.settings.json.example"
+            )
+    for kind, declared in (("table", tables), ("container", containers)):
+        for name in sorted(expected[kind] - declared):
+            problems.append(f"{kind} {name} is used but the storage module does not declare it")
+        for name in sorted(declared - expected[kind]):
+            problems.append(f"{kind} {name} is declared but nothing uses it")
+    return problems
+
+
+def _declared_names(infra: Infra, bicep: BicepFile, symbol: str, resource: dict) -> set[str]:
+    config = resource["config"]
+    loop = config.get("loop_type")
+    if loop:
+        array = infra.resolve(bicep, loop["detail"]["array_name"])
+        item = loop["detail"]["item_name"]
+        if config["config"].get("name") != item or not isinstance(array, list):
+            raise CheckError(
+                f"{infra.rel(bicep.path)}: {symbol} must loop over a literal array of names"
+            )
+        return set(array)  # literal array entries are names, never identifiers
+    return {infra.resolve(bicep, _body(resource).get("name"))}
+
+
+def _deployment_container(infra: Infra) -> str:
+    bicep, symbol, resource = infra.one_resource("Microsoft.Web/sites")
+    try:
+        value = _body(resource)["properties"]["functionAppConfig"]["deployment"]["storage"]["value"]
+    except (KeyError, TypeError):
+        raise CheckError(f"{symbol}: no functionAppConfig.deployment.storage.value") from None
+    names = _INTERPOLATION.findall(value) if isinstance(value, str) else []
+    if not names or not value.endswith("}"):
+        raise CheckError(f"{symbol}: deployment storage value must end with the container name")
+    return infra.resolve(bicep, names[-1])
+
+
+def granted_roles(infra: Infra) -> list[tuple[str, str, str]]:
+    """(file, symbol, role definition id) of every role assignment."""
+    granted = []
+    for bicep, symbol, resource in infra.resources("Microsoft.Authorization/roleAssignments"):
+        role = (_body(resource).get("properties") or {}).get("roleDefinitionId")
+        if isinstance(role, dict) and role.get("function", {}).get("type") == (
+            "subscription_resource_id"
+        ):
+            role = role["function"]["parameters"]["resource_name_1"]
+        try:
+            role_id = infra.resolve(bicep, role)
+        except CheckError:
+            role_id = f"<not static: {_short(role)}>"
+        granted.append((infra.rel(bicep.path), symbol, str(role_id)))
+    return granted
+
+
+@_checked
+def check_roles(layout: Layout, allowed: Mapping[str, str] = ALLOWED_ROLES) -> list[str]:
+    """Only allowed role definitions are granted (or even mentioned), no custom roles."""
+    infra = Infra.load(layout)
+    problems = []
+
+    def name(role_id: str) -> str:
+        return KNOWN_BROAD_ROLES.get(role_id.lower(), "not on the allowed list")
+
+    for path, symbol, role_id in granted_roles(infra):
+        if role_id.lower() not in allowed:
+            problems.append(f"{path}: {symbol} grants {role_id} ({name(role_id)})")
+    for path in bicep_files(layout.infra):
+        for guid in sorted(set(_GUID.findall(path.read_text()))):
+            if guid.lower() not in allowed:
+                problems.append(f"{_rel(layout, path)} mentions role id {guid} ({name(guid)})")
+    for bicep, symbol, _ in infra.resources("Microsoft.Authorization/roleDefinitions"):
+        problems.append(f"{infra.rel(bicep.path)}: {symbol} defines a custom role")
+    if not granted_roles(infra):
+        problems.append("no role assignment at all: the app's identity could not do anything")
+    return problems
+
+
+@_checked
+def check_required_roles(layout: Layout) -> list[str]:
+    """Each allowed app role is actually granted (the app cannot run without them)."""
+    infra = Infra.load(layout)
+    granted = {role_id.lower() for _, _, role_id in granted_roles(infra)}
+    return [
+        f"role {role} ({role_id}) is never granted"
+        for role_id, role in ALLOWED_ROLES.items()
+        if role_id not in granted
+    ]
+
+
+@_checked
+def check_security(layout: Layout) -> list[str]:
+    """Shared keys and local auth off, TLS 1.2, HTTPS only, no secrets read in templates."""
+    infra = Infra.load(layout)
+    problems = []
+
+    def expect(kind: str, symbol: str, props: dict, key: str, value: Any) -> None:
+        if props.get(key) != value:
+            problems.append(f"{kind} {symbol}: {key} is {props.get(key)!r}, must be {value!r}")
+
+    for _, symbol, res in infra.resources("Microsoft.Storage/storageAccounts"):
+        props = _body(res).get("properties") or {}
+        expect("storage account", symbol, props, "allowSharedKeyAccess", False)
+        expect("storage account", symbol, props, "minimumTlsVersion", "TLS1_2")
+        expect("storage account", symbol, props, "supportsHttpsTrafficOnly", True)
+        expect("storage account", symbol, props, "allowBlobPublicAccess", False)
+    namespaces = list(infra.resources("Microsoft.ServiceBus/namespaces"))
+    for _, symbol, res in namespaces:
+        props = _body(res).get("properties") or {}
+        expect("Service Bus namespace", symbol, props, "disableLocalAuth", True)
+        expect("Service Bus namespace", symbol, props, "minimumTlsVersion", "1.2")
+        sku = (_body(res).get("sku") or {}).get("name")
+        if sku not in ("Standard", "Premium"):
+            problems.append(
+                f"Service Bus namespace {symbol}: sku {sku!r} has no duplicate "
+                "detection or scheduled messages; use Standard"
+            )
+    components = list(infra.resources("Microsoft.Insights/components"))
+    for _, symbol, res in components:
+        props = _body(res).get("properties") or {}
+        expect("Application Insights", symbol, props, "DisableLocalAuth", True)
+    for _, symbol, res in infra.resources("Microsoft.OperationalInsights/workspaces"):
+        features = (_body(res).get("properties") or {}).get("features") or {}
+        expect("Log Analytics", symbol, features, "disableLocalAuth", True)
+    for kind, found in (("Service Bus namespace", namespaces), ("App Insights", components)):
+        if not found:
+            problems.append(f"no {kind} declared")
+    for _, symbol, res in infra.resources("Microsoft.Web/sites"):
+        config = _body(res)
+        props = config.get("properties") or {}
+        expect("function app", symbol, props, "httpsOnly", True)
+        identity = config.get("identity") or {}
+        expect("function app", symbol, identity, "type", "UserAssigned")
+        app_config = props.get("functionAppConfig") or {}
+        expect("function app", symbol, app_config.get("runtime") or {}, "name", "python")
+        expect("function app", symbol, app_config.get("runtime") or {}, "version", "3.11")
+        auth = ((app_config.get("deployment") or {}).get("storage") or {}).get(
+            "authentication"
+        ) or {}
+        expect("function app", symbol, auth, "type", "UserAssignedIdentity")
+    for _, symbol, res in infra.resources("Microsoft.Web/serverfarms"):
+        sku = _body(res).get("sku") or {}
+        expect("plan", symbol, sku, "name", "FC1")
+        expect("plan", symbol, sku, "tier", "FlexConsumption")
+    for path in bicep_files(layout.infra):
+        for call in _SECRET_FUNCTION.findall(path.read_text()):
+            problems.append(
+                f"{_rel(layout, path)} calls {call.strip()}...): templates hold no keys"
+            )
+    return problems
+
+
+@_checked
+def check_parameters(layout: Layout) -> list[str]:
+    """main.parameters.json maps only main.bicep parameters, covers every parameter without a
+    default, and takes azd's environment name, location and principal id."""
+    infra = Infra.load(layout)
+    params = infra.main.params
+    file_params = json.loads(layout.parameters_json.read_text())["parameters"]
+    problems = [
+        f"main.parameters.json sets {name}, which main.bicep does not declare"
+        for name in sorted(file_params.keys() - params.keys())
+    ]
+    problems += [
+        f"main.bicep parameter {name} has no default and is not in main.parameters.json"
+        for name, param in sorted(params.items())
+        if param.get("default") is None and name not in file_params
+    ]
+    expected = {
+        "environmentName": "${AZURE_ENV_NAME}",
+        "location": "${AZURE_LOCATION}",
+        "principalId": "${AZURE_PRINCIPAL_ID}",
+    }
+    for name, value in expected.items():
+        actual = (file_params.get(name) or {}).get("value")
+        if actual != value:
+            problems.append(f"main.parameters.json: {name} is {actual!r}, must be {value!r}")
+    scope = (infra.main.tree.get("globals") or {}).get("scope", {}).get("value")
+    if scope != "subscription":
+        problems.append(f"main.bicep targetScope is {scope!r}, must be 'subscription'")
+    return problems
+
+
+@_checked
+def check_outputs(layout: Layout) -> list[str]:
+    """main.bicep outputs what azd and the smoke test need, and the azd service of azure.yaml
+    is the function app (SERVICE_<NAME>_NAME output and azd-service-name tag)."""
+    infra = Infra.load(layout)
+    outputs = infra.main.outputs
+    problems = [
+        f"main.bicep has no output {name}" for name in REQUIRED_OUTPUTS if name not in outputs
+    ]
+    services = azure_yaml_services(layout.azure_yaml)
+    if len(services) != 1:
+        return [*problems, f"azure.yaml must declare one service, found {sorted(services)}"]
+    ((service, fields),) = services.items()
+    for key, value in (("project", "."), ("language", "python"), ("host", "function")):
+        if fields.get(key) != value:
+            problems.append(f"azure.yaml services.{service}.{key} is {fields.get(key)!r}")
+    output = f"SERVICE_{service.upper()}_NAME"
+    if output not in outputs:
+        problems.append(f"main.bicep has no output {output} for azure.yaml service {service}")
+    bicep, _, resource = infra.one_resource("Microsoft.Web/sites")
+    tag = _tag_value(infra, bicep, _body(resource).get("tags"), "azd-service-name")
+    if tag != service:
+        problems.append(
+            f"function app tag azd-service-name is {tag!r}, azure.yaml says {service!r}"
+        )
+    return problems
+
+
+def _tag_value(infra: Infra, bicep: BicepFile, expr: Any, tag: str) -> Any:
+    """The static value of tag ``tag`` in a tags expression (objects, union(), variables and
+    module parameters are followed), or None."""
+    if isinstance(expr, str) and expr in bicep.variables:
+        return _tag_value(infra, bicep, bicep.variables[expr]["value"], tag)
+    if isinstance(expr, str) and expr in bicep.params:
+        for caller, config in infra.callers(bicep):
+            if expr in (config.get("params") or {}):
+                return _tag_value(infra, caller, config["params"][expr], tag)
+        return None
+    if isinstance(expr, dict) and set(expr) == {"function"}:
+        if expr["function"]["type"] != "union":
+            return None
+        for part in reversed(list(expr["function"]["parameters"].values())):
+            value = _tag_value(infra, bicep, part, tag)
+            if value is not None:
+                return value
+        return None
+    if isinstance(expr, dict) and not ({"operator"} & set(expr)):
+        tags = {_unquote(key): value for key, value in expr.items()}
+        return infra.resolve(bicep, tags[tag]) if tag in tags else None
+    return None
+
+
+def azure_yaml_services(path: Path) -> dict[str, dict[str, str]]:
+    """services.<name>.<key>: value of a simple azure.yaml (no YAML library needed)."""
+    services: dict[str, dict[str, str]] = {}
+    current: str | None = None
+    inside = False
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not line.startswith(" "):
+            inside = line == "services:"
+            continue
+        if not inside:
+            continue
+        if re.fullmatch(r"  [A-Za-z0-9_-]+:", line):
+            current = line.strip()[:-1]
+            services[current] = {}
+        elif current and (m := re.fullmatch(r"    ([A-Za-z]+):\s*(.+)", line)):
+            services[current][m.group(1)] = m.group(2).strip().strip("'\"")
+    return services
+
+
+@_checked
+def check_alerts(layout: Layout) -> list[str]:
+    """Azure Monitor metric alerts: ActiveMessages > 0 on the operator alerts queue and
+    DeadletteredMessages > 0 on every queue, each to an action group that emails someone."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    alerts_queue = settings.get("OPERATOR_ALERTS_QUEUE")
+    email_groups = set()
+    for bicep, symbol, resource in infra.resources("Microsoft.Insights/actionGroups"):
+        receivers = (_body(resource).get("properties") or {}).get("emailReceivers") or []
+        if receivers:
+            email_groups.add((bicep.path, symbol))
+    if not email_groups:
+        return ["no action group with an email receiver"]
+    wanted = {
+        ("ActiveMessages", alerts_queue): "operator alert waiting",
+        ("DeadletteredMessages", "*"): "dead-lettered messages on any queue",
+    }
+    found = set()
+    for bicep, _, resource in infra.resources("Microsoft.Insights/metricAlerts"):
+        props = _body(resource).get("properties") or {}
+        targets = {_accessed_symbol(a.get("actionGroupId")) for a in props.get("actions") or []}
+        if not any(group in targets for path, group in email_groups if path == bicep.path):
+            continue
+        if props.get("enabled") is not True:
+            continue
+        for criterion in (props.get("criteria") or {}).get("allOf") or []:
+            if criterion.get("metricNamespace") != "Microsoft.ServiceBus/namespaces":
+                continue
+            if criterion.get("operator") != "GreaterThan" or criterion.get("threshold") != 0:
+                continue
+            for dimension in criterion.get("dimensions") or []:
+                if dimension.get("name") != "EntityName" or dimension.get("operator") != "Include":
+                    continue
+                for value in dimension.get("values") or []:
+                    found.add((criterion.get("metricName"), infra.resolve(bicep, value)))
+    return [
+        f"no enabled metric alert ({what}: {metric} > 0 on EntityName {entity!r}) "
+        "that emails through an action group"
+        for (metric, entity), what in wanted.items()
+        if (metric, entity) not in found
+    ]
+
+
+def _last_name(expr: Any) -> str:
+    """'clientId' for ``identity.outputs.clientId``; the name itself for a bare name."""
+    while isinstance(expr, dict) and expr.get("operator", {}).get("type") == "property_accessor":
+        expr = expr["operator"]["operands"]["operand_2"]
+    return expr if isinstance(expr, str) else ""
+
+
+def _accessed_symbol(expr: Any) -> str | None:
+    """'actionGroup' for the expression ``actionGroup.id``."""
+    if isinstance(expr, dict) and expr.get("operator", {}).get("type") == "property_accessor":
+        base = expr["operator"]["operands"]["operand_1"]
+        return base if isinstance(base, str) else None
+    return None
+
+
+# --------------------------------------------------------------------------- run all
+
+
+def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
+    """Every check by name, each taking only a Layout (code facts bound in)."""
+    return {
+        "parses": check_bicep_parses,
+        "api_versions": check_api_versions,
+        "queues_match_broker": check_queues_match_broker,
+        "app_settings": lambda layout: check_app_settings(layout, facts),
+        "queue_settings": lambda layout: check_queue_settings(layout, facts),
+        "receiver_queues": lambda layout: check_receiver_queues(layout, facts),
+        "storage_names": check_storage_names,
+        "roles": check_roles,
+        "required_roles": check_required_roles,
+        "security": check_security,
+        "alerts": check_alerts,
+        "parameters": check_parameters,
+        "outputs": check_outputs,
+    }
+
+
+def run_all(layout: Layout, facts: CodeFacts) -> dict[str, list[str]]:
+    """Problems by check name (only checks that found some)."""
+    results = {name: check(layout) for name, check in all_checks(facts).items()}
+    return {name: problems for name, problems in results.items() if problems}
+
+
+def format_problems(results: Mapping[str, Iterable[str]]) -> str:
+    return "\n".join(
+        f"[{name}] {problem}" for name, problems in results.items() for problem in problems
+    )

@@ -1,0 +1,179 @@
+"""infra/ agrees with the code, the local settings and the broker's entity config (offline).
+
+Each test runs one check of tests/infra/checks.py on the repository; test_mutations.py runs the
+same checks on broken copies to show they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+from croniter import croniter
+
+from core.settings import (
+    QUEUE_SETTINGS,
+    SERVICE_URL_SETTINGS,
+    SERVICEBUS_CONNECTION,
+    STATE_STORAGE_CONNECTION,
+)
+from infra import smoke
+from tests.infra import checks
+
+
+def assert_clean(problems: list[str]) -> None:
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------- what the code reads (the oracle)
+
+
+def test_code_facts_cover_the_settings_contract(facts):
+    """The oracle the checks compare against really reflects core/settings.py and the bindings
+    (if the recording trick broke, every other check would pass vacuously)."""
+    required = facts.required_settings
+    assert set(QUEUE_SETTINGS.values()) <= required
+    assert set(SERVICE_URL_SETTINGS.values()) <= required
+    assert {
+        "SUPERVISOR_SCHEDULE",
+        "ORDERS_TABLE",
+        "ACTIVE_ORDERS_TABLE",
+        "SUPERVISOR_LEASE_CONTAINER",
+        "PENDING_STALE_AFTER_SECONDS",
+        "STEP_TIMEOUT_SECONDS",
+        "FAILURE_THRESHOLD",
+        "RETRY_BASE_DELAY_SECONDS",
+        "RETRY_MAX_DELAY_SECONDS",
+        f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace",
+        f"{SERVICEBUS_CONNECTION}__credential",
+        f"{SERVICEBUS_CONNECTION}__clientId",
+        f"{STATE_STORAGE_CONNECTION}__tableServiceUri",
+        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
+        f"{STATE_STORAGE_CONNECTION}__clientId",
+    } <= required
+    assert not required & {SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION}, "secrets"
+    assert facts.binding_connections == {SERVICEBUS_CONNECTION}
+    assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
+    assert set(checks.STORAGE_NAME_SETTINGS) <= required
+
+
+# ---------------------------------------------------------------------- one test per check
+
+
+def test_every_bicep_file_parses(layout):
+    assert len(checks.bicep_files(layout.infra)) >= 8
+    assert_clean(checks.check_bicep_parses(layout))
+
+
+def test_no_preview_api_versions(layout):
+    assert_clean(checks.check_api_versions(layout))
+
+
+def test_service_bus_queues_match_the_broker_config(layout):
+    assert_clean(checks.check_queues_match_broker(layout))
+    infra = checks.Infra.load(layout)
+    assert set(checks.declared_queues(infra)) == set(checks.broker_queues(layout.broker_config))
+
+
+def test_app_settings_are_exactly_what_the_code_and_host_read(layout, facts):
+    assert_clean(checks.check_app_settings(layout, facts))
+
+
+def test_queue_settings_name_declared_queues(layout, facts):
+    assert_clean(checks.check_queue_settings(layout, facts))
+
+
+def test_receiver_role_only_on_queues_that_trigger_a_function(layout, facts):
+    assert_clean(checks.check_receiver_queues(layout, facts))
+
+
+def test_tables_and_containers_are_declared_and_used(layout):
+    assert_clean(checks.check_storage_names(layout))
+
+
+def test_only_allowed_roles_are_granted(layout):
+    assert_clean(checks.check_roles(layout))
+    granted = {role for _, _, role in checks.granted_roles(checks.Infra.load(layout))}
+    assert not granted & set(checks.KNOWN_BROAD_ROLES)
+
+
+def test_every_role_the_app_needs_is_granted(layout):
+    assert_clean(checks.check_required_roles(layout))
+
+
+def test_shared_keys_and_local_auth_are_off(layout):
+    assert_clean(checks.check_security(layout))
+
+
+def test_alerts_page_operators(layout):
+    assert_clean(checks.check_alerts(layout))
+
+
+def test_parameters_file_maps_the_main_parameters(layout):
+    assert_clean(checks.check_parameters(layout))
+
+
+def test_outputs_and_azure_yaml(layout):
+    assert_clean(checks.check_outputs(layout))
+
+
+# ------------------------------------------------------------------------- consistency
+
+
+def test_smoke_command_defaults_match_the_infra(layout):
+    infra = checks.Infra.load(layout)
+    settings = checks.function_app_settings(infra)
+    assert settings["ORDERS_QUEUE"] == smoke.DEFAULT_ORDERS_QUEUE
+    assert settings["ORDERS_TABLE"] == smoke.DEFAULT_ORDERS_TABLE
+    outputs = infra.main.outputs
+    for name in (
+        smoke.ENV_NAMESPACE,
+        smoke.ENV_TABLE_ENDPOINT,
+        smoke.ENV_ORDERS_QUEUE,
+        smoke.ENV_ORDERS_TABLE,
+    ):
+        assert name in outputs, f"main.bicep must output {name} for `azd env get-values`"
+
+
+DOC = checks.REPO_ROOT / "docs" / "deploy.md"
+
+
+def test_deploy_doc_is_consistent_with_the_templates(layout):
+    text = DOC.read_text()
+    infra = checks.Infra.load(layout)
+    for name in infra.main.params:
+        assert f"`{name}`" in text, f"docs/deploy.md does not describe parameter {name}"
+    parameters = json.loads(layout.parameters_json.read_text())["parameters"]
+    for entry in parameters.values():
+        variable = re.fullmatch(r"\$\{([A-Z_]+)(=.*)?\}", entry["value"]).group(1)
+        assert variable in text, f"docs/deploy.md does not name azd variable {variable}"
+    for role in checks.ALLOWED_ROLES.values():
+        assert role in text, f"docs/deploy.md's identity table misses {role}"
+    for command in (
+        "azd up",
+        "azd down --purge",
+        "az deployment sub create",
+        "config-zip",
+        "python infra/smoke.py",
+    ):
+        assert command in text, f"docs/deploy.md does not show `{command}`"
+    schedule = infra.main.params["supervisorSchedule"]["default"]
+    assert f"`{schedule}`" in text
+    per_day = f"{executions_per_day(schedule):,}"
+    assert per_day in text, f"docs/deploy.md must say the timer runs {per_day} times a day"
+
+
+def executions_per_day(schedule: str) -> int:
+    """Occurrences of an NCRONTAB schedule (seconds first) in one UTC day."""
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    runs = croniter(schedule, start, second_at_beginning=True, ret_type=datetime)
+    count = 0
+    while runs.get_next() <= start + timedelta(days=1):
+        count += 1
+    return count
+
+
+def test_executions_per_day():
+    assert executions_per_day("*/15 * * * * *") == 5760
+    assert executions_per_day("0 */5 * * * *") == 288

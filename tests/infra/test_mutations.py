@@ -1,0 +1,443 @@
+"""The infra checks fail when one place changes and the others do not.
+
+Each case edits one file of a copy of the checked files (tmp_path), runs every check of
+tests/infra/checks.py on the copy, and expects the named check to report the expected problem.
+A case whose edit does not apply fails too, so a renamed line cannot turn a case into a no-op.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.infra import checks
+
+OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
+CONTRIBUTOR = "b24988ac-6180-49ef-a2ac-17ca41fa4eb2"
+SERVICE_BUS_DATA_OWNER = "090c5cfd-751d-490a-894a-3ce6f1109419"
+SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
+TABLE_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
+RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    file: str
+    edit: Callable[[str], str]
+    check: str
+    expect: str
+
+
+def replace(old: str, new: str, count: int = 1) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        assert old in text, f"mutation does not apply: {old!r} not found"
+        return text.replace(old, new, count)
+
+    return edit
+
+
+def sub(pattern: str, repl: str) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        result, n = re.subn(pattern, repl, text, count=1)
+        assert n == 1, f"mutation does not apply: {pattern!r} not found"
+        return result
+
+    return edit
+
+
+MAIN = "infra/main.bicep"
+SERVICEBUS = "infra/app/servicebus.bicep"
+STORAGE = "infra/app/storage.bicep"
+FUNCTION = "infra/app/function.bicep"
+RBAC = "infra/app/rbac.bicep"
+MONITORING = "infra/app/monitoring.bicep"
+ALERTS = "infra/app/alerts.bicep"
+CONFIG = "devstack/servicebus/Config.json"
+EXAMPLE = "local.settings.json.example"
+
+MUTATIONS = [
+    # A queue renamed in one place only: each of the four places is caught.
+    Mutation(
+        "queue renamed in the Service Bus module",
+        SERVICEBUS,
+        replace("name: 'payment-requests'", "name: 'payments'"),
+        "queues_match_broker",
+        "payment-requests is in devstack/servicebus/Config.json but not in infra",
+    ),
+    Mutation(
+        "queue renamed in the broker config",
+        CONFIG,
+        replace('"Name": "payment-requests"', '"Name": "payments"'),
+        "queues_match_broker",
+        "payment-requests is in infra but not in devstack/servicebus/Config.json",
+    ),
+    Mutation(
+        "queue renamed in the app settings",
+        MAIN,
+        replace("PAYMENT_REQUESTS_QUEUE: 'payment-requests'", "PAYMENT_REQUESTS_QUEUE: 'payments'"),
+        "queue_settings",
+        "PAYMENT_REQUESTS_QUEUE names queue 'payments', which infra does not declare",
+    ),
+    Mutation(
+        "queue renamed in local.settings.json.example",
+        EXAMPLE,
+        replace('"PAYMENT_REQUESTS_QUEUE": "payment-requests"', '"PAYMENT_REQUESTS_QUEUE": "pay"'),
+        "queue_settings",
+        "'pay' in local.settings.json.example",
+    ),
+    Mutation(
+        "queue added to the broker config only",
+        CONFIG,
+        replace('"Queues": [', '"Queues": [{"Name": "extra", "Properties": {}},'),
+        "queues_match_broker",
+        "queue extra is in devstack/servicebus/Config.json but not in infra",
+    ),
+    # Queue properties.
+    Mutation(
+        "lock duration differs",
+        CONFIG,
+        replace('"LockDuration": "PT1M"', '"LockDuration": "PT2M"'),
+        "queues_match_broker",
+        "lockDuration is 'PT1M' in infra, 'PT2M' in Config.json",
+    ),
+    Mutation(
+        "max delivery count differs",
+        SERVICEBUS,
+        replace("maxDeliveryCount: 10", "maxDeliveryCount: 5"),
+        "queues_match_broker",
+        "maxDeliveryCount is 5 in infra, 10 in Config.json",
+    ),
+    Mutation(
+        "dead-lettering on expiration differs",
+        SERVICEBUS,
+        replace(
+            "deadLetteringOnMessageExpiration: true", "deadLetteringOnMessageExpiration: false"
+        ),
+        "queues_match_broker",
+        "deadLetteringOnMessageExpiration is False in infra, True in Config.json",
+    ),
+    Mutation(
+        "duplicate detection window differs",
+        CONFIG,
+        replace(
+            '"DuplicateDetectionHistoryTimeWindow": "PT10M"',
+            '"DuplicateDetectionHistoryTimeWindow": "PT5M"',
+        ),
+        "queues_match_broker",
+        "duplicateDetectionHistoryTimeWindow",
+    ),
+    Mutation(
+        "infra sets a property the broker config does not declare",
+        SERVICEBUS,
+        replace("requiresSession: false", "requiresSession: false\n      maxSizeInMegabytes: 1024"),
+        "queues_match_broker",
+        "infra sets maxSizeInMegabytes",
+    ),
+    # App settings: every setting the code reads, nothing else, no secrets.
+    Mutation(
+        "a setting the code reads is missing",
+        MAIN,
+        replace("  FAILURE_THRESHOLD: failureThreshold\n", ""),
+        "app_settings",
+        "app setting FAILURE_THRESHOLD is read by the code but not set in infra",
+    ),
+    Mutation(
+        "the Service Bus client id is missing",
+        MAIN,
+        replace("  ServiceBusConnection__clientId: identity.outputs.clientId\n", ""),
+        "app_settings",
+        "ServiceBusConnection__clientId is read by the code but not set",
+    ),
+    Mutation(
+        "a setting nothing reads",
+        MAIN,
+        replace("  ORDERS_TABLE: 'orders'\n", "  ORDERS_TABLE: 'orders'\n  UNUSED_KNOB: 'x'\n"),
+        "app_settings",
+        "app setting UNUSED_KNOB is set in infra but must not be",
+    ),
+    Mutation(
+        "a connection string instead of the identity",
+        MAIN,
+        replace(
+            "var appSettings = {\n",
+            "var appSettings = {\n  ServiceBusConnection: 'Endpoint=sb://x/;SharedAccessKey=k'\n",
+        ),
+        "app_settings",
+        "ServiceBusConnection is set in infra but must not be: a connection string",
+    ),
+    Mutation(
+        "FUNCTIONS_WORKER_RUNTIME on Flex",
+        FUNCTION,
+        replace(
+            "var hostSettings = {\n", "var hostSettings = {\n  FUNCTIONS_WORKER_RUNTIME: 'python'\n"
+        ),
+        "app_settings",
+        "FUNCTIONS_WORKER_RUNTIME is set in infra but must not be: Flex Consumption rejects",
+    ),
+    Mutation(
+        "the principal id where the client id belongs",
+        MAIN,
+        replace(
+            "StateStorage__clientId: identity.outputs.clientId",
+            "StateStorage__clientId: identity.outputs.principalId",
+        ),
+        "app_settings",
+        "StateStorage__clientId is",
+    ),
+    Mutation(
+        "host storage setting missing",
+        FUNCTION,
+        replace("  AzureWebJobsStorage__clientId: identityClientId\n", ""),
+        "app_settings",
+        "host setting AzureWebJobsStorage__clientId",
+    ),
+    # Storage names.
+    Mutation(
+        "table renamed in the storage module",
+        STORAGE,
+        replace("'activeorders'", "'activeorder'"),
+        "storage_names",
+        "table activeorders is used but the storage module does not declare it",
+    ),
+    Mutation(
+        "lease container renamed in the app settings",
+        MAIN,
+        replace(
+            "SUPERVISOR_LEASE_CONTAINER: 'supervisor-leases'", "SUPERVISOR_LEASE_CONTAINER: 'l'"
+        ),
+        "storage_names",
+        "container l is used but the storage module does not declare it",
+    ),
+    # Roles.
+    Mutation(
+        "Owner granted",
+        RBAC,
+        replace(SENDER, OWNER),
+        "roles",
+        "(Owner)",
+    ),
+    Mutation(
+        "Contributor granted",
+        RBAC,
+        replace(TABLE_CONTRIBUTOR, CONTRIBUTOR),
+        "roles",
+        "(Contributor)",
+    ),
+    Mutation(
+        "Service Bus Data Owner instead of Receiver",
+        RBAC,
+        replace(RECEIVER, SERVICE_BUS_DATA_OWNER),
+        "roles",
+        "(Azure Service Bus Data Owner)",
+    ),
+    Mutation(
+        "a broad role only mentioned in a comment",
+        RBAC,
+        replace("// Built-in role definition ids", f"// Owner would be {OWNER}. Built-in role ids"),
+        "roles",
+        f"mentions role id {OWNER} (Owner)",
+    ),
+    Mutation(
+        "Monitoring Metrics Publisher no longer granted",
+        RBAC,
+        replace(
+            "roleDefinitions', roles.monitoringMetricsPublisher)",
+            "roleDefinitions', roles.storageTableDataReader)",
+        ),
+        "required_roles",
+        "Monitoring Metrics Publisher",
+    ),
+    Mutation(
+        "Receiver granted on a queue no trigger reads",
+        SERVICEBUS,
+        sub(r"(name: 'operator-alerts'[^\n]*\n\s*receivedByApp: )false", r"\1true"),
+        "receiver_queues",
+        "queue operator-alerts is receivedByApp but no trigger consumes it",
+    ),
+    Mutation(
+        "no Receiver on a queue a trigger reads",
+        SERVICEBUS,
+        sub(r"(name: 'orders'[^\n]*\n\s*receivedByApp: )true", r"\1false"),
+        "receiver_queues",
+        "queue orders feeds a trigger but is not receivedByApp",
+    ),
+    # Security flags.
+    Mutation(
+        "storage shared keys on",
+        STORAGE,
+        replace("allowSharedKeyAccess: false", "allowSharedKeyAccess: true"),
+        "security",
+        "allowSharedKeyAccess is True, must be False",
+    ),
+    Mutation(
+        "storage TLS 1.0",
+        STORAGE,
+        replace("minimumTlsVersion: 'TLS1_2'", "minimumTlsVersion: 'TLS1_0'"),
+        "security",
+        "minimumTlsVersion is 'TLS1_0', must be 'TLS1_2'",
+    ),
+    Mutation(
+        "storage over HTTP",
+        STORAGE,
+        replace("supportsHttpsTrafficOnly: true", "supportsHttpsTrafficOnly: false"),
+        "security",
+        "supportsHttpsTrafficOnly is False, must be True",
+    ),
+    Mutation(
+        "Service Bus SAS keys on",
+        SERVICEBUS,
+        replace("disableLocalAuth: true", "disableLocalAuth: false"),
+        "security",
+        "disableLocalAuth is False, must be True",
+    ),
+    Mutation(
+        "Service Bus Basic tier",
+        SERVICEBUS,
+        replace("name: 'Standard'\n    tier: 'Standard'", "name: 'Basic'\n    tier: 'Basic'"),
+        "security",
+        "sku 'Basic'",
+    ),
+    Mutation(
+        "App Insights keys on",
+        MONITORING,
+        replace("DisableLocalAuth: true", "DisableLocalAuth: false"),
+        "security",
+        "DisableLocalAuth is False, must be True",
+    ),
+    Mutation(
+        "a key read into a setting",
+        FUNCTION,
+        replace(
+            "var hostSettings = {\n",
+            "var hostSettings = {\n  K: storage.listKeys().keys[0].value\n",
+        ),
+        "security",
+        "calls listKeys(...)",
+    ),
+    Mutation(
+        "function app on Python 3.12",
+        FUNCTION,
+        replace("version: '3.11'", "version: '3.12'"),
+        "security",
+        "version is '3.12', must be '3.11'",
+    ),
+    # Alerts.
+    Mutation(
+        "alert on the wrong metric",
+        ALERTS,
+        replace("metricName: 'ActiveMessages'", "metricName: 'IncomingMessages'"),
+        "alerts",
+        "operator alert waiting",
+    ),
+    Mutation(
+        "alerts queue renamed in the alert only",
+        MAIN,
+        replace(
+            "operatorAlertsQueueName: appSettings.OPERATOR_ALERTS_QUEUE",
+            "operatorAlertsQueueName: 'alerts'",
+        ),
+        "alerts",
+        "ActiveMessages > 0 on EntityName 'operator-alerts'",
+    ),
+    Mutation(
+        "dead-letter alert only on one queue",
+        ALERTS,
+        replace("                '*'\n", "                'orders'\n"),
+        "alerts",
+        "DeadletteredMessages > 0 on EntityName '*'",
+    ),
+    # Files, parameters, azd.
+    Mutation(
+        "a syntax error",
+        MAIN,
+        replace("output AZURE_LOCATION string = location", "output AZURE_LOCATION string = {"),
+        "parses",
+        "infra/main.bicep does not parse",
+    ),
+    Mutation(
+        "a module file missing",
+        MAIN,
+        replace("'app/alerts.bicep'", "'app/alert.bicep'"),
+        "parses",
+        "missing alert.bicep",
+    ),
+    Mutation(
+        "a preview API version",
+        SERVICEBUS,
+        replace("namespaces@2024-01-01' = {", "namespaces@2022-10-01-preview' = {"),
+        "api_versions",
+        "uses preview API 2022-10-01-preview",
+    ),
+    Mutation(
+        "a required parameter missing from main.parameters.json",
+        "infra/main.parameters.json",
+        replace('"alertEmail"', '"alertMail"'),
+        "parameters",
+        "alertEmail has no default and is not in main.parameters.json",
+    ),
+    Mutation(
+        "azure.yaml service hosted elsewhere",
+        "azure.yaml",
+        replace("host: function", "host: containerapp"),
+        "outputs",
+        "services.api.host is 'containerapp'",
+    ),
+    Mutation(
+        "azd service tag differs from azure.yaml",
+        MAIN,
+        replace("var serviceName = 'api'", "var serviceName = 'app'"),
+        "outputs",
+        "azd-service-name is 'app', azure.yaml says 'api'",
+    ),
+]
+
+# Consistent edits (every place changed together) must pass: the checks catch drift, not change.
+CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
+    "queue renamed everywhere": [
+        (SERVICEBUS, replace("name: 'payment-requests'", "name: 'payments'")),
+        (CONFIG, replace('"Name": "payment-requests"', '"Name": "payments"')),
+        (MAIN, replace("QUEUE: 'payment-requests'", "QUEUE: 'payments'")),
+        (EXAMPLE, replace('QUEUE": "payment-requests"', 'QUEUE": "payments"')),
+    ],
+    "lock duration changed everywhere": [
+        (SERVICEBUS, replace("lockDuration: 'PT1M'", "lockDuration: 'PT2M'", count=-1)),
+        (CONFIG, replace('"LockDuration": "PT1M"', '"LockDuration": "PT2M"', count=-1)),
+    ],
+    "deployment container renamed (one variable)": [
+        (MAIN, replace("deploymentContainerName = 'app-package'", "deploymentContainerName = 'x'")),
+    ],
+}
+
+
+def apply(layout: checks.Layout, file: str, edit: Callable[[str], str]) -> None:
+    path: Path = layout.root / file
+    path.write_text(edit(path.read_text()))
+
+
+def test_the_unmodified_copy_passes_every_check(repo_copy, facts):
+    results = checks.run_all(repo_copy, facts)
+    assert not results, checks.format_problems(results)
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.id for m in MUTATIONS])
+def test_a_drift_fails_the_check(repo_copy, facts, mutation):
+    apply(repo_copy, mutation.file, mutation.edit)
+    results = checks.run_all(repo_copy, facts)
+    problems = results.get(mutation.check, [])
+    assert any(mutation.expect in problem for problem in problems), (
+        f"check {mutation.check!r} did not report {mutation.expect!r}; it reported:\n"
+        + (checks.format_problems(results) or "nothing at all")
+    )
+
+
+@pytest.mark.parametrize("edits", CONSISTENT_EDITS.values(), ids=CONSISTENT_EDITS.keys())
+def test_a_consistent_change_passes(repo_copy, facts, edits):
+    for file, edit in edits:
+        apply(repo_copy, file, edit)
+    results = checks.run_all(repo_copy, facts)
+    assert not results, checks.format_problems(results)
