@@ -47,7 +47,9 @@ class SharedAccessPolicy:
         expected = base64.b64encode(
             hmac.new(self.key.encode(), signed, hashlib.sha256).digest()
         ).decode()
-        if not hmac.compare_digest(expected, unquote_plus(fields["sig"])):
+        if not hmac.compare_digest(
+            expected.encode(), unquote_plus(fields["sig"]).encode("utf-8", "surrogateescape")
+        ):
             raise TokenRejected("InvalidSignature: the token has an invalid signature")
         if expiry < (now if now is not None else time.time()):
             raise TokenRejected("ExpiredToken: the token has expired")

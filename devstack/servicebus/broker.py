@@ -132,17 +132,16 @@ class Broker(Handler):
         if self._stopping:
             self._shutdown(event.container)
             return
-        try:
-            now = self.clock()
-            for key, queue in self.queues.items():
+        now = self.clock()
+        for key, queue in self.queues.items():
+            try:  # one queue's failure must not stop the others' expiries and schedules
                 with self._atomic():
                     queue.tick(now)
                 if self.consumers[key] and queue.has_available(now):
                     self._dispatch(key)
-        except Exception:
-            log.exception("error in the timer tick")
-        finally:
-            event.container.schedule(TICK_SECONDS, self)
+            except Exception:
+                log.exception("error in the timer tick of %s", queue.name)
+        event.container.schedule(TICK_SECONDS, self)
 
     def _shutdown(self, container: Container) -> None:
         log.info("shutting down")

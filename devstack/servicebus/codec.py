@@ -72,6 +72,8 @@ def skip(buf: bytes, pos: int) -> int:
             raise CodecError(f"unknown AMQP type code 0x{code:02x} at offset {pos}")
     except (IndexError, struct.error) as exc:
         raise CodecError(f"truncated AMQP value at offset {pos}") from exc
+    except RecursionError as exc:
+        raise CodecError(f"AMQP value at offset {pos} is nested too deeply") from exc
     if end > len(buf):
         raise CodecError(f"AMQP value at offset {pos} runs past the end of the frame")
     return end
@@ -90,7 +92,10 @@ def split_sections(buf: bytes) -> list[Section]:
     while pos < len(buf):
         if buf[pos] != 0x00:
             raise CodecError(f"expected a described section at offset {pos}")
-        code = _section_code(buf, pos + 1)
+        try:
+            code = _section_code(buf, pos + 1)
+        except (IndexError, struct.error) as exc:
+            raise CodecError(f"truncated section descriptor at offset {pos}") from exc
         end = skip(buf, pos)
         sections.append(Section(code, bytes(buf[pos:end])))
         pos = end
@@ -123,7 +128,16 @@ def decode(buf: bytes, pos: int = 0) -> tuple[Any, int]:
     """Decode one value at `pos`; return it and the offset after it."""
     try:
         return _decode(buf, pos)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+    except CodecError:
+        raise
+    except (
+        IndexError,
+        struct.error,
+        UnicodeDecodeError,
+        ValueError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
         raise CodecError(f"malformed AMQP value at offset {pos}: {exc}") from exc
 
 
@@ -145,7 +159,10 @@ def _decode_body(code: int, buf: bytes, pos: int) -> tuple[Any, int]:
     if code in _CONSTANTS:
         return _CONSTANTS[code], pos
     if code == 0x98:
-        return uuid.UUID(bytes=bytes(buf[pos : pos + 16])), pos + 16
+        raw16 = bytes(buf[pos : pos + 16])
+        if len(raw16) != 16:
+            raise CodecError("truncated uuid")
+        return uuid.UUID(bytes=raw16), pos + 16
     if code in (0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3):
         size, pos = _size(buf, pos, code & 0xF0 == 0xB0)
         raw = bytes(buf[pos : pos + size])
@@ -166,11 +183,15 @@ def _decode_body(code: int, buf: bytes, pos: int) -> tuple[Any, int]:
             items.append(item)
         if code & 0x0F == 0:
             return items, pos
+        if count % 2:
+            raise CodecError("a map needs an even number of items")
         return dict(zip(items[::2], items[1::2], strict=True)), pos
     if code in (0xE0, 0xF0):
         wide = code == 0xF0
         _, pos = _size(buf, pos, wide)
         count, pos = _size(buf, pos, wide)
+        if count > len(buf) - pos:  # even zero-width elements cost a list slot each
+            raise CodecError(f"array claims {count} elements in a {len(buf)}-byte frame")
         element = buf[pos]
         pos += 1
         if element == 0x00:
@@ -271,12 +292,15 @@ def described_section(code: int, encoded_value: bytes) -> bytes:
 
 def map_entries(raw_map: bytes) -> Iterator[tuple[Any, bytes]]:
     """Yield (decoded key, encoded key+value bytes) for each entry of an encoded map."""
-    code = raw_map[0]
+    code = raw_map[0] if raw_map else None
     if code not in (0xC1, 0xD1):
-        raise CodecError(f"expected a map, found type code 0x{code:02x}")
+        raise CodecError(f"expected a map, found type code {code!r}")
     wide = code == 0xD1
-    _, pos = _size(raw_map, 1, wide)
-    count, pos = _size(raw_map, pos, wide)
+    try:
+        _, pos = _size(raw_map, 1, wide)
+        count, pos = _size(raw_map, pos, wide)
+    except (IndexError, struct.error) as exc:
+        raise CodecError("truncated map header") from exc
     for _ in range(count // 2):
         key, key_end = decode(raw_map, pos)
         end = skip(raw_map, key_end)

@@ -82,7 +82,10 @@ def _queues_in(path: Path) -> list[QueueSettings]:
             raise ConfigError(f"{where} must be an object")
         if namespace.get("Topics"):
             raise ConfigError(f"{where}.Topics: topics are not supported by the development broker")
-        for q, entry in enumerate(namespace.get("Queues") or []):
+        declared = namespace.get("Queues") or []
+        if not isinstance(declared, list):
+            raise ConfigError(f"{where}.Queues must be a list")
+        for q, entry in enumerate(declared):
             queues.append(_queue(entry, f"{where}.Queues[{q}]"))
     return queues
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from proton import Array, Data, Message, symbol, timestamp
+from proton import UNDESCRIBED, Array, Data, Message, symbol, timestamp
 
 from devstack.servicebus import codec
 from devstack.servicebus.queues import LockLost, NotFound, Queue, parse_incoming
@@ -107,7 +107,7 @@ def _renew_lock(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, An
     except LockLost as exc:
         raise _lock_lost(exc) from exc
     stamps = [timestamp(int(t * 1000)) for t in expirations]
-    return 200, {"expirations": Array(Data.NULL, Data.TIMESTAMP, *stamps)}
+    return 200, {"expirations": Array(UNDESCRIBED, Data.TIMESTAMP, *stamps)}
 
 
 def _schedule(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
@@ -127,7 +127,7 @@ def _schedule(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]
                 "A scheduled message needs the x-opt-scheduled-enqueue-time annotation.",
             )
         seqs.append(queue.schedule(incoming, incoming.scheduled_at, now))
-    return 200, {"sequence-numbers": Array(Data.NULL, Data.LONG, *seqs)}
+    return 200, {"sequence-numbers": Array(UNDESCRIBED, Data.LONG, *seqs)}
 
 
 def _cancel_scheduled(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:

@@ -111,6 +111,10 @@ def parse_incoming(raw: bytes) -> Incoming:
             if section.code == codec.PROPERTIES:
                 message_id = _message_id(_at(codec.section_value(section), 0, None))
             body_parts.append(section.raw)
+    if not any(
+        part[2] in (codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE) for part in body_parts
+    ):
+        raise codec.CodecError("the message has no body section")
     return Incoming(
         message_id, durable, priority, ttl, scheduled_at, annotations, b"".join(body_parts)
     )
@@ -336,7 +340,8 @@ class Queue:
             return
         if self.persistence:
             self.persistence.update(self.name, message)
-        heapq.heappush(self._available, message.seq)
+        if message.state == ACTIVE:
+            heapq.heappush(self._available, message.seq)
 
     def _move_to_dead_letter(self, message: StoredMessage, reason: str, description: str) -> None:
         target = self.dead_letter_queue
@@ -410,10 +415,14 @@ class Queue:
         return seq
 
     def cancel_scheduled(self, seqs: list[int]) -> None:
+        """All or nothing: an unknown sequence number cancels none of them."""
+        found = []
         for seq in seqs:
             message = self.messages.get(seq)
             if message is None or message.state != SCHEDULED:
                 raise NotFound(f"no scheduled message with sequence number {seq}")
+            found.append(message)
+        for message in found:
             self._remove(message)
 
     def peek(self, from_seq: int, count: int) -> list[StoredMessage]:
@@ -424,12 +433,16 @@ class Queue:
         found = []
         for seq in seqs:
             message = self.messages.get(seq)
-            if message is None or message.state != DEFERRED:
+            if message is None or message.state != DEFERRED or self._is_locked(seq):
                 raise NotFound(f"no deferred message with sequence number {seq}")
             found.append(message)
+        expired = [m for m in found if m.expires_at <= now]
+        for message in expired:
+            self._expire(message)
+        if expired:
+            raise NotFound(f"deferred message(s) {[m.seq for m in expired]} expired")
         locked = []
         for message in found:
-            message.state = ACTIVE
             token, _ = self._new_lock(message, now)
             locked.append((message, token))
         return locked

@@ -1,0 +1,1 @@
+"""Performance benchmarks; each prints one JSON document (see its module docstring)."""
