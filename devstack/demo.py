@@ -17,15 +17,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from azure.servicebus import ServiceBusClient
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from core.messages import OrderSubmitted
-from core.settings import Settings
 from core.state_models import ProcessRecord
 from core.states import ProcessState
+from devstack.observe import (
+    alerted_orders,
+    all_active,
+    duplicated_effects,
+    host_invocations,
+    host_operations,
+    process_cpu,
+)
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
 
@@ -59,6 +65,8 @@ class Summary:
     latency_p50_s: float | None = None
     latency_p99_s: float | None = None
     operations_per_order: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """CPU each stack process used during the run: shows what bounds the throughput."""
 
     @property
     def all_terminal(self) -> bool:
@@ -133,6 +141,7 @@ class Demo:
             for n in range(self.count)
         ]
         ops_before = host_operations(self.workdir)
+        cpu_before = process_cpu(info.pids)
         store = open_store(info.settings)
         started = time.monotonic()
         send_orders(info.settings, orders)
@@ -141,6 +150,10 @@ class Demo:
         )
         finals = self._watch(store, [o.order_id for o in orders], started)
         summary = self._summarize(info, store, orders, finals, ops_before)
+        cpu_after = process_cpu(info.pids)
+        summary.cpu_seconds = {
+            name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after
+        }
         summary.elapsed_s = round(time.monotonic() - started, 2)
         if finals:
             first = min(p.created_at for p in finals.values())
@@ -159,7 +172,7 @@ class Demo:
         view = Progress(self.count)
         with Live(view.table(), console=self.console, refresh_per_second=4) as live:
             while unseen and time.monotonic() - started < self.timeout:
-                active = {row.order_id for row in _all_active(store)} & ours
+                active = {row.order_id for row in all_active(store)} & ours
                 candidates = [o for o in unseen if o not in active][:READS_PER_POLL]
                 for order_id in candidates:
                     process = store.find_process(order_id)
@@ -228,6 +241,7 @@ class Demo:
             ("latency p50 / p99 (s)", f"{s.latency_p50_s} / {s.latency_p99_s}"),
         ]
         rows += [(f"{kind} per order", str(n)) for kind, n in s.operations_per_order.items()]
+        rows += [(f"CPU s, {name}", str(n)) for name, n in s.cpu_seconds.items()]
         for name, value in rows:
             table.add_row(name, value)
         self.console.print(table)
@@ -259,64 +273,3 @@ class Progress:
             f"{done / self.elapsed:.1f}" if self.elapsed > 0 else "-",
         )
         return table
-
-
-def _all_active(store):
-    continuation = None
-    while True:
-        page = store.list_active(1000, continuation=continuation)
-        yield from page.rows
-        continuation = page.continuation
-        if continuation is None:
-            return
-
-
-def alerted_orders(settings: dict[str, str]) -> set[str]:
-    """Order ids named by the alerts waiting on the operator alert queue (peeked, not taken)."""
-    queue = Settings.from_env(settings).queue("alerts")
-    found: set[str] = set()
-    with (
-        ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
-        client.get_queue_receiver(queue) as receiver,
-    ):
-        sequence = 1
-        while batch := receiver.peek_messages(max_message_count=250, sequence_number=sequence):
-            for message in batch:
-                order_id = json.loads(b"".join(message.body)).get("order_id")
-                if order_id:
-                    found.add(order_id)
-            sequence = batch[-1].sequence_number + 1
-    return found
-
-
-def duplicated_effects(fakes_url: str, order_ids: set[str]) -> int:
-    """Effects the fake services applied more than once for one idempotency key."""
-    ledger = httpx.get(f"{fakes_url}/_ledger", timeout=30).json()
-    entries = ledger["entries"] if isinstance(ledger, dict) else ledger
-    keys = Counter(
-        (e["service"], e["idempotency_key"]) for e in entries if e.get("order_id") in order_ids
-    )
-    return sum(n - 1 for n in keys.values() if n > 1)
-
-
-def host_invocations(workdir: Path, function: str) -> int:
-    """How often every host of the stack has run `function` so far."""
-    total = 0
-    for path in workdir.glob("host-*.stats.json"):
-        try:
-            stats = json.loads(path.read_text()).get("functions", {}).get(function, {})
-        except (OSError, ValueError):
-            continue
-        total += int(stats.get("invocations", 0))
-    return total
-
-
-def host_operations(workdir: Path) -> dict[str, int]:
-    """Storage and Service Bus operations counted by every host of the stack, added up."""
-    total: Counter[str] = Counter()
-    for path in workdir.glob("host-*.stats.json"):
-        try:
-            total.update(json.loads(path.read_text()).get("operations", {}))
-        except (OSError, ValueError):
-            continue
-    return dict(total)

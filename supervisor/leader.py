@@ -17,7 +17,8 @@ from azure.storage.blob import BlobLeaseClient, BlobServiceClient
 
 log = logging.getLogger("supervisor.leader")
 
-LEASE_SECONDS = 60
+# The shortest lease Blob Storage grants: a leader that dies blocks the others this long at most.
+LEASE_SECONDS = 15
 LEADER_BLOB = "supervisor-leader"
 
 

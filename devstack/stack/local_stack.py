@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -172,6 +173,18 @@ class LocalStack:
             raise processes.ServiceStartError(
                 f"functions host {n} did not start:\n{processes.tail(log)}"
             )
+
+    def kill_host(self, n: int) -> None:
+        """SIGKILL host `n` (a crash: nothing finished, nothing settled, no goodbye)."""
+        proc = self._children.pop(f"host-{n}")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def restart_host(self, n: int) -> None:
+        assert self.info is not None, "start the stack first"
+        self._start_host(n, self.info.settings)
+        self.info.pids[f"host-{n}"] = self._children[f"host-{n}"].pid
+        self.info.save(self.workdir / STATE_FILE)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         proc = processes.spawn(

@@ -1,0 +1,43 @@
+"""Hosts killed at random (SIGKILL) while orders flow through flaky services: the invariants
+of DESIGN.md still hold (the chaos run in benchmarks/chaos.py, small)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from devstack.stack.processes import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
+
+
+def test_killing_hosts_breaks_no_invariant(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.chaos",
+            "--orders",
+            "30",
+            "--kill-every",
+            "8",
+            "--timeout",
+            "300",
+            "--workdir",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=450,
+    )
+    report = json.loads(result.stdout)
+    assert report["kills"] >= 1, "the run must actually kill hosts"
+    assert report["not_terminal"] == []
+    assert report["errors_without_alert"] == []
+    assert report["duplicated_effects"] == 0
+    assert report["max_stall_s"] <= report["stall_bound_s"]
+    assert result.returncode == 0, result.stderr[-2000:]
