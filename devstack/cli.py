@@ -187,7 +187,7 @@ def demo(
     concurrency: Annotated[int | None, typer.Option(min=1)] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for every order")] = 300.0,
     quick: Annotated[
-        bool, typer.Option(help="demo timings: 4 s step deadlines, 2 s supervisor ticks")
+        bool, typer.Option(help="demo timings: 8 s step deadlines, 2 s supervisor ticks")
     ] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the summary here")] = None,
     workdir: Workdir = DEFAULT_WORKDIR,

@@ -36,7 +36,7 @@ from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
 
 QUICK_SETTINGS = {
-    "STEP_TIMEOUT_SECONDS": "4",
+    "STEP_TIMEOUT_SECONDS": "8",
     "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
     "PENDING_STALE_AFTER_SECONDS": "10",
     "RETRY_BASE_DELAY_SECONDS": "1",
