@@ -1,8 +1,9 @@
 """Fixtures for the Service Bus contract suite.
 
-The suite runs against the session `servicebus` fixture: the development broker by default, or
-any Service Bus named by SERVICEBUS_CONNECTION_STRING_TESTS (the official emulator or a real
-namespace on which the queues of tests/contract/Config.json exist).
+Locally the whole suite runs twice: against a development broker in memory and against one with
+`--data-dir` (SQLite), so both storage paths keep the contract. With
+SERVICEBUS_CONNECTION_STRING_TESTS set it runs once, against that endpoint (the official
+emulator or a real namespace on which the queues of tests/contract/Config.json exist).
 """
 
 from __future__ import annotations
@@ -14,19 +15,45 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
 
-from tests.support.broker import EXTERNAL_ENV_VAR, ServiceBusNamespace
+from tests.support.broker import (
+    EXTERNAL_ENV_VAR,
+    ServiceBusNamespace,
+    external_namespace,
+    start_local_namespace,
+)
 
 CONTRACT_CONFIG = Path(__file__).with_name("Config.json")
 
-local_broker_only = pytest.mark.skipif(
-    bool(os.environ.get(EXTERNAL_ENV_VAR)),
-    reason="needs the development broker's process (restart, raw frames)",
-)
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "contract_ns" in metafunc.fixturenames:
+        modes = ["external"] if os.environ.get(EXTERNAL_ENV_VAR) else ["memory", "data-dir"]
+        metafunc.parametrize("contract_ns", modes, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
-def sb_client(servicebus: ServiceBusNamespace) -> Iterator[ServiceBusClient]:
-    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+def contract_ns(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceBusNamespace]:
+    """The Service Bus under contract: external, or a local broker in the requested mode."""
+    if request.param == "external":
+        namespace = external_namespace([CONTRACT_CONFIG])
+        assert namespace is not None
+        yield namespace
+        return
+    workdir = tmp_path_factory.mktemp(f"contract-{request.param}")
+    data_dir = workdir / "data" if request.param == "data-dir" else None
+    namespace = start_local_namespace([CONTRACT_CONFIG], workdir, data_dir=data_dir)
+    try:
+        yield namespace
+    finally:
+        assert namespace.broker is not None
+        namespace.broker.stop()
+
+
+@pytest.fixture(scope="session")
+def sb_client(contract_ns: ServiceBusNamespace) -> Iterator[ServiceBusClient]:
+    with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
         yield client
 
 
@@ -43,11 +70,11 @@ def drain(client: ServiceBusClient, queue: str) -> None:
 
 
 @pytest.fixture
-def queue_named(servicebus: ServiceBusNamespace, sb_client: ServiceBusClient):
+def queue_named(contract_ns: ServiceBusNamespace, sb_client: ServiceBusClient):
     """`queue_named("contract-basic")` -> the run's actual name, drained before the test."""
 
     def named(logical: str) -> str:
-        actual = servicebus.queue(logical)
+        actual = contract_ns.queue(logical)
         drain(sb_client, actual)
         return actual
 

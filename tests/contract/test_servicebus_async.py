@@ -12,18 +12,18 @@ from azure.servicebus.exceptions import MessageLockLostError
 
 from tests.support.broker import ServiceBusNamespace
 
-pytestmark = [pytest.mark.contract, pytest.mark.servicebus_config("tests/contract/Config.json")]
+pytestmark = pytest.mark.contract
 
 
 def run(coro):
     return asyncio.run(coro)
 
 
-def test_async_send_receive_complete(servicebus: ServiceBusNamespace, queue_named):
+def test_async_send_receive_complete(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-basic")
 
     async def scenario() -> None:
-        async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
             async with client.get_queue_sender(queue) as sender:
                 await sender.send_messages(
                     ServiceBusMessage("async hello", message_id="a-1", correlation_id="order-a")
@@ -45,11 +45,11 @@ def test_async_send_receive_complete(servicebus: ServiceBusNamespace, queue_name
     run(scenario())
 
 
-def test_async_abandon_then_dead_letter(servicebus: ServiceBusNamespace, queue_named):
+def test_async_abandon_then_dead_letter(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-basic")
 
     async def scenario() -> None:
-        async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
             async with client.get_queue_sender(queue) as sender:
                 await sender.send_messages(ServiceBusMessage("twice"))
             async with client.get_queue_receiver(queue) as receiver:
@@ -71,11 +71,11 @@ def test_async_abandon_then_dead_letter(servicebus: ServiceBusNamespace, queue_n
     run(scenario())
 
 
-def test_async_schedule_renew_and_lock_lost(servicebus: ServiceBusNamespace, queue_named):
+def test_async_schedule_renew_and_lock_lost(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-short-lock")
 
     async def scenario() -> None:
-        async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
             due = datetime.now(UTC) + timedelta(seconds=4)
             async with client.get_queue_sender(queue) as sender:
                 (seq,) = await sender.schedule_messages(ServiceBusMessage("scheduled"), due)
@@ -97,12 +97,12 @@ def test_async_schedule_renew_and_lock_lost(servicebus: ServiceBusNamespace, que
     run(scenario())
 
 
-def test_async_competing_receivers(servicebus: ServiceBusNamespace, queue_named):
+def test_async_competing_receivers(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-basic")
     total = 100
 
     async def scenario() -> list[str]:
-        async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
             async with client.get_queue_sender(queue) as sender:
                 await sender.send_messages([ServiceBusMessage(str(i)) for i in range(total)])
             seen: list[str] = []

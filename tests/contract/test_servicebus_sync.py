@@ -28,7 +28,7 @@ from azure.servicebus.exceptions import (
 
 from tests.support.broker import ServiceBusNamespace
 
-pytestmark = [pytest.mark.contract, pytest.mark.servicebus_config("tests/contract/Config.json")]
+pytestmark = pytest.mark.contract
 
 
 def receive_one(client: ServiceBusClient, queue: str, wait: float = 5, **kwargs):
@@ -300,10 +300,10 @@ def test_deferred_message_is_received_by_sequence_number(sb_client, queue_named)
             receiver.receive_deferred_messages([message.sequence_number])
 
 
-def test_competing_receivers_each_message_once(servicebus: ServiceBusNamespace, queue_named):
+def test_competing_receivers_each_message_once(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-basic")
     total = 200
-    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+    with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
         with client.get_queue_sender(queue) as sender:
             for start in range(0, total, 50):
                 sender.send_messages([ServiceBusMessage(str(i)) for i in range(start, start + 50)])
@@ -311,7 +311,7 @@ def test_competing_receivers_each_message_once(servicebus: ServiceBusNamespace, 
         lock = threading.Lock()
 
         def consume() -> None:
-            with ServiceBusClient.from_connection_string(servicebus.connection_string) as own:
+            with ServiceBusClient.from_connection_string(contract_ns.connection_string) as own:
                 with own.get_queue_receiver(queue) as receiver:
                     while batch := receiver.receive_messages(max_message_count=10, max_wait_time=2):
                         for message in batch:
@@ -346,16 +346,16 @@ def test_unknown_queue_is_not_found(sb_client):
             sender.send_messages(ServiceBusMessage("lost"))
 
 
-def test_wrong_key_is_refused(servicebus: ServiceBusNamespace, queue_named):
+def test_wrong_key_is_refused(contract_ns: ServiceBusNamespace, queue_named):
     queue = queue_named("contract-basic")
-    wrong = servicebus.connection_string.replace("SharedAccessKey=", "SharedAccessKey=x")
+    wrong = contract_ns.connection_string.replace("SharedAccessKey=", "SharedAccessKey=x")
     with ServiceBusClient.from_connection_string(wrong, retry_total=0) as client:
         with pytest.raises(ServiceBusAuthenticationError):
             with client.get_queue_sender(queue) as sender:
                 sender.send_messages(ServiceBusMessage("intruder"))
     assert (
         receive_one(
-            ServiceBusClient.from_connection_string(servicebus.connection_string), queue, wait=1
+            ServiceBusClient.from_connection_string(contract_ns.connection_string), queue, wait=1
         )
         == []
     )

@@ -160,7 +160,10 @@ def external_namespace(config_paths: Iterable[Path]) -> ServiceBusNamespace | No
 
 
 def start_local_namespace(
-    config_paths: Iterable[Path], workdir: Path, run_suffix: str | None = None
+    config_paths: Iterable[Path],
+    workdir: Path,
+    run_suffix: str | None = None,
+    data_dir: Path | None = None,
 ) -> ServiceBusNamespace:
     """Write suffixed copies of the configs into ``workdir`` and start a broker on them.
 
@@ -184,7 +187,7 @@ def start_local_namespace(
             f"no broker config to start from: {DEFAULT_CONFIG} does not exist yet and no test "
             "asked for another one (pytest.mark.servicebus_config)"
         )
-    broker = BrokerProcess(derived, log_path=workdir / "broker.log")
+    broker = BrokerProcess(derived, data_dir=data_dir, log_path=workdir / "broker.log")
     broker.start()
     return ServiceBusNamespace(
         connection_string=broker.connection_string,
