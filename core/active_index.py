@@ -115,6 +115,35 @@ class ActiveOrderIndex:
         next_token = pages.continuation_token  # type: ignore[attr-defined]
         return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
 
+    def page_after(
+        self, limit: int, *, after: tuple[str, str] | None = None
+    ) -> tuple[tuple[ActiveRow, ...], bool]:
+        """Up to ``limit`` rows after the key ``after`` (PartitionKey, RowKey), in key order.
+
+        One request (more only if the service answers with empty pages). Returns the rows and
+        whether more may follow. Unlike :meth:`list`, a caller
+        can resume after any row it has consumed, not only at a page boundary (operator
+        listings stop mid-page once they have collected enough matching orders).
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
+        if after is None:
+            entities = self._table.list_entities(results_per_page=limit)
+        else:
+            entities = self._table.query_entities(
+                "(PartitionKey eq @pk and RowKey gt @rk) or PartitionKey gt @pk",
+                parameters={"pk": after[0], "rk": after[1]},
+                results_per_page=limit,
+            )
+        pages = entities.by_page()
+        # The service may answer a query with an empty page and a continuation token; only a
+        # page with rows gives a key to resume after.
+        for page in pages:
+            rows = tuple(_active_row(entity) for entity in page)
+            if rows:
+                return rows, pages.continuation_token is not None  # type: ignore[attr-defined]
+        return (), False
+
     def reap(
         self, row: ActiveRow, process: ProcessRecord | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:

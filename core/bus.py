@@ -3,13 +3,16 @@
 Each message carries a deterministic MessageId (duplicate detection drops a resend), the order id
 as CorrelationId, its type as Subject, and, for delayed retries, a scheduled enqueue time. One
 client per process, opened lazily; one sender per queue, reused and guarded by a lock because
-the Functions worker calls sync functions from several threads.
+the Functions worker calls sync functions from several threads. A sender whose send failed is
+closed and forgotten (the next send opens a fresh link). ``max_senders`` bounds the cache for
+queues named from outside (submitters' reply queues): the least recently used sender is closed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
@@ -36,26 +39,50 @@ def to_servicebus_message(
 
 
 class Bus:
-    def __init__(self, client_factory: Callable[[], ServiceBusClient]) -> None:
+    def __init__(
+        self, client_factory: Callable[[], ServiceBusClient], *, max_senders: int | None = None
+    ) -> None:
         self._client_factory = client_factory
         self._client: ServiceBusClient | None = None
-        self._senders: dict[str, tuple[threading.Lock, ServiceBusSender]] = {}
+        self._senders: OrderedDict[str, tuple[threading.Lock, ServiceBusSender]] = OrderedDict()
         self._lock = threading.Lock()
+        self._max_senders = max_senders
 
-    def send(self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None):
+    def send(
+        self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
+    ) -> None:
         lock, sender = self._sender(queue)
-        with lock:
-            sender.send_messages(to_servicebus_message(message, scheduled_at))
+        try:
+            with lock:
+                sender.send_messages(to_servicebus_message(message, scheduled_at))
+        except Exception:
+            self._forget(queue, sender)
+            raise
         COUNTS.add("servicebus.send")
         log.debug("sent %s to %s", message_id_for(message), queue)
 
     def _sender(self, queue: str) -> tuple[threading.Lock, ServiceBusSender]:
+        evicted: list[ServiceBusSender] = []
         with self._lock:
-            if queue not in self._senders:
+            if queue in self._senders:
+                self._senders.move_to_end(queue)
+            else:
                 if self._client is None:
                     self._client = self._client_factory()
                 self._senders[queue] = (threading.Lock(), self._client.get_queue_sender(queue))
-            return self._senders[queue]
+                while self._max_senders is not None and len(self._senders) > self._max_senders:
+                    evicted.append(self._senders.popitem(last=False)[1][1])
+            entry = self._senders[queue]
+        for sender in evicted:
+            _close_quietly(sender)
+        return entry
+
+    def _forget(self, queue: str, sender: ServiceBusSender) -> None:
+        with self._lock:
+            entry = self._senders.get(queue)
+            if entry is not None and entry[1] is sender:
+                del self._senders[queue]
+        _close_quietly(sender)
 
     def close(self) -> None:
         with self._lock:
@@ -65,3 +92,10 @@ class Bus:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+def _close_quietly(sender: ServiceBusSender) -> None:
+    try:
+        sender.close()
+    except Exception as exc:  # closing a broken link may fail too; nothing is lost
+        log.debug("closing a sender failed: %s", exc)

@@ -6,6 +6,8 @@ process and reused (opening a Service Bus link costs about a second).
 
 from __future__ import annotations
 
+from typing import Any
+
 from azure.data.tables import TableServiceClient
 from azure.servicebus import ServiceBusClient
 from azure.storage.blob import BlobServiceClient
@@ -36,8 +38,9 @@ def blob_service(conn: Connection) -> BlobServiceClient:
     )
 
 
-def servicebus_client(conn: Connection) -> ServiceBusClient:
+def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:
+    """``options`` go to the client (e.g. ``retry_total`` for interactive or best-effort use)."""
     if conn.connection_string:
-        return ServiceBusClient.from_connection_string(conn.connection_string)
+        return ServiceBusClient.from_connection_string(conn.connection_string, **options)
     assert conn.endpoint is not None
-    return ServiceBusClient(conn.endpoint, credential=conn.credential())
+    return ServiceBusClient(conn.endpoint, credential=conn.credential(), **options)

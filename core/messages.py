@@ -134,6 +134,17 @@ JsonObject = dict[str, JsonValue]
 
 OrderStatus = Literal["Pending", "Processing", "Compensating", "Processed", "Error", "Rejected"]
 """What a StatusUpdate reports: a ProcessState, or Rejected for a refused submission."""
+StatusEvent = Literal[
+    "received",
+    "step_started",
+    "step_completed",
+    "compensating",
+    "step_compensated",
+    "processed",
+    "failed",
+    "resubmitted",
+]
+"""What happened to the order: the transition a StatusUpdate reports."""
 
 
 class MessageBase(BaseModel):
@@ -315,12 +326,18 @@ class SchedulerCommand(MessageBase):
 
 
 class StatusUpdate(MessageBase):
-    """Scheduler -> the submitter's reply queue. ``sequence`` orders updates of one order."""
+    """Scheduler -> the submitter's reply queue. ``sequence`` orders updates of one order.
+
+    ``sequence`` increases with every update of one order, across scheduler instances (it is
+    derived from the order's timeline sequence, see :mod:`scheduler.status`); it has gaps, so a
+    receiver orders by it and ignores an update older than the latest it has seen.
+    """
 
     type: Literal["StatusUpdate"] = "StatusUpdate"
     order_id: OrderId
     sequence: Annotated[StrictInt, Field(ge=0)]
     state: OrderStatus
+    event: StatusEvent | None = None
     step: StepName | None = None
     detail: Detail = ""
     updated_at: UtcDatetime = Field(default_factory=utc_now)

@@ -29,6 +29,9 @@ from core.workflows import Workflow
 
 log = logging.getLogger("runtime")
 
+STATUS_SENDERS = 64
+"""Reply-queue senders kept open per process (each holds an AMQP link)."""
+
 
 def new_instance_id(role: str = "app") -> str:
     """Who acts, as recorded in LockedBy and the timeline: host, process and a random part."""
@@ -47,6 +50,8 @@ class Runtime:
     rng: random.Random = field(default_factory=random.Random)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(http2=False))
     _remote_clients: dict[str, RemoteServiceClient] = field(default_factory=dict)
+    _status_bus: Bus | None = None
+    _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> Runtime:
@@ -77,6 +82,24 @@ class Runtime:
         )
         self.bus.send(self.settings.queue("alerts"), alert)
 
+    def status_bus(self) -> Bus:
+        """The sender to submitters' reply queues, apart from the app's own messaging.
+
+        Its client retries once, quickly: a reply queue that does not exist fails in about a
+        second instead of the default retry schedule's fifteen, and an order never waits long
+        for its submitter's queue. Its sender cache is bounded (queue names come from outside).
+        """
+        with self._status_lock:
+            if self._status_bus is None:
+                conn = self.settings.servicebus
+                self._status_bus = Bus(
+                    lambda: clients.servicebus_client(
+                        conn, retry_total=1, retry_backoff_factor=0.2
+                    ),
+                    max_senders=STATUS_SENDERS,
+                )
+            return self._status_bus
+
     def remote_client(self, service: str) -> RemoteServiceClient:
         client = self._remote_clients.get(service)
         if client is None:
@@ -92,6 +115,8 @@ class Runtime:
 
     def close(self) -> None:
         self.bus.close()
+        if self._status_bus is not None:
+            self._status_bus.close()
         self.store.close()
         self.http.close()
 

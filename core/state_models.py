@@ -12,12 +12,17 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
     ``FailureCount``, plus ``Workflow``, ``Attempt``, ``Generation``, ``CurrentStep``,
     ``CurrentOperation``, ``ReplyTo``, ``LastError``, ``NextAttemptAt``, ``CreatedAt``,
     ``UpdatedAt``, ``TimelineSeq`` (sequence of the latest timeline row) and ``WriteId`` (random
-    id of the transition that wrote the row). Absent properties read as None.
+    id of the transition that wrote the row). Compensation and operator fields:
+    ``CompensationCause`` (why the order is being undone, as an alert reason code:
+    ``step_declined``, ``failure_threshold``, ``cancelled``), ``CompensationReason`` (the same in
+    words), ``CancelRequestedBy`` (an operator asked to cancel while a step was in flight) and
+    ``ReplyError`` (status replies to ``ReplyTo`` failed and stopped; why). Absent properties
+    read as None.
 ``step-<nn>-<name>``
     One per workflow step: ``Step``, ``StepIndex``, ``State`` (Pending, Succeeded, Failed,
-    Compensated), ``Attempt`` (of the latest reply recorded, do or undo), ``Result`` (JSON of
-    the succeeded do, split like ``Payload``; an undo keeps it), ``ErrorCode``,
-    ``ErrorMessage``, ``CompletedAt``, ``CompensatedAt``, ``UpdatedAt``.
+    Compensating, Compensated), ``Attempt`` (of the latest reply recorded, do or undo),
+    ``Result`` (JSON of the succeeded do, split like ``Payload``; an undo keeps it),
+    ``ErrorCode``, ``ErrorMessage``, ``CompletedAt``, ``CompensatedAt``, ``UpdatedAt``.
 ``timeline-<seq, 8 digits>``
     Append-only: ``Seq``, ``At``, ``Actor``, ``Event``, ``FromState``, ``ToState``, ``Step``,
     ``Attempt``, ``Detail``.
@@ -178,6 +183,10 @@ class ProcessRecord:
     timeline_seq: int
     write_id: str
     etag: str
+    compensation_cause: str | None = None
+    compensation_reason: str | None = None
+    cancel_requested_by: str | None = None
+    reply_error: str | None = None
 
     def to_entity(self) -> dict[str, Any]:
         # None values are left out: with REPLACE they remove the property (LockedBy = null).
@@ -202,6 +211,10 @@ class ProcessRecord:
             "UpdatedAt": self.updated_at,
             "TimelineSeq": self.timeline_seq,
             "WriteId": self.write_id,
+            "CompensationCause": self.compensation_cause,
+            "CompensationReason": self.compensation_reason,
+            "CancelRequestedBy": self.cancel_requested_by,
+            "ReplyError": self.reply_error,
         }
 
     @classmethod
@@ -226,6 +239,10 @@ class ProcessRecord:
                 timeline_seq=_int(entity.get("TimelineSeq")),
                 write_id=entity.get("WriteId", ""),
                 etag=etag,
+                compensation_cause=entity.get("CompensationCause") or None,
+                compensation_reason=entity.get("CompensationReason") or None,
+                cancel_requested_by=entity.get("CancelRequestedBy") or None,
+                reply_error=entity.get("ReplyError") or None,
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise CorruptOrderState(
@@ -271,16 +288,19 @@ class StepRecord:
 class StepUpdate:
     """What a transition records on a step row (merged: absent fields keep their values).
 
-    ``state`` None leaves the state as it is (a failed undo: the step is still done).
+    ``state`` None leaves the state as it is (a failed undo: the step is still to be undone).
+    ``attempt`` None leaves the row's attempt (a step marked for undo before any undo reply).
+    ``reset`` replaces the row with a fresh Pending one (a step a resubmission will redo).
     """
 
     step: str
-    attempt: int
+    attempt: int | None
     state: StepState | None
     result: JsonObject | None = None
     error_code: str | None = None
     error_message: str | None = None
     at: datetime | None = None
+    reset: bool = False
 
     @classmethod
     def from_response(cls, response: AgentResponse) -> StepUpdate:
@@ -300,18 +320,23 @@ class StepUpdate:
         )
 
     def to_entity(self, order_id: str, index: int, now: datetime) -> dict[str, Any]:
+        if self.reset:
+            return new_step_entity(order_id, index, self.step, now)
         at = utc(self.at) if self.at is not None else now
         entity: dict[str, Any] = {
             "PartitionKey": order_id,
             "RowKey": step_row_key(index, self.step),
-            "Attempt": self.attempt,
             "UpdatedAt": now,
         }
+        if self.attempt is not None:
+            entity["Attempt"] = self.attempt
         if self.state is not None:
             entity["State"] = self.state.value
             if self.state is StepState.COMPENSATED:
                 entity["CompensatedAt"] = at
-            elif self.state in (StepState.SUCCEEDED, StepState.FAILED):
+            elif self.state in (StepState.SUCCEEDED, StepState.FAILED) or self.result is not None:
+                # A result is only ever recorded for a 'do' that succeeded, even when the same
+                # write marks the step for undo (an order cancelled while that step was running).
                 entity["CompletedAt"] = at
         if self.result is not None:
             put_json(entity, "Result", json.dumps(self.result, separators=(",", ":")))

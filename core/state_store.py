@@ -7,9 +7,10 @@ Layout of the ``orders`` table: see :mod:`core.state_models`. Rules that keep it
   id fails as a whole with 409 and is answered from the stored payload hash.
 - **The process row's ETag guards the whole partition.** Every later write is one batch that
   replaces the ``process`` row on condition of the ETag it was read with (412 otherwise) and
-  inserts the next timeline row, plus, when a step reply is recorded, merges that step row. A
-  lost race therefore writes nothing at all, not even a timeline row; and the timeline row key
-  comes from the process row's ``TimelineSeq``, so two writers can never both append one.
+  inserts the next timeline row, plus the step rows it changes (a reply recorded, steps marked
+  for undo, steps reset for a resubmission). A lost race therefore writes nothing at all, not
+  even a timeline row; and the timeline row key comes from the process row's ``TimelineSeq``,
+  so two writers can never both append one.
 - **A 412 is never retried blindly.** The SDK's transport retry may resend a batch whose first
   try did commit; the 412 that follows would be our own write. Each transition carries a random
   ``WriteId``; on 412 the store reads the row once, and if it carries our ``WriteId`` the write
@@ -18,7 +19,13 @@ Layout of the ``orders`` table: see :mod:`core.state_models`. Rules that keep it
 Active-order index (table ``activeorders``, :mod:`core.active_index`): the row of an order
 generation is written BEFORE the transaction that puts it in flight (create, resubmit) and
 deleted AFTER the one that makes it terminal (Processed, Error), so a crash leaves at worst an
-extra row, which the Supervisor reaps; never an in-flight order without a row.
+extra row, which the Supervisor reaps; never an in-flight order without a row. The Error index
+(:mod:`core.error_index`) follows the same rule for the transitions into and out of Error.
+
+Compensation (see :mod:`scheduler.compensation`) uses the same transitions: it starts with one
+write that marks every step to undo ``Compensating`` and puts the first undo in flight
+(:meth:`OrderStateStore.begin_compensation`); each undo is claimed, released and recovered like a
+forward step, with ``CurrentOperation`` = ``undo``.
 
 Every id is validated (:mod:`core.ids`) before any request; every query filter is
 parameterized. Operation counting belongs to the SDK pipeline, not here.
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Self
@@ -44,6 +51,7 @@ from azure.data.tables import (
 
 from core import ids
 from core.active_index import DEFAULT_GRACE, ActiveOrderIndex, index_partition
+from core.error_index import ErrorOrderIndex
 from core.messages import AgentResponse, OrderSubmitted, truncate_utf8, utc_now
 from core.state_models import (
     DETAILS_ROW,
@@ -75,7 +83,7 @@ from core.state_models import (
     timeline_row_key,
     utc,
 )
-from core.states import ProcessState, transition_allowed
+from core.states import ProcessState, StepState, transition_allowed
 from core.workflows import WORKFLOWS, Step, Workflow
 
 __all__ = [
@@ -116,8 +124,18 @@ _CHANGEABLE: Final = frozenset(
         "current_operation",
         "last_error",
         "next_attempt_at",
+        "compensation_cause",
+        "compensation_reason",
+        "cancel_requested_by",
+        "reply_error",
     }
 )
+_CLEARED_MARKS: Final = {
+    "compensation_cause": None,
+    "compensation_reason": None,
+    "cancel_requested_by": None,
+    "reply_error": None,
+}
 
 
 class OrderStateStore:
@@ -147,6 +165,8 @@ class OrderStateStore:
         self._active: TableClient = service.get_table_client(self._active_name)
         self.index = ActiveOrderIndex(self._active, clock)
         """The active-order index; the Supervisor lists and reaps through it."""
+        self.errors = ErrorOrderIndex(self._orders, clock)
+        """The index of orders in Error (a partition of the orders table)."""
         self._workflows = workflows
         self._clock = clock
         self._owns_service = owns_service
@@ -363,19 +383,74 @@ class OrderStateStore:
         event: str,
         detail: str = "",
         step_update: StepUpdate | None = None,
+        more_steps: Sequence[StepUpdate] = (),
     ) -> ProcessRecord:
         """Apply ``changes`` (ProcessRecord field names) to ``current`` as one conditional write.
 
         In one batch: the process row replaced on condition of ``current.etag``, the next
-        timeline row inserted, and ``step_update`` (if any) merged into its step row. Returns the
-        new record (with its new ETag). Raises :class:`ConcurrencyConflict` if the row changed
-        since ``current`` was read, :class:`InvalidTransition` (before any request) if the
-        state machine forbids the move, and :class:`OrderNotFound` if the order is gone.
+        timeline row inserted, and ``step_update`` plus ``more_steps`` (if any) written to their
+        step rows (updates of one step are merged into one write; ``step_update`` names the
+        timeline row's step). Returns the new record (with its new ETag). Raises
+        :class:`ConcurrencyConflict` if the row changed since ``current`` was read,
+        :class:`InvalidTransition` (before any request) if the state machine forbids the move,
+        and :class:`OrderNotFound` if the order is gone.
         """
+        new = self._apply(current, changes)
+        return self._commit(
+            current,
+            new,
+            actor=actor,
+            event=event,
+            detail=detail,
+            step=new.current_step if step_update is None else step_update.step,
+            step_updates=_merge_step_updates(
+                [] if step_update is None else [step_update], more_steps
+            ),
+        )
+
+    def annotate(
+        self,
+        current: ProcessRecord,
+        *,
+        actor: str,
+        event: str,
+        detail: str = "",
+        reply_error: str | None = None,
+    ) -> ProcessRecord:
+        """Record something about an order without moving it, in any state (even Processed).
+
+        One conditional write: a timeline row and, when given, ``reply_error`` on the process
+        row (status replies stopped). Operator actions that change nothing (acknowledging an
+        alert) are recorded this way.
+        """
+        values: dict[str, Any] = {}
+        if reply_error is not None:
+            values["reply_error"] = truncate_utf8(reply_error, MAX_LAST_ERROR_BYTES)
+        new = dataclasses.replace(
+            current,
+            **values,
+            updated_at=self._now(),
+            timeline_seq=current.timeline_seq + 1,
+            write_id=uuid.uuid4().hex,
+        )
+        return self._commit(
+            current, new, actor=actor, event=event, detail=detail, step=None, step_updates=[]
+        )
+
+    def _commit(
+        self,
+        current: ProcessRecord,
+        new: ProcessRecord,
+        *,
+        actor: str,
+        event: str,
+        detail: str,
+        step: str | None,
+        step_updates: Sequence[StepUpdate],
+    ) -> ProcessRecord:
         ids.validate_order_id(current.order_id)
         ids.validate_instance_id(actor, "actor")
         ids.validate_name(event, "event")
-        new = self._apply(current, changes)
         workflow = self._workflow(current.workflow)
         entry = TimelineEntry(
             seq=new.timeline_seq,
@@ -384,7 +459,7 @@ class OrderStateStore:
             event=event,
             from_state=current.state,
             to_state=new.state,
-            step=new.current_step if step_update is None else step_update.step,
+            step=step,
             attempt=new.attempt,
             detail=detail,
         )
@@ -400,20 +475,29 @@ class OrderStateStore:
             ),
             ("create", entry.to_entity(current.order_id)),
         ]
-        if step_update is not None:
-            index = workflow.index_of(step_update.step)
+        for update in step_updates:
+            index = workflow.index_of(update.step)
             operations.append(
                 (
-                    "update",
-                    step_update.to_entity(current.order_id, index, new.updated_at),
-                    {"mode": UpdateMode.MERGE},
+                    "upsert" if update.reset else "update",
+                    update.to_entity(current.order_id, index, new.updated_at),
+                    {"mode": UpdateMode.REPLACE if update.reset else UpdateMode.MERGE},
                 )
             )
         if current.state.terminal and new.state.in_flight:
             self.index.put(current.order_id, new.generation, current.workflow)
-        new = self._submit_transition(current, new, operations)
+        entering_error = new.state is ProcessState.ERROR and current.state is not ProcessState.ERROR
+        error_row = self.errors.put(new.order_id, new.generation) if entering_error else None
+        try:
+            new = self._submit_transition(current, new, operations)
+        except (ConcurrencyConflict, OrderNotFound, CorruptOrderState):
+            if error_row is not None:
+                self.errors.discard(new.order_id, new.generation, etag=error_row)
+            raise
         if new.state.terminal:
             self.index.discard(new.order_id, new.generation)
+        if current.state is ProcessState.ERROR and new.state is not ProcessState.ERROR:
+            self.errors.discard(current.order_id, current.generation)
         return new
 
     def _apply(self, current: ProcessRecord, changes: Mapping[str, Any]) -> ProcessRecord:
@@ -442,8 +526,13 @@ class OrderStateStore:
             raise InvalidTransition("generation never decreases (idempotency keys depend on it)")
         if values.get("failure_count", 0) < 0:
             raise ValueError("failure_count cannot be negative")
-        if values.get("last_error") is not None:
-            values["last_error"] = truncate_utf8(values["last_error"], MAX_LAST_ERROR_BYTES)
+        for name in ("last_error", "compensation_reason"):
+            if values.get(name) is not None:
+                values[name] = truncate_utf8(values[name], MAX_LAST_ERROR_BYTES)
+        if values.get("compensation_cause") is not None:
+            ids.validate_name(values["compensation_cause"], "compensation cause")
+        if values.get("cancel_requested_by") is not None:
+            ids.validate_instance_id(values["cancel_requested_by"], "cancel_requested_by")
         return dataclasses.replace(
             current,
             **values,
@@ -678,15 +767,16 @@ class OrderStateStore:
         actor: str,
         reason: str,
         step: str | None = None,
+        redo: Sequence[str] = (),
     ) -> ProcessRecord:
         """An operator restarts an Error order at ``step`` (default: where it stopped).
 
-        Generation + 1 (new idempotency keys, new index row), FailureCount 0, Pending.
+        Generation + 1 (new idempotency keys, new index row), FailureCount 0, Pending, the
+        compensation and cancel marks cleared. The step rows named in ``redo`` (the ones the
+        resubmission will do again) are reset to fresh Pending rows in the same write; their
+        history stays in the timeline.
         """
-        if current.state is not ProcessState.ERROR:
-            raise InvalidTransition(
-                f"order {current.order_id} is {current.state}; only Error orders are resubmitted"
-            )
+        self._require_error(current, "resubmitted")
         target = step or current.current_step or self._workflow(current.workflow).first_step.name
         return self.transition(
             current,
@@ -700,11 +790,176 @@ class OrderStateStore:
                 "current_step": target,
                 "current_operation": "do",
                 "last_error": None,
+                **_CLEARED_MARKS,
             },
             actor=actor,
             event="resubmitted",
             detail=reason,
+            more_steps=[
+                StepUpdate(step=name, attempt=None, state=None, reset=True) for name in redo
+            ],
         )
+
+    def resume_compensation(
+        self, current: ProcessRecord, *, actor: str, reason: str, step: str
+    ) -> ProcessRecord:
+        """An operator resubmits an Error order whose compensation was left incomplete.
+
+        Back to Compensating (released, so the next claim dispatches the undo of ``step``),
+        FailureCount 0, the same Generation: the undo keeps its idempotency key, so an undo that
+        did take effect before is not applied twice.
+        """
+        self._require_error(current, "resubmitted")
+        return self.transition(
+            current,
+            {
+                "state": ProcessState.COMPENSATING,
+                "failure_count": 0,
+                "locked_by": None,
+                "complete_by": None,
+                "next_attempt_at": self._now(),
+                "current_step": step,
+                "current_operation": "undo",
+                "cancel_requested_by": None,
+                "reply_error": None,
+            },
+            actor=actor,
+            event="compensation_resumed",
+            detail=reason,
+        )
+
+    def request_cancel(self, current: ProcessRecord, *, actor: str, reason: str) -> ProcessRecord:
+        """Mark a Processing order for cancellation; the in-flight step's outcome decides next.
+
+        Its reply (or its deadline passing) starts the compensation instead of the next step.
+        """
+        if current.state is not ProcessState.PROCESSING:
+            raise InvalidTransition(
+                f"order {current.order_id} is {current.state}; a cancel request waits only for "
+                "a Processing order's step in flight"
+            )
+        return self.transition(
+            current,
+            {
+                "cancel_requested_by": actor,
+                "compensation_cause": "cancelled",
+                "compensation_reason": f"cancelled by {actor}: {reason}",
+            },
+            actor=actor,
+            event="cancel_requested",
+            detail=reason,
+        )
+
+    def begin_compensation(
+        self,
+        current: ProcessRecord,
+        undo: Sequence[Step],
+        *,
+        cause: str,
+        reason: str,
+        actor: str,
+        instance_id: str | None,
+        complete_by: datetime | None = None,
+        response: AgentResponse | None = None,
+    ) -> ProcessRecord:
+        """Start undoing ``undo`` (latest step first): Compensating, every one marked for undo.
+
+        With ``instance_id`` the caller claims the first undo (LockedBy, ``complete_by``,
+        Attempt + 1) and must dispatch it; without, the order is released (LockedBy None) for the
+        Scheduler to claim. ``response`` is the reply that led here, recorded on its step.
+        FailureCount restarts at 0: each undo gets the full failure threshold.
+        """
+        if not undo:
+            raise ValueError("nothing to undo; mark the order Error instead")
+        if response is not None:
+            self.ensure_current(current, response)
+        if (instance_id is None) != (complete_by is None):
+            raise ValueError("claiming the first undo needs both instance_id and complete_by")
+        changes: dict[str, Any] = {
+            "state": ProcessState.COMPENSATING,
+            "current_step": undo[0].name,
+            "current_operation": "undo",
+            "failure_count": 0,
+            "compensation_cause": cause,
+            "compensation_reason": reason,
+            "last_error": reason,
+            "locked_by": instance_id,
+            "complete_by": complete_by,
+        }
+        if instance_id is not None:
+            changes |= {"attempt": current.attempt + 1, "next_attempt_at": None}
+        else:
+            changes["next_attempt_at"] = self._now()
+        return self.transition(
+            current,
+            changes,
+            actor=actor,
+            event="compensation_started",
+            detail=f"{reason}; to undo: {', '.join(step.name for step in undo)}",
+            step_update=None if response is None else StepUpdate.from_response(response),
+            more_steps=[
+                StepUpdate(step=step.name, attempt=None, state=StepState.COMPENSATING)
+                for step in undo
+            ],
+        )
+
+    def advance_compensation(
+        self,
+        current: ProcessRecord,
+        response: AgentResponse,
+        *,
+        next_undo: Step,
+        complete_by: datetime,
+        actor: str,
+    ) -> ProcessRecord:
+        """An undo succeeded: record the step Compensated and dispatch ``next_undo``."""
+        self._require_undo_success(current, response)
+        return self.record_step_result(
+            current,
+            response,
+            {
+                "current_step": next_undo.name,
+                "current_operation": "undo",
+                "attempt": current.attempt + 1,
+                "complete_by": complete_by,
+                "failure_count": 0,
+            },
+            actor=actor,
+            event="step_compensated",
+            detail=f"{response.step} undone; next undo {next_undo.name}",
+        )
+
+    def finish_compensation(
+        self, current: ProcessRecord, response: AgentResponse, *, actor: str, last_error: str
+    ) -> ProcessRecord:
+        """The last undo succeeded: Error with ``last_error``, LockedBy cleared."""
+        self._require_undo_success(current, response)
+        return self.record_step_result(
+            current,
+            response,
+            {
+                "state": ProcessState.ERROR,
+                "locked_by": None,
+                "complete_by": None,
+                "next_attempt_at": None,
+                "last_error": last_error,
+            },
+            actor=actor,
+            event="compensated",
+            detail=last_error,
+        )
+
+    def _require_undo_success(self, current: ProcessRecord, response: AgentResponse) -> None:
+        self.ensure_current(current, response)
+        if response.outcome != "succeeded" or response.operation != "undo":
+            raise ValueError("this transition takes a succeeded 'undo' reply")
+
+    @staticmethod
+    def _require_error(current: ProcessRecord, what: str) -> None:
+        if current.state is not ProcessState.ERROR:
+            raise InvalidTransition(
+                f"order {current.order_id} is {current.state}; only Error orders are {what}"
+            )
 
     # ------------------------------------------------------------------------------ index
 
@@ -717,6 +972,33 @@ class OrderStateStore:
     ) -> bool:
         """Delete an index row that is garbage (see :meth:`ActiveOrderIndex.reap`)."""
         return self.index.reap(row, process, grace=grace)
+
+
+def _merge_step_updates(
+    first: Sequence[StepUpdate], more: Sequence[StepUpdate]
+) -> list[StepUpdate]:
+    """One update per step (a batch may touch each row once); later fields fill in gaps.
+
+    A reply's update (result, error, attempt) and a mark for undo on the same step become one
+    write whose state is the later one's.
+    """
+    merged: dict[str, StepUpdate] = {}
+    for update in (*first, *more):
+        earlier = merged.get(update.step)
+        if earlier is None:
+            merged[update.step] = update
+            continue
+        merged[update.step] = dataclasses.replace(
+            earlier,
+            attempt=update.attempt if update.attempt is not None else earlier.attempt,
+            state=update.state if update.state is not None else earlier.state,
+            result=update.result if update.result is not None else earlier.result,
+            error_code=update.error_code or earlier.error_code,
+            error_message=update.error_message or earlier.error_message,
+            at=update.at or earlier.at,
+            reset=update.reset or earlier.reset,
+        )
+    return list(merged.values())
 
 
 def _entity_exists(error: TableTransactionError) -> bool:

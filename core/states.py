@@ -26,9 +26,17 @@ class ProcessState(StrEnum):
 
 
 class StepState(StrEnum):
+    """State of one step row.
+
+    Compensating: the step is to be undone (or its undo is in flight); it stays so until its
+    undo succeeds (Compensated). A step whose undo could not be completed stays Compensating,
+    which is how an operator sees what is left to undo.
+    """
+
     PENDING = "Pending"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    COMPENSATING = "Compensating"
     COMPENSATED = "Compensated"
 
 

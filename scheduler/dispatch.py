@@ -14,6 +14,7 @@ from core.messages import AgentRequest, OrderSubmitted
 from core.runtime import Runtime
 from core.state_models import ConcurrencyConflict, InvalidTransition, ProcessRecord
 from core.workflows import Step
+from scheduler.status import Status, publish
 
 log = logging.getLogger("scheduler.dispatch")
 
@@ -32,7 +33,10 @@ def agent_payload(order: OrderSubmitted) -> dict:
 def claim_and_dispatch(
     process: ProcessRecord, order: OrderSubmitted, rt: Runtime
 ) -> ProcessRecord | None:
-    """Claim a Pending order and dispatch its current step; None if another instance won."""
+    """Claim a Pending order (or a released compensation) and dispatch its current step.
+
+    None if another instance won. A forward step reports ``step_started`` to the submitter.
+    """
     workflow = rt.workflow(process.workflow)
     step = workflow.step_named(process.current_step or workflow.first_step.name)
     try:
@@ -48,6 +52,9 @@ def claim_and_dispatch(
         log.info("order %s: not claimable: %s", process.order_id, exc)
         return None
     send_step(claimed, step, order, rt)
+    if claimed.current_operation == "do":
+        detail = f"attempt {claimed.attempt}" if claimed.failure_count else ""
+        return publish(rt, claimed, Status("step_started", step=step.name, detail=detail))
     return claimed
 
 

@@ -2,7 +2,8 @@
 
 The order's details, process and step rows are written in ONE table transaction. A redelivered
 submission finds them and carries on (claiming is idempotent under ETags); the same id with a
-different payload is rejected and reported, never merged.
+different payload is rejected and reported, never merged. An order whose ``reply_to`` names one
+of the app's own queues is refused before anything is stored (see :mod:`scheduler.status`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from core.runtime import Runtime
 from core.state_models import AlreadyExists
 from core.states import ProcessState
 from scheduler.dispatch import claim_and_dispatch
+from scheduler.status import Status, is_app_queue, publish
 
 log = logging.getLogger("scheduler.intake")
 
@@ -23,6 +25,21 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
         order = parse_message(body, OrderSubmitted)
     except BadMessage as bad:
         rt.alert(bad.to_alert(source=rt.actor("intake")))
+        return
+    if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
+        rt.alert(
+            OperatorAlert(
+                order_id=order.order_id,
+                severity="error",
+                reason="forbidden_reply_to",
+                detail=(
+                    f"order {order.order_id} names reply_to {order.reply_to!r}, one of this "
+                    "app's own queues; the order was refused. Name a queue of the submitter's own."
+                ),
+                raw_excerpt=excerpt(body),
+                source=rt.actor("intake"),
+            )
+        )
         return
     workflow = rt.workflow(order.workflow)
     result = rt.store.create_order(order, workflow, actor=rt.actor("intake"))
@@ -46,5 +63,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
     process = result.process
     if isinstance(result, AlreadyExists):
         log.info("order %s: duplicate submission; state %s", order.order_id, process.state)
+    if process.timeline_seq == 0:  # also a redelivery after a crash before "received" was sent
+        process = publish(rt, process, Status("received", detail=f"workflow {workflow.name}"))
     if process.state is ProcessState.PENDING and process.locked_by is None:
         claim_and_dispatch(process, order, rt)

@@ -1,4 +1,4 @@
-"""Agent replies: record the step, dispatch the next one, or finish the order.
+"""Agent replies: record the step, dispatch the next one, finish the order, or compensate.
 
 Only a reply for the step, direction and attempt in flight is applied; a late reply (an attempt
 the Supervisor already gave up on) is logged and dropped, so it never changes state. Each
@@ -12,8 +12,10 @@ import logging
 
 from core.messages import AgentResponse, BadMessage, OperatorAlert, parse_message
 from core.runtime import Runtime
-from core.state_models import ConcurrencyConflict, OrderNotFound, StaleResult
+from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord, StaleResult
+from scheduler import compensation
 from scheduler.dispatch import send_step
+from scheduler.status import Status, publish
 from supervisor.recovery import retry_or_fail
 
 log = logging.getLogger("scheduler.replies")
@@ -72,32 +74,77 @@ def _apply(response: AgentResponse, rt: Runtime) -> None:
         log.info("late reply dropped: %s", stale)
         return
     actor = rt.actor("scheduler")
-    if response.outcome == "succeeded":
-        following = workflow.next_step(response.step)
-        if following is None:
-            rt.store.mark_processed(process, actor=actor, response=response)
-            log.info("order %s processed", process.order_id)
-            return
-        advanced = rt.store.advance(
+    if response.operation == "undo":
+        _apply_undo(order, response, rt, actor)
+    elif response.outcome == "succeeded":
+        _apply_success(order, response, rt, actor)
+    else:
+        _apply_failure(order, response, rt, actor)
+
+
+def _apply_success(order: OrderRecord, response: AgentResponse, rt: Runtime, actor: str) -> None:
+    process = order.process
+    if process.cancel_requested_by is not None:
+        compensation.start(
+            rt,
+            order,
             process,
-            response,
-            next_step=following,
-            complete_by=rt.clock() + following.complete_by_budget,
+            cause=compensation.CANCELLED,
+            reason=process.compensation_reason or f"cancelled by {process.cancel_requested_by}",
             actor=actor,
+            include_in_flight=False,
+            claim=True,
+            response=response,
         )
-        send_step(advanced, following, order.details, rt)
         return
+    following = rt.workflow(process.workflow).next_step(response.step)
+    completed = Status("step_completed", step=response.step)
+    if following is None:
+        done = rt.store.mark_processed(process, actor=actor, response=response)
+        log.info("order %s processed", process.order_id)
+        publish(rt, done, completed, Status("processed"))
+        return
+    advanced = rt.store.advance(
+        process,
+        response,
+        next_step=following,
+        complete_by=rt.clock() + following.complete_by_budget,
+        actor=actor,
+    )
+    send_step(advanced, following, order.details, rt)
+    publish(rt, advanced, completed, Status("step_started", step=following.name))
+
+
+def _apply_failure(order: OrderRecord, response: AgentResponse, rt: Runtime, actor: str) -> None:
+    process = order.process
     reason = f"{response.step} failed: {response.error_code}: {response.error_message}"
     if response.transient:
-        retry_or_fail(process, reason, rt, actor=actor)
+        retry_or_fail(process, reason, rt, actor=actor, claim=True, order=order)
         return
-    rt.store.mark_error(process, actor=actor, reason=reason, response=response)
-    rt.alert(
-        OperatorAlert(
-            order_id=process.order_id,
-            severity="error",
-            reason="step_declined",
-            detail=f"{reason}. The order is in Error; resubmit it once the cause is fixed.",
-            source=actor,
-        )
+    if process.cancel_requested_by is not None:
+        cause, why = compensation.CANCELLED, f"{process.compensation_reason}; {reason}"
+    else:
+        cause, why = "step_declined", reason
+    compensation.start(
+        rt,
+        order,
+        process,
+        cause=cause,
+        reason=why,
+        actor=actor,
+        include_in_flight=False,
+        claim=True,
+        response=response,
     )
+
+
+def _apply_undo(order: OrderRecord, response: AgentResponse, rt: Runtime, actor: str) -> None:
+    process = order.process
+    if response.outcome == "succeeded":
+        compensation.undo_succeeded(rt, order, process, response, actor)
+        return
+    reason = f"undo of {response.step} failed: {response.error_code}: {response.error_message}"
+    if response.transient:
+        retry_or_fail(process, reason, rt, actor=actor, claim=True, order=order)
+        return
+    compensation.give_up(rt, process, order.steps, reason=reason, actor=actor, response=response)

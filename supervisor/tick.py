@@ -3,9 +3,10 @@
 It reads the active-order index (one request per page) and point-reads each listed order, so a
 tick costs about one request per order in flight, whatever the history holds. It recovers:
 Processing/Compensating orders past CompleteBy (the agent or scheduler died, or the agent gave
-up silently at its deadline), and Pending orders with no progress for `pending_stale_after`
-(a lost retry command, a crash between create and claim). It never calls remote services and
-knows no business rules: it only hands orders back to the Scheduler or gives up on them.
+up silently at its deadline), and Pending orders (or released compensations) with no progress
+for `pending_stale_after` (a lost retry command, a crash between create and claim). It never
+calls remote services and knows no business rules: it only hands orders back to the Scheduler,
+asks it to compensate them, or gives up on them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TickReport:
     leader: bool = True
     scanned: int = 0
     retried: int = 0
+    compensating: int = 0
     failed: int = 0
     reaped: int = 0
     conflicts: int = 0
@@ -49,7 +51,7 @@ def run_tick(rt: Runtime) -> TickReport:
         continuation = page.continuation
         if continuation is None:
             break
-    if report.retried or report.failed or report.reaped:
+    if report.retried or report.compensating or report.failed or report.reaped:
         log.info("supervisor tick: %s", report)
     return report
 
@@ -86,5 +88,7 @@ def _inspect(row: ActiveRow, rt: Runtime, report: TickReport) -> None:
     outcome = retry_or_fail(process, reason, rt, actor=actor)
     if outcome == "failed":
         report.failed += 1
+    elif outcome == "compensating":
+        report.compensating += 1
     else:
         report.retried += 1

@@ -1,0 +1,288 @@
+"""Compensation, extended-wait retries, cancel and resubmit, staged message by message against
+real Azurite, the development broker and the fake remote services (see test_pattern_steps)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from agent.circuit import reset_breakers
+from agent.handler import handle_request
+from core.messages import SchedulerCommand, encode
+from core.op_counts import COUNTS
+from core.order_listing import list_orders
+from core.states import ProcessState, StepState
+from scheduler import control
+from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
+from supervisor.tick import run_tick
+from tests.support.app import make_runtime
+from tests.support.pattern import (
+    alerts_for,
+    effects,
+    net_effects,
+    new_order,
+    queue,
+    run_agent_step,
+    run_command,
+    take_request,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def step_states(rt, order_id: str) -> dict[str, StepState]:
+    return {s.name: s.state for s in rt.store.get_order(order_id).steps}
+
+
+def events(rt, order_id: str) -> list[str]:
+    return [t.event for t in rt.store.get_timeline(order_id)]
+
+
+def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
+    order = new_order()
+    fakes.set_profile({"services": {"shipping": {"decline_order_ids": [order.order_id]}}})
+    COUNTS.reset()
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    run_agent_step(rt, reader, order.order_id, "payment")
+    run_agent_step(rt, reader, order.order_id, "shipping")  # declined: address_invalid
+    counts = Counter(COUNTS.snapshot())
+
+    process = rt.store.get_process(order.order_id)
+    assert (process.state, process.current_operation) == (ProcessState.COMPENSATING, "undo")
+    assert step_states(rt, order.order_id) == {
+        "reserve_inventory": StepState.COMPENSATING,
+        "charge_payment": StepState.COMPENSATING,
+        "create_shipment": StepState.FAILED,
+    }
+    COUNTS.reset()  # the reads above are the test's, not the app's
+    refund = run_agent_step(rt, reader, order.order_id, "payment")
+    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    counts.update(COUNTS.snapshot())
+
+    assert (refund["action"], refund["idempotency_key"]) == (
+        "refund",
+        f"{order.order_id}:charge_payment:undo:1",
+    )
+    assert (release["action"], release["idempotency_key"]) == (
+        "release",
+        f"{order.order_id}:reserve_inventory:undo:1",
+    )
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR and process.locked_by is None
+    assert (process.last_error or "").startswith("compensated: create_shipment failed")
+    assert "undid charge_payment, reserve_inventory" in (process.last_error or "")
+    assert step_states(rt, order.order_id) == {
+        "reserve_inventory": StepState.COMPENSATED,
+        "charge_payment": StepState.COMPENSATED,
+        "create_shipment": StepState.FAILED,
+    }
+    assert [op for _, op, _ in effects(fakes, order.order_id)] == [
+        "reserve",
+        "charge",
+        "refund",
+        "release",
+    ]
+    assert net_effects(fakes, order.order_id) == {"inventory": 0, "payment": 0}
+    alerts = alerts_for(rt, reader, order.order_id)
+    assert [(a["reason"], a["severity"]) for a in alerts] == [("step_declined", "error")]
+    assert "compensated" in alerts[0]["detail"]
+    timeline = events(rt, order.order_id)
+    assert timeline[-3:] == ["compensation_started", "step_compensated", "compensated"]
+    assert order.order_id not in [r.order_id for r in rt.store.list_active().rows]
+    errors = list_orders(rt.store, ProcessState.ERROR, limit=100)
+    assert order.order_id in [p.order_id for p in errors.orders]
+    # Every request of the compensated order, app side (scheduler + agents), counted at the SDK
+    # pipeline (Table) and at Bus.send (Service Bus): 5 agent requests, 5 replies, 1 alert;
+    # one partition read per reply, one batch per transition, the two index rows.
+    print("compensated order operations:", json.dumps(dict(sorted(counts.items()))))
+    assert counts["servicebus.send"] == 11
+    assert (counts["table.get"], counts["table.post"]) == (5, 7)
+    assert (counts["table.put"], counts["table.delete"]) == (2, 1)
+
+
+def test_undo_failing_until_the_threshold_is_compensation_incomplete(rt, reader, fakes, clock):
+    clock.advance(60)  # retries fall due in the (real) future: take_scheduled finds them waiting
+    order = new_order()
+    fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    run_agent_step(rt, reader, order.order_id, "payment")  # declined: compensate inventory
+    fakes.set_profile({"services": {"inventory": {"transient_rate": 1.0}}})
+
+    delays = []
+    for failures in (1, 2):
+        run_agent_step(rt, reader, order.order_id, "inventory")  # release fails: 503s
+        released = rt.store.get_process(order.order_id)
+        assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
+        assert released.failure_count == failures
+        command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
+        assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
+        delays.append((released.next_attempt_at - released.updated_at).total_seconds())
+        handle_command(command, rt)  # claims the undo again
+    run_agent_step(rt, reader, order.order_id, "inventory")  # third failure: give up
+
+    assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert (process.last_error or "").startswith("compensation incomplete")
+    assert step_states(rt, order.order_id)["reserve_inventory"] is StepState.COMPENSATING
+    alerts = alerts_for(rt, reader, order.order_id)
+    assert [(a["reason"], a["severity"]) for a in alerts] == [
+        ("compensation_incomplete", "critical")
+    ]
+    assert "reserve_inventory (release at inventory)" in alerts[0]["detail"]
+    assert net_effects(fakes, order.order_id) == {"inventory": 1}, "the reservation is left"
+
+    # The inventory service recovers; an operator resubmits: the compensation resumes with the
+    # same undo key, then a second resubmission starts the order over with new keys.
+    fakes.set_profile(None)
+    reset_breakers()  # as the breaker would after its reset timeout
+    result = control.resubmit(rt, order.order_id, actor="operator:ann", reason="inventory back")
+    assert result.outcome == "compensation_resumed"
+    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    assert release["idempotency_key"] == f"{order.order_id}:reserve_inventory:undo:1"
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert (process.last_error or "").startswith("compensated: charge_payment failed")
+    assert net_effects(fakes, order.order_id) == {"inventory": 0}
+
+    again = control.resubmit(rt, order.order_id, actor="operator:ann", reason="card fixed")
+    assert (again.outcome, again.generation, again.step) == ("resubmitted", 2, "reserve_inventory")
+    for service in ("inventory", "payment", "shipping"):
+        request = run_agent_step(rt, reader, order.order_id, service)
+        assert request["idempotency_key"].endswith(":do:2")
+    assert rt.store.get_process(order.order_id).state is ProcessState.PROCESSED
+    assert net_effects(fakes, order.order_id) == {"inventory": 1, "payment": 1, "shipping": 1}
+    resubmits = [t for t in rt.store.get_timeline(order.order_id) if t.actor == "operator:ann"]
+    assert [t.event for t in resubmits] == ["compensation_resumed", "resubmitted"]
+
+
+def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clock):
+    env |= {"RETRY_BASE_DELAY_SECONDS": "2", "RETRY_MAX_DELAY_SECONDS": "5"}
+    env["FAILURE_THRESHOLD"] = "5"
+    rt = make_runtime(env, "scheduler", clock)
+    try:
+        order = new_order()
+        handle_submission(encode(order), rt)
+        run_agent_step(rt, reader, order.order_id, "inventory")
+        take_request(rt, reader, order.order_id, "payment")  # the charge hangs: no reply
+        delays = []
+        for failures in range(1, 5):
+            clock.advance(30)  # past CompleteBy
+            assert run_tick(rt).retried == 1
+            released = rt.store.get_process(order.order_id)
+            command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
+            assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
+            assert json.loads(command)["failure_count"] == failures
+            delays.append((released.next_attempt_at - released.updated_at).total_seconds())
+            handle_command(command, rt)
+            take_request(rt, reader, order.order_id, "payment")  # hangs again
+        # base 2 s, factor 2, cap 5 s, up to 20 % jitter below: 2, 4, 5, 5
+        for delay, nominal in zip(delays, (2, 4, 5, 5), strict=True):
+            assert 0.8 * nominal - 0.01 <= delay <= nominal + 0.01, delays
+        assert delays[1] > delays[0]
+
+        clock.advance(30)
+        assert run_tick(rt).compensating == 1  # 5th failure: undo the charge and reservation
+        run_command(rt, reader, order.order_id)
+        refund = run_agent_step(rt, reader, order.order_id, "payment")
+        assert refund["action"] == "refund"  # the hung charge may have taken effect
+        run_agent_step(rt, reader, order.order_id, "inventory")
+        process = rt.store.get_process(order.order_id)
+        assert process.state is ProcessState.ERROR
+        assert "failure threshold of 5" in (process.last_error or "")
+        alerts = alerts_for(rt, reader, order.order_id)
+        assert [a["reason"] for a in alerts] == ["failure_threshold"]
+        assert net_effects(fakes, order.order_id)["inventory"] == 0
+    finally:
+        rt.close()
+
+
+def test_cancel_during_step_2_undoes_once_the_step_replies(rt, reader, fakes):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    charge = reader.expect(queue(rt, "payment"), order.order_id)  # step 2 in flight
+
+    result = control.cancel(rt, order.order_id, actor="operator:bob", reason="customer asked")
+    assert (result.outcome, result.state) == ("cancel_requested", ProcessState.PROCESSING)
+    again = control.cancel(rt, order.order_id, actor="operator:bob", reason="again")
+    assert again.outcome == "cancel_already_requested"
+
+    handle_request(charge, "payment", rt)  # the charge goes through after all...
+    handle_response(reader.expect(queue(rt, "responses"), order.order_id), rt)
+    assert reader.take(queue(rt, "shipping"), order.order_id, wait=1) is None, "no step 3"
+    run_agent_step(rt, reader, order.order_id, "payment")  # ...and is refunded
+    run_agent_step(rt, reader, order.order_id, "inventory")
+
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert (process.last_error or "").startswith("cancelled by operator:bob: customer asked")
+    assert net_effects(fakes, order.order_id) == {"inventory": 0, "payment": 0}
+    assert [a["reason"] for a in alerts_for(rt, reader, order.order_id)] == ["cancelled"]
+    requested = [t for t in rt.store.get_timeline(order.order_id) if t.event == "cancel_requested"]
+    assert [t.actor for t in requested] == ["operator:bob"]
+    with pytest.raises(control.Refused) as refused:
+        control.cancel(rt, order.order_id, actor="operator:bob", reason="late")
+    assert refused.value.code == "conflict"
+
+
+def test_cancel_with_a_hung_step_compensates_at_its_deadline(rt, reader, fakes, clock):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    take_request(rt, reader, order.order_id, "payment")  # never answers
+    control.cancel(rt, order.order_id, actor="operator:bob", reason="stuck")
+    clock.advance(30)
+    assert run_tick(rt).compensating == 1, "no retry for a cancelled order"
+    run_command(rt, reader, order.order_id)
+    run_agent_step(rt, reader, order.order_id, "payment")  # refund of the unknown charge
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR and "cancelled" in (process.last_error or "")
+    assert net_effects(fakes, order.order_id)["inventory"] == 0
+
+
+def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
+    order = new_order(workflow="single_step")
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    assert rt.store.get_process(order.order_id).state is ProcessState.PROCESSED
+    command = SchedulerCommand(
+        order_id=order.order_id,
+        command="cancel",
+        attempt=1,
+        failure_count=0,
+        reason="too late",
+        requested_by="operator:bob",
+    )
+    handle_command(encode(command), rt)
+    alerts = alerts_for(rt, reader, order.order_id)
+    assert [a["reason"] for a in alerts] == ["command_refused"]
+    assert "Processed" in alerts[0]["detail"]
+
+
+def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, fakes, clock):
+    order = new_order()
+    handle_submission(encode(order), rt)
+    take_request(rt, reader, order.order_id, "inventory")  # never answers
+    clock.advance(30)
+    assert run_tick(rt).retried == 1  # Pending, a retry scheduled
+    retry, _ = reader.take_scheduled(queue(rt, "commands"), order.order_id)
+
+    result = control.cancel(rt, order.order_id, actor="operator:bob", reason="duplicate order")
+    assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
+    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    assert release["action"] == "release"  # the reservation may have been made
+    handle_command(retry, rt)  # the retry that was due is stale now: nothing happens
+    assert reader.take(queue(rt, "inventory"), order.order_id, wait=1) is None
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.ERROR
+    assert process.last_error == (
+        "cancelled by operator:bob: duplicate order; compensated: undid reserve_inventory"
+    )

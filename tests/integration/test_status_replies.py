@@ -1,0 +1,142 @@
+"""Status replies to the submitter's queue: order, correlation, and failures that never block."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from azure.servicebus import ServiceBusClient
+
+from core.messages import encode
+from core.states import ProcessState
+from scheduler.intake import handle_submission
+from tests.support.pattern import (
+    alerts_for,
+    new_order,
+    queue,
+    run_agent_step,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = ("reserve_inventory", "charge_payment", "create_shipment")
+
+
+@pytest.fixture(scope="module")
+def status_queue(servicebus) -> str:
+    return servicebus.queue("order-status")
+
+
+@pytest.fixture(scope="module")
+def status_client(servicebus):
+    client = ServiceBusClient.from_connection_string(servicebus.connection_string)
+    yield client
+    client.close()
+
+
+def statuses(client: ServiceBusClient, queue_name: str, order_id: str, wait: float = 2.0):
+    """(body, correlation id) of every status message for ``order_id``, in arrival order."""
+    found = []
+    with client.get_queue_receiver(queue_name, max_wait_time=wait) as receiver:
+        while batch := receiver.receive_messages(max_message_count=50, max_wait_time=wait):
+            for message in batch:
+                receiver.complete_message(message)
+                body = json.loads(b"".join(message.body))
+                if body["order_id"] == order_id:
+                    found.append((body, message.correlation_id))
+    return found
+
+
+def test_reply_queue_receives_the_status_sequence_in_order(rt, reader, status_queue, status_client):
+    order = new_order(reply_to=status_queue)
+    handle_submission(encode(order), rt)
+    for service in ("inventory", "payment", "shipping"):
+        run_agent_step(rt, reader, order.order_id, service)
+
+    received = statuses(status_client, status_queue, order.order_id)
+    assert {correlation for _, correlation in received} == {order.order_id}
+    updates = [body for body, _ in received]
+    assert [(u["event"], u["step"]) for u in updates] == [
+        ("received", None),
+        ("step_started", STEPS[0]),
+        ("step_completed", STEPS[0]),
+        ("step_started", STEPS[1]),
+        ("step_completed", STEPS[1]),
+        ("step_started", STEPS[2]),
+        ("step_completed", STEPS[2]),
+        ("processed", None),
+    ]
+    sequences = [u["sequence"] for u in updates]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    assert updates[0]["state"] == "Pending" and updates[-1]["state"] == "Processed"
+    assert all(u["type"] == "StatusUpdate" for u in updates)
+
+
+def test_a_compensated_order_reports_compensating_then_failed(
+    rt, reader, fakes, status_queue, status_client
+):
+    order = new_order(reply_to=status_queue)
+    fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    run_agent_step(rt, reader, order.order_id, "payment")
+    run_agent_step(rt, reader, order.order_id, "inventory")
+
+    updates = [body for body, _ in statuses(status_client, status_queue, order.order_id)]
+    assert [u["event"] for u in updates] == [
+        "received",
+        "step_started",
+        "step_completed",
+        "step_started",
+        "compensating",
+        "step_compensated",
+        "failed",
+    ]
+    assert updates[4]["state"] == "Compensating" and "card_declined" in updates[4]["detail"]
+    assert updates[-1]["state"] == "Error" and "compensated" in updates[-1]["detail"]
+    sequences = [u["sequence"] for u in updates]
+    assert sequences == sorted(sequences)
+    alerts_for(rt, reader, order.order_id)  # leave the alerts queue tidy
+
+
+def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(rt, reader):
+    order = new_order(reply_to="no-such-reply-queue")
+    started = time.monotonic()
+    handle_submission(encode(order), rt)
+    for service in ("inventory", "payment", "shipping"):
+        run_agent_step(rt, reader, order.order_id, service)
+    elapsed = time.monotonic() - started
+
+    process = rt.store.get_process(order.order_id)
+    assert process.state is ProcessState.PROCESSED
+    assert "no-such-reply-queue" in (process.reply_error or "")
+    stopped = [
+        t for t in rt.store.get_timeline(order.order_id) if t.event == "status_replies_stopped"
+    ]
+    assert len(stopped) == 1
+    alerts = alerts_for(rt, reader, order.order_id)
+    assert [(a["reason"], a["severity"]) for a in alerts] == [
+        ("reply_queue_unavailable", "warning")
+    ]
+    # One refused send (a second or two with the status client's single retry), not one per
+    # update; generous bound for a loaded machine.
+    assert elapsed < 30, elapsed
+
+    second = new_order(reply_to="no-such-reply-queue")
+    handle_submission(encode(second), rt)  # the failure is remembered: no wait this time
+    assert rt.store.get_process(second.order_id).reply_error is not None
+    assert [a["reason"] for a in alerts_for(rt, reader, second.order_id)] == [
+        "reply_queue_unavailable"
+    ]
+
+
+@pytest.mark.parametrize("role", ["responses", "commands", "inventory"])
+@pytest.mark.parametrize("case", [str.lower, str.upper])
+def test_a_reply_to_naming_an_app_queue_is_refused(rt, reader, role, case):
+    order = new_order(reply_to=case(queue(rt, role)))
+    handle_submission(encode(order), rt)
+    assert rt.store.find_process(order.order_id) is None, "nothing is stored"
+    alerts = alerts_for(rt, reader, order.order_id)
+    assert [a["reason"] for a in alerts] == ["forbidden_reply_to"]
+    assert reader.take(queue(rt, "inventory"), order.order_id, wait=0.5) is None
