@@ -42,7 +42,34 @@ def test_every_function_is_registered(bindings):
         "payment_agent",
         "shipping_agent",
         "supervisor",
+        *OPERATOR_API_FUNCTIONS,
     }
+
+
+OPERATOR_API_FUNCTIONS = {
+    "operator_list_orders",
+    "operator_show_order",
+    "operator_resubmit_order",
+    "operator_cancel_order",
+    "operator_list_alerts",
+    "operator_peek_alert",
+    "operator_ack_alert",
+    "operator_dead_letter_summary",
+    "operator_list_dead_letters",
+    "operator_openapi",
+}
+
+
+def test_every_http_function_requires_a_function_key(bindings):
+    http = {
+        name: binding
+        for name, function_bindings in bindings.items()
+        for binding in function_bindings
+        if binding["type"] == "httpTrigger"
+    }
+    assert set(http) == OPERATOR_API_FUNCTIONS
+    for name, binding in http.items():
+        assert binding["authLevel"] == "FUNCTION", f"{name} must need a function key"
 
 
 def test_service_bus_triggers_name_declared_queues_through_settings(bindings):

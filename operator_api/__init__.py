@@ -1,0 +1,1 @@
+"""Operator tools: one implementation (operations) behind the HTTP API and the CLI."""

@@ -1,0 +1,250 @@
+"""The operator HTTP API: HTTP-triggered functions over :mod:`operator_api.operations`.
+
+Every function has ``auth_level=FUNCTION``: the Functions host refuses a request without a valid
+function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
+any code here runs. Locally, Core Tools do not check keys, and the project's local host serves
+no HTTP yet: run the API locally only on a trusted machine. A function key says which *client*
+may call, not which person: actions record the operator named in the request body, or the
+signed-in user from App Service authentication (``X-MS-CLIENT-PRINCIPAL-NAME``) when that is
+enabled, which then takes precedence.
+
+Responses are JSON. Errors are ``{"error": {"code": ..., "message": ...}}`` with 400 (bad
+input), 404 (unknown order, alert or queue), 409 (the action does not apply to the order's
+state), 413 (body too large), 503 (busy; try again) or 500 (a fault of ours; details are
+logged, not returned). Lists are paged: pass a response's ``continuation`` back as the
+``continuation`` query parameter; null means there is no more. The OpenAPI 3.1 description is
+served at ``GET /api/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import azure.functions as func
+from pydantic import BaseModel, ValidationError
+
+from core import runtime
+from core.states import ProcessState
+from operator_api.errors import InvalidRequest, OperatorError, TooLarge
+from operator_api.models import AckRequest, ActionRequest
+from operator_api.openapi import openapi_document
+from operator_api.operations import Operations
+
+B = TypeVar("B", bound=BaseModel)
+bp = func.Blueprint()
+log = logging.getLogger("operator_api.http")
+
+AUTH: Final = func.AuthLevel.FUNCTION
+MAX_BODY_BYTES: Final = 16 * 1024
+PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
+_INTEGER: Final = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+
+_lock = threading.Lock()
+_ops: tuple[runtime.Runtime, Operations] | None = None
+
+
+def operations() -> Operations:
+    """The Operations of the process-wide Runtime (rebuilt if that Runtime is replaced)."""
+    global _ops
+    rt = runtime.current()
+    with _lock:
+        if _ops is None or _ops[0] is not rt:
+            if _ops is not None:
+                _ops[1].close()
+            _ops = (rt, Operations(rt))
+        return _ops[1]
+
+
+# ---------------------------------------------------------------------------------- orders
+
+
+@bp.route(route="orders", methods=["GET"], auth_level=AUTH)
+def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.list_orders(
+            _required_param(req, "state"),
+            limit=_int_param(req, "limit", 50),
+            continuation=req.params.get("continuation"),
+        )
+    )
+
+
+@bp.route(route="orders/{order_id}", methods=["GET"], auth_level=AUTH)
+def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.show_order(
+            req.route_params.get("order_id", ""),
+            timeline_after=_int_param(req, "timeline_after", -1),
+            timeline_limit=_int_param(req, "timeline_limit", 200),
+        )
+    )
+
+
+@bp.route(route="orders/{order_id}/resubmit", methods=["POST"], auth_level=AUTH)
+def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _action(req, ops.resubmit), status=_action_status)
+
+
+@bp.route(route="orders/{order_id}/cancel", methods=["POST"], auth_level=AUTH)
+def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _action(req, ops.cancel), status=_action_status)
+
+
+# ---------------------------------------------------------------------------------- alerts
+
+
+@bp.route(route="alerts", methods=["GET"], auth_level=AUTH)
+def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.list_alerts(
+            limit=_int_param(req, "limit", 50), continuation=req.params.get("continuation")
+        )
+    )
+
+
+@bp.route(route="alerts/{sequence_number}", methods=["GET"], auth_level=AUTH)
+def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: ops.peek_alert(_sequence_param(req)))
+
+
+@bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
+def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
+    def ack(ops: Operations) -> BaseModel:
+        body = _json_body(req, AckRequest)
+        return ops.acknowledge_alert(_sequence_param(req), operator=_operator(req, body.operator))
+
+    return _respond(ack)
+
+
+# ---------------------------------------------------------------------------- dead letters
+
+
+@bp.route(route="dead-letters", methods=["GET"], auth_level=AUTH)
+def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: ops.dead_letter_summary(limit=_int_param(req, "limit", 100)))
+
+
+@bp.route(route="dead-letters/{queue}", methods=["GET"], auth_level=AUTH)
+def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.list_dead_letters(
+            req.route_params.get("queue", ""),
+            limit=_int_param(req, "limit", 50),
+            continuation=req.params.get("continuation"),
+        )
+    )
+
+
+# --------------------------------------------------------------------------------- openapi
+
+
+@bp.route(route="openapi.json", methods=["GET"], auth_level=AUTH)
+def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
+    return _json(200, openapi_document())
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def _respond(
+    call: Callable[[Operations], BaseModel],
+    *,
+    status: Callable[[BaseModel], int] = lambda _: 200,
+) -> func.HttpResponse:
+    try:
+        result = call(operations())
+    except OperatorError as refused:
+        return _json(refused.status, refused.to_json())
+    except Exception:
+        log.exception("operator API request failed")
+        return _json(
+            500,
+            {
+                "error": {
+                    "code": "internal",
+                    "message": "the request failed on our side; it is logged with its stack trace",
+                }
+            },
+        )
+    return _json(status(result), result.model_dump(mode="json"))
+
+
+def _json(status: int, body: Any) -> func.HttpResponse:
+    return func.HttpResponse(
+        json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        status_code=status,
+        mimetype="application/json",
+        charset="utf-8",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def _action(req: func.HttpRequest, act: Callable[..., BaseModel]) -> BaseModel:
+    body = _json_body(req, ActionRequest)
+    return act(
+        req.route_params.get("order_id", ""),
+        operator=_operator(req, body.operator),
+        reason=body.reason,
+    )
+
+
+def _action_status(result: BaseModel) -> int:
+    # 202: the action goes on asynchronously (undos or steps dispatched); 200: it is complete.
+    state = getattr(result, "state", "")
+    return 200 if state in (ProcessState.ERROR.value, ProcessState.PROCESSED.value) else 202
+
+
+def _operator(req: func.HttpRequest, named: str | None) -> str | None:
+    principal = req.headers.get(PRINCIPAL_HEADER)
+    return principal if principal else named
+
+
+def _json_body(req: func.HttpRequest, model: type[B]) -> B:
+    raw = req.get_body() or b""
+    if len(raw) > MAX_BODY_BYTES:
+        raise TooLarge("body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidRequest("invalid_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("invalid_json", "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)[:5]
+        )
+        raise InvalidRequest("invalid_request", f"the body is invalid: {problems}") from None
+
+
+def _required_param(req: func.HttpRequest, name: str) -> str:
+    value = req.params.get(name)
+    if not value:
+        raise InvalidRequest("invalid_request", f"query parameter {name!r} is required")
+    return value
+
+
+def _int_param(req: func.HttpRequest, name: str, default: int) -> int:
+    value = req.params.get(name)
+    if value is None:
+        return default
+    if not _INTEGER.fullmatch(value.strip()):
+        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be an integer")
+    return int(value)
+
+
+def _sequence_param(req: func.HttpRequest) -> int:
+    text = req.route_params.get("sequence_number", "")
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise InvalidRequest(
+            "invalid_sequence_number",
+            f"{text[:40]!r} is not an alert sequence number (an integer >= 1)",
+        )
+    return int(text)

@@ -1,0 +1,247 @@
+"""What operator operations return: JSON-ready pydantic models (``model_dump(mode="json")``).
+
+The OpenAPI document (:mod:`operator_api.openapi`) is generated from these same models.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from core.state_models import OrderRecord, ProcessRecord, StepRecord, TimelineEntry
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ActionRequest(BaseModel):
+    """Body of a cancel or resubmit."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    operator: str | None = Field(
+        default=None,
+        description="Who acts (recorded as operator:<name>); required unless App Service "
+        "authentication supplies the signed-in user",
+        max_length=128,
+    )
+    reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
+
+
+class AckRequest(BaseModel):
+    """Body of an alert acknowledgement."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    operator: str | None = Field(default=None, max_length=128, description="Who acknowledges")
+
+
+class OrderSummary(_Model):
+    """The pattern's process record of one order, as operators see it."""
+
+    order_id: str
+    workflow: str
+    state: str = Field(description="Pending, Processing, Compensating, Processed or Error")
+    generation: int = Field(description="Goes up with each resubmission; part of idempotency keys")
+    attempt: int
+    failure_count: int
+    current_step: str | None
+    current_operation: Literal["do", "undo"]
+    locked_by: str | None
+    complete_by: datetime | None
+    next_attempt_at: datetime | None = Field(description="When the next retry is due")
+    last_error: str | None
+    compensation_cause: str | None
+    cancel_requested_by: str | None
+    reply_to: str | None
+    reply_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, p: ProcessRecord) -> OrderSummary:
+        return cls(
+            order_id=p.order_id,
+            workflow=p.workflow,
+            state=p.state.value,
+            generation=p.generation,
+            attempt=p.attempt,
+            failure_count=p.failure_count,
+            current_step=p.current_step,
+            current_operation=p.current_operation,
+            locked_by=p.locked_by,
+            complete_by=p.complete_by,
+            next_attempt_at=p.next_attempt_at,
+            last_error=p.last_error,
+            compensation_cause=p.compensation_cause,
+            cancel_requested_by=p.cancel_requested_by,
+            reply_to=p.reply_to,
+            reply_error=p.reply_error,
+            created_at=p.created_at,
+            updated_at=p.updated_at,
+        )
+
+
+class OrderPage(_Model):
+    state: str
+    items: list[OrderSummary]
+    continuation: str | None = Field(
+        description="Pass as `continuation` for the next page; null when there is no more. "
+        "A page may hold fewer items than `limit` (even none) and still have one."
+    )
+    scanned: int = Field(description="Index rows looked at for this page")
+
+
+class StepView(_Model):
+    name: str
+    index: int
+    state: str = Field(description="Pending, Succeeded, Failed, Compensating or Compensated")
+    attempt: int
+    result: dict[str, JsonValue] | None
+    error_code: str | None
+    error_message: str | None
+    completed_at: datetime | None
+    compensated_at: datetime | None
+
+    @classmethod
+    def of(cls, s: StepRecord) -> StepView:
+        return cls(
+            name=s.name,
+            index=s.index,
+            state=s.state.value,
+            attempt=s.attempt,
+            result=s.result,
+            error_code=s.error_code,
+            error_message=s.error_message,
+            completed_at=s.completed_at,
+            compensated_at=s.compensated_at,
+        )
+
+
+class TimelineView(_Model):
+    seq: int
+    at: datetime
+    actor: str = Field(description="Who: a scheduler/supervisor instance or operator:<name>")
+    event: str
+    from_state: str | None
+    to_state: str
+    step: str | None
+    attempt: int
+    detail: str
+
+    @classmethod
+    def of(cls, t: TimelineEntry) -> TimelineView:
+        return cls(
+            seq=t.seq,
+            at=t.at,
+            actor=t.actor,
+            event=t.event,
+            from_state=t.from_state.value if t.from_state else None,
+            to_state=t.to_state.value,
+            step=t.step,
+            attempt=t.attempt,
+            detail=t.detail,
+        )
+
+
+class OrderDetail(_Model):
+    order: OrderSummary
+    submitted: dict[str, JsonValue] = Field(description="The OrderSubmitted message as stored")
+    steps: list[StepView]
+    timeline: list[TimelineView]
+    timeline_continuation: int | None = Field(
+        description="Pass as `timeline_after` for more timeline entries; null at the end"
+    )
+
+    @classmethod
+    def of(cls, order: OrderRecord, timeline: list[TimelineEntry], more: bool) -> OrderDetail:
+        return cls(
+            order=OrderSummary.of(order.process),
+            submitted=order.details.model_dump(mode="json"),
+            steps=[StepView.of(s) for s in order.steps],
+            timeline=[TimelineView.of(t) for t in timeline],
+            timeline_continuation=timeline[-1].seq if more and timeline else None,
+        )
+
+
+class ActionView(_Model):
+    """What a cancel or resubmit did."""
+
+    order_id: str
+    action: Literal["cancel", "resubmit"]
+    outcome: str = Field(
+        description="cancel_requested (a step is in flight; compensation follows it), "
+        "cancel_already_requested, compensating, failed (nothing to undo: Error now), "
+        "resubmitted, compensation_resumed"
+    )
+    state: str
+    step: str | None
+    generation: int
+    requested_by: str
+    detail: str
+
+
+class AlertView(_Model):
+    sequence_number: int = Field(description="The alert's id in the alerts queue")
+    message_id: str | None
+    enqueued_at: datetime | None
+    alert: dict[str, JsonValue] | None = Field(description="The OperatorAlert message")
+    raw: str | None = Field(description="Excerpt of a body that is not a valid OperatorAlert")
+    problem: str | None = Field(description="Why `raw` could not be read as an alert")
+
+
+class AlertPage(_Model):
+    items: list[AlertView]
+    continuation: str | None
+
+
+class AckView(_Model):
+    sequence_number: int
+    message_id: str | None
+    order_id: str | None
+    acknowledged_by: str
+    recorded_in_timeline: bool = Field(
+        description="True when the alert names an order and the ack is in its timeline"
+    )
+
+
+class DeadLetterView(_Model):
+    sequence_number: int
+    message_id: str | None
+    enqueued_at: datetime | None
+    delivery_count: int | None
+    reason: str | None = Field(description="DeadLetterReason")
+    description: str | None = Field(description="DeadLetterErrorDescription")
+    subject: str | None
+    body: JsonValue | None = Field(description="The body as JSON, when it is JSON and small")
+    raw: str | None = Field(description="Excerpt of a body shown as text instead")
+
+
+class DeadLetterPage(_Model):
+    queue: str = Field(description="The queue's role: orders, commands, responses, ...")
+    entity: str = Field(description="The Service Bus queue name")
+    items: list[DeadLetterView]
+    continuation: str | None
+
+
+class DeadLetterCount(_Model):
+    queue: str
+    entity: str
+    count: int = Field(description="Dead letters seen, up to `limit`")
+    more: bool = Field(description="True when there are more than `count`")
+
+
+class DeadLetterSummary(_Model):
+    queues: list[DeadLetterCount]
+
+
+class ErrorDetail(_Model):
+    code: str
+    message: str
+
+
+class ErrorBody(_Model):
+    error: ErrorDetail

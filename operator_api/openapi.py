@@ -1,0 +1,281 @@
+"""The OpenAPI 3.1 description of the operator HTTP API, built from the response models.
+
+Schemas come from the pydantic models (JSON Schema 2020-12, which OpenAPI 3.1 uses as is), so
+the description cannot drift from what the functions return.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Final
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from core.ids import ID_MAX_LENGTH
+from core.order_listing import LISTABLE_STATES, MAX_LIMIT
+from core.settings import QUEUE_SETTINGS
+from operator_api import models
+
+VERSION: Final = "1.0.0"
+_REF: Final = "#/components/schemas/{model}"
+_MODELS: Final[tuple[type[BaseModel], ...]] = (
+    models.OrderPage,
+    models.OrderDetail,
+    models.ActionView,
+    models.ActionRequest,
+    models.AlertPage,
+    models.AlertView,
+    models.AckView,
+    models.AckRequest,
+    models.DeadLetterSummary,
+    models.DeadLetterPage,
+    models.ErrorBody,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    meaning = {
+        400: "Invalid input: the message says what to fix",
+        404: "Unknown order, alert or queue",
+        409: "The action does not apply to the order or alert as it is now",
+        413: "Request body too large",
+        503: "Busy: the same request may succeed in a moment",
+    }
+    responses = {str(s): _json(models.ErrorBody, meaning[s]) for s in statuses}
+    responses["401"] = {
+        "description": "Missing or wrong function key (answered by the Functions host)"
+    }
+    responses["500"] = _json(models.ErrorBody, "A fault on the server side (logged)")
+    return responses
+
+
+def _query(name: str, schema: dict[str, Any], description: str, required: bool = False):
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "schema": schema,
+        "description": description,
+    }
+
+
+def _path(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": schema,
+        "description": description,
+    }
+
+
+_LIMIT = _query(
+    "limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 50}, "Page size"
+)
+_CONTINUATION = _query(
+    "continuation", {"type": "string"}, "The `continuation` of the previous page"
+)
+_ORDER_ID = _path(
+    "order_id",
+    {"type": "string", "pattern": f"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{ID_MAX_LENGTH - 1}}}$"},
+    "Order id",
+)
+_SEQUENCE = _path(
+    "sequence_number",
+    {"type": "integer", "minimum": 1},
+    "The alert's sequence number in the alerts queue",
+)
+
+
+def _action(summary: str, description: str, op_id: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": op_id,
+            "summary": summary,
+            "description": description,
+            "tags": ["orders"],
+            "parameters": [_ORDER_ID],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(models.ActionRequest)}},
+            },
+            "responses": {
+                "200": _json(models.ActionView, "Done: the order is now terminal"),
+                "202": _json(models.ActionView, "Accepted: the order goes on asynchronously"),
+                **_errors(400, 404, 409, 413, 503),
+            },
+        }
+    }
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/orders": {
+            "get": {
+                "operationId": "listOrders",
+                "summary": "List orders in one state",
+                "description": "Reads the active-order index (in-flight states) or the Error "
+                "index, never the order history: Processed is not listable. A page may hold "
+                "fewer than `limit` orders and still have a continuation.",
+                "tags": ["orders"],
+                "parameters": [
+                    _query(
+                        "state",
+                        {"enum": [s.value for s in LISTABLE_STATES]},
+                        "Order state (case-insensitive)",
+                        required=True,
+                    ),
+                    _LIMIT,
+                    _CONTINUATION,
+                ],
+                "responses": {"200": _json(models.OrderPage, "One page"), **_errors(400)},
+            }
+        },
+        "/orders/{order_id}": {
+            "get": {
+                "operationId": "showOrder",
+                "summary": "One order with its steps and timeline",
+                "tags": ["orders"],
+                "parameters": [
+                    _ORDER_ID,
+                    _query(
+                        "timeline_after",
+                        {"type": "integer", "minimum": -1, "default": -1},
+                        "Show timeline entries after this sequence number",
+                    ),
+                    _query(
+                        "timeline_limit",
+                        {"type": "integer", "minimum": 1, "maximum": 1000, "default": 200},
+                        "Timeline entries per page",
+                    ),
+                ],
+                "responses": {"200": _json(models.OrderDetail, "The order"), **_errors(400, 404)},
+            }
+        },
+        "/orders/{order_id}/resubmit": _action(
+            "Resubmit an Error order",
+            "Resumes at the first step that did not succeed (steps that were compensated are "
+            "redone, with new idempotency keys), or resumes an incomplete compensation.",
+            "resubmitOrder",
+        ),
+        "/orders/{order_id}/cancel": _action(
+            "Cancel a Pending or Processing order",
+            "Undoes the completed steps, then Error (cancelled). With a step in flight, the "
+            "compensation starts once that step replies or times out (outcome "
+            "cancel_requested).",
+            "cancelOrder",
+        ),
+        "/alerts": {
+            "get": {
+                "operationId": "listAlerts",
+                "summary": "Alerts waiting in the alerts queue (peek: nothing is removed)",
+                "tags": ["alerts"],
+                "parameters": [_LIMIT, _CONTINUATION],
+                "responses": {"200": _json(models.AlertPage, "One page"), **_errors(400)},
+            }
+        },
+        "/alerts/{sequence_number}": {
+            "get": {
+                "operationId": "peekAlert",
+                "summary": "One alert",
+                "tags": ["alerts"],
+                "parameters": [_SEQUENCE],
+                "responses": {"200": _json(models.AlertView, "The alert"), **_errors(400, 404)},
+            }
+        },
+        "/alerts/{sequence_number}/ack": {
+            "post": {
+                "operationId": "acknowledgeAlert",
+                "summary": "Acknowledge an alert: remove it from the queue, record who did",
+                "tags": ["alerts"],
+                "parameters": [_SEQUENCE],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(models.AckRequest)}},
+                },
+                "responses": {
+                    "200": _json(models.AckView, "Acknowledged"),
+                    **_errors(400, 404, 409, 413),
+                },
+            }
+        },
+        "/dead-letters": {
+            "get": {
+                "operationId": "deadLetterSummary",
+                "summary": "Dead-letter counts of every queue of the app",
+                "tags": ["dead letters"],
+                "parameters": [_LIMIT],
+                "responses": {
+                    "200": _json(models.DeadLetterSummary, "Counts"),
+                    **_errors(400),
+                },
+            }
+        },
+        "/dead-letters/{queue}": {
+            "get": {
+                "operationId": "listDeadLetters",
+                "summary": "Dead letters of one queue (peek)",
+                "tags": ["dead letters"],
+                "parameters": [
+                    _path("queue", {"enum": list(QUEUE_SETTINGS)}, "The queue's role"),
+                    _LIMIT,
+                    _CONTINUATION,
+                ],
+                "responses": {
+                    "200": _json(models.DeadLetterPage, "One page"),
+                    **_errors(400, 404),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "tags": ["meta"],
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1 document",
+                        "content": {"application/json": {}},
+                    }
+                },
+            }
+        },
+    }
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    requests = (models.ActionRequest, models.AckRequest)
+    _, schemas = models_json_schema(
+        [(m, "validation" if m in requests else "serialization") for m in _MODELS],
+        ref_template=_REF,
+    )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Order processing operator API",
+            "version": VERSION,
+            "description": "Watch and repair orders of the Scheduler Agent Supervisor app: list "
+            "orders by state, inspect one, resubmit or cancel it, read and acknowledge alerts, "
+            "read dead letters. Every call needs a function key.",
+        },
+        "servers": [{"url": "/api"}],
+        "security": [{"functionKeyHeader": []}, {"functionKeyQuery": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {
+                "functionKeyHeader": {"type": "apiKey", "in": "header", "name": "x-functions-key"},
+                "functionKeyQuery": {"type": "apiKey", "in": "query", "name": "code"},
+            },
+        },
+    }

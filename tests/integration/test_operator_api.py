@@ -1,0 +1,453 @@
+"""The operator HTTP API, called through the registered functions with HttpRequest objects
+(as the Functions host would, minus its function-key check: see test_function_app for the
+FUNCTION auth level of every HTTP binding), against Azurite, the broker and the fakes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable
+
+import azure.functions as func
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from core import runtime
+from core.messages import encode
+from core.op_counts import COUNTS
+from core.states import ProcessState
+from operator_api import functions as api
+from scheduler.intake import handle_submission
+from tests.support.pattern import (
+    new_order,
+    queue,
+    run_agent_step,
+)
+
+pytestmark = pytest.mark.integration
+
+HOSTILE_ID = "x' or PartitionKey ne '"
+Handler = Callable[[func.HttpRequest], func.HttpResponse]
+
+
+@pytest.fixture(scope="module")
+def app_functions() -> list:
+    # A fresh import: get_functions() builds the functions and may run once per FunctionApp.
+    sys.modules.pop("function_app", None)
+    return importlib.import_module("function_app").app.get_functions()
+
+
+@pytest.fixture(scope="module")
+def handlers(app_functions) -> dict[str, Handler]:
+    return {f.get_function_name(): f.get_user_function() for f in app_functions}
+
+
+@pytest.fixture
+def installed(rt):
+    previous = runtime.install(rt)
+    yield rt
+    api.operations().close()
+    runtime.install(previous)
+
+
+def call(
+    handlers: dict[str, Handler],
+    name: str,
+    *,
+    params: dict[str, str] | None = None,
+    route: dict[str, str] | None = None,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict]:
+    raw = json.dumps(body).encode() if isinstance(body, dict) else (body or b"")
+    request = func.HttpRequest(
+        method="POST" if body is not None else "GET",
+        url=f"http://localhost/api/{name}",
+        params=params or {},
+        route_params=route or {},
+        body=raw,
+        headers=headers or {},
+    )
+    response = handlers[name](request)
+    assert response.mimetype == "application/json"
+    return response.status_code, json.loads(response.get_body())
+
+
+def declined_order(rt, reader, fakes) -> str:
+    """An order in Error at once: its first step is declined (nothing to undo)."""
+    order = new_order()
+    fakes.set_profile({"services": {"inventory": {"decline_order_ids": [order.order_id]}}})
+    handle_submission(encode(order), rt)
+    run_agent_step(rt, reader, order.order_id, "inventory")
+    assert rt.store.get_process(order.order_id).state is ProcessState.ERROR
+    return order.order_id
+
+
+# ----------------------------------------------------------------------------------- orders
+
+
+def test_list_error_orders_page_by_page(installed, handlers, reader, fakes):
+    rt = installed
+    errored = {declined_order(rt, reader, fakes) for _ in range(3)}
+    in_flight = new_order()
+    handle_submission(encode(in_flight), rt)  # claimed; its agent never answers
+
+    seen, pages, continuation = [], 0, None
+    while True:
+        params = {"state": "Error", "limit": "1"}
+        if continuation is not None:
+            params["continuation"] = continuation
+        status, page = call(handlers, "operator_list_orders", params=params)
+        assert status == 200 and len(page["items"]) <= 1
+        seen += [item["order_id"] for item in page["items"]]
+        pages += 1
+        continuation = page["continuation"]
+        if continuation is None:
+            break
+    assert set(seen) == errored and len(seen) == 3 and pages <= 4
+
+    COUNTS.reset()
+    status, page = call(handlers, "operator_list_orders", params={"state": "error"})
+    cost = COUNTS.snapshot()
+    assert {i["order_id"] for i in page["items"]} == errored
+    print("list 3 Error orders:", json.dumps(cost))
+    assert cost == {"table.get": 4}, "one index query and one point read per order"
+
+    status, page = call(handlers, "operator_list_orders", params={"state": "processing"})
+    assert [i["order_id"] for i in page["items"]] == [in_flight.order_id]
+    assert page["items"][0]["current_step"] == "reserve_inventory"
+    status, page = call(handlers, "operator_list_orders", params={"state": "Pending"})
+    assert (status, page["items"]) == (200, [])
+
+
+def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader, fakes):
+    order_id = declined_order(installed, reader, fakes)
+    status, shown = call(handlers, "operator_show_order", route={"order_id": order_id})
+    assert status == 200
+    assert shown["order"]["state"] == "Error" and shown["submitted"]["order_id"] == order_id
+    assert [s["state"] for s in shown["steps"]] == ["Failed", "Pending", "Pending"]
+    assert [t["event"] for t in shown["timeline"]] == ["created", "claimed", "error"]
+    assert shown["timeline_continuation"] is None
+
+    _, first = call(
+        handlers,
+        "operator_show_order",
+        route={"order_id": order_id},
+        params={"timeline_limit": "2"},
+    )
+    assert [t["seq"] for t in first["timeline"]] == [0, 1]
+    _, rest = call(
+        handlers,
+        "operator_show_order",
+        route={"order_id": order_id},
+        params={"timeline_after": str(first["timeline_continuation"])},
+    )
+    assert [t["seq"] for t in rest["timeline"]] == [2]
+
+
+def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
+    rt = installed
+    order_id = declined_order(rt, reader, fakes)
+    fakes.set_profile(None)
+    status, done = call(
+        handlers,
+        "operator_resubmit_order",
+        route={"order_id": order_id},
+        body={"reason": "stock arrived"},
+        headers={"X-MS-CLIENT-PRINCIPAL-NAME": "ann@example.com"},
+    )
+    assert status == 202
+    assert (done["outcome"], done["generation"]) == ("resubmitted", 2)
+    assert done["requested_by"] == "operator:ann@example.com"
+    request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
+    assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
+
+    status, cancelled = call(
+        handlers,
+        "operator_cancel_order",
+        route={"order_id": order_id},
+        body={"operator": "bob", "reason": "customer changed their mind"},
+    )
+    assert (status, cancelled["outcome"]) == (202, "cancel_requested")
+    timeline = installed.store.get_timeline(order_id)
+    assert [(t.event, t.actor) for t in timeline if t.actor.startswith("operator:")] == [
+        ("resubmitted", "operator:ann@example.com"),
+        ("cancel_requested", "operator:bob"),
+    ]
+    status, refused = call(
+        handlers,
+        "operator_resubmit_order",
+        route={"order_id": order_id},
+        body={"operator": "bob", "reason": "again"},
+    )
+    assert status == 409 and refused["error"]["code"] == "wrong_state"
+    assert "only Error orders" in refused["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "route", "body", "status", "code"),
+    [
+        ("operator_list_orders", {}, {}, None, 400, "invalid_request"),
+        ("operator_list_orders", {"state": "Lost"}, {}, None, 400, "invalid_state"),
+        ("operator_list_orders", {"state": "Processed"}, {}, None, 400, "state_not_listable"),
+        ("operator_list_orders", {"state": "Error", "limit": "0"}, {}, None, 400, "invalid_limit"),
+        (
+            "operator_list_orders",
+            {"state": "Error", "limit": "x"},
+            {},
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            "operator_list_orders",
+            {"state": "Error", "continuation": "bm90LWEtY3Vyc29y"},
+            {},
+            None,
+            400,
+            "invalid_continuation",
+        ),
+        ("operator_show_order", {}, {"order_id": "o-missing"}, None, 404, "order_not_found"),
+        ("operator_show_order", {}, {"order_id": HOSTILE_ID}, None, 400, "invalid_order_id"),
+        ("operator_show_order", {}, {"order_id": "x" * 65}, None, 400, "invalid_order_id"),
+        (
+            "operator_show_order",
+            {"timeline_limit": "5000"},
+            {"order_id": "o-1"},
+            None,
+            400,
+            "invalid_limit",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": HOSTILE_ID},
+            {"operator": "a", "reason": "r"},
+            400,
+            "invalid_order_id",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-missing"},
+            {"operator": "a", "reason": "r"},
+            404,
+            "order_not_found",
+        ),
+        ("operator_cancel_order", {}, {"order_id": "o-1"}, b"{not json", 400, "invalid_json"),
+        ("operator_cancel_order", {}, {"order_id": "o-1"}, b"[1, 2]", 400, "invalid_json"),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-1"},
+            {"operator": "a", "reason": "r", "force": True},
+            400,
+            "invalid_request",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-1"},
+            {"reason": "r"},
+            400,
+            "invalid_operator",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-1"},
+            {"operator": "a"},
+            400,
+            "invalid_reason",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-1"},
+            {"operator": "a b'; drop", "reason": "r"},
+            400,
+            "invalid_operator",
+        ),
+        (
+            "operator_cancel_order",
+            {},
+            {"order_id": "o-1"},
+            {"operator": 7, "reason": "r"},
+            400,
+            "invalid_request",
+        ),
+        ("operator_resubmit_order", {}, {"order_id": "o-1"}, b"x" * 20_000, 413, "body_too_large"),
+        (
+            "operator_peek_alert",
+            {},
+            {"sequence_number": "abc"},
+            None,
+            400,
+            "invalid_sequence_number",
+        ),
+        ("operator_peek_alert", {}, {"sequence_number": "0"}, None, 400, "invalid_sequence_number"),
+        (
+            "operator_ack_alert",
+            {},
+            {"sequence_number": "1"},
+            {"operator": "a", "x": 1},
+            400,
+            "invalid_request",
+        ),
+        ("operator_list_alerts", {"continuation": "-5"}, {}, None, 400, "invalid_continuation"),
+        (
+            "operator_list_dead_letters",
+            {},
+            {"queue": "orders-$DeadLetterQueue"},
+            None,
+            404,
+            "unknown_queue",
+        ),
+        (
+            "operator_list_dead_letters",
+            {"limit": "101"},
+            {"queue": "orders"},
+            None,
+            400,
+            "invalid_limit",
+        ),
+    ],
+)
+def test_bad_requests_get_a_clear_4xx(installed, handlers, name, params, route, body, status, code):
+    COUNTS.reset()
+    got, answer = call(handlers, name, params=params, route=route, body=body)
+    assert (got, answer["error"]["code"]) == (status, code), answer
+    assert set(answer) == {"error"} and answer["error"]["message"]
+    if code in ("invalid_order_id", "invalid_json", "invalid_operator"):
+        assert not any(k.startswith("table.") for k in COUNTS.snapshot()), "refused before I/O"
+
+
+def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installed, handlers):
+    status, answer = call(handlers, "operator_show_order", route={"order_id": HOSTILE_ID})
+    assert status == 400
+    assert "order id" in answer["error"]["message"] and '"\'"' in answer["error"]["message"]
+
+
+def test_a_continuation_of_one_state_is_refused_for_another(installed, handlers, reader, fakes):
+    for _ in range(2):
+        declined_order(installed, reader, fakes)
+    _, page = call(handlers, "operator_list_orders", params={"state": "Error", "limit": "1"})
+    assert page["continuation"]
+    status, answer = call(
+        handlers,
+        "operator_list_orders",
+        params={"state": "Pending", "continuation": page["continuation"]},
+    )
+    assert (status, answer["error"]["code"]) == (400, "invalid_continuation")
+
+
+# ----------------------------------------------------------------------------------- alerts
+
+
+def find_alert(handlers, order_id: str) -> dict:
+    continuation = None
+    while True:
+        params = {"limit": "100"} | ({"continuation": continuation} if continuation else {})
+        status, page = call(handlers, "operator_list_alerts", params=params)
+        assert status == 200
+        for item in page["items"]:
+            if (item["alert"] or {}).get("order_id") == order_id:
+                return item
+        continuation = page["continuation"]
+        if continuation is None:
+            raise AssertionError(f"no alert for {order_id}")
+
+
+def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, fakes):
+    first = declined_order(installed, reader, fakes)
+    second = declined_order(installed, reader, fakes)
+    alert_a, alert_b = find_alert(handlers, first), find_alert(handlers, second)
+    assert alert_a["alert"]["reason"] == "step_declined"
+    assert alert_b["sequence_number"] > alert_a["sequence_number"]
+
+    seq_b = str(alert_b["sequence_number"])
+    status, peeked = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    assert (status, peeked) == (200, alert_b)
+
+    # B first: everything received ahead of it (A included) is deferred, not abandoned...
+    status, ack = call(
+        handlers, "operator_ack_alert", route={"sequence_number": seq_b}, body={"operator": "ann"}
+    )
+    assert status == 200
+    assert (ack["order_id"], ack["acknowledged_by"], ack["recorded_in_timeline"]) == (
+        second,
+        "operator:ann",
+        True,
+    )
+    status, gone = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    assert (status, gone["error"]["code"]) == (404, "alert_not_found")
+    status, again = call(
+        handlers, "operator_ack_alert", route={"sequence_number": seq_b}, body={"operator": "ann"}
+    )
+    assert (status, again["error"]["code"]) == (404, "alert_not_found")
+
+    # ...so A is still listed, and acknowledged by its sequence number in one step.
+    assert find_alert(handlers, first) == alert_a
+    seq_a = str(alert_a["sequence_number"])
+    status, ack = call(
+        handlers, "operator_ack_alert", route={"sequence_number": seq_a}, body={"operator": "ann"}
+    )
+    assert status == 200 and ack["order_id"] == first
+    with pytest.raises(AssertionError):
+        find_alert(handlers, first)
+    acked = [t for t in installed.store.get_timeline(first) if t.event == "alert_acknowledged"]
+    assert [t.actor for t in acked] == ["operator:ann"]
+    assert acked[0].to_state is ProcessState.ERROR, "acknowledging changes nothing else"
+
+
+# ----------------------------------------------------------------------------- dead letters
+
+
+def test_dead_letters_per_queue(installed, handlers, servicebus):
+    rt = installed
+    status, summary = call(handlers, "operator_dead_letter_summary")
+    assert status == 200
+    assert {q["queue"] for q in summary["queues"]} == set(rt.settings.queues)
+
+    orders = queue(rt, "orders")  # nothing consumes it in these tests: handlers are called
+    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        with client.get_queue_sender(orders) as sender:
+            sender.send_messages(ServiceBusMessage(b'{"type": "Nonsense"}', message_id="poison-1"))
+        with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
+            for message in receiver.receive_messages(max_message_count=10, max_wait_time=5):
+                receiver.dead_letter_message(
+                    message, reason="SchemaInvalid", error_description="type is not known"
+                )
+
+    status, page = call(handlers, "operator_list_dead_letters", route={"queue": "orders"})
+    assert status == 200 and page["entity"] == orders
+    poison = [item for item in page["items"] if item["message_id"] == "poison-1"]
+    assert len(poison) == 1
+    assert (poison[0]["reason"], poison[0]["description"]) == ("SchemaInvalid", "type is not known")
+    assert poison[0]["body"] == {"type": "Nonsense"}
+    _, summary = call(handlers, "operator_dead_letter_summary")
+    counts = {q["queue"]: q["count"] for q in summary["queues"]}
+    assert counts["orders"] >= 1
+
+
+# ---------------------------------------------------------------------------------- openapi
+
+
+def test_the_openapi_document_describes_every_route(installed, handlers, app_functions):
+    status, document = call(handlers, "operator_openapi")
+    assert status == 200 and document["openapi"] == "3.1.0"
+    routes = set()
+    for function in app_functions:
+        for binding in json.loads(function.get_function_json())["bindings"]:
+            if binding["type"] == "httpTrigger":
+                routes.add((f"/{binding['route']}", binding["methods"][0].lower()))
+    described = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert routes == described
+    text = json.dumps(document)
+    for ref in set(re.findall(r'"#/components/schemas/([^"]+)"', text)):
+        assert ref in document["components"]["schemas"], f"dangling $ref {ref}"
+    assert document["components"]["securitySchemes"]["functionKeyHeader"]["name"] == (
+        "x-functions-key"
+    )
