@@ -8,10 +8,13 @@ orderctl demo        submit orders under a fault profile and watch the pattern c
 
 from __future__ import annotations
 
+import getpass
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -20,6 +23,7 @@ from rich.table import Table
 
 from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
+from operator_api.errors import OperatorError
 
 app = typer.Typer(
     help="Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker).",
@@ -140,42 +144,181 @@ def submit(
     console.print(f"submitted [bold]{order.order_id}[/] ({order.total_cents} {order.currency})")
 
 
+@contextmanager
+def operations(workdir: Path) -> Iterator[Any]:
+    """The operator operations (operator_api.operations) on the running stack."""
+    from core.runtime import Runtime
+    from core.settings import Settings
+    from operator_api.operations import Operations
+
+    info = running_stack(workdir)
+    runtime = Runtime.from_settings(Settings.from_env(info.settings))
+    ops = Operations(runtime)
+    try:
+        yield ops
+    except OperatorError as error:
+        raise fail(f"{error.message} ({error.code})", 2) from None
+    finally:
+        ops.close()
+        runtime.close()
+
+
+OPERATOR = getpass.getuser()
+Operator = Annotated[str, typer.Option(help="who acts, recorded in the order's timeline")]
+Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline")]
+
+
 @app.command()
 def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
     """Show an order's state, steps and timeline."""
-    from core.state_models import OrderNotFound
-    from devstack.orders import read_order
-
-    info = running_stack(workdir)
-    try:
-        record, timeline = read_order(info.settings, order_id)
-    except OrderNotFound:
-        raise fail(f"no order {order_id!r} in this stack", 2) from None
-    except ValueError as error:
-        raise fail(f"{order_id!r} is not a valid order id: {error}", 2) from None
-    process = record.process
+    with operations(workdir) as ops:
+        order = ops.show_order(order_id)
+    p = order.order
     console.print(
-        f"[bold]{order_id}[/]  {process.state}  step {process.current_step} "
-        f"({process.current_operation}), attempt {process.attempt}, "
-        f"failures {process.failure_count}, locked by {process.locked_by or '-'}"
+        f"[bold]{p.order_id}[/]  {p.state}  step {p.current_step} ({p.current_operation}), "
+        f"attempt {p.attempt}, failures {p.failure_count}, locked by {p.locked_by or '-'}"
     )
-    if process.last_error:
-        console.print(f"last error: {process.last_error}")
+    if p.next_attempt_at:
+        console.print(f"next attempt due {p.next_attempt_at:%H:%M:%S}")
+    if p.last_error:
+        console.print(f"last error: {p.last_error}")
     steps = Table("step", "state", "attempt", "completed", title="steps")
-    for step in record.steps:
+    for step in order.steps:
         steps.add_row(step.name, step.state, str(step.attempt), str(step.completed_at or ""))
     console.print(steps)
     events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
-    for entry in timeline:
+    for entry in order.timeline:
         events.add_row(
             str(entry.seq),
             entry.at.strftime("%H:%M:%S.%f")[:-3],
             entry.actor,
             entry.event,
-            f"{entry.from_state or ''} → {entry.to_state or ''}",
-            entry.detail or "",
+            f"{entry.from_state or ''} → {entry.to_state}",
+            entry.detail,
         )
     console.print(events)
+
+
+@app.command()
+def orders(
+    state: Annotated[str, typer.Argument(help="Pending, Processing, Compensating or Error")],
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    continuation: Annotated[str | None, typer.Option(help="from the previous page")] = None,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """List orders in a state (the in-flight index, or the Error index), a page at a time."""
+    with operations(workdir) as ops:
+        page = ops.list_orders(state, limit=limit, continuation=continuation)
+    table = Table(
+        "order",
+        "step",
+        "attempt",
+        "failures",
+        "next attempt",
+        "last error",
+        title=f"{page.state} orders",
+    )
+    for o in page.items:
+        due = f"{o.next_attempt_at:%H:%M:%S}" if o.next_attempt_at else ""
+        table.add_row(
+            o.order_id,
+            o.current_step or "",
+            str(o.attempt),
+            str(o.failure_count),
+            due,
+            (o.last_error or "")[:60],
+        )
+    console.print(table)
+    if page.continuation:
+        console.print(f"more: --continuation {page.continuation}")
+
+
+@app.command()
+def alerts(
+    limit: Annotated[int, typer.Option(min=1, max=250)] = 50,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`)."""
+    with operations(workdir) as ops:
+        page = ops.list_alerts(limit=limit)
+    table = Table("#", "enqueued", "severity", "order", "reason", "detail", title="alerts")
+    for item in page.items:
+        alert = item.alert or {}
+        table.add_row(
+            str(item.sequence_number),
+            f"{item.enqueued_at:%H:%M:%S}" if item.enqueued_at else "",
+            str(alert.get("severity", "?")),
+            str(alert.get("order_id") or "-"),
+            str(alert.get("reason", item.problem or "")),
+            str(alert.get("detail", item.raw or ""))[:80],
+        )
+    console.print(table)
+
+
+@app.command()
+def ack(
+    sequence_number: int,
+    operator: Operator = OPERATOR,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Acknowledge (remove) an alert by its sequence number, recorded in the order's timeline."""
+    with operations(workdir) as ops:
+        done = ops.acknowledge_alert(sequence_number, operator=operator)
+    console.print(f"alert {done.sequence_number} acknowledged by {done.acknowledged_by}")
+
+
+@app.command()
+def resubmit(
+    order_id: str,
+    reason: Reason,
+    operator: Operator = OPERATOR,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Resubmit an Error order: it resumes at the failed step (or finishes its compensation)."""
+    with operations(workdir) as ops:
+        done = ops.resubmit(order_id, operator=operator, reason=reason)
+    console.print(f"{done.order_id}: {done.outcome} ({done.state})")
+
+
+@app.command()
+def cancel(
+    order_id: str,
+    reason: Reason,
+    operator: Operator = OPERATOR,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Cancel a Pending or Processing order: completed steps are undone, then Error."""
+    with operations(workdir) as ops:
+        done = ops.cancel(order_id, operator=operator, reason=reason)
+    console.print(f"{done.order_id}: {done.outcome} ({done.state})")
+
+
+@app.command("dead-letters")
+def dead_letters(
+    queue: Annotated[
+        str | None, typer.Argument(help="a queue role (orders, responses, ...); all if omitted")
+    ] = None,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Count dead letters per queue, or show one queue's dead letters."""
+    with operations(workdir) as ops:
+        if queue is None:
+            summary = ops.dead_letter_summary()
+            table = Table("queue", "entity", "dead letters", title="dead-letter queues")
+            for q in summary.queues:
+                table.add_row(q.queue, q.entity, f"{q.count}{'+' if q.more else ''}")
+            console.print(table)
+            return
+        page = ops.list_dead_letters(queue)
+    table = Table("#", "reason", "description", "body", title=f"dead letters of {page.entity}")
+    for item in page.items:
+        table.add_row(
+            str(item.sequence_number),
+            item.reason or "",
+            item.description or "",
+            str(item.body if item.body is not None else item.raw)[:80],
+        )
+    console.print(table)
 
 
 @app.command()

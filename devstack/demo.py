@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from core.messages import OrderSubmitted
+from core.settings import Settings
 from core.state_models import ProcessRecord
 from core.states import ProcessState
 from devstack.observe import (
@@ -65,6 +66,9 @@ class Summary:
     latency_p50_s: float | None = None
     latency_p99_s: float | None = None
     operations_per_order: dict[str, float] = field(default_factory=dict)
+    compensated: int = 0
+    resubmitted: dict[str, str] = field(default_factory=dict)
+    """An Error order the demo's operator resubmitted once the services recovered."""
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     """CPU each stack process used during the run: shows what bounds the throughput."""
 
@@ -162,7 +166,38 @@ class Demo:
             summary.orders_per_s = round(len(finals) / span, 1) if span > 0 else 0.0
         store.close()
         self._show(summary)
+        errors = sorted(o for o, p in finals.items() if p.state is ProcessState.ERROR)
+        if errors:
+            summary.resubmitted = self._operator_resubmits(info, errors[0])
         return summary
+
+    def _operator_resubmits(self, info: StackInfo, order_id: str) -> dict[str, str]:
+        """Play the operator: the services recover, an Error order is resubmitted, and done."""
+        from core.runtime import Runtime
+        from operator_api.operations import Operations
+
+        self.console.print(
+            f"\n[bold]operator:[/] the remote services have recovered; resubmitting {order_id}"
+        )
+        httpx.post(f"{info.fakes_url}/_profile", json={}, timeout=10).raise_for_status()
+        runtime = Runtime.from_settings(Settings.from_env(info.settings))
+        ops = Operations(runtime)
+        try:
+            done = ops.resubmit(order_id, operator="demo-operator", reason="services recovered")
+            deadline = time.monotonic() + 120
+            process = runtime.store.get_process(order_id)
+            while not process.state.terminal and time.monotonic() < deadline:
+                time.sleep(0.5)
+                process = runtime.store.get_process(order_id)
+            events = [e.event for e in runtime.store.get_timeline(order_id)]
+        finally:
+            ops.close()
+            runtime.close()
+        self.console.print(
+            f"{order_id}: {done.outcome}, now [bold]{process.state}[/]; timeline: "
+            + " → ".join(events)
+        )
+        return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
     def _watch(self, store, order_ids: list[str], started: float) -> dict[str, ProcessRecord]:
         finals: dict[str, ProcessRecord] = {}
@@ -195,6 +230,11 @@ class Demo:
         states = Counter(p.state for p in finals.values())
         summary.processed = states[ProcessState.PROCESSED]
         summary.errors = states[ProcessState.ERROR]
+        summary.compensated = sum(
+            1
+            for p in finals.values()
+            if p.state is ProcessState.ERROR and p.compensation_cause is not None
+        )
         summary.not_finished = self.count - len(finals)
         latencies = sorted(
             (p.updated_at - p.created_at).total_seconds()
@@ -233,6 +273,7 @@ class Demo:
         rows = [
             ("processed", f"[green]{s.processed}[/] of {s.orders}"),
             ("errors (each with an alert?)", f"{s.errors} ({s.errors_with_alert} alerted)"),
+            ("… of which compensated", str(s.compensated)),
             ("not finished", f"{s.not_finished}"),
             ("recovered by the Supervisor", str(s.recovered_by_supervisor)),
             ("retries", str(s.retries)),
