@@ -285,7 +285,7 @@ def test_receive_and_delete_removes_on_delivery(sb_client, queue_named):
     assert receive_one(sb_client, queue, wait=1) == []
 
 
-def test_deferred_message_is_received_by_sequence_number(sb_client, queue_named):
+def test_deferred_message_is_received_by_sequence_number(sb_client, contract_ns, queue_named):
     queue = queue_named("contract-basic")
     with sb_client.get_queue_sender(queue) as sender:
         sender.send_messages(ServiceBusMessage("park me"))
@@ -296,8 +296,12 @@ def test_deferred_message_is_received_by_sequence_number(sb_client, queue_named)
         (deferred,) = receiver.receive_deferred_messages([message.sequence_number])
         assert str(deferred) == "park me"
         receiver.complete_message(deferred)
-        with pytest.raises(ServiceBusError):
-            receiver.receive_deferred_messages([message.sequence_number])
+    with (
+        ServiceBusClient.from_connection_string(contract_ns.connection_string, retry_total=0) as c,
+        c.get_queue_receiver(queue) as receiver,
+        pytest.raises(ServiceBusError),
+    ):
+        receiver.receive_deferred_messages([message.sequence_number])
 
 
 def test_competing_receivers_each_message_once(contract_ns: ServiceBusNamespace, queue_named):
@@ -337,13 +341,16 @@ def test_oversized_message_is_refused(sb_client, queue_named):
     assert str(message) == "still serving"
 
 
-def test_unknown_queue_is_not_found(sb_client):
+def test_unknown_queue_is_not_found(contract_ns):
     # Service Bus refuses the CBS token for a missing entity with 404; the Python SDK surfaces
     # that as an authentication error (7.x drops the status text). Nothing is auto-created.
     name = "no-such-queue-" + uuid.uuid4().hex[:8]
-    with pytest.raises((ServiceBusAuthenticationError, MessagingEntityNotFoundError)):
-        with sb_client.get_queue_sender(name) as sender:
-            sender.send_messages(ServiceBusMessage("lost"))
+    with (
+        ServiceBusClient.from_connection_string(contract_ns.connection_string, retry_total=0) as c,
+        pytest.raises((ServiceBusAuthenticationError, MessagingEntityNotFoundError)),
+        c.get_queue_sender(name) as sender,
+    ):
+        sender.send_messages(ServiceBusMessage("lost"))
 
 
 def test_wrong_key_is_refused(contract_ns: ServiceBusNamespace, queue_named):
