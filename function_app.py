@@ -3,15 +3,19 @@
 Scheduler (Service Bus triggers on the orders, agent-responses and scheduler-commands queues),
 one Agent per remote service (Service Bus triggers on their request queues), the Supervisor
 (timer trigger), and the operator API (HTTP triggers, function keys). Queue names, the schedule
-and connections are app settings (`%NAME%`).
+and connections are app settings (`%NAME%`). Telemetry is configured first: export to
+Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
 """
 
 import azure.functions as func
 
 from agent.functions import bp as agents
+from core import telemetry
 from operator_api.functions import bp as operator_api
 from scheduler.functions import bp as scheduler
 from supervisor.functions import bp as supervisor
+
+telemetry.configure()
 
 app = func.FunctionApp()
 app.register_functions(scheduler)

@@ -6,6 +6,8 @@ client per process, opened lazily; one sender per queue, reused and guarded by a
 the Functions worker calls sync functions from several threads. A sender whose send failed is
 closed and forgotten (the next send opens a fresh link). ``max_senders`` bounds the cache for
 queues named from outside (submitters' reply queues): the least recently used sender is closed.
+Each message carries the current trace context (``core.telemetry``), so the spans of one order
+follow it across queues.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 
+from core import telemetry
 from core.messages import MessageBase, encode, message_id_for
 from core.op_counts import COUNTS
 
@@ -27,13 +31,15 @@ log = logging.getLogger("bus")
 def to_servicebus_message(
     message: MessageBase, scheduled_at: datetime | None = None
 ) -> ServiceBusMessage:
+    properties: dict[str | bytes, Any] = {"schema_version": message.schema_version}
+    telemetry.inject(properties)
     return ServiceBusMessage(
         encode(message),
         message_id=message_id_for(message),
         correlation_id=getattr(message, "order_id", None),
         subject=message.type,  # type: ignore[attr-defined]
         content_type="application/json",
-        application_properties={"schema_version": message.schema_version},
+        application_properties=properties,
         scheduled_enqueue_time_utc=scheduled_at,
     )
 

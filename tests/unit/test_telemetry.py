@@ -1,0 +1,215 @@
+"""Trace context travels in message properties, and each handled message gets a child span."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+import scheduler.functions
+from core import telemetry
+from core.bus import to_servicebus_message
+from core.messages import OrderSubmitted
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[TracerProvider]:
+    """The process's tracer provider, exporting to memory (a provider can be set only once)."""
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        yield current
+        return
+    installed = TracerProvider()
+    installed.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+    trace.set_tracer_provider(installed)
+    yield installed
+    installed.shutdown()  # spans later tests in this process create are no longer kept
+
+
+@pytest.fixture
+def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
+
+
+def order(order_id: str = "o-telemetry-1") -> OrderSubmitted:
+    return OrderSubmitted.model_validate(
+        {
+            "order_id": order_id,
+            "customer_id": "c-1",
+            "items": [{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 100}],
+            "currency": "EUR",
+        }
+    )
+
+
+def as_received(properties: dict) -> dict[bytes, bytes]:
+    """Application properties the way the azure-servicebus SDK hands them to a receiver."""
+    return {
+        (k if isinstance(k, bytes) else k.encode()): (
+            v if isinstance(v, bytes) else str(v).encode()
+        )
+        for k, v in properties.items()
+    }
+
+
+def function_message(properties: dict, correlation_id: str | None) -> FunctionMessage:
+    """A func.ServiceBusMessage as the Python worker builds it (str keys and values)."""
+    props = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in properties.items()
+    }
+    return FunctionMessage(
+        body=b"{}",
+        message_id="m-1",
+        correlation_id=correlation_id,
+        application_properties=props,
+        user_properties=dict(props),
+    )
+
+
+def test_a_message_sent_inside_a_span_carries_its_trace_context(spans):
+    with telemetry.tracer.start_as_current_span("send") as span:
+        message = to_servicebus_message(order())
+    context = span.get_span_context()
+    properties = message.application_properties
+    assert properties is not None
+    traceparent = properties[b"traceparent"]
+    assert str(traceparent).startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert properties[b"Diagnostic-Id"] == traceparent
+    assert properties["schema_version"] == order().schema_version
+
+
+def test_extract_reads_bytes_keys_and_values_as_the_sdk_delivers_them(spans):
+    with telemetry.tracer.start_as_current_span("send") as span:
+        message = to_servicebus_message(order())
+    received = as_received(dict(message.application_properties or {}))
+    assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in received.items())
+
+    extracted = trace.get_current_span(telemetry.extract(received)).get_span_context()
+    assert extracted.is_valid and extracted.is_remote
+    assert extracted.trace_id == span.get_span_context().trace_id
+    assert extracted.span_id == span.get_span_context().span_id
+
+
+def test_extract_falls_back_to_diagnostic_id_and_tolerates_no_context():
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    context = telemetry.extract({"Diagnostic-Id": traceparent})
+    assert trace.get_current_span(context).get_span_context().trace_id == int(
+        "0af7651916cd43dd8448eb211c80319c", 16
+    )
+    for nothing in (None, {}, {b"traceparent": b"garbage"}):
+        assert not trace.get_current_span(telemetry.extract(nothing)).get_span_context().is_valid
+
+
+def test_no_trace_properties_without_a_current_span():
+    assert set(to_servicebus_message(order()).application_properties or {}) == {"schema_version"}
+
+
+def test_consuming_starts_a_child_span_of_the_message(spans):
+    with telemetry.tracer.start_as_current_span("send") as sender:
+        message = to_servicebus_message(order("o-42"))
+    received = function_message(dict(message.application_properties or {}), "o-42")
+
+    with telemetry.consuming(received, "scheduler_intake", "orders-q"):
+        pass
+
+    span = finished(spans, "scheduler_intake")
+    assert span.kind is SpanKind.CONSUMER
+    assert span.parent is not None
+    assert span.parent.span_id == sender.get_span_context().span_id
+    assert span.context.trace_id == sender.get_span_context().trace_id
+    assert span.attributes is not None
+    assert span.attributes["order.id"] == "o-42"
+    assert span.attributes["messaging.system"] == "servicebus"
+    assert span.attributes["messaging.destination.name"] == "orders-q"
+
+
+def test_the_intake_function_handles_its_message_in_a_child_span(spans, monkeypatch):
+    class FakeSettings:
+        def queue(self, role: str) -> str:
+            return f"{role}-q"
+
+    class FakeRuntime:
+        settings = FakeSettings()
+
+    sent_next: list[object] = []
+
+    def handle_submission(body: bytes, rt: object) -> None:  # sends the next hop's message
+        reply = to_servicebus_message(order("o-7"))
+        sent_next.append((reply.application_properties or {})[b"traceparent"])
+
+    monkeypatch.setattr(scheduler.functions.runtime, "current", lambda: FakeRuntime())
+    monkeypatch.setattr(scheduler.functions, "handle_submission", handle_submission)
+    with telemetry.tracer.start_as_current_span("submit") as submitter:
+        message = to_servicebus_message(order("o-7"))
+
+    scheduler.functions.scheduler_intake(
+        function_message(dict(message.application_properties or {}), "o-7")
+    )
+
+    span = finished(spans, "scheduler_intake")
+    assert span.context is not None
+    trace_id = submitter.get_span_context().trace_id
+    assert span.context.trace_id == trace_id
+    assert span.attributes is not None
+    assert span.attributes["order.id"] == "o-7"
+    assert span.attributes["messaging.destination.name"] == "orders-q"
+    # what the handler sends next is parented on the handler's span: the trace goes on
+    assert len(sent_next) == 1
+    assert str(sent_next[0]).startswith(f"00-{trace_id:032x}-{span.context.span_id:016x}-")
+
+
+def test_configure_without_a_connection_string_installs_nothing(monkeypatch):
+    def must_not_be_called(**kwargs: object) -> None:
+        raise AssertionError("configure_azure_monitor called without a connection string")
+
+    import azure.monitor.opentelemetry
+
+    monkeypatch.setattr(azure.monitor.opentelemetry, "configure_azure_monitor", must_not_be_called)
+    before = trace.get_tracer_provider()
+    assert telemetry.configure({}) is False
+    assert telemetry.configure({"APPLICATIONINSIGHTS_CONNECTION_STRING": ""}) is False
+    assert trace.get_tracer_provider() is before
+
+
+def finished(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
+    matching = [s for s in exporter.get_finished_spans() if s.name == name]
+    assert len(matching) == 1, [s.name for s in exporter.get_finished_spans()]
+    return matching[0]
+
+
+def test_configure_with_a_connection_string_configures_azure_monitor_once(monkeypatch):
+    import azure.monitor.opentelemetry
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(
+        azure.monitor.opentelemetry, "configure_azure_monitor", lambda **kw: calls.append(kw)
+    )
+    monkeypatch.setattr(telemetry, "_configured", False)
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000"}
+
+    assert telemetry.configure(env) is True
+    assert telemetry.configure(env) is True
+    assert calls == [{"connection_string": "InstrumentationKey=00000000-0000"}]
+
+
+def test_configure_leaves_a_provider_the_worker_installed_alone(monkeypatch, provider):
+    import azure.monitor.opentelemetry
+
+    monkeypatch.setattr(telemetry, "_configured", False)
+    monkeypatch.setattr(
+        azure.monitor.opentelemetry, "configure_azure_monitor", lambda **kw: pytest.fail("twice")
+    )
+    assert telemetry.configure({"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=x"})
+    assert trace.get_tracer_provider() is provider
