@@ -22,11 +22,12 @@ from typing import TypeVar
 
 import pytest
 
+from devstack.stack.broker import BrokerProcess
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
 from tests.support import azurite as azurite_support
 from tests.support import broker as broker_support
 from tests.support.azurite import StorageAccount
-from tests.support.broker import BrokerProcess, ServiceBusNamespace
+from tests.support.broker import ServiceBusNamespace
 from tests.support.names import unique_name as _unique_name
 
 BrokerFactory = Callable[..., BrokerProcess]

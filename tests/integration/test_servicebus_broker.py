@@ -21,8 +21,8 @@ from azure.servicebus._base_handler import ServiceBusSharedKeyCredential
 from proton import Message
 from proton.utils import BlockingConnection
 
+from devstack.stack.broker import BrokerProcess
 from devstack.stack.processes import REPO_ROOT
-from tests.support.broker import BrokerProcess
 
 CONTRACT_CONFIG = REPO_ROOT / "tests" / "contract" / "Config.json"
 

@@ -28,23 +28,10 @@ from typing import Any
 from devstack.stack import processes
 from devstack.stack.broker import (
     DEFAULT_CONFIG,
-    DEFAULT_KEY_NAME,
     BrokerProcess,
-    connection_string,
-    random_key,
 )
 
 EXTERNAL_ENV_VAR = "SERVICEBUS_CONNECTION_STRING_TESTS"
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "DEFAULT_KEY_NAME",
-    "EXTERNAL_ENV_VAR",
-    "BrokerProcess",
-    "ServiceBusNamespace",
-    "connection_string",
-    "random_key",
-]
 
 
 # -- entity configs ------------------------------------------------------------------------
