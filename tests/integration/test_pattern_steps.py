@@ -11,55 +11,20 @@ import uuid
 
 import pytest
 
-from agent.circuit import reset_breakers
 from agent.handler import handle_request
 from core.messages import AgentResponse, OrderSubmitted, encode
 from core.states import ProcessState
-from devstack.fakes.remote_services import FakeServices
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
 from scheduler.replies import handle_response
 from supervisor.tick import run_tick
-from tests.support.app import Clock, QueueReader, app_settings, make_runtime
+from tests.support.app import make_runtime
 
 STEPS = (
     ("reserve_inventory", "inventory"),
     ("charge_payment", "payment"),
     ("create_shipment", "shipping"),
 )
-
-
-@pytest.fixture(scope="module")
-def fakes():
-    services = FakeServices.start()
-    yield services
-    services.stop()
-
-
-@pytest.fixture(scope="module")
-def reader(servicebus):
-    reader = QueueReader(servicebus.connection_string)
-    yield reader
-    reader.close()
-
-
-@pytest.fixture
-def env(servicebus, azurite, fakes, unique_name):
-    fakes.set_profile(None)
-    reset_breakers()
-    return app_settings(servicebus, azurite.connection_string, fakes.url, unique_name("t"))
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def rt(env, clock):
-    runtime = make_runtime(env, "scheduler", clock)
-    yield runtime
-    runtime.close()
 
 
 def new_order(**overrides) -> OrderSubmitted:
