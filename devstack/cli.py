@@ -111,6 +111,8 @@ def show_stack(info: StackInfo) -> None:
     )
     table.add_row("Azurite", "tables + blobs (see stack.json)", str(info.pids.get("azurite", "")))
     table.add_row("fake services", info.fakes_url, str(info.pids.get("fakes", "")))
+    if info.api_url:
+        table.add_row("operator HTTP API", f"{info.api_url}openapi.json", "")
     for name, pid in info.pids.items():
         if name.startswith("host"):
             table.add_row(f"functions {name}", "function_app.py", str(pid))

@@ -2,6 +2,7 @@
 
     python -m devstack.host [--app function_app[:app]] [--settings local.settings.json]
         [--host-json host.json] [--functions a,b] [--concurrency N] [--stop-timeout 30]
+        [--http-port 7071]
         [--stats-file PATH] [--log-level info]
 
 Like ``func start``, the settings from local.settings.json are exported to the environment
@@ -39,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--functions", default="", help="comma-separated function names")
     parser.add_argument("--concurrency", type=int, help="receivers per Service Bus trigger")
     parser.add_argument("--stop-timeout", type=float, default=30.0, help="seconds")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=7071,
+        help="serve HTTP triggers on this port (0: a free one, -1: do not serve them)",
+    )
     parser.add_argument(
         "--stats-file", type=Path, help="keep per-function counters in this JSON file"
     )
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency_override=args.concurrency,
             functions=selected or None,
             app_attribute=attribute or "app",
+            http_port=None if args.http_port < 0 else args.http_port,
         )
     except HostConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -104,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    host.start()
+    try:
+        host.start()
+    except OSError as error:
+        print(f"error: cannot serve HTTP on port {args.http_port}: {error}", file=sys.stderr)
+        return 2
+    if host.http is not None:
+        print(f"http triggers at {host.http.base_url}", flush=True)
     print(f"host started ({len(host.functions)} function(s)); Ctrl+C stops it", flush=True)
     while not stop_requested.wait(1.0):
         if args.stats_file:

@@ -12,6 +12,7 @@ from types import ModuleType, TracebackType
 
 from azure.servicebus import AutoLockRenewer
 
+from devstack.host.http_server import HttpServer
 from devstack.host.indexing import (
     HttpTrigger,
     IndexedFunction,
@@ -72,6 +73,7 @@ class LocalHost:
         functions: Collection[str] | None = None,
         *,
         app_attribute: str = "app",
+        http_port: int | None = None,
     ) -> None:
         self.settings = dict(load_settings() if settings is None else settings)
         self.options = load_servicebus_options(host_json)
@@ -96,6 +98,8 @@ class LocalHost:
         self._invoker = Invoker()
         self._clients: ClientPool | None = None
         self._renewer: AutoLockRenewer | None = None
+        self.http_port = http_port  # None: HTTP triggers are indexed but not served
+        self.http: HttpServer | None = None
         self._state = "created"
         self._lock = threading.Lock()
 
@@ -119,7 +123,7 @@ class LocalHost:
             trigger=function.trigger_type,
             target=trigger.describe(),
             concurrency=concurrency,
-            served=not isinstance(trigger, HttpTrigger),
+            served=not isinstance(trigger, HttpTrigger) or self.http_port is not None,
         )
 
     def stats(self) -> dict[str, FunctionStats]:
@@ -138,6 +142,14 @@ class LocalHost:
             max_lock_renewal_duration=self.options.max_auto_lock_renewal_duration
         )
         try:
+            if self.http_port is not None and any(
+                isinstance(f.trigger, HttpTrigger) for f in self._functions
+            ):
+                self.http = HttpServer(
+                    list(self._functions), self._invoker, self._stats, port=self.http_port
+                )
+                self.http.start()
+                log.info("http triggers served at %s", self.http.base_url)
             for function in self._functions:
                 runner = self._make_runner(function)
                 if runner is not None:
@@ -189,6 +201,8 @@ class LocalHost:
                 return self._state != "stopped-late"
             self._state = "stopping"
         deadline = time.monotonic() + max(0.0, timeout)
+        if self.http is not None:
+            self.http.stop()
         for runner in self._runners:
             runner.request_stop()
         threads = [thread for runner in self._runners for thread in runner.threads]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ class StackInfo:
     settings: dict[str, str]
     fakes_url: str
     pids: dict[str, int] = field(default_factory=dict)
+    api_url: str = ""  # the operator HTTP API, served by host 0
     logs: dict[str, str] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -130,7 +132,14 @@ class LocalStack:
             "broker": str(self._broker.log_path),
             **{name: str(self.workdir / f"{name}.log") for name in self._children},
         }
-        self.info = StackInfo(settings=settings, fakes_url=fakes_url, pids=pids, logs=logs)
+        api = re.search(r"http triggers at (\S+)", _read(self.workdir / "host-0.log"))
+        self.info = StackInfo(
+            settings=settings,
+            fakes_url=fakes_url,
+            pids=pids,
+            logs=logs,
+            api_url=api.group(1) if api else "",
+        )
         self.info.save(self.workdir / STATE_FILE)
         return self.info
 
@@ -166,6 +175,8 @@ class LocalStack:
         argv += ["--concurrency", str(self.concurrency or DEFAULT_CONCURRENCY)]
         # Shorter than processes.stop's grace, so a stop is graceful, not a SIGKILL.
         argv += ["--stop-timeout", "3"]
+        # Host 0 serves the operator HTTP API on a free port; the others serve no HTTP.
+        argv += ["--http-port", "0" if n == 0 else "-1"]
         argv += ["--stats-file", str(self.workdir / f"host-{n}.stats.json")]
         proc = self._spawn(f"host-{n}", argv, os.environ.copy())
         log = self.workdir / f"host-{n}.log"

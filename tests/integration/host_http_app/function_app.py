@@ -1,0 +1,23 @@
+"""A tiny app with HTTP triggers, for the local host's HTTP server tests."""
+
+import json
+
+import azure.functions as func
+
+app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+
+
+@app.route(route="items/{item_id}", methods=["GET"])
+def get_item(req: func.HttpRequest) -> func.HttpResponse:
+    body = {"item": req.route_params["item_id"], "verbose": req.params.get("verbose")}
+    return func.HttpResponse(json.dumps(body), mimetype="application/json")
+
+
+@app.route(route="items/{item_id}/notes", methods=["POST"])
+def add_note(req: func.HttpRequest) -> func.HttpResponse:
+    return func.HttpResponse(req.get_body(), status_code=201, headers={"X-Item": "yes"})
+
+
+@app.route(route="boom", methods=["GET"])
+def boom(req: func.HttpRequest) -> func.HttpResponse:
+    raise RuntimeError("the function failed")
