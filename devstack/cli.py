@@ -331,6 +331,9 @@ def demo(
     hosts: Annotated[int, typer.Option(min=1, max=8)] = 2,
     concurrency: Annotated[int | None, typer.Option(min=1)] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for every order")] = 300.0,
+    rate: Annotated[
+        float, typer.Option(min=0, help="submit this many orders/s (0: all at once)")
+    ] = 0.0,
     quick: Annotated[
         bool, typer.Option(help="demo timings: 8 s step deadlines, 2 s supervisor ticks")
     ] = True,
@@ -352,6 +355,7 @@ def demo(
             timeout=timeout,
             quick=quick,
             workdir=workdir,
+            rate=rate,
             console=console,
         ).run()
     except (ServiceStartError, OSError) as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 import uuid
 from collections import Counter
@@ -92,6 +93,7 @@ class Demo:
         timeout: float,
         quick: bool,
         workdir: Path,
+        rate: float = 0.0,
         console: Console,
     ) -> None:
         self.count = orders
@@ -101,6 +103,7 @@ class Demo:
         self.concurrency = concurrency
         self.timeout = timeout
         self.quick = quick
+        self.rate = rate
         self.workdir = workdir
         self.console = console
 
@@ -148,11 +151,17 @@ class Demo:
         cpu_before = process_cpu(info.pids)
         store = open_store(info.settings)
         started = time.monotonic()
-        send_orders(info.settings, orders)
+        pace = f"at {self.rate:g}/s" if self.rate > 0 else "at once"
         self.console.print(
-            f"submitted {self.count} orders ({self.workflow} workflow, profile {self.profile})"
+            f"submitting {self.count} orders {pace} ({self.workflow} workflow, "
+            f"profile {self.profile})"
         )
+        sender = threading.Thread(
+            target=send_orders, args=(info.settings, orders), kwargs={"rate": self.rate}
+        )
+        sender.start()
         finals = self._watch(store, [o.order_id for o in orders], started)
+        sender.join()
         summary = self._summarize(info, store, orders, finals, ops_before)
         cpu_after = process_cpu(info.pids)
         summary.cpu_seconds = {

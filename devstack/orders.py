@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 
@@ -48,9 +49,13 @@ def build_order(
     )
 
 
-def send_orders(settings: dict[str, str], orders: Iterable[OrderSubmitted]) -> int:
-    """Send in batches of SEND_BATCH (one AMQP transfer each); returns how many were sent."""
+def send_orders(
+    settings: dict[str, str], orders: Iterable[OrderSubmitted], *, rate: float = 0.0
+) -> int:
+    """Send in batches (one AMQP transfer each); `rate` > 0 paces them to that many orders/s."""
     config = Settings.from_env(settings)
+    size = SEND_BATCH if rate <= 0 else max(1, min(SEND_BATCH, int(rate / 10)))
+    started = time.monotonic()
     sent = 0
     with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
@@ -59,10 +64,12 @@ def send_orders(settings: dict[str, str], orders: Iterable[OrderSubmitted]) -> i
         batch: list = []
         for order in orders:
             batch.append(to_servicebus_message(order))
-            if len(batch) == SEND_BATCH:
+            if len(batch) == size:
                 sender.send_messages(batch)
                 sent += len(batch)
                 batch = []
+                if rate > 0:
+                    time.sleep(max(0.0, started + sent / rate - time.monotonic()))
         if batch:
             sender.send_messages(batch)
             sent += len(batch)
