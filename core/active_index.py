@@ -29,8 +29,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
 from core.state_models import (
@@ -38,6 +37,7 @@ from core.state_models import (
     ActiveRow,
     CorruptOrderState,
     ProcessRecord,
+    delete_unchanged,
     etag_of,
     utc,
 )
@@ -158,16 +158,7 @@ class ActiveOrderIndex:
         )
         if live or utc(self._clock()) - row.written_at < grace:
             return False
-        try:
-            self._table.delete_entity(
-                row.partition_key,
-                row.row_key,
-                etag=row.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            return False
-        return True
+        return delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
 
 
 def _active_row(entity: TableEntity) -> ActiveRow:

@@ -28,7 +28,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
-from core.state_models import CorruptOrderState, ProcessRecord, etag_of, utc
+from core.state_models import CorruptOrderState, ProcessRecord, delete_unchanged, etag_of, utc
 from core.states import ProcessState
 
 ERROR_PARTITION: Final = "~error"
@@ -125,16 +125,7 @@ class ErrorOrderIndex:
         )
         if live or utc(self._clock()) - row.written_at < grace:
             return False
-        try:
-            self._table.delete_entity(
-                ERROR_PARTITION,
-                row.row_key,
-                etag=row.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            return False
-        return True
+        return delete_unchanged(self._table, ERROR_PARTITION, row.row_key, row.etag)
 
 
 def _error_row(entity: TableEntity) -> ErrorRow:

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from azure.data.tables import EntityProperty, TableEntity
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import EntityProperty, TableClient, TableEntity
 
 from core import ids
 from core.messages import AgentResponse, JsonObject, OrderSubmitted, truncate_utf8
@@ -113,6 +115,17 @@ def etag_of(entity: TableEntity) -> str:
     if not etag:
         raise CorruptOrderState(f"row {entity.get('RowKey')} came back without an ETag")
     return str(etag)
+
+
+def delete_unchanged(table: TableClient, partition_key: str, row_key: str, etag: str) -> bool:
+    """Delete a row only if it is still the version read (ETag); False if it changed or went."""
+    try:
+        table.delete_entity(
+            partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
+        )
+    except (ResourceModifiedError, ResourceNotFoundError):
+        return False
+    return True
 
 
 def step_row_key(index: int, name: str) -> str:
