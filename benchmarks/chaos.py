@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         send_orders(info.settings, orders)
         kills = 0
-        next_kill = started + args.kill_every
+        # The first kill comes early, while the first orders are surely still in flight.
+        next_kill = started + min(args.kill_every, 2.0)
         pending = set(ids)
         while pending and time.monotonic() - started < args.timeout:
             if time.monotonic() >= next_kill:

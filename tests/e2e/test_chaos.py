@@ -21,7 +21,7 @@ def test_killing_hosts_breaks_no_invariant(tmp_path):
             "-m",
             "benchmarks.chaos",
             "--orders",
-            "30",
+            "40",
             "--kill-every",
             "8",
             "--timeout",
