@@ -1,12 +1,14 @@
 """What one call to a remote service came to, as the Agent function sees it.
 
-The Agent replies to the Scheduler for ``Succeeded`` and ``Failed``. For ``DeadlinePassed`` it
-sends nothing: after complete-by the agent stops and the Supervisor recovers the step.
+The Agent replies to the Scheduler for ``Succeeded``, ``NothingToUndo``, ``Failed`` and
+``Deferred``. For ``DeadlinePassed`` it sends nothing: after complete-by the agent stops and the
+Supervisor recovers the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 
@@ -19,18 +21,43 @@ class Succeeded:
 
 
 @dataclass(frozen=True)
+class NothingToUndo:
+    """An undo whose forward call never took effect at the service.
+
+    The service answered ``{"status": "nothing_to_undo", ...}`` (``result``) and now refuses the
+    forward key for ever (see docs/remote-service-contract.md): nothing is left in place.
+    """
+
+    result: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
 class Failed:
     """The call ended without success before complete-by.
 
-    ``transient`` is False for a business refusal (e.g. ``card_declined``): retrying the same
-    request cannot help. It is True when retries were exhausted or the circuit was open: the
-    same request may succeed later.
+    ``transient`` is False for a business refusal (e.g. ``card_declined``, or
+    ``undone_before_applied``): retrying the same request cannot help. It is True when retries
+    were exhausted: the same request may succeed later.
     """
 
     code: str
     message: str
     transient: bool
     attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The circuit to the service is open: no definitive answer, try again at ``retry_at``.
+
+    Either nothing was sent, or every attempt so far failed transiently and the circuit opened
+    meanwhile. Not a failure: an outage delays the step, it does not fail it.
+    """
+
+    retry_at: datetime
+    attempts: int = 0
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,4 +68,4 @@ class DeadlinePassed:
     attempts: int = 0
 
 
-CallOutcome = Succeeded | Failed | DeadlinePassed
+CallOutcome = Succeeded | NothingToUndo | Failed | Deferred | DeadlinePassed

@@ -2,7 +2,9 @@
 
 One ``call`` POSTs ``{base_url}/{operation}`` with a JSON body and an ``Idempotency-Key`` header
 that stays the same on every attempt, so the service applies the effect at most once however
-often the request is repeated.
+often the request is repeated. An undo also names the forward call it undoes (``"undoes"`` in
+the body); the service answers ``{"status": "nothing_to_undo"}`` when that call never took
+effect, which is ``NothingToUndo`` (docs/remote-service-contract.md).
 
 - Transient failures (timeouts, connection errors, 408, 429, 5xx) are retried by tenacity with
   exponential backoff and full jitter, or after the server's Retry-After when it sends one.
@@ -10,8 +12,10 @@ often the request is repeated.
 - Nothing runs past ``complete_by``: an attempt's timeout is the smaller of the configured one
   and the time left; no sleep and no attempt starts unless it can end before complete-by. When
   that stops the call, the outcome is ``DeadlinePassed`` and the agent replies nothing.
-- The per-service circuit breaker counts only transient failures; while it is open, calls fail
-  fast (``Failed(code="circuit_open", transient=True)``) without touching the network.
+- The per-service circuit breaker counts only transient failures; while it is open, a call is
+  not attempted (or, if the circuit opens between its attempts, not attempted again) and the
+  outcome is ``Deferred(retry_at)``: the time of the breaker's next trial, at least
+  ``MIN_DEFER_SECONDS`` away. Only a call with no definitive answer is ever deferred.
 """
 
 from __future__ import annotations
@@ -29,15 +33,19 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception_type, wait_exponential
 
-from agent.circuit import CircuitBreaker, breaker_for
+from agent.circuit import BreakerState, CircuitBreaker, breaker_for
 from agent.http_errors import error_details, is_transient_status, parse_retry_after
-from agent.outcomes import CallOutcome, DeadlinePassed, Failed, Succeeded
+from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _OPERATION = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 _KEY = re.compile(r"^[!-~]{1,255}$")  # visible ASCII: safe in a header, same rule as the fakes
+UNDOES_FIELD = "undoes"
+NOTHING_TO_UNDO = "nothing_to_undo"
+MIN_DEFER_SECONDS = 0.5
+"""A deferred call is retried no sooner than this, even when the breaker's trial is due now."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +101,11 @@ class _CallState:
     operation: str
     key: str
     complete_by: datetime
+    undoes: str | None = None
     attempts: int = 0
     last_error: str | None = None
     stopped_by_deadline: bool = False
+    stopped_by_circuit: bool = False
 
 
 def _utc_now() -> datetime:
@@ -138,8 +148,13 @@ class RemoteServiceClient:
         payload: Mapping[str, Any],
         idempotency_key: str,
         complete_by: datetime,
+        *,
+        undoes: str | None = None,
     ) -> CallOutcome:
         """Run ``operation`` until it succeeds, is refused, or complete-by stops it.
+
+        ``undoes``: for an undo, the Idempotency-Key of the forward call it undoes; it is added
+        to the body as ``"undoes"``.
 
         Raises ValueError for arguments that no attempt could fix (naive ``complete_by``, bad
         operation name or key, a payload that is not JSON); every remote failure is an outcome.
@@ -150,8 +165,18 @@ class RemoteServiceClient:
             raise ValueError(f"invalid operation name {operation!r}")
         if not _KEY.match(idempotency_key):
             raise ValueError("idempotency_key must be 1-255 visible ASCII characters, no spaces")
-        body = json.dumps(dict(payload), separators=(",", ":"), allow_nan=False).encode()
-        state = _CallState(operation, idempotency_key, complete_by)
+        fields = dict(payload)
+        if undoes is not None:
+            if not _KEY.match(undoes) or undoes == idempotency_key:
+                raise ValueError(
+                    "undoes must be the forward call's idempotency key (1-255 visible ASCII "
+                    "characters, no spaces), not the undo's own"
+                )
+            if fields.get(UNDOES_FIELD, undoes) != undoes:
+                raise ValueError("the payload's 'undoes' differs from the undoes argument")
+            fields[UNDOES_FIELD] = undoes
+        body = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+        state = _CallState(operation, idempotency_key, complete_by, undoes)
         outcome = self._run(state, body)
         self._log_outcome(state, outcome)
         return outcome
@@ -170,22 +195,33 @@ class RemoteServiceClient:
             failure = stopped.last_attempt.exception()
             if not isinstance(failure, _TransientFailure):  # only these are retried
                 raise TypeError("retry stopped on an unexpected outcome") from stopped
+            if state.stopped_by_circuit:
+                return self._deferred(state)
             if state.stopped_by_deadline:
                 return DeadlinePassed(state.last_error, state.attempts)
             return Failed(failure.code, failure.message, transient=True, attempts=state.attempts)
         except _NoTimeLeft:
             return DeadlinePassed(state.last_error, state.attempts)
         except _CircuitOpen:
-            retry_in = self.breaker.retry_in()
-            message = f"circuit open for {self.service}; next trial in {retry_in:.1f}s"
-            if state.last_error:
-                message += f"; last error: {state.last_error}"
-            return Failed("circuit_open", message, transient=True, attempts=state.attempts)
+            return self._deferred(state)
+
+    def _deferred(self, state: _CallState) -> Deferred | DeadlinePassed:
+        """Every attempt so far (maybe none) failed transiently and the circuit is open.
+
+        Past complete-by the agent answers nothing, deferral or not (the pattern's rule).
+        """
+        if self._time_left(state.complete_by) <= 0:
+            return DeadlinePassed(state.last_error, state.attempts)
+        wait = max(MIN_DEFER_SECONDS, self.breaker.retry_in())
+        return Deferred(self._now() + timedelta(seconds=wait), state.attempts, state.last_error)
 
     def _time_left(self, complete_by: datetime) -> float:
         return (complete_by - self._now()).total_seconds()
 
     def _should_stop(self, state: _CallState, rs: RetryCallState) -> bool:
+        if self.breaker.state is BreakerState.OPEN:  # opened by this call or another: defer now
+            state.stopped_by_circuit = True
+            return True
         if self.policy.max_attempts is not None and rs.attempt_number >= self.policy.max_attempts:
             return True
         left = self._time_left(state.complete_by)
@@ -221,11 +257,19 @@ class RemoteServiceClient:
             raise
         # A refusal is a healthy service answering: only transient failures trip the breaker.
         self.breaker.record_success()
-        result = "ok" if isinstance(outcome, Succeeded) else f"refused {outcome.code}"
+        match outcome:
+            case Succeeded():
+                result = "ok"
+            case NothingToUndo():
+                result = "nothing to undo"
+            case Failed(code=code):
+                result = f"refused {code}"
         self._log_attempt(state, timeout, started, result)
         return outcome
 
-    def _exchange(self, state: _CallState, body: bytes, timeout: float) -> Succeeded | Failed:
+    def _exchange(
+        self, state: _CallState, body: bytes, timeout: float
+    ) -> Succeeded | NothingToUndo | Failed:
         url = f"{self.base_url}/{state.operation}"
         headers = {
             IDEMPOTENCY_HEADER: state.key,
@@ -246,7 +290,7 @@ class RemoteServiceClient:
 
         status = response.status_code
         if 200 <= status < 300:
-            return self._success(status, data, state.attempts)
+            return self._success(status, data, state)
         code, message = error_details(status, data)
         if is_transient_status(status):
             retry_after = parse_retry_after(response.headers.get("Retry-After"), self._now())
@@ -269,7 +313,8 @@ class RemoteServiceClient:
         return b"".join(chunks)
 
     @staticmethod
-    def _success(status: int, data: bytes, attempts: int) -> Succeeded | Failed:
+    def _success(status: int, data: bytes, state: _CallState) -> Succeeded | NothingToUndo | Failed:
+        attempts = state.attempts
         if not data.strip():
             return Succeeded({}, attempts)
         try:
@@ -283,6 +328,8 @@ class RemoteServiceClient:
                 transient=False,
                 attempts=attempts,
             )
+        if state.undoes is not None and result.get("status") == NOTHING_TO_UNDO:
+            return NothingToUndo(result, attempts)
         return Succeeded(result, attempts)
 
     def _log_attempt(self, state: _CallState, timeout: float, started: float, result: str) -> None:
@@ -302,8 +349,12 @@ class RemoteServiceClient:
         match outcome:
             case Succeeded():
                 detail = "succeeded"
+            case NothingToUndo():
+                detail = "nothing_to_undo"
             case Failed(code=code, transient=transient):
                 detail = f"failed code={code} transient={transient}"
+            case Deferred(retry_at=retry_at, last_error=last_error):
+                detail = f"deferred retry_at={retry_at.isoformat()} last_error={last_error}"
             case DeadlinePassed(last_error=last_error):
                 detail = f"deadline_passed last_error={last_error}"
         log.info(

@@ -25,8 +25,9 @@ AgentResponse       ``rsp:<order_id>:<step>:<operation>:<attempt>`` - one reply 
                     whatever a redelivered request makes the agent answer the second time.
 SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one command per
                     recovery decision; a second supervisor deciding the same thing dedupes.
-StatusUpdate        ``st:<order_id>:<sequence>`` - the order's timeline sequence number.
-OperatorAlert       ``alert:<order_id or ->:<reason>:<sha256(detail, raw_excerpt)[:16]>``.
+StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number.
+OperatorAlert       ``alert:<order_id or ->:<reason>:[<timeline_seq>:]<sha(detail, excerpt)[:16]>``
+                    - one per order write that raises it, however often its outbox is sent.
 ==================  ===========================================================================
 
 An id longer than Service Bus's 128 characters (possible only with maximal ids and names) is
@@ -249,7 +250,12 @@ def _raw_total(items: Any) -> int | None:
 
 
 class AgentRequest(MessageBase):
-    """Scheduler -> agent: perform ``action`` (the remote operation) for one step attempt."""
+    """Scheduler -> agent: perform ``action`` (the remote operation) for one step attempt.
+
+    An undo names the forward call it undoes (``undoes``, the step's ``do`` key of the same
+    generation): the remote service undoes that call if it happened, and otherwise answers
+    "nothing to undo" and refuses that key for ever after (see docs/remote-service-contract.md).
+    """
 
     type: Literal["AgentRequest"] = "AgentRequest"
     order_id: OrderId
@@ -259,6 +265,7 @@ class AgentRequest(MessageBase):
     attempt: Attempt
     complete_by: UtcDatetime
     idempotency_key: str
+    undoes: str | None = None
     payload: JsonObject = Field(default_factory=dict)
     requested_at: UtcDatetime = Field(default_factory=utc_now)
 
@@ -270,6 +277,11 @@ class AgentRequest(MessageBase):
                 f"idempotency_key {self.idempotency_key!r} does not belong to "
                 f"{self.order_id}:{self.step}:{self.operation}"
             )
+        forward = str(key._replace(operation="do"))
+        if self.operation == "undo" and self.undoes != forward:
+            raise ValueError(f"an undo must name the forward key it undoes: undoes={forward!r}")
+        if self.operation == "do" and self.undoes is not None:
+            raise ValueError("a 'do' request undoes nothing; leave undoes out")
         return self
 
     @property
@@ -278,10 +290,15 @@ class AgentRequest(MessageBase):
 
 
 class AgentResponse(MessageBase):
-    """Agent -> scheduler: the outcome of one step attempt.
+    """Agent -> scheduler: the outcome of one step attempt, for the request's idempotency key.
 
-    A failed outcome needs an ``error_code``; ``transient`` says whether trying again later may
-    succeed. A succeeded outcome has neither.
+    ``succeeded``: the service applied the operation (or had applied it before).
+    ``failed``: needs an ``error_code``; ``transient`` says whether trying again may succeed
+    (a decline is not transient: that key will never take effect).
+    ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
+    that forward key for ever, so nothing is left in place.
+    ``deferred``: the agent's circuit to its service is open; nothing was attempted, try again
+    at ``retry_at``. Not a failure: an outage delays an order, it does not fail it.
     """
 
     type: Literal["AgentResponse"] = "AgentResponse"
@@ -289,23 +306,39 @@ class AgentResponse(MessageBase):
     step: StepName
     operation: ids.Operation
     attempt: Attempt
-    outcome: Literal["succeeded", "failed"]
+    idempotency_key: str
+    outcome: Literal["succeeded", "failed", "nothing_to_undo", "deferred"]
     transient: StrictBool = False
     error_code: ErrorCode | None = None
     error_message: Annotated[str, _truncator(MAX_ERROR_MESSAGE_BYTES)] | None = None
+    retry_at: UtcDatetime | None = None
     result: JsonObject = Field(default_factory=dict)
     responded_at: UtcDatetime = Field(default_factory=utc_now)
 
     @model_validator(mode="after")
     def _check_outcome(self) -> AgentResponse:
-        if self.outcome == "succeeded":
-            if self.transient or self.error_code is not None or self.error_message is not None:
-                raise ValueError(
-                    "a succeeded response has no error_code, error_message or transient=true"
-                )
-        elif self.error_code is None:
-            raise ValueError("a failed response needs an error_code")
+        key = ids.parse_idempotency_key(self.idempotency_key)
+        if (key.order_id, key.step, key.operation) != (self.order_id, self.step, self.operation):
+            raise ValueError(
+                f"idempotency_key {self.idempotency_key!r} does not belong to "
+                f"{self.order_id}:{self.step}:{self.operation}"
+            )
+        if self.outcome == "failed":
+            if self.error_code is None:
+                raise ValueError("a failed response needs an error_code")
+        elif self.transient or self.error_code is not None or self.error_message is not None:
+            raise ValueError(
+                f"a {self.outcome} response has no error_code, error_message or transient=true"
+            )
+        if (self.outcome == "deferred") != (self.retry_at is not None):
+            raise ValueError("retry_at goes with a deferred response, and only with one")
+        if self.outcome == "nothing_to_undo" and self.operation != "undo":
+            raise ValueError("nothing_to_undo answers an undo only")
         return self
+
+    @property
+    def generation(self) -> int:
+        return ids.parse_idempotency_key(self.idempotency_key).generation
 
 
 class SchedulerCommand(MessageBase):
@@ -328,9 +361,9 @@ class SchedulerCommand(MessageBase):
 class StatusUpdate(MessageBase):
     """Scheduler -> the submitter's reply queue. ``sequence`` orders updates of one order.
 
-    ``sequence`` increases with every update of one order, across scheduler instances (it is
-    derived from the order's timeline sequence, see :mod:`scheduler.status`); it has gaps, so a
-    receiver orders by it and ignores an update older than the latest it has seen.
+    ``sequence`` counts the updates of one order from 0, without gaps, across scheduler
+    instances (the counter is kept on the order, see :mod:`core.lifecycle`). Updates are sent
+    in sequence order; a receiver that sees one twice (a resend after a crash) ignores it.
     """
 
     type: Literal["StatusUpdate"] = "StatusUpdate"
@@ -353,6 +386,8 @@ class OperatorAlert(MessageBase):
     detail: Detail
     raw_excerpt: Annotated[str, _truncator(MAX_RAW_EXCERPT_BYTES)] | None = None
     source: Actor
+    timeline_seq: Counter | None = None
+    """The order's timeline entry that raised it (an order may enter Error more than once)."""
     raised_at: UtcDatetime = Field(default_factory=utc_now)
 
 
@@ -588,7 +623,8 @@ def message_id_for(message: MessageBase) -> str:
         case OperatorAlert():
             prefix = "alert"
             fingerprint = _short_hash(message.detail, message.raw_excerpt or "")
-            rest = f"{message.order_id or '-'}:{message.reason}:{fingerprint}"
+            seq = "" if message.timeline_seq is None else f"{message.timeline_seq}:"
+            rest = f"{message.order_id or '-'}:{message.reason}:{seq}{fingerprint}"
         case _:
             raise TypeError(f"no message id rule for {type(message).__name__}")
     message_id = f"{prefix}:{rest}"

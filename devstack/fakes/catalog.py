@@ -16,9 +16,19 @@ class Decline:
 
 @dataclass(frozen=True)
 class Operation:
+    """A forward operation (``reverses`` None) or the undo of the forward one it names.
+
+    Forward operations may be declined; undos never are. An undo carries ``"undoes": <the
+    forward call's Idempotency-Key>`` in its body and reverses that call only if it took effect.
+    """
+
     name: str
-    forward: bool  # forward operations may be declined; compensations never are
     result: Callable[[int, dict[str, Any]], dict[str, Any]]
+    reverses: str | None = None
+
+    @property
+    def forward(self) -> bool:
+        return self.reverses is None
 
 
 @dataclass(frozen=True)
@@ -78,20 +88,20 @@ SERVICES: dict[str, ServiceSpec] = {
         _spec(
             "inventory",
             Decline(409, "out_of_stock", "not enough stock to reserve the order's items"),
-            Operation("reserve", True, _reserve),
-            Operation("release", False, _release),
+            Operation("reserve", _reserve),
+            Operation("release", _release, reverses="reserve"),
         ),
         _spec(
             "payment",
             Decline(402, "card_declined", "the card issuer declined the charge"),
-            Operation("charge", True, _charge),
-            Operation("refund", False, _refund),
+            Operation("charge", _charge),
+            Operation("refund", _refund, reverses="charge"),
         ),
         _spec(
             "shipping",
             Decline(422, "address_invalid", "the shipping address cannot be delivered to"),
-            Operation("create", True, _create),
-            Operation("cancel", False, _cancel),
+            Operation("create", _create),
+            Operation("cancel", _cancel, reverses="create"),
         ),
     )
 }

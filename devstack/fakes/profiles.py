@@ -18,8 +18,10 @@ Rules (every field optional; the defaults make a clean, fast service):
     retry_after_seconds
     transient_rate            probability of 503
     decline_rate              probability a forward operation (reserve/charge/create) is refused
-    decline_order_ids         order ids whose forward operations are always refused
-    crash_after_effect_rate   probability the effect is applied and the connection then dropped
+    decline_order_ids         order ids whose forward operations are always refused (undos,
+                              release/refund/cancel, are never declined)
+    crash_after_effect_rate   probability the effect (or an undo's tombstone) is recorded and
+                              the connection then dropped
     fail_first_n              the first N requests of each idempotency key get a 503
 
 hang, throttle and transient share one draw (checked in that order), so their rates add up to
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 ServiceName = Literal["inventory", "payment", "shipping"]
 SERVICE_NAMES: tuple[ServiceName, ...] = ("inventory", "payment", "shipping")
 
-EXAMPLES_DIR = Path(__file__).with_name("profiles")  # clean.json, flaky.json, chaotic.json
+EXAMPLES_DIR = Path(__file__).with_name("profiles")  # clean, flaky, chaotic, stress (.json)
 
 Rate = Annotated[float, Field(ge=0.0, le=1.0)]
 _MODEL = ConfigDict(extra="forbid", frozen=True, strict=True)

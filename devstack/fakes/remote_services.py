@@ -3,13 +3,18 @@
 Routes::
 
     POST /{service}/{operation}   inventory: reserve, release; payment: charge, refund;
-                                  shipping: create, cancel. Needs an Idempotency-Key header.
+                                  shipping: create, cancel. Needs an Idempotency-Key header;
+                                  an undo (release, refund, cancel) also needs "undoes": the
+                                  forward call's key, in its JSON body.
     GET  /_health                 liveness and the service list
-    GET  /_ledger                 every applied effect, in order
+    GET  /_ledger                 every applied effect, in order ("entries"; an undo's entry
+                                  names the forward key in "undoes"), and the tombstones
+                                  ("tombstones"), read together
+    GET  /_tombstones             forward keys undone before they took effect (refused for ever)
     GET  /_stats                  counts of requests, effects, replays and injected faults
     GET  /_profile                the fault profile in force
     POST /_profile                replace the fault profile (JSON body; 400 names what is wrong)
-    POST /_reset                  forget effects, stored answers and per-key counts
+    POST /_reset                  forget effects, tombstones, stored answers, per-key counts
 
 Standard library ``ThreadingHTTPServer``: one thread per connection, so a hanging request never
 blocks another, and direct access to the socket, which a fake needs to drop a connection without
@@ -75,8 +80,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/_health":
             self._send(Reply(200, {"status": "ok", "services": sorted(SERVICES)}))
         elif path == "/_ledger":
-            entries = engine.ledger()
-            self._send(Reply(200, {"count": len(entries), "entries": entries}))
+            entries, tombstones = engine.snapshot()
+            body = {"count": len(entries), "entries": entries, "tombstones": tombstones}
+            self._send(Reply(200, body))
+        elif path == "/_tombstones":
+            tombstones = engine.tombstones()
+            self._send(Reply(200, {"count": len(tombstones), "entries": tombstones}))
         elif path == "/_stats":
             self._send(Reply(200, engine.stats()))
         elif path == "/_profile":
@@ -194,6 +203,9 @@ class FakeServices:
 
     def ledger(self) -> list[dict[str, Any]]:
         return self.engine.ledger()
+
+    def tombstones(self) -> list[dict[str, Any]]:
+        return self.engine.tombstones()
 
     def stats(self) -> dict[str, int]:
         return self.engine.stats()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.remote_client import RetryPolicy
 from devstack.fakes.profiles import ProfileError, example_profile, load_profile
 from devstack.fakes.remote_services import MAX_BODY_BYTES, FakeServices
 
@@ -112,8 +114,9 @@ def test_key_reuse_with_a_different_body_is_422(fakes: FakeServices, http: httpx
     error = reused.json()["error"]
     assert error["code"] == "idempotency_key_reused"
     assert "already used for a different request" in error["message"]
-    other_op = post(http, fakes, "payment/refund")
+    other_op = post(http, fakes, "payment/refund", {**ORDER, "undoes": "key-0"})
     assert other_op.status_code == 422
+    assert other_op.json()["error"]["code"] == "idempotency_key_reused"
     assert len(fakes.ledger()) == 1
 
 
@@ -128,13 +131,13 @@ def test_concurrent_duplicates_apply_once(
 ) -> None:
     # Widen the race window: deciding and applying an effect now takes 50 ms, so without the
     # per-key lock every duplicate would find the store empty and apply the effect again.
-    decide = fakes.engine._decide
+    decide = fakes.engine._forward
 
     def slow_decide(*args: Any, **kwargs: Any) -> Any:
         time.sleep(0.05)
         return decide(*args, **kwargs)
 
-    monkeypatch.setattr(fakes.engine, "_decide", slow_decide)
+    monkeypatch.setattr(fakes.engine, "_forward", slow_decide)
     barrier = threading.Barrier(16)
 
     def charge(_: int) -> httpx.Response:
@@ -149,13 +152,19 @@ def test_concurrent_duplicates_apply_once(
     assert len(fakes.ledger()) == 1
 
 
-def test_reset_forgets_effects_and_keys(fakes: FakeServices, http: httpx.Client) -> None:
+def test_reset_forgets_effects_tombstones_and_keys(fakes: FakeServices, http: httpx.Client) -> None:
     post(http, fakes, "inventory/reserve", {"order_id": "o", "items": [{"qty": 2}, {"qty": 3}]})
     assert fakes.ledger()[0]["qty"] == 5
+    post(http, fakes, "inventory/release", {"order_id": "o", "undoes": "never-done"}, key="u")
+    assert len(fakes.tombstones()) == 1
     assert http.post(f"{fakes.base_url}/_reset").json() == {"reset": True}
-    assert http.get(f"{fakes.base_url}/_ledger").json() == {"count": 0, "entries": []}
+    empty = {"count": 0, "entries": [], "tombstones": []}
+    assert http.get(f"{fakes.base_url}/_ledger").json() == empty
+    assert http.get(f"{fakes.base_url}/_tombstones").json() == {"count": 0, "entries": []}
     again = post(http, fakes, "inventory/reserve", {"order_id": "o2", "qty": 1})
     assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers
+    revived = post(http, fakes, "inventory/reserve", {"order_id": "o"}, key="never-done")
+    assert revived.status_code == 200  # the tombstone is gone too
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -197,12 +206,18 @@ def test_declines_by_order_id_and_never_for_compensations(
     fakes: FakeServices, http: httpx.Client
 ) -> None:
     fakes.set_profile({"services": {"payment": {"decline_order_ids": ["order-bad"]}}})
+    fakes.set_profile(
+        {"default": {"decline_rate": 1.0}, "services": {"payment": {"decline_rate": 0.0}}}
+    )
     bad = {"order_id": "order-bad", "amount": 5}
-    assert post(http, fakes, "payment/charge", bad, key="a").status_code == 402
+    assert post(http, fakes, "payment/charge", bad, key="a").status_code == 200
+    fakes.set_profile({"services": {"payment": {"decline_order_ids": ["order-bad"]}}})
+    assert post(http, fakes, "payment/charge", bad, key="a2").status_code == 402
     assert post(http, fakes, "payment/charge", ORDER, key="b").status_code == 200
-    assert post(http, fakes, "payment/refund", bad, key="c").status_code == 200
+    refund = post(http, fakes, "payment/refund", {**bad, "undoes": "a"}, key="c")
+    assert refund.status_code == 200 and refund.json()["status"] == "refunded"
     assert post(http, fakes, "shipping/create", bad, key="d").status_code == 200
-    assert [e["idempotency_key"] for e in fakes.ledger()] == ["b", "c", "d"]
+    assert [e["idempotency_key"] for e in fakes.ledger()] == ["a", "b", "c", "d"]
 
 
 def test_crash_after_effect_applies_then_drops(fakes: FakeServices, http: httpx.Client) -> None:
@@ -335,14 +350,33 @@ def test_bad_profile_is_refused_with_line_and_column(
 
 
 def test_example_profiles_load() -> None:
-    for name in ("clean", "flaky", "chaotic"):
+    for name in ("clean", "flaky", "chaotic", "stress"):
         profile = load_profile(example_profile(name))
         assert profile.description
+    stress = load_profile(example_profile("stress"))
+    for service in ("inventory", "payment", "shipping"):
+        rules = stress.rules_for(service)
+        assert rules.transient_rate + rules.throttle_rate == pytest.approx(0.20)
+        assert rules.hang_then == "respond" and rules.hang_rate > 0
+        # A hang outlasts an agent attempt (RetryPolicy.attempt_timeout, default 10 s) and the
+        # quick demo's step budget, so the forward call lands after the agent gave up on it.
+        assert rules.hang_seconds > RetryPolicy().attempt_timeout
+        assert rules.hang_seconds > float(_quick_settings()["STEP_TIMEOUT_SECONDS"])
+        assert rules.decline_rate > 0 and rules.crash_after_effect_rate > 0
     chaotic = load_profile(example_profile("chaotic"))
     assert chaotic.rules_for("payment").decline_order_ids == ["order-card-declined"]
     assert chaotic.rules_for("payment").crash_after_effect_rate == 0.05  # from the default
     with pytest.raises(ProfileError, match="no example profile"):
         example_profile("calm")
+
+
+def _quick_settings() -> dict[str, str]:
+    """devstack.demo.QUICK_SETTINGS, read from the source (importing the demo starts a lot)."""
+    tree = ast.parse((REPO / "devstack" / "demo.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "QUICK_SETTINGS":
+            return ast.literal_eval(node.value)
+    raise AssertionError("devstack/demo.py has no QUICK_SETTINGS")
 
 
 # -- command line -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from agent.circuit import BreakerSettings, CircuitBreaker
-from agent.outcomes import CallOutcome, DeadlinePassed, Failed, Succeeded
+from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from agent.remote_client import RemoteServiceClient, RetryPolicy
 from devstack.fakes.remote_services import FakeServices
 
@@ -47,6 +47,17 @@ def client_for(
 def charge(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
     deadline = datetime.now(UTC) + timedelta(seconds=budget)
     return client.call("charge", {"order_id": order, "amount": 10}, f"{order}:charge", deadline)
+
+
+def refund(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
+    deadline = datetime.now(UTC) + timedelta(seconds=budget)
+    return client.call(
+        "refund",
+        {"order_id": order, "amount": 10},
+        f"{order}:refund",
+        deadline,
+        undoes=f"{order}:charge",
+    )
 
 
 def test_transient_faults_are_retried_to_exactly_one_effect(
@@ -127,7 +138,7 @@ def test_retry_after_past_the_deadline_gives_up_at_once(
     assert time.monotonic() - started < 0.5
 
 
-def test_unreachable_service_is_transient(http: httpx.Client) -> None:
+def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.Client) -> None:
     with FakeServices.start() as gone:
         url = gone.url("payment")
     client = RemoteServiceClient(
@@ -137,6 +148,54 @@ def test_unreachable_service_is_transient(http: httpx.Client) -> None:
         CircuitBreaker("payment", BreakerSettings(failure_threshold=3)),
         policy=FAST,
     )
+    before = datetime.now(UTC)
     outcome = charge(client, "order-1", budget=5.0)
-    assert isinstance(outcome, Failed)
-    assert outcome.code == "circuit_open" and "connection_error" in outcome.message
+    assert isinstance(outcome, Deferred) and outcome.attempts == 3
+    assert "connection_error" in (outcome.last_error or "")
+    # The breaker's default reset timeout (30 s) is when the next trial may go.
+    assert before + timedelta(seconds=29) < outcome.retry_at < before + timedelta(seconds=31)
+
+
+def test_undo_after_success_is_reported_with_the_undo_result(
+    fakes: FakeServices, http: httpx.Client
+) -> None:
+    fakes.set_profile({"default": {"transient_rate": 0.5}})
+    client = client_for(fakes, http)
+    assert isinstance(charge(client, "order-1"), Succeeded)
+    outcome = refund(client, "order-1")
+    assert isinstance(outcome, Succeeded)
+    assert outcome.result["status"] == "refunded" and outcome.result["undoes"] == "order-1:charge"
+    assert [(e["idempotency_key"], e["undoes"]) for e in fakes.ledger()] == [
+        ("order-1:charge", None),
+        ("order-1:refund", "order-1:charge"),
+    ]
+
+
+def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
+    fakes: FakeServices, http: httpx.Client
+) -> None:
+    """The forward hangs past the agent's deadline and then lands; the undo sent meanwhile
+    answers nothing_to_undo, and the late forward, and any retry of it, are refused."""
+    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 1.0}})  # then answers
+    client = client_for(fakes, http, max_attempts=1, attempt_timeout=0.2)
+    lost = charge(client, "order-1", budget=5.0)
+    assert isinstance(lost, Failed) and (lost.code, lost.transient) == ("timeout", True)
+    fakes.set_profile({})
+    undo = refund(client, "order-1")
+    assert isinstance(undo, NothingToUndo)
+    assert undo.result == {
+        "order_id": "order-1",
+        "status": "nothing_to_undo",
+        "undoes": "order-1:charge",
+    }
+    time.sleep(1.2)  # the hung forward request has now reached the store
+    assert fakes.stats()["refused_after_undo"] == 1
+    retried = charge(client, "order-1")
+    assert isinstance(retried, Failed)
+    assert (retried.code, retried.transient, retried.attempts) == (
+        "undone_before_applied",
+        False,
+        1,
+    )
+    assert fakes.ledger() == []
+    assert [t["idempotency_key"] for t in fakes.tombstones()] == ["order-1:charge"]

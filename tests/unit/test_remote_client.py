@@ -15,8 +15,8 @@ import pytest
 
 from agent.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
 from agent.http_errors import error_details, parse_retry_after
-from agent.outcomes import DeadlinePassed, Failed, Succeeded
-from agent.remote_client import RemoteServiceClient, RetryPolicy
+from agent.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from agent.remote_client import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 BASE = "http://payment.test/payment"
@@ -73,6 +73,15 @@ class Harness:
     def call(self, budget: float = 60.0, key: str = "order-1:charge", **payload: object):
         body = payload or {"order_id": "order-1", "amount": 25}
         return self.client.call("charge", body, key, self.clock.now() + timedelta(seconds=budget))
+
+    def undo(self, budget: float = 60.0, undoes: str | None = "order-1:charge"):
+        return self.client.call(
+            "refund",
+            {"order_id": "order-1", "amount": 25},
+            "order-1:refund",
+            self.clock.now() + timedelta(seconds=budget),
+            undoes=undoes,
+        )
 
 
 def responses(*items: httpx.Response | Exception) -> Handler:
@@ -241,6 +250,50 @@ def test_naive_deadline_is_refused() -> None:
         h.client.call("charge", {"order_id": "o"}, "k", datetime(2030, 1, 1))
 
 
+# -- undo -------------------------------------------------------------------------------------
+
+
+def test_an_undo_names_the_forward_key_in_its_body() -> None:
+    h = Harness(responses(ok(refund_id="rf-1", status="refunded")))
+    outcome = h.undo()
+    assert outcome == Succeeded({"refund_id": "rf-1", "status": "refunded"}, attempts=1)
+    [request] = h.requests
+    assert json.loads(request.content) == {
+        "order_id": "order-1",
+        "amount": 25,
+        "undoes": "order-1:charge",
+    }
+    assert request.headers["Idempotency-Key"] == "order-1:refund"
+    assert str(request.url) == f"{BASE}/refund"
+
+
+def test_nothing_to_undo_is_its_own_outcome() -> None:
+    answer = {"order_id": "order-1", "status": "nothing_to_undo", "undoes": "order-1:charge"}
+    h = Harness(responses(error(503, "unavailable"), ok(**answer)))
+    assert h.undo() == NothingToUndo(answer, attempts=2)
+
+
+def test_nothing_to_undo_status_on_a_forward_call_is_just_a_success() -> None:
+    h = Harness(responses(ok(status="nothing_to_undo")))
+    assert h.call() == Succeeded({"status": "nothing_to_undo"}, attempts=1)
+
+
+def test_undone_before_applied_is_a_refusal_not_retried() -> None:
+    message = "this key was undone before it was applied; it will never take effect"
+    h = Harness(responses(error(409, "undone_before_applied", message), ok()))
+    outcome = h.call()
+    assert outcome == Failed("undone_before_applied", message, transient=False, attempts=1)
+    assert len(h.requests) == 1
+
+
+@pytest.mark.parametrize("undoes", ["", "has space", "order-1:refund"])
+def test_an_invalid_undoes_is_refused_before_any_request(undoes: str) -> None:
+    h = Harness(responses(ok()))
+    with pytest.raises(ValueError, match="undoes"):
+        h.undo(undoes=undoes)
+    assert h.requests == []
+
+
 # -- circuit breaker --------------------------------------------------------------------------
 
 
@@ -253,14 +306,17 @@ def test_open_breaker_fails_fast_then_half_opens_after_reset() -> None:
     policy = RetryPolicy(max_attempts=2, backoff_initial=0.1)
     h = Harness(service, policy, failure_threshold=4, reset_timeout=30.0)
     assert isinstance(h.call(key="a"), Failed)
-    assert isinstance(h.call(key="b"), Failed)
+    opened = h.call(key="b")  # its second attempt opens the circuit: deferred, not failed
+    assert isinstance(opened, Deferred) and opened.attempts == 2
     assert h.breaker.state is BreakerState.OPEN
     sent = len(h.requests)
 
+    h.clock.advance(10.0)
     outcome = h.call(key="c")
-    assert isinstance(outcome, Failed)
-    assert outcome.code == "circuit_open" and outcome.transient and outcome.attempts == 0
-    assert len(h.requests) == sent  # failed fast: no request
+    assert isinstance(outcome, Deferred) and outcome.attempts == 0
+    assert outcome.retry_at == h.clock.now() + timedelta(seconds=20.0)  # the next trial
+    assert outcome.retry_at == opened.retry_at
+    assert len(h.requests) == sent  # nothing sent
 
     h.clock.advance(30.0)
     healthy.set()
@@ -274,16 +330,56 @@ def test_failed_half_open_trial_reopens() -> None:
     h = Harness(responses(error(503, "x")), RetryPolicy(max_attempts=1), failure_threshold=1)
     h.call(key="a")
     h.clock.advance(31)
-    h.call(key="b")  # the trial fails
+    trial = h.call(key="b")  # the trial fails and reopens the circuit
     assert h.breaker.state is BreakerState.OPEN
-    assert h.call(key="c").code == "circuit_open"  # type: ignore[union-attr]
+    assert isinstance(trial, Deferred) and trial.attempts == 1
+    assert trial.retry_at == h.clock.now() + timedelta(seconds=30.0)
+    assert isinstance(h.call(key="c"), Deferred)
 
 
 def test_breaker_opening_mid_call_stops_the_retries() -> None:
     h = Harness(responses(error(503, "x")), RetryPolicy(max_attempts=5), failure_threshold=2)
     outcome = h.call()
-    assert isinstance(outcome, Failed) and outcome.code == "circuit_open"
-    assert outcome.attempts == 2 and "last error: x" in outcome.message
+    assert isinstance(outcome, Deferred)
+    assert outcome.attempts == 2 and outcome.last_error == "x: m"
+    assert len(h.clock.sleeps) == 1  # no backoff once the circuit is open: it defers at once
+    assert outcome.retry_at == h.clock.now() + timedelta(seconds=30.0)
+
+
+def test_a_half_open_circuit_busy_with_its_trial_defers_by_the_minimum() -> None:
+    h = Harness(responses(ok()), failure_threshold=1, reset_timeout=5.0)
+    h.breaker.acquire()
+    h.breaker.record_failure()
+    h.clock.advance(5.0)
+    assert h.breaker.acquire()  # another caller's trial call is in flight
+    outcome = h.call()
+    assert isinstance(outcome, Deferred) and outcome.attempts == 0
+    assert outcome.retry_at == h.clock.now() + timedelta(seconds=MIN_DEFER_SECONDS)
+    assert h.requests == []
+
+
+def test_a_circuit_opening_at_complete_by_answers_nothing() -> None:
+    def slow_failure(request: httpx.Request) -> httpx.Response:
+        h.clock.advance(request.extensions["timeout"]["read"])  # the whole attempt timeout
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    h = Harness(slow_failure, RetryPolicy(attempt_timeout=10.0), failure_threshold=1)
+    outcome = h.call(budget=4.0)  # the first attempt is cut to 4 s and ends at complete-by
+    assert h.breaker.state is BreakerState.OPEN
+    assert isinstance(outcome, DeadlinePassed) and outcome.attempts == 1
+
+
+def test_a_call_refused_by_the_service_is_never_deferred() -> None:
+    """A definitive answer is reported even if the circuit is open by the time it arrives."""
+
+    def refuse_while_others_open_the_circuit(request: httpx.Request) -> httpx.Response:
+        for _ in range(3):
+            h.breaker.record_failure()  # other calls' failures, meanwhile
+        return error(402, "card_declined")
+
+    h = Harness(refuse_while_others_open_the_circuit, failure_threshold=3)
+    outcome = h.call()
+    assert isinstance(outcome, Failed) and outcome.code == "card_declined"
 
 
 def test_refusals_do_not_trip_the_breaker() -> None:
