@@ -1,37 +1,37 @@
-"""One Service Bus-triggered agent per remote service.
+"""One Service Bus-triggered agent function per agent of the catalog (:mod:`core.agents`).
 
 Each request is handled in a span parented on the trace context it carries (core.telemetry).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import azure.functions as func
 
 from agent.handler import handle_request
 from core import runtime
+from core.agents import AGENTS, Agent
 from core.telemetry import consuming
 
 bp = func.Blueprint()
 
-_TRIGGER = {"connection": "ServiceBusConnection", "arg_name": "msg"}
+
+def _agent_function(agent: Agent) -> Callable[[func.ServiceBusMessage], None]:
+    def run(msg: func.ServiceBusMessage) -> None:
+        rt = runtime.current()
+        with consuming(msg, agent.function_name, rt.settings.queue(agent.name)):
+            handle_request(msg.get_body(), agent.name, rt)
+
+    run.__name__ = run.__qualname__ = agent.function_name
+    return run
 
 
-def _handle(msg: func.ServiceBusMessage, service: str) -> None:
-    rt = runtime.current()
-    with consuming(msg, f"{service}_agent", rt.settings.queue(service)):
-        handle_request(msg.get_body(), service, rt)
-
-
-@bp.service_bus_queue_trigger(queue_name="%INVENTORY_REQUESTS_QUEUE%", **_TRIGGER)
-def inventory_agent(msg: func.ServiceBusMessage) -> None:
-    _handle(msg, "inventory")
-
-
-@bp.service_bus_queue_trigger(queue_name="%PAYMENT_REQUESTS_QUEUE%", **_TRIGGER)
-def payment_agent(msg: func.ServiceBusMessage) -> None:
-    _handle(msg, "payment")
-
-
-@bp.service_bus_queue_trigger(queue_name="%SHIPPING_REQUESTS_QUEUE%", **_TRIGGER)
-def shipping_agent(msg: func.ServiceBusMessage) -> None:
-    _handle(msg, "shipping")
+for _agent in AGENTS:
+    bp.function_name(name=_agent.function_name)(
+        bp.service_bus_queue_trigger(
+            arg_name="msg",
+            queue_name=f"%{_agent.queue_setting}%",
+            connection="ServiceBusConnection",
+        )(_agent_function(_agent))
+    )

@@ -1,20 +1,36 @@
 """The Agent: carry one step of one order to its remote service and report back.
 
-Success or a refusal becomes an AgentResponse on the response queue. If complete-by passes
-first, the agent stops and sends nothing (the pattern's rule): the Supervisor will find the
-order past its deadline and retry it, and the idempotency key makes the retry safe even if the
-remote service did apply the operation.
+Every answer is an AgentResponse on the response queue, naming the request's idempotency key:
+
+- ``succeeded``: the service applied the operation (or had applied it before);
+- ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
+  that forward key for ever;
+- ``failed``: a refusal (not transient: e.g. a decline, or ``undone_before_applied``) or
+  retries exhausted (transient);
+- ``deferred``: the circuit to the service is open; nothing definitive happened, try again at
+  ``retry_at``.
+
+If complete-by passes first, the agent stops and sends nothing (the pattern's rule): the
+Supervisor will find the order past its deadline and retry it, and the idempotency key makes
+the retry safe even if the remote service did apply the operation.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from typing import TYPE_CHECKING
 
-from agent.outcomes import DeadlinePassed, Failed, Succeeded
+from agent.circuit import breaker_for
+from agent.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from agent.remote_client import RemoteServiceClient
 from core.messages import AgentRequest, AgentResponse, BadMessage, OperatorAlert, parse_message
-from core.runtime import Runtime
+
+if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which builds stores)
+    from core.runtime import Runtime
 
 log = logging.getLogger("agent")
+_ERROR_CODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # AgentResponse.error_code
 
 
 def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
@@ -33,8 +49,12 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
         )
         return
     try:
-        outcome = rt.remote_client(service).call(
-            request.action, request.payload, request.idempotency_key, request.complete_by
+        outcome = remote_client(rt, service).call(
+            request.action,
+            request.payload,
+            request.idempotency_key,
+            request.complete_by,
+            undoes=request.undoes,
         )
     except ValueError as exc:  # arguments no retry could fix: a malformed request
         rt.alert(
@@ -57,15 +77,62 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             outcome.last_error,
         )
         return
-    response = AgentResponse(
-        order_id=request.order_id,
-        step=request.step,
-        operation=request.operation,
-        attempt=request.attempt,
-        outcome="succeeded" if isinstance(outcome, Succeeded) else "failed",
-        transient=isinstance(outcome, Failed) and outcome.transient,
-        error_code=outcome.code if isinstance(outcome, Failed) else None,
-        error_message=outcome.message if isinstance(outcome, Failed) else None,
-        result=outcome.result if isinstance(outcome, Succeeded) else {},
-    )
-    rt.bus.send(rt.settings.queue("responses"), response)
+    if isinstance(outcome, Deferred):
+        log.info(
+            "%s: %s %s attempt %d deferred to %s: circuit open (%s)",
+            service,
+            request.order_id,
+            request.step,
+            request.attempt,
+            outcome.retry_at.isoformat(),
+            outcome.last_error,
+        )
+    rt.bus.send(rt.settings.queue("responses"), response_for(request, outcome))
+
+
+def response_for(
+    request: AgentRequest, outcome: Succeeded | NothingToUndo | Failed | Deferred
+) -> AgentResponse:
+    """The AgentResponse that reports ``outcome`` for ``request``."""
+    common = {
+        "order_id": request.order_id,
+        "step": request.step,
+        "operation": request.operation,
+        "attempt": request.attempt,
+        "idempotency_key": request.idempotency_key,
+    }
+    match outcome:
+        case Succeeded(result=result):
+            return AgentResponse(**common, outcome="succeeded", result=result)
+        case NothingToUndo(result=result):
+            return AgentResponse(**common, outcome="nothing_to_undo", result=result)
+        case Failed(code=code, message=message, transient=transient):
+            return AgentResponse(
+                **common,
+                outcome="failed",
+                transient=transient,
+                error_code=_error_code(code),
+                error_message=message,
+            )
+        case Deferred(retry_at=retry_at):
+            return AgentResponse(**common, outcome="deferred", retry_at=retry_at)
+    raise TypeError(f"no response for {type(outcome).__name__}")
+
+
+def _error_code(code: str) -> str:
+    """The service's error code, made fit for AgentResponse (a real service may send any text)."""
+    if _ERROR_CODE.match(code):
+        return code
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64]
+    return cleaned if cleaned else "remote_error"
+
+
+def remote_client(rt: Runtime, service: str) -> RemoteServiceClient:
+    """The client of ``service``, built once per runtime (it keeps the runtime's HTTP pool)."""
+    client = rt.agent_clients.get(service)
+    if client is None:
+        client = RemoteServiceClient(
+            service, rt.settings.service_urls[service], rt.http, breaker_for(service), rng=rt.rng
+        )
+        rt.agent_clients[service] = client
+    return client

@@ -11,8 +11,9 @@ table cannot answer "which orders are in flight" without a scan, so a second tab
   that hides an expired order, so the Supervisor point-reads each listed process row instead.
 - Crash ordering (there are no cross-table transactions): the row is written BEFORE the
   transaction that puts an order generation in flight (create, resubmit) and deleted AFTER the
-  transaction that makes it terminal (Processed, Error). A crash leaves at worst an extra row,
-  never an in-flight order without one.
+  messages of the transaction that made it terminal (Processed, Error) were sent. A crash
+  leaves at worst an extra row, never an in-flight order without one; a finished order whose
+  row is still there may still owe its final messages, and the Supervisor sends them.
 - Extra rows are garbage, removed by :meth:`ActiveOrderIndex.reap` once the order generation
   they name is missing, terminal or superseded, and the row is older than a grace period (a
   create may still be on its way after its row was written) and unchanged since it was listed
@@ -29,14 +30,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from azure.core.exceptions import HttpResponseError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
+from core.order import Order
 from core.state_models import (
     ActivePage,
     ActiveRow,
     CorruptOrderState,
-    ProcessRecord,
     delete_unchanged,
     etag_of,
     utc,
@@ -95,6 +96,14 @@ class ActiveOrderIndex:
                 exc,
             )
 
+    def has(self, order_id: str, generation: int) -> bool:
+        """Whether the row of an order generation exists (one point read)."""
+        try:
+            self._table.get_entity(index_partition(order_id), index_row_key(order_id, generation))
+        except ResourceNotFoundError:
+            return False
+        return True
+
     def list(self, limit: int = MAX_PAGE, *, continuation: str | None = None) -> ActivePage:
         """One page of at most ``limit`` rows, and where to go on (None: that was the last).
 
@@ -145,7 +154,7 @@ class ActiveOrderIndex:
         return (), False
 
     def reap(
-        self, row: ActiveRow, process: ProcessRecord | None, *, grace: timedelta = DEFAULT_GRACE
+        self, row: ActiveRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
         """Delete ``row`` if it no longer stands for an order in flight; True if deleted.
 

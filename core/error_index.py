@@ -28,7 +28,8 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
-from core.state_models import CorruptOrderState, ProcessRecord, delete_unchanged, etag_of, utc
+from core.order import Order
+from core.state_models import CorruptOrderState, delete_unchanged, etag_of, utc
 from core.states import ProcessState
 
 ERROR_PARTITION: Final = "~error"
@@ -115,7 +116,7 @@ class ErrorOrderIndex:
         return ErrorRowPage(rows=(), last_key=None)
 
     def reap(
-        self, row: ErrorRow, process: ProcessRecord | None, *, grace: timedelta = DEFAULT_GRACE
+        self, row: ErrorRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
         """Delete ``row`` if its order generation is not in Error (and the row is old enough)."""
         live = (

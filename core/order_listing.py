@@ -30,7 +30,7 @@ from typing import Final
 
 from core.active_index import ActiveRow
 from core.error_index import ERROR_PARTITION, ErrorRow
-from core.state_models import ProcessRecord
+from core.order import Order
 from core.state_store import OrderStateStore
 from core.states import ProcessState
 
@@ -51,7 +51,7 @@ class InvalidCursor(ValueError):
 @dataclass(frozen=True, slots=True)
 class OrderListing:
     state: ProcessState
-    orders: tuple[ProcessRecord, ...]
+    orders: tuple[Order, ...]
     cursor: str | None
     """Pass it back to go on; None: there is nothing more."""
     scanned: int
@@ -84,7 +84,7 @@ def list_orders(
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be from 1 to {MAX_LIMIT}")
     after = decode_cursor(cursor, state)
-    found: list[ProcessRecord] = []
+    found: list[Order] = []
     scanned = 0
     more = True
     while more and len(found) < limit and scanned < max_scan:
@@ -92,7 +92,7 @@ def list_orders(
         for position, row in enumerate(rows):
             scanned += 1
             after = _key(row)
-            process = store.find_process(row.order_id)
+            process = store.find(row.order_id)
             if _matches(process, row, state):
                 assert process is not None
                 found.append(process)
@@ -120,7 +120,7 @@ def _key(row: ActiveRow | ErrorRow) -> tuple[str, str]:
     return (row.partition_key, row.row_key)
 
 
-def _matches(process: ProcessRecord | None, row: ActiveRow | ErrorRow, state: ProcessState) -> bool:
+def _matches(process: Order | None, row: ActiveRow | ErrorRow, state: ProcessState) -> bool:
     return process is not None and process.state is state and process.generation == row.generation
 
 

@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import httpx
 
-from agent.circuit import breaker_for
-from agent.remote_client import RemoteServiceClient
 from core import clients
 from core.bus import Bus
 from core.messages import OperatorAlert, utc_now
@@ -49,7 +48,8 @@ class Runtime:
     clock: Callable[[], datetime] = utc_now
     rng: random.Random = field(default_factory=random.Random)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(http2=False))
-    _remote_clients: dict[str, RemoteServiceClient] = field(default_factory=dict)
+    agent_clients: dict[str, Any] = field(default_factory=dict)
+    """Remote-service clients the agents built on this runtime (see agent.handler)."""
     _status_bus: Bus | None = None
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -60,7 +60,6 @@ class Runtime:
             clients.table_service(settings.storage),
             orders_table=settings.orders_table,
             active_table=settings.active_table,
-            workflows=workflows,
             clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
         )
         bus = Bus(lambda: clients.servicebus_client(settings.servicebus))
@@ -99,19 +98,6 @@ class Runtime:
                     max_senders=STATUS_SENDERS,
                 )
             return self._status_bus
-
-    def remote_client(self, service: str) -> RemoteServiceClient:
-        client = self._remote_clients.get(service)
-        if client is None:
-            client = RemoteServiceClient(
-                service,
-                self.settings.service_urls[service],
-                self.http,
-                breaker_for(service),
-                rng=self.rng,
-            )
-            self._remote_clients[service] = client
-        return client
 
     def close(self) -> None:
         self.bus.close()

@@ -16,20 +16,21 @@ from datetime import timedelta
 from typing import Any
 
 from core import ids
+from core.agents import AGENT_NAMES, AGENTS
 from core.workflows import WORKFLOWS, RetryPolicy, Workflow
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 STATE_STORAGE_CONNECTION = "StateStorage"
-AGENT_SERVICES = ("inventory", "payment", "shipping")
+AGENT_SERVICES = AGENT_NAMES
 
 QUEUE_SETTINGS = {
     "orders": "ORDERS_QUEUE",
     "commands": "SCHEDULER_COMMANDS_QUEUE",
     "responses": "AGENT_RESPONSES_QUEUE",
     "alerts": "OPERATOR_ALERTS_QUEUE",
-    **{service: f"{service.upper()}_REQUESTS_QUEUE" for service in AGENT_SERVICES},
+    **{agent.name: agent.queue_setting for agent in AGENTS},
 }
-SERVICE_URL_SETTINGS = {service: f"{service.upper()}_SERVICE_URL" for service in AGENT_SERVICES}
+SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
 
 
 class SettingsError(ValueError):

@@ -1,4 +1,4 @@
-"""Typed records of the state store and their Table entity shapes.
+"""Table entity shapes of the state store, and its errors.
 
 Row layout of one order (PartitionKey = order id), in RowKey order:
 
@@ -8,21 +8,14 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
     :meth:`core.messages.OrderSubmitted.content_hash`), ``CustomerId``, ``Currency``,
     ``TotalCents`` (Int64), ``ItemCount``, ``SubmittedAt``. Written once, never changed.
 ``process``
-    The pattern's record: ``OrderID``, ``LockedBy``, ``CompleteBy``, ``ProcessState``,
-    ``FailureCount``, plus ``Workflow``, ``Attempt``, ``Generation``, ``CurrentStep``,
-    ``CurrentOperation``, ``ReplyTo``, ``LastError``, ``NextAttemptAt``, ``CreatedAt``,
-    ``UpdatedAt``, ``TimelineSeq`` (sequence of the latest timeline row) and ``WriteId`` (random
-    id of the transition that wrote the row). Compensation and operator fields:
-    ``CompensationCause`` (why the order is being undone, as an alert reason code:
-    ``step_declined``, ``failure_threshold``, ``cancelled``), ``CompensationReason`` (the same in
-    words), ``CancelRequestedBy`` (an operator asked to cancel while a step was in flight) and
-    ``ReplyError`` (status replies to ``ReplyTo`` failed and stopped; why). Absent properties
-    read as None.
-``step-<nn>-<name>``
-    One per workflow step: ``Step``, ``StepIndex``, ``State`` (Pending, Succeeded, Failed,
-    Compensating, Compensated), ``Attempt`` (of the latest reply recorded, do or undo),
-    ``Result`` (JSON of the succeeded do, split like ``Payload``; an undo keeps it),
-    ``ErrorCode``, ``ErrorMessage``, ``CompletedAt``, ``CompensatedAt``, ``UpdatedAt``.
+    The whole mutable order (:class:`core.order.Order`), so one point read loads it and one
+    ETag-conditional write changes it: the pattern's ``OrderID``, ``LockedBy``, ``CompleteBy``,
+    ``ProcessState``, ``FailureCount``, plus ``Workflow``, ``Attempt``, ``Generation``,
+    ``CurrentStep``, ``CurrentOperation``, ``ReplyTo``, ``LastError``, ``NextAttemptAt``,
+    ``CreatedAt``, ``UpdatedAt``, ``TimelineSeq``, ``WriteId``, ``CompensationCause``,
+    ``CompensationReason``, ``StatusSeq``; and JSON (split like ``Payload``): ``AgentPayload``
+    (what agents are told), ``Steps`` (each step's state, generation, attempts, result, error)
+    and ``Outbox`` (the messages the last write implied, until known delivered).
 ``timeline-<seq, 8 digits>``
     Append-only: ``Seq``, ``At``, ``Actor``, ``Event``, ``FromState``, ``ToState``, ``Step``,
     ``Attempt``, ``Detail``.
@@ -41,17 +34,17 @@ from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import EntityProperty, TableClient, TableEntity
 
 from core import ids
-from core.messages import AgentResponse, JsonObject, OrderSubmitted, truncate_utf8
-from core.states import ProcessState, StepState
+from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
+from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.states import ProcessState
 
 DETAILS_ROW: Final = "details"
 PROCESS_ROW: Final = "process"
-STEP_PREFIX: Final = "step-"
 TIMELINE_PREFIX: Final = "timeline-"
 TIMELINE_END: Final = "timeline."  # '.' sorts right after '-': the end of the timeline range
 TIMELINE_SEQ_DIGITS: Final = 8
 MAX_TIMELINE_SEQ: Final = 10**TIMELINE_SEQ_DIGITS - 1
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 MAX_LAST_ERROR_BYTES: Final = 2048
 MAX_TIMELINE_DETAIL_BYTES: Final = 2048
 # A string property holds at most 64 KiB of UTF-16; 16,000 code points stay below that even when
@@ -79,14 +72,6 @@ class ConcurrencyConflict(StoreError):
         text = f"order {order_id} was changed by someone else"
         super().__init__(f"{text}: {detail}" if detail else text)
         self.order_id = order_id
-
-
-class InvalidTransition(StoreError):
-    """A transition that the state machine forbids, refused before any request."""
-
-
-class StaleResult(StoreError):
-    """A step result for another step, attempt or direction than the one in flight."""
 
 
 class CorruptOrderState(StoreError):
@@ -126,10 +111,6 @@ def delete_unchanged(table: TableClient, partition_key: str, row_key: str, etag:
     except (ResourceModifiedError, ResourceNotFoundError):
         return False
     return True
-
-
-def step_row_key(index: int, name: str) -> str:
-    return f"{STEP_PREFIX}{index:02d}-{name}"
 
 
 def timeline_row_key(seq: int) -> str:
@@ -174,202 +155,137 @@ def _int64(value: int) -> EntityProperty:
     return EntityProperty(value, "Edm.Int64")
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessRecord:
-    """The ``process`` row as read (``etag`` is the version every transition is conditional on)."""
-
-    order_id: str
-    workflow: str
-    state: ProcessState
-    locked_by: str | None
-    complete_by: datetime | None
-    failure_count: int
-    attempt: int
-    generation: int
-    current_step: str | None
-    current_operation: ids.Operation
-    reply_to: str | None
-    last_error: str | None
-    next_attempt_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    timeline_seq: int
-    write_id: str
-    etag: str
-    compensation_cause: str | None = None
-    compensation_reason: str | None = None
-    cancel_requested_by: str | None = None
-    reply_error: str | None = None
-
-    def to_entity(self) -> dict[str, Any]:
-        # None values are left out: with REPLACE they remove the property (LockedBy = null).
-        return {
-            "PartitionKey": self.order_id,
-            "RowKey": PROCESS_ROW,
-            "SchemaVersion": SCHEMA_VERSION,
-            "OrderID": self.order_id,
-            "Workflow": self.workflow,
-            "ProcessState": self.state.value,
-            "LockedBy": self.locked_by,
-            "CompleteBy": self.complete_by,
-            "FailureCount": self.failure_count,
-            "Attempt": self.attempt,
-            "Generation": self.generation,
-            "CurrentStep": self.current_step,
-            "CurrentOperation": self.current_operation,
-            "ReplyTo": self.reply_to,
-            "LastError": self.last_error,
-            "NextAttemptAt": self.next_attempt_at,
-            "CreatedAt": self.created_at,
-            "UpdatedAt": self.updated_at,
-            "TimelineSeq": self.timeline_seq,
-            "WriteId": self.write_id,
-            "CompensationCause": self.compensation_cause,
-            "CompensationReason": self.compensation_reason,
-            "CancelRequestedBy": self.cancel_requested_by,
-            "ReplyError": self.reply_error,
-        }
-
-    @classmethod
-    def from_entity(cls, entity: Mapping[str, Any], etag: str) -> ProcessRecord:
-        try:
-            return cls(
-                order_id=entity["OrderID"],
-                workflow=entity["Workflow"],
-                state=ProcessState(entity["ProcessState"]),
-                locked_by=entity.get("LockedBy") or None,
-                complete_by=_dt(entity.get("CompleteBy")),
-                failure_count=_int(entity.get("FailureCount")),
-                attempt=_int(entity.get("Attempt")),
-                generation=_int(entity.get("Generation"), 1),
-                current_step=entity.get("CurrentStep") or None,
-                current_operation=ids.validate_operation(entity.get("CurrentOperation", "do")),
-                reply_to=entity.get("ReplyTo") or None,
-                last_error=entity.get("LastError") or None,
-                next_attempt_at=_dt(entity.get("NextAttemptAt")),
-                created_at=utc(entity["CreatedAt"]),
-                updated_at=utc(entity["UpdatedAt"]),
-                timeline_seq=_int(entity.get("TimelineSeq")),
-                write_id=entity.get("WriteId", ""),
-                etag=etag,
-                compensation_cause=entity.get("CompensationCause") or None,
-                compensation_reason=entity.get("CompensationReason") or None,
-                cancel_requested_by=entity.get("CancelRequestedBy") or None,
-                reply_error=entity.get("ReplyError") or None,
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CorruptOrderState(
-                f"process row of {entity.get('PartitionKey')} is unreadable: {exc!r}"
-            ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    name: str
-    index: int
-    state: StepState
-    attempt: int
-    result: JsonObject | None
-    error_code: str | None
-    error_message: str | None
-    completed_at: datetime | None
-    compensated_at: datetime | None
-
-    @classmethod
-    def from_entity(cls, entity: Mapping[str, Any]) -> StepRecord:
-        try:
-            result_text = get_json(entity, "Result")
-            return cls(
-                name=entity["Step"],
-                index=_int(entity["StepIndex"]),
-                state=StepState(entity["State"]),
-                attempt=_int(entity.get("Attempt")),
-                result=json.loads(result_text) if result_text else None,
-                error_code=entity.get("ErrorCode") or None,
-                error_message=entity.get("ErrorMessage") or None,
-                completed_at=_dt(entity.get("CompletedAt")),
-                compensated_at=_dt(entity.get("CompensatedAt")),
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CorruptOrderState(
-                f"step row {entity.get('RowKey')} of {entity.get('PartitionKey')} is "
-                f"unreadable: {exc!r}"
-            ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class StepUpdate:
-    """What a transition records on a step row (merged: absent fields keep their values).
-
-    ``state`` None leaves the state as it is (a failed undo: the step is still to be undone).
-    ``attempt`` None leaves the row's attempt (a step marked for undo before any undo reply).
-    ``reset`` replaces the row with a fresh Pending one (a step a resubmission will redo).
-    """
-
-    step: str
-    attempt: int | None
-    state: StepState | None
-    result: JsonObject | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    at: datetime | None = None
-    reset: bool = False
-
-    @classmethod
-    def from_response(cls, response: AgentResponse) -> StepUpdate:
-        succeeded = response.outcome == "succeeded"
-        if response.operation == "do":
-            state: StepState | None = StepState.SUCCEEDED if succeeded else StepState.FAILED
-        else:
-            state = StepState.COMPENSATED if succeeded else None
-        return cls(
-            step=response.step,
-            attempt=response.attempt,
-            state=state,
-            result=response.result if succeeded and response.operation == "do" else None,
-            error_code=response.error_code,
-            error_message=response.error_message,
-            at=response.responded_at,
-        )
-
-    def to_entity(self, order_id: str, index: int, now: datetime) -> dict[str, Any]:
-        if self.reset:
-            return new_step_entity(order_id, index, self.step, now)
-        at = utc(self.at) if self.at is not None else now
-        entity: dict[str, Any] = {
-            "PartitionKey": order_id,
-            "RowKey": step_row_key(index, self.step),
-            "UpdatedAt": now,
-        }
-        if self.attempt is not None:
-            entity["Attempt"] = self.attempt
-        if self.state is not None:
-            entity["State"] = self.state.value
-            if self.state is StepState.COMPENSATED:
-                entity["CompensatedAt"] = at
-            elif self.state in (StepState.SUCCEEDED, StepState.FAILED) or self.result is not None:
-                # A result is only ever recorded for a 'do' that succeeded, even when the same
-                # write marks the step for undo (an order cancelled while that step was running).
-                entity["CompletedAt"] = at
-        if self.result is not None:
-            put_json(entity, "Result", json.dumps(self.result, separators=(",", ":")))
-        if self.error_code is not None:
-            entity["ErrorCode"] = self.error_code
-        if self.error_message is not None:
-            entity["ErrorMessage"] = truncate_utf8(self.error_message, MAX_LAST_ERROR_BYTES)
-        return entity
-
-
-def new_step_entity(order_id: str, index: int, name: str, now: datetime) -> dict[str, Any]:
-    return {
-        "PartitionKey": order_id,
-        "RowKey": step_row_key(index, name),
-        "Step": name,
-        "StepIndex": index,
-        "State": StepState.PENDING.value,
-        "Attempt": 0,
-        "UpdatedAt": now,
+def order_entity(order: Order) -> dict[str, Any]:
+    """The ``process`` row of ``order``. None values are left out by REPLACE (LockedBy = null)."""
+    entity: dict[str, Any] = {
+        "PartitionKey": order.order_id,
+        "RowKey": PROCESS_ROW,
+        "SchemaVersion": SCHEMA_VERSION,
+        "OrderID": order.order_id,
+        "Workflow": order.workflow,
+        "ProcessState": order.state.value,
+        "LockedBy": order.locked_by,
+        "CompleteBy": order.complete_by,
+        "FailureCount": order.failure_count,
+        "Attempt": order.attempt,
+        "Generation": order.generation,
+        "CurrentStep": order.current_step,
+        "CurrentOperation": order.current_operation,
+        "ReplyTo": order.reply_to,
+        "LastError": _clip(order.last_error),
+        "NextAttemptAt": order.next_attempt_at,
+        "CreatedAt": order.created_at,
+        "UpdatedAt": order.updated_at,
+        "TimelineSeq": order.timeline_seq,
+        "WriteId": order.write_id,
+        "CompensationCause": order.compensation_cause,
+        "CompensationReason": _clip(order.compensation_reason),
+        "StatusSeq": order.status_seq,
     }
+    put_json(entity, "AgentPayload", _dumps(order.payload))
+    put_json(entity, "Steps", _dumps([_step_json(step) for step in order.steps]))
+    put_json(entity, "Outbox", _dumps([_outgoing_json(o) for o in order.outbox]))
+    return entity
+
+
+def order_from_entity(entity: Mapping[str, Any], etag: str) -> Order:
+    try:
+        return Order(
+            order_id=entity["OrderID"],
+            workflow=entity["Workflow"],
+            state=ProcessState(entity["ProcessState"]),
+            locked_by=entity.get("LockedBy") or None,
+            complete_by=_dt(entity.get("CompleteBy")),
+            failure_count=_int(entity.get("FailureCount")),
+            attempt=_int(entity.get("Attempt")),
+            generation=_int(entity.get("Generation"), 1),
+            current_step=entity["CurrentStep"],
+            current_operation=ids.validate_operation(entity.get("CurrentOperation", "do")),
+            reply_to=entity.get("ReplyTo") or None,
+            payload=json.loads(get_json(entity, "AgentPayload") or "{}"),
+            steps=tuple(_step_of(item) for item in json.loads(get_json(entity, "Steps") or "[]")),
+            created_at=utc(entity["CreatedAt"]),
+            updated_at=utc(entity["UpdatedAt"]),
+            next_attempt_at=_dt(entity.get("NextAttemptAt")),
+            last_error=entity.get("LastError") or None,
+            compensation_cause=entity.get("CompensationCause") or None,
+            compensation_reason=entity.get("CompensationReason") or None,
+            status_seq=_int(entity.get("StatusSeq")),
+            outbox=tuple(
+                _outgoing_of(item) for item in json.loads(get_json(entity, "Outbox") or "[]")
+            ),
+            timeline_seq=_int(entity.get("TimelineSeq")),
+            etag=etag,
+            write_id=entity.get("WriteId", ""),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptOrderState(
+            f"process row of {entity.get('PartitionKey')} is unreadable: {exc!r}"
+        ) from None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _clip(text: str | None) -> str | None:
+    return None if text is None else truncate_utf8(text, MAX_LAST_ERROR_BYTES)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _parse_dt(value: str | None) -> datetime | None:
+    return None if value is None else utc(datetime.fromisoformat(value))
+
+
+def _step_json(step: StepRecord) -> dict[str, Any]:
+    return {
+        "name": step.name,
+        "index": step.index,
+        "state": step.state.value,
+        "generation": step.generation,
+        "attempt": step.attempt,
+        "result": step.result,
+        "error_code": step.error_code,
+        "error_message": _clip(step.error_message),
+        "completed_at": _iso(step.completed_at),
+        "compensated_at": _iso(step.compensated_at),
+    }
+
+
+def _step_of(item: Mapping[str, Any]) -> StepRecord:
+    return StepRecord(
+        name=item["name"],
+        index=int(item["index"]),
+        state=StepState(item["state"]),
+        generation=int(item["generation"]),
+        attempt=int(item["attempt"]),
+        result=item.get("result"),
+        error_code=item.get("error_code"),
+        error_message=item.get("error_message"),
+        completed_at=_parse_dt(item.get("completed_at")),
+        compensated_at=_parse_dt(item.get("compensated_at")),
+    )
+
+
+def _outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
+    return {
+        "to": outgoing.to,
+        "type": outgoing.message.MESSAGE_TYPE,
+        "message": outgoing.message.model_dump(mode="json"),
+        "not_before": _iso(outgoing.not_before),
+    }
+
+
+def _outgoing_of(item: Mapping[str, Any]) -> Outgoing:
+    message_type = MESSAGE_TYPES[item["type"]]
+    return Outgoing(
+        to=item["to"],
+        message=message_type.model_validate(item["message"]),
+        not_before=_parse_dt(item.get("not_before")),
+    )
 
 
 def details_entity(submitted: OrderSubmitted, payload_hash: str) -> dict[str, Any]:
@@ -388,79 +304,58 @@ def details_entity(submitted: OrderSubmitted, payload_hash: str) -> dict[str, An
     return entity
 
 
-@dataclass(frozen=True, slots=True)
-class TimelineEntry:
-    seq: int
-    at: datetime
-    actor: str
-    event: str
-    from_state: ProcessState | None
-    to_state: ProcessState
-    step: str | None
-    attempt: int
-    detail: str
+def timeline_entity(order_id: str, entry: TimelineEntry) -> dict[str, Any]:
+    return {
+        "PartitionKey": order_id,
+        "RowKey": timeline_row_key(entry.seq),
+        "Seq": entry.seq,
+        "At": entry.at,
+        "Actor": entry.actor,
+        "Event": entry.event,
+        "FromState": entry.from_state.value if entry.from_state else None,
+        "ToState": entry.to_state.value,
+        "Step": entry.step,
+        "Attempt": entry.attempt,
+        "Detail": truncate_utf8(entry.detail, MAX_TIMELINE_DETAIL_BYTES),
+    }
 
-    def to_entity(self, order_id: str) -> dict[str, Any]:
-        return {
-            "PartitionKey": order_id,
-            "RowKey": timeline_row_key(self.seq),
-            "Seq": self.seq,
-            "At": self.at,
-            "Actor": self.actor,
-            "Event": self.event,
-            "FromState": self.from_state.value if self.from_state else None,
-            "ToState": self.to_state.value,
-            "Step": self.step,
-            "Attempt": self.attempt,
-            "Detail": truncate_utf8(self.detail, MAX_TIMELINE_DETAIL_BYTES),
-        }
 
-    @classmethod
-    def from_entity(cls, entity: Mapping[str, Any]) -> TimelineEntry:
-        try:
-            from_state = entity.get("FromState")
-            return cls(
-                seq=_int(entity["Seq"]),
-                at=utc(entity["At"]),
-                actor=entity["Actor"],
-                event=entity["Event"],
-                from_state=ProcessState(from_state) if from_state else None,
-                to_state=ProcessState(entity["ToState"]),
-                step=entity.get("Step") or None,
-                attempt=_int(entity.get("Attempt")),
-                detail=entity.get("Detail") or "",
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CorruptOrderState(
-                f"timeline row {entity.get('RowKey')} of {entity.get('PartitionKey')} is "
-                f"unreadable: {exc!r}"
-            ) from None
+def timeline_from_entity(entity: Mapping[str, Any]) -> TimelineEntry:
+    try:
+        from_state = entity.get("FromState")
+        return TimelineEntry(
+            seq=_int(entity["Seq"]),
+            at=utc(entity["At"]),
+            actor=entity["Actor"],
+            event=entity["Event"],
+            from_state=ProcessState(from_state) if from_state else None,
+            to_state=ProcessState(entity["ToState"]),
+            step=entity.get("Step") or None,
+            attempt=_int(entity.get("Attempt")),
+            detail=entity.get("Detail") or "",
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptOrderState(
+            f"timeline row {entity.get('RowKey')} of {entity.get('PartitionKey')} is "
+            f"unreadable: {exc!r}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
 class OrderRecord:
-    """Everything about one order except its timeline, from one partition query."""
+    """An order as operators see it: what was submitted and its state (timeline apart)."""
 
     details: OrderSubmitted
     payload_hash: str
-    process: ProcessRecord
-    steps: tuple[StepRecord, ...]
+    process: Order
 
     @property
     def order_id(self) -> str:
         return self.process.order_id
 
-    def step(self, name: str) -> StepRecord:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(f"order {self.order_id} has no step {name!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    process: ProcessRecord
-    created: bool = True
+    @property
+    def steps(self) -> tuple[StepRecord, ...]:
+        return self.process.steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,11 +364,7 @@ class AlreadyExists:
 
     same_payload: bool
     existing_payload_hash: str
-    process: ProcessRecord
-    created: bool = False
-
-
-CreateResult = Created | AlreadyExists
+    order: Order
 
 
 @dataclass(frozen=True, slots=True)

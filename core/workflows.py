@@ -15,12 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final
 
 from core import ids
+from core.agents import AGENT_NAMES
 
-AgentName = Literal["inventory", "payment", "shipping"]
-AGENT_NAMES: Final[tuple[AgentName, ...]] = get_args(AgentName)
 MAX_STEPS: Final = 90
 """Create writes details + process + timeline + one row per step in one 100-operation batch."""
 
@@ -84,7 +83,8 @@ class Step:
     """
 
     name: str
-    agent: AgentName
+    agent: str
+    """An agent of the catalog (:mod:`core.agents`)."""
     operation: str
     undo_operation: str | None
     complete_by_budget: timedelta

@@ -1,25 +1,23 @@
-"""Scheduler commands: the Supervisor's retries, and operators' resubmissions and cancels.
+"""Scheduler commands: the retries the lifecycle schedules, and operators' cancels and resubmits.
 
-A retry command names the FailureCount it was issued for; if the order has moved on since (it
-was claimed, finished, or failed again), the command is stale and dropped. A retry of a released
-compensation claims the next undo. Resubmit and cancel run :mod:`scheduler.control` on behalf of
-``requested_by``; one that does not apply to the order as it is now is reported to operators.
+A retry command names the attempt it was issued for; if the order has moved on since (it was
+claimed, finished, or failed again), the command is stale and changes nothing. Resubmit and
+cancel run :mod:`scheduler.control` on behalf of ``requested_by``; one that does not apply to
+the order as it is now is reported to operators.
 """
 
 from __future__ import annotations
 
 import logging
 
+from core import apply
+from core.lifecycle import Refused, RetryDue
 from core.messages import BadMessage, OperatorAlert, SchedulerCommand, parse_message
 from core.runtime import Runtime
 from core.state_models import OrderNotFound
-from core.states import ProcessState
 from scheduler import control
-from scheduler.dispatch import claim_and_dispatch
 
 log = logging.getLogger("scheduler.commands")
-
-_RETRYABLE = (ProcessState.PENDING, ProcessState.COMPENSATING)
 
 
 def handle_command(body: bytes | str, rt: Runtime) -> None:
@@ -29,12 +27,15 @@ def handle_command(body: bytes | str, rt: Runtime) -> None:
         rt.alert(bad.to_alert(source=rt.actor("commands")))
         return
     if command.command == "retry":
-        _retry(command, rt)
+        try:
+            apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))
+        except OrderNotFound:
+            log.warning("retry command for unknown order %s dropped", command.order_id)
         return
     action = control.cancel if command.command == "cancel" else control.resubmit
     try:
         result = action(rt, command.order_id, actor=command.requested_by, reason=command.reason)
-    except control.Refused as refused:
+    except Refused as refused:
         rt.alert(
             OperatorAlert(
                 order_id=command.order_id,
@@ -53,19 +54,3 @@ def handle_command(body: bytes | str, rt: Runtime) -> None:
         command.requested_by,
         result.outcome,
     )
-
-
-def _retry(command: SchedulerCommand, rt: Runtime) -> None:
-    try:
-        order = rt.store.get_order(command.order_id)
-    except OrderNotFound:
-        log.warning("retry command for unknown order %s dropped", command.order_id)
-        return
-    process = order.process
-    if process.state not in _RETRYABLE or process.locked_by is not None:
-        log.info("order %s is %s; retry command dropped", process.order_id, process.state)
-        return
-    if process.failure_count != command.failure_count:
-        log.info("order %s: stale retry command dropped", process.order_id)
-        return
-    claim_and_dispatch(process, order.details, rt)

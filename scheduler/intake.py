@@ -1,30 +1,38 @@
-"""Intake: an OrderSubmitted message becomes an order in the state store, then gets claimed.
+"""Intake: an OrderSubmitted message becomes an order, created and dispatched in one write.
 
-The order's details, process and step rows are written in ONE table transaction. A redelivered
-submission finds them and carries on (claiming is idempotent under ETags); the same id with a
-different payload is rejected and reported, never merged. An order whose ``reply_to`` names one
-of the app's own queues is refused before anything is stored (see :mod:`scheduler.status`).
+The order's details, its state (already claimed for the first step) and its first timeline row
+are written in ONE table transaction, with the first AgentRequest and the ``received`` status in
+its outbox; the sends follow. A redelivered submission finds the order and sends what it still
+owes; the same id with a different payload is rejected and reported, never merged. An order
+whose ``reply_to`` names one of the app's own queues is refused before anything is stored
+(status messages injected into, say, the agent-response queue would be read as replies).
 """
 
 from __future__ import annotations
 
 import logging
 
+from core import apply, lifecycle
 from core.messages import BadMessage, OperatorAlert, OrderSubmitted, excerpt, parse_message
 from core.runtime import Runtime
+from core.settings import Settings
 from core.state_models import AlreadyExists
-from core.states import ProcessState
-from scheduler.dispatch import claim_and_dispatch
-from scheduler.status import Status, is_app_queue, publish
 
 log = logging.getLogger("scheduler.intake")
 
 
+def is_app_queue(settings: Settings, name: str) -> bool:
+    """True if ``name`` is one of this app's queues (entity names are case-insensitive)."""
+    folded = name.casefold()
+    return any(folded == queue.casefold() for queue in settings.queues.values())
+
+
 def handle_submission(body: bytes | str, rt: Runtime) -> None:
+    actor = rt.actor("intake")
     try:
         order = parse_message(body, OrderSubmitted)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=rt.actor("intake")))
+        rt.alert(bad.to_alert(source=actor))
         return
     if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
         rt.alert(
@@ -37,13 +45,20 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
                     "app's own queues; the order was refused. Name a queue of the submitter's own."
                 ),
                 raw_excerpt=excerpt(body),
-                source=rt.actor("intake"),
+                source=actor,
             )
         )
         return
-    workflow = rt.workflow(order.workflow)
-    result = rt.store.create_order(order, workflow, actor=rt.actor("intake"))
-    if isinstance(result, AlreadyExists) and not result.same_payload:
+    ctx = lifecycle.Context(
+        workflow=rt.workflow(order.workflow), now=rt.clock(), actor=rt.actor("scheduler")
+    )
+    decision = lifecycle.submit(order, ctx)
+    assert decision.order is not None and decision.entry is not None
+    result = rt.store.create(order, decision.order, decision.entry)
+    if not isinstance(result, AlreadyExists):
+        apply.send(rt, result, decision.send)
+        return
+    if not result.same_payload:
         rt.alert(
             OperatorAlert(
                 order_id=order.order_id,
@@ -56,14 +71,9 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
                     "Submit changes under a new order id."
                 ),
                 raw_excerpt=excerpt(body),
-                source=rt.actor("intake"),
+                source=actor,
             )
         )
         return
-    process = result.process
-    if isinstance(result, AlreadyExists):
-        log.info("order %s: duplicate submission; state %s", order.order_id, process.state)
-    if process.timeline_seq == 0:  # also a redelivery after a crash before "received" was sent
-        process = publish(rt, process, Status("received", detail=f"workflow {workflow.name}"))
-    if process.state is ProcessState.PENDING and process.locked_by is None:
-        claim_and_dispatch(process, order, rt)
+    log.info("order %s: duplicate submission; state %s", order.order_id, result.order.state)
+    apply.carry_out(rt, result.order, lifecycle.decide(result.order, lifecycle.Resent(), ctx))

@@ -45,12 +45,6 @@ class Leadership:
             raise
         return True
 
-    def release(self) -> None:
-        try:
-            self._lease.release()
-        except HttpResponseError as exc:
-            log.info("lease release failed (it expires by itself): %s", exc)
-
     def _prepare(self) -> None:
         if self._prepared:
             return

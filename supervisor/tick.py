@@ -1,12 +1,13 @@
 """One Supervisor pass over the orders in flight.
 
 It reads the active-order index (one request per page) and point-reads each listed order, so a
-tick costs about one request per order in flight, whatever the history holds. It recovers:
-Processing/Compensating orders past CompleteBy (the agent or scheduler died, or the agent gave
-up silently at its deadline), and Pending orders (or released compensations) with no progress
-for `pending_stale_after` (a lost retry command, a crash between create and claim). It never
-calls remote services and knows no business rules: it only hands orders back to the Scheduler,
-asks it to compensate them, or gives up on them.
+tick costs about one request per order in flight, whatever the history holds. For each, the
+lifecycle decides (:mod:`core.lifecycle`, event ``Swept``): an order past CompleteBy (an agent
+or scheduler died, or the agent gave up silently at its deadline) or waiting without progress
+for ``pending_stale_after`` is released for a delayed retry, or compensated at the failure
+threshold; a finished order whose index row is still there owes its final messages, which are
+sent again before the row goes. The Supervisor never calls remote services and knows no business
+rules: it hands orders back, asks agents to undo, and reports.
 """
 
 from __future__ import annotations
@@ -14,23 +15,24 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from core import apply
+from core.lifecycle import Swept, decide
 from core.runtime import Runtime
 from core.state_models import ActiveRow, ConcurrencyConflict, CorruptOrderState
-from core.states import ProcessState
-from supervisor.recovery import retry_or_fail
 
 log = logging.getLogger("supervisor.tick")
 
 PAGE_SIZE = 500
+_OUTCOMES = {"released": "retried", "compensation_started": "compensating", "error": "failed"}
 
 
 @dataclass
 class TickReport:
-    leader: bool = True
     scanned: int = 0
     retried: int = 0
     compensating: int = 0
     failed: int = 0
+    flushed: int = 0
     reaped: int = 0
     conflicts: int = 0
 
@@ -51,44 +53,22 @@ def run_tick(rt: Runtime) -> TickReport:
         continuation = page.continuation
         if continuation is None:
             break
-    if report.retried or report.compensating or report.failed or report.reaped:
+    if report.retried or report.compensating or report.failed or report.flushed:
         log.info("supervisor tick: %s", report)
     return report
 
 
 def _inspect(row: ActiveRow, rt: Runtime, report: TickReport) -> None:
-    process = rt.store.find_process(row.order_id)
-    if process is None or not process.state.in_flight or process.generation != row.generation:
-        if rt.store.reap_active(row, process):
+    order = rt.store.find(row.order_id)
+    if order is None or order.generation != row.generation:
+        if rt.store.reap_active(row, order):
             report.reaped += 1
         return
-    now = rt.clock()
-    actor = rt.actor("supervisor")
-    if process.locked_by is not None:
-        if process.complete_by is None or process.complete_by > now:
-            return
-        reason = (
-            f"{process.current_operation} {process.current_step} attempt {process.attempt} by "
-            f"{process.locked_by} passed CompleteBy {process.complete_by.isoformat()}"
-        )
-    else:
-        waiting_since = process.next_attempt_at or process.updated_at
-        if waiting_since + rt.settings.pending_stale_after > now:
-            return
-        reason = (
-            f"{process.state} since {waiting_since.isoformat()} with no progress for "
-            f"{rt.settings.pending_stale_after.total_seconds():.0f}s"
-        )
-    if process.state not in (
-        ProcessState.PENDING,
-        ProcessState.PROCESSING,
-        ProcessState.COMPENSATING,
-    ):
-        return
-    outcome = retry_or_fail(process, reason, rt, actor=actor)
-    if outcome == "failed":
-        report.failed += 1
-    elif outcome == "compensating":
-        report.compensating += 1
-    else:
-        report.retried += 1
+    decision = decide(order, Swept(), apply.context(rt, order, rt.actor("supervisor")))
+    apply.carry_out(rt, order, decision)
+    if decision.finished and decision.order is None:
+        report.flushed += 1
+    elif decision.entry is not None:
+        outcome = _OUTCOMES.get(decision.entry.event)
+        if outcome is not None:
+            setattr(report, outcome, getattr(report, outcome) + 1)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.agents import AGENT_NAMES, AGENTS
 from devstack.stack import processes
 from devstack.stack.azurite import AzuriteProcess
 from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
@@ -109,16 +110,14 @@ class LocalStack:
         progress("starting the Service Bus development broker")
         self._broker = BrokerProcess([DEFAULT_CONFIG], log_path=self.workdir / "broker.log")
         self._broker.start()
-        progress("starting the fake remote services (inventory, payment, shipping)")
+        progress(f"starting the fake remote services ({', '.join(AGENT_NAMES)})")
         fakes_url = self._start_fakes()
         settings = base_settings() | {
             "ServiceBusConnection": self._broker.connection_string,
             "StateStorage": account.connection_string,
             "AzureWebJobsStorage": account.connection_string,
-            "INVENTORY_SERVICE_URL": f"{fakes_url}/inventory",
-            "PAYMENT_SERVICE_URL": f"{fakes_url}/payment",
-            "SHIPPING_SERVICE_URL": f"{fakes_url}/shipping",
         }
+        settings |= {agent.url_setting: f"{fakes_url}/{agent.name}" for agent in AGENTS}
         settings |= self.overrides
         progress("creating tables")
         self._create_tables(settings)

@@ -10,7 +10,7 @@ import pytest
 
 from agent.circuit import reset_breakers
 from devstack.fakes.remote_services import FakeServices
-from scheduler.status import forget_failures
+from core.apply import forget_failures
 from tests.support.app import Clock, QueueReader, app_settings, make_runtime
 
 

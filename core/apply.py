@@ -1,0 +1,179 @@
+"""The imperative shell around :mod:`core.lifecycle`: load, decide, write once, send.
+
+Every trigger that moves an order goes through :func:`handle` (or :func:`carry_out` when it has
+the order in hand): one point read, one pure decision, at most one ETag-conditional write, then
+the decision's messages in order. A lost race (412) re-reads and decides again. A send that
+fails raises, so the triggering message is redelivered and the outbox, still on the record, is
+sent again; duplicate detection drops what did go out.
+
+Status updates go to the submitter's own reply queue. That queue is outside the app's control: a
+queue that cannot be sent to at all (missing, disabled, no permission) never holds up the order;
+it is logged, alerted once per queue for :data:`FAILURE_MEMORY`, and skipped for that long. Any
+other failure is a failure like any send's (the outbox sends it again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final
+
+from azure.servicebus.exceptions import (
+    MessagingEntityDisabledError,
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+)
+
+from core.lifecycle import Context, Decision, Event, decide
+from core.messages import MessageBase, OperatorAlert
+from core.order import Order, Outgoing
+from core.state_models import ConcurrencyConflict
+
+if TYPE_CHECKING:
+    from core.runtime import Runtime
+
+log = logging.getLogger("apply")
+
+MAX_CONFLICT_RETRIES: Final = 5
+FAILURE_MEMORY: Final = timedelta(minutes=5)
+_MAX_REMEMBERED: Final = 1024
+UNREACHABLE_QUEUE: Final = (
+    MessagingEntityNotFoundError,
+    MessagingEntityDisabledError,
+    ServiceBusAuthorizationError,
+    # The development broker refuses an undeclared entity as an authentication failure.
+    ServiceBusAuthenticationError,
+)
+"""Errors that say the reply queue cannot be sent to at all (missing, disabled, forbidden).
+Any other error propagates: the triggering message comes again and the outbox is resent."""
+
+
+class Busy(Exception):
+    """The order kept changing under us; the caller's message will come again."""
+
+
+def context(rt: Runtime, order: Order, actor: str) -> Context:
+    return Context(
+        workflow=rt.workflow(order.workflow),
+        now=rt.clock(),
+        actor=actor,
+        jitter=rt.rng.random(),
+        stale_after=rt.settings.pending_stale_after,
+    )
+
+
+def handle(
+    rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], *, actor: str
+) -> tuple[Order, Decision]:
+    """Load the order, decide on ``event``, carry the decision out; again on a lost race.
+
+    ``event`` may be a function of the order (an operator action that must look first).
+    Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`, or
+    :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
+    """
+    for _ in range(MAX_CONFLICT_RETRIES):
+        order = rt.store.load(order_id)
+        happened = event(order) if callable(event) else event
+        decision = decide(order, happened, context(rt, order, actor))
+        try:
+            return carry_out(rt, order, decision), decision
+        except ConcurrencyConflict:
+            log.info("order %s changed while deciding; reading it again", order_id)
+    raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
+
+
+def carry_out(rt: Runtime, before: Order, decision: Decision) -> Order:
+    """Write the decision's order (if any), send its messages, and once a finished order owes
+    nothing, remove its active-index row."""
+    after = before
+    if decision.order is not None:
+        assert decision.entry is not None
+        after = rt.store.save(before, decision.order, decision.entry)
+    send(rt, after, decision.send)
+    if decision.finished:
+        rt.store.index.discard(after.order_id, after.generation)
+    if decision.note:
+        log.debug("order %s: %s", after.order_id, decision.note)
+    return after
+
+
+def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
+    now = rt.clock()
+    for item in outgoing:
+        if item.to == "reply":
+            if order.reply_to is not None:
+                _send_status(rt, order.reply_to, item.message)
+            continue
+        due = item.not_before if item.not_before is not None and item.not_before > now else None
+        rt.bus.send(rt.settings.queue(item.to), item.message, scheduled_at=due)
+
+
+def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
+    now = rt.clock()
+    if _failures.get(queue, now) is not None:
+        return
+    try:
+        rt.status_bus().send(queue, message)
+    except UNREACHABLE_QUEUE as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+        _failures.put(queue, failure, now)
+        log.warning("status reply to %s failed: %s", queue, failure)
+        order_id = getattr(message, "order_id", None)
+        rt.bus.send(
+            rt.settings.queue("alerts"),
+            OperatorAlert(
+                order_id=order_id,
+                severity="warning",
+                reason="reply_queue_unavailable",
+                detail=(
+                    f"status replies to {queue!r} failed ({failure}) and are skipped for "
+                    f"{FAILURE_MEMORY.total_seconds():.0f} s. Orders carry on without them; tell "
+                    "the submitter to create the queue or grant this app Send on it."
+                ),
+                source=rt.actor("scheduler"),
+                raised_at=now,
+            ),
+        )
+
+
+class _FailureMemory:
+    """Reply queues that failed recently, process-wide, bounded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[datetime, str]] = OrderedDict()
+
+    def get(self, queue: str, now: datetime) -> str | None:
+        key = queue.casefold()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if now - entry[0] > FAILURE_MEMORY:
+                del self._entries[key]
+                return None
+            return entry[1]
+
+    def put(self, queue: str, failure: str, now: datetime) -> None:
+        key = queue.casefold()
+        with self._lock:
+            self._entries[key] = (now, failure)
+            self._entries.move_to_end(key)
+            while len(self._entries) > _MAX_REMEMBERED:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_failures = _FailureMemory()
+
+
+def forget_failures() -> None:
+    """Forget remembered reply-queue failures (tests; an operator after fixing a queue)."""
+    _failures.clear()

@@ -1,0 +1,715 @@
+"""The order lifecycle as pure decisions: ``decide(order, event, context) -> Decision``.
+
+A Decision is the new order record (or None: nothing to write) and the messages to send after
+writing it. The shell (:mod:`core.apply`) loads, decides, writes once (ETag) and sends; nothing
+here does I/O, reads a clock or draws a random number.
+
+**Outbox.** The messages a decision implies are stored on the record it writes (``outbox``) and
+sent after the write, in order, with deterministic MessageIds. They stay on the record until
+something proves them delivered: a reply to the AgentRequest in the outbox, or the retry command
+in the outbox coming back, proves that every message before it was sent, because the causal
+message is always sent last. Any other event carries the undelivered messages into the next
+write, which sends them again (duplicate detection drops copies). Stale ones are dropped on the
+way: an AgentRequest for an attempt no longer in flight, a retry command for a claim already
+made. A finished order's outbox stays on its record; the shell deletes the order's active-index
+row after sending it, so a row left behind tells the Supervisor to send it again.
+
+**Replies by step key.** A reply names the idempotency key it answers. A definitive answer
+(succeeded, declined, undone, nothing to undo) for the step in flight is applied whichever
+attempt carried it, even after the order was released for a retry. A definitive answer for a step
+no longer in flight changes no state but is recorded on its step (an effect happened, or never
+will), so compensation undoes exactly what happened. Transient failures and deferrals count only
+for the attempt in flight.
+
+**Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
+outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
+"nothing to undo" and refuses that key for ever (docs/remote-service-contract.md).
+
+**An open circuit is not a failure.** A ``deferred`` reply re-arms the step for ``retry_at``
+without touching FailureCount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Final, Literal
+
+from core import ids
+from core.messages import (
+    AgentRequest,
+    AgentResponse,
+    OperatorAlert,
+    OrderSubmitted,
+    SchedulerCommand,
+    StatusEvent,
+    StatusUpdate,
+    message_id_for,
+)
+from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.states import ProcessState
+from core.workflows import Step, Workflow
+
+DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
+DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
+
+_P = ProcessState
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a decision may know besides the order and the event.
+
+    ``actor``: who acts (LockedBy of a claim, the timeline's actor). ``jitter``: a number in
+    [0, 1) the shell drew, spreading retry delays. ``stale_after``: how long a released order
+    may wait past its retry time before the Supervisor acts. ``flush_grace``: how long a
+    finished order's writer has to send its outbox before the Supervisor does it.
+    """
+
+    workflow: Workflow
+    now: datetime
+    actor: str
+    jitter: float = 0.5
+    stale_after: timedelta = DEFAULT_STALE_AFTER
+    flush_grace: timedelta = DEFAULT_FLUSH_GRACE
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """``order``: the record to write (None: write nothing). ``send``: the messages to send,
+    in order, after the write. ``finished``: once sent, the order owes nothing any more (the
+    shell removes its active-index row). ``entry``: the timeline row the write adds."""
+
+    order: Order | None
+    send: tuple[Outgoing, ...]
+    entry: TimelineEntry | None = None
+    finished: bool = False
+    note: str = ""
+
+
+# -------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Replied:
+    response: AgentResponse
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDue:
+    command: SchedulerCommand
+
+
+@dataclass(frozen=True, slots=True)
+class Resent:
+    """The submission of an existing order came again (a redelivery after a crash)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """The Supervisor looked at the order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resubmit:
+    """``outbox_delivered``: the shell knows the Error order's outbox was sent (its active-index
+    row is gone), so the alert is not sent twice."""
+
+    actor: str
+    reason: str
+    outbox_delivered: bool
+
+
+Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit
+
+
+class Refused(Exception):
+    """An operator action that does not apply to the order as it is; ``code`` says why."""
+
+    def __init__(self, code: Literal["not_found", "conflict", "busy"], message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------------------- submission
+
+
+def agent_payload(order: OrderSubmitted) -> dict:
+    """What every remote service is told about the order (it needs no more)."""
+    return {
+        "order_id": order.order_id,
+        "customer_id": order.customer_id,
+        "currency": order.currency,
+        "amount": order.total_cents,
+        "items": [{"sku": item.sku, "qty": item.quantity} for item in order.items],
+    }
+
+
+def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
+    """A new order, already claimed for its first step: created and dispatched in one write."""
+    flow = ctx.workflow
+    order = Order(
+        order_id=ids.validate_order_id(submitted.order_id),
+        workflow=flow.name,
+        state=_P.PENDING,
+        locked_by=None,
+        complete_by=None,
+        failure_count=0,
+        attempt=0,
+        generation=1,
+        current_step=flow.first_step.name,
+        current_operation="do",
+        reply_to=submitted.reply_to,
+        payload=agent_payload(submitted),
+        steps=tuple(StepRecord(step.name, index) for index, step in enumerate(flow.steps)),
+        created_at=ctx.now,
+        updated_at=ctx.now,
+        timeline_seq=-1,
+    )
+    order = _claim(_status(order, ctx, "received", detail=f"workflow {flow.name}"), ctx)
+    detail = f"workflow {flow.name}, {len(flow.steps)} steps; dispatched {flow.first_step.name}"
+    return _write(order, order, ctx, "created", detail, from_state=None)
+
+
+# -------------------------------------------------------------------------------- decide
+
+
+def decide(order: Order, event: Event, ctx: Context) -> Decision:
+    match event:
+        case Replied(response):
+            return _on_reply(order, response, ctx)
+        case RetryDue(command):
+            return _on_retry(order, command, ctx)
+        case Resent():
+            return _flush(order, "submission seen again")
+        case Swept():
+            return _on_sweep(order, ctx)
+        case Cancel(actor, reason):
+            return _on_cancel(order, actor, reason, ctx)
+        case Resubmit(actor, reason, delivered):
+            return _on_resubmit(order, actor, reason, delivered, ctx)
+    raise TypeError(f"not an event: {event!r}")
+
+
+def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
+    if r.step not in ctx.workflow.step_names:
+        return _reject(
+            ctx,
+            order.order_id,
+            f"reply names step {r.step!r}, which workflow {ctx.workflow.name} does not have "
+            f"({', '.join(ctx.workflow.step_names)}); not applied",
+        )
+    step = order.step(r.step)
+    if r.generation != step.generation or step.state is StepState.PENDING:
+        return _flush(order, f"reply for {r.idempotency_key}, which is not this step's key")
+    delivered = any(
+        isinstance(o.message, AgentRequest)
+        and o.message.idempotency_key == r.idempotency_key
+        and o.message.attempt == r.attempt
+        for o in order.outbox
+    )
+    draft = _begin(order, delivered)
+    if r.operation == "do":
+        in_flight = order.state in (_P.PENDING, _P.PROCESSING)
+    else:
+        in_flight = order.state is _P.COMPENSATING
+    in_flight = in_flight and (order.current_step, order.current_operation) == (
+        r.step,
+        r.operation,
+    )
+    current = in_flight and order.locked_by is not None and r.attempt == order.attempt
+    what = f"{r.operation} {r.step} attempt {r.attempt}"
+    if r.outcome == "deferred":
+        if current and r.retry_at is not None:
+            return _defer(order, draft, r.retry_at, f"{what}: circuit open", ctx)
+        return _flush(order, f"{what} deferred, but no longer in flight")
+    if r.outcome == "failed" and r.transient:
+        if current:
+            reason = f"{what} failed: {r.error_code}: {r.error_message}"
+            return _retry_or_fail(order, draft, reason, ctx)
+        return _flush(order, f"{what} failed transiently, but no longer in flight")
+    if r.operation == "do":
+        return _on_forward_answer(order, draft, r, in_flight, ctx)
+    return _on_undo_answer(order, draft, r, in_flight, ctx)
+
+
+def _on_forward_answer(
+    order: Order, draft: Order, r: AgentResponse, in_flight: bool, ctx: Context
+) -> Decision:
+    step = order.step(r.step)
+    if r.outcome == "succeeded":
+        done = draft.with_step(
+            r.step,
+            state=StepState.SUCCEEDED,
+            result=r.result,
+            error_code=None,
+            error_message=None,
+            completed_at=r.responded_at,
+        )
+        if in_flight:
+            return _advance(order, done, r.step, ctx)
+        if step.state is StepState.RUNNING:
+            detail = f"{r.step} took effect after it was given up on; recorded for compensation"
+            return _write(order, done, ctx, "late_success", detail)
+        return _flush(order, f"{r.step} succeeded again (already {step.state})")
+    refused = draft.with_step(
+        r.step,
+        state=StepState.FAILED,
+        error_code=r.error_code,
+        error_message=r.error_message,
+        completed_at=r.responded_at,
+    )
+    reason = f"{r.step} declined: {r.error_code}: {r.error_message}"
+    if in_flight:
+        return _compensate(order, refused, "step_declined", reason, ctx)
+    if step.state is StepState.RUNNING:
+        return _write(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
+    return _flush(order, f"{r.step} declined, but it is {step.state}")
+
+
+def _on_undo_answer(
+    order: Order, draft: Order, r: AgentResponse, in_flight: bool, ctx: Context
+) -> Decision:
+    step = order.step(r.step)
+    if r.outcome == "failed":  # permanent: the service will not undo it
+        reason = f"undo of {r.step} refused: {r.error_code}: {r.error_message}"
+        if in_flight:
+            return _give_up(order, draft, reason, ctx)
+        return _flush(order, f"{reason}, but that undo is no longer in flight")
+    undone = StepState.COMPENSATED if r.outcome == "succeeded" else StepState.VOIDED
+    resolved = draft.with_step(r.step, state=undone, compensated_at=r.responded_at)
+    if in_flight:
+        return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
+    if step.state.may_have_effect:
+        return _write(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
+    return _flush(order, f"undo of {r.step} answered again (already {step.state})")
+
+
+def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision:
+    waiting = order.locked_by is None and order.state in (_P.PENDING, _P.COMPENSATING)
+    if not waiting or command.attempt != order.attempt:
+        return _flush(order, "retry command no longer current")
+    sent = message_id_for(command)
+    delivered = any(message_id_for(o.message) == sent for o in order.outbox)
+    draft = _begin(order, delivered)
+    return _write(order, _claim(draft, ctx), ctx, "claimed", f"retry: {command.reason}")
+
+
+def _on_sweep(order: Order, ctx: Context) -> Decision:
+    now = ctx.now
+    if order.state.terminal:
+        if order.updated_at + ctx.flush_grace > now:
+            return Decision(None, (), note="finished moments ago; its writer is sending")
+        return Decision(None, order.outbox, finished=True, note="finished; outbox (re)sent")
+    if order.locked_by is not None:
+        if order.complete_by is None or order.complete_by > now:
+            return Decision(None, (), note="in flight, within its deadline")
+        reason = (
+            f"{order.current_operation} {order.current_step} attempt {order.attempt} by "
+            f"{order.locked_by} passed CompleteBy {order.complete_by.isoformat()}"
+        )
+    else:
+        since = order.next_attempt_at or order.updated_at
+        if since + ctx.stale_after > now:
+            return Decision(None, (), note="waiting for its retry")
+        reason = (
+            f"{order.state} since {since.isoformat()} with no progress for "
+            f"{ctx.stale_after.total_seconds():.0f}s"
+        )
+    return _retry_or_fail(order, _begin(order, delivered=False), reason, ctx)
+
+
+def _on_cancel(order: Order, actor: str, reason: str, ctx: Context) -> Decision:
+    if order.state.terminal:
+        raise Refused(
+            "conflict",
+            f"order {order.order_id} is {order.state}; only orders in flight can be cancelled",
+        )
+    if order.state is _P.COMPENSATING:
+        raise Refused(
+            "conflict",
+            f"order {order.order_id} is already being undone ({order.compensation_reason})",
+        )
+    draft = replace(_begin(order, delivered=False), locked_by=None)
+    return _compensate(order, draft, "cancelled", f"cancelled by {actor}: {reason}", ctx)
+
+
+def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Context) -> Decision:
+    if order.state is not _P.ERROR:
+        raise Refused(
+            "conflict",
+            f"order {order.order_id} is {order.state}; only Error orders can be resubmitted",
+        )
+    draft = replace(order, outbox=() if delivered else order.outbox)
+    left = _undo_plan(draft, ctx.workflow)
+    if left:
+        resumed = replace(
+            draft,
+            state=_P.COMPENSATING,
+            current_step=left[0].name,
+            current_operation="undo",
+            failure_count=0,
+        )
+        detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
+        resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
+        return _write(order, _claim(resumed, ctx), ctx, "compensation_resumed", detail)
+    redo = [s for s in draft.steps if s.state is not StepState.SUCCEEDED]
+    if not redo:
+        raise Refused("conflict", f"order {order.order_id} has no step left to do")
+    first = redo[0]
+    steps = tuple(
+        s if s.state is StepState.SUCCEEDED else StepRecord(s.name, s.index) for s in draft.steps
+    )
+    kept = [s.name for s in draft.steps if s.state is StepState.SUCCEEDED]
+    detail = f"{reason}; resumes at {first.name}" + (f"; kept: {', '.join(kept)}" if kept else "")
+    again = replace(
+        draft,
+        state=_P.PENDING,
+        generation=order.generation + 1,
+        steps=steps,
+        current_step=first.name,
+        current_operation="do",
+        failure_count=0,
+        last_error=None,
+        compensation_cause=None,
+        compensation_reason=None,
+    )
+    again = _status(again, ctx, "resubmitted", step=first.name, detail=detail)
+    return _write(order, _claim(again, ctx), ctx, "resubmitted", detail)
+
+
+# ----------------------------------------------------------------------------- movements
+
+
+def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decision:
+    following = ctx.workflow.next_step(done_step)
+    order = replace(order, failure_count=0, last_error=None)
+    if following is None:
+        order = replace(
+            order, state=_P.PROCESSED, locked_by=None, complete_by=None, next_attempt_at=None
+        )
+        order = _status(order, ctx, "step_completed", step=done_step)
+        order = _status(order, ctx, "processed")
+        return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
+    order = replace(order, current_step=following.name, current_operation="do")
+    order = _status(order, ctx, "step_completed", step=done_step)
+    detail = f"{done_step} succeeded; next {following.name}"
+    return _write(before, _claim(order, ctx), ctx, "step_succeeded", detail, step=done_step)
+
+
+def _claim(order: Order, ctx: Context) -> Order:
+    """Take the current step for one attempt and put its AgentRequest in the outbox."""
+    step = ctx.workflow.step_named(order.current_step)
+    operation = order.current_operation
+    record = order.step(step.name)
+    generation = order.generation if record.state is StepState.PENDING else record.generation
+    if operation == "do":
+        state, step_state = _P.PROCESSING, StepState.RUNNING
+    else:
+        state, step_state = _P.COMPENSATING, record.state
+    attempt = order.attempt + 1
+    complete_by = ctx.now + step.complete_by_budget
+    order = order.with_step(
+        step.name, state=step_state, generation=generation, attempt=record.attempt + 1
+    )
+    order = replace(
+        order,
+        state=state,
+        locked_by=ctx.actor,
+        complete_by=complete_by,
+        attempt=attempt,
+        next_attempt_at=None,
+    )
+    record = order.step(step.name)
+    if operation == "do":
+        tries = f"attempt {record.attempt}" if record.attempt > 1 else ""
+        order = _status(order, ctx, "step_started", step=step.name, detail=tries)
+    request = AgentRequest(
+        order_id=order.order_id,
+        step=step.name,
+        operation=operation,
+        action=step.action_for(operation),
+        attempt=attempt,
+        complete_by=complete_by,
+        idempotency_key=record.key(order.order_id, operation),
+        undoes=record.forward_key(order.order_id) if operation == "undo" else None,
+        payload=order.payload,
+        requested_at=ctx.now,
+    )
+    return _owe(order, Outgoing(step.agent, request))
+
+
+def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
+    """Release for a delayed retry (FailureCount + 1), or at the threshold compensate / give up."""
+    flow = ctx.workflow
+    failures = draft.failure_count + 1
+    undoing = draft.current_operation == "undo"
+    if failures >= flow.failure_threshold:
+        detail = (
+            f"{reason}; failure threshold of {flow.failure_threshold} reached after "
+            f"{failures} failed attempts"
+        )
+        draft = replace(draft, failure_count=failures)
+        if undoing:
+            return _give_up(before, draft, detail, ctx)
+        return _compensate(before, draft, "failure_threshold", detail, ctx)
+    nominal = flow.retry.nominal_delay(failures)
+    due = ctx.now + nominal * (1.0 - flow.retry.jitter * ctx.jitter)
+    released = _release(draft, due, reason, ctx, failure_count=failures)
+    detail = f"{reason}; retry {failures} of {flow.failure_threshold - 1} due {due.isoformat()}"
+    return _write(before, released, ctx, "released", detail)
+
+
+def _defer(before: Order, draft: Order, retry_at: datetime, reason: str, ctx: Context) -> Decision:
+    due = max(retry_at, ctx.now)
+    released = _release(draft, due, reason, ctx, failure_count=draft.failure_count)
+    detail = f"{reason}; retry due {due.isoformat()} (not counted as a failure)"
+    return _write(before, released, ctx, "deferred", detail)
+
+
+def _release(
+    order: Order, due: datetime, reason: str, ctx: Context, *, failure_count: int
+) -> Order:
+    state = _P.COMPENSATING if order.current_operation == "undo" else _P.PENDING
+    order = replace(
+        order,
+        state=state,
+        locked_by=None,
+        complete_by=None,
+        failure_count=failure_count,
+        next_attempt_at=due,
+        last_error=reason,
+    )
+    command = SchedulerCommand(
+        order_id=order.order_id,
+        command="retry",
+        attempt=order.attempt,
+        failure_count=failure_count,
+        reason=reason,
+        requested_by=ctx.actor,
+        requested_at=ctx.now,
+    )
+    return _owe(order, Outgoing("commands", command, not_before=due))
+
+
+def _compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Context) -> Decision:
+    """Start undoing what may have taken effect, latest first; or fail at once if nothing has."""
+    order = replace(
+        draft,
+        compensation_cause=cause,
+        compensation_reason=reason,
+        last_error=reason,
+        failure_count=0,
+    )
+    plan = _undo_plan(order, ctx.workflow)
+    if not plan:
+        final = f"{reason}; nothing to undo"
+        return _fail(before, order, cause, final, ctx)
+    names = ", ".join(step.name for step in plan)
+    order = replace(
+        order, state=_P.COMPENSATING, current_step=plan[0].name, current_operation="undo"
+    )
+    order = _status(
+        order, ctx, "compensating", step=plan[0].name, detail=f"{reason}; undoing {names}"
+    )
+    detail = f"{reason}; to undo: {names}"
+    return _write(before, _claim(order, ctx), ctx, "compensation_started", detail)
+
+
+def _next_undo_or_finish(
+    before: Order, order: Order, step: str, undone: StepState, ctx: Context
+) -> Decision:
+    what = "undone" if undone is StepState.COMPENSATED else "nothing to undo"
+    order = _status(order, ctx, "step_compensated", step=step, detail=what)
+    plan = _undo_plan(order, ctx.workflow)
+    if plan:
+        order = replace(order, current_step=plan[0].name, failure_count=0)
+        detail = f"{step}: {what}; next undo {plan[0].name}"
+        return _write(before, _claim(order, ctx), ctx, "step_compensated", detail, step=step)
+    cause = order.compensation_cause or "step_declined"
+    reason = order.compensation_reason or "compensated"
+    undid = [s.name for s in order.steps if s.state is StepState.COMPENSATED]
+    voided = [s.name for s in order.steps if s.state is StepState.VOIDED]
+    summary = f"undid {', '.join(undid) or 'nothing'}"
+    if voided:
+        summary += f"; never took effect: {', '.join(voided)}"
+    final = f"{reason}; compensated: {summary}"
+    return _fail(before, order, cause, final, ctx, step=step)
+
+
+def _give_up(before: Order, order: Order, reason: str, ctx: Context) -> Decision:
+    """An undo cannot be completed: Error, and a critical alert naming what is left in place."""
+    left = _undo_plan(order, ctx.workflow)
+    names = ", ".join(f"{s.name} ({s.undo_operation} at {s.agent})" for s in left) or "none"
+    final = (
+        f"compensation incomplete: {reason}; steps left to undo: {names}; "
+        f"compensating because: {order.compensation_reason or 'unknown'}"
+    )
+    advice = (
+        "These effects may still be in place at the remote services: undo them by hand, or "
+        "resubmit the order once the service recovers to retry the undo."
+    )
+    return _fail(
+        before, order, "compensation_incomplete", final, ctx, severity="critical", advice=advice
+    )
+
+
+def _fail(
+    before: Order,
+    order: Order,
+    cause: str,
+    final: str,
+    ctx: Context,
+    *,
+    severity: Literal["warning", "error", "critical"] | None = None,
+    advice: str | None = None,
+    step: str | None = None,
+) -> Decision:
+    if severity is None:
+        severity = "warning" if cause == "cancelled" else "error"
+    if advice is None:
+        advice = (
+            "The order is in Error (cancelled)."
+            if cause == "cancelled"
+            else "The order is in Error; resubmit it once the cause is fixed."
+        )
+    order = replace(
+        order,
+        state=_P.ERROR,
+        locked_by=None,
+        complete_by=None,
+        next_attempt_at=None,
+        last_error=final,
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity=severity,
+        reason=cause,
+        detail=f"{final}. {advice}",
+        source=ctx.actor,
+        timeline_seq=before.timeline_seq + 1,
+        raised_at=ctx.now,
+    )
+    order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
+    return _write(before, order, ctx, "error", final, step=step)
+
+
+def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
+    """Steps that may have taken effect and can be undone, latest first."""
+    return [
+        flow.step_named(s.name)
+        for s in sorted(order.steps, key=lambda s: -s.index)
+        if s.state.may_have_effect and flow.step_named(s.name).compensable
+    ]
+
+
+# ------------------------------------------------------------------------------- outbox
+
+
+def _begin(order: Order, delivered: bool) -> Order:
+    """The draft a decision starts from: the outbox emptied if delivered, else carried over.
+
+    A finished order's outbox is left alone: its active-index row says whether it was sent.
+    """
+    if order.state.terminal or not delivered:
+        return order
+    return replace(order, outbox=())
+
+
+def _owe(order: Order, outgoing: Outgoing) -> Order:
+    return replace(order, outbox=(*order.outbox, outgoing))
+
+
+def _status(
+    order: Order, ctx: Context, event: StatusEvent, *, step: str | None = None, detail: str = ""
+) -> Order:
+    if order.reply_to is None:
+        return order
+    update = StatusUpdate(
+        order_id=order.order_id,
+        sequence=order.status_seq,
+        state=order.state.value,
+        event=event,
+        step=step,
+        detail=detail,
+        updated_at=ctx.now,
+    )
+    return replace(_owe(order, Outgoing("reply", update)), status_seq=order.status_seq + 1)
+
+
+def _still_owed(outgoing: Outgoing, order: Order) -> bool:
+    message = outgoing.message
+    if isinstance(message, AgentRequest):
+        return order.locked_by is not None and message.attempt == order.attempt
+    if isinstance(message, SchedulerCommand):
+        waiting = order.locked_by is None and order.state in (_P.PENDING, _P.COMPENSATING)
+        return waiting and message.attempt == order.attempt
+    return True
+
+
+def _causal(outgoing: Outgoing) -> bool:
+    return isinstance(outgoing.message, AgentRequest | SchedulerCommand)
+
+
+def _write(
+    before: Order,
+    after: Order,
+    ctx: Context,
+    event: str,
+    detail: str,
+    *,
+    step: str | None = None,
+    from_state: ProcessState | Literal["before"] | None = "before",
+) -> Decision:
+    outbox = after.outbox
+    settled = before.state.terminal and after.state.terminal
+    if not settled:
+        seen: set[str] = set()
+        kept: list[Outgoing] = []
+        for outgoing in outbox:
+            message_id = message_id_for(outgoing.message)
+            if message_id in seen or not _still_owed(outgoing, after):
+                continue
+            seen.add(message_id)
+            kept.append(outgoing)
+        # The message that brings the next event goes last: its answer proves all were sent.
+        outbox = tuple(sorted(kept, key=_causal))
+    after = replace(after, outbox=outbox, updated_at=ctx.now, timeline_seq=before.timeline_seq + 1)
+    entry = TimelineEntry(
+        seq=after.timeline_seq,
+        at=ctx.now,
+        actor=ctx.actor,
+        event=event,
+        from_state=before.state if from_state == "before" else from_state,
+        to_state=after.state,
+        step=step or after.current_step,
+        attempt=after.attempt,
+        detail=detail,
+    )
+    send = () if settled else outbox
+    return Decision(after, send, entry, finished=after.state.terminal and not settled)
+
+
+def _flush(order: Order, note: str) -> Decision:
+    """Nothing to change; an order in flight sends what it still owes (it may never have)."""
+    send = order.outbox if order.state.in_flight else ()
+    return Decision(None, send, note=note)
+
+
+def _reject(ctx: Context, order_id: str, detail: str) -> Decision:
+    alert = OperatorAlert(
+        order_id=order_id,
+        severity="error",
+        reason="bad_message",
+        detail=detail,
+        source=ctx.actor,
+        raised_at=ctx.now,
+    )
+    return Decision(None, (Outgoing("alerts", alert),), note=detail)

@@ -1,0 +1,221 @@
+"""In-memory state store and bus: the same interfaces as the Table and Service Bus adapters.
+
+For fast tests of everything above the adapters (the lifecycle, the shell, the handlers): the
+store keeps ETags and the active and Error indexes with the Table store's semantics (a write
+conditional on a stale ETag raises :class:`ConcurrencyConflict`); the bus records what was sent,
+keeps duplicate detection by MessageId, and can be told to fail the next sends (a crash between
+the write and the send).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from core.active_index import DEFAULT_GRACE, index_partition, index_row_key
+from core.messages import MessageBase, OrderSubmitted, message_id_for, utc_now
+from core.order import Order, TimelineEntry
+from core.state_models import (
+    ActivePage,
+    ActiveRow,
+    AlreadyExists,
+    ConcurrencyConflict,
+    OrderNotFound,
+    OrderRecord,
+)
+from core.states import ProcessState
+
+
+class MemoryIndex:
+    """The active-order index (or the Error index) as a dict of rows."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self._rows: dict[tuple[str, int], ActiveRow] = {}
+        self._clock = clock
+        self._etags = itertools.count(1)
+
+    def put(self, order_id: str, generation: int, workflow: str = "") -> str:
+        etag = f"i{next(self._etags)}"
+        self._rows[(order_id, generation)] = ActiveRow(
+            order_id=order_id,
+            generation=generation,
+            workflow=workflow,
+            written_at=self._clock(),
+            partition_key=index_partition(order_id),
+            row_key=index_row_key(order_id, generation),
+            etag=etag,
+        )
+        return etag
+
+    def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
+        row = self._rows.get((order_id, generation))
+        if row is not None and (etag is None or row.etag == etag):
+            del self._rows[(order_id, generation)]
+
+    def has(self, order_id: str, generation: int) -> bool:
+        return (order_id, generation) in self._rows
+
+    def rows(self) -> list[ActiveRow]:
+        return sorted(self._rows.values(), key=lambda r: (r.partition_key, r.row_key))
+
+    def reap(
+        self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
+    ) -> bool:
+        live = order is not None and order.state.in_flight and order.generation == row.generation
+        if live or self._clock() - row.written_at < grace:
+            return False
+        if self._rows.get((row.order_id, row.generation)) != row:
+            return False
+        del self._rows[(row.order_id, row.generation)]
+        return True
+
+
+class MemoryStore:
+    """:class:`core.state_store.OrderStateStore` in memory."""
+
+    def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
+        self._clock = clock
+        self._orders: dict[str, Order] = {}
+        self._details: dict[str, tuple[OrderSubmitted, str]] = {}
+        self._timelines: dict[str, list[TimelineEntry]] = {}
+        self._etags = itertools.count(1)
+        self._lock = threading.Lock()
+        self.index = MemoryIndex(clock)
+        self.errors = MemoryIndex(clock)
+
+    def ensure_tables(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def create(
+        self, submitted: OrderSubmitted, order: Order, entry: TimelineEntry
+    ) -> Order | AlreadyExists:
+        payload_hash = submitted.content_hash()
+        self.index.put(order.order_id, order.generation, order.workflow)
+        with self._lock:
+            existing = self._orders.get(order.order_id)
+            if existing is not None:
+                stored_hash = self._details[order.order_id][1]
+                return AlreadyExists(stored_hash == payload_hash, stored_hash, existing)
+            stored = dataclasses.replace(order, etag=self._etag())
+            self._orders[order.order_id] = stored
+            self._details[order.order_id] = (submitted, payload_hash)
+            self._timelines[order.order_id] = [entry]
+            return stored
+
+    def load(self, order_id: str) -> Order:
+        try:
+            return self._orders[order_id]
+        except KeyError:
+            raise OrderNotFound(order_id) from None
+
+    def find(self, order_id: str) -> Order | None:
+        return self._orders.get(order_id)
+
+    def get_order(self, order_id: str) -> OrderRecord:
+        order = self.load(order_id)
+        details, payload_hash = self._details[order_id]
+        return OrderRecord(details=details, payload_hash=payload_hash, process=order)
+
+    def get_timeline(
+        self, order_id: str, *, after_seq: int = -1, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        entries = [e for e in self._timelines.get(order_id, []) if e.seq > after_seq]
+        return entries[:limit]
+
+    def save(self, before: Order, after: Order, entry: TimelineEntry) -> Order:
+        if before.state.terminal and after.state.in_flight:
+            self.index.put(after.order_id, after.generation, after.workflow)
+        entering_error = (
+            after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
+        )
+        error_row = self.errors.put(after.order_id, after.generation) if entering_error else None
+        with self._lock:
+            stored = self._orders.get(before.order_id)
+            if stored is None or stored.etag != before.etag:
+                if error_row is not None:
+                    self.errors.discard(after.order_id, after.generation, etag=error_row)
+                if stored is None:
+                    raise OrderNotFound(before.order_id)
+                raise ConcurrencyConflict(before.order_id, "ETag changed")
+            saved = dataclasses.replace(after, etag=self._etag())
+            self._orders[before.order_id] = saved
+            self._timelines[before.order_id].append(entry)
+        if before.state is ProcessState.ERROR and after.state is not ProcessState.ERROR:
+            self.errors.discard(before.order_id, before.generation)
+        return saved
+
+    def annotate(self, order: Order, *, actor: str, event: str, detail: str = "") -> Order:
+        now = self._clock()
+        after = dataclasses.replace(order, updated_at=now, timeline_seq=order.timeline_seq + 1)
+        entry = TimelineEntry(
+            after.timeline_seq, now, actor, event, order.state, order.state, None, 0, detail
+        )
+        return self.save(order, after, entry)
+
+    def list_active(self, limit: int = 1000, *, continuation: str | None = None) -> ActivePage:
+        rows = self.index.rows()
+        start = int(continuation or 0)
+        page = tuple(rows[start : start + limit])
+        more = start + limit < len(rows)
+        return ActivePage(rows=page, continuation=str(start + limit) if more else None)
+
+    def reap_active(
+        self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
+    ) -> bool:
+        return self.index.reap(row, order, grace=grace)
+
+    def orders(self) -> list[Order]:
+        return list(self._orders.values())
+
+    def _etag(self) -> str:
+        return f"e{next(self._etags)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    queue: str
+    message: MessageBase
+    scheduled_at: datetime | None
+
+
+class SendFailed(Exception):
+    """The bus was told to fail: the process 'crashed' before this send."""
+
+
+class MemoryBus:
+    """:class:`core.bus.Bus` in memory: records sends, drops duplicates by MessageId."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+        self._ids: set[tuple[str, str]] = set()
+        self.fail_after: int | None = None
+        """Sends left before every further send fails (None: never fail)."""
+        self.attempts = 0
+
+    def send(
+        self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
+    ) -> None:
+        self.attempts += 1
+        if self.fail_after is not None:
+            if self.fail_after <= 0:
+                raise SendFailed(f"send of {message_id_for(message)} to {queue} failed")
+            self.fail_after -= 1
+        key = (queue, message_id_for(message))
+        if key in self._ids:
+            return
+        self._ids.add(key)
+        self.sent.append(Sent(queue, message, scheduled_at))
+
+    def on(self, queue: str) -> list[Any]:
+        return [s.message for s in self.sent if s.queue == queue]
+
+    def close(self) -> None:
+        pass

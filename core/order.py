@@ -1,0 +1,147 @@
+"""The order as one record: the pattern's state, its steps, and the messages it still owes.
+
+Everything the lifecycle (:mod:`core.lifecycle`) decides on is in :class:`Order`, so one read
+loads it and one ETag-conditional write changes it: the pattern's fields (OrderID, LockedBy,
+CompleteBy, ProcessState, FailureCount), what each step is known to have done, the payload
+agents need, and the **outbox** - the messages the last write implied, kept on the same record
+until they are known to be delivered. Nothing here does I/O or imports an SDK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Final
+
+from core import ids
+from core.messages import JsonObject, MessageBase
+from core.states import ProcessState
+
+Destination = str
+"""Where an outgoing message goes: an agent's queue (its name in :mod:`core.agents`),
+``commands``, ``alerts``, or ``reply`` - the submitter's queue (the order's ``reply_to``). The
+shell maps these to queue names."""
+
+
+class StepState(StrEnum):
+    """What is known about one step's effect at its remote service.
+
+    Pending: never requested in this generation - no effect. Running: requested, outcome
+    unknown - it may have taken effect. Succeeded: it took effect. Failed: the service refused
+    it - no effect, ever, for that key. Compensated: it took effect and was undone. Voided: its
+    undo found nothing done, and the service refuses that forward key for ever after.
+    """
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    COMPENSATED = "Compensated"
+    VOIDED = "Voided"
+
+    @property
+    def may_have_effect(self) -> bool:
+        """An effect that may be in place: compensation must undo (or void) this step."""
+        return self in (StepState.RUNNING, StepState.SUCCEEDED)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of the order. ``generation`` is that of the forward key last requested."""
+
+    name: str
+    index: int
+    state: StepState = StepState.PENDING
+    generation: int = 0
+    attempt: int = 0
+    """Requests sent for this step (forward and undo), across generations."""
+    result: JsonObject | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    completed_at: datetime | None = None
+    compensated_at: datetime | None = None
+
+    def forward_key(self, order_id: str) -> str:
+        return ids.idempotency_key(order_id, self.name, "do", self.generation)
+
+    def key(self, order_id: str, operation: ids.Operation) -> str:
+        return ids.idempotency_key(order_id, self.name, operation, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message the order owes: sent after the write that recorded it, resent until known
+    delivered. ``not_before``: deliver no earlier (a scheduled message)."""
+
+    to: Destination
+    message: MessageBase
+    not_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """The order's whole mutable state (the ``process`` row). ``etag`` guards every write."""
+
+    order_id: str
+    workflow: str
+    state: ProcessState
+    locked_by: str | None
+    complete_by: datetime | None
+    failure_count: int
+    attempt: int
+    """Agent requests sent for this order, all steps and generations: a request's identity."""
+    generation: int
+    current_step: str
+    current_operation: ids.Operation
+    reply_to: str | None
+    payload: JsonObject
+    """What every agent is told about the order (built once at intake)."""
+    steps: tuple[StepRecord, ...]
+    created_at: datetime
+    updated_at: datetime
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    compensation_cause: str | None = None
+    compensation_reason: str | None = None
+    status_seq: int = 0
+    """StatusUpdates issued so far; the next one gets this sequence number."""
+    outbox: tuple[Outgoing, ...] = ()
+    timeline_seq: int = 0
+    etag: str = ""
+    write_id: str = ""
+
+    def step(self, name: str) -> StepRecord:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"order {self.order_id} has no step {name!r}")
+
+    def with_step(self, name: str, **changes: object) -> Order:
+        steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
+        return replace(self, steps=steps)
+
+    @property
+    def in_flight_step(self) -> StepRecord:
+        return self.step(self.current_step)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One row of an order's append-only history."""
+
+    seq: int
+    at: datetime
+    actor: str
+    event: str
+    from_state: ProcessState | None
+    to_state: ProcessState
+    step: str | None
+    attempt: int
+    detail: str
+
+
+TERMINAL_ALERT_REASONS: Final = frozenset(
+    {"step_declined", "failure_threshold", "cancelled", "compensation_incomplete"}
+)
+"""Reasons of the one alert each Error order raises (the chaos checks count these)."""

@@ -1,0 +1,422 @@
+"""A small world for lifecycle tests: the app's handlers on a store and a bus, honest remote
+services, queues that deliver in any order and twice, a clock, and crashes between the write
+and the sends.
+
+The agents are modelled here (the real agent talks HTTP): an agent request is answered as the
+remote-service contract says (docs/remote-service-contract.md) - at most one effect per key, an
+undo that names its forward key either undoes it or tombstones it - with a fault chosen by the
+test: a decline, a transient failure, an open circuit, a reply lost before or after the effect,
+or a request that hangs and lands later.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from core import ids
+from core.lifecycle import Refused
+from core.memory import MemoryBus, MemoryStore, SendFailed
+from core.messages import (
+    AgentRequest,
+    AgentResponse,
+    MessageBase,
+    OperatorAlert,
+    OrderSubmitted,
+    StatusUpdate,
+    encode,
+)
+from core.order import TERMINAL_ALERT_REASONS, StepState
+from core.runtime import Runtime
+from core.settings import Connection, Settings
+from core.states import ProcessState
+from scheduler import control
+from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
+from supervisor.tick import run_tick
+
+QUEUES = {
+    "orders": "orders",
+    "inventory": "inventory-requests",
+    "payment": "payment-requests",
+    "shipping": "shipping-requests",
+    "responses": "agent-responses",
+    "commands": "scheduler-commands",
+    "alerts": "operator-alerts",
+}
+REPLY_QUEUE = "client-replies"
+AGENT_QUEUES = {QUEUES[name]: name for name in ("inventory", "payment", "shipping")}
+
+Fault = Literal["ok", "decline", "transient", "deferred", "lost_before", "lost_after", "late"]
+FAULTS: tuple[Fault, ...] = (
+    "ok",
+    "decline",
+    "transient",
+    "deferred",
+    "lost_before",
+    "lost_after",
+    "late",
+)
+
+
+ANSWER_STATES = {
+    ("do", "succeeded", False): {StepState.SUCCEEDED, StepState.COMPENSATED},
+    ("do", "failed", False): {StepState.FAILED, StepState.VOIDED},
+    ("undo", "succeeded", False): {StepState.COMPENSATED},
+    ("undo", "nothing_to_undo", False): {StepState.VOIDED, StepState.FAILED},
+}
+"""What a step may be once a definitive answer for its key was handled."""
+
+
+@dataclass
+class Services:
+    """The remote services' truth: what took effect, per idempotency key."""
+
+    forward: dict[str, str] = field(default_factory=dict)  # key -> done | declined | tombstoned
+    undone: set[str] = field(default_factory=set)  # forward keys whose undo took effect
+    effects: Counter[str] = field(default_factory=Counter)  # key -> effects applied
+
+    def call(self, request: AgentRequest, decline: bool) -> tuple[str, str | None]:
+        """Apply one request; (outcome, error code)."""
+        key = request.idempotency_key
+        if request.operation == "do":
+            state = self.forward.get(key)
+            if state is None:
+                state = "declined" if decline else "done"
+                self.forward[key] = state
+                if state == "done":
+                    self.effects[key] += 1
+            if state == "done":
+                return "succeeded", None
+            return "failed", "undone_before_applied" if state == "tombstoned" else "declined"
+        forward = request.undoes
+        assert forward is not None
+        if self.forward.get(forward) == "done":
+            if forward not in self.undone:
+                self.undone.add(forward)
+                self.effects[key] += 1
+            return "succeeded", None
+        self.forward.setdefault(forward, "tombstoned")
+        return "nothing_to_undo", None
+
+    def in_place(self, forward_key: str) -> bool:
+        return self.forward.get(forward_key) == "done" and forward_key not in self.undone
+
+
+@dataclass
+class Envelope:
+    queue: str
+    message: MessageBase
+    due: datetime
+
+
+class World:
+    def __init__(self, *, failure_threshold: int = 3) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+        settings = Settings(
+            queues=QUEUES,
+            service_urls={},
+            servicebus=Connection("servicebus"),
+            storage=Connection("storage"),
+            pending_stale_after=timedelta(seconds=120),
+            step_timeout=timedelta(seconds=30),
+            failure_threshold=failure_threshold,
+            retry_base_delay=timedelta(seconds=5),
+            retry_max_delay=timedelta(seconds=60),
+        )
+        self.store = MemoryStore(self.clock)
+        self.bus = MemoryBus()
+        self.rt = Runtime(
+            settings=settings,
+            store=self.store,  # type: ignore[arg-type]
+            bus=self.bus,  # type: ignore[arg-type]
+            workflows=settings.workflows(),
+            instance_id="test-instance",
+            clock=self.clock,
+            rng=random.Random(0),
+        )
+        self.rt._status_bus = self.bus  # type: ignore[assignment]
+        self.services = Services()
+        self.pending: list[Envelope] = []
+        self.parked: list[AgentRequest] = []
+        self.submissions: dict[str, OrderSubmitted] = {}
+        self._seen = 0
+        self.crashes = 0
+        self.consumed: list[AgentResponse] = []
+        """Replies the Scheduler handled to the end (no crash)."""
+
+    def clock(self) -> datetime:
+        return self.now
+
+    # -------------------------------------------------------------------------- plumbing
+
+    def _collect(self) -> None:
+        for sent in self.bus.sent[self._seen :]:
+            due = sent.scheduled_at or self.now
+            self.pending.append(Envelope(sent.queue, sent.message, due))
+        self._seen = len(self.bus.sent)
+
+    def run(self, action, crash_after: int | None = None) -> bool:  # type: ignore[no-untyped-def]
+        """Run a handler; with ``crash_after``, every send after that many fails (a crash).
+        True if it ran to the end."""
+        self.bus.fail_after = crash_after
+        try:
+            action()
+            return True
+        except SendFailed:
+            self.crashes += 1
+            return False
+        except Refused:
+            return True
+        finally:
+            self.bus.fail_after = None
+            self._collect()
+
+    def deliverable(self, kind: str) -> list[Envelope]:
+        if kind == "agent":
+            return [e for e in self.pending if e.queue in AGENT_QUEUES and e.due <= self.now]
+        queue = QUEUES[kind]
+        return [e for e in self.pending if e.queue == queue and e.due <= self.now]
+
+    # ---------------------------------------------------------------------------- events
+
+    def submit(self, order_id: str, *, reply_to: str | None = REPLY_QUEUE, crash_after=None):  # type: ignore[no-untyped-def]
+        order = self.submissions.get(order_id) or OrderSubmitted(
+            order_id=order_id,
+            customer_id="customer-1",
+            items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 500}],
+            currency="EUR",
+            reply_to=reply_to,
+            submitted_at=self.now,
+        )
+        self.submissions[order_id] = order
+        return self.run(lambda: handle_submission(encode(order), self.rt), crash_after)
+
+    def deliver(self, envelope: Envelope, fault: Fault = "ok", crash_after=None, keep=False):  # type: ignore[no-untyped-def]
+        """Deliver one message; it stays queued if the handler crashed (or ``keep``)."""
+        body = encode(envelope.message)
+        if envelope.queue in AGENT_QUEUES:
+            done = self.run(lambda: self._agent(envelope.message, fault), None)  # type: ignore[arg-type]
+        elif envelope.queue == QUEUES["responses"]:
+            done = self.run(lambda: handle_response(body, self.rt), crash_after)
+            if done:
+                self.consumed.append(envelope.message)  # type: ignore[arg-type]
+        elif envelope.queue == QUEUES["commands"]:
+            done = self.run(lambda: handle_command(body, self.rt), crash_after)
+        else:
+            raise AssertionError(f"nothing consumes {envelope.queue}")
+        if done and not keep:
+            self.pending.remove(envelope)
+
+    def land_late(self, index: int) -> None:
+        request = self.parked.pop(index % len(self.parked))
+        self.run(lambda: self._answer(request, decline=False), None)
+
+    def tick(self, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return self.run(lambda: run_tick(self.rt), crash_after)
+
+    def cancel(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return self.run(
+            lambda: control.cancel(self.rt, order_id, actor="operator:alice", reason="test"),
+            crash_after,
+        )
+
+    def resubmit(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return self.run(
+            lambda: control.resubmit(self.rt, order_id, actor="operator:alice", reason="test"),
+            crash_after,
+        )
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    # ------------------------------------------------------------------------------ agent
+
+    def _agent(self, request: AgentRequest, fault: Fault) -> None:
+        if request.complete_by <= self.now:
+            return  # the pattern's rule: past complete-by the agent sends nothing
+        if fault == "lost_before":
+            return
+        if fault == "late":
+            self.parked.append(request)
+            return
+        if fault in ("transient", "deferred"):
+            self._reply(request, fault)
+            return
+        outcome, code = self.services.call(request, decline=fault == "decline")
+        if fault != "lost_after":
+            self._reply(request, outcome, code)
+
+    def _answer(self, request: AgentRequest, decline: bool) -> None:
+        outcome, code = self.services.call(request, decline=decline)
+        self._reply(request, outcome, code)
+
+    def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
+        fields: dict[str, object] = {}
+        if outcome == "transient":
+            fields = {"outcome": "failed", "transient": True, "error_code": "unavailable"}
+        elif outcome == "deferred":
+            fields = {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
+        elif outcome == "failed":
+            fields = {"outcome": "failed", "error_code": code}
+        else:
+            fields = {"outcome": outcome}
+        response = AgentResponse(
+            order_id=request.order_id,
+            step=request.step,
+            operation=request.operation,
+            attempt=request.attempt,
+            idempotency_key=request.idempotency_key,
+            responded_at=self.now,
+            **fields,  # type: ignore[arg-type]
+        )
+        self.bus.send(QUEUES["responses"], response)
+
+    # ----------------------------------------------------------------------------- drain
+
+    def drain(self, max_rounds: int = 400) -> None:
+        """Let everything finish without faults: deliver, land what hangs, tick, let time go."""
+        for _ in range(max_rounds):
+            while self.parked:
+                self.land_late(0)
+            ready = [e for e in self.pending if e.due <= self.now and e.queue != REPLY_QUEUE]
+            ready = [e for e in ready if e.queue != QUEUES["alerts"]]
+            if ready:
+                for envelope in ready:
+                    self.deliver(envelope)
+                continue
+            if self.quiet():
+                return
+            self.tick()
+            if not [e for e in self.pending if e.due <= self.now and _consumed(e)]:
+                self.advance(15)
+        raise AssertionError(f"not quiet after {max_rounds} rounds: {self.describe()}")
+
+    def quiet(self) -> bool:
+        return (
+            all(o.state.terminal for o in self.store.orders())
+            and not self.store.index.rows()
+            and not [e for e in self.pending if _consumed(e)]
+        )
+
+    def describe(self) -> str:
+        orders = [
+            (o.order_id, o.state.value, o.current_step, o.current_operation, o.locked_by)
+            for o in self.store.orders()
+        ]
+        index = [(r.order_id, r.generation) for r in self.store.index.rows()]
+        return f"orders={orders} index={index} pending={len(self.pending)}"
+
+    # ------------------------------------------------------------------------- checking
+
+    def sent(self, queue: str) -> list[MessageBase]:
+        return self.bus.on(queue)
+
+    def terminal_alerts(self) -> Counter[str]:
+        return Counter(
+            a.order_id or ""
+            for a in self.sent(QUEUES["alerts"])
+            if isinstance(a, OperatorAlert) and a.reason in TERMINAL_ALERT_REASONS
+        )
+
+    def error_entries(self, order_id: str) -> int:
+        return sum(
+            1
+            for e in self.store.get_timeline(order_id)
+            if e.to_state is ProcessState.ERROR and e.from_state is not ProcessState.ERROR
+        )
+
+    def statuses(self, order_id: str) -> list[int]:
+        return [
+            s.sequence
+            for s in self.sent(REPLY_QUEUE)
+            if isinstance(s, StatusUpdate) and s.order_id == order_id
+        ]
+
+    def forward_keys(self, order_id: str) -> set[str]:
+        """Every forward key the app ever requested for ``order_id``."""
+        keys = set()
+        for queue in AGENT_QUEUES:
+            for message in self.sent(queue):
+                if isinstance(message, AgentRequest) and message.order_id == order_id:
+                    keys.add(message.undoes or message.idempotency_key)
+        return keys
+
+    def check_safety(self) -> None:
+        """What must hold after every step, crashes included."""
+        alerts = self.terminal_alerts()
+        for order in self.store.orders():
+            assert alerts[order.order_id] <= self.error_entries(order.order_id), (
+                f"{order.order_id}: {alerts[order.order_id]} terminal alerts for "
+                f"{self.error_entries(order.order_id)} entries into Error"
+            )
+            sequences = self.statuses(order.order_id)
+            assert sequences == list(range(len(sequences))), (
+                f"{order.order_id}: status sequences out of order or with a gap: {sequences}"
+            )
+            if order.state is ProcessState.PROCESSED:
+                for step in order.steps:
+                    key = step.forward_key(order.order_id)
+                    assert self.services.in_place(key), (
+                        f"{order.order_id} is Processed but {step.name} ({key}) is not in place"
+                    )
+        for key, count in self.services.effects.items():
+            assert count == 1, f"{key} took effect {count} times"
+        for reply in self.consumed:
+            self._check_applied(reply)
+
+    def _check_applied(self, reply: AgentResponse) -> None:
+        """A definitive answer, once handled, is never thrown away: its step shows it."""
+        allowed = ANSWER_STATES.get((reply.operation, reply.outcome, reply.transient))
+        if allowed is None:
+            return
+        step = self.store.load(reply.order_id).step(reply.step)
+        if step.generation != reply.generation:
+            return  # a resubmission started the step again under new keys
+        assert step.state in allowed, (
+            f"{reply.order_id}: {reply.operation} {reply.step} attempt {reply.attempt} answered "
+            f"{reply.outcome}, but the step is {step.state}"
+        )
+
+    def check_final(self) -> None:
+        """What must hold once everything has settled."""
+        self.check_safety()
+        alerts = self.terminal_alerts()
+        for order in self.store.orders():
+            order_id = order.order_id
+            assert order.state.terminal, f"{order_id} stuck in {order.state}"
+            assert alerts[order_id] == self.error_entries(order_id), (
+                f"{order_id}: {alerts[order_id]} terminal alerts for "
+                f"{self.error_entries(order_id)} entries into Error"
+            )
+            assert self.statuses(order_id) == list(range(order.status_seq)), (
+                f"{order_id}: statuses {self.statuses(order_id)} of {order.status_seq}"
+            )
+            if order.state is ProcessState.ERROR:
+                known = {s.forward_key(order_id) for s in order.steps if s.state.may_have_effect}
+                left = {k for k in self.forward_keys(order_id) if self.services.in_place(k)}
+                if not (order.last_error or "").startswith("compensation incomplete"):
+                    assert not left, f"{order_id} ended in Error with effects in place: {left}"
+                assert left <= known, f"{order_id}: effects in place it does not know of: {left}"
+            for step in order.steps:
+                if step.state in (StepState.FAILED, StepState.VOIDED, StepState.COMPENSATED):
+                    key = step.forward_key(order_id)
+                    assert not self.services.in_place(key), f"{key} is {step.state} but in place"
+        assert not self.store.index.rows(), "active index not empty"
+        errors = {(r.order_id, r.generation) for r in self.store.errors.rows()}
+        expected = {
+            (o.order_id, o.generation) for o in self.store.orders() if o.state is ProcessState.ERROR
+        }
+        assert errors == expected, f"error index {errors} != Error orders {expected}"
+
+
+def _consumed(envelope: Envelope) -> bool:
+    return envelope.queue not in (REPLY_QUEUE, QUEUES["alerts"])
+
+
+def order_id(n: int) -> str:
+    return ids.validate_order_id(f"order-{n}")

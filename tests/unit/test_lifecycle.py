@@ -1,0 +1,370 @@
+"""The order lifecycle's rules, one example each: pure decisions, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from core.lifecycle import (
+    Cancel,
+    Context,
+    Decision,
+    Refused,
+    Replied,
+    Resent,
+    Resubmit,
+    RetryDue,
+    Swept,
+    decide,
+    submit,
+)
+from core.messages import (
+    AgentRequest,
+    AgentResponse,
+    OperatorAlert,
+    OrderSubmitted,
+    SchedulerCommand,
+    StatusUpdate,
+)
+from core.order import Order, StepState
+from core.states import ProcessState
+from core.workflows import ORDER_WORKFLOW
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+FLOW = ORDER_WORKFLOW
+
+
+def ctx(at: float = 0, *, jitter: float = 0.0, actor: str = "scheduler:a") -> Context:
+    return Context(workflow=FLOW, now=T0 + timedelta(seconds=at), actor=actor, jitter=jitter)
+
+
+def new_order(reply_to: str | None = "client-replies") -> Order:
+    submitted = OrderSubmitted(
+        order_id="o-1",
+        customer_id="c-1",
+        items=[{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 250}],
+        currency="EUR",
+        reply_to=reply_to,
+    )
+    decision = submit(submitted, ctx())
+    assert decision.order is not None
+    return decision.order
+
+
+def request_of(order: Order) -> AgentRequest:
+    requests = [o.message for o in order.outbox if isinstance(o.message, AgentRequest)]
+    assert len(requests) == 1, order.outbox
+    return requests[0]
+
+
+def answer(request: AgentRequest, outcome: str = "succeeded", **fields: object) -> AgentResponse:
+    if outcome == "transient":
+        fields = {"outcome": "failed", "transient": True, "error_code": "unavailable", **fields}
+    elif outcome == "declined":
+        fields = {"outcome": "failed", "error_code": "card_declined", **fields}
+    else:
+        fields = {"outcome": outcome, **fields}
+    return AgentResponse(
+        order_id=request.order_id,
+        step=request.step,
+        operation=request.operation,
+        attempt=request.attempt,
+        idempotency_key=request.idempotency_key,
+        responded_at=T0,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def apply(order: Order, decision: Decision) -> Order:
+    return order if decision.order is None else decision.order
+
+
+def kinds(decision: Decision) -> list[str]:
+    return [type(o.message).__name__ for o in decision.send]
+
+
+def after_steps(n: int) -> Order:
+    """An order whose first ``n`` steps succeeded (the next one is in flight)."""
+    order = new_order()
+    for _ in range(n):
+        order = apply(order, decide(order, Replied(answer(request_of(order))), ctx(1)))
+    return order
+
+
+# ------------------------------------------------------------------------------ submission
+
+
+def test_a_new_order_is_created_claimed_and_dispatched_in_one_write():
+    decision = submit(new_order_submitted(), ctx())
+    order = decision.order
+    assert order is not None and decision.entry is not None
+    assert order.state is ProcessState.PROCESSING and order.attempt == 1
+    assert order.locked_by == "scheduler:a"
+    assert order.complete_by == T0 + FLOW.first_step.complete_by_budget
+    assert order.step("reserve_inventory").state is StepState.RUNNING
+    assert kinds(decision) == ["StatusUpdate", "StatusUpdate", "AgentRequest"]
+    assert order.outbox == decision.send
+    assert [s.message.sequence for s in decision.send[:2]] == [0, 1]  # type: ignore[attr-defined]
+    assert decision.entry.event == "created" and decision.entry.seq == 0
+
+
+def new_order_submitted() -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id="o-1",
+        customer_id="c-1",
+        items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 1}],
+        currency="EUR",
+        reply_to="client-replies",
+    )
+
+
+def test_a_redelivered_submission_resends_what_the_order_owes_without_writing():
+    order = new_order()
+    decision = decide(order, Resent(), ctx(1))
+    assert decision.order is None and decision.send == order.outbox
+
+
+# --------------------------------------------------------------------------------- replies
+
+
+def test_a_success_advances_and_its_reply_proves_the_outbox_was_delivered():
+    order = new_order()
+    decision = decide(order, Replied(answer(request_of(order))), ctx(1))
+    after = decision.order
+    assert after is not None
+    assert after.step("reserve_inventory").state is StepState.SUCCEEDED
+    assert after.current_step == "charge_payment" and after.attempt == 2
+    # Only the new messages: the received/started statuses were provably sent.
+    assert [m.message.event for m in after.outbox if isinstance(m.message, StatusUpdate)] == [
+        "step_completed",
+        "step_started",
+    ]
+    assert isinstance(after.outbox[-1].message, AgentRequest)
+
+
+def test_the_last_success_finishes_the_order():
+    order = after_steps(2)
+    decision = decide(order, Replied(answer(request_of(order))), ctx(2))
+    assert decision.order is not None and decision.order.state is ProcessState.PROCESSED
+    assert decision.finished and decision.order.locked_by is None
+    assert [m.message.event for m in decision.send] == ["step_completed", "processed"]  # type: ignore[attr-defined]
+
+
+def test_an_event_that_proves_nothing_carries_the_outbox_forward():
+    order = new_order()  # owes: status 0, status 1, the first request
+    after = decide(order, Cancel("operator:bob", "fraud"), ctx(1)).order
+    assert after is not None
+    statuses = [o.message.sequence for o in after.outbox if isinstance(o.message, StatusUpdate)]
+    assert statuses == [0, 1, 2]  # the first two may never have left: sent again, in order
+    requests = [o.message for o in after.outbox if isinstance(o.message, AgentRequest)]
+    assert [(r.operation, r.attempt) for r in requests] == [("undo", 2)]  # stale request dropped
+    assert after.outbox[-1].message == requests[0]
+
+
+def test_a_late_success_after_the_step_was_released_is_applied():
+    order = new_order()
+    first = request_of(order)
+    released = apply(order, decide(order, Replied(answer(first, "transient")), ctx(1)))
+    assert released.state is ProcessState.PENDING and released.failure_count == 1
+    decision = decide(released, Replied(answer(first)), ctx(2))
+    after = decision.order
+    assert after is not None and after.current_step == "charge_payment"
+    assert after.failure_count == 0
+    # The retry command is stale now: it leaves the outbox.
+    assert not [o for o in after.outbox if isinstance(o.message, SchedulerCommand)]
+
+
+def test_a_transient_failure_releases_for_a_delayed_retry():
+    order = new_order()
+    decision = decide(order, Replied(answer(request_of(order), "transient")), ctx(1, jitter=0))
+    after = decision.order
+    assert after is not None
+    assert (after.state, after.locked_by, after.failure_count) == (ProcessState.PENDING, None, 1)
+    command = after.outbox[-1]
+    assert isinstance(command.message, SchedulerCommand)
+    assert command.not_before == T0 + timedelta(seconds=1) + FLOW.retry.base_delay
+    assert after.next_attempt_at == command.not_before
+
+
+def test_a_transient_failure_of_an_earlier_attempt_counts_for_nothing():
+    order = new_order()
+    first = request_of(order)
+    released = apply(order, decide(order, Replied(answer(first, "transient")), ctx(1)))
+    command = released.outbox[-1].message
+    claimed = apply(released, decide(released, RetryDue(command), ctx(10)))  # type: ignore[arg-type]
+    decision = decide(claimed, Replied(answer(first, "transient")), ctx(11))
+    assert decision.order is None
+
+
+def test_an_open_circuit_defers_without_counting_a_failure():
+    order = new_order()
+    retry_at = T0 + timedelta(seconds=40)
+    reply = answer(request_of(order), "deferred", retry_at=retry_at)
+    after = decide(order, Replied(reply), ctx(1)).order
+    assert after is not None
+    assert after.failure_count == 0 and after.state is ProcessState.PENDING
+    assert after.outbox[-1].not_before == retry_at
+
+
+def test_a_decline_of_the_first_step_fails_at_once_with_one_alert():
+    order = new_order()
+    decision = decide(order, Replied(answer(request_of(order), "declined")), ctx(1))
+    after = decision.order
+    assert after is not None and after.state is ProcessState.ERROR
+    assert after.step("reserve_inventory").state is StepState.FAILED
+    alerts = [o.message for o in decision.send if isinstance(o.message, OperatorAlert)]
+    assert [a.reason for a in alerts] == ["step_declined"]
+    assert "nothing to undo" in after.last_error  # type: ignore[operator]
+
+
+def test_a_decline_undoes_what_succeeded_naming_the_forward_key():
+    order = after_steps(1)
+    after = decide(order, Replied(answer(request_of(order), "declined")), ctx(2)).order
+    assert after is not None and after.state is ProcessState.COMPENSATING
+    undo = request_of(after)
+    assert (undo.step, undo.operation, undo.action) == ("reserve_inventory", "undo", "release")
+    assert undo.undoes == "o-1:reserve_inventory:do:1"
+
+
+def test_at_the_threshold_the_step_in_flight_is_undone_too():
+    order = after_steps(1)
+    for n in range(FLOW.failure_threshold):
+        request = request_of(order)
+        order = apply(order, decide(order, Replied(answer(request, "transient")), ctx(10 + n)))
+        if order.state is ProcessState.PENDING:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), ctx(20 + n)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.COMPENSATING
+    assert order.compensation_cause == "failure_threshold"
+    undo = request_of(order)
+    assert (undo.step, undo.undoes) == ("charge_payment", "o-1:charge_payment:do:1")
+
+
+def test_nothing_to_undo_voids_the_step_and_the_order_ends_with_one_alert():
+    order = after_steps(1)
+    order = apply(order, decide(order, Cancel("operator:bob", "customer asked"), ctx(3)))
+    first_undo = request_of(order)
+    assert first_undo.step == "charge_payment"
+    order = apply(order, decide(order, Replied(answer(first_undo, "nothing_to_undo")), ctx(4)))
+    assert order.step("charge_payment").state is StepState.VOIDED
+    decision = decide(order, Replied(answer(request_of(order))), ctx(5))
+    after = decision.order
+    assert after is not None and after.state is ProcessState.ERROR
+    assert after.step("reserve_inventory").state is StepState.COMPENSATED
+    alerts = [o.message for o in decision.send if isinstance(o.message, OperatorAlert)]
+    assert [(a.reason, a.severity) for a in alerts] == [("cancelled", "warning")]
+    assert "never took effect: charge_payment" in after.last_error  # type: ignore[operator]
+
+
+def test_an_undo_that_keeps_failing_ends_as_compensation_incomplete():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    for n in range(FLOW.failure_threshold):
+        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
+        if order.state.in_flight:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.ERROR
+    alerts = [o.message for o in order.outbox if isinstance(o.message, OperatorAlert)]
+    assert [(a.reason, a.severity) for a in alerts] == [("compensation_incomplete", "critical")]
+    assert order.step("reserve_inventory").state is StepState.SUCCEEDED
+
+
+def test_a_reply_naming_an_unknown_step_is_alerted_and_changes_nothing():
+    order = new_order()
+    reply = AgentResponse(
+        order_id="o-1",
+        step="teleport",
+        operation="do",
+        attempt=1,
+        idempotency_key="o-1:teleport:do:1",
+        outcome="succeeded",
+    )
+    decision = decide(order, Replied(reply), ctx(1))
+    assert decision.order is None and kinds(decision) == ["OperatorAlert"]
+
+
+def test_a_reply_for_another_generation_changes_nothing():
+    order = new_order()
+    old = answer(request_of(order)).model_copy(
+        update={"idempotency_key": "o-1:reserve_inventory:do:2"}
+    )
+    assert decide(order, Replied(old), ctx(1)).order is None
+
+
+# ------------------------------------------------------------------------- retries, sweeps
+
+
+def test_a_stale_retry_command_changes_nothing():
+    order = new_order()
+    command = SchedulerCommand(
+        order_id="o-1", command="retry", attempt=0, failure_count=0, reason="x", requested_by="s:a"
+    )
+    assert decide(order, RetryDue(command), ctx(1)).order is None
+
+
+def test_the_supervisor_leaves_an_order_within_its_deadline_alone():
+    assert decide(new_order(), Swept(), ctx(29)).order is None
+
+
+def test_the_supervisor_releases_an_order_past_its_deadline():
+    after = decide(new_order(), Swept(), ctx(31, actor="supervisor:s")).order
+    assert after is not None and after.state is ProcessState.PENDING
+    assert after.failure_count == 1 and "passed CompleteBy" in (after.last_error or "")
+    # The statuses of the write that dispatched are carried along: they may never have left.
+    assert [type(o.message).__name__ for o in after.outbox] == [
+        "StatusUpdate",
+        "StatusUpdate",
+        "SchedulerCommand",
+    ]
+
+
+def test_the_supervisor_resends_what_a_finished_order_owes_after_a_grace():
+    order = new_order()
+    done = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    assert decide(done, Swept(), ctx(2)).send == ()
+    flushed = decide(done, Swept(), ctx(60))
+    assert flushed.order is None and flushed.finished and flushed.send == done.outbox
+
+
+# ------------------------------------------------------------------------------- operators
+
+
+def test_cancel_acts_at_once_and_undoes_the_step_in_flight():
+    order = after_steps(1)
+    after = decide(order, Cancel("operator:bob", "fraud"), ctx(3)).order
+    assert after is not None and after.state is ProcessState.COMPENSATING
+    assert request_of(after).undoes == "o-1:charge_payment:do:1"
+
+
+@pytest.mark.parametrize("state", [ProcessState.PROCESSED, ProcessState.ERROR])
+def test_cancel_of_a_finished_order_is_refused(state):
+    order = replace(new_order(), state=state)
+    with pytest.raises(Refused, match="only orders in flight"):
+        decide(order, Cancel("operator:bob", "x"), ctx(1))
+
+
+def test_resubmit_after_a_full_compensation_starts_over_with_new_keys():
+    order = new_order()
+    errored = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    again = decide(errored, Resubmit("operator:bob", "fixed", outbox_delivered=True), ctx(9))
+    after = again.order
+    assert after is not None and after.generation == 2
+    assert request_of(after).idempotency_key == "o-1:reserve_inventory:do:2"
+    assert not [o for o in again.send if isinstance(o.message, OperatorAlert)]
+
+
+def test_resubmit_resends_an_alert_that_was_never_delivered():
+    order = new_order()
+    errored = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    again = decide(errored, Resubmit("operator:bob", "fixed", outbox_delivered=False), ctx(9))
+    assert [o.message.reason for o in again.send if isinstance(o.message, OperatorAlert)] == [
+        "step_declined"
+    ]
+
+
+def test_resubmit_of_an_order_in_flight_is_refused():
+    with pytest.raises(Refused, match="only Error orders"):
+        decide(new_order(), Resubmit("operator:bob", "x", outbox_delivered=True), ctx(1))
