@@ -14,11 +14,11 @@ table cannot answer "which orders are in flight" without a scan, so a second tab
   messages of the transaction that made it terminal (Processed, Error) were sent. A crash
   leaves at worst an extra row, never an in-flight order without one; a finished order whose
   row is still there may still owe its final messages, and the Supervisor sends them.
-- Extra rows are garbage, removed by :meth:`ActiveOrderIndex.reap` once the order generation
-  they name is missing, terminal or superseded, and the row is older than a grace period (a
-  create may still be on its way after its row was written) and unchanged since it was listed
-  (ETag: a resubmit may have re-written it meanwhile). The generation in the RowKey keeps the
-  cleanup after an Error from deleting the row of a resubmission that followed it.
+- Rows whose order is missing or at a later generation are garbage, removed by
+  :meth:`ActiveOrderIndex.reap` once older than a grace period (a create may still be on its
+  way after its row was written) and unchanged since listed (ETag: a resubmit may have
+  re-written it meanwhile). The generation in the RowKey keeps the cleanup after an Error from
+  deleting the row of a resubmission that followed it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
 from core.order import Order
@@ -68,16 +68,31 @@ class ActiveOrderIndex:
     def put(self, order_id: str, generation: int, workflow: str) -> None:
         """Write (or refresh) the row of an order generation about to be in flight."""
         self._table.upsert_entity(
-            {
-                "PartitionKey": index_partition(order_id),
-                "RowKey": index_row_key(order_id, generation),
-                "OrderID": order_id,
-                "Generation": generation,
-                "Workflow": workflow,
-                "WrittenAt": utc(self._clock()),
-            },
-            mode=UpdateMode.REPLACE,
+            self._row(order_id, generation, workflow), mode=UpdateMode.REPLACE
         )
+
+    def add(self, order_id: str, generation: int, workflow: str) -> bool:
+        """Insert the row unless it exists; True if this call created it.
+
+        A create uses this: an existing row may be the one thing saying that a finished order
+        still owes its final messages, so a duplicate submission must neither replace it nor
+        remove it.
+        """
+        try:
+            self._table.create_entity(self._row(order_id, generation, workflow))
+        except ResourceExistsError:
+            return False
+        return True
+
+    def _row(self, order_id: str, generation: int, workflow: str) -> dict[str, object]:
+        return {
+            "PartitionKey": index_partition(order_id),
+            "RowKey": index_row_key(order_id, generation),
+            "OrderID": order_id,
+            "Generation": generation,
+            "Workflow": workflow,
+            "WrittenAt": utc(self._clock()),
+        }
 
     def discard(self, order_id: str, generation: int) -> None:
         """Delete the row of an order generation that has ended; failures are only logged.
@@ -156,15 +171,15 @@ class ActiveOrderIndex:
     def reap(
         self, row: ActiveRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
-        """Delete ``row`` if it no longer stands for an order in flight; True if deleted.
+        """Delete ``row`` if it is garbage: its order is missing or at a later generation.
 
         ``process`` must have been read AFTER ``row`` was listed (None: the order is missing).
-        The row is kept while its order generation is in flight, while it is younger than
-        ``grace``, and if it changed since it was listed.
+        A row of the order's current generation is never garbage, even once the order finished:
+        it says the order may still owe its final messages (the shell or the Supervisor removes
+        it after sending them). The row is also kept while younger than ``grace`` (a create may
+        be on its way) and if it changed since it was listed. True once the row is gone.
         """
-        live = (
-            process is not None and process.state.in_flight and process.generation == row.generation
-        )
+        live = process is not None and process.generation == row.generation
         if live or utc(self._clock()) - row.written_at < grace:
             return False
         return delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceModifiedError
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
 from core.order import Order
@@ -93,7 +93,7 @@ class ErrorOrderIndex:
                 )
             else:
                 self._table.delete_entity(ERROR_PARTITION, key)
-        except (ResourceModifiedError, ResourceNotFoundError):
+        except ResourceModifiedError:
             pass
         except HttpResponseError as exc:
             _log.warning("could not delete error index row %s (reaped later): %s", key, exc)

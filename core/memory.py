@@ -52,6 +52,12 @@ class MemoryIndex:
         )
         return etag
 
+    def add(self, order_id: str, generation: int, workflow: str = "") -> bool:
+        if (order_id, generation) in self._rows:
+            return False
+        self.put(order_id, generation, workflow)
+        return True
+
     def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
         row = self._rows.get((order_id, generation))
         if row is not None and (etag is None or row.etag == etag):
@@ -66,10 +72,13 @@ class MemoryIndex:
     def reap(
         self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
-        live = order is not None and order.state.in_flight and order.generation == row.generation
+        live = order is not None and order.generation == row.generation
         if live or self._clock() - row.written_at < grace:
             return False
-        if self._rows.get((row.order_id, row.generation)) != row:
+        current = self._rows.get((row.order_id, row.generation))
+        if current is None:
+            return True  # gone already, as the Table store reports it
+        if current != row:
             return False
         del self._rows[(row.order_id, row.generation)]
         return True
@@ -98,10 +107,12 @@ class MemoryStore:
         self, submitted: OrderSubmitted, order: Order, entry: TimelineEntry
     ) -> Order | AlreadyExists:
         payload_hash = submitted.content_hash()
-        self.index.put(order.order_id, order.generation, order.workflow)
+        added = self.index.add(order.order_id, order.generation, order.workflow)
         with self._lock:
             existing = self._orders.get(order.order_id)
             if existing is not None:
+                if added and (existing.state.terminal or existing.generation != 1):
+                    self.index.discard(order.order_id, 1)
                 stored_hash = self._details[order.order_id][1]
                 return AlreadyExists(stored_hash == payload_hash, stored_hash, existing)
             stored = dataclasses.replace(order, etag=self._etag())
@@ -156,7 +167,15 @@ class MemoryStore:
         now = self._clock()
         after = dataclasses.replace(order, updated_at=now, timeline_seq=order.timeline_seq + 1)
         entry = TimelineEntry(
-            after.timeline_seq, now, actor, event, order.state, order.state, None, 0, detail
+            after.timeline_seq,
+            now,
+            actor,
+            event,
+            order.state,
+            order.state,
+            None,
+            order.attempt,
+            detail,
         )
         return self.save(order, after, entry)
 

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import ResourceModifiedError
 from azure.data.tables import EntityProperty, TableClient, TableEntity
 
 from core import ids
@@ -103,12 +103,13 @@ def etag_of(entity: TableEntity) -> str:
 
 
 def delete_unchanged(table: TableClient, partition_key: str, row_key: str, etag: str) -> bool:
-    """Delete a row only if it is still the version read (ETag); False if it changed or went."""
+    """Delete a row only if it is still the version read (ETag). False if it changed since;
+    True once it is gone (the SDK does not tell a row deleted now from one already gone)."""
     try:
         table.delete_entity(
             partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
         )
-    except (ResourceModifiedError, ResourceNotFoundError):
+    except ResourceModifiedError:
         return False
     return True
 

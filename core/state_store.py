@@ -148,16 +148,18 @@ class OrderStateStore:
             ("create", order_entity(order)),
             ("create", timeline_entity(order_id, entry)),
         ]
-        self.index.put(order_id, order.generation, order.workflow)
+        added = self.index.add(order_id, order.generation, order.workflow)
         try:
             results = self._orders.submit_transaction(operations)
         except TableTransactionError as exc:
             if not _entity_exists(exc):
                 raise
-            return self._existing(order_id, payload_hash)
+            return self._existing(order_id, payload_hash, remove_index_row=added)
         return dataclasses.replace(order, etag=results[1]["etag"])
 
-    def _existing(self, order_id: str, payload_hash: str) -> AlreadyExists:
+    def _existing(
+        self, order_id: str, payload_hash: str, *, remove_index_row: bool
+    ) -> AlreadyExists:
         rows = {row["RowKey"]: row for row in self._details_and_process(order_id)}
         details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
         if details is None or process is None:
@@ -166,8 +168,8 @@ class OrderStateStore:
                 " row; an earlier write was not one transaction"
             )
         order = order_from_entity(process, etag_of(process))
-        if order.state.terminal or order.generation != 1:
-            # The upsert just made re-created the generation-1 index row of a finished order.
+        if remove_index_row and (order.state.terminal or order.generation != 1):
+            # This create just added the generation-1 index row of an order long past it.
             self.index.discard(order_id, 1)
         existing_hash = details.get("PayloadHash", "")
         return AlreadyExists(existing_hash == payload_hash, existing_hash, order)
