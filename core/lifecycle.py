@@ -47,7 +47,7 @@ from core.messages import (
     message_id_for,
 )
 from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
-from core.states import ProcessState
+from core.states import ProcessState, transition_allowed
 from core.workflows import Step, Workflow
 
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
@@ -668,6 +668,8 @@ def _write(
     step: str | None = None,
     from_state: ProcessState | Literal["before"] | None = "before",
 ) -> Decision:
+    if from_state == "before" and not transition_allowed(before.state, after.state):
+        raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
     outbox = after.outbox
     settled = before.state.terminal and after.state.terminal
     if not settled:

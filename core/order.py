@@ -55,7 +55,7 @@ class StepRecord:
     state: StepState = StepState.PENDING
     generation: int = 0
     attempt: int = 0
-    """Requests sent for this step (forward and undo), across generations."""
+    """Requests sent for this step (forward and undo) since its generation began."""
     result: JsonObject | None = None
     error_code: str | None = None
     error_message: str | None = None

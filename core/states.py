@@ -1,4 +1,4 @@
-"""The states an order and its steps move through, shared by messages and the state store."""
+"""The states an order moves through (its steps' states: :class:`core.order.StepState`)."""
 
 from __future__ import annotations
 
@@ -25,26 +25,13 @@ class ProcessState(StrEnum):
         return not self.terminal
 
 
-class StepState(StrEnum):
-    """State of one step row.
-
-    Compensating: the step is to be undone (or its undo is in flight); it stays so until its
-    undo succeeds (Compensated). A step whose undo could not be completed stays Compensating,
-    which is how an operator sees what is left to undo.
-    """
-
-    PENDING = "Pending"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    COMPENSATING = "Compensating"
-    COMPENSATED = "Compensated"
-
-
 _P = ProcessState
-# Which ProcessState may follow which. Self-transitions are real: Processing -> Processing
-# dispatches the next step, Pending -> Pending is a supervisor bump of a stale Pending order,
-# Compensating -> Compensating moves to the next undo. Nothing leaves Processed; Error is left
-# only by an operator's resubmit (-> Pending) or an operator-requested undo (-> Compensating).
+# Which ProcessState may follow which (core.lifecycle checks every write against it).
+# Self-transitions are real: Processing -> Processing dispatches the next step, Pending ->
+# Pending is a Supervisor bump of a stale Pending order, Compensating -> Compensating moves to
+# the next undo, and a finished order may record what it learns late (an annotation, an effect
+# reported after it finished). Nothing leaves Processed; Error is left only by an operator's
+# resubmit (-> Processing, the first step claimed at once) or a resumed compensation.
 ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState]]] = (
     MappingProxyType(
         {
@@ -53,8 +40,8 @@ ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState
                 {_P.PROCESSING, _P.PENDING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
             ),
             _P.COMPENSATING: frozenset({_P.COMPENSATING, _P.ERROR}),
-            _P.PROCESSED: frozenset(),
-            _P.ERROR: frozenset({_P.PENDING, _P.COMPENSATING}),
+            _P.PROCESSED: frozenset({_P.PROCESSED}),
+            _P.ERROR: frozenset({_P.ERROR, _P.PROCESSING, _P.COMPENSATING}),
         }
     )
 )

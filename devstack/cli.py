@@ -178,16 +178,16 @@ def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
     p = order.order
     console.print(
         f"[bold]{p.order_id}[/]  {p.state}  step {p.current_step} ({p.current_operation}), "
-        f"attempt {p.attempt}, failures {p.failure_count}, locked by {p.locked_by or '-'}"
+        f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
+        f"locked by {p.locked_by or '-'}"
     )
     if p.next_attempt_at:
         console.print(f"next attempt due {p.next_attempt_at:%H:%M:%S}")
+    if p.compensation_cause:
+        console.print(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}")
     if p.last_error:
         console.print(f"last error: {p.last_error}")
-    steps = Table("step", "state", "attempt", "completed", title="steps")
-    for step in order.steps:
-        steps.add_row(step.name, step.state, str(step.attempt), str(step.completed_at or ""))
-    console.print(steps)
+    console.print(step_table(order.steps))
     events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
     for entry in order.timeline:
         events.add_row(
@@ -199,6 +199,33 @@ def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
             entry.detail,
         )
     console.print(events)
+
+
+STEP_STYLES = {
+    "Succeeded": "green",
+    "Running": "yellow",
+    "Failed": "red",
+    "Compensated": "cyan",
+    "Voided": "cyan",
+}
+
+
+def step_table(steps: Any) -> Table:
+    """Each step: what is known of its effect, its key's generation, requests sent, outcome."""
+    table = Table("step", "state", "gen", "attempts", "completed", "undone", "error", title="steps")
+    for step in steps:
+        style = STEP_STYLES.get(step.state)
+        error = f"{step.error_code}: {step.error_message}" if step.error_code else ""
+        table.add_row(
+            step.name,
+            f"[{style}]{step.state}[/]" if style else step.state,
+            str(step.generation),
+            str(step.attempt),
+            f"{step.completed_at:%H:%M:%S}" if step.completed_at else "",
+            f"{step.compensated_at:%H:%M:%S}" if step.compensated_at else "",
+            error[:60],
+        )
+    return table
 
 
 @app.command()
@@ -289,7 +316,8 @@ def cancel(
     operator: Operator = OPERATOR,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Cancel a Pending or Processing order: completed steps are undone, then Error."""
+    """Cancel a Pending or Processing order at once: every step that may have taken effect (the
+    one in flight too) is undone, then Error."""
     with operations(workdir) as ops:
         done = ops.cancel(order_id, operator=operator, reason=reason)
     console.print(f"{done.order_id}: {done.outcome} ({done.state})")

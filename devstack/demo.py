@@ -4,6 +4,13 @@ It uses a running stack (`orderctl up`) or starts its own. Progress comes from t
 the way an operator would see it: the active-order index says what is in flight, and an order
 that has left it is read once for its final state. The summary is computed from the store, the
 alert queue, the fake services' ledger and the hosts' operation counters; nothing is estimated.
+
+What the summary checks, from the fakes' ledger (one snapshot, :mod:`devstack.observe`):
+duplicated effects (a key that took effect twice), undos without a do (an undo that reversed
+nothing at its service), and effects left after compensation (a forward effect of an Error order
+that no undo names: expected only of an order whose compensation is incomplete, which its record
+and a critical alert say). From the alerts queue: whether every Error order has exactly one
+terminal alert (:data:`core.order.TERMINAL_ALERT_REASONS`) and no other order has one.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,16 +31,20 @@ from rich.live import Live
 from rich.table import Table
 
 from core.messages import OrderSubmitted
+from core.order import TERMINAL_ALERT_REASONS, Order, StepState
 from core.settings import Settings
-from core.state_models import ProcessRecord
+from core.state_store import OrderStateStore
 from core.states import ProcessState
 from devstack.observe import (
-    alerted_orders,
     all_active,
     duplicated_effects,
+    effects_left_in_place,
     host_invocations,
     host_operations,
+    peek_all,
     process_cpu,
+    read_ledger,
+    undo_without_do,
 )
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
@@ -45,6 +57,10 @@ QUICK_SETTINGS = {
     "RETRY_MAX_DELAY_SECONDS": "4",
 }
 READS_PER_POLL = 60
+SETTLE_SECONDS = 30.0
+"""How long the summary waits for finished orders to send what they owe (their alerts)."""
+EXAMPLES = 5
+UNDONE = (StepState.COMPENSATED, StepState.VOIDED)
 RETRY_FUNCTION = "scheduler_commands"  # every retry, by the Supervisor or after a failed reply
 
 
@@ -57,17 +73,32 @@ class Summary:
     processed: int = 0
     errors: int = 0
     not_finished: int = 0
-    errors_with_alert: int = 0
+    errors_with_one_terminal_alert: int = 0
+    """Error orders with exactly one terminal alert on the alerts queue."""
+    wrong_terminal_alerts: int = 0
+    """Orders whose terminal alerts are wrong: an Error order with none or several, or any
+    other order with one."""
     alerts: int = 0
+    """Orders of this run named by an alert (any reason)."""
     recovered_by_supervisor: int = 0
     retries: int = 0
     duplicated_effects: int = 0
+    undo_without_do: int = 0
+    """Undo effects whose forward call never took effect at that service."""
+    effects_left_after_compensation: int = 0
+    """Forward effects of Error orders that no undo names."""
+    effects_left_by_incomplete_compensation: int = 0
+    """Of those, the ones of orders whose record says their compensation is incomplete (a step
+    that may have taken effect is not undone; a critical alert asked an operator to act)."""
+    examples: dict[str, list] = field(default_factory=dict)
+    """A few cases of each problem found, to look into."""
     elapsed_s: float = 0.0
     orders_per_s: float = 0.0
     latency_p50_s: float | None = None
     latency_p99_s: float | None = None
     operations_per_order: dict[str, float] = field(default_factory=dict)
     compensated: int = 0
+    """Error orders that undid (or voided) at least one step."""
     resubmitted: dict[str, str] = field(default_factory=dict)
     """An Error order the demo's operator resubmitted once the services recovered."""
     cpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -77,8 +108,39 @@ class Summary:
     def all_terminal(self) -> bool:
         return self.not_finished == 0
 
+    @property
+    def one_terminal_alert_per_error(self) -> bool:
+        return (
+            self.wrong_terminal_alerts == 0 and self.errors_with_one_terminal_alert == self.errors
+        )
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self) | {"all_terminal": self.all_terminal}, indent=2) + "\n"
+        derived = {
+            "all_terminal": self.all_terminal,
+            "one_terminal_alert_per_error": self.one_terminal_alert_per_error,
+        }
+        return json.dumps(asdict(self) | derived, indent=2, default=str) + "\n"
+
+
+def alerts_naming(settings: dict[str, str], order_ids: Iterable[str]) -> list[dict]:
+    """The alerts waiting on the alerts queue that name one of ``order_ids``, peeked (nothing
+    is taken) like :func:`devstack.observe.alerted_orders`."""
+    ours = set(order_ids)
+    found = []
+    for body in peek_all(settings, Settings.from_env(settings).queue("alerts")):
+        try:
+            alert = json.loads(body)
+        except ValueError:
+            continue
+        if isinstance(alert, dict) and alert.get("order_id") in ours:
+            found.append(alert)
+    return found
+
+
+def terminal_alerts(alerts: Iterable[dict]) -> Counter[str]:
+    """Per order, its terminal alerts (reasons in TERMINAL_ALERT_REASONS: one per entry into
+    Error)."""
+    return Counter(a["order_id"] for a in alerts if a.get("reason") in TERMINAL_ALERT_REASONS)
 
 
 class Demo:
@@ -194,10 +256,10 @@ class Demo:
         try:
             done = ops.resubmit(order_id, operator="demo-operator", reason="services recovered")
             deadline = time.monotonic() + 120
-            process = runtime.store.get_process(order_id)
+            process = runtime.store.load(order_id)
             while not process.state.terminal and time.monotonic() < deadline:
                 time.sleep(0.5)
-                process = runtime.store.get_process(order_id)
+                process = runtime.store.load(order_id)
             events = [e.event for e in runtime.store.get_timeline(order_id)]
         finally:
             ops.close()
@@ -208,8 +270,8 @@ class Demo:
         )
         return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
-    def _watch(self, store, order_ids: list[str], started: float) -> dict[str, ProcessRecord]:
-        finals: dict[str, ProcessRecord] = {}
+    def _watch(self, store, order_ids: list[str], started: float) -> dict[str, Order]:
+        finals: dict[str, Order] = {}
         unseen = list(order_ids)
         ours = set(order_ids)
         retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
@@ -219,7 +281,7 @@ class Demo:
                 active = {row.order_id for row in all_active(store)} & ours
                 candidates = [o for o in unseen if o not in active][:READS_PER_POLL]
                 for order_id in candidates:
-                    process = store.find_process(order_id)
+                    process = store.find(order_id)
                     if process is not None and process.state.terminal:
                         finals[order_id] = process
                         unseen.remove(order_id)
@@ -232,17 +294,26 @@ class Demo:
                 time.sleep(0.5)
         return finals
 
-    def _summarize(self, info, store, orders, finals, ops_before) -> Summary:
+    def _summarize(
+        self,
+        info: StackInfo,
+        store: OrderStateStore,
+        orders: list[OrderSubmitted],
+        finals: dict[str, Order],
+        ops_before: dict[str, int],
+    ) -> Summary:
         summary = Summary(
             orders=self.count, profile=self.profile, workflow=self.workflow, hosts=self.hosts
         )
+        ours = {o.order_id for o in orders}
         states = Counter(p.state for p in finals.values())
         summary.processed = states[ProcessState.PROCESSED]
         summary.errors = states[ProcessState.ERROR]
+        error_ids = {o for o, p in finals.items() if p.state is ProcessState.ERROR}
+        # Every Error order has a compensation cause, even with nothing to undo: count the
+        # ones that did undo (or void) a step.
         summary.compensated = sum(
-            1
-            for p in finals.values()
-            if p.state is ProcessState.ERROR and p.compensation_cause is not None
+            1 for o in error_ids if any(s.state in UNDONE for s in finals[o].steps)
         )
         summary.not_finished = self.count - len(finals)
         latencies = sorted(
@@ -256,19 +327,13 @@ class Demo:
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3
             )
         for order_id in finals:
-            released = [e for e in store.get_timeline(order_id) if e.event == "released"]
-            summary.retries += len(released)
-            if any(e.actor.startswith("supervisor") for e in released):
+            timeline = store.get_timeline(order_id)
+            summary.retries += sum(1 for e in timeline if e.event in ("released", "deferred"))
+            if any(e.actor.startswith("supervisor") for e in timeline):
                 summary.recovered_by_supervisor += 1
-        alerted = alerted_orders(info.settings)
-        ours = {o.order_id for o in orders}
-        summary.alerts = len(alerted & ours)
-        summary.errors_with_alert = sum(
-            1
-            for order_id, p in finals.items()
-            if p.state is ProcessState.ERROR and order_id in alerted
-        )
-        summary.duplicated_effects = duplicated_effects(info.fakes_url, ours)
+        self._settle(store, set(finals))
+        self._check_alerts(summary, info, finals, ours)
+        self._check_ledger(summary, info, finals, ours, error_ids)
         ops_after = host_operations(self.workdir)
         summary.operations_per_order = {
             kind: round((ops_after.get(kind, 0) - ops_before.get(kind, 0)) / self.count, 2)
@@ -277,16 +342,82 @@ class Demo:
         }
         return summary
 
+    def _settle(self, store: OrderStateStore, finished: set[str]) -> None:
+        """Wait (a little) until the finished orders have sent what they owe: a finished order
+        leaves the active-order index only after its outbox (its alert) was sent."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            if not any(row.order_id in finished for row in all_active(store)):
+                return
+            time.sleep(0.5)
+
+    def _check_alerts(
+        self, summary: Summary, info: StackInfo, finals: dict[str, Order], ours: set[str]
+    ) -> None:
+        alerts = alerts_naming(info.settings, ours)
+        summary.alerts = len({a["order_id"] for a in alerts})
+        terminal = terminal_alerts(alerts)
+        wrong = []
+        for order_id in sorted(ours):
+            order = finals.get(order_id)
+            in_error = order is not None and order.state is ProcessState.ERROR
+            if in_error and terminal[order_id] == 1:
+                summary.errors_with_one_terminal_alert += 1
+            elif in_error or terminal[order_id]:
+                wrong.append(f"{order_id}: {terminal[order_id]} terminal alerts")
+        summary.wrong_terminal_alerts = len(wrong)
+        if wrong:
+            summary.examples["wrong_terminal_alerts"] = wrong[:EXAMPLES]
+
+    def _check_ledger(
+        self,
+        summary: Summary,
+        info: StackInfo,
+        finals: dict[str, Order],
+        ours: set[str],
+        error_ids: set[str],
+    ) -> None:
+        ledger = read_ledger(info.fakes_url)
+        summary.duplicated_effects = duplicated_effects(ledger, ours)
+        orphans = undo_without_do(ledger, ours)
+        summary.undo_without_do = len(orphans)
+        left = effects_left_in_place(ledger, error_ids)
+        incomplete = {o for o in error_ids if any(s.state.may_have_effect for s in finals[o].steps)}
+        summary.effects_left_after_compensation = len(left)
+        summary.effects_left_by_incomplete_compensation = sum(
+            1 for _, order_id, _ in left if order_id in incomplete
+        )
+        if orphans:
+            summary.examples["undo_without_do"] = [
+                f"{service}: undo of {key}" for service, key in orphans[:EXAMPLES]
+            ]
+        unexplained = [(svc, o, key) for svc, o, key in left if o not in incomplete]
+        if unexplained:
+            summary.examples["effects_left_after_compensation"] = [
+                f"{service}: {key}" for service, _, key in unexplained[:EXAMPLES]
+            ]
+
     def _show(self, s: Summary) -> None:
         table = Table("", "", title="summary")
+        alerted = (
+            "yes"
+            if s.one_terminal_alert_per_error
+            else f"[red]no[/] ({s.wrong_terminal_alerts} wrong)"
+        )
+        left = str(s.effects_left_after_compensation)
+        if s.effects_left_by_incomplete_compensation:
+            left += f" ({s.effects_left_by_incomplete_compensation} by incomplete compensations)"
         rows = [
             ("processed", f"[green]{s.processed}[/] of {s.orders}"),
-            ("errors (each with an alert?)", f"{s.errors} ({s.errors_with_alert} alerted)"),
+            ("errors", str(s.errors)),
             ("… of which compensated", str(s.compensated)),
+            ("one terminal alert per Error", alerted),
             ("not finished", f"{s.not_finished}"),
             ("recovered by the Supervisor", str(s.recovered_by_supervisor)),
             ("retries", str(s.retries)),
             ("duplicated remote effects", str(s.duplicated_effects)),
+            ("undo without a do", str(s.undo_without_do)),
+            ("effects left after compensation", left),
             ("orders/s", str(s.orders_per_s)),
             ("latency p50 / p99 (s)", f"{s.latency_p50_s} / {s.latency_p99_s}"),
         ]
@@ -295,6 +426,8 @@ class Demo:
         for name, value in rows:
             table.add_row(name, value)
         self.console.print(table)
+        for problem, cases in s.examples.items():
+            self.console.print(f"[yellow]{problem}:[/] " + "; ".join(cases))
 
 
 @dataclass

@@ -11,8 +11,9 @@ from azure.servicebus import ServiceBusClient
 from core import clients
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted
+from core.order import TimelineEntry
 from core.settings import Settings
-from core.state_models import OrderRecord, TimelineEntry
+from core.state_models import OrderRecord
 from core.state_store import OrderStateStore
 
 SEND_BATCH = 100
@@ -82,7 +83,6 @@ def open_store(settings: dict[str, str]) -> OrderStateStore:
         clients.table_service(config.storage),
         orders_table=config.orders_table,
         active_table=config.active_table,
-        workflows=config.workflows(),
     )
 
 

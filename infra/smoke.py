@@ -17,9 +17,11 @@ MessageId are the app's. It goes through the real remote services the app is con
 point INVENTORY/PAYMENT/SHIPPING_SERVICE_URL at test endpoints, or pass ``--workflow
 single_step`` to touch only the inventory service.
 
-The command prints every state change of the order's process record. If the order does not
-reach Processed in time, it prints where it got stuck: state, current step, attempt, LockedBy,
-CompleteBy, LastError and the last timeline rows, with a hint at what to look at.
+The command prints every change of the order's record (state, current step, attempt, LockedBy,
+retry time, each step's state). If the order does not reach Processed in time, it prints where
+it got stuck: state, current step, attempt, generation, LockedBy, CompleteBy, when the retry is
+due, LastError, each step's state, generation and attempts, and the last timeline rows, with a
+hint at what to look at.
 
 Exit status: 0 Processed, 1 the order ended in Error, 2 usage error, 3 timed out.
 """
@@ -42,7 +44,7 @@ if str(REPO_ROOT) not in sys.path:  # run as `python infra/smoke.py` from anywhe
     sys.path.insert(0, str(REPO_ROOT))
 
 from core.messages import OrderSubmitted  # noqa: E402
-from core.state_models import ProcessRecord, TimelineEntry  # noqa: E402
+from core.order import Order, TimelineEntry  # noqa: E402
 from core.states import ProcessState  # noqa: E402
 
 DEFAULT_ORDERS_QUEUE = "orders"
@@ -186,8 +188,24 @@ def build_order(order_id: str, workflow: str, reply_to: str | None) -> OrderSubm
 
 
 @dataclass(frozen=True)
+class StepSnapshot:
+    """One step as the order record knows it: what is known of its effect at its service."""
+
+    name: str
+    state: str
+    generation: int
+    attempt: int
+
+    def line(self) -> str:
+        return f"{self.name}:{self.state}(gen {self.generation}, attempt {self.attempt})"
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """What the smoke test shows of the process record; a change of any field is printed."""
+    """What the smoke test shows of the order record; a change of any field is printed.
+
+    The outbox, timeline sequence and ETag are left out: they change with every write without
+    telling a person anything the fields here do not."""
 
     state: str
     step: str | None
@@ -197,9 +215,13 @@ class Snapshot:
     locked_by: str | None
     complete_by: datetime | None
     last_error: str | None
+    next_attempt_at: datetime | None = None
+    generation: int = 1
+    compensation_cause: str | None = None
+    steps: tuple[StepSnapshot, ...] = ()
 
     @classmethod
-    def of(cls, record: ProcessRecord) -> Snapshot:
+    def of(cls, record: Order) -> Snapshot:
         return cls(
             state=str(record.state),
             step=record.current_step,
@@ -209,6 +231,12 @@ class Snapshot:
             locked_by=record.locked_by,
             complete_by=record.complete_by,
             last_error=record.last_error,
+            next_attempt_at=record.next_attempt_at,
+            generation=record.generation,
+            compensation_cause=record.compensation_cause,
+            steps=tuple(
+                StepSnapshot(s.name, str(s.state), s.generation, s.attempt) for s in record.steps
+            ),
         )
 
     def line(self) -> str:
@@ -217,6 +245,10 @@ class Snapshot:
             f"{self.state:<12} step={step} attempt={self.attempt} "
             f"failures={self.failure_count} locked_by={self.locked_by or '-'}"
         )
+        if self.next_attempt_at is not None:
+            text += f" retry_due={self.next_attempt_at:%H:%M:%S}"
+        if self.steps:
+            text += " steps=" + ",".join(f"{s.name}:{s.state}" for s in self.steps)
         return f"{text} last_error={_one_line(self.last_error, 120)}" if self.last_error else text
 
 
@@ -244,16 +276,22 @@ _HINTS = {
     None: "The order never reached the state store: the scheduler intake did not take it. Is "
     "the code deployed (azd deploy) and the app running? Look at the orders queue (active or "
     "dead-lettered messages) and at the app's traces in Application Insights.",
-    ProcessState.PENDING.value: "Waiting for a scheduler claim or a delayed retry from the "
-    "Supervisor (it runs on SUPERVISOR_SCHEDULE). Look at the scheduler-commands queue and the "
-    "Supervisor's traces.",
+    ProcessState.PENDING.value: "A step failed for now (or its service's circuit is open) and "
+    "the order waits for its retry, due at NextAttemptAt: a scheduled retry command on the "
+    "scheduler-commands queue claims it then, or the Supervisor (SUPERVISOR_SCHEDULE) once it "
+    "is overdue by PENDING_STALE_AFTER_SECONDS. Look at that queue and the Supervisor's traces.",
     ProcessState.PROCESSING.value: "A step is out with its agent and no reply has been recorded. "
     "Look at the agent's request queue, its *_SERVICE_URL and its traces; after CompleteBy the "
     "Supervisor retries the step.",
-    ProcessState.COMPENSATING.value: "The order failed and its completed steps are being undone; "
-    "an operator alert follows if it ends in Error.",
-    ProcessState.ERROR.value: "The order failed: an OperatorAlert with the reason is on the "
-    "operator alerts queue, and Azure Monitor emails the operators.",
+    ProcessState.COMPENSATING.value: "The order is undoing, latest first, every step that may "
+    "have taken effect (Succeeded, or Running: outcome unknown), because a step was declined, "
+    "the failure threshold was reached or an operator cancelled it (see LastError). It ends in "
+    "Error with one operator alert; an undo the service refuses leaves it in Error with a "
+    "critical alert (compensation_incomplete).",
+    ProcessState.ERROR.value: "The order failed: one OperatorAlert with the reason is on the "
+    "operator alerts queue, and Azure Monitor emails the operators. The steps above say what "
+    "was undone (Compensated), never took effect (Failed, Voided) or may still be in place "
+    "(Succeeded, Running).",
 }
 
 
@@ -281,10 +319,18 @@ def format_stuck_report(
             f"  state:        {snapshot.state}",
             f"  current step: {step}",
             f"  attempt:      {snapshot.attempt} (failures so far: {snapshot.failure_count})",
+            f"  generation:   {snapshot.generation}",
             f"  LockedBy:     {snapshot.locked_by or '-'}",
             f"  CompleteBy:   {_ago(snapshot.complete_by, now)}",
-            f"  LastError:    {_one_line(snapshot.last_error, 500) or '-'}",
         ]
+        if snapshot.next_attempt_at is not None:
+            lines.append(f"  retry due:    {_ago(snapshot.next_attempt_at, now)}")
+        if snapshot.compensation_cause:
+            lines.append(f"  compensation: {snapshot.compensation_cause}")
+        lines.append(f"  LastError:    {_one_line(snapshot.last_error, 500) or '-'}")
+        if snapshot.steps:
+            lines.append("  steps:")
+            lines += [f"    {s.line()}" for s in snapshot.steps]
     if timeline:
         shown = timeline[-TIMELINE_ROWS_SHOWN:]
         lines.append(f"last {len(shown)} of {len(timeline)} timeline rows:")
@@ -304,7 +350,7 @@ def format_stuck_report(
 
 def watch(
     order_id: str,
-    read_process: Callable[[], ProcessRecord | None],
+    read_process: Callable[[], Order | None],
     read_timeline: Callable[[], list[TimelineEntry]],
     *,
     timeout: float,
@@ -407,7 +453,7 @@ def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
     with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
         outcome = watch(
             order.order_id,
-            lambda: store.find_process(order.order_id),
+            lambda: store.find(order.order_id),
             lambda: store.get_timeline(order.order_id),
             timeout=args.timeout,
             poll_interval=args.poll_interval,

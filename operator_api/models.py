@@ -10,7 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from core.state_models import OrderRecord, ProcessRecord, StepRecord, TimelineEntry
+from core.order import Order, StepRecord, TimelineEntry
+from core.state_models import OrderRecord
+from scheduler.control import Outcome
 
 
 class _Model(BaseModel):
@@ -46,7 +48,7 @@ class OrderSummary(_Model):
     workflow: str
     state: str = Field(description="Pending, Processing, Compensating, Processed or Error")
     generation: int = Field(description="Goes up with each resubmission; part of idempotency keys")
-    attempt: int
+    attempt: int = Field(description="Agent requests sent for this order, all steps together")
     failure_count: int
     current_step: str | None
     current_operation: Literal["do", "undo"]
@@ -54,15 +56,20 @@ class OrderSummary(_Model):
     complete_by: datetime | None
     next_attempt_at: datetime | None = Field(description="When the next retry is due")
     last_error: str | None
-    compensation_cause: str | None
-    cancel_requested_by: str | None
+    compensation_cause: str | None = Field(
+        description="Why the order is being (or was) undone: step_declined, failure_threshold "
+        "or cancelled"
+    )
+    compensation_reason: str | None = Field(
+        description="The failure or cancellation that started the compensation, in words "
+        "(a cancellation names the operator)"
+    )
     reply_to: str | None
-    reply_error: str | None
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def of(cls, p: ProcessRecord) -> OrderSummary:
+    def of(cls, p: Order) -> OrderSummary:
         return cls(
             order_id=p.order_id,
             workflow=p.workflow,
@@ -77,9 +84,8 @@ class OrderSummary(_Model):
             next_attempt_at=p.next_attempt_at,
             last_error=p.last_error,
             compensation_cause=p.compensation_cause,
-            cancel_requested_by=p.cancel_requested_by,
+            compensation_reason=p.compensation_reason,
             reply_to=p.reply_to,
-            reply_error=p.reply_error,
             created_at=p.created_at,
             updated_at=p.updated_at,
         )
@@ -98,8 +104,18 @@ class OrderPage(_Model):
 class StepView(_Model):
     name: str
     index: int
-    state: str = Field(description="Pending, Succeeded, Failed, Compensating or Compensated")
-    attempt: int
+    state: str = Field(
+        description="Pending (not requested), Running (outcome unknown), Succeeded, Failed "
+        "(refused: no effect), Compensated (undone) or Voided (never took effect; refused for "
+        "ever)"
+    )
+    generation: int = Field(
+        description="Generation of the step's idempotency key last requested (0: never requested)"
+    )
+    attempt: int = Field(
+        description="Requests sent for this step, forward and undo (counted afresh when a "
+        "resubmit redoes the step)"
+    )
     result: dict[str, JsonValue] | None
     error_code: str | None
     error_message: str | None
@@ -112,6 +128,7 @@ class StepView(_Model):
             name=s.name,
             index=s.index,
             state=s.state.value,
+            generation=s.generation,
             attempt=s.attempt,
             result=s.result,
             error_code=s.error_code,
@@ -172,10 +189,11 @@ class ActionView(_Model):
 
     order_id: str
     action: Literal["cancel", "resubmit"]
-    outcome: str = Field(
-        description="cancel_requested (a step is in flight; compensation follows it), "
-        "cancel_already_requested, compensating, failed (nothing to undo: Error now), "
-        "resubmitted, compensation_resumed"
+    outcome: Outcome = Field(
+        description="cancel: compensating (every step that may have taken effect, the one in "
+        "flight too, is being undone; Error 'cancelled' follows) or failed (nothing to undo: "
+        "Error now). resubmit: resubmitted (resumes at the first step not done, next "
+        "generation) or compensation_resumed (the undos left are retried, same generation)"
     )
     state: str
     step: str | None

@@ -163,15 +163,21 @@ def _paths() -> dict[str, Any]:
         },
         "/orders/{order_id}/resubmit": _action(
             "Resubmit an Error order",
-            "Resumes at the first step that did not succeed (steps that were compensated are "
-            "redone, with new idempotency keys), or resumes an incomplete compensation.",
+            "Resumes at the first step that did not succeed, with the next generation (new "
+            "idempotency keys; steps that were compensated are redone, succeeded ones are "
+            "kept): outcome resubmitted. If undos are left (an incomplete compensation), it "
+            "retries them instead, same generation so each undo keeps its key: outcome "
+            "compensation_resumed.",
             "resubmitOrder",
         ),
         "/orders/{order_id}/cancel": _action(
             "Cancel a Pending or Processing order",
-            "Undoes the completed steps, then Error (cancelled). With a step in flight, the "
-            "compensation starts once that step replies or times out (outcome "
-            "cancel_requested).",
+            "Acts at once, whatever the order waits for: every step that may have taken effect "
+            "(succeeded, or requested with the outcome unknown: the one in flight too) is "
+            "undone, latest first, each undo naming the forward call it undoes (one landing "
+            "later is refused by the service); then Error (cancelled) with one alert. Outcome "
+            "compensating (202), or failed when nothing can have taken effect (200: Error "
+            "now). An order already being undone, or finished, is refused (409).",
             "cancelOrder",
         ),
         "/alerts": {

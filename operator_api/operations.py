@@ -108,7 +108,8 @@ class Operations:
     def show_order(
         self, order_id: str, *, timeline_after: int = -1, timeline_limit: int = 200
     ) -> OrderDetail:
-        """One order: its process record, submitted details, steps and timeline (paged)."""
+        """One order: its state, submitted details, steps (state, generation, attempts) and
+        timeline (paged)."""
         order_id = _order_id(order_id)
         if isinstance(timeline_after, bool) or not -1 <= timeline_after <= 10**8:
             raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
@@ -128,7 +129,8 @@ class Operations:
         return self._act(control.resubmit, order_id, operator, reason)
 
     def cancel(self, order_id: str, *, operator: str, reason: str) -> ActionView:
-        """Cancel a Pending or Processing order: compensate, then Error "cancelled"."""
+        """Cancel a Pending or Processing order: at once, undo every step that may have taken
+        effect (the one in flight too), then Error "cancelled" (see :mod:`scheduler.control`)."""
         return self._act(control.cancel, order_id, operator, reason)
 
     def _act(
@@ -212,7 +214,7 @@ class Operations:
         alert = view.alert or {}
         detail = f"alert {sequence} ({alert.get('severity')}, {alert.get('reason')}) acknowledged"
         for _ in range(_CONFLICT_RETRIES):
-            process = self.rt.store.find_process(order_id)
+            process = self.rt.store.find(order_id)
             if process is None:
                 return False
             try:

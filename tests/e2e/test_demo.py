@@ -1,8 +1,10 @@
 """The one-command demo, as a user runs it, under the chaotic fault profile (quick mode).
 
 It starts its own stack (Azurite, broker, fake services, two function hosts as processes),
-submits orders, and must end with every order Processed or Error, an alert for every Error,
-and no remote effect applied twice for one idempotency key.
+submits orders, and must end with every order Processed or Error, exactly one terminal alert for
+every Error order (and none for the others), no remote effect applied twice for one idempotency
+key, no undo that reversed nothing, and no effect of an Error order left in place unless its
+compensation is incomplete (which its record and a critical alert say).
 """
 
 from __future__ import annotations
@@ -36,7 +38,16 @@ def test_quick_demo_under_chaos_ends_with_every_order_accounted_for(tmp_path):
     summary = json.loads(summary_path.read_text())
     assert summary["all_terminal"] is True
     assert summary["processed"] + summary["errors"] == 24
-    assert summary["errors_with_alert"] == summary["errors"]
+    assert summary["errors_with_one_terminal_alert"] == summary["errors"], summary["examples"]
+    assert summary["wrong_terminal_alerts"] == 0, summary["examples"]
+    assert summary["one_terminal_alert_per_error"] is True
     assert summary["duplicated_effects"] == 0
+    assert summary["undo_without_do"] == 0, summary["examples"]
+    assert (
+        summary["effects_left_after_compensation"]
+        == summary["effects_left_by_incomplete_compensation"]
+    ), summary["examples"]
     assert summary["operations_per_order"]["table.get"] > 0
     assert "summary" in result.stdout
+    assert "undo without a do" in result.stdout
+    assert "effects left after compensation" in result.stdout

@@ -13,7 +13,7 @@ import pytest
 
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted, message_id_for, parse_message
-from core.state_models import ProcessRecord, TimelineEntry
+from core.order import Order, StepRecord, StepState, TimelineEntry
 from core.states import ProcessState
 from infra import smoke
 from tests.infra.checks import REPO_ROOT
@@ -125,8 +125,25 @@ def test_new_order_ids_are_valid_and_distinct():
 # ------------------------------------------------------------------------------ watching
 
 
-def record(state: ProcessState, **changes) -> ProcessRecord:
-    base = ProcessRecord(
+STEPS = tuple(
+    StepRecord(name, index)
+    for index, name in enumerate(("reserve_inventory", "charge_payment", "create_shipment"))
+)
+
+
+def steps(*states: StepState) -> tuple[StepRecord, ...]:
+    """The three steps, the first ``len(states)`` of them in those states (generation 1)."""
+    return (
+        tuple(
+            dataclasses.replace(step, state=state, generation=1, attempt=1)
+            for step, state in zip(STEPS, states, strict=False)
+        )
+        + STEPS[len(states) :]
+    )
+
+
+def record(state: ProcessState, **changes) -> Order:
+    base = Order(
         order_id="smoke-1",
         workflow="order",
         state=state,
@@ -135,9 +152,11 @@ def record(state: ProcessState, **changes) -> ProcessRecord:
         failure_count=0,
         attempt=0,
         generation=1,
-        current_step=None,
+        current_step="reserve_inventory",
         current_operation="do",
         reply_to=None,
+        payload={},
+        steps=STEPS,
         last_error=None,
         next_attempt_at=None,
         created_at=T0,
@@ -238,6 +257,7 @@ def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
         locked_by="scheduler@h.1.ab",
         complete_by=T0 + timedelta(minutes=4),
         last_error="payment: 503 Service Unavailable\nretrying",
+        steps=steps(StepState.SUCCEEDED, StepState.RUNNING),
     )
     timeline = [
         entry(i, "claimed", ProcessState.PENDING, ProcessState.PROCESSING, "charge_payment")
@@ -254,10 +274,39 @@ def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
     assert "LockedBy:     scheduler@h.1.ab" in report
     assert "CompleteBy:   2025-03-01T12:04:00Z (60 s ago)" in report
     assert "LastError:    payment: 503 Service Unavailable retrying" in report
+    assert "reserve_inventory:Succeeded(gen 1, attempt 1)" in report
+    assert "charge_payment:Running(gen 1, attempt 1)" in report
+    assert "create_shipment:Pending(gen 0, attempt 0)" in report
     assert "last 8 of 10 timeline rows:" in report
     assert "#9 12:00:09 claimed" in report and "#1 " not in report
     assert "Pending -> Processing step=charge_payment attempt=1" in report
     assert "hint: A step is out with its agent" in report
+
+
+def test_a_step_moving_on_is_printed_and_a_waiting_order_says_when_its_retry_is_due():
+    running = record(
+        ProcessState.PROCESSING,
+        attempt=1,
+        locked_by="scheduler@h.1.ab",
+        steps=steps(StepState.RUNNING),
+    )
+    released = record(
+        ProcessState.PENDING,
+        attempt=1,
+        failure_count=1,
+        next_attempt_at=T0 + timedelta(minutes=6),
+        last_error="inventory: 503",
+        steps=steps(StepState.RUNNING),
+    )
+    late = dataclasses.replace(released, steps=steps(StepState.SUCCEEDED))
+    outcome, printed, _ = run_watch([running, released, late], timeout=5.0)
+    assert outcome.status == smoke.EXIT_TIMEOUT
+    lines = printed.splitlines()
+    assert "steps=reserve_inventory:Running,charge_payment:Pending" in lines[0]
+    assert "retry_due=12:06:00" in lines[1]
+    assert "steps=reserve_inventory:Succeeded" in lines[2], "a step's state alone is a change"
+    assert "retry due:    2025-03-01T12:06:00Z (60 s from now)" in printed
+    assert "hint: A step failed for now" in printed
 
 
 def test_watch_reports_an_order_that_never_arrived():

@@ -81,7 +81,7 @@ def declined_order(rt, reader, fakes) -> str:
     fakes.set_profile({"services": {"inventory": {"decline_order_ids": [order.order_id]}}})
     handle_submission(encode(order), rt)
     run_agent_step(rt, reader, order.order_id, "inventory")
-    assert rt.store.get_process(order.order_id).state is ProcessState.ERROR
+    assert rt.store.load(order.order_id).state is ProcessState.ERROR
     return order.order_id
 
 
@@ -127,24 +127,31 @@ def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader,
     status, shown = call(handlers, "operator_show_order", route={"order_id": order_id})
     assert status == 200
     assert shown["order"]["state"] == "Error" and shown["submitted"]["order_id"] == order_id
-    assert [s["state"] for s in shown["steps"]] == ["Failed", "Pending", "Pending"]
-    assert [t["event"] for t in shown["timeline"]] == ["created", "claimed", "error"]
+    assert [(s["state"], s["generation"], s["attempt"]) for s in shown["steps"]] == [
+        ("Failed", 1, 1),
+        ("Pending", 0, 0),
+        ("Pending", 0, 0),
+    ]
+    assert shown["order"]["compensation_cause"] == "step_declined"
+    # Created already claimed for its first step: no separate claim.
+    assert [t["event"] for t in shown["timeline"]] == ["created", "error"]
     assert shown["timeline_continuation"] is None
 
     _, first = call(
         handlers,
         "operator_show_order",
         route={"order_id": order_id},
-        params={"timeline_limit": "2"},
+        params={"timeline_limit": "1"},
     )
-    assert [t["seq"] for t in first["timeline"]] == [0, 1]
+    assert [t["seq"] for t in first["timeline"]] == [0]
     _, rest = call(
         handlers,
         "operator_show_order",
         route={"order_id": order_id},
         params={"timeline_after": str(first["timeline_continuation"])},
     )
-    assert [t["seq"] for t in rest["timeline"]] == [2]
+    assert [t["seq"] for t in rest["timeline"]] == [1]
+    assert rest["timeline_continuation"] is None
 
 
 def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
@@ -170,12 +177,37 @@ def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
         route={"order_id": order_id},
         body={"operator": "bob", "reason": "customer changed their mind"},
     )
-    assert (status, cancelled["outcome"]) == (202, "cancel_requested")
+    # Cancel acts at once: the step in flight may have taken effect, so it is undone.
+    assert (status, cancelled["outcome"], cancelled["state"]) == (
+        202,
+        "compensating",
+        "Compensating",
+    )
+    assert (cancelled["step"], cancelled["generation"]) == ("reserve_inventory", 2)
+    undo = json.loads(reader.expect(queue(rt, "inventory"), order_id))
+    assert undo["operation"] == "undo"
+    assert undo["undoes"] == f"{order_id}:reserve_inventory:do:2"
     timeline = installed.store.get_timeline(order_id)
     assert [(t.event, t.actor) for t in timeline if t.actor.startswith("operator:")] == [
         ("resubmitted", "operator:ann@example.com"),
-        ("cancel_requested", "operator:bob"),
+        ("compensation_started", "operator:bob"),
     ]
+    _, shown = call(handlers, "operator_show_order", route={"order_id": order_id})
+    assert shown["order"]["compensation_cause"] == "cancelled"
+    assert "operator:bob" in shown["order"]["compensation_reason"]
+    inventory = shown["steps"][0]
+    assert (inventory["state"], inventory["generation"], inventory["attempt"]) == (
+        "Running",
+        2,
+        2,
+    ), "the redone step counts its requests afresh: do, then undo"
+    status, again = call(
+        handlers,
+        "operator_cancel_order",
+        route={"order_id": order_id},
+        body={"operator": "bob", "reason": "twice"},
+    )
+    assert status == 409 and "already being undone" in again["error"]["message"]
     status, refused = call(
         handlers,
         "operator_resubmit_order",

@@ -61,3 +61,63 @@ def test_an_unknown_profile_name_lists_the_known_ones(tmp_path):
     result = run("demo", "--profile", "apocalyptic", "--workdir", str(tmp_path))
     assert result.exit_code == 2
     assert "chaotic" in result.output and "flaky" in result.output
+
+
+def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
+    from contextlib import contextmanager
+    from datetime import UTC, datetime
+
+    from core.order import Order, StepRecord, StepState, TimelineEntry
+    from core.state_models import OrderRecord
+    from core.states import ProcessState
+    from devstack import cli
+    from operator_api.models import OrderDetail
+
+    now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+    submitted = build_order("order-7", ["SKU-1:1:100"], "c-1", "EUR", "order", None)
+    order = Order(
+        order_id="order-7",
+        workflow="order",
+        state=ProcessState.COMPENSATING,
+        locked_by="operator:bob",
+        complete_by=now,
+        failure_count=0,
+        attempt=4,
+        generation=2,
+        current_step="reserve_inventory",
+        current_operation="undo",
+        reply_to=None,
+        payload={},
+        steps=(
+            StepRecord("reserve_inventory", 0, StepState.RUNNING, generation=2, attempt=3),
+            StepRecord("charge_payment", 1),
+            StepRecord("create_shipment", 2),
+        ),
+        created_at=now,
+        updated_at=now,
+        compensation_cause="cancelled",
+        compensation_reason="cancelled by operator:bob: changed their mind",
+    )
+    entry = TimelineEntry(
+        1, now, "operator:bob", "compensation_started", ProcessState.PROCESSING,
+        ProcessState.COMPENSATING, "reserve_inventory", 4, "cancelled",
+    )  # fmt: skip
+    detail = OrderDetail.of(OrderRecord(submitted, "h", order), [entry], False)
+
+    class Ops:
+        def show_order(self, order_id):
+            assert order_id == "order-7"
+            return detail
+
+    @contextmanager
+    def operations(workdir):
+        yield Ops()
+
+    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    result = run("status", "order-7")
+    assert result.exit_code == 0, result.output
+    assert "Compensating" in result.output and "compensation (cancelled)" in result.output
+    row = [line for line in result.output.splitlines() if "reserve_inventory" in line][-1]
+    assert "Running" in row and "│ 2 " in row and "│ 3 " in row
+    assert "compensation_started" in result.output
