@@ -35,6 +35,7 @@ class TickReport:
     flushed: int = 0
     reaped: int = 0
     conflicts: int = 0
+    errors: int = 0
 
 
 def run_tick(rt: Runtime) -> TickReport:
@@ -50,6 +51,11 @@ def run_tick(rt: Runtime) -> TickReport:
                 report.conflicts += 1  # the order moved on while we looked: nothing to recover
             except CorruptOrderState as exc:
                 log.error("order %s cannot be read: %s", row.order_id, exc)
+            # One order whose messages cannot be sent now must not stop the tick for the
+            # others; its outbox is still on its record and the next tick tries again.
+            except Exception:
+                report.errors += 1
+                log.exception("order %s: recovery failed; the next tick tries again", row.order_id)
         continuation = page.continuation
         if continuation is None:
             break
