@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from agent.circuit import reset_breakers
-from devstack.fakes.remote_services import FakeServices
 from core.apply import forget_failures
+from devstack.fakes.remote_services import FakeServices
 from tests.support.app import Clock, QueueReader, app_settings, make_runtime
 
 
