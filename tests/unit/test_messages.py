@@ -65,6 +65,7 @@ def response(**overrides) -> AgentResponse:
         "step": "charge_payment",
         "operation": "do",
         "attempt": 2,
+        "idempotency_key": "o-1:charge_payment:do:1",
         "outcome": "succeeded",
         "result": {"charge_id": "ch_1"},
         "responded_at": T0,
@@ -229,6 +230,43 @@ class TestAgentMessages:
     def test_operation_is_do_or_undo(self):
         with pytest.raises(ValidationError, match="operation"):
             request(operation="redo")
+
+    def test_an_undo_names_the_forward_key_it_undoes(self):
+        undo = {"operation": "undo", "action": "refund"}
+        with pytest.raises(ValidationError, match="must name the forward key"):
+            request(**undo, idempotency_key="o-1:charge_payment:undo:1")
+        with pytest.raises(ValidationError, match="must name the forward key"):
+            request(
+                **undo,
+                idempotency_key="o-1:charge_payment:undo:2",
+                undoes="o-1:charge_payment:do:1",
+            )
+        with pytest.raises(ValidationError, match="undoes nothing"):
+            request(undoes="o-1:charge_payment:do:1")
+        made = request(
+            **undo, idempotency_key="o-1:charge_payment:undo:2", undoes="o-1:charge_payment:do:2"
+        )
+        assert made.undoes == "o-1:charge_payment:do:2"
+
+    def test_a_response_names_the_key_it_answers(self):
+        with pytest.raises(ValidationError, match="does not belong"):
+            response(idempotency_key="o-1:reserve_inventory:do:1")
+        assert response(idempotency_key="o-1:charge_payment:do:3").generation == 3
+
+    def test_nothing_to_undo_answers_an_undo_only(self):
+        with pytest.raises(ValidationError, match="answers an undo only"):
+            response(outcome="nothing_to_undo", result={})
+        undone = response(
+            operation="undo", idempotency_key="o-1:charge_payment:undo:1", outcome="nothing_to_undo"
+        )
+        assert undone.outcome == "nothing_to_undo"
+
+    def test_deferred_goes_with_retry_at(self):
+        with pytest.raises(ValidationError, match="retry_at goes with a deferred"):
+            response(outcome="deferred", result={})
+        with pytest.raises(ValidationError, match="retry_at goes with a deferred"):
+            response(retry_at=T0)
+        assert response(outcome="deferred", result={}, retry_at=T0).retry_at == T0
 
     def test_failed_response_needs_error_code(self):
         with pytest.raises(ValidationError, match="needs an error_code"):
@@ -433,9 +471,27 @@ class TestMessageIds:
         base = message_id_for(request())
         assert base != message_id_for(request(attempt=3))
         assert base != message_id_for(
-            request(operation="undo", action="refund", idempotency_key="o-1:charge_payment:undo:1")
+            request(
+                operation="undo",
+                action="refund",
+                idempotency_key="o-1:charge_payment:undo:1",
+                undoes="o-1:charge_payment:do:1",
+            )
         )
         assert message_id_for(order()) != message_id_for(order(customer_id="c-10"))
+
+    def test_alerts_of_two_entries_into_error_differ(self):
+        first = OperatorAlert(
+            order_id="o-1",
+            severity="error",
+            reason="cancelled",
+            detail="d",
+            source="s",
+            timeline_seq=3,
+        )
+        again = first.model_copy(update={"timeline_seq": 7})
+        assert message_id_for(first) != message_id_for(again)
+        assert message_id_for(first) == message_id_for(first.model_copy(update={"raised_at": T0}))
 
     def test_ids_never_exceed_service_bus_limit(self):
         long_request = request(
@@ -444,6 +500,7 @@ class TestMessageIds:
             operation="undo",
             attempt=1_000_000,
             idempotency_key=f"{'o' * 64}:{'s' * 40}:undo:1",
+            undoes=f"{'o' * 64}:{'s' * 40}:do:1",
         )
         long_alert = OperatorAlert(
             order_id="o" * 64, severity="error", reason="r" * 40, detail="", source="s"
