@@ -47,7 +47,7 @@ class Runtime:
     instance_id: str = field(default_factory=new_instance_id)
     clock: Callable[[], datetime] = utc_now
     rng: random.Random = field(default_factory=random.Random)
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(http2=False))
+    _http: httpx.Client | None = None
     agent_clients: dict[str, Any] = field(default_factory=dict)
     """Remote-service clients the agents built on this runtime (see agent.handler)."""
     _status_bus: Bus | None = None
@@ -64,6 +64,14 @@ class Runtime:
         )
         bus = Bus(lambda: clients.servicebus_client(settings.servicebus))
         return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
+
+    @property
+    def http(self) -> httpx.Client:
+        """The HTTP connection pool the agents share, opened on first use."""
+        with self._status_lock:
+            if self._http is None:
+                self._http = httpx.Client(http2=False)
+            return self._http
 
     def actor(self, role: str) -> str:
         return f"{role}:{self.instance_id}"
@@ -104,7 +112,8 @@ class Runtime:
         if self._status_bus is not None:
             self._status_bus.close()
         self.store.close()
-        self.http.close()
+        if self._http is not None:
+            self._http.close()
 
 
 _current: Runtime | None = None
