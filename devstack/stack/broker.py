@@ -50,7 +50,7 @@ class BrokerProcess:
     """One development broker process. Use ``with BrokerProcess(...) as broker:`` or start/stop.
 
     The broker is started with ``sys.executable`` from the repository root; its stdout and
-    stderr are appended to ``log_path`` (by default in a new temporary directory).
+    stderr are written to ``log_path`` (by default in a new temporary directory).
     """
 
     def __init__(

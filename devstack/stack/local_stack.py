@@ -104,6 +104,8 @@ class LocalStack:
             raise
 
     def _start(self, progress: Progress) -> StackInfo:
+        for stale in self.workdir.glob("host-*.stats.json"):
+            stale.unlink()  # an earlier stack's counters would be read as this one's
         progress("starting Azurite (tables, blobs)")
         self._azurite = AzuriteProcess(self.workdir / "azurite")
         account = self._azurite.start()

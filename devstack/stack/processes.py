@@ -70,9 +70,13 @@ def spawn(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
-    """Start ``argv`` with stdout and stderr appended to ``log_path``; register it for cleanup."""
+    """Start ``argv`` with stdout and stderr written to a fresh ``log_path``; register it for
+    cleanup. A log left by an earlier start is kept as ``<log>.1``: readiness is read from the
+    log, and lines of an earlier run must never pass for this one's."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    if log_path.exists():
+        log_path.replace(log_path.with_name(log_path.name + ".1"))
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
