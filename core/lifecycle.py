@@ -62,8 +62,9 @@ class Context:
 
     ``actor``: who acts (LockedBy of a claim, the timeline's actor). ``jitter``: a number in
     [0, 1) the shell drew, spreading retry delays. ``stale_after``: how long a released order
-    may wait past its retry time before the Supervisor acts. ``flush_grace``: how long a
-    finished order's writer has to send its outbox before the Supervisor does it.
+    may wait past its retry time before the Supervisor releases it again (a failure); after
+    half of it, the Supervisor resends what the order owes (no failure). ``flush_grace``: how
+    long a finished order's writer has to send its outbox before the Supervisor does it.
     """
 
     workflow: Workflow
@@ -317,8 +318,12 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
         )
     else:
         since = order.next_attempt_at or order.updated_at
-        if since + ctx.stale_after > now:
+        if since + ctx.stale_after / 2 > now:
             return Decision(None, (), note="waiting for its retry")
+        if since + ctx.stale_after > now:
+            # Its retry is overdue: the command may never have left (a crash after the write
+            # that released it). Send what it owes again; duplicate detection drops a copy.
+            return _flush(order, "retry overdue; its messages sent again")
         reason = (
             f"{order.state} since {since.isoformat()} with no progress for "
             f"{ctx.stale_after.total_seconds():.0f}s"

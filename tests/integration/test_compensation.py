@@ -1,5 +1,6 @@
 """Compensation, extended-wait retries, cancel and resubmit, staged message by message against
-real Azurite, the development broker and the fake remote services (see test_pattern_steps)."""
+real Azurite, the development broker and the fake remote services (see test_pattern_steps; the
+cancel of a step whose call lands after its undo is in test_lifecycle_guarantees)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from agent.circuit import reset_breakers
 from agent.handler import handle_request
 from core.messages import SchedulerCommand, encode
 from core.op_counts import COUNTS
+from core.order import StepState
 from core.order_listing import list_orders
-from core.states import ProcessState, StepState
+from core.states import ProcessState
 from scheduler import control
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
@@ -27,8 +28,8 @@ from tests.support.pattern import (
     new_order,
     queue,
     run_agent_step,
-    run_command,
     take_request,
+    tombstoned,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,12 @@ def events(rt, order_id: str) -> list[str]:
     return [t.event for t in rt.store.get_timeline(order_id)]
 
 
+def undid(last_error: str | None) -> set[str]:
+    """The steps a compensated order's last error says were undone."""
+    summary = (last_error or "").rpartition("; compensated: undid ")[2]
+    return set(summary.partition(";")[0].split(", "))
+
+
 def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     order = new_order()
     fakes.set_profile({"services": {"shipping": {"decline_order_ids": [order.order_id]}}})
@@ -52,11 +59,11 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     run_agent_step(rt, reader, order.order_id, "shipping")  # declined: address_invalid
     counts = Counter(COUNTS.snapshot())
 
-    process = rt.store.get_process(order.order_id)
+    process = rt.store.load(order.order_id)
     assert (process.state, process.current_operation) == (ProcessState.COMPENSATING, "undo")
     assert step_states(rt, order.order_id) == {
-        "reserve_inventory": StepState.COMPENSATING,
-        "charge_payment": StepState.COMPENSATING,
+        "reserve_inventory": StepState.SUCCEEDED,
+        "charge_payment": StepState.SUCCEEDED,
         "create_shipment": StepState.FAILED,
     }
     COUNTS.reset()  # the reads above are the test's, not the app's
@@ -64,18 +71,20 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     release = run_agent_step(rt, reader, order.order_id, "inventory")
     counts.update(COUNTS.snapshot())
 
-    assert (refund["action"], refund["idempotency_key"]) == (
+    assert (refund["action"], refund["idempotency_key"], refund["undoes"]) == (
         "refund",
         f"{order.order_id}:charge_payment:undo:1",
+        f"{order.order_id}:charge_payment:do:1",
     )
-    assert (release["action"], release["idempotency_key"]) == (
+    assert (release["action"], release["idempotency_key"], release["undoes"]) == (
         "release",
         f"{order.order_id}:reserve_inventory:undo:1",
+        f"{order.order_id}:reserve_inventory:do:1",
     )
-    process = rt.store.get_process(order.order_id)
+    process = rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR and process.locked_by is None
-    assert (process.last_error or "").startswith("compensated: create_shipment failed")
-    assert "undid charge_payment, reserve_inventory" in (process.last_error or "")
+    assert (process.last_error or "").startswith("create_shipment declined: address_invalid")
+    assert undid(process.last_error) == {"charge_payment", "reserve_inventory"}
     assert step_states(rt, order.order_id) == {
         "reserve_inventory": StepState.COMPENSATED,
         "charge_payment": StepState.COMPENSATED,
@@ -92,74 +101,82 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     assert [(a["reason"], a["severity"]) for a in alerts] == [("step_declined", "error")]
     assert "compensated" in alerts[0]["detail"]
     timeline = events(rt, order.order_id)
-    assert timeline[-3:] == ["compensation_started", "step_compensated", "compensated"]
+    assert timeline[-3:] == ["compensation_started", "step_compensated", "error"]
     assert order.order_id not in [r.order_id for r in rt.store.list_active().rows]
     errors = list_orders(rt.store, ProcessState.ERROR, limit=100)
     assert order.order_id in [p.order_id for p in errors.orders]
     # Every request of the compensated order, app side (scheduler + agents), counted at the SDK
     # pipeline (Table) and at Bus.send (Service Bus): 5 agent requests, 5 replies, 1 alert;
-    # one partition read per reply, one batch per transition, the two index rows.
+    # one point read and one batch per reply, one batch creating the order (already dispatched),
+    # the active-index row inserted at intake and deleted at the end, the Error-index upsert.
     print("compensated order operations:", json.dumps(dict(sorted(counts.items()))))
     assert counts["servicebus.send"] == 11
-    assert (counts["table.get"], counts["table.post"]) == (5, 7)
-    assert (counts["table.put"], counts["table.delete"]) == (2, 1)
+    assert (counts["table.get"], counts["table.post"]) == (5, 1 + 5 + 1)
+    assert (counts["table.put"], counts["table.delete"]) == (1, 1)
 
 
-def test_undo_failing_until_the_threshold_is_compensation_incomplete(rt, reader, fakes, clock):
+def test_unanswered_undos_until_the_threshold_are_compensation_incomplete(rt, reader, fakes, clock):
     clock.advance(60)  # retries fall due in the (real) future: take_scheduled finds them waiting
     order = new_order()
-    fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
+    oid = order.order_id
+    fakes.set_profile({"services": {"payment": {"decline_order_ids": [oid]}}})
     handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    run_agent_step(rt, reader, order.order_id, "payment")  # declined: compensate inventory
-    fakes.set_profile({"services": {"inventory": {"transient_rate": 1.0}}})
+    run_agent_step(rt, reader, oid, "inventory")
+    run_agent_step(rt, reader, oid, "payment")  # declined: release the reservation
 
     delays = []
     for failures in (1, 2):
-        run_agent_step(rt, reader, order.order_id, "inventory")  # release fails: 503s
-        released = rt.store.get_process(order.order_id)
+        release = take_request(rt, reader, oid, "inventory")  # its agent dies: no answer
+        assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
+        clock.advance(30)  # past CompleteBy
+        assert run_tick(rt).retried == 1
+        released = rt.store.load(oid)
         assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
         assert released.failure_count == failures
-        command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
+        command, due = reader.take_scheduled(queue(rt, "commands"), oid)
         assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
         delays.append((released.next_attempt_at - released.updated_at).total_seconds())
         handle_command(command, rt)  # claims the undo again
-    run_agent_step(rt, reader, order.order_id, "inventory")  # third failure: give up
+    take_request(rt, reader, oid, "inventory")  # unanswered a third time: give up
+    clock.advance(30)
+    assert run_tick(rt).failed == 1
 
     assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
-    process = rt.store.get_process(order.order_id)
+    process = rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("compensation incomplete")
-    assert step_states(rt, order.order_id)["reserve_inventory"] is StepState.COMPENSATING
-    alerts = alerts_for(rt, reader, order.order_id)
+    assert step_states(rt, oid)["reserve_inventory"] is StepState.SUCCEEDED, "left in place"
+    alerts = alerts_for(rt, reader, oid)
     assert [(a["reason"], a["severity"]) for a in alerts] == [
         ("compensation_incomplete", "critical")
     ]
     assert "reserve_inventory (release at inventory)" in alerts[0]["detail"]
-    assert net_effects(fakes, order.order_id) == {"inventory": 1}, "the reservation is left"
+    assert net_effects(fakes, oid) == {"inventory": 1}, "the reservation is left"
 
-    # The inventory service recovers; an operator resubmits: the compensation resumes with the
-    # same undo key, then a second resubmission starts the order over with new keys.
+    # An operator resubmits: the compensation resumes with the same undo key (and, entering
+    # Error again, raises that entry's alert); a second resubmission starts over with new keys.
     fakes.set_profile(None)
-    reset_breakers()  # as the breaker would after its reset timeout
-    result = control.resubmit(rt, order.order_id, actor="operator:ann", reason="inventory back")
+    result = control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
     assert result.outcome == "compensation_resumed"
-    release = run_agent_step(rt, reader, order.order_id, "inventory")
-    assert release["idempotency_key"] == f"{order.order_id}:reserve_inventory:undo:1"
-    process = rt.store.get_process(order.order_id)
+    release = run_agent_step(rt, reader, oid, "inventory")
+    assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
+    process = rt.store.load(oid)
     assert process.state is ProcessState.ERROR
-    assert (process.last_error or "").startswith("compensated: charge_payment failed")
-    assert net_effects(fakes, order.order_id) == {"inventory": 0}
+    assert (process.last_error or "").startswith("charge_payment declined: card_declined")
+    assert "compensated: undid reserve_inventory" in (process.last_error or "")
+    assert net_effects(fakes, oid) == {"inventory": 0}
+    assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["step_declined"]
 
-    again = control.resubmit(rt, order.order_id, actor="operator:ann", reason="card fixed")
+    again = control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
     assert (again.outcome, again.generation, again.step) == ("resubmitted", 2, "reserve_inventory")
     for service in ("inventory", "payment", "shipping"):
-        request = run_agent_step(rt, reader, order.order_id, service)
+        request = run_agent_step(rt, reader, oid, service)
         assert request["idempotency_key"].endswith(":do:2")
-    assert rt.store.get_process(order.order_id).state is ProcessState.PROCESSED
-    assert net_effects(fakes, order.order_id) == {"inventory": 1, "payment": 1, "shipping": 1}
-    resubmits = [t for t in rt.store.get_timeline(order.order_id) if t.actor == "operator:ann"]
+    assert rt.store.load(oid).state is ProcessState.PROCESSED
+    assert net_effects(fakes, oid) == {"inventory": 1, "payment": 1, "shipping": 1}
+    resubmits = [t for t in rt.store.get_timeline(oid) if t.actor == "operator:ann"]
     assert [t.event for t in resubmits] == ["compensation_resumed", "resubmitted"]
+    assert alerts_for(rt, reader, oid) == []
 
 
 def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clock):
@@ -175,7 +192,7 @@ def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clo
         for failures in range(1, 5):
             clock.advance(30)  # past CompleteBy
             assert run_tick(rt).retried == 1
-            released = rt.store.get_process(order.order_id)
+            released = rt.store.load(order.order_id)
             command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
             assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
             assert json.loads(command)["failure_count"] == failures
@@ -189,70 +206,78 @@ def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clo
 
         clock.advance(30)
         assert run_tick(rt).compensating == 1  # 5th failure: undo the charge and reservation
-        run_command(rt, reader, order.order_id)
         refund = run_agent_step(rt, reader, order.order_id, "payment")
         assert refund["action"] == "refund"  # the hung charge may have taken effect
         run_agent_step(rt, reader, order.order_id, "inventory")
-        process = rt.store.get_process(order.order_id)
+        process = rt.store.load(order.order_id)
         assert process.state is ProcessState.ERROR
         assert "failure threshold of 5" in (process.last_error or "")
+        assert step_states(rt, order.order_id)["charge_payment"] is StepState.VOIDED
         alerts = alerts_for(rt, reader, order.order_id)
         assert [a["reason"] for a in alerts] == ["failure_threshold"]
-        assert net_effects(fakes, order.order_id)["inventory"] == 0
+        assert net_effects(fakes, order.order_id) == {"inventory": 0}
     finally:
         rt.close()
 
 
-def test_cancel_during_step_2_undoes_once_the_step_replies(rt, reader, fakes):
+def test_cancel_while_step_2_is_in_flight_undoes_its_charge_that_lands_first(rt, reader, fakes):
     order = new_order()
+    oid = order.order_id
     handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    charge = reader.expect(queue(rt, "payment"), order.order_id)  # step 2 in flight
+    run_agent_step(rt, reader, oid, "inventory")
+    charge = reader.expect(queue(rt, "payment"), oid)  # step 2 in flight
 
-    result = control.cancel(rt, order.order_id, actor="operator:bob", reason="customer asked")
-    assert (result.outcome, result.state) == ("cancel_requested", ProcessState.PROCESSING)
-    again = control.cancel(rt, order.order_id, actor="operator:bob", reason="again")
-    assert again.outcome == "cancel_already_requested"
+    result = control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
+    assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
 
-    handle_request(charge, "payment", rt)  # the charge goes through after all...
-    handle_response(reader.expect(queue(rt, "responses"), order.order_id), rt)
-    assert reader.take(queue(rt, "shipping"), order.order_id, wait=1) is None, "no step 3"
-    run_agent_step(rt, reader, order.order_id, "payment")  # ...and is refunded
-    run_agent_step(rt, reader, order.order_id, "inventory")
+    handle_request(charge, "payment", rt)  # the charge goes through before its refund...
+    handle_response(reader.expect(queue(rt, "responses"), oid), rt)
+    assert step_states(rt, oid)["charge_payment"] is StepState.SUCCEEDED, "recorded"
+    assert events(rt, oid)[-1] == "late_success"
+    assert reader.take(queue(rt, "shipping"), oid, wait=1) is None, "no step 3"
+    refund = run_agent_step(rt, reader, oid, "payment")  # ...and the refund undoes it
+    assert refund["undoes"] == f"{oid}:charge_payment:do:1"
+    run_agent_step(rt, reader, oid, "inventory")
 
-    process = rt.store.get_process(order.order_id)
+    process = rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("cancelled by operator:bob: customer asked")
-    assert net_effects(fakes, order.order_id) == {"inventory": 0, "payment": 0}
-    assert [a["reason"] for a in alerts_for(rt, reader, order.order_id)] == ["cancelled"]
-    requested = [t for t in rt.store.get_timeline(order.order_id) if t.event == "cancel_requested"]
-    assert [t.actor for t in requested] == ["operator:bob"]
+    assert undid(process.last_error) == {"charge_payment", "reserve_inventory"}
+    assert net_effects(fakes, oid) == {"inventory": 0, "payment": 0}
+    assert tombstoned(fakes, oid) == set()
+    assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
+    cancelled = [t for t in rt.store.get_timeline(oid) if t.actor == "operator:bob"]
+    assert [t.event for t in cancelled] == ["compensation_started"]
     with pytest.raises(control.Refused) as refused:
-        control.cancel(rt, order.order_id, actor="operator:bob", reason="late")
+        control.cancel(rt, oid, actor="operator:bob", reason="late")
     assert refused.value.code == "conflict"
 
 
-def test_cancel_with_a_hung_step_compensates_at_its_deadline(rt, reader, fakes, clock):
+def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadline(
+    rt, reader, fakes, clock
+):
     order = new_order()
+    oid = order.order_id
     handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    take_request(rt, reader, order.order_id, "payment")  # never answers
-    control.cancel(rt, order.order_id, actor="operator:bob", reason="stuck")
-    clock.advance(30)
-    assert run_tick(rt).compensating == 1, "no retry for a cancelled order"
-    run_command(rt, reader, order.order_id)
-    run_agent_step(rt, reader, order.order_id, "payment")  # refund of the unknown charge
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    process = rt.store.get_process(order.order_id)
+    run_agent_step(rt, reader, oid, "inventory")
+    take_request(rt, reader, oid, "payment")  # never answers
+    control.cancel(rt, oid, actor="operator:bob", reason="stuck")
+    run_agent_step(rt, reader, oid, "payment")  # refund of the unknown charge: nothing to undo
+    run_agent_step(rt, reader, oid, "inventory")
+    process = rt.store.load(oid)
     assert process.state is ProcessState.ERROR and "cancelled" in (process.last_error or "")
-    assert net_effects(fakes, order.order_id)["inventory"] == 0
+    assert net_effects(fakes, oid) == {"inventory": 0}
+    assert tombstoned(fakes, oid) == {f"{oid}:charge_payment:do:1"}
+    clock.advance(30)
+    assert run_tick(rt).scanned == 0, "nothing left for the Supervisor"
+    assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
 
 
 def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
     order = new_order(workflow="single_step")
     handle_submission(encode(order), rt)
     run_agent_step(rt, reader, order.order_id, "inventory")
-    assert rt.store.get_process(order.order_id).state is ProcessState.PROCESSED
+    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
     command = SchedulerCommand(
         order_id=order.order_id,
         command="cancel",
@@ -281,8 +306,10 @@ def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, f
     assert release["action"] == "release"  # the reservation may have been made
     handle_command(retry, rt)  # the retry that was due is stale now: nothing happens
     assert reader.take(queue(rt, "inventory"), order.order_id, wait=1) is None
-    process = rt.store.get_process(order.order_id)
+    process = rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR
     assert process.last_error == (
-        "cancelled by operator:bob: duplicate order; compensated: undid reserve_inventory"
+        "cancelled by operator:bob: duplicate order; compensated: undid nothing; "
+        "never took effect: reserve_inventory"
     )
+    assert effects(fakes, order.order_id) == []

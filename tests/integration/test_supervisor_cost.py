@@ -6,14 +6,19 @@ orders in flight, first with an empty history, then with 10,000 finished orders 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from azure.data.tables import TableServiceClient
 
+from core import lifecycle
 from core.messages import OrderSubmitted, encode, utc_now
 from core.op_counts import COUNTS
+from core.order import Order, StepState
+from core.state_models import order_entity
+from core.states import ProcessState
 from scheduler.intake import handle_submission
 from supervisor.tick import run_tick
 from tests.support.app import app_settings, make_runtime
@@ -22,20 +27,31 @@ IN_FLIGHT = 5
 FINISHED = 10_000
 
 
-def finished_process_row(order_id: str) -> dict:
-    """What a scan of the orders table would have to wade through: one per finished order."""
-    now = utc_now()
-    return {
-        "PartitionKey": order_id,
-        "RowKey": "process",
-        "OrderID": order_id,
-        "Workflow": "order",
-        "ProcessState": "Processed",
-        "FailureCount": 0,
-        "Attempt": 3,
-        "CreatedAt": now - timedelta(days=1),
-        "UpdatedAt": now - timedelta(days=1),
-    }
+def new_submission() -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id=f"o-{uuid.uuid4().hex[:12]}",
+        customer_id="c-1",
+        items=[{"sku": "S", "quantity": 1, "unit_price_cents": 100}],
+        currency="EUR",
+    )
+
+
+def finished_order(rt) -> Order:
+    """A Processed order as the store writes it, a day old: what a scan would wade through."""
+    ctx = lifecycle.Context(
+        workflow=rt.workflow("order"), now=utc_now() - timedelta(days=1), actor="scheduler:old"
+    )
+    created = lifecycle.submit(new_submission(), ctx).order
+    assert created is not None
+    steps = tuple(dataclasses.replace(s, state=StepState.SUCCEEDED) for s in created.steps)
+    return dataclasses.replace(
+        created,
+        state=ProcessState.PROCESSED,
+        locked_by=None,
+        complete_by=None,
+        steps=steps,
+        outbox=(),
+    )
 
 
 def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
@@ -46,13 +62,7 @@ def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
     rt = make_runtime(env, "supervisor")
     try:
         for _ in range(IN_FLIGHT):
-            order = OrderSubmitted(
-                order_id=f"o-{uuid.uuid4().hex[:12]}",
-                customer_id="c-1",
-                items=[{"sku": "S", "quantity": 1, "unit_price_cents": 100}],
-                currency="EUR",
-            )
-            handle_submission(encode(order), rt)
+            handle_submission(encode(new_submission()), rt)
 
         COUNTS.reset()
         quiet = run_tick(rt)
@@ -62,8 +72,11 @@ def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
             azurite.connection_string
         ).get_table_client(rt.settings.orders_table)
 
+        template = finished_order(rt)
+
         def write(i: int) -> None:
-            table.create_entity(finished_process_row(f"done-{i:05d}"))
+            done = dataclasses.replace(template, order_id=f"done-{i:05d}")
+            table.create_entity(order_entity(done))
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(write, range(FINISHED)))
@@ -75,6 +88,7 @@ def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
         rt.close()
 
     assert quiet.scanned == busy.scanned == IN_FLIGHT
+    assert (busy.retried, busy.compensating, busy.failed, busy.flushed) == (0, 0, 0, 0)
     assert cost_empty_history == cost_big_history
-    # one index page plus one point read per order in flight
-    assert sum(cost_big_history.values()) == 1 + IN_FLIGHT
+    # one index page plus one point read per order in flight; nothing written, nothing sent
+    assert cost_big_history == {"table.get": 1 + IN_FLIGHT}

@@ -103,19 +103,29 @@ class QueueReader:
         assert raw is not None, f"no message for {order_id} on {queue} within {wait}s"
         return raw
 
+    def peek_scheduled(self, queue: str, order_id: str) -> list[tuple[int, bytes, datetime]]:
+        """(sequence number, body, due time) of each scheduled message about ``order_id``."""
+        receiver = self._receiver(queue)
+        found = []
+        sequence = 1
+        while batch := receiver.peek_messages(max_message_count=250, sequence_number=sequence):
+            for message in batch:
+                raw = b"".join(message.body)
+                due = message.scheduled_enqueue_time_utc
+                if due is not None and json.loads(raw).get("order_id") == order_id:
+                    found.append((message.sequence_number, raw, due))
+            sequence = batch[-1].sequence_number + 1
+        return found
+
     def take_scheduled(self, queue: str, order_id: str) -> tuple[bytes, datetime]:
         """Take a scheduled message before its time: cancel it and return its body and due time.
 
         Tests check when a delayed message is due instead of sleeping until it arrives.
         """
-        receiver = self._receiver(queue)
-        for message in receiver.peek_messages(max_message_count=250, sequence_number=1):
-            raw = b"".join(message.body)
-            due = message.scheduled_enqueue_time_utc
-            if due is not None and json.loads(raw).get("order_id") == order_id:
-                with self._client.get_queue_sender(queue) as sender:
-                    sender.cancel_scheduled_messages(message.sequence_number)
-                return raw, due
+        for sequence, raw, due in self.peek_scheduled(queue, order_id):
+            with self._client.get_queue_sender(queue) as sender:
+                sender.cancel_scheduled_messages(sequence)
+            return raw, due
         raise AssertionError(f"no scheduled message for {order_id} on {queue}")
 
     def close(self) -> None:
