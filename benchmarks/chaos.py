@@ -184,7 +184,11 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
             if order.compensation_cause == "failure_threshold" and failing:
                 step = order.step(failing.group(1))
                 if (order_id, step.name, step.forward_key(order_id)) in effects:
-                    spurious.append(order_id)
+                    timeline = [
+                        f"{e.at.time()} {e.event}: {e.detail[:160]}"
+                        for e in store.get_timeline(order_id)
+                    ]
+                    spurious.append({"order_id": order_id, "timeline": timeline})
         elif alerts[order_id]:
             wrong_alerts.append((order_id, alerts[order_id]))
         if statuses.get(order_id, []) != list(range(order.status_seq)):

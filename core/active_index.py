@@ -14,6 +14,14 @@ table cannot answer "which orders are in flight" without a scan, so a second tab
   messages of the transaction that made it terminal (Processed, Error) were sent. A crash
   leaves at worst an extra row, never an in-flight order without one; a finished order whose
   row is still there may still owe its final messages, and the Supervisor sends them.
+- ``DueAt``: when the Supervisor must look at the order next, never later than the truth
+  (:func:`core.lifecycle.due_at`), so a tick reads only rows that are due (one query per
+  bucket) instead of every order in flight. There is no cross-table transaction, so the row is
+  kept *early*, never late: a write that moves an order's due time earlier updates the row
+  BEFORE the order write (a lost race then leaves it early, which is harmless); a write that
+  moves it later leaves the row as it was (early); the Supervisor, finding a row due whose
+  order is not, moves the row up to the order's due time, conditional on the row's ETag, so a
+  concurrent earlier write always wins.
 - Rows whose order is missing or at a later generation are garbage, removed by
   :meth:`ActiveOrderIndex.reap` once older than a grace period (a create may still be on its
   way after its row was written) and unchanged since listed (ETag: a resubmit may have
@@ -30,7 +38,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
 from core.order import Order
@@ -51,7 +65,11 @@ _log = logging.getLogger(__name__)
 
 
 def index_partition(order_id: str) -> str:
-    return f"a{zlib.crc32(order_id.encode('ascii')) % INDEX_BUCKETS:02d}"
+    return bucket_partition(zlib.crc32(order_id.encode("ascii")) % INDEX_BUCKETS)
+
+
+def bucket_partition(bucket: int) -> str:
+    return f"a{bucket:02d}"
 
 
 def index_row_key(order_id: str, generation: int) -> str:
@@ -65,13 +83,20 @@ class ActiveOrderIndex:
         self._table = table
         self._clock = clock
 
-    def put(self, order_id: str, generation: int, workflow: str) -> None:
-        """Write (or refresh) the row of an order generation about to be in flight."""
-        self._table.upsert_entity(
-            self._row(order_id, generation, workflow), mode=UpdateMode.REPLACE
-        )
+    def put(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None = None
+    ) -> None:
+        """Write (or refresh) the row of an order generation, due at ``due``.
 
-    def add(self, order_id: str, generation: int, workflow: str) -> bool:
+        Without ``due`` the row is due at once, which is always safe (early): the Supervisor
+        reads the order on its next tick and moves the row up to the order's due time.
+        """
+        row = self._row(order_id, generation, workflow, due)
+        self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
+
+    def add(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None = None
+    ) -> bool:
         """Insert the row unless it exists; True if this call created it.
 
         A create uses this: an existing row may be the one thing saying that a finished order
@@ -79,19 +104,55 @@ class ActiveOrderIndex:
         remove it.
         """
         try:
-            self._table.create_entity(self._row(order_id, generation, workflow))
+            self._table.create_entity(self._row(order_id, generation, workflow, due))
         except ResourceExistsError:
             return False
         return True
 
-    def _row(self, order_id: str, generation: int, workflow: str) -> dict[str, object]:
+    def postpone(self, row: ActiveRow, due: datetime) -> bool:
+        """Move ``row``'s due time to ``due`` unless the row changed since it was read (an
+        earlier due time written meanwhile must win); True if moved."""
+        try:
+            self._table.update_entity(
+                {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
+                mode=UpdateMode.MERGE,
+                etag=row.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
+
+    def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
+        """Up to ``limit`` rows of one bucket due at or before ``now``, earliest first.
+
+        One query (more only when the service splits its answer into pages). Rows past
+        ``limit`` wait for the next tick, which sees them first.
+        """
+        query = self._table.query_entities(
+            "PartitionKey eq @pk and DueAt le @now",
+            parameters={"pk": bucket_partition(bucket), "now": utc(now)},
+            results_per_page=min(limit, MAX_PAGE),
+        )
+        rows: list[ActiveRow] = []
+        for entity in query:
+            rows.append(_active_row(entity))
+            if len(rows) >= limit:
+                break
+        return tuple(sorted(rows, key=lambda r: (r.due_at, r.row_key)))
+
+    def _row(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None
+    ) -> dict[str, object]:
+        now = utc(self._clock())
         return {
             "PartitionKey": index_partition(order_id),
             "RowKey": index_row_key(order_id, generation),
             "OrderID": order_id,
             "Generation": generation,
             "Workflow": workflow,
-            "WrittenAt": utc(self._clock()),
+            "WrittenAt": now,
+            "DueAt": now if due is None else utc(due),
         }
 
     def discard(self, order_id: str, generation: int) -> None:
@@ -192,6 +253,7 @@ def _active_row(entity: TableEntity) -> ActiveRow:
             generation=int(entity["Generation"]),
             workflow=entity.get("Workflow", ""),
             written_at=utc(entity["WrittenAt"]),
+            due_at=utc(entity.get("DueAt") or entity["WrittenAt"]),
             partition_key=entity["PartitionKey"],
             row_key=entity["RowKey"],
             etag=etag_of(entity),

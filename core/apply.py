@@ -28,7 +28,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 
-from core.lifecycle import Context, Decision, Event, decide
+from core.lifecycle import DEFAULT_FLUSH_GRACE, Context, Decision, Event, decide, due_at
 from core.messages import MessageBase, OperatorAlert
 from core.order import Order, Outgoing
 from core.state_models import ConcurrencyConflict
@@ -66,6 +66,11 @@ def context(rt: Runtime, order: Order, actor: str) -> Context:
     )
 
 
+def due(rt: Runtime, order: Order) -> datetime:
+    """When the Supervisor must next look at ``order`` (see core.lifecycle.due_at)."""
+    return due_at(order, rt.settings.pending_stale_after, DEFAULT_FLUSH_GRACE)
+
+
 def handle(
     rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], *, actor: str
 ) -> tuple[Order, Decision]:
@@ -92,13 +97,30 @@ def carry_out(rt: Runtime, before: Order, decision: Decision) -> Order:
     after = before
     if decision.order is not None:
         assert decision.entry is not None
-        after = rt.store.save(before, decision.order, decision.entry)
+        after = rt.store.save(
+            before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
+        )
     send(rt, after, decision.send)
     if decision.finished:
         rt.store.index.discard(after.order_id, after.generation)
     if decision.note:
         log.debug("order %s: %s", after.order_id, decision.note)
     return after
+
+
+def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
+    """The due time to write to the order's index row before writing ``after``, if any.
+
+    The row must never be later than the order's due time (core.active_index): an order back
+    in flight gets its row, and one whose due time moves earlier moves its row first. A due
+    time that moves later leaves the row early; the Supervisor moves it up when it finds it.
+    """
+    if after.state.terminal:
+        return None
+    due_after = due(rt, after)
+    if before.state.terminal or due_after < due(rt, before):
+        return due_after
+    return None
 
 
 def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:

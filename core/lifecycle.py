@@ -179,6 +179,24 @@ def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
     return _write(order, order, ctx, "created", detail, from_state=None)
 
 
+# ------------------------------------------------------------------------------- due time
+
+
+def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> datetime:
+    """When the Supervisor must next look at ``order`` (:func:`_on_sweep` acts then).
+
+    In flight and claimed: its CompleteBy. Released: half its stale time past its retry time
+    (from then on each look resends what it owes, until it is stale). Finished: its flush grace
+    (resend a final outbox a crash left unsent). The active index keeps, per order, a time
+    never later than this (see core.active_index).
+    """
+    if order.state.terminal:
+        return order.updated_at + flush_grace
+    if order.locked_by is not None and order.complete_by is not None:
+        return order.complete_by
+    return (order.next_attempt_at or order.updated_at) + stale_after / 2
+
+
 # -------------------------------------------------------------------------------- decide
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.active_index import DEFAULT_GRACE, index_partition, index_row_key
+from core.active_index import DEFAULT_GRACE, bucket_partition, index_partition, index_row_key
 from core.messages import MessageBase, OrderSubmitted, message_id_for, utc_now
 from core.order import Order, TimelineEntry
 from core.state_models import (
@@ -39,23 +39,42 @@ class MemoryIndex:
         self._clock = clock
         self._etags = itertools.count(1)
 
-    def put(self, order_id: str, generation: int, workflow: str = "") -> str:
+    def put(
+        self, order_id: str, generation: int, workflow: str = "", due: datetime | None = None
+    ) -> str:
         etag = f"i{next(self._etags)}"
+        now = self._clock()
         self._rows[(order_id, generation)] = ActiveRow(
             order_id=order_id,
             generation=generation,
             workflow=workflow,
-            written_at=self._clock(),
+            written_at=now,
+            due_at=due or now,
             partition_key=index_partition(order_id),
             row_key=index_row_key(order_id, generation),
             etag=etag,
         )
         return etag
 
-    def add(self, order_id: str, generation: int, workflow: str = "") -> bool:
+    def postpone(self, row: ActiveRow, due: datetime) -> bool:
+        key = (row.order_id, row.generation)
+        if self._rows.get(key) != row:
+            return False
+        etag = f"i{next(self._etags)}"
+        self._rows[key] = dataclasses.replace(row, due_at=due, etag=etag)
+        return True
+
+    def due(self, bucket: int, now: datetime, limit: int = 1000) -> tuple[ActiveRow, ...]:
+        rows = [r for r in self._rows.values() if r.partition_key == bucket_partition(bucket)]
+        due = sorted((r for r in rows if r.due_at <= now), key=lambda r: (r.due_at, r.row_key))
+        return tuple(due[:limit])
+
+    def add(
+        self, order_id: str, generation: int, workflow: str = "", due: datetime | None = None
+    ) -> bool:
         if (order_id, generation) in self._rows:
             return False
-        self.put(order_id, generation, workflow)
+        self.put(order_id, generation, workflow, due)
         return True
 
     def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
@@ -65,6 +84,9 @@ class MemoryIndex:
 
     def has(self, order_id: str, generation: int) -> bool:
         return (order_id, generation) in self._rows
+
+    def get(self, order_id: str, generation: int) -> ActiveRow | None:
+        return self._rows.get((order_id, generation))
 
     def rows(self) -> list[ActiveRow]:
         return sorted(self._rows.values(), key=lambda r: (r.partition_key, r.row_key))
@@ -104,10 +126,15 @@ class MemoryStore:
         pass
 
     def create(
-        self, submitted: OrderSubmitted, order: Order, entry: TimelineEntry
+        self,
+        submitted: OrderSubmitted,
+        order: Order,
+        entry: TimelineEntry,
+        *,
+        due: datetime | None = None,
     ) -> Order | AlreadyExists:
         payload_hash = submitted.content_hash()
-        added = self.index.add(order.order_id, order.generation, order.workflow)
+        added = self.index.add(order.order_id, order.generation, order.workflow, due)
         with self._lock:
             existing = self._orders.get(order.order_id)
             if existing is not None:
@@ -141,9 +168,11 @@ class MemoryStore:
         entries = [e for e in self._timelines.get(order_id, []) if e.seq > after_seq]
         return entries[:limit]
 
-    def save(self, before: Order, after: Order, entry: TimelineEntry) -> Order:
-        if before.state.terminal and after.state.in_flight:
-            self.index.put(after.order_id, after.generation, after.workflow)
+    def save(
+        self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
+    ) -> Order:
+        if due is not None or (before.state.terminal and after.state.in_flight):
+            self.index.put(after.order_id, after.generation, after.workflow, due)
         entering_error = (
             after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
         )

@@ -376,6 +376,8 @@ class ActiveRow:
     generation: int
     workflow: str
     written_at: datetime
+    due_at: datetime
+    """Never later than when the Supervisor must look at the order (core.active_index)."""
     partition_key: str
     row_key: str
     etag: str

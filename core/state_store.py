@@ -135,10 +135,16 @@ class OrderStateStore:
     # ----------------------------------------------------------------------------- create
 
     def create(
-        self, submitted: OrderSubmitted, order: Order, entry: TimelineEntry
+        self,
+        submitted: OrderSubmitted,
+        order: Order,
+        entry: TimelineEntry,
+        *,
+        due: datetime | None = None,
     ) -> Order | AlreadyExists:
         """Insert a new order with its details and first timeline row in one transaction; or,
-        when the id is taken, what is stored under it."""
+        when the id is taken, what is stored under it. Its index row first, due at ``due``
+        (default: at once, which is always safe; see core.active_index)."""
         order_id = ids.validate_order_id(order.order_id)
         ids.validate_instance_id(entry.actor, "actor")
         payload_hash = submitted.content_hash()
@@ -148,7 +154,7 @@ class OrderStateStore:
             ("create", order_entity(order)),
             ("create", timeline_entity(order_id, entry)),
         ]
-        added = self.index.add(order_id, order.generation, order.workflow)
+        added = self.index.add(order_id, order.generation, order.workflow, due)
         try:
             results = self._orders.submit_transaction(operations)
         except TableTransactionError as exc:
@@ -240,9 +246,12 @@ class OrderStateStore:
 
     # ----------------------------------------------------------------------------- writes
 
-    def save(self, before: Order, after: Order, entry: TimelineEntry) -> Order:
+    def save(
+        self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
+    ) -> Order:
         """Replace ``before`` with ``after`` and append ``entry``: one batch, conditional on
-        ``before``'s ETag.
+        ``before``'s ETag. With ``due``, the order's index row is first written due then (an
+        order back in flight, or one whose due time moves earlier: core.active_index).
 
         Raises :class:`ConcurrencyConflict` if the order changed since ``before`` was read (load
         it again and decide again) and :class:`OrderNotFound` if it is gone.
@@ -263,8 +272,8 @@ class OrderStateStore:
             ),
             ("create", timeline_entity(before.order_id, entry)),
         ]
-        if before.state.terminal and after.state.in_flight:
-            self.index.put(after.order_id, after.generation, after.workflow)
+        if due is not None or (before.state.terminal and after.state.in_flight):
+            self.index.put(after.order_id, after.generation, after.workflow, due)
         entering_error = (
             after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
         )

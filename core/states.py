@@ -35,7 +35,10 @@ _P = ProcessState
 ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState]]] = (
     MappingProxyType(
         {
-            _P.PENDING: frozenset({_P.PENDING, _P.PROCESSING, _P.COMPENSATING, _P.ERROR}),
+            # -> Processed and -> Error: a released step's late answer finishes the order.
+            _P.PENDING: frozenset(
+                {_P.PENDING, _P.PROCESSING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
+            ),
             _P.PROCESSING: frozenset(
                 {_P.PROCESSING, _P.PENDING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
             ),

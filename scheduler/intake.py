@@ -54,7 +54,9 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
     )
     decision = lifecycle.submit(order, ctx)
     assert decision.order is not None and decision.entry is not None
-    result = rt.store.create(order, decision.order, decision.entry)
+    result = rt.store.create(
+        order, decision.order, decision.entry, due=apply.due(rt, decision.order)
+    )
     if not isinstance(result, AlreadyExists):
         apply.send(rt, result, decision.send)
         return

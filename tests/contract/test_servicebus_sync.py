@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import (
+    AutoLockRenewer,
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusReceiveMode,
@@ -21,7 +22,6 @@ from azure.servicebus import (
 from azure.servicebus.exceptions import (
     MessageLockLostError,
     MessageSizeExceededError,
-    MessagingEntityNotFoundError,
     ServiceBusAuthenticationError,
     ServiceBusError,
 )
@@ -29,6 +29,8 @@ from azure.servicebus.exceptions import (
 from tests.support.broker import ServiceBusNamespace
 
 pytestmark = pytest.mark.contract
+
+LOCK_RENEW_QUEUE_LOCK_S = 5  # LockDuration of contract-lock-renew (the service's minimum)
 
 
 def receive_one(client: ServiceBusClient, queue: str, wait: float = 5, **kwargs):
@@ -146,6 +148,83 @@ def test_renew_lock_extends_locked_until(sb_client, queue_named):
         assert message.locked_until_utc == renewed
         time.sleep(4)  # past the original lock: the renewal kept it
         receiver.complete_message(message)
+
+
+def test_auto_lock_renewer_holds_fifty_locks_on_one_receiver(sb_client, queue_named):
+    # AutoLockRenewer renews each message from its own worker thread: many renew-lock requests
+    # in flight at once on the receiver's one $management link (the SDK also races its own
+    # delivery-ids when threads share a session; Service Bus takes that in its stride).
+    queue = queue_named("contract-lock-renew")
+    total, hold = 50, 3 * LOCK_RENEW_QUEUE_LOCK_S + 1
+    with sb_client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"held-{i}") for i in range(total)])
+    failures: list[str] = []
+    with (
+        sb_client.get_queue_receiver(queue, prefetch_count=total) as receiver,
+        AutoLockRenewer(max_workers=8) as renewer,
+    ):
+        held = []
+        while len(held) < total:
+            batch = receiver.receive_messages(max_message_count=total - len(held), max_wait_time=5)
+            assert batch, f"only {len(held)} of {total} arrived"
+            held += batch
+        first_locks = {m.sequence_number: m.locked_until_utc for m in held}
+        for message in held:
+            renewer.register(
+                receiver,
+                message,
+                max_lock_renewal_duration=hold + 30,
+                on_lock_renew_failure=lambda m, e: failures.append(f"{m.sequence_number}: {e!r}"),
+            )
+        time.sleep(hold)
+        assert failures == []
+        assert all(m.locked_until_utc > first_locks[m.sequence_number] for m in held)
+        assert receive_one(sb_client, queue, wait=1) == [], "a held lock was let go"
+        for message in held:
+            receiver.complete_message(message)
+    assert sorted(str(m) for m in held) == sorted(f"held-{i}" for i in range(total))
+    assert receive_one(sb_client, queue, wait=1) == []
+
+
+def test_concurrent_management_requests_on_one_link_get_their_own_answers(sb_client, queue_named):
+    queue = queue_named("contract-basic")
+    with sb_client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
+    with sb_client.get_queue_receiver(queue) as receiver:
+        messages = receiver.receive_messages(max_message_count=6, max_wait_time=5)
+        while len(messages) < 6:
+            messages += receiver.receive_messages(max_message_count=6, max_wait_time=5)
+        deferred, kept = messages[:3], messages[3:]
+        for message in deferred:
+            receiver.defer_message(message)
+        seqs = [m.sequence_number for m in deferred]
+        results: dict[str, object] = {}
+
+        def run(name: str, call) -> None:
+            results[name] = call()
+
+        calls = {
+            f"renew-{m.sequence_number}": lambda m=m: receiver.renew_message_lock(m) for m in kept
+        }
+        calls |= {
+            f"deferred-{seq}": lambda seq=seq: receiver.receive_deferred_messages([seq])
+            for seq in seqs
+        }
+        calls["peek"] = lambda: receiver.peek_messages(max_message_count=10, sequence_number=1)
+        threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert set(results) == set(calls)
+        for seq in seqs:
+            (again,) = results[f"deferred-{seq}"]
+            assert again.sequence_number == seq
+            receiver.complete_message(again)
+        for message in kept:
+            assert results[f"renew-{message.sequence_number}"] == message.locked_until_utc
+            receiver.complete_message(message)
+        assert {m.sequence_number for m in results["peek"]} >= {m.sequence_number for m in kept}
 
 
 def test_max_delivery_count_dead_letters_with_reason(sb_client, queue_named):
@@ -341,16 +420,25 @@ def test_oversized_message_is_refused(sb_client, queue_named):
     assert str(message) == "still serving"
 
 
-def test_unknown_queue_is_not_found(contract_ns):
-    # Service Bus refuses the CBS token for a missing entity with 404; the Python SDK surfaces
-    # that as an authentication error (7.x drops the status text). Nothing is auto-created.
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_unknown_queue_is_not_found(contract_ns, side):
+    # Service Bus refuses the CBS token for a missing entity with 404 "could not be found"
+    # before any link attaches; the Python SDK (7.x, pyamqp) raises that as an authentication
+    # error with the 404 inside (and retries it, hence retry_total=0). Nothing is auto-created.
     name = "no-such-queue-" + uuid.uuid4().hex[:8]
     with (
         ServiceBusClient.from_connection_string(contract_ns.connection_string, retry_total=0) as c,
-        pytest.raises((ServiceBusAuthenticationError, MessagingEntityNotFoundError)),
-        c.get_queue_sender(name) as sender,
+        pytest.raises(ServiceBusAuthenticationError) as caught,
     ):
-        sender.send_messages(ServiceBusMessage("lost"))
+        if side == "sender":
+            with c.get_queue_sender(name) as sender:
+                sender.send_messages(ServiceBusMessage("lost"))
+        else:
+            with c.get_queue_receiver(name) as receiver:
+                receiver.receive_messages(max_message_count=1, max_wait_time=1)
+    token_failure = caught.value.inner_exception
+    assert getattr(token_failure, "status_code", None) == 404
+    assert "could not be found" in str(token_failure)
 
 
 def test_wrong_key_is_refused(contract_ns: ServiceBusNamespace, queue_named):

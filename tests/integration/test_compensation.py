@@ -269,7 +269,7 @@ def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadline(
     assert net_effects(fakes, oid) == {"inventory": 0}
     assert tombstoned(fakes, oid) == {f"{oid}:charge_payment:do:1"}
     clock.advance(30)
-    assert run_tick(rt).scanned == 0, "nothing left for the Supervisor"
+    assert run_tick(rt).due == 0, "nothing left for the Supervisor"
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
 
 

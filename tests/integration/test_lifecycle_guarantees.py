@@ -182,7 +182,7 @@ def test_a_crash_before_the_final_alert_is_made_good_by_the_supervisor(stage):
     assert sequences(stage, oid) == list(range(process.status_seq)) == list(range(7))
     assert oid not in active(stage)
     report = stage.tick()
-    assert (report.scanned, report.flushed) == (0, 0)
+    assert (report.due, report.flushed) == (0, 0)
     assert stage.none_on("alerts", oid), "sent once"
     assert net_effects(stage.fakes, oid) == {"inventory": 0}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus._base_handler import ServiceBusSharedKeyCredential
+from azure.servicebus.exceptions import ServiceBusError
 from proton import Message
 from proton.utils import BlockingConnection
 
@@ -222,6 +223,24 @@ def test_token_checks(raw, broker):
     assert forged.properties["status-code"] == 401
     assert "signature" in forged.properties["status-description"].lower()
     assert raw.put_token("no-such-queue").properties["status-code"] == 404
+
+
+def test_with_a_namespace_token_a_missing_queue_is_not_found(raw):
+    from proton.utils import LinkDetached
+
+    assert raw.put_token("").properties["status-code"] == 202
+    with pytest.raises(LinkDetached) as caught:
+        raw.conn.create_sender("no-such-queue")
+    assert "amqp:not-found" in str(caught.value)
+
+
+def test_session_receivers_are_refused_as_not_implemented(broker):
+    with (
+        ServiceBusClient.from_connection_string(broker.connection_string, retry_total=0) as client,
+        pytest.raises(ServiceBusError, match="does not implement sessions"),
+        client.get_queue_receiver("contract-basic", session_id="S") as receiver,
+    ):
+        receiver.receive_messages(max_message_count=1, max_wait_time=1)
 
 
 def test_attach_without_a_token_is_refused(raw):

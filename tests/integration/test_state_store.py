@@ -19,6 +19,7 @@ from azure.data.tables import TableServiceClient, TableTransactionError
 
 from core import lifecycle
 from core import state_store as store_module
+from core.active_index import INDEX_BUCKETS, index_partition
 from core.ids import InvalidId
 from core.memory import MemoryStore
 from core.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderSubmitted
@@ -619,6 +620,47 @@ def test_reaping_a_row_already_gone_reports_it_gone(backend):
     assert store.reap_active(row, None, grace=GRACE) is True
     assert store.reap_active(row, None, grace=GRACE) is True
     assert backend.active_rows() == set()
+
+
+def test_due_rows_are_those_due_by_now_in_that_bucket(backend):
+    store = backend.store
+    ids = [f"o-{n}" for n in range(40)]
+    for n, order_id in enumerate(ids):
+        store.index.put(order_id, 1, "order", T0 + timedelta(seconds=n))
+    now = T0 + timedelta(seconds=19.5)
+    found = {
+        row.order_id: row
+        for bucket in range(INDEX_BUCKETS)
+        for row in store.index.due(bucket, now, 1000)
+    }
+    assert set(found) == set(ids[:20])
+    assert all(row.partition_key == index_partition(row.order_id) for row in found.values())
+    bucket = int(index_partition("o-0")[1:])
+    in_bucket = store.index.due(bucket, now, 1000)
+    assert [r.due_at for r in in_bucket] == sorted(r.due_at for r in in_bucket)
+    assert len(store.index.due(bucket, now, 1)) == 1
+
+
+def test_a_row_without_a_due_time_is_due_at_once(backend):
+    store, clock = backend.store, backend.clock
+    store.index.put("o-1", 1, "order")
+    bucket = int(index_partition("o-1")[1:])
+    assert [r.order_id for r in store.index.due(bucket, clock(), 10)] == ["o-1"]
+
+
+def test_postpone_moves_a_row_up_unless_it_changed_since_read(backend):
+    store = backend.store
+    bucket = int(index_partition("o-1")[1:])
+    store.index.put("o-1", 1, "order", T0)
+    [row] = store.index.due(bucket, T0, 10)
+    assert store.index.postpone(row, T0 + timedelta(minutes=5)) is True
+    assert store.index.due(bucket, T0 + timedelta(minutes=4), 10) == ()
+    # An earlier due time written after the row was read must win over the Supervisor's move.
+    [row] = store.index.due(bucket, T0 + timedelta(minutes=5), 10)
+    store.index.put("o-1", 1, "order", T0 + timedelta(minutes=1))
+    assert store.index.postpone(row, T0 + timedelta(hours=1)) is False
+    [kept] = store.index.due(bucket, T0 + timedelta(minutes=1), 10)
+    assert kept.due_at == T0 + timedelta(minutes=1)
 
 
 # ======================================================================= Table store only

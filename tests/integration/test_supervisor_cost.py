@@ -1,7 +1,8 @@
-"""The Supervisor's cost per tick follows the orders in flight, not the orders ever processed.
+"""The Supervisor's cost per tick follows the orders due, not those in flight or ever processed.
 
 Table requests are counted at the SDK pipeline (core.op_counts) for one tick over the same
-orders in flight, first with an empty history, then with 10,000 finished orders in the store.
+orders in flight, first with an empty history, then with 10,000 finished orders in the store,
+then once the orders in flight are due.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import timedelta
 from azure.data.tables import TableServiceClient
 
 from core import lifecycle
+from core.active_index import INDEX_BUCKETS
 from core.messages import OrderSubmitted, encode, utc_now
 from core.op_counts import COUNTS
 from core.order import Order, StepState
@@ -87,8 +89,8 @@ def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
     finally:
         rt.close()
 
-    assert quiet.scanned == busy.scanned == IN_FLIGHT
+    assert quiet.due == busy.due == 0
     assert (busy.retried, busy.compensating, busy.failed, busy.flushed) == (0, 0, 0, 0)
     assert cost_empty_history == cost_big_history
-    # one index page plus one point read per order in flight; nothing written, nothing sent
-    assert cost_big_history == {"table.get": 1 + IN_FLIGHT}
+    # one due-query per index bucket; no order read, nothing written, nothing sent
+    assert cost_big_history == {"table.get": INDEX_BUCKETS}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from core import ids
+from core import apply, ids
 from core.lifecycle import Refused
 from core.memory import MemoryBus, MemoryStore, SendFailed
 from core.messages import (
@@ -358,6 +358,13 @@ class World:
             assert sequences == list(range(len(sequences))), (
                 f"{order.order_id}: status sequences out of order or with a gap: {sequences}"
             )
+            if order.state.in_flight:
+                row = self.store.index.get(order.order_id, order.generation)
+                assert row is not None, f"{order.order_id} is in flight without an index row"
+                assert row.due_at <= apply.due(self.rt, order), (
+                    f"{order.order_id}: index row due {row.due_at}, later than the order's "
+                    f"{apply.due(self.rt, order)}: the Supervisor would look too late"
+                )
             if order.state is ProcessState.PROCESSED:
                 for step in order.steps:
                     key = step.forward_key(order.order_id)
