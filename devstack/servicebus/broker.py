@@ -31,6 +31,7 @@ from proton.reactor import Container
 from devstack.servicebus import codec, management
 from devstack.servicebus.auth import SharedAccessPolicy, TokenRejected, entity_path
 from devstack.servicebus.config import ConfigError, QueueSettings, load_queues
+from devstack.servicebus.framing import RepairingIOHandler
 from devstack.servicebus.persistence import SqlitePersistence
 from devstack.servicebus.queues import LockLost, Queue, parse_incoming
 
@@ -40,6 +41,7 @@ CBS_NODE = "$cbs"
 MANAGEMENT_SUFFIX = "/$management"
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
 CREDIT_WINDOW = 1000
+SESSION_FILTER = "com.microsoft:session-filter"
 TICK_SECONDS = 0.05
 
 
@@ -210,8 +212,15 @@ class Broker(Handler):
             self._open_service_link(link, "cbs", path)
             return
         entity = path.removesuffix(MANAGEMENT_SUFFIX)
+        if not self._is_authorized(link.connection, path):
+            self._refuse(
+                link,
+                "amqp:unauthorized-access",
+                f"Unauthorized access to '{entity}': put a token for it on $cbs first.",
+            )
+            return
         queue = self.queues.get(entity)
-        if queue is None:
+        if queue is None:  # reached with a namespace-wide token only (else $cbs said 404)
             self._refuse(
                 link,
                 "amqp:not-found",
@@ -219,11 +228,12 @@ class Broker(Handler):
                 "entity config file (UserConfig.Namespaces[].Queues[]).",
             )
             return
-        if not self._is_authorized(link.connection, path):
+        if link.is_sender and _has_session_filter(link.remote_source):
             self._refuse(
                 link,
-                "amqp:unauthorized-access",
-                f"Unauthorized access to '{entity}': put a token for it on $cbs first.",
+                "amqp:not-implemented",
+                f"'{queue.name}' is not a session-enabled queue, and the development broker "
+                "does not implement sessions: receive without a session id.",
             )
             return
         if path.endswith(MANAGEMENT_SUFFIX):
@@ -473,7 +483,8 @@ class Broker(Handler):
         self._reply(link, request, reply, CBS_NODE.lower())
 
     def _check_entity(self, path: str, audience: str) -> tuple[int, str]:
-        """Service Bus answers a token for a missing entity with 404, as this does."""
+        """Service Bus answers a token for a missing entity with 404, as this does (it checks
+        the signature first, so a caller without the key cannot probe which entities exist)."""
         entity = path.removesuffix(MANAGEMENT_SUFFIX)
         if entity and entity not in self.queues:
             log.info("put-token for %s refused: no such entity", audience)
@@ -513,6 +524,20 @@ class Broker(Handler):
 def _condition(name: str, description: str) -> Condition:
     """An AMQP error as Service Bus sends it: always with an info map (the SDK indexes it)."""
     return Condition(name, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())})
+
+
+def _has_session_filter(terminus: Any) -> bool:
+    """Whether a receiver asks for a session (the SDK's `session_id=` / NEXT_AVAILABLE_SESSION)."""
+    data = terminus.filter if terminus is not None else None
+    if data is None:
+        return False
+    data.rewind()
+    if not data.next():
+        return False
+    filters = data.get_object()
+    if not isinstance(filters, dict):
+        return False
+    return any(str(key) == SESSION_FILTER for key in filters)
 
 
 def _batch_members(raw: bytes) -> list[bytes]:
@@ -629,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: broker.request_stop())
     try:
-        Container(broker).run()
+        Container(broker, global_handler=RepairingIOHandler()).run()
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
