@@ -50,6 +50,8 @@ from azure.servicebus import (
 )
 from azure.servicebus import __version__ as sdk_version
 
+from devstack.servicebus.config import write_config
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BROKER_MODULE = "devstack.servicebus.broker"
 KEY_NAME = "RootManageSharedAccessKey"
@@ -283,27 +285,6 @@ RUNNERS: dict[str, Callable[[str, str, int, int, Meter, str], Result]] = {
 # --- the broker -----------------------------------------------------------------------------
 
 
-def write_config(path: Path, queues: list[str]) -> None:
-    properties = {
-        "DeadLetteringOnMessageExpiration": False,
-        "DefaultMessageTimeToLive": "PT1H",
-        "DuplicateDetectionHistoryTimeWindow": "PT1M",
-        "ForwardDeadLetteredMessagesTo": "",
-        "ForwardTo": "",
-        "LockDuration": "PT1M",
-        "MaxDeliveryCount": 10,
-        "RequiresDuplicateDetection": False,
-        "RequiresSession": False,
-    }
-    namespace = {
-        "Name": "sbemulatorns",
-        "Queues": [{"Name": name, "Properties": properties} for name in queues],
-        "Topics": [],
-    }
-    document = {"UserConfig": {"Namespaces": [namespace], "Logging": {"Type": "File"}}}
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-
-
 class Broker:
     """`python -m devstack.servicebus.broker` on a free port, in its own process group."""
 
@@ -456,7 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     workdir = Path(tempfile.mkdtemp(prefix="sb-bench-"))
     config = workdir / "Config.json"
-    write_config(config, [f"bench-{s}" for s in scenarios])
+    write_config(
+        config,
+        [f"bench-{s}" for s in scenarios],
+        DefaultMessageTimeToLive="PT1H",
+        DuplicateDetectionHistoryTimeWindow="PT1M",
+    )
     try:
         for storage in storages:
             with running_broker(workdir / storage, storage, config) as broker:

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devstack.servicebus.config import write_config
+
 SDK_PACKAGE = "azure-servicebus"
 SAMPLES_VERSION = "7.11.4"
 SAMPLE_TIMEOUT_S = 60.0
@@ -171,34 +173,6 @@ def fetch_samples(workdir: Path, version: str) -> Path:
         tar.extractall(workdir / "src", members=members, filter="data")
     (samples,) = (workdir / "src").glob("*/samples")
     return samples
-
-
-def write_config(path: Path, queues: list[str]) -> None:
-    """One queue per sample, with the Azure defaults the samples assume."""
-    props = {
-        "DeadLetteringOnMessageExpiration": False,
-        "DefaultMessageTimeToLive": "P14D",
-        "DuplicateDetectionHistoryTimeWindow": "PT10M",
-        "ForwardDeadLetteredMessagesTo": "",
-        "ForwardTo": "",
-        "LockDuration": "PT1M",
-        "MaxDeliveryCount": 10,
-        "RequiresDuplicateDetection": False,
-        "RequiresSession": False,
-    }
-    config = {
-        "UserConfig": {
-            "Namespaces": [
-                {
-                    "Name": "sbemulatorns",
-                    "Queues": [{"Name": q, "Properties": props} for q in queues],
-                    "Topics": [],
-                }
-            ],
-            "Logging": {"Type": "File"},
-        }
-    }
-    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def sample_env(sample: Sample, broker: object) -> dict[str, str]:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Final
 
 MAX_MESSAGE_BYTES = 256 * 1024  # Service Bus Standard tier
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
@@ -144,3 +145,30 @@ def _get(document: object, path: Path, key: str, kind: type) -> dict:
     if not isinstance(value, kind):
         raise ConfigError(f"{path}: top-level {key!r} must be an object (emulator Config.json)")
     return value
+
+
+QUEUE_DEFAULTS: Final = {
+    "DeadLetteringOnMessageExpiration": False,
+    "DefaultMessageTimeToLive": "P14D",
+    "DuplicateDetectionHistoryTimeWindow": "PT10M",
+    "ForwardDeadLetteredMessagesTo": "",
+    "ForwardTo": "",
+    "LockDuration": "PT1M",
+    "MaxDeliveryCount": 10,
+    "RequiresDuplicateDetection": False,
+    "RequiresSession": False,
+}
+"""Service Bus's own defaults for a new queue, in the emulator's Config.json spelling."""
+
+
+def write_config(path: Path, queues: Iterable[str], **properties: object) -> None:
+    """Write an emulator Config.json declaring ``queues``, each with :data:`QUEUE_DEFAULTS`
+    overridden by ``properties`` (e.g. ``LockDuration="PT5S"``)."""
+    props = {**QUEUE_DEFAULTS, **properties}
+    namespace = {
+        "Name": "sbemulatorns",
+        "Queues": [{"Name": name, "Properties": props} for name in queues],
+        "Topics": [],
+    }
+    document = {"UserConfig": {"Namespaces": [namespace], "Logging": {"Type": "File"}}}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
