@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from core.states import ProcessState
 from tests.support.world import FAULTS, World, order_id
+
+# pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
+# CI machine may take several times the ~20 s this takes alone.
+pytestmark = pytest.mark.timeout(900)
 
 MAX_ORDERS = 3
 crash = st.none() | st.integers(min_value=0, max_value=4)
