@@ -56,9 +56,10 @@ class Busy(Exception):
     """The order kept changing under us; the caller's message will come again."""
 
 
-def context(rt: Runtime, order: Order, actor: str) -> Context:
+def context(rt: Runtime, workflow: str, actor: str) -> Context:
+    """What a decision on an order of ``workflow`` may know, taken from the runtime now."""
     return Context(
-        workflow=rt.workflow(order.workflow),
+        workflow=rt.workflow(workflow),
         now=rt.clock(),
         actor=actor,
         jitter=rt.rng.random(),
@@ -83,7 +84,7 @@ def handle(
     for _ in range(MAX_CONFLICT_RETRIES):
         order = rt.store.load(order_id)
         happened = event(order) if callable(event) else event
-        decision = decide(order, happened, context(rt, order, actor))
+        decision = decide(order, happened, context(rt, order.workflow, actor))
         try:
             return carry_out(rt, order, decision), decision
         except ConcurrencyConflict:

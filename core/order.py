@@ -121,10 +121,6 @@ class Order:
         steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
         return replace(self, steps=steps)
 
-    @property
-    def in_flight_step(self) -> StepRecord:
-        return self.step(self.current_step)
-
 
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:

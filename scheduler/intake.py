@@ -49,9 +49,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
             )
         )
         return
-    ctx = lifecycle.Context(
-        workflow=rt.workflow(order.workflow), now=rt.clock(), actor=rt.actor("scheduler")
-    )
+    ctx = apply.context(rt, order.workflow, rt.actor("scheduler"))
     decision = lifecycle.submit(order, ctx)
     assert decision.order is not None and decision.entry is not None
     result = rt.store.create(

@@ -78,7 +78,7 @@ def _inspect(row: ActiveRow, rt: Runtime, report: TickReport) -> None:
         else:  # young garbage (a create may be on its way): look again once it is old enough
             rt.store.index.postpone(row, row.written_at + DEFAULT_GRACE)
         return
-    decision = decide(order, Swept(), apply.context(rt, order, rt.actor("supervisor")))
+    decision = decide(order, Swept(), apply.context(rt, order.workflow, rt.actor("supervisor")))
     after = apply.carry_out(rt, order, decision)
     if decision.finished:
         report.flushed += decision.order is None
