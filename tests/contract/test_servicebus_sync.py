@@ -30,7 +30,9 @@ from tests.support.broker import ServiceBusNamespace
 
 pytestmark = pytest.mark.contract
 
-LOCK_RENEW_QUEUE_LOCK_S = 5  # LockDuration of contract-lock-renew (the service's minimum)
+# LockDuration of contract-lock-renew. 10 s, not the service's minimum of 5: a renewal may be
+# that late on a loaded machine (fifty messages, CI workers sharing two cores) and still hold.
+LOCK_RENEW_QUEUE_LOCK_S = 10
 
 
 def receive_one(client: ServiceBusClient, queue: str, wait: float = 5, **kwargs):
