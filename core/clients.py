@@ -10,7 +10,6 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 from azure.servicebus import ServiceBusClient
-from azure.storage.blob import BlobServiceClient
 
 from core.op_counts import COUNTS
 from core.settings import Connection
@@ -24,18 +23,6 @@ def table_service(conn: Connection) -> TableServiceClient:
         )
     assert conn.endpoint is not None
     return TableServiceClient(conn.endpoint, credential=conn.credential(), raw_request_hook=hook)
-
-
-def blob_service(conn: Connection) -> BlobServiceClient:
-    hook = COUNTS.request_hook("blob")
-    if conn.connection_string:
-        return BlobServiceClient.from_connection_string(
-            conn.connection_string, raw_request_hook=hook
-        )
-    assert conn.blob_endpoint is not None
-    return BlobServiceClient(
-        conn.blob_endpoint, credential=conn.credential(), raw_request_hook=hook
-    )
 
 
 def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:

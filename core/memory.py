@@ -29,6 +29,7 @@ from core.state_models import (
     OrderRecord,
 )
 from core.states import ProcessState
+from core.supervision import MemorySupervision
 
 
 class MemoryIndex:
@@ -118,6 +119,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self.index = MemoryIndex(clock)
         self.errors = MemoryIndex(clock)
+        self.supervision = MemorySupervision()
 
     def ensure_tables(self) -> None:
         pass

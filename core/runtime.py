@@ -60,6 +60,7 @@ class Runtime:
             clients.table_service(settings.storage),
             orders_table=settings.orders_table,
             active_table=settings.active_table,
+            supervision_table=settings.supervision_table,
             clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
         )
         bus = Bus(lambda: clients.servicebus_client(settings.servicebus))

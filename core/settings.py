@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -44,7 +45,6 @@ class Connection:
     name: str
     connection_string: str | None = None
     endpoint: str | None = None
-    blob_endpoint: str | None = None
     client_id: str | None = None
 
     def credential(self) -> Any:
@@ -63,8 +63,9 @@ class Settings:
     storage: Connection
     orders_table: str = "orders"
     active_table: str = "activeorders"
-    lease_container: str = "supervisor-leases"
+    supervision_table: str = "supervision"
     supervisor_schedule: str = "*/15 * * * * *"
+    supervisor_concurrency: int = 4
     pending_stale_after: timedelta = timedelta(minutes=2)
     step_timeout: timedelta | None = None
     failure_threshold: int | None = None
@@ -73,6 +74,20 @@ class Settings:
 
     def queue(self, role: str) -> str:
         return self.queues[role]
+
+    @property
+    def supervisor_period(self) -> timedelta:
+        return schedule_period(self.supervisor_schedule)
+
+    @property
+    def supervisor_lease(self) -> timedelta:
+        """Per-bucket Supervisor leases: renewed every tick, so one and a half periods."""
+        return self.supervisor_period * 1.5
+
+    @property
+    def supervisor_budget(self) -> timedelta:
+        """How long one tick may work, so that it ends before the next tick and its leases."""
+        return self.supervisor_period * 0.75
 
     def workflows(self) -> Mapping[str, Workflow]:
         """The registered workflows with this deployment's budgets and retry policy applied."""
@@ -117,8 +132,9 @@ class Settings:
             storage=reader.storage(STATE_STORAGE_CONNECTION),
             orders_table=reader.optional("ORDERS_TABLE", "orders"),
             active_table=reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"),
-            lease_container=reader.optional("SUPERVISOR_LEASE_CONTAINER", "supervisor-leases"),
+            supervision_table=reader.optional("SUPERVISION_TABLE", "supervision"),
             supervisor_schedule=reader.optional("SUPERVISOR_SCHEDULE", "*/15 * * * * *"),
+            supervisor_concurrency=reader.int_or_none("SUPERVISOR_CONCURRENCY") or 4,
             pending_stale_after=reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0),
             step_timeout=reader.seconds_or_none("STEP_TIMEOUT_SECONDS"),
             failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
@@ -127,7 +143,40 @@ class Settings:
         )
         ids.validate_table_name(settings.orders_table)
         ids.validate_table_name(settings.active_table)
+        ids.validate_table_name(settings.supervision_table)
+        settings.supervisor_period  # noqa: B018 - refuse a schedule without a fixed period now
         return settings
+
+
+_UNITS = ((1, 60), (60, 60), (3600, 24))
+"""(seconds, cycle) of the seconds, minutes and hours fields."""
+
+
+def schedule_period(schedule: str) -> timedelta:
+    """The fixed interval of a six-field NCRONTAB schedule such as ``*/15 * * * * *``.
+
+    The Supervisor's recovery bound and its leases are stated in periods, so only schedules
+    that fire at a fixed interval are accepted: a step (``*/N``, N dividing the unit) or ``*``
+    in the seconds, minutes or hours field, whole numbers in the fields before it, ``*`` after.
+    """
+    fields = schedule.split()
+    problem = (
+        f"SUPERVISOR_SCHEDULE must fire at a fixed interval, e.g. '*/15 * * * * *' (every 15 s) "
+        f"or '0 */5 * * * *' (every 5 min); got {schedule!r}"
+    )
+    if len(fields) != 6 or fields[3:] != ["*", "*", "*"]:
+        raise SettingsError(problem)
+    for position, (seconds, cycle) in enumerate(_UNITS):
+        field = fields[position]
+        if field.isdigit():
+            continue
+        match = re.fullmatch(r"(?:\*|0)/(\d+)|\*", field)
+        step = int(match.group(1)) if match and match.group(1) else 1
+        later_fixed = fields[position + 1 : 3] != ["*"] * (2 - position)
+        if match is None or step < 1 or cycle % step or later_fixed:
+            raise SettingsError(problem)
+        return timedelta(seconds=seconds * step)
+    return timedelta(days=1)
 
 
 class _Reader:
@@ -187,18 +236,13 @@ class _Reader:
     def storage(self, name: str) -> Connection:
         conn = self.env.get(name, "").strip()
         table = self.env.get(f"{name}__tableServiceUri", "").strip()
-        blob = self.env.get(f"{name}__blobServiceUri", "").strip()
         if conn:
             return Connection(name, connection_string=conn)
-        if table and blob:
+        if table:
             return Connection(
-                name,
-                endpoint=table,
-                blob_endpoint=blob,
-                client_id=self.env.get(f"{name}__clientId") or None,
+                name, endpoint=table, client_id=self.env.get(f"{name}__clientId") or None
             )
         raise SettingsError(
             f"state storage {name} is not configured: set {name} to a connection string (local) "
-            f"or {name}__tableServiceUri and {name}__blobServiceUri (+ {name}__clientId) for a "
-            "managed identity (Azure)"
+            f"or {name}__tableServiceUri (+ {name}__clientId) for a managed identity (Azure)"
         )

@@ -63,9 +63,11 @@ from core.state_models import (
     utc,
 )
 from core.states import ProcessState
+from core.supervision import SupervisionTable
 
 DEFAULT_ORDERS_TABLE: Final = "orders"
 DEFAULT_ACTIVE_TABLE: Final = "activeorders"
+DEFAULT_SUPERVISION_TABLE: Final = "supervision"
 
 
 class OrderStateStore:
@@ -81,20 +83,26 @@ class OrderStateStore:
         *,
         orders_table: str = DEFAULT_ORDERS_TABLE,
         active_table: str = DEFAULT_ACTIVE_TABLE,
+        supervision_table: str = DEFAULT_SUPERVISION_TABLE,
         clock: Callable[[], datetime] = utc_now,
         owns_service: bool = False,
     ) -> None:
         self._service = service
         self._orders_name = ids.validate_table_name(orders_table)
         self._active_name = ids.validate_table_name(active_table)
-        if self._orders_name.lower() == self._active_name.lower():
-            raise ValueError("the orders table and the active-order index must differ")
+        self._supervision_name = ids.validate_table_name(supervision_table)
+        names = {self._orders_name.lower(), self._active_name.lower()}
+        if len(names | {self._supervision_name.lower()}) != 3:
+            raise ValueError("the orders, active-order and supervision tables must differ")
         self._orders: TableClient = service.get_table_client(self._orders_name)
         self._active: TableClient = service.get_table_client(self._active_name)
         self.index = ActiveOrderIndex(self._active, clock)
         """The active-order index; the Supervisor lists and reaps through it."""
         self.errors = ErrorOrderIndex(self._orders, clock)
         """The index of orders in Error (a partition of the orders table)."""
+        self._supervision: TableClient = service.get_table_client(self._supervision_name)
+        self.supervision = SupervisionTable(self._supervision)
+        """The Supervisor instances' bucket leases and sweep checkpoints."""
         self._clock = clock
         self._owns_service = owns_service
 
@@ -112,12 +120,13 @@ class OrderStateStore:
         return self._active_name
 
     def ensure_tables(self) -> None:
-        for name in (self._orders_name, self._active_name):
+        for name in (self._orders_name, self._active_name, self._supervision_name):
             self._service.create_table_if_not_exists(name)
 
     def close(self) -> None:
         self._orders.close()
         self._active.close()
+        self._supervision.close()
         if self._owns_service:
             self._service.close()
 

@@ -4,6 +4,7 @@ orderctl up          start Azurite, the broker, the fake services and function h
 orderctl submit      send an OrderSubmitted message to the orders queue
 orderctl status ID   an order's state, steps and timeline
 orderctl demo        submit orders under a fault profile and watch the pattern cope
+orderctl supervisor  the Supervisor's lag, bucket leases and recovery bound
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
@@ -321,6 +323,37 @@ def cancel(
     with operations(workdir) as ops:
         done = ops.cancel(order_id, operator=operator, reason=reason)
     console.print(f"{done.order_id}: {done.outcome} ({done.state})")
+
+
+@app.command()
+def supervisor(workdir: Workdir = DEFAULT_WORKDIR) -> None:
+    """Show the Supervisor's lag, who sweeps which bucket, and the recovery bound."""
+    with operations(workdir) as ops:
+        view = ops.supervisor()
+    oldest = "never" if view.oldest_sweep_s is None else f"{view.oldest_sweep_s:.1f} s ago"
+    bound = view.bound
+    console.print(
+        f"lag [bold]{view.lag_s:.1f} s[/]; least recently swept bucket: {oldest}; "
+        f"deadline to recovery at most {bound['detection_s']:.1f} s "
+        f"(period {bound['period_s']:g} s, budget {bound['budget_s']:g} s, "
+        f"lease {bound['lease_s']:g} s)"
+    )
+    if view.unswept_buckets:
+        console.print(
+            "[red]buckets not swept within the bound:[/] "
+            + ", ".join(str(b) for b in view.unswept_buckets)
+        )
+    table = Table("bucket", "holder", "swept", "by", "lag s", "due", title="buckets")
+    for b in view.buckets:
+        table.add_row(
+            str(b.bucket),
+            Text(b.holder or "-"),
+            f"{b.swept_at:%H:%M:%S}" if b.swept_at else "never",
+            Text(b.swept_by or "-"),
+            f"{b.lag_s:.1f}",
+            str(b.due_found),
+        )
+    console.print(table)
 
 
 @app.command("dead-letters")

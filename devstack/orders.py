@@ -83,6 +83,7 @@ def open_store(settings: dict[str, str]) -> OrderStateStore:
         clients.table_service(config.storage),
         orders_table=config.orders_table,
         active_table=config.active_table,
+        supervision_table=config.supervision_table,
     )
 
 

@@ -140,6 +140,14 @@ def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
     )
 
 
+# ------------------------------------------------------------------------------ supervisor
+
+
+@bp.route(route="supervisor", methods=["GET"], auth_level=AUTH)
+def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: ops.supervisor())
+
+
 # --------------------------------------------------------------------------------- openapi
 
 

@@ -256,6 +256,34 @@ class DeadLetterSummary(_Model):
     queues: list[DeadLetterCount]
 
 
+class BucketView(_Model):
+    bucket: int
+    holder: str | None = Field(description="The instance whose lease is current, if any")
+    leased_until: datetime | None
+    swept_at: datetime | None = Field(description="When the last full sweep of it started")
+    swept_by: str | None
+    lag_s: float = Field(description="Seconds the most overdue order was due at that sweep")
+    due_found: int = Field(description="Rows due at that sweep")
+
+
+class SupervisorView(_Model):
+    lag_s: float = Field(
+        description="The most overdue order the latest sweep of each bucket found, in seconds"
+    )
+    oldest_sweep_s: float | None = Field(
+        description="Seconds since the least recently swept bucket was swept (null: never)"
+    )
+    unswept_buckets: list[int] = Field(
+        description="Buckets never swept, or not swept within the detection bound"
+    )
+    holders: dict[str, int] = Field(description="Instance -> buckets it holds now")
+    bound: dict[str, float] = Field(
+        description="The recovery bound computed from the settings (seconds): period, budget, "
+        "lease, detection_s (deadline to the Supervisor acting), stall_s"
+    )
+    buckets: list[BucketView]
+
+
 class ErrorDetail(_Model):
     code: str
     message: str

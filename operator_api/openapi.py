@@ -30,6 +30,7 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     models.AckRequest,
     models.DeadLetterSummary,
     models.DeadLetterPage,
+    models.SupervisorView,
     models.ErrorBody,
 )
 
@@ -119,6 +120,18 @@ def _action(summary: str, description: str, op_id: str) -> dict[str, Any]:
 
 def _paths() -> dict[str, Any]:
     return {
+        "/supervisor": {
+            "get": {
+                "operationId": "showSupervisor",
+                "summary": "The Supervisor's lag, sweeps, leases and recovery bound",
+                "description": "One read of the Supervisor's roster: per bucket of the "
+                "active-order index, who holds its lease, when it was last swept and how "
+                "overdue the most overdue order was then; and the bound on recovery latency "
+                "computed from the settings.",
+                "tags": ["supervisor"],
+                "responses": {"200": _json(models.SupervisorView, "The Supervisor's state")},
+            }
+        },
         "/orders": {
             "get": {
                 "operationId": "listOrders",

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage
 
-from core import clients, ids
+from core import clients, ids, supervision
 from core.messages import BadMessage, OperatorAlert, excerpt, parse_message
 from core.order_listing import (
     MAX_LIMIT,
@@ -45,6 +45,7 @@ from operator_api.models import (
     ActionView,
     AlertPage,
     AlertView,
+    BucketView,
     DeadLetterCount,
     DeadLetterPage,
     DeadLetterSummary,
@@ -52,6 +53,7 @@ from operator_api.models import (
     OrderDetail,
     OrderPage,
     OrderSummary,
+    SupervisorView,
 )
 from operator_api.queues import QueueTools
 from scheduler import control
@@ -103,6 +105,28 @@ class Operations:
             items=[OrderSummary.of(p) for p in listing.orders],
             continuation=listing.cursor,
             scanned=listing.scanned,
+        )
+
+    def supervisor(self) -> SupervisorView:
+        """The Supervisor's progress from its roster: lag, sweeps, leases and the bound."""
+        now = self.rt.clock()
+        roster = self.rt.store.supervision.read()
+        bound = supervision.recovery_bound(self.rt.settings)
+        return SupervisorView(
+            **supervision.lag(roster, now, bound).as_dict(),
+            bound=bound.as_dict(),
+            buckets=[
+                BucketView(
+                    bucket=b.bucket,
+                    holder=None if b.free(now) else b.holder,
+                    leased_until=b.until,
+                    swept_at=b.swept_at,
+                    swept_by=b.swept_by or None,
+                    lag_s=b.lag_s,
+                    due_found=b.due_found,
+                )
+                for b in roster.buckets
+            ],
         )
 
     def show_order(

@@ -99,12 +99,18 @@ def service(azurite, counts) -> Iterator[TableServiceClient]:
 
 @pytest.fixture
 def table_store(service, unique_name, clock, counts) -> Iterator[OrderStateStore]:
-    orders, active = unique_name("orders"), unique_name("active")
-    store = OrderStateStore(service, orders_table=orders, active_table=active, clock=clock)
+    orders, active, supervision = (unique_name(n) for n in ("orders", "active", "supervision"))
+    store = OrderStateStore(
+        service,
+        orders_table=orders,
+        active_table=active,
+        supervision_table=supervision,
+        clock=clock,
+    )
     store.ensure_tables()
     counts.reset()
     yield store
-    for name in (orders, active):
+    for name in (orders, active, supervision):
         service.delete_table(name)
 
 

@@ -38,7 +38,7 @@ def app_settings(
         "StateStorage": storage_connection,
         "ORDERS_TABLE": f"{tables}orders",
         "ACTIVE_ORDERS_TABLE": f"{tables}active",
-        "SUPERVISOR_LEASE_CONTAINER": f"{tables}leases",
+        "SUPERVISION_TABLE": f"{tables}supervision",
         "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
         "STEP_TIMEOUT_SECONDS": "5",
         "PENDING_STALE_AFTER_SECONDS": "10",

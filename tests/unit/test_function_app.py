@@ -56,6 +56,7 @@ OPERATOR_API_FUNCTIONS = {
     "operator_ack_alert",
     "operator_dead_letter_summary",
     "operator_list_dead_letters",
+    "operator_supervisor",
     "operator_openapi",
 }
 

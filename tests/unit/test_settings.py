@@ -37,7 +37,6 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
             ServiceBusConnection__fullyQualifiedNamespace="sb-x.servicebus.windows.net",
             ServiceBusConnection__clientId="1111",
             StateStorage__tableServiceUri="https://st.table.core.windows.net",
-            StateStorage__blobServiceUri="https://st.blob.core.windows.net",
             StateStorage__clientId="1111",
         )
     )

@@ -1,0 +1,46 @@
+"""The Supervisor's tick metrics, through the OpenTelemetry metrics API.
+
+Exported to Application Insights (customMetrics) when telemetry is configured
+(:mod:`core.telemetry`); a no-op otherwise. ``supervisor.lag`` is what infra/ alerts on: how
+long the most overdue order had been due when a tick found it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics
+
+if TYPE_CHECKING:
+    from supervisor.tick import TickReport
+
+meter = metrics.get_meter("orders.supervisor")
+_rows_read = meter.create_counter(
+    "supervisor.rows_read", unit="{row}", description="Index rows due that the Supervisor read"
+)
+_recovered = meter.create_counter(
+    "supervisor.recovered",
+    unit="{order}",
+    description="Orders the Supervisor retried, compensated, failed, flushed or reaped",
+)
+_duration = meter.create_histogram(
+    "supervisor.tick.duration", unit="s", description="Duration of one Supervisor tick"
+)
+_lag = meter.create_gauge(
+    "supervisor.lag",
+    unit="s",
+    description="How long the most overdue order had been due when the tick found it",
+)
+_unfinished = meter.create_counter(
+    "supervisor.buckets_unfinished",
+    unit="{bucket}",
+    description="Buckets a tick's time budget cut short (swept first next tick)",
+)
+
+
+def record_tick(report: TickReport) -> None:
+    _rows_read.add(report.due)
+    _recovered.add(report.recovered)
+    _duration.record(report.duration_s)
+    _lag.set(report.lag_s)
+    _unfinished.add(report.held - report.swept)
