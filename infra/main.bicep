@@ -7,9 +7,9 @@
 // connection is Microsoft Entra ID with the app's user-assigned managed identity.
 //
 // tests/infra checks this template offline against the code: every app setting the code reads
-// is set below and nothing else is, queue/table/container names agree with the Service Bus and
-// storage modules, devstack/servicebus/Config.json and local.settings.json.example, and only
-// the allowed roles are granted.
+// is set below and nothing else is, queue and table names agree with the Service Bus and
+// storage modules, devstack/servicebus/Config.json and local.settings.json.example, only the
+// allowed roles are granted, and the Supervisor alerts query the metrics the code emits.
 
 targetScope = 'subscription'
 
@@ -38,12 +38,16 @@ param principalId string = ''
 param principalType string = 'User'
 
 @minLength(3)
-@description('Email address of the operators: Azure Monitor alerts (operator alert waiting, dead-lettered messages) go there.')
+@description('Email address of the operators: Azure Monitor alerts (operator alert waiting, dead-lettered messages, Supervisor lagging or not running) go there.')
 param alertEmail string
 
 @minLength(11)
-@description('NCRONTAB schedule of the Supervisor timer, six fields, seconds first, in UTC (Flex Consumption has no WEBSITE_TIME_ZONE).')
+@description('NCRONTAB schedule of the Supervisor timer, six fields, seconds first, in UTC (Flex Consumption has no WEBSITE_TIME_ZONE). It must fire at a fixed interval: */N seconds, 0 */N * * * * minutes, and so on.')
 param supervisorSchedule string = '*/15 * * * * *'
+
+@minLength(1)
+@description('Buckets of the active-order index one Supervisor instance sweeps concurrently per tick (a positive integer).')
+param supervisorConcurrency string = '4'
 
 @minLength(1)
 @description('Failed attempts after which the Supervisor stops retrying an order, compensates its completed steps and alerts an operator.')
@@ -72,6 +76,10 @@ param retryBaseDelaySeconds string = ''
 
 @description('Longest retry delay in seconds. Empty: the workflow default.')
 param retryMaxDelaySeconds string = ''
+
+@minValue(1)
+@description('Alert when the Supervisor finds an order that has been due longer than this many seconds (metric supervisor.lag). Keep it well above one Supervisor period.')
+param supervisorLagAlertSeconds int = 120
 
 @maxValue(1000)
 @minValue(1)
@@ -152,9 +160,8 @@ var appSettings = {
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
   ServiceBusConnection__credential: 'managedidentity'
   ServiceBusConnection__clientId: identity.outputs.clientId
-  // The state store (tables) and the Supervisor's lease (blob), through the managed identity.
+  // The state store, through the managed identity. Tables only: the app uses no blob.
   StateStorage__tableServiceUri: storage.outputs.tableEndpoint
-  StateStorage__blobServiceUri: storage.outputs.blobEndpoint
   StateStorage__clientId: identity.outputs.clientId
   // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
   ORDERS_QUEUE: 'orders'
@@ -164,16 +171,17 @@ var appSettings = {
   INVENTORY_REQUESTS_QUEUE: 'inventory-requests'
   PAYMENT_REQUESTS_QUEUE: 'payment-requests'
   SHIPPING_REQUESTS_QUEUE: 'shipping-requests'
-  // Tables and the lease container: declared in app/storage.bicep.
+  // Tables: declared in app/storage.bicep.
   ORDERS_TABLE: 'orders'
   ACTIVE_ORDERS_TABLE: 'activeorders'
-  SUPERVISOR_LEASE_CONTAINER: 'supervisor-leases'
+  SUPERVISION_TABLE: 'supervision'
   // The remote services the agents call.
   INVENTORY_SERVICE_URL: inventoryServiceUrl
   PAYMENT_SERVICE_URL: paymentServiceUrl
   SHIPPING_SERVICE_URL: shippingServiceUrl
   // Supervisor and retry tuning. An empty value means "the code's default".
   SUPERVISOR_SCHEDULE: supervisorSchedule
+  SUPERVISOR_CONCURRENCY: supervisorConcurrency
   FAILURE_THRESHOLD: failureThreshold
   PENDING_STALE_AFTER_SECONDS: pendingStaleAfterSeconds
   STEP_TIMEOUT_SECONDS: stepTimeoutSeconds
@@ -227,10 +235,13 @@ module alerts 'app/alerts.bicep' = {
   scope: rg
   params: {
     actionGroupName: '${abbrs.insightsActionGroups}${resourceToken}'
+    location: location
     tags: tags
     alertEmail: alertEmail
     serviceBusNamespaceName: serviceBus.outputs.name
     operatorAlertsQueueName: appSettings.OPERATOR_ALERTS_QUEUE
+    appInsightsName: monitoring.outputs.appInsightsName
+    supervisorLagAlertSeconds: supervisorLagAlertSeconds
   }
 }
 
@@ -245,7 +256,6 @@ output SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output AZURE_STORAGE_TABLE_ENDPOINT string = storage.outputs.tableEndpoint
-output AZURE_STORAGE_BLOB_ENDPOINT string = storage.outputs.blobEndpoint
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE

@@ -2,17 +2,25 @@
 // Service Bus Data Owner, no role that can read keys or change the resources.
 //
 // The app's managed identity:
-//   Storage Blob Data Owner         storage account  Functions host storage (AzureWebJobsStorage:
-//                                                    timer and host locks, container creation),
-//                                                    the Flex deployment package, the Supervisor's
-//                                                    lease blob
-//   Storage Table Data Contributor  storage account  the state store tables; the host's
-//                                                    diagnostic events table
+//   Storage Blob Data Owner         storage account  the Functions host only: the app code uses
+//                                                    no blob (its state, the Supervisor's bucket
+//                                                    leases included, is in tables). The host's
+//                                                    storage (AzureWebJobsStorage) keeps the timer
+//                                                    trigger's schedule status and its singleton
+//                                                    and host locks as blob leases and creates its
+//                                                    containers, and the host reads the Flex
+//                                                    deployment package; Owner is the role the
+//                                                    Functions documentation requires for
+//                                                    identity-based host storage
+//   Storage Table Data Contributor  storage account  the state store tables (orders, active-order
+//                                                    index, the Supervisor's bucket leases); the
+//                                                    host's diagnostic events table
 //   Azure Service Bus Data Sender   namespace        requests, replies, commands, alerts, and
 //                                                    status to any reply queue a submitter names
 //   Azure Service Bus Data Receiver each queue with   the Service Bus triggers
 //                                   receivedByApp
-//   Monitoring Metrics Publisher    App Insights     telemetry with local auth off
+//   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
+//                                                    metrics) with local auth off
 // The deploying principal (optional, for infra/smoke.py):
 //   Azure Service Bus Data Sender   orders queue     submit the smoke order
 //   Storage Table Data Reader       orders table     watch it until Processed

@@ -1,6 +1,7 @@
 // Storage account: the Functions host's own storage (AzureWebJobsStorage), the deployment
-// package container Flex Consumption runs from, the state store tables and the Supervisor's
-// lease container. Shared keys are off: everything authenticates with Entra ID.
+// package container Flex Consumption runs from, and the state store tables (the app's own data
+// is all in Table Storage; it uses no blob). Shared keys are off: everything authenticates with
+// Entra ID.
 
 param name string
 param location string = resourceGroup().location
@@ -9,13 +10,14 @@ param tags object = {}
 @description('Blob container the Flex Consumption plan deploys the app package to.')
 param deploymentContainerName string
 
-// The state store's tables (app settings ORDERS_TABLE, ACTIVE_ORDERS_TABLE in main.bicep).
+// The state store's tables (app settings ORDERS_TABLE, ACTIVE_ORDERS_TABLE, SUPERVISION_TABLE in
+// main.bicep): order state, the active-order index the Supervisor sweeps, and the Supervisor's
+// per-bucket leases and checkpoints.
 var tableNames = [
   'orders'
   'activeorders'
+  'supervision'
 ]
-// The Supervisor's leader lease (app setting SUPERVISOR_LEASE_CONTAINER in main.bicep).
-var leaseContainerName = 'supervisor-leases'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
@@ -54,14 +56,6 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
-resource leaseContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
-  parent: blobService
-  name: leaseContainerName
-  properties: {
-    publicAccess: 'None'
-  }
-}
-
 resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
   parent: account
   name: 'default'
@@ -74,8 +68,6 @@ resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-
 
 output name string = account.name
 output id string = account.id
-output blobEndpoint string = account.properties.primaryEndpoints.blob
 output tableEndpoint string = account.properties.primaryEndpoints.table
 output tableNames array = tableNames
-output leaseContainerName string = leaseContainer.name
 output deploymentContainerName string = deploymentContainer.name

@@ -6,9 +6,10 @@ declarations statically. Each check takes paths and returns a list of problems (
 is well), so ``tests/infra/test_mutations.py`` can run the very same checks on a mutated copy
 and prove that they fail.
 
-What the code reads comes from the code itself (:func:`code_facts`): the settings module is run
-against a recording environment, and the bindings come from indexing ``function_app`` the way
-the Functions host does.
+What the code reads and emits comes from the code itself (:func:`code_facts`): the settings
+module is run against a recording environment, the bindings come from indexing ``function_app``
+the way the Functions host does, and the Supervisor's metrics from recording one tick's metrics
+with an in-memory OpenTelemetry reader.
 
 pycep renders a string literal and an identifier alike (``'orders'`` and ``orders`` both become
 ``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
@@ -47,7 +48,10 @@ HOST_SETTINGS: Mapping[str, str] = {
 
 FORBIDDEN_SETTINGS: Mapping[str, str] = {
     "ServiceBusConnection": "a connection string (secret); use the __fullyQualifiedNamespace form",
-    "StateStorage": "a connection string (secret); use the __tableServiceUri/__blobServiceUri form",
+    "StateStorage": "a connection string (secret); use the __tableServiceUri form",
+    "StateStorage__blobServiceUri": "the app uses no Blob Storage any more (tables only)",
+    "SUPERVISOR_LEASE_CONTAINER": "the Supervisor's blob lease is gone; its bucket leases are "
+    "rows of SUPERVISION_TABLE",
     "AzureWebJobsStorage": "a connection string (secret); use the __accountName form",
     "FUNCTIONS_WORKER_RUNTIME": "Flex Consumption rejects it; the runtime is functionAppConfig",
     "FUNCTIONS_EXTENSION_VERSION": "Flex Consumption sets it itself",
@@ -63,7 +67,7 @@ UNREFERENCED_QUEUES: Mapping[str, str] = {
 STORAGE_NAME_SETTINGS: Mapping[str, str] = {
     "ORDERS_TABLE": "table",
     "ACTIVE_ORDERS_TABLE": "table",
-    "SUPERVISOR_LEASE_CONTAINER": "container",
+    "SUPERVISION_TABLE": "table",
 }
 
 ALLOWED_ROLES: Mapping[str, str] = {
@@ -92,8 +96,22 @@ REQUIRED_OUTPUTS = (
     "AZURE_FUNCTION_APP_NAME",
     "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE",
     "AZURE_STORAGE_TABLE_ENDPOINT",
-    "AZURE_STORAGE_BLOB_ENDPOINT",
 )
+
+# The Supervisor alerts (app/alerts.bicep): log search alerts on the Application Insights
+# component, where the app's OpenTelemetry metrics land in customMetrics under their own names.
+SUPERVISOR_LAG_METRIC = "supervisor.lag"
+"""Gauge, seconds: how long the most overdue order had been due when a tick found it."""
+SUPERVISOR_TICK_METRIC = "supervisor.tick.duration"
+"""Recorded once by every completed tick: its absence means the Supervisor is not running."""
+SUPERVISOR_METRIC_KINDS: Mapping[str, str | None] = {
+    # Metric -> the OpenTelemetry data type the alert's aggregation makes sense for (None: any).
+    SUPERVISOR_LAG_METRIC: "Gauge",  # max(value) of a gauge is the worst lag reported
+    SUPERVISOR_TICK_METRIC: None,  # only counted
+}
+LAG_THRESHOLD_PARAMETER = "supervisorLagAlertSeconds"
+LOG_ALERT_FREQUENCY = "PT5M"
+SILENCE_WINDOW = "PT15M"
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -327,6 +345,9 @@ class CodeFacts:
     """Settings naming the queues a Service Bus trigger consumes."""
     queue_settings: frozenset[str]
     """core.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
+    metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Metric name -> OpenTelemetry data type (Gauge, Sum, Histogram) of what one Supervisor
+    tick records."""
 
     @property
     def required_settings(self) -> frozenset[str]:
@@ -377,7 +398,6 @@ def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
         f"{sb}__fullyQualifiedNamespace": "example.servicebus.windows.net",
         f"{sb}__clientId": "00000000-0000-0000-0000-000000000000",
         f"{st}__tableServiceUri": "https://example.table.core.windows.net/",
-        f"{st}__blobServiceUri": "https://example.blob.core.windows.net/",
         f"{st}__clientId": "00000000-0000-0000-0000-000000000000",
     }
     recorder = _RecordingEnv(env)
@@ -408,6 +428,38 @@ def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     return json.loads(result.stdout)
 
 
+_METRICS_SCRIPT = """
+import json, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+from supervisor.metrics import record_tick
+from supervisor.tick import TickReport
+record_tick(TickReport())
+json.dump({m.name: type(m.data).__name__ for rm in reader.get_metrics_data().resource_metrics
+           for sm in rm.scope_metrics for m in sm.metrics}, sys.stdout)
+"""
+
+
+def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Metric name -> data type of what ``record_tick`` records for one (empty) Supervisor tick,
+    read with an in-memory OpenTelemetry reader in a fresh interpreter (the global meter
+    provider is set once per process)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _METRICS_SCRIPT],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise CheckError(f"recording the Supervisor's metrics failed:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout)
+
+
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     from core.settings import QUEUE_SETTINGS
 
@@ -431,6 +483,7 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
         binding_connections=frozenset(connections),
         trigger_queue_settings=frozenset(trigger_queues),
         queue_settings=frozenset(QUEUE_SETTINGS.values()),
+        metrics=metrics_recorded_by_a_tick(root),
     )
 
 
@@ -950,11 +1003,7 @@ def check_alerts(layout: Layout) -> list[str]:
     infra = Infra.load(layout)
     settings = function_app_settings(infra)
     alerts_queue = settings.get("OPERATOR_ALERTS_QUEUE")
-    email_groups = set()
-    for bicep, symbol, resource in infra.resources("Microsoft.Insights/actionGroups"):
-        receivers = (_body(resource).get("properties") or {}).get("emailReceivers") or []
-        if receivers:
-            email_groups.add((bicep.path, symbol))
+    email_groups = _email_action_groups(infra)
     if not email_groups:
         return ["no action group with an email receiver"]
     wanted = {
@@ -985,6 +1034,221 @@ def check_alerts(layout: Layout) -> list[str]:
         for (metric, entity), what in wanted.items()
         if (metric, entity) not in found
     ]
+
+
+def _email_action_groups(infra: Infra) -> set[tuple[Path, str]]:
+    """(file, symbol) of every action group with an email receiver."""
+    groups = set()
+    for bicep, symbol, resource in infra.resources("Microsoft.Insights/actionGroups"):
+        if (_body(resource).get("properties") or {}).get("emailReceivers"):
+            groups.add((bicep.path, symbol))
+    return groups
+
+
+_KQL_SOURCE = re.compile(r"\s*customMetrics\b")
+_KQL_NAME_FILTER = re.compile(r"\|\s*where\s+name\s*==\s*(['\"])(?P<name>[^'\"]+)\1")
+
+
+@dataclass
+class LogAlert:
+    """One criterion of a declared scheduled query rule (log search alert)."""
+
+    bicep: BicepFile
+    symbol: str
+    body: dict[str, Any]
+    criterion: dict[str, Any]
+    query: str
+    metrics: set[str]
+    """customMetrics names the query filters on (empty if it does not read customMetrics)."""
+
+    @property
+    def props(self) -> dict[str, Any]:
+        return self.body.get("properties") or {}
+
+    def where(self, infra: Infra) -> str:
+        return f"{infra.rel(self.bicep.path)}: {self.symbol}"
+
+
+def log_alerts(infra: Infra) -> list[LogAlert]:
+    found = []
+    for bicep, symbol, resource in infra.resources("Microsoft.Insights/scheduledQueryRules"):
+        body = _body(resource)
+        for criterion in ((body.get("properties") or {}).get("criteria") or {}).get("allOf") or []:
+            query = _static_string(infra, bicep, criterion.get("query"))
+            names = set()
+            if _KQL_SOURCE.match(query):
+                names = {m["name"] for m in _KQL_NAME_FILTER.finditer(query)}
+            found.append(LogAlert(bicep, symbol, body, criterion, query, names))
+    return found
+
+
+def _static_string(infra: Infra, bicep: BicepFile, expr: Any) -> str:
+    """A string expression with its ``${name}`` interpolations of static values filled in."""
+    value = infra.resolve(bicep, expr)
+    if not isinstance(value, str):
+        raise CheckError(f"{infra.rel(bicep.path)}: {_short(expr)} is not a static string")
+    return _INTERPOLATION.sub(lambda m: str(infra.resolve(bicep, m.group(1))), value)
+
+
+def parameter_origin(infra: Infra, bicep: BicepFile, expr: Any) -> tuple[BicepFile, Any]:
+    """Where a module parameter's value comes from: followed through the single caller that
+    passes it, up to an expression that is not such a parameter (a parameter of main.bicep, a
+    literal, or anything else)."""
+    while isinstance(expr, str) and expr in bicep.params:
+        callers = list(infra.callers(bicep))
+        if len(callers) != 1:
+            break
+        caller, config = callers[0]
+        passed = config.get("params") or {}
+        if expr not in passed:
+            break
+        bicep, expr = caller, passed[expr]
+    return bicep, expr
+
+
+def _iso_minutes(duration: Any) -> int | None:
+    match = re.fullmatch(r"PT(\d+)M", duration) if isinstance(duration, str) else None
+    if match:
+        return int(match.group(1))
+    match = re.fullmatch(r"PT(\d+)H", duration) if isinstance(duration, str) else None
+    return int(match.group(1)) * 60 if match else None
+
+
+def _log_alert_problems(
+    infra: Infra, alert: LogAlert, what: str, email_groups: set[tuple[Path, str]]
+) -> list[str]:
+    """What every Supervisor alert needs: enabled, stateful, on the Application Insights
+    component, evaluated every 5 minutes, to an action group that emails the operators."""
+    where = f"{alert.where(infra)} ({what})"
+    props = alert.props
+    problems = []
+    if alert.body.get("kind") not in (None, "LogAlert"):
+        problems.append(f"{where}: kind is {alert.body.get('kind')!r}, must be 'LogAlert'")
+    if props.get("enabled") is not True:
+        problems.append(f"{where}: not enabled")
+    if props.get("autoMitigate") is not True:
+        problems.append(f"{where}: autoMitigate must be true (one email on start, one on clear)")
+    components = {
+        symbol
+        for symbol, resource in alert.bicep.resources.items()
+        if resource.get("type") == "Microsoft.Insights/components"
+    }
+    scopes = props.get("scopes") or []
+    if (
+        len(scopes) != 1
+        or _accessed_symbol(scopes[0]) not in components
+        or (_last_name(scopes[0]) != "id")
+    ):
+        problems.append(
+            f"{where}: scopes must be the Application Insights component's id (customMetrics "
+            f"lives there), not {_short(scopes)}"
+        )
+    frequency = props.get("evaluationFrequency")
+    if frequency != LOG_ALERT_FREQUENCY:
+        problems.append(
+            f"{where}: evaluationFrequency is {frequency!r}, must be {LOG_ALERT_FREQUENCY!r}"
+        )
+    window = _iso_minutes(props.get("windowSize"))
+    if window is None or window < (_iso_minutes(frequency) or 0):
+        problems.append(
+            f"{where}: windowSize {props.get('windowSize')!r} must cover the evaluation frequency"
+        )
+    targets = {
+        _accessed_symbol(group) for group in (props.get("actions") or {}).get("actionGroups") or []
+    }
+    if not any(group in targets for path, group in email_groups if path == alert.bicep.path):
+        problems.append(f"{where}: does not notify an action group that emails the operators")
+    return problems
+
+
+@_checked
+def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
+    """The Supervisor's log search alerts: max(supervisor.lag) above the
+    supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
+    the Application Insights component, every 5 minutes, to the email action group; and both
+    metrics are what a Supervisor tick records."""
+    from core.settings import SettingsError, schedule_period
+
+    infra = Infra.load(layout)
+    problems = []
+    for metric, kind in SUPERVISOR_METRIC_KINDS.items():
+        recorded = facts.metrics.get(metric)
+        if recorded is None:
+            problems.append(
+                f"a Supervisor tick records no metric {metric!r} (supervisor/metrics.py), "
+                "but an alert queries it"
+            )
+        elif kind is not None and recorded != kind:
+            problems.append(f"metric {metric!r} is a {recorded} in the code, must be a {kind}")
+    email_groups = _email_action_groups(infra)
+    alerts = log_alerts(infra)
+
+    lag_alerts = [alert for alert in alerts if SUPERVISOR_LAG_METRIC in alert.metrics]
+    if not lag_alerts:
+        problems.append(
+            f"no log search alert queries customMetrics for {SUPERVISOR_LAG_METRIC!r} "
+            "(Supervisor lag)"
+        )
+    for alert in lag_alerts:
+        where = f"{alert.where(infra)} (Supervisor lag)"
+        problems += _log_alert_problems(infra, alert, "Supervisor lag", email_groups)
+        criterion = alert.criterion
+        for key, value in (
+            ("timeAggregation", "Maximum"),
+            ("metricMeasureColumn", "value"),
+            ("operator", "GreaterThan"),
+        ):
+            if criterion.get(key) != value:
+                problems.append(f"{where}: {key} is {criterion.get(key)!r}, must be {value!r}")
+        origin, expr = parameter_origin(infra, alert.bicep, criterion.get("threshold"))
+        if origin is not infra.main or expr != LAG_THRESHOLD_PARAMETER:
+            problems.append(
+                f"{where}: threshold is {_short(expr)} in {infra.rel(origin.path)}, must be "
+                f"main.bicep's parameter {LAG_THRESHOLD_PARAMETER}"
+            )
+    param = infra.main.params.get(LAG_THRESHOLD_PARAMETER)
+    if param is None:
+        problems.append(f"main.bicep declares no parameter {LAG_THRESHOLD_PARAMETER}")
+    else:
+        default = param.get("default")
+        schedule = infra.resolve(infra.main, "supervisorSchedule")
+        try:
+            period = schedule_period(schedule).total_seconds()
+        except SettingsError as exc:
+            raise CheckError(f"main.bicep: supervisorSchedule default: {exc}") from None
+        if param.get("type") != "int" or not isinstance(default, int):
+            problems.append(f"main.bicep: {LAG_THRESHOLD_PARAMETER} must be an int with a default")
+        elif default <= 2 * period:
+            problems.append(
+                f"main.bicep: {LAG_THRESHOLD_PARAMETER} defaults to {default} s, not above two "
+                f"Supervisor periods ({period:g} s each at {schedule!r}): a healthy Supervisor "
+                "would alert"
+            )
+        file_params = json.loads(layout.parameters_json.read_text())["parameters"]
+        if LAG_THRESHOLD_PARAMETER not in file_params:
+            problems.append(f"main.parameters.json does not map {LAG_THRESHOLD_PARAMETER}")
+
+    silence_alerts = [alert for alert in alerts if SUPERVISOR_TICK_METRIC in alert.metrics]
+    if not silence_alerts:
+        problems.append(
+            f"no log search alert queries customMetrics for {SUPERVISOR_TICK_METRIC!r} "
+            "(Supervisor not running)"
+        )
+    for alert in silence_alerts:
+        where = f"{alert.where(infra)} (Supervisor not running)"
+        problems += _log_alert_problems(infra, alert, "Supervisor not running", email_groups)
+        criterion = alert.criterion
+        for key, value in (
+            ("timeAggregation", "Count"),
+            ("operator", "LessThan"),
+            ("threshold", 1),
+        ):
+            if criterion.get(key) != value:
+                problems.append(f"{where}: {key} is {criterion.get(key)!r}, must be {value!r}")
+        window = alert.props.get("windowSize")
+        if window != SILENCE_WINDOW:
+            problems.append(f"{where}: windowSize is {window!r}, must be {SILENCE_WINDOW!r}")
+    return problems
 
 
 def _last_name(expr: Any) -> str:
@@ -1019,6 +1283,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "required_roles": check_required_roles,
         "security": check_security,
         "alerts": check_alerts,
+        "supervisor_alerts": lambda layout: check_supervisor_alerts(layout, facts),
         "parameters": check_parameters,
         "outputs": check_outputs,
     }

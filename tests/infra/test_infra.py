@@ -39,7 +39,8 @@ def test_code_facts_cover_the_settings_contract(facts):
         "SUPERVISOR_SCHEDULE",
         "ORDERS_TABLE",
         "ACTIVE_ORDERS_TABLE",
-        "SUPERVISOR_LEASE_CONTAINER",
+        "SUPERVISION_TABLE",
+        "SUPERVISOR_CONCURRENCY",
         "PENDING_STALE_AFTER_SECONDS",
         "STEP_TIMEOUT_SECONDS",
         "FAILURE_THRESHOLD",
@@ -49,13 +50,21 @@ def test_code_facts_cover_the_settings_contract(facts):
         f"{SERVICEBUS_CONNECTION}__credential",
         f"{SERVICEBUS_CONNECTION}__clientId",
         f"{STATE_STORAGE_CONNECTION}__tableServiceUri",
-        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
         f"{STATE_STORAGE_CONNECTION}__clientId",
     } <= required
     assert not required & {SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION}, "secrets"
+    # No Blob Storage in the app any more: the Supervisor's leases are table rows.
+    assert not required & {
+        "SUPERVISOR_LEASE_CONTAINER",
+        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
+    }
+    assert set(checks.FORBIDDEN_SETTINGS).isdisjoint(required)
     assert facts.binding_connections == {SERVICEBUS_CONNECTION}
     assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
     assert set(checks.STORAGE_NAME_SETTINGS) <= required
+    # The metrics the Supervisor alerts query, as one tick records them.
+    assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
+    assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
 
 
 # ---------------------------------------------------------------------- one test per check
@@ -90,6 +99,21 @@ def test_receiver_role_only_on_queues_that_trigger_a_function(layout, facts):
 
 def test_tables_and_containers_are_declared_and_used(layout):
     assert_clean(checks.check_storage_names(layout))
+    infra = checks.Infra.load(layout)
+    settings = checks.function_app_settings(infra)
+    tables = set()
+    for bicep, symbol, resource in infra.resources(
+        "Microsoft.Storage/storageAccounts/tableServices/tables"
+    ):
+        tables |= checks._declared_names(infra, bicep, symbol, resource)
+    assert settings["SUPERVISION_TABLE"] == "supervision"
+    assert {"orders", "activeorders", "supervision"} == tables
+    containers = set()
+    for bicep, symbol, resource in infra.resources(
+        "Microsoft.Storage/storageAccounts/blobServices/containers"
+    ):
+        containers |= checks._declared_names(infra, bicep, symbol, resource)
+    assert containers == {"app-package"}, "only the deployment package: no lease container"
 
 
 def test_only_allowed_roles_are_granted(layout):
@@ -108,6 +132,34 @@ def test_shared_keys_and_local_auth_are_off(layout):
 
 def test_alerts_page_operators(layout):
     assert_clean(checks.check_alerts(layout))
+
+
+def test_supervisor_alerts_query_its_metrics(layout, facts):
+    assert_clean(checks.check_supervisor_alerts(layout, facts))
+    infra = checks.Infra.load(layout)
+    alerts = checks.log_alerts(infra)
+    by_metric = {metric: alert for alert in alerts for metric in alert.metrics}
+    lag = by_metric[checks.SUPERVISOR_LAG_METRIC]
+    assert lag.criterion["threshold"] == checks.LAG_THRESHOLD_PARAMETER
+    assert infra.main.params[checks.LAG_THRESHOLD_PARAMETER]["default"] == 120
+    assert by_metric[checks.SUPERVISOR_TICK_METRIC].props["windowSize"] == "PT15M"
+    assert len(alerts) == 2
+
+
+def test_no_blob_lease_left_behind(layout):
+    """Nothing in the templates, their docs or the local settings names the old lease."""
+    stale = ("supervisor-leases", "SUPERVISOR_LEASE_CONTAINER", "blobServiceUri", "blobEndpoint")
+    paths = [
+        *sorted(layout.infra.rglob("*.bicep")),
+        layout.parameters_json,
+        layout.infra / "README.md",
+        layout.local_settings_example,
+        DOC,
+    ]
+    for path in paths:
+        text = path.read_text()
+        for name in stale:
+            assert name not in text, f"{path.relative_to(layout.root)} still mentions {name}"
 
 
 def test_parameters_file_maps_the_main_parameters(layout):
@@ -158,6 +210,10 @@ def test_deploy_doc_is_consistent_with_the_templates(layout):
         "python infra/smoke.py",
     ):
         assert command in text, f"docs/deploy.md does not show `{command}`"
+    for metric in (checks.SUPERVISOR_LAG_METRIC, checks.SUPERVISOR_TICK_METRIC):
+        assert f"`{metric}`" in text, f"docs/deploy.md's alert list does not name {metric}"
+    for setting in ("SUPERVISION_TABLE", "SUPERVISOR_CONCURRENCY"):
+        assert f"`{setting}`" in text, f"docs/deploy.md does not list app setting {setting}"
     schedule = infra.main.params["supervisorSchedule"]["default"]
     assert f"`{schedule}`" in text
     per_day = f"{executions_per_day(schedule):,}"

@@ -7,6 +7,7 @@ A case whose edit does not apply fails too, so a renamed line cannot turn a case
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,13 +206,74 @@ MUTATIONS = [
         "table activeorders is used but the storage module does not declare it",
     ),
     Mutation(
-        "lease container renamed in the app settings",
+        "supervision table missing from the storage module",
+        STORAGE,
+        replace("  'supervision'\n", ""),
+        "storage_names",
+        "table supervision is used but the storage module does not declare it",
+    ),
+    Mutation(
+        "supervision table renamed in the app settings",
         MAIN,
+        replace("SUPERVISION_TABLE: 'supervision'", "SUPERVISION_TABLE: 'leases'"),
+        "storage_names",
+        "table leases is used but the storage module does not declare it",
+    ),
+    Mutation(
+        "supervision table renamed in local.settings.json.example",
+        EXAMPLE,
+        replace('"SUPERVISION_TABLE": "supervision"', '"SUPERVISION_TABLE": "sup"'),
+        "storage_names",
+        "SUPERVISION_TABLE is 'supervision' in infra but 'sup' in local.settings.json.example",
+    ),
+    Mutation(
+        "SUPERVISION_TABLE not set",
+        MAIN,
+        replace("  SUPERVISION_TABLE: 'supervision'\n", ""),
+        "app_settings",
+        "app setting SUPERVISION_TABLE is read by the code but not set in infra",
+    ),
+    Mutation(
+        "SUPERVISOR_CONCURRENCY not set",
+        MAIN,
+        replace("  SUPERVISOR_CONCURRENCY: supervisorConcurrency\n", ""),
+        "app_settings",
+        "app setting SUPERVISOR_CONCURRENCY is read by the code but not set in infra",
+    ),
+    # The Supervisor's blob lease is gone: no container, no setting for it.
+    Mutation(
+        "lease container declared again",
+        STORAGE,
         replace(
-            "SUPERVISOR_LEASE_CONTAINER: 'supervisor-leases'", "SUPERVISOR_LEASE_CONTAINER: 'l'"
+            "resource tableService ",
+            "resource leaseContainer 'Microsoft.Storage/storageAccounts/blobServices/containers"
+            "@2023-05-01' = {\n  parent: blobService\n  name: 'supervisor-leases'\n}\n\n"
+            "resource tableService ",
         ),
         "storage_names",
-        "container l is used but the storage module does not declare it",
+        "container supervisor-leases is declared but nothing uses it",
+    ),
+    Mutation(
+        "lease container setting set again",
+        MAIN,
+        replace(
+            "  SUPERVISION_TABLE: 'supervision'\n",
+            "  SUPERVISION_TABLE: 'supervision'\n"
+            "  SUPERVISOR_LEASE_CONTAINER: 'supervisor-leases'\n",
+        ),
+        "app_settings",
+        "SUPERVISOR_LEASE_CONTAINER is set in infra but must not be: the Supervisor's blob lease",
+    ),
+    Mutation(
+        "blob service URI set again",
+        MAIN,
+        replace(
+            "  StateStorage__clientId: identity.outputs.clientId\n",
+            "  StateStorage__clientId: identity.outputs.clientId\n"
+            "  StateStorage__blobServiceUri: 'https://x.blob.core.windows.net/'\n",
+        ),
+        "app_settings",
+        "StateStorage__blobServiceUri is set in infra but must not be: the app uses no Blob",
     ),
     # Roles.
     Mutation(
@@ -351,6 +413,121 @@ MUTATIONS = [
         "alerts",
         "DeadletteredMessages > 0 on EntityName '*'",
     ),
+    # Supervisor alerts (log search alerts on Application Insights).
+    Mutation(
+        "lag alert queries another metric",
+        ALERTS,
+        replace('name == "supervisor.lag"', 'name == "supervisor.lags"'),
+        "supervisor_alerts",
+        "no log search alert queries customMetrics for 'supervisor.lag'",
+    ),
+    Mutation(
+        "lag alert reads another table",
+        ALERTS,
+        replace(
+            "'customMetrics | where name == \"supervisor.lag\"'",
+            "'customEvents | where name == \"supervisor.lag\"'",
+        ),
+        "supervisor_alerts",
+        "no log search alert queries customMetrics for 'supervisor.lag'",
+    ),
+    Mutation(
+        "lag alert averages instead of taking the maximum",
+        ALERTS,
+        replace(
+            "timeAggregation: 'Maximum'\n          metricMeasureColumn",
+            "timeAggregation: 'Average'\n          metricMeasureColumn",
+        ),
+        "supervisor_alerts",
+        "timeAggregation is 'Average', must be 'Maximum'",
+    ),
+    Mutation(
+        "lag threshold hard-coded in the alert",
+        ALERTS,
+        replace("threshold: supervisorLagAlertSeconds", "threshold: 600"),
+        "supervisor_alerts",
+        "threshold is 600 in infra/app/alerts.bicep, must be main.bicep's parameter "
+        "supervisorLagAlertSeconds",
+    ),
+    Mutation(
+        "lag threshold not passed by main.bicep",
+        MAIN,
+        replace("    supervisorLagAlertSeconds: supervisorLagAlertSeconds\n", ""),
+        "supervisor_alerts",
+        "in infra/app/alerts.bicep, must be main.bicep's parameter supervisorLagAlertSeconds",
+    ),
+    Mutation(
+        "lag threshold below two Supervisor periods",
+        MAIN,
+        replace(
+            "param supervisorLagAlertSeconds int = 120", "param supervisorLagAlertSeconds int = 20"
+        ),
+        "supervisor_alerts",
+        "supervisorLagAlertSeconds defaults to 20 s, not above two Supervisor periods",
+    ),
+    Mutation(
+        "lag threshold not in main.parameters.json",
+        "infra/main.parameters.json",
+        replace('"supervisorLagAlertSeconds"', '"supervisorLagAlertSecs"'),
+        "supervisor_alerts",
+        "main.parameters.json does not map supervisorLagAlertSeconds",
+    ),
+    Mutation(
+        "lag alert notifies no one",
+        ALERTS,
+        replace(
+            "    actions: {\n      actionGroups: [\n        actionGroup.id\n      ]\n    }\n", ""
+        ),
+        "supervisor_alerts",
+        "(Supervisor lag): does not notify an action group that emails the operators",
+    ),
+    Mutation(
+        "lag alert scoped to the Service Bus namespace",
+        ALERTS,
+        replace("    scopes: [\n      appInsights.id\n", "    scopes: [\n      namespace.id\n"),
+        "supervisor_alerts",
+        "(Supervisor lag): scopes must be the Application Insights component's id",
+    ),
+    Mutation(
+        "lag alert evaluated every 15 minutes",
+        ALERTS,
+        replace(
+            "evaluationFrequency: 'PT5M'\n    windowSize: 'PT10M'",
+            "evaluationFrequency: 'PT15M'\n    windowSize: 'PT15M'",
+        ),
+        "supervisor_alerts",
+        "(Supervisor lag): evaluationFrequency is 'PT15M', must be 'PT5M'",
+    ),
+    Mutation(
+        "lag alert disabled",
+        ALERTS,
+        sub(
+            r"(resource supervisorLag [^\n]*\n(?:[^\n]*\n)*?\s*)enabled: true", r"\1enabled: false"
+        ),
+        "supervisor_alerts",
+        "(Supervisor lag): not enabled",
+    ),
+    Mutation(
+        "not-running alert queries another metric",
+        ALERTS,
+        replace('name == "supervisor.tick.duration"', 'name == "supervisor.tick"'),
+        "supervisor_alerts",
+        "no log search alert queries customMetrics for 'supervisor.tick.duration'",
+    ),
+    Mutation(
+        "not-running alert fires on ticks instead of their absence",
+        ALERTS,
+        replace("operator: 'LessThan'", "operator: 'GreaterThan'"),
+        "supervisor_alerts",
+        "(Supervisor not running): operator is 'GreaterThan', must be 'LessThan'",
+    ),
+    Mutation(
+        "not-running alert window shortened",
+        ALERTS,
+        replace("windowSize: 'PT15M'", "windowSize: 'PT5M'"),
+        "supervisor_alerts",
+        "(Supervisor not running): windowSize is 'PT5M', must be 'PT15M'",
+    ),
     # Files, parameters, azd.
     Mutation(
         "a syntax error",
@@ -411,6 +588,18 @@ CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
     "deployment container renamed (one variable)": [
         (MAIN, replace("deploymentContainerName = 'app-package'", "deploymentContainerName = 'x'")),
     ],
+    "supervision table renamed everywhere": [
+        (STORAGE, replace("  'supervision'\n", "  'leases'\n")),
+        (MAIN, replace("SUPERVISION_TABLE: 'supervision'", "SUPERVISION_TABLE: 'leases'")),
+        (EXAMPLE, replace('"SUPERVISION_TABLE": "supervision"', '"SUPERVISION_TABLE": "leases"')),
+    ],
+    "slower Supervisor schedule with a higher lag threshold": [
+        (MAIN, replace("string = '*/15 * * * * *'", "string = '0 * * * * *'")),
+        (
+            MAIN,
+            replace("supervisorLagAlertSeconds int = 120", "supervisorLagAlertSeconds int = 300"),
+        ),
+    ],
 }
 
 
@@ -433,6 +622,30 @@ def test_a_drift_fails_the_check(repo_copy, facts, mutation):
         f"check {mutation.check!r} did not report {mutation.expect!r}; it reported:\n"
         + (checks.format_problems(results) or "nothing at all")
     )
+
+
+@pytest.mark.parametrize(
+    ("metric", "recorded", "expect"),
+    [
+        (
+            checks.SUPERVISOR_LAG_METRIC,
+            None,
+            "a Supervisor tick records no metric 'supervisor.lag'",
+        ),
+        (checks.SUPERVISOR_LAG_METRIC, "Histogram", "'supervisor.lag' is a Histogram in the code"),
+        (checks.SUPERVISOR_TICK_METRIC, None, "records no metric 'supervisor.tick.duration'"),
+    ],
+)
+def test_a_metric_renamed_in_the_code_fails_the_alert_check(
+    layout, facts, metric, recorded, expect
+):
+    """The code side of the Supervisor alerts: the facts, not the files, drift."""
+    metrics = dict(facts.metrics)
+    metrics.pop(metric)
+    if recorded is not None:
+        metrics[metric] = recorded
+    problems = checks.check_supervisor_alerts(layout, dataclasses.replace(facts, metrics=metrics))
+    assert any(expect in problem for problem in problems), problems
 
 
 @pytest.mark.parametrize("edits", CONSISTENT_EDITS.values(), ids=CONSISTENT_EDITS.keys())
