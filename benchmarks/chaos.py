@@ -17,8 +17,11 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 - ``status_sequences_incomplete``: an order whose status updates did not arrive 0, 1, 2, ...
   up to its last one, in order;
 - ``stall_over_bound``: the longest gap between two timeline entries of an order exceeds the
-  bound computed from the settings (step budget + Supervisor period + longest retry delay +
-  supervisor lease + host restart).
+  bound computed from the settings (:func:`core.supervision.recovery_bound`: step budget +
+  detection + longest retry delay) plus a host restart;
+- ``sweep_gap_over_bound``: a bucket of the active index went longer between two completed
+  sweeps than two periods plus a tick budget (a Supervisor instance killed mid-tick may cost
+  one period, never more). The roster is sampled twice a second.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from datetime import datetime
 from pathlib import Path
 
 from azure.servicebus import ServiceBusClient
@@ -42,13 +46,12 @@ from core.order import TERMINAL_ALERT_REASONS
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
+from core.supervision import recovery_bound
 from devstack import observe
 from devstack.demo import QUICK_SETTINGS
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack
-from supervisor.leader import LEASE_SECONDS
 
-SUPERVISOR_PERIOD_S = 2.0  # QUICK_SETTINGS' */2 schedule
 RESTART_ALLOWANCE_S = 15.0  # a killed host is back and receiving within this
 REPLY_QUEUE = "order-status"
 _FAILING_STEP = re.compile(r"^do (\w+) attempt")
@@ -87,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         next_kill = started + min(args.kill_min, 2.0)
         pending = set(ids)
         finished_at = started
+        sweeps = SweepWatch()
         while pending and time.monotonic() - started < args.timeout:
+            sweeps.sample(store)
             if args.kill_max > 0 and time.monotonic() >= next_kill:
                 victim = rng.randrange(args.hosts)
                 stack.kill_host(victim)
@@ -98,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             pending = still_pending(store, pending)
             finished_at = time.monotonic()
             time.sleep(0.5)
+        sweeps.sample(store)
         elapsed = finished_at - started
         report = check_invariants(info, store, ids)
+        report |= sweeps.report(Settings.from_env(info.settings))
+        report["invariants"]["sweep_gap_over_bound"] = int(
+            (report["max_sweep_gap_s"] or 0) > report["sweep_gap_bound_s"]
+        )
+        report["invariants_hold"] = not any(report["invariants"].values())
         report |= {
             "orders": args.orders,
             "workflow": args.workflow,
@@ -145,15 +156,38 @@ def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:
 
 
 def stall_bound(settings: Settings) -> float:
-    flow = settings.workflows()["order"]
-    budget = max(step.complete_by_budget.total_seconds() for step in flow.steps)
-    return (
-        budget
-        + SUPERVISOR_PERIOD_S
-        + flow.retry.cap.total_seconds()
-        + LEASE_SECONDS
-        + RESTART_ALLOWANCE_S
-    )
+    return recovery_bound(settings).stall_s + RESTART_ALLOWANCE_S
+
+
+class SweepWatch:
+    """Per bucket, the checkpoints the Supervisor recorded, and the longest gap between two."""
+
+    def __init__(self) -> None:
+        self.swept: dict[int, list[datetime]] = defaultdict(list)
+        self.max_lag = 0.0
+
+    def sample(self, store: OrderStateStore) -> None:
+        for lease in store.supervision.read().buckets:
+            self.max_lag = max(self.max_lag, lease.lag_s)
+            seen = self.swept[lease.bucket]
+            if lease.swept_at is not None and (not seen or seen[-1] != lease.swept_at):
+                seen.append(lease.swept_at)
+
+    def report(self, settings: Settings) -> dict[str, object]:
+        bound = recovery_bound(settings)
+        gaps = {
+            bucket: max(((b - a).total_seconds() for a, b in itertools.pairwise(times)), default=0)
+            for bucket, times in self.swept.items()
+        }
+        worst = max(gaps, key=gaps.__getitem__, default=None)
+        return {
+            "max_sweep_gap_s": round(gaps[worst], 1) if worst is not None else None,
+            "max_sweep_gap_bucket": worst,
+            "sweep_gap_bound_s": round(2 * bound.period_s + bound.budget_s, 1),
+            "sweeps_seen": sum(len(t) for t in self.swept.values()),
+            "max_lag_recorded_s": round(self.max_lag, 1),
+            "recovery_bound": bound.as_dict(),
+        }
 
 
 def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]
