@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = finished_at - started
         report = check_invariants(info, store, ids)
         report |= sweeps.report(Settings.from_env(info.settings))
+        report["supervisor_ticks"] = tick_log_summary(workdir)
         report["invariants"]["sweep_gap_over_bound"] = int(
             (report["max_sweep_gap_s"] or 0) > report["sweep_gap_bound_s"]
         )
@@ -159,11 +160,32 @@ def stall_bound(settings: Settings) -> float:
     return recovery_bound(settings).stall_s + RESTART_ALLOWANCE_S
 
 
+_TICK = re.compile(r"supervisor tick: TickReport\((?P<fields>[^)]*)\)")
+
+
+def tick_log_summary(workdir: Path) -> dict[str, float]:
+    """From the hosts' logs: the ticks that found something due or ran out of budget."""
+    ticks = []
+    for log in workdir.glob("host-*.log*"):
+        for match in _TICK.finditer(log.read_text(errors="replace")):
+            fields = dict(part.split("=") for part in match["fields"].split(", "))
+            ticks.append({k: float(v) for k, v in fields.items()})
+    return {
+        "logged": len(ticks),
+        "cut_short": sum(1 for t in ticks if t["swept"] < t["held"]),
+        "max_due": max((t["due"] for t in ticks), default=0),
+        "max_duration_s": max((t["duration_s"] for t in ticks), default=0),
+        "max_lag_s": round(max((t["lag_s"] for t in ticks), default=0), 1),
+        "rows_handled": sum(t["due"] for t in ticks),
+    }
+
+
 class SweepWatch:
     """Per bucket, the checkpoints the Supervisor recorded, and the longest gap between two."""
 
     def __init__(self) -> None:
         self.swept: dict[int, list[datetime]] = defaultdict(list)
+        self.by: dict[tuple[int, datetime], str] = {}
         self.max_lag = 0.0
 
     def sample(self, store: OrderStateStore) -> None:
@@ -172,6 +194,7 @@ class SweepWatch:
             seen = self.swept[lease.bucket]
             if lease.swept_at is not None and (not seen or seen[-1] != lease.swept_at):
                 seen.append(lease.swept_at)
+                self.by[(lease.bucket, lease.swept_at)] = lease.swept_by
 
     def report(self, settings: Settings) -> dict[str, object]:
         bound = recovery_bound(settings)
@@ -180,9 +203,15 @@ class SweepWatch:
             for bucket, times in self.swept.items()
         }
         worst = max(gaps, key=gaps.__getitem__, default=None)
+        between: list[str] = []
+        if worst is not None and len(self.swept[worst]) > 1:
+            times = self.swept[worst]
+            a, b = max(itertools.pairwise(times), key=lambda p: p[1] - p[0])
+            between = [f"{t.time()} by {self.by[(worst, t)]}" for t in (a, b)]
         return {
             "max_sweep_gap_s": round(gaps[worst], 1) if worst is not None else None,
             "max_sweep_gap_bucket": worst,
+            "max_sweep_gap_between": between,
             "sweep_gap_bound_s": round(2 * bound.period_s + bound.budget_s, 1),
             "sweeps_seen": sum(len(t) for t in self.swept.values()),
             "max_lag_recorded_s": round(self.max_lag, 1),

@@ -72,6 +72,16 @@ def due(rt: Runtime, order: Order) -> datetime:
     return due_at(order, rt.settings.pending_stale_after, DEFAULT_FLUSH_GRACE)
 
 
+def earliest_due(rt: Runtime, now: datetime) -> datetime:
+    """The soonest an order written at ``now`` or later can be due (:func:`due`).
+
+    An index row whose order is not there yet (a create or resubmit may be on its way) is kept
+    no later than this, so the order that follows is never found late.
+    """
+    budgets = [s.complete_by_budget for flow in rt.workflows.values() for s in flow.steps]
+    return now + min(DEFAULT_FLUSH_GRACE, rt.settings.pending_stale_after / 2, *budgets)
+
+
 def handle(
     rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], *, actor: str
 ) -> tuple[Order, Decision]:

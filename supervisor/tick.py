@@ -149,8 +149,11 @@ def _inspect(row: ActiveRow, rt: Runtime, report: TickReport) -> None:
     if order is None or order.generation != row.generation:
         if rt.store.reap_active(row, order):
             report.reaped += 1
-        else:  # young garbage (a create may be on its way): look again once it is old enough
-            rt.store.index.postpone(row, row.written_at + DEFAULT_GRACE)
+        else:
+            # Young garbage, or a create on its way: look again before that order could be
+            # due, and reap it once it is old enough.
+            recheck = apply.earliest_due(rt, rt.clock())
+            rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
         return
     decision = decide(order, Swept(), apply.context(rt, order.workflow, rt.actor("supervisor")))
     after = apply.carry_out(rt, order, decision)

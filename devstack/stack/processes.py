@@ -71,11 +71,13 @@ def spawn(
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
     """Start ``argv`` with stdout and stderr written to a fresh ``log_path``; register it for
-    cleanup. A log left by an earlier start is kept as ``<log>.1``: readiness is read from the
-    log, and lines of an earlier run must never pass for this one's."""
+    cleanup. Logs left by earlier starts are appended to ``<log>.1``, oldest first: readiness
+    is read from the log, and lines of an earlier run must never pass for this one's."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if log_path.exists():
-        log_path.replace(log_path.with_name(log_path.name + ".1"))
+        with open(log_path.with_name(log_path.name + ".1"), "ab") as earlier:
+            earlier.write(log_path.read_bytes())
+        log_path.unlink()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             list(argv),

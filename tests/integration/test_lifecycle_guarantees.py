@@ -131,6 +131,22 @@ def test_a_crash_after_the_intake_write_loses_nothing(stage):
     assert [op for _, op, _ in effects(stage.fakes, oid)] == ["reserve", "charge", "create"]
 
 
+def test_a_create_after_the_supervisor_saw_its_row_alone_is_not_found_late(stage):
+    """The intake wrote the index row, then died before the create; the Supervisor found the
+    row without its order; the redelivered submission creates the order. Its row must still be
+    due no later than the order, or a lost step would wait for the garbage grace (15 min)."""
+    order = new_order(reply_to=stage.status_queue)
+    oid = order.order_id
+    stage.rt.store.index.add(oid, 1, order.workflow)  # what the dead intake left behind
+    stage.tick()
+    stage.submit(order)
+
+    stored = stage.rt.store.load(oid)
+    (row,) = [r for r in stage.rt.store.list_active().rows if r.order_id == oid]
+    assert stored.complete_by is not None
+    assert row.due_at <= stored.complete_by, "the row is never later than its order"
+
+
 def test_a_crash_after_a_reply_write_loses_nothing(stage):
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
