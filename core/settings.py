@@ -85,6 +85,12 @@ class Settings:
         return self.supervisor_period * 1.5
 
     @property
+    def supervisor_claim(self) -> timedelta:
+        """How long a tick claims its buckets for before it has swept them: its budget plus
+        half the slack to the next tick, so a tick that dies frees them for the next one."""
+        return (self.supervisor_budget + self.supervisor_period) / 2
+
+    @property
     def supervisor_budget(self) -> timedelta:
         """How long one tick may work, so that it ends before the next tick and its leases."""
         return self.supervisor_period * 0.75

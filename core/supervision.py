@@ -198,11 +198,15 @@ class SupervisionTable:
         etags = [str(r.get("etag")) for r in results[1 : 1 + len(changed)]]
         return {lease.bucket: etag for lease, etag in zip(changed, etags, strict=True)}
 
-    def checkpoint(self, sweeps: Sequence[Sweep], by: str) -> int:
-        """Record finished sweeps, each on condition of the lease's ETag from the claim (a bucket
-        taken over meanwhile keeps its new holder's record). One batch; if a lease changed, the
-        rows one by one. Returns how many were recorded."""
+    def checkpoint(
+        self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
+    ) -> int:
+        """Record finished sweeps, and write ``others`` as they are (leases extended or given
+        up), each on condition of the ETag from the claim (a bucket taken over meanwhile keeps
+        its new holder's record). One batch; if a lease changed, the rows one by one. Returns
+        how many rows were written."""
         written = [(sweep.lease.etag, _swept(sweep, by)) for sweep in sweeps]
+        written += [(lease.etag, lease) for lease in others]
         if not written:
             return 0
         try:
@@ -293,16 +297,17 @@ class MemorySupervision:
                 del self._members[gone.instance]
             return etags
 
-    def checkpoint(self, sweeps: Sequence[Sweep], by: str) -> int:
+    def checkpoint(
+        self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
+    ) -> int:
+        written = [_swept(sweep, by) for sweep in sweeps] + list(others)
         recorded = 0
         with self._lock:
-            for sweep in sweeps:
-                stored = self._buckets.get(sweep.lease.bucket)
-                if stored is None or stored.etag != sweep.lease.etag:
+            for lease in written:
+                stored = self._buckets.get(lease.bucket)
+                if stored is None or stored.etag != lease.etag:
                     continue
-                self._buckets[sweep.lease.bucket] = dataclasses.replace(
-                    _swept(sweep, by), etag=self._etag()
-                )
+                self._buckets[lease.bucket] = dataclasses.replace(lease, etag=self._etag())
                 recorded += 1
         return recorded
 

@@ -2,25 +2,29 @@
 
 Rules (:mod:`core.supervision` holds the rows):
 
-- The instances alive are those whose member row has not expired, plus this one. Each takes a
-  fair share, ``ceil(buckets / alive)``.
-- An instance keeps the buckets it holds, up to its share, and gives up the rest (a newcomer
-  then takes them at its next tick). It takes free buckets (never leased, or lease expired: a
-  holder that died releases its buckets by expiry) until it has its share, those swept longest
-  ago first.
+- The instances alive are those whose member row has not expired, plus this one. The buckets
+  are divided as evenly as they go, by rank of instance id.
+- An instance keeps and sweeps what it holds; what it holds beyond its share it gives up when
+  the tick ends (swept, so a newcomer that takes it next tick leaves no gap). It takes free
+  buckets (never leased, or lease expired: a holder that died releases its buckets by expiry)
+  until it has its share, starting at a place in the list that depends on its rank (instances
+  reading one roster at once do not all race for the same rows), and any free bucket nobody
+  swept for a lease (an orphan), so a bucket is never left unswept because an instance counted
+  in the shares died.
 - It sweeps what it holds oldest checkpoint first, so a bucket a tick did not finish (its
   checkpoint stays old) is first next tick, whoever holds it then.
 - Member rows long expired (instances that died) are deleted by whoever holds bucket 0, a few
   per tick.
 
-A lease lasts ``lease`` (one and a half Supervisor periods): the holder renews it every tick, so
-with ticks on the same schedule an instance killed mid-tick delays its buckets by one period.
+Leases: a tick claims its buckets for ``claim`` (the tick's budget plus half the slack to the
+next tick, under one period) and, when it ends, extends them to ``lease`` (one and a half
+periods) from the claim. A holder killed mid-tick therefore frees its buckets before the next
+tick, and one killed between ticks by the tick after that: either way one period late.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -36,40 +40,69 @@ _NEVER = datetime.min.replace(tzinfo=None)
 class Plan:
     member: Member
     hold: tuple[BucketLease, ...]
-    """What this instance holds after the claim, in sweep order (oldest checkpoint first)."""
+    """What this instance claims and sweeps this tick, oldest checkpoint first."""
     release: tuple[BucketLease, ...]
+    """Held beyond its share: swept this tick, given up when the tick ends."""
     reap: tuple[Member, ...]
 
-    @property
-    def changes(self) -> bool:
-        return bool(self.hold or self.release or self.reap)
 
-
-def plan(roster: Roster, me: str, now: datetime, lease: timedelta) -> Plan:
-    until = now + lease
-    alive = {m.instance for m in roster.members if m.until > now} | {me}
-    share = math.ceil(len(roster.buckets) / len(alive))
+def plan(
+    roster: Roster, me: str, now: datetime, claim: timedelta, lease: timedelta, *, take: bool = True
+) -> Plan:
+    """``claim``: how long the lease is claimed for at the start of a tick (less than a period:
+    a tick that dies mid-way frees its buckets for the next tick); ``lease``: how long a tick
+    that ends extends it for (:func:`supervisor.tick.run_tick`). ``take=False`` only renews
+    what this instance holds (after lost races: a renewal cannot collide)."""
     mine = sorted((b for b in roster.buckets if b.held_by(me, now)), key=_oldest_first)
-    keep, release = mine[:share], mine[share:]
-    free = sorted((b for b in roster.buckets if b.free(now)), key=_oldest_first)
-    take = free[: max(0, share - len(keep))]
+    share = _share(roster, me, now)
+    release = tuple(mine[share:])
+    taken: list[BucketLease] = []
+    if take:
+        free = sorted((b for b in roster.buckets if b.free(now)), key=_oldest_first)
+        room = max(0, share - len(mine))
+        # Instances reading one roster at the same moment start at different places in it.
+        offset = (_rank(roster, me, now) * room) % len(free) if free else 0
+        rotated = free[offset:] + free[:offset]
+        taken = rotated[:room]
+        # Beyond its share, an instance also takes a free bucket nobody has swept for a lease:
+        # an orphan the others did not take (one counted in the shares may have died). It gives
+        # the surplus up when the tick ends.
+        taken += [b for b in rotated[room:] if _unswept_for(b, now, lease)]
     hold = sorted(
-        (dataclasses.replace(b, holder=me, until=until) for b in [*keep, *take]),
+        (dataclasses.replace(b, holder=me, until=now + claim) for b in [*mine, *taken]),
         key=_oldest_first,
     )
-    released = tuple(dataclasses.replace(b, holder="", until=now) for b in release)
     reap: tuple[Member, ...] = ()
     if any(b.bucket == 0 for b in hold):
         cutoff = now - lease * REAP_AFTER_LEASES
-        reap = tuple(m for m in roster.members if m.until < cutoff and m.instance != me)[
-            :REAP_PER_TICK
-        ]
+        reap = tuple(m for m in roster.members if m.until < cutoff and m.instance != me)
+        reap = reap[:REAP_PER_TICK]
     return Plan(
-        member=Member(instance=me, until=until, etag=_etag_of(roster, me)),
+        member=Member(instance=me, until=now + lease, etag=_etag_of(roster, me)),
         hold=tuple(hold),
-        release=released,
-        reap=reap,
+        release=tuple(b for b in hold if b.bucket in {r.bucket for r in release}),
+        reap=reap if take else (),
     )
+
+
+def _alive(roster: Roster, me: str, now: datetime) -> list[str]:
+    return sorted({m.instance for m in roster.members if m.until > now} | {me})
+
+
+def _rank(roster: Roster, me: str, now: datetime) -> int:
+    return _alive(roster, me, now).index(me)
+
+
+def _share(roster: Roster, me: str, now: datetime) -> int:
+    """Buckets divided as evenly as they go: the first ``buckets % alive`` instances (by id)
+    take one more."""
+    alive = len(_alive(roster, me, now))
+    base, extra = divmod(len(roster.buckets), alive)
+    return base + (1 if _rank(roster, me, now) < extra else 0)
+
+
+def _unswept_for(lease: BucketLease, now: datetime, span: timedelta) -> bool:
+    return lease.swept_at is None or now - lease.swept_at > span
 
 
 def _oldest_first(lease: BucketLease) -> tuple[bool, datetime, int]:

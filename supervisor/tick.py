@@ -15,9 +15,11 @@ Work that survives the worker (:mod:`supervisor.leases`):
 
 - Instances share the buckets through per-bucket leases (one roster read and one batch claim
   per tick); an instance that dies releases its buckets when their leases expire.
-- Buckets are swept concurrently, each most overdue row first, within a time budget below the
-  period (and so below the lease). A bucket swept to the end records a checkpoint; one the
-  budget cut short keeps its old checkpoint and is swept first next tick, by whoever holds it.
+- The rows due in all held buckets are read concurrently and handled concurrently, the most
+  overdue first across buckets, within a time budget below the period (and so below the
+  lease): under a burst the oldest wait is served first and no bucket is starved. A bucket
+  whose due rows were all handled records a checkpoint; one the budget cut short keeps its
+  old checkpoint and is claimed first next tick, by whoever holds it.
 - Progress inside a bucket needs no checkpoint: a handled row is moved to its next due time, so
   a new holder finds only the rows not handled yet.
 """
@@ -28,7 +30,8 @@ import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from datetime import datetime
 
 from core import apply
 from core.active_index import DEFAULT_GRACE
@@ -70,30 +73,22 @@ class TickReport:
     def recovered(self) -> int:
         return self.retried + self.compensating + self.failed + self.flushed + self.reaped
 
-    def add(self, other: TickReport) -> None:
-        for f in fields(self):
-            if f.name in ("lag_s", "duration_s"):
-                setattr(self, f.name, max(getattr(self, f.name), getattr(other, f.name)))
-            else:
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
 
 def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     started = time.monotonic()
     budget = rt.settings.supervisor_budget.total_seconds() if budget_s is None else budget_s
     deadline = started + budget
     report = TickReport()
-    held = _claim(rt)
-    report.held = len(held)
+    claimed_at = rt.clock()
+    plan = _claim(rt)
+    report.held = len(plan.hold)
     sweeps: list[Sweep] = []
-    if held:
-        workers = max(1, min(rt.settings.supervisor_concurrency, len(held)))
+    if plan.hold:
+        workers = rt.settings.supervisor_concurrency
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
-            for part, sweep in pool.map(lambda lease: _sweep(rt, lease, deadline), held):
-                report.add(part)
-                if sweep is not None:
-                    sweeps.append(sweep)
-        rt.store.supervision.checkpoint(sweeps, rt.instance_id)
+            found = list(pool.map(lambda lease: _due(rt, lease), plan.hold))
+            sweeps = _sweep(rt, pool, found, deadline, report)
+        _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
     report.swept = len(sweeps)
     report.duration_s = round(time.monotonic() - started, 3)
     record_tick(report)
@@ -102,68 +97,134 @@ def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     return report
 
 
-def _claim(rt: Runtime) -> tuple[BucketLease, ...]:
-    """This tick's buckets, each with the ETag of its renewed lease, in sweep order."""
-    for _ in range(CLAIM_ATTEMPTS):
+def _claim(rt: Runtime) -> leases.Plan:
+    """This tick's buckets, each with the ETag of its claimed lease. After lost races (another
+    instance claimed at the same moment), a claim that only renews what this one holds."""
+    for attempt in range(CLAIM_ATTEMPTS):
         now = rt.clock()
         plan = leases.plan(
-            rt.store.supervision.read(), rt.instance_id, now, rt.settings.supervisor_lease
+            rt.store.supervision.read(),
+            rt.instance_id,
+            now,
+            rt.settings.supervisor_claim,
+            rt.settings.supervisor_lease,
+            take=attempt < CLAIM_ATTEMPTS - 1,
         )
         try:
-            etags = rt.store.supervision.claim(plan.member, plan.hold, plan.release, plan.reap)
+            etags = rt.store.supervision.claim(plan.member, plan.hold, (), plan.reap)
         except ConcurrencyConflict:
-            continue  # another instance claimed at the same moment: read the roster again
-        return tuple(dataclasses.replace(b, etag=etags[b.bucket]) for b in plan.hold)
+            continue  # read the roster again
+        return dataclasses.replace(
+            plan,
+            hold=tuple(dataclasses.replace(b, etag=etags[b.bucket]) for b in plan.hold),
+        )
     log.info("supervisor roster kept changing; sweeping nothing this tick")
-    return ()
+    return leases.Plan(member=plan.member, hold=(), release=(), reap=())
 
 
-def _sweep(rt: Runtime, lease: BucketLease, deadline: float) -> tuple[TickReport, Sweep | None]:
-    report = TickReport()
+def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: datetime) -> None:
+    """Extend the leases of what was held to ``until`` (the next tick renews them), give up the
+    surplus, and record the buckets swept, in one write."""
     now = rt.clock()
-    rows = sorted(rt.store.index.due(lease.bucket, now, PAGE_SIZE), key=lambda r: r.due_at)
-    report.queries += 1
+    surplus = {b.bucket for b in plan.release}
+
+    def closed(lease: BucketLease) -> BucketLease:
+        if lease.bucket in surplus:
+            return dataclasses.replace(lease, holder="", until=now)
+        return dataclasses.replace(lease, until=until)
+
+    swept = {s.lease.bucket for s in sweeps}
+    rt.store.supervision.checkpoint(
+        [dataclasses.replace(s, lease=closed(s.lease)) for s in sweeps],
+        rt.instance_id,
+        others=[closed(b) for b in plan.hold if b.bucket not in swept],
+    )
+
+
+@dataclass(frozen=True)
+class _Found:
+    lease: BucketLease
+    at: datetime
+    rows: tuple[ActiveRow, ...]
+
+
+def _due(rt: Runtime, lease: BucketLease) -> _Found:
+    now = rt.clock()
+    return _Found(lease, now, rt.store.index.due(lease.bucket, now, PAGE_SIZE))
+
+
+def _sweep(
+    rt: Runtime,
+    pool: ThreadPoolExecutor,
+    found: list[_Found],
+    deadline: float,
+    report: TickReport,
+) -> list[Sweep]:
+    """Handle the rows found due, most overdue first across all held buckets, until the budget
+    is spent; the buckets whose rows were all handled are swept."""
+    rows = sorted(
+        ((f.at - row.due_at, n, row) for n, f in enumerate(found) for row in f.rows),
+        key=lambda item: item[0],
+        reverse=True,
+    )
+    report.queries += len(found)
     report.due += len(rows)
-    for row in rows:
-        if time.monotonic() >= deadline:
-            return report, None
-        report.lag_s = max(report.lag_s, (now - row.due_at).total_seconds())
-        try:
-            _inspect(row, rt, report)
-        except ConcurrencyConflict:
-            report.conflicts += 1  # the order moved on while we looked: nothing to recover
-        except CorruptOrderState as exc:
-            log.error("order %s cannot be read: %s", row.order_id, exc)
-        # One order whose messages cannot be sent now must not stop the tick for the
-        # others; its outbox is still on its record and its row is still due.
-        except Exception:
-            report.errors += 1
-            log.exception("order %s: recovery failed; the next tick tries again", row.order_id)
-    if len(rows) == PAGE_SIZE:
-        return report, None  # more are due than one page: not swept to the end
-    return report, Sweep(lease=lease, at=now, lag_s=report.lag_s, due_found=len(rows))
+    if rows:
+        report.lag_s = rows[0][0].total_seconds()
+    outcomes = pool.map(lambda item: _handle(rt, item[2], deadline), rows)
+    left = [len(f.rows) for f in found]
+    for (_, n, _row), outcome in zip(rows, outcomes, strict=True):
+        if outcome is None:
+            continue  # out of budget: the row is still due, its bucket first next tick
+        left[n] -= 1
+        if outcome:
+            setattr(report, outcome, getattr(report, outcome) + 1)
+    return [
+        Sweep(lease=f.lease, at=f.at, lag_s=_lag(f), due_found=len(f.rows))
+        for f, remaining in zip(found, left, strict=True)
+        if remaining == 0 and len(f.rows) < PAGE_SIZE  # a full page: more are due than read
+    ]
 
 
-def _inspect(row: ActiveRow, rt: Runtime, report: TickReport) -> None:
+def _lag(found: _Found) -> float:
+    return max(((found.at - row.due_at).total_seconds() for row in found.rows), default=0.0)
+
+
+def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
+    """What became of ``row``: None if the budget was spent first, else the outcome counted in
+    the report ("" for none)."""
+    if time.monotonic() >= deadline:
+        return None
+    try:
+        return _inspect(row, rt)
+    except ConcurrencyConflict:
+        return "conflicts"  # the order moved on while we looked: nothing to recover
+    except CorruptOrderState as exc:
+        log.error("order %s cannot be read: %s", row.order_id, exc)
+        return "errors"
+    # One order whose messages cannot be sent now must not stop the tick for the others; its
+    # outbox is still on its record and its row is still due.
+    except Exception:
+        log.exception("order %s: recovery failed; the next tick tries again", row.order_id)
+        return "errors"
+
+
+def _inspect(row: ActiveRow, rt: Runtime) -> str:
     order = rt.store.find(row.order_id)
     if order is None or order.generation != row.generation:
         if rt.store.reap_active(row, order):
-            report.reaped += 1
+            return "reaped"
         else:
             # Young garbage, or a create on its way: look again before that order could be
             # due, and reap it once it is old enough.
             recheck = apply.earliest_due(rt, rt.clock())
             rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
-        return
+        return ""
     decision = decide(order, Swept(), apply.context(rt, order.workflow, rt.actor("supervisor")))
     after = apply.carry_out(rt, order, decision)
     if decision.finished:
-        report.flushed += decision.order is None
-    else:
-        # The row was due, the order may not be (the row is kept early): move the row up. If the
-        # write above moved it already, the row's ETag changed and this does nothing.
-        rt.store.index.postpone(row, apply.due(rt, after))
-    if decision.entry is not None:
-        outcome = _OUTCOMES.get(decision.entry.event)
-        if outcome is not None:
-            setattr(report, outcome, getattr(report, outcome) + 1)
+        return "flushed" if decision.order is None else ""
+    # The row was due, the order may not be (the row is kept early): move the row up. If the
+    # write above moved it already, the row's ETag changed and this does nothing.
+    rt.store.index.postpone(row, apply.due(rt, after))
+    return _OUTCOMES.get(decision.entry.event, "") if decision.entry is not None else ""
