@@ -265,13 +265,24 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
                     "from": f"{a.event}: {a.detail}"[:300],
                     "to": f"{b.event}: {b.detail}"[:300],
                 }
+    left_in_place = observe.effects_left_in_place(ledger, errors)
+    left_examples = [
+        {
+            "effect": effect,
+            "timeline": [
+                f"{e.at.time()} {e.actor} {e.event}: {e.detail[:160]}"
+                for e in store.get_timeline(effect[1])
+            ],
+        }
+        for effect in left_in_place[:3]
+    ]
     counts = {
         "lost": len(lost),
         "stuck": len(stuck),
         "duplicate_effects": observe.duplicated_effects(ledger, ids),
         "errors_without_one_alert": len(wrong_alerts),
         "undo_without_do": len(observe.undo_without_do(ledger, ids)),
-        "effects_left_after_compensation": len(observe.effects_left_in_place(ledger, errors)),
+        "effects_left_after_compensation": len(left_in_place),
         "errors_whose_failing_step_succeeded": len(spurious),
         "status_sequences_incomplete": len(incomplete),
         "stall_over_bound": int(max_stall > bound),
@@ -283,6 +294,7 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
             "stuck": stuck[:5],
             "errors_without_one_alert": wrong_alerts[:5],
             "errors_whose_failing_step_succeeded": spurious[:5],
+            "effects_left_after_compensation": left_examples,
             "status_sequences_incomplete": incomplete[:3],
         },
         "max_stall_s": round(max_stall, 1),
