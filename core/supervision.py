@@ -327,8 +327,10 @@ class RecoveryBound:
       than the holder would have swept it: one more ``period``.
 
     ``detection_s = period + budget + period``. An order's longest wait between two timeline
-    entries (``stall_s``) adds the step's CompleteBy budget before it and the longest retry
-    delay after it.
+    entries (``stall_s``) adds the longest it may wait on purpose before it is due: a step's
+    CompleteBy budget, or a retry delay plus the stale time after which a released order with
+    no progress is due. (A deferral waits for the service's ``retry_at`` by design; that wait
+    comes on top, as the service asked.)
     """
 
     period_s: float
@@ -337,6 +339,7 @@ class RecoveryBound:
     detection_s: float
     step_budget_s: float
     retry_cap_s: float
+    stale_s: float
     stall_s: float
 
     def as_dict(self) -> dict[str, float]:
@@ -350,6 +353,7 @@ def recovery_bound(settings: Settings) -> RecoveryBound:
     flows = settings.workflows().values()
     step_budget = max(s.complete_by_budget.total_seconds() for f in flows for s in f.steps)
     retry_cap = max(f.retry.cap.total_seconds() for f in flows)
+    stale = settings.pending_stale_after.total_seconds()
     return RecoveryBound(
         period_s=period,
         budget_s=budget,
@@ -357,7 +361,8 @@ def recovery_bound(settings: Settings) -> RecoveryBound:
         detection_s=detection,
         step_budget_s=step_budget,
         retry_cap_s=retry_cap,
-        stall_s=step_budget + detection + retry_cap,
+        stale_s=stale,
+        stall_s=max(step_budget, retry_cap + stale) + detection,
     )
 
 
