@@ -211,7 +211,13 @@ def tick_log_summary(workdir: Path) -> dict[str, float]:
         "max_due": max((t["due"] for t in ticks), default=0),
         "max_duration_s": max((t["duration_s"] for t in ticks), default=0),
         "max_lag_s": round(max((t["lag_s"] for t in ticks), default=0), 1),
-        "rows_handled": sum(t["due"] for t in ticks),
+        "rows_found": sum(t["due"] for t in ticks),
+        "rows_handled": sum(t.get("handled", 0) for t in ticks),
+        "rows_handled_per_tick_s": round(
+            sum(t.get("handled", 0) for t in ticks)
+            / max(sum(t["duration_s"] for t in ticks), 1e-9),
+            1,
+        ),
     }
 
 

@@ -58,6 +58,8 @@ class TickReport:
     """Buckets swept to the end (checkpointed); the others are first next tick."""
     queries: int = 0
     due: int = 0
+    handled: int = 0
+    """Rows due that this tick handled within its budget (the rest are first next tick)."""
     retried: int = 0
     compensating: int = 0
     failed: int = 0
@@ -177,6 +179,7 @@ def _sweep(
         if outcome is None:
             continue  # out of budget: the row is still due, its bucket first next tick
         left[n] -= 1
+        report.handled += 1
         if outcome:
             setattr(report, outcome, getattr(report, outcome) + 1)
     return [
