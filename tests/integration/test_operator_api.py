@@ -483,3 +483,19 @@ def test_the_openapi_document_describes_every_route(installed, handlers, app_fun
     assert document["components"]["securitySchemes"]["functionKeyHeader"]["name"] == (
         "x-functions-key"
     )
+
+
+def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers):
+    from supervisor.tick import run_tick
+
+    report = run_tick(installed)
+    status, view = call(handlers, "operator_supervisor")
+
+    assert status == 200
+    assert len(view["buckets"]) == 16
+    assert view["holders"] == {installed.instance_id: report.held} and report.held == 16
+    assert view["unswept_buckets"] == [] and view["oldest_sweep_s"] is not None
+    assert all(b["swept_by"] == installed.instance_id for b in view["buckets"])
+    bound = view["bound"]
+    assert bound["detection_s"] == bound["period_s"] * 2 + bound["budget_s"]
+    assert bound["lease_s"] == bound["period_s"] * 1.5

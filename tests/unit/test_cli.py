@@ -121,3 +121,46 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     row = [line for line in result.output.splitlines() if "reserve_inventory" in line][-1]
     assert "Running" in row and "│ 2 " in row and "│ 3 " in row
     assert "compensation_started" in result.output
+
+
+def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
+    from contextlib import contextmanager
+    from datetime import UTC, datetime, timedelta
+
+    from core.memory import MemoryBus, MemoryStore
+    from core.runtime import Runtime
+    from core.settings import Settings
+    from core.supervision import BucketLease, Member
+    from devstack import cli
+    from operator_api.operations import Operations
+    from tests.support.app import EXAMPLE_SETTINGS
+
+    now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+    store = MemoryStore(lambda: now)
+    holder = "supervisor@host.1.abc"
+    store.supervision.claim(
+        Member(holder, now + timedelta(seconds=20)),
+        [BucketLease(b, holder, now + timedelta(seconds=20)) for b in range(3)],
+        (),
+    )
+    settings = Settings.from_env(EXAMPLE_SETTINGS)
+    rt = Runtime(
+        settings=settings,
+        store=store,  # type: ignore[arg-type]
+        bus=MemoryBus(),  # type: ignore[arg-type]
+        workflows=settings.workflows(),
+        clock=lambda: now,
+    )
+
+    @contextmanager
+    def operations(workdir):
+        yield Operations(rt)
+
+    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    result = run("supervisor")
+    assert result.exit_code == 0, result.output
+    assert "deadline to recovery at most 41.2 s" in result.output
+    assert "buckets not swept within the bound" in result.output  # none swept yet
+    assert result.output.count(holder) == 3
+    assert result.output.count("never") == 1 + 16  # the summary line and each bucket
