@@ -240,6 +240,13 @@ def _swept(sweep: Sweep, by: str) -> BucketLease:
     )
 
 
+def _in_utc(lease: BucketLease, etag: str) -> BucketLease:
+    """As the table stores it: times in UTC (naive ones refused), a new ETag."""
+    until = utc(lease.until) if lease.until is not None else None
+    swept = utc(lease.swept_at) if lease.swept_at is not None else None
+    return dataclasses.replace(lease, until=until, swept_at=swept, etag=etag)
+
+
 def _write(lease: BucketLease, etag: str | None) -> tuple[Any, ...]:
     """A batch operation writing ``lease`` over the row version ``etag`` (None: a new row)."""
     if etag is None:
@@ -288,11 +295,13 @@ class MemorySupervision:
                 stored_member = self._members.get(gone.instance)
                 if stored_member is None or stored_member.etag != gone.etag:
                     raise ConcurrencyConflict("supervisor roster", f"member {gone.instance}")
-            self._members[member.instance] = dataclasses.replace(member, etag=self._etag())
+            self._members[member.instance] = dataclasses.replace(
+                member, until=utc(member.until), etag=self._etag()
+            )
             etags = {}
             for lease in [*hold, *release]:
                 etags[lease.bucket] = self._etag()
-                self._buckets[lease.bucket] = dataclasses.replace(lease, etag=etags[lease.bucket])
+                self._buckets[lease.bucket] = _in_utc(lease, etags[lease.bucket])
             for gone in reap:
                 del self._members[gone.instance]
             return etags
@@ -307,7 +316,7 @@ class MemorySupervision:
                 stored = self._buckets.get(lease.bucket)
                 if stored is None or stored.etag != lease.etag:
                     continue
-                self._buckets[lease.bucket] = dataclasses.replace(lease, etag=self._etag())
+                self._buckets[lease.bucket] = _in_utc(lease, self._etag())
                 recorded += 1
         return recorded
 

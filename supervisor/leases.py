@@ -55,21 +55,23 @@ def plan(
     what this instance holds (after lost races: a renewal cannot collide)."""
     mine = sorted((b for b in roster.buckets if b.held_by(me, now)), key=_oldest_first)
     share = _share(roster, me, now)
-    release = tuple(mine[share:])
     taken: list[BucketLease] = []
+    orphans: list[BucketLease] = []
     if take:
         free = sorted((b for b in roster.buckets if b.free(now)), key=_oldest_first)
         room = max(0, share - len(mine))
-        # Instances reading one roster at the same moment start at different places in it.
-        offset = (_rank(roster, me, now) * room) % len(free) if free else 0
+        # Instances reading one roster at the same moment start at different places in it:
+        # each after the shares of the instances ranked before it.
+        offset = _before(roster, me, now) % len(free) if free else 0
         rotated = free[offset:] + free[:offset]
         taken = rotated[:room]
         # Beyond its share, an instance also takes a free bucket nobody has swept for a lease:
         # an orphan the others did not take (one counted in the shares may have died). It gives
         # the surplus up when the tick ends.
-        taken += [b for b in rotated[room:] if _unswept_for(b, now, lease)]
+        orphans = [b for b in rotated[room:] if _unswept_for(b, now, lease)]
+    surplus = {b.bucket for b in [*mine[share:], *orphans]}
     hold = sorted(
-        (dataclasses.replace(b, holder=me, until=now + claim) for b in [*mine, *taken]),
+        (dataclasses.replace(b, holder=me, until=now + claim) for b in [*mine, *taken, *orphans]),
         key=_oldest_first,
     )
     reap: tuple[Member, ...] = ()
@@ -80,7 +82,7 @@ def plan(
     return Plan(
         member=Member(instance=me, until=now + lease, etag=_etag_of(roster, me)),
         hold=tuple(hold),
-        release=tuple(b for b in hold if b.bucket in {r.bucket for r in release}),
+        release=tuple(b for b in hold if b.bucket in surplus),
         reap=reap if take else (),
     )
 
@@ -91,6 +93,13 @@ def _alive(roster: Roster, me: str, now: datetime) -> list[str]:
 
 def _rank(roster: Roster, me: str, now: datetime) -> int:
     return _alive(roster, me, now).index(me)
+
+
+def _before(roster: Roster, me: str, now: datetime) -> int:
+    """The buckets the instances ranked before this one take on a fresh roster."""
+    base, extra = divmod(len(roster.buckets), len(_alive(roster, me, now)))
+    rank = _rank(roster, me, now)
+    return rank * base + min(rank, extra)
 
 
 def _share(roster: Roster, me: str, now: datetime) -> int:

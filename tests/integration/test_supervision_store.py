@@ -1,0 +1,316 @@
+"""The Supervisor's roster store: :class:`SupervisionTable` on Azurite (a fresh table per test)
+and :class:`MemorySupervision` keep the same contract.
+
+- ``read`` of an empty roster: 16 free buckets, no ETags, no members;
+- ``claim`` creates the rows, renews and releases leases, deletes reaped member rows and returns
+  the written buckets' ETags, all or nothing: one stale row (bucket or reaped member) and
+  nothing is written, the claimant's member row included;
+- ``checkpoint`` records ``swept_at`` / ``swept_by`` / ``lag_s`` / ``due_found`` (and writes
+  ``others`` as given: leases extended or given up) on condition of the claim's ETag, and skips
+  a bucket whose row changed since, writing the rest;
+- datetimes come back as the same instants, in UTC.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from azure.data.tables import TableServiceClient
+
+from core.active_index import INDEX_BUCKETS
+from core.ids import InvalidId
+from core.settings import Connection, Settings
+from core.state_models import ConcurrencyConflict
+from core.supervision import (
+    BucketLease,
+    Member,
+    MemorySupervision,
+    Roster,
+    SupervisionTable,
+    Sweep,
+)
+from supervisor.leases import REAP_AFTER_LEASES, plan
+
+pytestmark = pytest.mark.integration
+
+_SETTINGS = Settings(
+    queues={}, service_urls={}, servicebus=Connection("sb"), storage=Connection("st")
+)
+CLAIM = _SETTINGS.supervisor_claim
+LEASE = _SETTINGS.supervisor_lease
+T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+Store = SupervisionTable | MemorySupervision
+
+
+@pytest.fixture
+def supervision_table(azurite: Any, unique_name: Any) -> Iterator[SupervisionTable]:
+    name = unique_name("supervision")
+    service = TableServiceClient.from_connection_string(azurite.connection_string)
+    table = service.create_table(name)
+    yield SupervisionTable(table)
+    service.delete_table(name)
+    table.close()
+    service.close()
+
+
+@pytest.fixture(params=["memory", "table"])
+def store(request: pytest.FixtureRequest) -> Store:
+    if request.param == "memory":
+        return MemorySupervision()
+    return request.getfixturevalue("supervision_table")  # type: ignore[no-any-return]
+
+
+def lease(
+    bucket: int, holder: str = "sup-a", etag: str | None = None, until: datetime = T0 + CLAIM
+) -> BucketLease:
+    return BucketLease(bucket, holder=holder, until=until, etag=etag)
+
+
+def member(instance: str = "sup-a", until: datetime = T0 + LEASE) -> Member:
+    return Member(instance, until)
+
+
+def members(roster: Roster) -> dict[str, datetime]:
+    return {m.instance: m.until for m in roster.members}
+
+
+def claim_all(store: Store, holder: str = "sup-a") -> dict[int, BucketLease]:
+    """``holder`` claims every bucket of an empty roster; the leases with their ETags."""
+    etags = store.claim(member(holder), [lease(b, holder) for b in range(INDEX_BUCKETS)], [])
+    return {b: lease(b, holder, etags[b]) for b in range(INDEX_BUCKETS)}
+
+
+# ----------------------------------------------------------------------------------- read
+
+
+def test_an_empty_roster_is_sixteen_free_buckets(store: Store):
+    roster = store.read()
+    assert roster.members == ()
+    assert roster.buckets == tuple(BucketLease(b) for b in range(INDEX_BUCKETS))
+    assert all(b.free(T0) and b.etag is None for b in roster.buckets)
+
+
+# ---------------------------------------------------------------------------------- claim
+
+
+def test_a_claim_planned_on_an_empty_roster_creates_the_bucket_and_member_rows(store: Store):
+    chosen = plan(store.read(), "sup-a", T0, CLAIM, LEASE)
+    etags = store.claim(chosen.member, chosen.hold, (), chosen.reap)
+
+    roster = store.read()
+    assert set(etags) == set(range(INDEX_BUCKETS))
+    assert members(roster) == {"sup-a": T0 + LEASE}
+    assert all(m.etag for m in roster.members)
+    for b in roster.buckets:
+        assert (b.holder, b.until, b.etag) == ("sup-a", T0 + CLAIM, etags[b.bucket])
+        assert b.held_by("sup-a", T0) and not b.free(T0)
+        assert (b.swept_at, b.swept_by, b.lag_s, b.due_found) == (None, "", 0.0, 0)
+
+
+def test_renewing_and_releasing_with_the_etags_the_claim_returned(store: Store):
+    held = claim_all(store)
+    later = T0 + timedelta(seconds=15)
+    renew = [dataclasses.replace(held[b], until=later + CLAIM) for b in range(8)]
+    give_up = [dataclasses.replace(held[b], holder="", until=later) for b in range(8, 16)]
+
+    etags = store.claim(member(until=later + LEASE), renew, give_up)
+
+    roster = store.read()
+    assert set(etags) == set(range(INDEX_BUCKETS))  # released rows are written too
+    assert members(roster) == {"sup-a": later + LEASE}
+    for b in roster.buckets:
+        assert b.etag == etags[b.bucket] != held[b.bucket].etag
+        if b.bucket < 8:
+            assert b.held_by("sup-a", later)
+        else:
+            assert (b.holder, b.until) == ("", later) and b.free(later)
+
+
+def test_a_claim_on_a_stale_roster_conflicts_and_writes_nothing(store: Store):
+    stale = store.read()
+    first = plan(stale, "sup-a", T0, CLAIM, LEASE)
+    store.claim(first.member, first.hold, (), first.reap)
+    before = store.read()
+
+    second = plan(stale, "sup-b", T0, CLAIM, LEASE)  # creates rows that now exist
+    with pytest.raises(ConcurrencyConflict):
+        store.claim(second.member, second.hold, (), second.reap)
+
+    assert store.read() == before
+    assert members(store.read()) == {"sup-a": T0 + LEASE}
+
+
+def test_one_stale_bucket_fails_the_whole_claim_member_row_included(store: Store):
+    etags = store.claim(member(), [lease(b) for b in range(8)], [])
+    before = store.read()
+
+    fresh = [lease(b, "sup-b") for b in range(8, INDEX_BUCKETS)]  # rows not written yet
+    taken = lease(3, "sup-b")  # read before sup-a created it: stale
+    with pytest.raises(ConcurrencyConflict):
+        store.claim(member("sup-b"), [*fresh, taken], [])
+    assert store.read() == before
+
+    renewed = lease(0, etag=etags[0])
+    store.claim(member(), [renewed], [])
+    before = store.read()
+    with pytest.raises(ConcurrencyConflict):
+        # bucket 1's ETag is current; bucket 0's was spent by the claim above
+        store.claim(member("sup-c"), [lease(1, etag=etags[1])], [renewed])
+    assert store.read() == before
+    assert "sup-c" not in members(store.read())
+
+
+def test_a_stale_release_fails_the_claim(store: Store):
+    etags = store.claim(member(), [lease(0)], [])
+    store.claim(member(), [lease(0, etag=etags[0])], [])
+    before = store.read()
+    gone = BucketLease(0, holder="", until=T0, etag=etags[0])  # the first claim's ETag
+    with pytest.raises(ConcurrencyConflict):
+        store.claim(member(until=T0 + LEASE * 2), [], [gone])
+    assert store.read() == before
+
+
+def test_reap_deletes_member_rows_and_a_stale_reap_fails_the_claim(store: Store):
+    store.claim(member("sup-x", T0), [], [])
+    store.claim(member("sup-y", T0), [], [])
+    later = T0 + LEASE * (REAP_AFTER_LEASES + 1)
+
+    chosen = plan(store.read(), "sup-a", later, CLAIM, LEASE)
+    assert {m.instance for m in chosen.reap} == {"sup-x", "sup-y"}
+    store.claim(member("sup-y", T0), [], [])  # sup-y's row is written again (new ETag)
+    before = store.read()
+    with pytest.raises(ConcurrencyConflict):
+        store.claim(chosen.member, chosen.hold, (), chosen.reap)
+    assert store.read() == before
+
+    chosen = plan(store.read(), "sup-a", later, CLAIM, LEASE)
+    store.claim(chosen.member, chosen.hold, (), chosen.reap)
+    assert members(store.read()) == {"sup-a": later + LEASE}
+
+
+def test_reaping_a_row_already_gone_fails_the_claim(store: Store):
+    store.claim(member("sup-x", T0), [], [])
+    (row,) = store.read().members
+    store.claim(member(), [], [], [row])
+    with pytest.raises(ConcurrencyConflict):
+        store.claim(member(), [lease(0)], [], [row])
+    assert store.read().buckets[0].etag is None
+
+
+def test_an_invalid_instance_id_is_refused_before_anything_is_written(store: Store):
+    with pytest.raises(InvalidId):
+        store.claim(member("sup a/../x"), [lease(0)], [])
+    assert store.read().buckets[0].etag is None
+    assert store.read().members == ()
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def test_checkpoint_records_the_sweeps_and_writes_the_other_leases(store: Store):
+    held = claim_all(store)
+    at = T0 + timedelta(seconds=3, microseconds=654321)
+    extended = dataclasses.replace(held[7], until=T0 + LEASE)
+    given_up = dataclasses.replace(held[9], holder="", until=at)
+    sweeps = [
+        Sweep(dataclasses.replace(held[2], until=T0 + LEASE), at, 12.3456789, 7),
+        Sweep(held[5], at, 0.0, 0),
+    ]
+
+    assert store.checkpoint(sweeps, "sup-a", others=[extended, given_up]) == 4
+
+    roster = store.read()
+    two, five, seven, nine = (roster.buckets[b] for b in (2, 5, 7, 9))
+    assert (two.swept_at, two.swept_by, two.lag_s, two.due_found) == (at, "sup-a", 12.346, 7)
+    assert (five.swept_at, five.swept_by, five.lag_s, five.due_found) == (at, "sup-a", 0.0, 0)
+    assert (two.holder, two.until) == ("sup-a", T0 + LEASE)
+    assert (five.holder, five.until) == ("sup-a", T0 + CLAIM)
+    assert (seven.holder, seven.until, seven.swept_at) == ("sup-a", T0 + LEASE, None)
+    assert (nine.holder, nine.until) == ("", at) and nine.free(at)
+    for b in (2, 5, 7, 9):
+        assert roster.buckets[b].etag != held[b].etag  # a checkpoint is a write
+    assert roster.buckets[3] == held[3]
+
+    # the next claim carries the checkpoint over
+    renewed = dataclasses.replace(two, until=T0 + timedelta(seconds=15) + CLAIM)
+    store.claim(member(), [renewed], [])
+    assert (store.read().buckets[2].swept_at, store.read().buckets[2].lag_s) == (at, 12.346)
+
+
+def test_checkpoint_skips_a_bucket_whose_row_changed_since_the_claim(store: Store):
+    held = claim_all(store)
+    later = T0 + CLAIM  # sup-a's claims expired; sup-b takes some over before sup-a ends
+    etags = store.claim(
+        member("sup-b", later + LEASE), [lease(b, "sup-b", held[b].etag) for b in (1, 4)], []
+    )
+    before = store.read()
+
+    late = [Sweep(held[b], later, 1.0, 1) for b in (1, 4)]
+    assert store.checkpoint(late, "sup-a", others=[held[1]]) == 0
+    assert store.read() == before
+
+    # some still current: those are written, the others keep their new holder's record
+    sweeps = [Sweep(held[1], later, 0, 0), Sweep(held[6], later, 2.0, 3)]
+    assert store.checkpoint(sweeps, "sup-a", others=[held[4], held[8]]) == 2
+    after = store.read()
+    assert (after.buckets[6].swept_at, after.buckets[6].swept_by) == (later, "sup-a")
+    assert after.buckets[8].etag != before.buckets[8].etag
+    assert after.buckets[1] == before.buckets[1] and after.buckets[1].etag == etags[1]
+    assert after.buckets[4] == before.buckets[4]
+
+
+def test_a_checkpoint_spends_the_claims_etag(store: Store):
+    held = claim_all(store)
+    assert store.checkpoint([Sweep(held[0], T0, 0, 0)], "sup-a") == 1
+    assert store.checkpoint([Sweep(held[0], T0 + timedelta(seconds=1), 0, 0)], "sup-a") == 0
+    assert store.checkpoint([], "sup-a", others=[held[0]]) == 0
+    assert store.read().buckets[0].swept_at == T0
+
+
+def test_an_empty_checkpoint_writes_nothing(store: Store):
+    held = claim_all(store)
+    before = store.read()
+    assert store.checkpoint([], "sup-a") == 0
+    assert store.read() == before
+    assert before.buckets[0].etag == held[0].etag
+
+
+# ------------------------------------------------------------------------------ datetimes
+
+
+def test_datetimes_round_trip_as_the_same_instants_in_utc(store: Store):
+    until = datetime(2026, 3, 1, 12, 0, 22, 999999, tzinfo=UTC)
+    swept = datetime(2026, 3, 1, 12, 0, 1, 1, tzinfo=UTC)
+    etags = store.claim(Member("sup-a", until), [BucketLease(9, "sup-a", until)], [])
+    store.checkpoint([Sweep(BucketLease(9, "sup-a", until, etag=etags[9]), swept, 0, 0)], "a")
+
+    roster = store.read()
+    nine = roster.buckets[9]
+    assert (nine.until, nine.swept_at, roster.members[0].until) == (until, swept, until)
+    for value in (nine.until, nine.swept_at, roster.members[0].until):
+        assert value is not None and value.utcoffset() == timedelta(0)
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        "memory",
+        "table",
+    ],
+    indirect=True,
+)
+def test_datetimes_in_another_zone_come_back_in_utc(store: Store):
+    paris = timezone(timedelta(hours=2))
+    until = datetime(2026, 3, 1, 14, 0, 22, 500000, tzinfo=paris)
+    etags = store.claim(Member("sup-a", until), [BucketLease(1, "sup-a", until)], [])
+    store.checkpoint([Sweep(BucketLease(1, "sup-a", until, etag=etags[1]), until, 0, 0)], "a")
+    roster = store.read()
+    expected = datetime(2026, 3, 1, 12, 0, 22, 500000, tzinfo=UTC)
+    for value in (roster.buckets[1].until, roster.buckets[1].swept_at, roster.members[0].until):
+        assert value == expected
+        assert value is not None and value.tzinfo == UTC
