@@ -225,9 +225,10 @@ def _inspect(row: ActiveRow, rt: Runtime) -> str:
         return ""
     decision = decide(order, Swept(), apply.context(rt, order.workflow, rt.actor("supervisor")))
     after = apply.carry_out(rt, order, decision)
-    if decision.finished:
-        return "flushed" if decision.order is None else ""
-    # The row was due, the order may not be (the row is kept early): move the row up. If the
-    # write above moved it already, the row's ETag changed and this does nothing.
-    rt.store.index.postpone(row, apply.due(rt, after))
-    return _OUTCOMES.get(decision.entry.event, "") if decision.entry is not None else ""
+    if not decision.finished:
+        # The row was due, the order may not be (the row is kept early): move the row up. If
+        # the write above moved it already, the row's ETag changed and this does nothing.
+        rt.store.index.postpone(row, apply.due(rt, after))
+    if decision.entry is not None:
+        return _OUTCOMES.get(decision.entry.event, "")
+    return "flushed" if decision.finished and decision.order is None else ""
