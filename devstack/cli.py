@@ -179,26 +179,31 @@ def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
         order = ops.show_order(order_id)
     p = order.order
     console.print(
-        f"[bold]{p.order_id}[/]  {p.state}  step {p.current_step} ({p.current_operation}), "
-        f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
-        f"locked by {p.locked_by or '-'}"
+        Text.assemble(
+            (p.order_id, "bold"),
+            f"  {p.state}  step {p.current_step} ({p.current_operation}), "
+            f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
+            f"locked by {p.locked_by or '-'}",
+        )
     )
     if p.next_attempt_at:
         console.print(f"next attempt due {p.next_attempt_at:%H:%M:%S}")
     if p.compensation_cause:
-        console.print(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}")
+        console.print(
+            Text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}")
+        )
     if p.last_error:
-        console.print(f"last error: {p.last_error}")
+        console.print(Text(f"last error: {p.last_error}"))
     console.print(step_table(order.steps))
     events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
     for entry in order.timeline:
         events.add_row(
             str(entry.seq),
             entry.at.strftime("%H:%M:%S.%f")[:-3],
-            entry.actor,
-            entry.event,
+            Text(entry.actor),
+            Text(entry.event),
             f"{entry.from_state or ''} → {entry.to_state}",
-            entry.detail,
+            Text(entry.detail),
         )
     console.print(events)
 
@@ -220,12 +225,12 @@ def step_table(steps: Any) -> Table:
         error = f"{step.error_code}: {step.error_message}" if step.error_code else ""
         table.add_row(
             step.name,
-            f"[{style}]{step.state}[/]" if style else step.state,
+            Text(step.state, style=style or ""),
             str(step.generation),
             str(step.attempt),
             f"{step.completed_at:%H:%M:%S}" if step.completed_at else "",
             f"{step.compensated_at:%H:%M:%S}" if step.compensated_at else "",
-            error[:60],
+            Text(error[:60]),
         )
     return table
 
@@ -257,7 +262,7 @@ def orders(
             str(o.attempt),
             str(o.failure_count),
             due,
-            (o.last_error or "")[:60],
+            Text((o.last_error or "")[:60]),
         )
     console.print(table)
     if page.continuation:
@@ -278,10 +283,10 @@ def alerts(
         table.add_row(
             str(item.sequence_number),
             f"{item.enqueued_at:%H:%M:%S}" if item.enqueued_at else "",
-            str(alert.get("severity", "?")),
-            str(alert.get("order_id") or "-"),
-            str(alert.get("reason", item.problem or "")),
-            str(alert.get("detail", item.raw or ""))[:80],
+            Text(str(alert.get("severity", "?"))),
+            Text(str(alert.get("order_id") or "-")),
+            Text(str(alert.get("reason", item.problem or ""))),
+            Text(str(alert.get("detail", item.raw or ""))[:80]),
         )
     console.print(table)
 
@@ -377,9 +382,9 @@ def dead_letters(
     for item in page.items:
         table.add_row(
             str(item.sequence_number),
-            item.reason or "",
-            item.description or "",
-            str(item.body if item.body is not None else item.raw)[:80],
+            Text(item.reason or ""),
+            Text(item.description or ""),
+            Text(str(item.body if item.body is not None else item.raw)[:80]),
         )
     console.print(table)
 

@@ -29,6 +29,7 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from core.messages import OrderSubmitted
 from core.order import TERMINAL_ALERT_REASONS, Order, StepState
@@ -427,7 +428,7 @@ class Demo:
             table.add_row(name, value)
         self.console.print(table)
         for problem, cases in s.examples.items():
-            self.console.print(f"[yellow]{problem}:[/] " + "; ".join(cases))
+            self.console.print(Text.assemble((f"{problem}: ", "yellow"), "; ".join(cases)))
 
 
 @dataclass

@@ -100,7 +100,7 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     )
     entry = TimelineEntry(
         1, now, "operator:bob", "compensation_started", ProcessState.PROCESSING,
-        ProcessState.COMPENSATING, "reserve_inventory", 4, "cancelled",
+        ProcessState.COMPENSATING, "reserve_inventory", 4, "cancelled: [red]no[/red] stock",
     )  # fmt: skip
     detail = OrderDetail.of(OrderRecord(submitted, "h", order), [entry], False)
 
@@ -121,6 +121,7 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     row = [line for line in result.output.splitlines() if "reserve_inventory" in line][-1]
     assert "Running" in row and "│ 2 " in row and "│ 3 " in row
     assert "compensation_started" in result.output
+    assert "cancelled: [red]no[/red] stock" in result.output, "stored text is never markup"
 
 
 def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
