@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         sweeps.sample(store)
         elapsed = finished_at - started
-        report = check_invariants(info, store, ids)
-        report |= sweeps.report(Settings.from_env(info.settings))
-        report["supervisor_ticks"] = tick_log_summary(workdir)
+        report = judge(info, store, ids, sweeps, workdir)
         report |= {
             "orders": args.orders,
             "workflow": args.workflow,
@@ -258,6 +256,14 @@ class SweepWatch:
             "max_lag_recorded_s": round(self.max_lag, 1),
             "recovery_bound": bound.as_dict(),
         }
+
+
+def judge(info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workdir: Path) -> dict:  # type: ignore[no-untyped-def]
+    """Every invariant, the Supervisor's sweeps as sampled, and its ticks from the host logs."""
+    report = check_invariants(info, store, ids)
+    report |= sweeps.report(Settings.from_env(info.settings))
+    report["supervisor_ticks"] = tick_log_summary(workdir)
+    return report
 
 
 def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]

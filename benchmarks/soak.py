@@ -33,13 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.chaos import (
-    SweepWatch,
-    check_invariants,
-    make_orders,
-    still_pending,
-    tick_log_summary,
-)
+from benchmarks.chaos import SweepWatch, judge, make_orders, still_pending
 from core.messages import utc_now
 from core.settings import Settings
 from core.state_store import OrderStateStore
@@ -113,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         sender.join()
         for name in WATCHED:
             memory[name].append((finished, rss_mib(info.pids[name])))
-        report = check_invariants(info, store, ids)
-        report |= sweeps.report(Settings.from_env(info.settings))
-        report["supervisor_ticks"] = tick_log_summary(workdir)
+        report = judge(info, store, ids, sweeps, workdir)
         report["leftovers"] = leftovers(store, ids, Settings.from_env(info.settings))
         report["rss_mib"] = {name: summary(rss, args.warmup) for name, rss in memory.items()}
         report |= {

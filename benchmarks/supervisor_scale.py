@@ -87,7 +87,8 @@ from core.supervision import BucketLease, Member, RecoveryBound, Roster, Sweep, 
 from core.supervision import lag as roster_lag
 from core.workflows import ORDER_WORKFLOW, Workflow
 from devstack.stack.azurite import AzuriteProcess
-from supervisor.tick import TickReport, run_tick
+from supervisor.report import TickReport
+from supervisor.tick import run_tick
 
 KillMode = Literal["idle", "mid-tick"]
 GAVE_UP = "supervisor roster kept changing"

@@ -182,7 +182,7 @@ class SupervisionTable:
         ]
         changed = [*hold, *release]
         for lease in changed:
-            operations.append(_write(lease, lease.etag))
+            operations.append(_write(lease))
         for gone in reap:
             operations.append(
                 (
@@ -205,29 +205,27 @@ class SupervisionTable:
         up), each on condition of the ETag from the claim (a bucket taken over meanwhile keeps
         its new holder's record). One batch; if a lease changed, the rows one by one. Returns
         how many rows were written."""
-        written = [(sweep.lease.etag, _swept(sweep, by)) for sweep in sweeps]
-        written += [(lease.etag, lease) for lease in others]
-        if not written:
+        rows = [_swept(sweep, by) for sweep in sweeps] + list(others)
+        if not rows:
             return 0
         try:
-            self._table.submit_transaction([_write(lease, etag) for etag, lease in written])
+            self._table.submit_transaction([_write(lease) for lease in rows])
+            return len(rows)
         except TableTransactionError:
-            pass  # one was taken over: record the others
-        else:
-            return len(written)
-        recorded = 0
-        for etag, lease in written:
-            try:
-                self._table.update_entity(
-                    _lease_entity(lease),
-                    mode=UpdateMode.REPLACE,
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except (ResourceModifiedError, ResourceNotFoundError):
-                continue
-            recorded += 1
-        return recorded
+            # A bucket was taken over since the claim: record the others one by one.
+            return sum(self._write_unless_changed(lease) for lease in rows)
+
+    def _write_unless_changed(self, lease: BucketLease) -> bool:
+        try:
+            self._table.update_entity(
+                _lease_entity(lease),
+                mode=UpdateMode.REPLACE,
+                etag=lease.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
 
 
 def _swept(sweep: Sweep, by: str) -> BucketLease:
@@ -247,16 +245,17 @@ def _in_utc(lease: BucketLease, etag: str) -> BucketLease:
     return dataclasses.replace(lease, until=until, swept_at=swept, etag=etag)
 
 
-def _write(lease: BucketLease, etag: str | None) -> tuple[Any, ...]:
-    """A batch operation writing ``lease`` over the row version ``etag`` (None: a new row)."""
-    if etag is None:
+def _write(lease: BucketLease) -> tuple[Any, ...]:
+    """A batch operation writing ``lease`` over the row version it was read at (its ETag;
+    None: a new row)."""
+    if lease.etag is None:
         return ("create", _lease_entity(lease))
     return (
         "update",
         _lease_entity(lease),
         {
             "mode": UpdateMode.REPLACE,
-            "etag": etag,
+            "etag": lease.etag,
             "match_condition": MatchConditions.IfNotModified,
         },
     )

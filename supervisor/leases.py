@@ -54,7 +54,12 @@ def plan(
     that ends extends it for (:func:`supervisor.tick.run_tick`). ``take=False`` only renews
     what this instance holds (after lost races: a renewal cannot collide)."""
     mine = sorted((b for b in roster.buckets if b.held_by(me, now)), key=_oldest_first)
-    share = _share(roster, me, now)
+    # Buckets divided as evenly as they go: the first ``buckets % alive`` instances (by id)
+    # take one more.
+    alive = sorted({m.instance for m in roster.members if m.until > now} | {me})
+    rank = alive.index(me)
+    base, extra = divmod(len(roster.buckets), len(alive))
+    share = base + (1 if rank < extra else 0)
     taken: list[BucketLease] = []
     orphans: list[BucketLease] = []
     if take:
@@ -62,7 +67,7 @@ def plan(
         room = max(0, share - len(mine))
         # Instances reading one roster at the same moment start at different places in it:
         # each after the shares of the instances ranked before it.
-        offset = _before(roster, me, now) % len(free) if free else 0
+        offset = (rank * base + min(rank, extra)) % len(free) if free else 0
         rotated = free[offset:] + free[:offset]
         taken = rotated[:room]
         # Beyond its share, an instance also takes a free bucket nobody has swept for a lease:
@@ -85,29 +90,6 @@ def plan(
         release=tuple(b for b in hold if b.bucket in surplus),
         reap=reap if take else (),
     )
-
-
-def _alive(roster: Roster, me: str, now: datetime) -> list[str]:
-    return sorted({m.instance for m in roster.members if m.until > now} | {me})
-
-
-def _rank(roster: Roster, me: str, now: datetime) -> int:
-    return _alive(roster, me, now).index(me)
-
-
-def _before(roster: Roster, me: str, now: datetime) -> int:
-    """The buckets the instances ranked before this one take on a fresh roster."""
-    base, extra = divmod(len(roster.buckets), len(_alive(roster, me, now)))
-    rank = _rank(roster, me, now)
-    return rank * base + min(rank, extra)
-
-
-def _share(roster: Roster, me: str, now: datetime) -> int:
-    """Buckets divided as evenly as they go: the first ``buckets % alive`` instances (by id)
-    take one more."""
-    alive = len(_alive(roster, me, now))
-    base, extra = divmod(len(roster.buckets), alive)
-    return base + (1 if _rank(roster, me, now) < extra else 0)
 
 
 def _unswept_for(lease: BucketLease, now: datetime, span: timedelta) -> bool:

@@ -7,12 +7,9 @@ long the most overdue order had been due when a tick found it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from opentelemetry import metrics
 
-if TYPE_CHECKING:
-    from supervisor.tick import TickReport
+from supervisor.report import TickReport
 
 meter = metrics.get_meter("orders.supervisor")
 _rows_read = meter.create_counter(

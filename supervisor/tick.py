@@ -41,6 +41,7 @@ from core.state_models import ActiveRow, ConcurrencyConflict, CorruptOrderState
 from core.supervision import BucketLease, Sweep
 from supervisor import leases
 from supervisor.metrics import record_tick
+from supervisor.report import TickReport
 
 log = logging.getLogger("supervisor.tick")
 
@@ -48,32 +49,6 @@ PAGE_SIZE = 500
 """Due rows taken per bucket and tick; the rest are first in line next tick."""
 CLAIM_ATTEMPTS = 3
 _OUTCOMES = {"released": "retried", "compensation_started": "compensating", "error": "failed"}
-
-
-@dataclass
-class TickReport:
-    held: int = 0
-    """Buckets this instance holds this tick."""
-    swept: int = 0
-    """Buckets swept to the end (checkpointed); the others are first next tick."""
-    queries: int = 0
-    due: int = 0
-    handled: int = 0
-    """Rows due that this tick handled within its budget (the rest are first next tick)."""
-    retried: int = 0
-    compensating: int = 0
-    failed: int = 0
-    flushed: int = 0
-    reaped: int = 0
-    conflicts: int = 0
-    errors: int = 0
-    lag_s: float = 0.0
-    """How long the most overdue row had been due when the tick found it."""
-    duration_s: float = 0.0
-
-    @property
-    def recovered(self) -> int:
-        return self.retried + self.compensating + self.failed + self.flushed + self.reaped
 
 
 def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:

@@ -436,7 +436,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 from supervisor.metrics import record_tick
-from supervisor.tick import TickReport
+from supervisor.report import TickReport
 record_tick(TickReport())
 json.dump({m.name: type(m.data).__name__ for rm in reader.get_metrics_data().resource_metrics
            for sm in rm.scope_metrics for m in sm.metrics}, sys.stdout)

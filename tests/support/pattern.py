@@ -24,7 +24,8 @@ from devstack.fakes.remote_services import FakeServices
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
 from scheduler.replies import handle_response
-from supervisor.tick import TickReport, run_tick
+from supervisor.report import TickReport
+from supervisor.tick import run_tick
 from tests.support.app import Clock, QueueReader
 
 UNDO_OF = {"reserve": "release", "charge": "refund", "create": "cancel"}

@@ -34,7 +34,8 @@ from core.settings import Connection, Settings
 from core.state_models import ActiveRow, ConcurrencyConflict
 from core.supervision import MemorySupervision
 from scheduler.intake import handle_submission
-from supervisor.tick import TickReport, run_tick
+from supervisor.report import TickReport
+from supervisor.tick import run_tick
 from tests.support.world import QUEUES
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
