@@ -10,9 +10,13 @@ Every answer is an AgentResponse on the response queue, naming the request's ide
 - ``deferred``: the circuit to the service is open; nothing definitive happened, try again at
   ``retry_at``.
 
-If complete-by passes first, the agent stops and sends nothing (the pattern's rule): the
-Supervisor will find the order past its deadline and retry it, and the idempotency key makes
-the retry safe even if the remote service did apply the operation.
+The call may run for the request's run budget from when the agent starts it, and never past
+complete-by. A request picked up after complete-by is dropped, and a call stopped by
+complete-by sends nothing (the pattern's rule): the Supervisor will find the order past its
+deadline and retry it. A call stopped earlier by its own run budget reports ``failed``
+(transient, ``timed_out``), so the Scheduler retries a hung call at once instead of waiting
+for the Supervisor. Either way the idempotency key makes the retry safe even if the remote
+service did apply the operation.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
     except BadMessage as bad:
         rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
         return
-    if request.complete_by <= rt.clock():
+    started = rt.clock()
+    if request.complete_by <= started:
         log.info(
             "%s: %s %s attempt %d arrived after its complete-by; not calling",
             service,
@@ -53,7 +58,7 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             request.action,
             request.payload,
             request.idempotency_key,
-            request.complete_by,
+            request.run_deadline(started),
             undoes=request.undoes,
         )
     except ValueError as exc:  # arguments no retry could fix: a malformed request
@@ -67,6 +72,15 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             )
         )
         return
+    if isinstance(outcome, DeadlinePassed) and request.run_deadline(started) < request.complete_by:
+        outcome = Failed(
+            code="timed_out",
+            message=(
+                f"no answer from {service} within the run budget of {request.run_budget_s:g}s"
+                f" ({outcome.last_error})"
+            ),
+            transient=True,
+        )
     if isinstance(outcome, DeadlinePassed):
         log.info(
             "%s: %s %s attempt %d passed complete-by (%s); sending nothing",

@@ -517,7 +517,10 @@ def create_orders(
         budget = deadlines[i] - now
         late = budget <= timedelta(0)
         budget = max(budget, timedelta(milliseconds=1))
-        steps = tuple(dataclasses.replace(s, complete_by_budget=budget) for s in base.steps)
+        steps = tuple(
+            dataclasses.replace(s, complete_by_budget=budget, queue_budget=timedelta(0))
+            for s in base.steps
+        )
         flow = Workflow(name=base.name, steps=steps, retry=base.retry)
         ctx = lifecycle.Context(workflow=flow, now=now, actor="scheduler:bench")
         decision = lifecycle.submit(submitted, ctx)

@@ -94,7 +94,10 @@ def runtime(connection_string: str) -> Runtime:
 
 
 def create(rt: Runtime, count: int, *, budget: timedelta, workers: int) -> None:
-    steps = tuple(replace(step, complete_by_budget=budget) for step in ORDER_WORKFLOW.steps)
+    steps = tuple(
+        replace(step, complete_by_budget=budget, queue_budget=timedelta(0))
+        for step in ORDER_WORKFLOW.steps
+    )
     flow = Workflow(name=ORDER_WORKFLOW.name, steps=steps, retry=ORDER_WORKFLOW.retry)
     run = uuid.uuid4().hex[:6]
 

@@ -78,7 +78,7 @@ def earliest_due(rt: Runtime, now: datetime) -> datetime:
     An index row whose order is not there yet (a create or resubmit may be on its way) is kept
     no later than this, so the order that follows is never found late.
     """
-    budgets = [s.complete_by_budget for flow in rt.workflows.values() for s in flow.steps]
+    budgets = [s.deadline_budget for flow in rt.workflows.values() for s in flow.steps]
     return now + min(DEFAULT_FLUSH_GRACE, rt.settings.pending_stale_after / 2, *budgets)
 
 

@@ -438,7 +438,7 @@ def _claim(order: Order, ctx: Context) -> Order:
     else:
         state, step_state = _P.COMPENSATING, record.state
     attempt = order.attempt + 1
-    complete_by = ctx.now + step.complete_by_budget
+    complete_by = ctx.now + step.deadline_budget
     order = order.with_step(
         step.name, state=step_state, generation=generation, attempt=record.attempt + 1
     )
@@ -461,6 +461,7 @@ def _claim(order: Order, ctx: Context) -> Order:
         action=step.action_for(operation),
         attempt=attempt,
         complete_by=complete_by,
+        run_budget_s=step.complete_by_budget.total_seconds(),
         idempotency_key=record.key(order.order_id, operation),
         undoes=record.forward_key(order.order_id) if operation == "undo" else None,
         payload=order.payload,

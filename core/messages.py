@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import (
@@ -129,6 +129,7 @@ Actor = Annotated[str, AfterValidator(ids.validate_instance_id)]
 ErrorCode = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
 Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPT)]
+MAX_RUN_BUDGET_S: Final = 86_400.0
 Counter = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPT)]
 Detail = Annotated[str, _truncator(MAX_DETAIL_BYTES)]
 JsonObject = dict[str, JsonValue]
@@ -255,6 +256,10 @@ class AgentRequest(MessageBase):
     An undo names the forward call it undoes (``undoes``, the step's ``do`` key of the same
     generation): the remote service undoes that call if it happened, and otherwise answers
     "nothing to undo" and refuses that key for ever after (see docs/remote-service-contract.md).
+
+    ``complete_by`` is the attempt's deadline: an agent that picks the request up later drops
+    it. ``run_budget_s`` is how long the call may take once an agent has started it (None, as
+    from a Scheduler that predates it: until ``complete_by``).
     """
 
     type: Literal["AgentRequest"] = "AgentRequest"
@@ -264,6 +269,9 @@ class AgentRequest(MessageBase):
     action: ActionName
     attempt: Attempt
     complete_by: UtcDatetime
+    run_budget_s: Annotated[float, Field(gt=0, le=MAX_RUN_BUDGET_S, allow_inf_nan=False)] | None = (
+        None
+    )
     idempotency_key: str
     undoes: str | None = None
     payload: JsonObject = Field(default_factory=dict)
@@ -287,6 +295,12 @@ class AgentRequest(MessageBase):
     @property
     def generation(self) -> int:
         return ids.parse_idempotency_key(self.idempotency_key).generation
+
+    def run_deadline(self, started: datetime) -> datetime:
+        """When a call started at ``started`` must stop: its run budget, within complete-by."""
+        if self.run_budget_s is None:
+            return self.complete_by
+        return min(self.complete_by, started + timedelta(seconds=self.run_budget_s))
 
 
 class AgentResponse(MessageBase):

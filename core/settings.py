@@ -9,6 +9,7 @@ one place that decides which.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ class Settings:
     supervisor_concurrency: int = 4
     pending_stale_after: timedelta = timedelta(minutes=2)
     step_timeout: timedelta | None = None
+    step_queue: timedelta | None = None
     failure_threshold: int | None = None
     retry_base_delay: timedelta | None = None
     retry_max_delay: timedelta | None = None
@@ -105,6 +107,8 @@ class Settings:
             steps = tuple(
                 dataclasses.replace(step, complete_by_budget=self.step_timeout) for step in steps
             )
+        if self.step_queue is not None:
+            steps = tuple(dataclasses.replace(step, queue_budget=self.step_queue) for step in steps)
         retry = flow.retry
         if self.retry_base_delay is not None or self.retry_max_delay is not None:
             base = self.retry_base_delay or retry.base_delay
@@ -143,6 +147,7 @@ class Settings:
             supervisor_concurrency=reader.int_or_none("SUPERVISOR_CONCURRENCY") or 4,
             pending_stale_after=reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0),
             step_timeout=reader.seconds_or_none("STEP_TIMEOUT_SECONDS"),
+            step_queue=reader.seconds_or_none("STEP_QUEUE_SECONDS", allow_zero=True),
             failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
             retry_base_delay=reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS"),
             retry_max_delay=reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS"),
@@ -204,7 +209,7 @@ class _Reader:
     def seconds(self, name: str, default: float) -> timedelta:
         return self.seconds_or_none(name) or timedelta(seconds=default)
 
-    def seconds_or_none(self, name: str) -> timedelta | None:
+    def seconds_or_none(self, name: str, *, allow_zero: bool = False) -> timedelta | None:
         raw = self.env.get(name, "").strip()
         if not raw:
             return None
@@ -212,8 +217,9 @@ class _Reader:
             value = float(raw)
         except ValueError:
             raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if value <= 0:
-            raise SettingsError(f"{name} must be positive, got {raw!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            limit = "zero or more" if allow_zero else "positive"
+            raise SettingsError(f"{name} must be {limit} seconds, got {raw!r}")
         return timedelta(seconds=value)
 
     def int_or_none(self, name: str) -> int | None:

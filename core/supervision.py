@@ -336,8 +336,8 @@ class RecoveryBound:
 
     ``detection_s = period + budget + period``. An order's longest wait between two timeline
     entries (``stall_s``) adds the longest it may wait on purpose before it is due: a step's
-    CompleteBy budget, or a retry delay plus the stale time after which a released order with
-    no progress is due. (A deferral waits for the service's ``retry_at`` by design; that wait
+    CompleteBy budget (its queue budget plus its run budget), or a retry delay plus the stale
+    time after which a released order with no progress is due. (A deferral waits for the service's ``retry_at`` by design; that wait
     comes on top, as the service asked.)
     """
 
@@ -359,7 +359,7 @@ def recovery_bound(settings: Settings) -> RecoveryBound:
     budget = settings.supervisor_budget.total_seconds()
     detection = period + budget + period
     flows = settings.workflows().values()
-    step_budget = max(s.complete_by_budget.total_seconds() for f in flows for s in f.steps)
+    step_budget = max(s.deadline_budget.total_seconds() for f in flows for s in f.steps)
     retry_cap = max(f.retry.cap.total_seconds() for f in flows)
     stale = settings.pending_stale_after.total_seconds()
     return RecoveryBound(

@@ -79,7 +79,11 @@ class Step:
 
     ``operation``/``undo_operation`` are the remote service's action names (``reserve`` /
     ``release``); ``undo_operation`` is None for a step with nothing to undo.
-    ``complete_by_budget`` is how long one attempt may take, from claim to reply.
+    ``complete_by_budget`` is how long one attempt may take once its agent starts it (start to
+    reply). ``queue_budget`` is how long its request may wait for an agent before that (a
+    backlog, a cold start). An attempt's CompleteBy, the Supervisor's deadline, is the claim
+    plus both; the agent stops its own call ``complete_by_budget`` after it started and
+    reports a timeout, so a hung call is retried at once while a queued one is left to wait.
     """
 
     name: str
@@ -88,6 +92,7 @@ class Step:
     operation: str
     undo_operation: str | None
     complete_by_budget: timedelta
+    queue_budget: timedelta = timedelta(0)
 
     def __post_init__(self) -> None:
         ids.validate_name(self.name, "step name")
@@ -98,6 +103,13 @@ class Step:
             ids.validate_name(self.undo_operation, "action name")
         if self.complete_by_budget <= timedelta(0):
             raise ValueError(f"step {self.name}: complete_by_budget must be positive")
+        if self.queue_budget < timedelta(0):
+            raise ValueError(f"step {self.name}: queue_budget must not be negative")
+
+    @property
+    def deadline_budget(self) -> timedelta:
+        """From claim to CompleteBy: the wait for an agent, then the call."""
+        return self.queue_budget + self.complete_by_budget
 
     @property
     def compensable(self) -> bool:
@@ -186,6 +198,9 @@ DEFAULT_RETRY: Final = RetryPolicy(
     base_delay=timedelta(seconds=5), factor=2.0, cap=timedelta(minutes=5), jitter=0.2
 )
 
+DEFAULT_QUEUE_BUDGET: Final = timedelta(seconds=60)
+"""Room for a backlog or a cold start: an attempt's request may wait this long for an agent."""
+
 ORDER_WORKFLOW: Final = Workflow(
     name="order",
     steps=(
@@ -195,6 +210,7 @@ ORDER_WORKFLOW: Final = Workflow(
             operation="reserve",
             undo_operation="release",
             complete_by_budget=timedelta(seconds=30),
+            queue_budget=DEFAULT_QUEUE_BUDGET,
         ),
         Step(
             name="charge_payment",
@@ -202,6 +218,7 @@ ORDER_WORKFLOW: Final = Workflow(
             operation="charge",
             undo_operation="refund",
             complete_by_budget=timedelta(seconds=30),
+            queue_budget=DEFAULT_QUEUE_BUDGET,
         ),
         Step(
             name="create_shipment",
@@ -209,6 +226,7 @@ ORDER_WORKFLOW: Final = Workflow(
             operation="create",
             undo_operation="cancel",
             complete_by_budget=timedelta(seconds=30),
+            queue_budget=DEFAULT_QUEUE_BUDGET,
         ),
     ),
     retry=DEFAULT_RETRY,

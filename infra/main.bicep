@@ -71,6 +71,9 @@ param pendingStaleAfterSeconds string = '120'
 @description('Budget of one step attempt in seconds, for every step. Empty: each step keeps its workflow budget.')
 param stepTimeoutSeconds string = ''
 
+@description('How long a step request may wait for its agent (a backlog, a cold start) before the attempt budget starts, in seconds, for every step. Empty: each step keeps its workflow queue budget.')
+param stepQueueSeconds string = ''
+
 @description('First retry delay in seconds. Empty: the workflow default.')
 param retryBaseDelaySeconds string = ''
 
@@ -185,6 +188,7 @@ var appSettings = {
   FAILURE_THRESHOLD: failureThreshold
   PENDING_STALE_AFTER_SECONDS: pendingStaleAfterSeconds
   STEP_TIMEOUT_SECONDS: stepTimeoutSeconds
+  STEP_QUEUE_SECONDS: stepQueueSeconds
   RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
 }

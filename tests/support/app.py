@@ -41,6 +41,9 @@ def app_settings(
         "SUPERVISION_TABLE": f"{tables}supervision",
         "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
         "STEP_TIMEOUT_SECONDS": "5",
+        # CompleteBy is the claim plus 5 s, as these tests drive the Supervisor's deadlines; a
+        # queue budget (the agent's own run budget within it) has its own tests.
+        "STEP_QUEUE_SECONDS": "0",
         "PENDING_STALE_AFTER_SECONDS": "10",
         "RETRY_BASE_DELAY_SECONDS": "1",
         "RETRY_MAX_DELAY_SECONDS": "4",

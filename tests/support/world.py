@@ -6,7 +6,8 @@ The agents are modelled here (the real agent talks HTTP): an agent request is an
 remote-service contract says (docs/remote-service-contract.md) - at most one effect per key, an
 undo that names its forward key either undoes it or tombstones it - with a fault chosen by the
 test: a decline, a transient failure, an open circuit, a reply lost before or after the effect,
-or a request that hangs and lands later.
+a call that took effect but ran out of its run budget (a transient ``timed_out``), or a request
+that hangs and lands later.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ QUEUES = {
 REPLY_QUEUE = "client-replies"
 AGENT_QUEUES = {QUEUES[name]: name for name in ("inventory", "payment", "shipping")}
 
-Fault = Literal["ok", "decline", "transient", "deferred", "lost_before", "lost_after", "late"]
+Fault = Literal[
+    "ok", "decline", "transient", "deferred", "lost_before", "lost_after", "late", "timed_out"
+]
 FAULTS: tuple[Fault, ...] = (
     "ok",
     "decline",
@@ -60,6 +63,7 @@ FAULTS: tuple[Fault, ...] = (
     "lost_before",
     "lost_after",
     "late",
+    "timed_out",
 )
 
 
@@ -248,7 +252,9 @@ class World:
             self._reply(request, fault)
             return
         outcome, code = self.services.call(request, decline=fault == "decline")
-        if fault != "lost_after":
+        if fault == "timed_out":  # it took effect, but the run budget ran out before the answer
+            self._reply(request, "transient", "timed_out")
+        elif fault != "lost_after":
             self._reply(request, outcome, code)
 
     def _answer(self, request: AgentRequest, decline: bool) -> None:
@@ -258,7 +264,7 @@ class World:
     def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
         fields: dict[str, object] = {}
         if outcome == "transient":
-            fields = {"outcome": "failed", "transient": True, "error_code": "unavailable"}
+            fields = {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
         elif outcome == "deferred":
             fields = {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
         elif outcome == "failed":

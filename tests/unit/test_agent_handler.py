@@ -68,9 +68,11 @@ class Runtime:
             "payment", BreakerSettings(**breaker), clock=self.clock_.monotonic
         )
 
+        self.service = service
+
         def transport(request: httpx.Request) -> httpx.Response:
             self.requests.append(request)
-            return service(request)
+            return self.service(request)
 
         self.client = RemoteServiceClient(
             "payment",
@@ -107,9 +109,12 @@ class Runtime:
         return parse_message(encode(response), AgentResponse)
 
 
-def request(operation: str = "do", budget: float = 30.0, attempt: int = 2) -> AgentRequest:
+def request(
+    operation: str = "do", budget: float = 30.0, attempt: int = 2, run_budget: float | None = None
+) -> AgentRequest:
     undo = operation == "undo"
     return AgentRequest(
+        run_budget_s=run_budget,
         order_id="o-1",
         step="charge_payment",
         operation=operation,  # type: ignore[arg-type]
@@ -233,6 +238,53 @@ def test_past_complete_by_nothing_is_called_or_sent() -> None:
     rt.clock_.sleep(31.0)
     assert rt.handle(request("do", budget=30.0)) is None
     assert rt.requests == [] and rt.alerts == []
+
+
+def slow(rt: Runtime, seconds: float) -> Callable[[httpx.Request], httpx.Response]:
+    """A service that answers 503 after ``seconds`` (of the test's clock)."""
+
+    def service(_request: httpx.Request) -> httpx.Response:
+        rt.clock_.sleep(seconds)
+        return httpx.Response(503, json=refusal(503, "unavailable"))
+
+    return service
+
+
+def test_a_request_that_waited_in_the_queue_still_gets_its_whole_run_budget() -> None:
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    rt.clock_.sleep(50.0)  # picked up 50 s after the claim: within the queue budget
+    response = rt.handle(request("do", budget=90.0, run_budget=30.0))
+    assert response is not None and response.outcome == "succeeded"
+
+
+def test_a_call_past_its_run_budget_reports_a_transient_timeout_at_once() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=100)
+    rt.service = slow(rt, 9.0)
+    rt.clock_.sleep(50.0)  # picked up at +50 s: its call may run until +65 s, not until +90 s
+    response = rt.handle(request("do", budget=90.0, run_budget=15.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        "timed_out",
+    )
+    assert "run budget of 15s" in (response.error_message or "")
+    assert len(rt.requests) == 2  # the second attempt ran out of the run budget
+
+
+def test_a_call_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=100)
+    rt.service = slow(rt, 9.0)
+    rt.clock_.sleep(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
+    assert rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
+    assert rt.requests  # it did try
+
+
+def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=100)
+    rt.service = slow(rt, 9.0)
+    assert rt.handle(request("do", budget=15.0, run_budget=None)) is None
+    assert len(rt.requests) == 2
 
 
 def test_a_malformed_request_is_alerted_not_answered() -> None:

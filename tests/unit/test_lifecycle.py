@@ -102,9 +102,14 @@ def test_a_new_order_is_created_claimed_and_dispatched_in_one_write():
     assert order is not None and decision.entry is not None
     assert order.state is ProcessState.PROCESSING and order.attempt == 1
     assert order.locked_by == "scheduler:a"
-    assert order.complete_by == T0 + FLOW.first_step.complete_by_budget
+    first = FLOW.first_step
+    assert order.complete_by == T0 + first.queue_budget + first.complete_by_budget
     assert order.step("reserve_inventory").state is StepState.RUNNING
     assert kinds(decision) == ["StatusUpdate", "StatusUpdate", "AgentRequest"]
+    request = decision.send[-1].message
+    assert isinstance(request, AgentRequest)
+    assert request.complete_by == order.complete_by
+    assert request.run_budget_s == first.complete_by_budget.total_seconds()
     assert order.outbox == decision.send
     assert [s.message.sequence for s in decision.send[:2]] == [0, 1]  # type: ignore[attr-defined]
     assert decision.entry.event == "created" and decision.entry.seq == 0
@@ -310,7 +315,10 @@ def test_the_supervisor_leaves_an_order_within_its_deadline_alone():
 
 
 def test_the_supervisor_releases_an_order_past_its_deadline():
-    after = decide(new_order(), Swept(), ctx(31, actor="supervisor:s")).order
+    deadline = FLOW.first_step.deadline_budget.total_seconds()
+    early = decide(new_order(), Swept(), ctx(deadline - 1, actor="supervisor:s"))
+    assert early.order is None and early.note == "in flight, within its deadline"
+    after = decide(new_order(), Swept(), ctx(deadline + 1, actor="supervisor:s")).order
     assert after is not None and after.state is ProcessState.PENDING
     assert after.failure_count == 1 and "passed CompleteBy" in (after.last_error or "")
     # The statuses of the write that dispatched are carried along: they may never have left.

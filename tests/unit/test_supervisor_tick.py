@@ -50,6 +50,7 @@ def settings(concurrency: int = 4) -> Settings:
         storage=Connection("st"),
         supervisor_concurrency=concurrency,
         step_timeout=STEP_TIMEOUT,
+        step_queue=timedelta(0),
         retry_base_delay=timedelta(seconds=5),
         retry_max_delay=timedelta(seconds=60),
     )
