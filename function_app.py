@@ -2,8 +2,10 @@
 
 Scheduler (Service Bus triggers on the orders, agent-responses and scheduler-commands queues),
 one Agent per remote service (Service Bus triggers on their request queues), the Supervisor
-(timer trigger), and the operator API (HTTP triggers, function keys). Queue names, the schedule
-and connections are app settings (`%NAME%`). Telemetry is configured first: export to
+(timer trigger), the retention purge (timer trigger) and the operator API (HTTP triggers,
+function keys). Queue names, the Supervisor's schedule and connections are app settings
+(`%NAME%`); the purge's schedule is the PURGE_SCHEDULE setting read at indexing
+(retention/functions.py says why). Telemetry is configured first: export to
 Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
 """
 
@@ -12,6 +14,7 @@ import azure.functions as func
 from agent.functions import bp as agents
 from core import telemetry
 from operator_api.functions import bp as operator_api
+from retention.functions import bp as retention
 from scheduler.functions import bp as scheduler
 from supervisor.functions import bp as supervisor
 
@@ -21,4 +24,5 @@ app = func.FunctionApp()
 app.register_functions(scheduler)
 app.register_functions(agents)
 app.register_functions(supervisor)
+app.register_functions(retention)
 app.register_functions(operator_api)

@@ -10,6 +10,7 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 from azure.servicebus import ServiceBusClient
+from azure.storage.blob import BlobServiceClient
 
 from core.op_counts import COUNTS
 from core.settings import Connection
@@ -23,6 +24,20 @@ def table_service(conn: Connection) -> TableServiceClient:
         )
     assert conn.endpoint is not None
     return TableServiceClient(conn.endpoint, credential=conn.credential(), raw_request_hook=hook)
+
+
+def blob_service(conn: Connection) -> BlobServiceClient:
+    """The state storage account's blob service (the purge's archive)."""
+    hook = COUNTS.request_hook("blob")
+    if conn.connection_string:
+        return BlobServiceClient.from_connection_string(
+            conn.connection_string, raw_request_hook=hook
+        )
+    if conn.blob_endpoint is None:
+        raise ValueError(f"{conn.name} names no blob service endpoint (__blobServiceUri)")
+    return BlobServiceClient(
+        conn.blob_endpoint, credential=conn.credential(), raw_request_hook=hook
+    )
 
 
 def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:

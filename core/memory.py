@@ -4,7 +4,8 @@ For fast tests of everything above the adapters (the lifecycle, the shell, the h
 store keeps ETags and the active and Error indexes with the Table store's semantics (a write
 conditional on a stale ETag raises :class:`ConcurrencyConflict`); the bus records what was sent,
 keeps duplicate detection by MessageId, and can be told to fail the next sends (a crash between
-the write and the send).
+the write and the send). The store also has the purge's reads and ETag-conditional delete
+(:mod:`core.purge`), and :class:`MemoryArchive` the archive's JSON lines (:mod:`core.archive`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
+from core import archive
 from core.active_index import DEFAULT_GRACE, bucket_partition, index_partition, index_row_key
 from core.messages import MessageBase, OrderSubmitted, message_id_for, utc_now
 from core.order import Order, TimelineEntry
+from core.purge_log import MemoryPurgeLog
+from core.retention import PURGEABLE_STATES, Candidate, DeleteOutcome, OrderSnapshot
 from core.state_models import (
     ActivePage,
     ActiveRow,
@@ -120,6 +124,7 @@ class MemoryStore:
         self.index = MemoryIndex(clock)
         self.errors = MemoryIndex(clock)
         self.supervision = MemorySupervision()
+        self.purges = MemoryPurgeLog()
 
     def ensure_tables(self) -> None:
         pass
@@ -222,11 +227,77 @@ class MemoryStore:
     ) -> bool:
         return self.index.reap(row, order, grace=grace)
 
+    def purge_candidates(
+        self,
+        before: datetime,
+        states: Iterable[ProcessState] = PURGEABLE_STATES,
+        *,
+        page_size: int = 1000,
+    ) -> Iterator[Candidate]:
+        wanted = {ProcessState(s) for s in states}
+        if not wanted or any(s.in_flight for s in wanted):
+            raise ValueError("only finished states (Processed, Error) can be purged")
+        for order in sorted(self._orders.values(), key=lambda o: o.order_id):
+            if order.state in wanted and order.updated_at < before:
+                yield Candidate(order.order_id, order.state, order.updated_at)
+
+    def snapshot(self, order_id: str) -> OrderSnapshot | None:
+        with self._lock:
+            order = self._orders.get(order_id)
+            if order is None:
+                return None
+            submitted, payload_hash = self._details[order_id]
+            timeline = tuple(self._timelines[order_id])
+        return OrderSnapshot(
+            submitted=submitted,
+            payload_hash=payload_hash,
+            process=order,
+            timeline=timeline,
+            other_rows=tuple(f"timeline-{entry.seq:08d}" for entry in timeline),
+        )
+
+    def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
+        order_id = snapshot.process.order_id
+        with self._lock:
+            stored = self._orders.get(order_id)
+            if stored is None:
+                return DeleteOutcome.GONE
+            if stored.etag != snapshot.process.etag:
+                return DeleteOutcome.CHANGED
+            del self._orders[order_id], self._details[order_id], self._timelines[order_id]
+        return DeleteOutcome.PURGED
+
+    def finish_purge(self, order_id: str) -> bool:
+        return False  # one purge is one step here: nothing is ever left half done
+
     def orders(self) -> list[Order]:
         return list(self._orders.values())
 
     def _etag(self) -> str:
         return f"e{next(self._etags)}"
+
+
+class MemoryArchive:
+    """:class:`core.archive.BlobArchive` in memory: the same JSON lines, one list per blob."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, list[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, day: date, records: Sequence[archive.ArchivedOrder]) -> str:
+        name = archive.blob_name(day)
+        with self._lock:
+            self._blobs.setdefault(name, []).extend(archive.encode(r) for r in records)
+        return name
+
+    def lines(self, blob: str) -> Iterator[bytes]:
+        with self._lock:
+            return iter([line.rstrip(b"\n") for line in self._blobs.get(blob, [])])
+
+    def blobs(self, day: date | None = None) -> list[str]:
+        prefix = archive.day_prefix(day) if day is not None else ""
+        with self._lock:
+            return sorted(name for name in self._blobs if name.startswith(prefix))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,15 @@ QUEUE_SETTINGS = {
 }
 SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
 
+RETENTION_DAYS_SETTING = "RETENTION_DAYS"
+PURGE_SCHEDULE_SETTING = "PURGE_SCHEDULE"
+ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
+DEFAULT_RETENTION_DAYS = 30
+MAX_RETENTION_DAYS = 3650
+DEFAULT_PURGE_SCHEDULE = "0 30 2 * * *"
+"""Every day at 02:30 UTC."""
+DEFAULT_ARCHIVE_CONTAINER = "order-archive"
+
 
 class SettingsError(ValueError):
     """A setting is missing or malformed; the message names it and says what is expected."""
@@ -41,12 +50,17 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Connection:
-    """A connection string (local) or an endpoint reached with a managed identity (Azure)."""
+    """A connection string (local) or an endpoint reached with a managed identity (Azure).
+
+    For the state storage account, ``endpoint`` is the table service and ``blob_endpoint`` the
+    blob service (the purge's archive); a connection string names both.
+    """
 
     name: str
     connection_string: str | None = None
     endpoint: str | None = None
     client_id: str | None = None
+    blob_endpoint: str | None = None
 
     def credential(self) -> Any:
         from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
@@ -73,6 +87,11 @@ class Settings:
     failure_threshold: int | None = None
     retry_base_delay: timedelta | None = None
     retry_max_delay: timedelta | None = None
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    """Days a finished order (Processed, or Error once resolved) is kept; 0: never purged by
+    the timer (operators may still purge on demand)."""
+    purge_schedule: str = DEFAULT_PURGE_SCHEDULE
+    archive_container: str = DEFAULT_ARCHIVE_CONTAINER
 
     def queue(self, role: str) -> str:
         return self.queues[role]
@@ -151,12 +170,50 @@ class Settings:
             failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
             retry_base_delay=reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS"),
             retry_max_delay=reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS"),
+            retention_days=reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS),
+            purge_schedule=purge_schedule(env),
+            archive_container=validate_container_name(
+                reader.optional(ARCHIVE_CONTAINER_SETTING, DEFAULT_ARCHIVE_CONTAINER),
+                ARCHIVE_CONTAINER_SETTING,
+            ),
         )
         ids.validate_table_name(settings.orders_table)
         ids.validate_table_name(settings.active_table)
         ids.validate_table_name(settings.supervision_table)
         settings.supervisor_period  # noqa: B018 - refuse a schedule without a fixed period now
         return settings
+
+
+_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)
+_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}", re.ASCII)
+
+
+def purge_schedule(env: Mapping[str, str]) -> str:
+    """The purge timer's NCRONTAB schedule (six fields, seconds first, UTC).
+
+    The timer function reads this while the app is indexed (the schedule is part of its
+    binding), so a bad value stops the host with this message.
+    """
+    schedule = " ".join((env.get(PURGE_SCHEDULE_SETTING, "") or "").split())
+    if not schedule:
+        return DEFAULT_PURGE_SCHEDULE
+    fields = schedule.split(" ")
+    if len(fields) != 6 or not all(_CRON_FIELD.fullmatch(field) for field in fields):
+        raise SettingsError(
+            f"{PURGE_SCHEDULE_SETTING} must be an NCRONTAB schedule of six fields, seconds "
+            f"first, e.g. {DEFAULT_PURGE_SCHEDULE!r} (every day at 02:30 UTC); got {schedule!r}"
+        )
+    return schedule
+
+
+def validate_container_name(name: str, setting: str) -> str:
+    """A Blob container name: 3-63 lowercase letters, digits and single hyphens."""
+    if not _CONTAINER.fullmatch(name):
+        raise SettingsError(
+            f"{setting} must be a blob container name (3-63 lowercase letters, digits and "
+            f"single hyphens, starting and ending with a letter or digit); got {name!r}"
+        )
+    return name
 
 
 _UNITS = ((1, 60), (60, 60), (3600, 24))
@@ -222,6 +279,17 @@ class _Reader:
             raise SettingsError(f"{name} must be {limit} seconds, got {raw!r}")
         return timedelta(seconds=value)
 
+    def days(self, name: str, default: int) -> int:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return default
+        if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_RETENTION_DAYS:
+            raise SettingsError(
+                f"{name} must be a whole number of days from 0 (never purge) to "
+                f"{MAX_RETENTION_DAYS}, got {raw!r}"
+            )
+        return int(raw)
+
     def int_or_none(self, name: str) -> int | None:
         raw = self.env.get(name, "").strip()
         if not raw:
@@ -248,13 +316,24 @@ class _Reader:
     def storage(self, name: str) -> Connection:
         conn = self.env.get(name, "").strip()
         table = self.env.get(f"{name}__tableServiceUri", "").strip()
+        blob = self.env.get(f"{name}__blobServiceUri", "").strip()
         if conn:
             return Connection(name, connection_string=conn)
-        if table:
+        if table and blob:
             return Connection(
-                name, endpoint=table, client_id=self.env.get(f"{name}__clientId") or None
+                name,
+                endpoint=table,
+                blob_endpoint=blob,
+                client_id=self.env.get(f"{name}__clientId") or None,
+            )
+        if table:
+            raise SettingsError(
+                f"{name}__blobServiceUri is not set: with a managed identity the state storage "
+                f"needs its blob service too (the purge archives finished orders there), e.g. "
+                "https://<account>.blob.core.windows.net/"
             )
         raise SettingsError(
             f"state storage {name} is not configured: set {name} to a connection string (local) "
-            f"or {name}__tableServiceUri (+ {name}__clientId) for a managed identity (Azure)"
+            f"or {name}__tableServiceUri and {name}__blobServiceUri (+ {name}__clientId) for a "
+            "managed identity (Azure)"
         )

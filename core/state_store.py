@@ -19,6 +19,12 @@ the Supervisor resolves: it resends what a finished order owes, then deletes the
 index (:mod:`core.error_index`) is written before the write that enters Error and deleted after
 the one that leaves it.
 
+Purge (:mod:`core.purge`, off the hot path): :meth:`OrderStateStore.purge_candidates` scans the
+process rows of finished orders last changed before a cutoff (one pass over the table per run;
+no index, so nothing is added to the hot path), :meth:`~OrderStateStore.snapshot` reads one
+order's rows in one partition query, and :meth:`~OrderStateStore.purge` deletes them in Table
+transactions, the first conditional on the process row's ETag (:func:`core.retention.delete_plan`).
+
 Every id is validated (:mod:`core.ids`) before any request; every filter is parameterized.
 """
 
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Self
@@ -40,6 +46,15 @@ from core.active_index import DEFAULT_GRACE, ActiveOrderIndex
 from core.error_index import ErrorOrderIndex
 from core.messages import OrderSubmitted, utc_now
 from core.order import Order, TimelineEntry
+from core.purge_log import PurgeLog
+from core.retention import (
+    MAX_BATCH,
+    PURGEABLE_STATES,
+    Candidate,
+    DeleteOutcome,
+    OrderSnapshot,
+    delete_plan,
+)
 from core.state_models import (
     DETAILS_ROW,
     PROCESS_ROW,
@@ -68,6 +83,8 @@ from core.supervision import SupervisionTable
 DEFAULT_ORDERS_TABLE: Final = "orders"
 DEFAULT_ACTIVE_TABLE: Final = "activeorders"
 DEFAULT_SUPERVISION_TABLE: Final = "supervision"
+PURGE_MARKER_ROW: Final = "purging"
+"""Written by the first transaction of a purge that needs several; deleted by the last."""
 
 
 class OrderStateStore:
@@ -100,6 +117,8 @@ class OrderStateStore:
         """The active-order index; the Supervisor lists and reaps through it."""
         self.errors = ErrorOrderIndex(self._orders, clock)
         """The index of orders in Error (a partition of the orders table)."""
+        self.purges = PurgeLog(self._orders)
+        """The record of purge runs (a partition of the orders table)."""
         self._supervision: TableClient = service.get_table_client(self._supervision_name)
         self.supervision = SupervisionTable(self._supervision)
         """The Supervisor instances' bucket leases and sweep checkpoints."""
@@ -335,6 +354,127 @@ class OrderStateStore:
             ) from None
         return dataclasses.replace(after, etag=results[0]["etag"])
 
+    # ------------------------------------------------------------------------------ purge
+
+    def purge_candidates(
+        self,
+        before: datetime,
+        states: Iterable[ProcessState] = PURGEABLE_STATES,
+        *,
+        page_size: int = 1000,
+    ) -> Iterator[Candidate]:
+        """Process rows in one of ``states`` last changed before ``before``, and the markers of
+        interrupted purges: a scan of the orders table (one request per page the service
+        answers), reading four properties per row."""
+        wanted = sorted({ProcessState(s) for s in states})
+        if not wanted or any(s.in_flight for s in wanted):
+            raise ValueError("only finished states (Processed, Error) can be purged")
+        params: dict[str, Any] = {"process": PROCESS_ROW, "marker": PURGE_MARKER_ROW}
+        params |= {"before": utc(before)}
+        params |= {f"s{n}": state.value for n, state in enumerate(wanted)}
+        either = " or ".join(f"ProcessState eq @s{n}" for n in range(len(wanted)))
+        query = self._orders.query_entities(
+            # The SDK substitutes @names only between spaces, hence "( ... )".
+            f"( RowKey eq @process and UpdatedAt lt @before and ( {either} ) ) "
+            "or RowKey eq @marker",
+            parameters=params,
+            select=["PartitionKey", "RowKey", "ProcessState", "UpdatedAt"],
+            results_per_page=page_size,
+        )
+        for entity in query:
+            if entity["RowKey"] == PURGE_MARKER_ROW:
+                yield Candidate(entity["PartitionKey"], None, None, interrupted=True)
+            else:
+                yield Candidate(
+                    order_id=entity["PartitionKey"],
+                    state=ProcessState(entity["ProcessState"]),
+                    updated_at=utc(entity["UpdatedAt"]),
+                )
+
+    def snapshot(self, order_id: str) -> OrderSnapshot | None:
+        """Every row of an order (one partition query); None if it has no process row (gone,
+        or its purge was interrupted: see :meth:`finish_purge`)."""
+        order_id = ids.validate_order_id(order_id)
+        rows = {row["RowKey"]: row for row in self._partition(order_id)}
+        details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
+        if process is None or PURGE_MARKER_ROW in rows:
+            return None
+        if details is None:
+            raise CorruptOrderState(f"order {order_id} has a process row but no details row")
+        try:
+            submitted = OrderSubmitted.model_validate_json(get_json(details, "Payload") or "")
+        except ValueError as exc:
+            raise CorruptOrderState(f"details of order {order_id} are unreadable: {exc}") from None
+        others = sorted(key for key in rows if key not in (DETAILS_ROW, PROCESS_ROW))
+        return OrderSnapshot(
+            submitted=submitted,
+            payload_hash=details.get("PayloadHash", ""),
+            process=order_from_entity(process, etag_of(process)),
+            timeline=tuple(
+                timeline_from_entity(rows[key]) for key in others if key.startswith(TIMELINE_PREFIX)
+            ),
+            other_rows=tuple(others),
+        )
+
+    def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
+        """Delete every row of the order in ``snapshot`` if its process row is unchanged.
+
+        One transaction when the order has at most 100 rows; otherwise the first transaction
+        (process row, conditional, plus a marker) decides, and the others follow
+        (:class:`core.retention.DeletePlan`). Nothing is deleted when the order changed.
+        """
+        order_id = ids.validate_order_id(snapshot.process.order_id)
+        plan = delete_plan(PROCESS_ROW, DETAILS_ROW, snapshot.other_rows, MAX_BATCH)
+        condition = {
+            "etag": snapshot.process.etag,
+            "match_condition": MatchConditions.IfNotModified,
+        }
+        first: list[tuple[Any, ...]] = [("delete", _key(order_id, PROCESS_ROW), condition)]
+        first += [("delete", _key(order_id, row)) for row in plan.first[1:]]
+        if not plan.atomic:
+            marker = _key(order_id, PURGE_MARKER_ROW) | {
+                "Generation": snapshot.process.generation,
+                "StartedAt": utc(self._clock()),
+            }
+            first.append(("create", marker))
+        try:
+            self._orders.submit_transaction(first)
+        except TableTransactionError as exc:
+            if exc.status_code not in (404, 409, 412):
+                raise
+            return DeleteOutcome.GONE if self.find(order_id) is None else DeleteOutcome.CHANGED
+        if not plan.atomic:
+            for rows in plan.middle:
+                self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
+            self._delete_last(order_id, plan.last)
+        return DeleteOutcome.PURGED
+
+    def finish_purge(self, order_id: str) -> bool:
+        """Delete what an interrupted purge left (its marker says the process row is gone);
+        False if there is nothing to finish."""
+        order_id = ids.validate_order_id(order_id)
+        keys = sorted(row["RowKey"] for row in self._partition(order_id))
+        if PURGE_MARKER_ROW not in keys or PROCESS_ROW in keys:
+            return False
+        rest = [k for k in keys if k not in (DETAILS_ROW, PURGE_MARKER_ROW)]
+        while len(rest) > MAX_BATCH - 2:
+            batch, rest = rest[:MAX_BATCH], rest[MAX_BATCH:]
+            self._orders.submit_transaction([("delete", _key(order_id, r)) for r in batch])
+        self._delete_last(order_id, (*rest, *([DETAILS_ROW] if DETAILS_ROW in keys else [])))
+        return True
+
+    def _delete_last(self, order_id: str, rows: Iterable[str]) -> None:
+        operations = [("delete", _key(order_id, r)) for r in rows]
+        operations.append(("delete", _key(order_id, PURGE_MARKER_ROW)))
+        self._orders.submit_transaction(operations)
+
+    def _partition(self, order_id: str) -> list[Any]:
+        return list(
+            self._orders.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": order_id}, results_per_page=1000
+            )
+        )
+
     # ------------------------------------------------------------------------------ index
 
     def list_active(self, limit: int = 1000, *, continuation: str | None = None) -> ActivePage:
@@ -346,6 +486,10 @@ class OrderStateStore:
     ) -> bool:
         """Delete an index row that is garbage (see :meth:`ActiveOrderIndex.reap`)."""
         return self.index.reap(row, order, grace=grace)
+
+
+def _key(partition_key: str, row_key: str) -> dict[str, Any]:
+    return {"PartitionKey": partition_key, "RowKey": row_key}
 
 
 def _entity_exists(error: TableTransactionError) -> bool:

@@ -5,6 +5,9 @@ orderctl submit      send an OrderSubmitted message to the orders queue
 orderctl status ID   an order's state, steps and timeline
 orderctl demo        submit orders under a fault profile and watch the pattern cope
 orderctl supervisor  the Supervisor's lag, bucket leases and recovery bound
+orderctl purge       archive, then delete, finished orders past an age (or count them: --dry-run)
+orderctl purges      the recorded purge runs
+orderctl archived ID a purged order, read back from the archive
 """
 
 from __future__ import annotations
@@ -177,6 +180,11 @@ def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
     """Show an order's state, steps and timeline."""
     with operations(workdir) as ops:
         order = ops.show_order(order_id)
+    show_order(order)
+
+
+def show_order(order: Any) -> None:
+    """An order's state, steps and timeline (an OrderDetail)."""
     p = order.order
     console.print(
         Text.assemble(
@@ -359,6 +367,105 @@ def supervisor(workdir: Workdir = DEFAULT_WORKDIR) -> None:
             str(b.due_found),
         )
     console.print(table)
+
+
+@app.command()
+def purge(
+    state: Annotated[
+        str, typer.Option(help="Processed, Error (resolved ones only) or all")
+    ] = "all",
+    older_than: Annotated[
+        int | None,
+        typer.Option(
+            "--older-than",
+            min=1,
+            max=3650,
+            help="days since the order last changed [default: the RETENTION_DAYS setting]",
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="only count what would be purged")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="candidates examined")] = 1000,
+    operator: Operator = OPERATOR,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Archive, then delete, finished orders (never one in flight); recorded with your name."""
+    with operations(workdir) as ops:
+        report = ops.purge(
+            operator=operator,
+            state=state,
+            older_than_days=older_than,
+            dry_run=dry_run,
+            limit=limit,
+        )
+    show_purge(report)
+
+
+def show_purge(report: Any) -> None:
+    kept = ", ".join(f"{reason} {n}" for reason, n in sorted(report.kept.items())) or "none"
+    title = "purge (dry run: nothing changed)" if report.dry_run else f"purge {report.run_id}"
+    table = Table("examined", "purgeable", "archived", "purged", "skipped (changed)", title=title)
+    table.add_row(
+        str(report.examined),
+        str(report.purgeable),
+        str(report.archived),
+        str(report.purged),
+        str(report.skipped_changed),
+    )
+    console.print(table)
+    console.print(
+        Text(
+            f"{', '.join(report.states)} orders last changed before "
+            f"{report.cutoff:%Y-%m-%d %H:%M} UTC ({report.older_than_days:g} days); kept: {kept}"
+        )
+    )
+    if report.blobs:
+        console.print(Text(f"archived to {', '.join(report.blobs)}"))
+    if report.failed:
+        console.print(Text(f"{report.failed} order(s) could not be read: see the host logs"))
+    if report.more:
+        console.print("more candidates are left: run it again")
+
+
+@app.command()
+def purges(
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """List the recorded purge runs (the timer's and operators'), newest first."""
+    with operations(workdir) as ops:
+        view = ops.purge_runs(limit=limit)
+    table = Table("run", "started", "by", "states", "days", "purged", "skipped", title="purges")
+    for run in view.runs:
+        table.add_row(
+            Text(run.run_id),
+            f"{run.started_at:%Y-%m-%d %H:%M:%S}",
+            Text(run.requested_by),
+            Text(",".join(run.states)),
+            f"{run.older_than_days:g}",
+            str(run.purged),
+            str(run.skipped_changed),
+        )
+    console.print(table)
+
+
+@app.command()
+def archived(
+    order_id: str,
+    day: Annotated[
+        str | None, typer.Option(help="only the archive of this day (UTC, YYYY-MM-DD)")
+    ] = None,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Show a purged order (state, steps, timeline) read back from the archive."""
+    with operations(workdir) as ops:
+        view = ops.archived_order(order_id, day=day)
+    console.print(
+        Text(
+            f"archived {view.archived_at:%Y-%m-%d %H:%M:%S} UTC by purge run {view.run_id}"
+            + (f" ({view.copies} copies; showing the latest)" if view.copies > 1 else "")
+        )
+    )
+    show_order(view.order)
 
 
 @app.command("dead-letters")

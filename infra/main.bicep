@@ -80,6 +80,20 @@ param retryBaseDelaySeconds string = ''
 @description('Longest retry delay in seconds. Empty: the workflow default.')
 param retryMaxDelaySeconds string = ''
 
+@minValue(0)
+@maxValue(3650)
+@description('Days a finished order (Processed, or Error once its terminal alert was acknowledged) is kept after it last changed; then the retention timer archives it to Blob Storage and deletes it. 0: the timer purges nothing (operators still can, with POST /api/purge).')
+param retentionDays int = 30
+
+@minLength(11)
+@description('NCRONTAB schedule of the retention purge, six fields, seconds first, in UTC.')
+param purgeSchedule string = '0 30 2 * * *'
+
+@minValue(0)
+@maxValue(3650)
+@description('Days after its last append that a day blob of the order archive moves to cool storage.')
+param archiveCoolAfterDays int = 30
+
 @minValue(1)
 @description('Alert when the Supervisor finds an order that has been due longer than this many seconds (metric supervisor.lag). Keep it well above one Supervisor period.')
 param supervisorLagAlertSeconds int = 120
@@ -130,6 +144,7 @@ module storage 'app/storage.bicep' = {
     location: location
     tags: tags
     deploymentContainerName: deploymentContainerName
+    archiveCoolAfterDays: archiveCoolAfterDays
   }
 }
 
@@ -163,8 +178,10 @@ var appSettings = {
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
   ServiceBusConnection__credential: 'managedidentity'
   ServiceBusConnection__clientId: identity.outputs.clientId
-  // The state store, through the managed identity. Tables only: the app uses no blob.
+  // The state store, through the managed identity: its tables, and its blobs for the archive
+  // of purged orders.
   StateStorage__tableServiceUri: storage.outputs.tableEndpoint
+  StateStorage__blobServiceUri: storage.outputs.blobEndpoint
   StateStorage__clientId: identity.outputs.clientId
   // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
   ORDERS_QUEUE: 'orders'
@@ -178,6 +195,8 @@ var appSettings = {
   ORDERS_TABLE: 'orders'
   ACTIVE_ORDERS_TABLE: 'activeorders'
   SUPERVISION_TABLE: 'supervision'
+  // The archive of purged orders: declared in app/storage.bicep.
+  ARCHIVE_CONTAINER: 'order-archive'
   // The remote services the agents call.
   INVENTORY_SERVICE_URL: inventoryServiceUrl
   PAYMENT_SERVICE_URL: paymentServiceUrl
@@ -191,6 +210,9 @@ var appSettings = {
   STEP_QUEUE_SECONDS: stepQueueSeconds
   RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
+  // Retention: what the code accepts is what the parameters allow (0-3650 days).
+  RETENTION_DAYS: string(retentionDays)
+  PURGE_SCHEDULE: purgeSchedule
 }
 
 module rbac 'app/rbac.bicep' = {
@@ -206,6 +228,7 @@ module rbac 'app/rbac.bicep' = {
     userPrincipalType: principalType
     submitQueueName: appSettings.ORDERS_QUEUE
     ordersTableName: appSettings.ORDERS_TABLE
+    archiveContainerName: appSettings.ARCHIVE_CONTAINER
   }
 }
 

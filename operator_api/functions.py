@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from core import runtime
 from core.states import ProcessState
 from operator_api.errors import InvalidRequest, OperatorError, TooLarge
-from operator_api.models import AckRequest, ActionRequest
+from operator_api.models import AckRequest, ActionRequest, PurgeBody
 from operator_api.openapi import openapi_document
 from operator_api.operations import Operations
 
@@ -146,6 +146,38 @@ def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="supervisor", methods=["GET"], auth_level=AUTH)
 def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
     return _respond(lambda ops: ops.supervisor())
+
+
+# ----------------------------------------------------------------------------------- purge
+
+
+@bp.route(route="purge", methods=["POST"], auth_level=AUTH)
+def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
+    def purge(ops: Operations) -> BaseModel:
+        body = _json_body(req, PurgeBody)
+        return ops.purge(
+            operator=_operator(req, body.operator),  # type: ignore[arg-type]
+            state=body.state,
+            older_than_days=body.older_than_days,
+            dry_run=body.dry_run,
+            limit=body.limit,
+        )
+
+    return _respond(purge)
+
+
+@bp.route(route="purge", methods=["GET"], auth_level=AUTH)
+def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: ops.purge_runs(limit=_int_param(req, "limit", 20)))
+
+
+@bp.route(route="archive/{order_id}", methods=["GET"], auth_level=AUTH)
+def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.archived_order(
+            req.route_params.get("order_id", ""), day=req.params.get("day")
+        )
+    )
 
 
 # --------------------------------------------------------------------------------- openapi

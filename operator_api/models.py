@@ -291,3 +291,74 @@ class ErrorDetail(_Model):
 
 class ErrorBody(_Model):
     error: ErrorDetail
+
+
+class PurgeBody(BaseModel):
+    """Body of a purge: which finished orders, how old, and whether to change anything."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    operator: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Who purges (recorded with the run); required unless App Service "
+        "authentication supplies the signed-in user",
+    )
+    state: Literal["Processed", "Error", "all"] = Field(
+        default="all",
+        description="Processed, Error (only those resolved: terminal alert acknowledged after "
+        "the order last entered Error) or all (both)",
+    )
+    older_than_days: int | None = Field(
+        default=None,
+        ge=1,
+        le=3650,
+        description="Purge orders last changed more than this many days ago. Default: the "
+        "RETENTION_DAYS setting (required when that is 0)",
+    )
+    dry_run: bool = Field(default=False, description="Only count what would be purged")
+    limit: int = Field(
+        default=1000, ge=1, le=10_000, description="Candidates examined at most in this call"
+    )
+
+
+class PurgeView(_Model):
+    """What one purge run did. Orders are archived first, then deleted."""
+
+    run_id: str
+    requested_by: str
+    dry_run: bool
+    states: list[str]
+    older_than_days: float
+    cutoff: datetime = Field(description="Orders last changed before this were candidates")
+    started_at: datetime
+    finished_at: datetime | None
+    examined: int = Field(description="Candidates read whole and decided on")
+    purgeable: int = Field(description="Found purgeable (in a dry run: would be purged)")
+    archived: int = Field(description="Appended to the archive (before their deletion)")
+    purged: int = Field(description="Deleted from the orders table")
+    skipped_changed: int = Field(
+        description="Changed between reading and deleting (resubmitted, annotated): untouched"
+    )
+    already_gone: int
+    kept: dict[str, int] = Field(
+        description="Examined but kept, by reason: too_recent, unresolved_error, owes_messages "
+        "(its final messages may not be sent yet), state_not_selected, in_flight"
+    )
+    interrupted_finished: int = Field(description="Interrupted purges this run finished")
+    failed: int = Field(description="Orders that could not be read (see the logs)")
+    more: bool = Field(description="Candidates are left: call again (or wait for the timer)")
+    blobs: list[str] = Field(description="Archive blobs appended to")
+
+
+class PurgeRunsView(_Model):
+    runs: list[PurgeView] = Field(description="Recorded purge runs, newest first")
+
+
+class ArchivedOrderView(_Model):
+    """An order read back from the archive (the latest copy, when archived more than once)."""
+
+    archived_at: datetime
+    run_id: str
+    copies: int = Field(description="Copies found in its day's blob (a retried purge makes 2)")
+    order: OrderDetail

@@ -31,6 +31,10 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     models.DeadLetterSummary,
     models.DeadLetterPage,
     models.SupervisorView,
+    models.PurgeBody,
+    models.PurgeView,
+    models.PurgeRunsView,
+    models.ArchivedOrderView,
     models.ErrorBody,
 )
 
@@ -46,7 +50,7 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid input: the message says what to fix",
-        404: "Unknown order, alert or queue",
+        404: "Unknown order, alert or queue (or an order not in the archive)",
         409: "The action does not apply to the order or alert as it is now",
         413: "Request body too large",
         503: "Busy: the same request may succeed in a moment",
@@ -255,6 +259,66 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+        "/purge": {
+            "post": {
+                "operationId": "purge",
+                "summary": "Archive, then delete, finished orders past an age",
+                "description": "Processed orders, and Error orders once resolved (their "
+                "terminal alert acknowledged after they last entered Error), last changed "
+                "more than `older_than_days` ago (default: the RETENTION_DAYS setting). Each "
+                "is appended to the day's archive blob, then its rows are deleted in Table "
+                "transactions conditional on the ETag it was read with: one that changed "
+                "meanwhile is skipped untouched (`skipped_changed`). Orders in flight, "
+                "unresolved Errors and orders that may still owe their final messages are "
+                "never purged. `dry_run` only counts. Non-dry runs are recorded (GET /purge). "
+                "One call examines at most `limit` candidates and stops after 60 s; `more` "
+                "says whether to call again.",
+                "tags": ["retention"],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(models.PurgeBody)}},
+                },
+                "responses": {
+                    "200": _json(models.PurgeView, "What the run did"),
+                    **_errors(400, 413),
+                },
+            },
+            "get": {
+                "operationId": "listPurgeRuns",
+                "summary": "Recorded purge runs (the timer's and operators'), newest first",
+                "tags": ["retention"],
+                "parameters": [
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 20},
+                        "Runs to show",
+                    )
+                ],
+                "responses": {"200": _json(models.PurgeRunsView, "The runs"), **_errors(400)},
+            },
+        },
+        "/archive/{order_id}": {
+            "get": {
+                "operationId": "showArchivedOrder",
+                "summary": "A purged order, read back from the archive",
+                "description": "Searches the archive's day blobs, newest first (or only "
+                "`day`). An order archived more than once (a purge retried after a crash) is "
+                "shown once: its latest copy.",
+                "tags": ["retention"],
+                "parameters": [
+                    _ORDER_ID,
+                    _query(
+                        "day",
+                        {"type": "string", "format": "date"},
+                        "Only the archive of this day (UTC, YYYY-MM-DD)",
+                    ),
+                ],
+                "responses": {
+                    "200": _json(models.ArchivedOrderView, "The archived order"),
+                    **_errors(400, 404, 409),
+                },
+            }
+        },
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",
@@ -273,7 +337,7 @@ def _paths() -> dict[str, Any]:
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    requests = (models.ActionRequest, models.AckRequest)
+    requests = (models.ActionRequest, models.AckRequest, models.PurgeBody)
     _, schemas = models_json_schema(
         [(m, "validation" if m in requests else "serialization") for m in _MODELS],
         ref_template=_REF,
@@ -285,7 +349,8 @@ def openapi_document() -> dict[str, Any]:
             "version": VERSION,
             "description": "Watch and repair orders of the Scheduler Agent Supervisor app: list "
             "orders by state, inspect one, resubmit or cancel it, read and acknowledge alerts, "
-            "read dead letters. Every call needs a function key.",
+            "read dead letters, purge finished orders and read them back from the archive. "
+            "Every call needs a function key.",
         },
         "servers": [{"url": "/api"}],
         "security": [{"functionKeyHeader": []}, {"functionKeyQuery": []}],

@@ -17,18 +17,26 @@ showing them peeks (nothing changes); acknowledging completes the message (see
 that order's timeline. Dead letters are peeked per queue, the queue named by its role
 (``orders``, ``commands``, ``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``),
 never by a free-form name.
+
+A purge (:mod:`core.purge`) archives, then deletes, finished orders older than a number of days
+(the RETENTION_DAYS setting unless given); it is recorded with the operator's name and listed
+by :meth:`Operations.purge_runs`. Purged orders are read back from the archive by
+:meth:`Operations.archived_order`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
+from datetime import date, timedelta
 from typing import Any, Final
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage
 
-from core import clients, ids, supervision
+from core import archive, clients, ids, supervision
+from core.archive import ArchiveError, BlobArchive
 from core.messages import BadMessage, OperatorAlert, excerpt, parse_message
 from core.order_listing import (
     MAX_LIMIT,
@@ -36,8 +44,10 @@ from core.order_listing import (
     NotListable,
     list_orders,
 )
+from core.purge import PurgeReport, PurgeRequest, open_archive, run_purge
+from core.retention import PURGEABLE_STATES, ack_detail
 from core.runtime import Runtime
-from core.state_models import ConcurrencyConflict, OrderNotFound
+from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord
 from core.states import ProcessState
 from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound
 from operator_api.models import (
@@ -45,6 +55,7 @@ from operator_api.models import (
     ActionView,
     AlertPage,
     AlertView,
+    ArchivedOrderView,
     BucketView,
     DeadLetterCount,
     DeadLetterPage,
@@ -53,6 +64,8 @@ from operator_api.models import (
     OrderDetail,
     OrderPage,
     OrderSummary,
+    PurgeRunsView,
+    PurgeView,
     SupervisorView,
 )
 from operator_api.queues import QueueTools
@@ -67,6 +80,9 @@ MAX_ACK_SCAN: Final = 500
 MAX_BODY_SHOWN: Final = 16 * 1024
 _MAX_SEQUENCE: Final = 2**63 - 1
 _CONFLICT_RETRIES: Final = 3
+MAX_PURGE_LIMIT: Final = 10_000
+PURGE_BUDGET: Final = timedelta(seconds=60)
+"""One purge call stops examining after this (``more``): an HTTP call must end in minutes."""
 
 
 class Operations:
@@ -82,9 +98,23 @@ class Operations:
             lambda: clients.servicebus_client(conn, retry_total=1, retry_backoff_factor=0.2)
         )
         self._queues = QueueTools(factory)
+        self._archive: archive.Archive | None = None
+        self._archive_lock = threading.Lock()
 
     def close(self) -> None:
         self._queues.close()
+        if isinstance(self._archive, BlobArchive):
+            self._archive.close()
+
+    def _archive_store(self) -> archive.Archive:
+        with self._archive_lock:
+            if self._archive is None:
+                self._archive = open_archive(self.rt.settings)
+            return self._archive
+
+    def use_archive(self, store: archive.Archive) -> None:
+        """Use ``store`` as the archive (tests, the in-memory twin)."""
+        self._archive = store
 
     # ---------------------------------------------------------------------------- orders
 
@@ -187,6 +217,82 @@ class Operations:
             detail=result.detail,
         )
 
+    # ----------------------------------------------------------------------------- purge
+
+    def purge(
+        self,
+        *,
+        operator: str,
+        state: str = "all",
+        older_than_days: int | None = None,
+        dry_run: bool = False,
+        limit: int = 1000,
+    ) -> PurgeView:
+        """Archive, then delete, finished orders last changed more than ``older_than_days``
+        ago (default: the RETENTION_DAYS setting); ``state``: Processed, Error (resolved ones
+        only) or all. A dry run only counts. Never an order in flight."""
+        actor = operator_actor(operator)
+        states = _purge_states(state)
+        days = self.rt.settings.retention_days if older_than_days is None else older_than_days
+        if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 3650:
+            if older_than_days is None:
+                raise InvalidRequest(
+                    "invalid_older_than",
+                    "older_than_days is required: the RETENTION_DAYS setting is 0 (the timer's "
+                    "purge is off), so say how old an order must be, in days from 1 to 3650",
+                )
+            raise InvalidRequest(
+                "invalid_older_than", "older_than_days must be an integer from 1 to 3650"
+            )
+        if not isinstance(dry_run, bool):
+            raise InvalidRequest("invalid_request", "dry_run must be true or false")
+        _check_limit(limit, MAX_PURGE_LIMIT)
+        report = run_purge(
+            self.rt.store,
+            self._archive_store(),
+            PurgeRequest(
+                older_than=timedelta(days=days),
+                requested_by=actor,
+                states=states,
+                dry_run=dry_run,
+                limit=limit,
+                budget=PURGE_BUDGET,
+            ),
+            clock=self.rt.clock,
+        )
+        audit.info("%s", report.summary())
+        return _purge_view(report)
+
+    def purge_runs(self, *, limit: int = 20) -> PurgeRunsView:
+        """The latest recorded purge runs (timer and operators), newest first."""
+        _check_limit(limit, MAX_LIMIT)
+        return PurgeRunsView(
+            runs=[PurgeView.model_validate(r) for r in self.rt.store.purges.recent(limit)]
+        )
+
+    def archived_order(self, order_id: str, *, day: str | None = None) -> ArchivedOrderView:
+        """A purged order read back from the archive (searching the newest days first, or
+        only ``day``, YYYY-MM-DD)."""
+        order_id = _order_id(order_id)
+        on = _day(day)
+        try:
+            copies = archive.find_all(self._archive_store(), order_id, day=on)
+        except ArchiveError as exc:
+            raise Conflict("archive_unreadable", str(exc)) from None
+        if not copies:
+            where = f"on {on}" if on else "on any day"
+            raise NotFound("not_archived", f"order {order_id} is not in the archive {where}")
+        found = archive.latest(copies)[0]
+        record = OrderRecord(
+            details=found.submitted, payload_hash=found.payload_hash, process=found.process
+        )
+        return ArchivedOrderView(
+            archived_at=found.archived_at,
+            run_id=found.run_id,
+            copies=len(copies),
+            order=OrderDetail.of(record, list(found.timeline), False),
+        )
+
     # ---------------------------------------------------------------------------- alerts
 
     def list_alerts(self, *, limit: int = 50, continuation: str | None = None) -> AlertPage:
@@ -236,7 +342,8 @@ class Operations:
 
     def _record_ack(self, order_id: str, sequence: int, view: AlertView, actor: str) -> bool:
         alert = view.alert or {}
-        detail = f"alert {sequence} ({alert.get('severity')}, {alert.get('reason')}) acknowledged"
+        # core.retention reads the reason back: a terminal alert acknowledged resolves an Error.
+        detail = ack_detail(sequence, alert.get("severity"), alert.get("reason"))
         for _ in range(_CONFLICT_RETRIES):
             process = self.rt.store.find(order_id)
             if process is None:
@@ -320,6 +427,34 @@ def _state(value: Any) -> ProcessState:
             f"state {str(value)[:40]!r} is not one of: {', '.join(s.value for s in ProcessState)}",
         )
     return state
+
+
+def _purge_states(value: Any) -> tuple[ProcessState, ...]:
+    if value == "all":
+        return PURGEABLE_STATES
+    state = _state(value) if isinstance(value, str) else None
+    if state not in PURGEABLE_STATES:
+        raise InvalidRequest(
+            "invalid_state",
+            f"state {str(value)[:40]!r} cannot be purged; purge Processed, Error or all "
+            "(orders in flight are never purged)",
+        )
+    return (state,)
+
+
+def _day(value: Any) -> date | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and len(value) == 10:
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise InvalidRequest("invalid_day", f"day {str(value)[:20]!r} is not a date like 2025-06-01")
+
+
+def _purge_view(report: PurgeReport) -> PurgeView:
+    return PurgeView.model_validate(report.as_dict())
 
 
 def _reason(value: Any) -> str:

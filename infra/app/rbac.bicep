@@ -2,9 +2,8 @@
 // Service Bus Data Owner, no role that can read keys or change the resources.
 //
 // The app's managed identity:
-//   Storage Blob Data Owner         storage account  the Functions host only: the app code uses
-//                                                    no blob (its state, the Supervisor's bucket
-//                                                    leases included, is in tables). The host's
+//   Storage Blob Data Owner         storage account  the Functions host (the app code's own blob
+//                                                    use is the archive, below). The host's
 //                                                    storage (AzureWebJobsStorage) keeps the timer
 //                                                    trigger's schedule status and its singleton
 //                                                    and host locks as blob leases and creates its
@@ -12,6 +11,15 @@
 //                                                    deployment package; Owner is the role the
 //                                                    Functions documentation requires for
 //                                                    identity-based host storage
+//   Storage Blob Data Contributor   archive container the purge (core/archive.py): reads the day
+//                                                    blob's properties and block list, stages a
+//                                                    block and commits the list, lists and reads
+//                                                    day blobs to read an order back. Scoped to
+//                                                    the one container, the narrowest scope a
+//                                                    role assignment takes; it is the only blob
+//                                                    access the app code needs, so narrowing the
+//                                                    host's Owner role later keeps the purge
+//                                                    working
 //   Storage Table Data Contributor  storage account  the state store tables (orders, active-order
 //                                                    index, the Supervisor's bucket leases); the
 //                                                    host's diagnostic events table
@@ -45,10 +53,13 @@ param userPrincipalType string = 'User'
 param submitQueueName string
 @description('The table the smoke test reads the order state from.')
 param ordersTableName string
+@description('The container the purge archives orders to (ARCHIVE_CONTAINER).')
+param archiveContainerName string
 
 // Built-in role definition ids (the same in every tenant).
 var roles = {
   storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+  storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   storageTableDataReader: '76199698-9eea-4c19-bc75-cec21354c6b6'
   serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
@@ -58,6 +69,16 @@ var roles = {
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' existing = {
+  parent: storage
+  name: 'default'
+}
+
+resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
+  parent: blobService
+  name: archiveContainerName
 }
 
 resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' existing = {
@@ -95,6 +116,16 @@ resource appBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   scope: storage
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appArchiveBlobDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(archiveContainer.id, appPrincipalId, roles.storageBlobDataContributor)
+  scope: archiveContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataContributor)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -1,7 +1,7 @@
 // Storage account: the Functions host's own storage (AzureWebJobsStorage), the deployment
-// package container Flex Consumption runs from, and the state store tables (the app's own data
-// is all in Table Storage; it uses no blob). Shared keys are off: everything authenticates with
-// Entra ID.
+// package container Flex Consumption runs from, the state store tables, and the archive of
+// purged orders (block blobs of JSON lines, one per day, moved to cool storage by a lifecycle
+// rule). Shared keys are off: everything authenticates with Entra ID.
 
 param name string
 param location string = resourceGroup().location
@@ -9,6 +9,11 @@ param tags object = {}
 
 @description('Blob container the Flex Consumption plan deploys the app package to.')
 param deploymentContainerName string
+
+@minValue(0)
+@maxValue(3650)
+@description('Days after its last append that a day blob of the order archive moves to cool storage.')
+param archiveCoolAfterDays int = 30
 
 // The state store's tables (app settings ORDERS_TABLE, ACTIVE_ORDERS_TABLE, SUPERVISION_TABLE in
 // main.bicep): order state, the active-order index the Supervisor sweeps, and the Supervisor's
@@ -18,6 +23,9 @@ var tableNames = [
   'activeorders'
   'supervision'
 ]
+
+// The archive of purged orders (app setting ARCHIVE_CONTAINER in main.bicep; core/archive.py).
+var archiveContainerName = 'order-archive'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
@@ -56,6 +64,50 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
+resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: archiveContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+// The purge appends to one block blob per day and never reads it again: once a day blob has not
+// changed for archiveCoolAfterDays it moves to the cool tier (block blobs only: append blobs
+// have no tiers, which is why the archive uses block blobs).
+resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
+  parent: account
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          name: 'order-archive-to-cool'
+          enabled: true
+          type: 'Lifecycle'
+          definition: {
+            filters: {
+              blobTypes: [
+                'blockBlob'
+              ]
+              prefixMatch: [
+                '${archiveContainerName}/'
+              ]
+            }
+            actions: {
+              baseBlob: {
+                tierToCool: {
+                  daysAfterModificationGreaterThan: archiveCoolAfterDays
+                }
+              }
+            }
+          }
+        }
+      ]
+    }
+  }
+}
+
 resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
   parent: account
   name: 'default'
@@ -69,5 +121,7 @@ resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-
 output name string = account.name
 output id string = account.id
 output tableEndpoint string = account.properties.primaryEndpoints.table
+output blobEndpoint string = account.properties.primaryEndpoints.blob
+output archiveContainerName string = archiveContainer.name
 output tableNames array = tableNames
 output deploymentContainerName string = deploymentContainer.name

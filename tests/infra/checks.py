@@ -49,7 +49,6 @@ HOST_SETTINGS: Mapping[str, str] = {
 FORBIDDEN_SETTINGS: Mapping[str, str] = {
     "ServiceBusConnection": "a connection string (secret); use the __fullyQualifiedNamespace form",
     "StateStorage": "a connection string (secret); use the __tableServiceUri form",
-    "StateStorage__blobServiceUri": "the app uses no Blob Storage any more (tables only)",
     "SUPERVISOR_LEASE_CONTAINER": "the Supervisor's blob lease is gone; its bucket leases are "
     "rows of SUPERVISION_TABLE",
     "AzureWebJobsStorage": "a connection string (secret); use the __accountName form",
@@ -68,10 +67,14 @@ STORAGE_NAME_SETTINGS: Mapping[str, str] = {
     "ORDERS_TABLE": "table",
     "ACTIVE_ORDERS_TABLE": "table",
     "SUPERVISION_TABLE": "table",
+    "ARCHIVE_CONTAINER": "container",
 }
+ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 
 ALLOWED_ROLES: Mapping[str, str] = {
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
     "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
     "76199698-9eea-4c19-bc75-cec21354c6b6": "Storage Table Data Reader",
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
@@ -85,7 +88,6 @@ KNOWN_BROAD_ROLES: Mapping[str, str] = {
     "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9": "User Access Administrator",
     "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
     "17d1049b-9a84-46fb-8f53-869881c3d3ab": "Storage Account Contributor",
-    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
     "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
 }
 
@@ -398,6 +400,7 @@ def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
         f"{sb}__fullyQualifiedNamespace": "example.servicebus.windows.net",
         f"{sb}__clientId": "00000000-0000-0000-0000-000000000000",
         f"{st}__tableServiceUri": "https://example.table.core.windows.net/",
+        f"{st}__blobServiceUri": "https://example.blob.core.windows.net/",
         f"{st}__clientId": "00000000-0000-0000-0000-000000000000",
     }
     recorder = _RecordingEnv(env)
@@ -1266,6 +1269,82 @@ def _accessed_symbol(expr: Any) -> str | None:
     return None
 
 
+@_checked
+def check_archive(layout: Layout) -> list[str]:
+    """The archive of purged orders: the Blob Data Contributor role is granted only on the
+    container ARCHIVE_CONTAINER names (the narrowest scope), and a lifecycle rule moves that
+    container's block blobs to cool storage."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    container = settings.get(ARCHIVE_CONTAINER_SETTING)
+    problems = []
+    scoped = 0
+    for bicep, symbol, resource in infra.resources("Microsoft.Authorization/roleAssignments"):
+        role = (_body(resource).get("properties") or {}).get("roleDefinitionId")
+        if isinstance(role, dict) and role.get("function", {}).get("type") == (
+            "subscription_resource_id"
+        ):
+            role = role["function"]["parameters"]["resource_name_1"]
+        try:
+            role_id = str(infra.resolve(bicep, role)).lower()
+        except CheckError:
+            continue
+        if role_id != BLOB_DATA_CONTRIBUTOR:
+            continue
+        target = bicep.resources.get(str(_body(resource).get("scope")))
+        if target is None or target.get("type") != (
+            "Microsoft.Storage/storageAccounts/blobServices/containers"
+        ):
+            problems.append(
+                f"{infra.rel(bicep.path)}: {symbol} grants Storage Blob Data Contributor beyond "
+                "one container (scope it to the archive container)"
+            )
+            continue
+        name = infra.resolve(bicep, _body(target).get("name"))
+        if name != container:
+            problems.append(
+                f"{infra.rel(bicep.path)}: {symbol} grants Storage Blob Data Contributor on "
+                f"container {name!r}, not the archive {container!r}"
+            )
+        scoped += 1
+    if scoped == 0:
+        problems.append(
+            "no Storage Blob Data Contributor on the archive container: the purge could not archive"
+        )
+    rules = [
+        (bicep, rule)
+        for bicep, _, resource in infra.resources(
+            "Microsoft.Storage/storageAccounts/managementPolicies"
+        )
+        for rule in (
+            ((_body(resource).get("properties") or {}).get("policy") or {}).get("rules") or []
+        )
+    ]
+    cooled = False
+    for bicep, rule in rules:
+        definition = rule.get("definition") or {}
+        filters = definition.get("filters") or {}
+        prefixes = [
+            _INTERPOLATION.sub(lambda m, b=bicep: str(infra.resolve(b, m.group(1))), p)
+            for p in filters.get("prefixMatch") or []
+        ]
+        to_cool = ((definition.get("actions") or {}).get("baseBlob") or {}).get("tierToCool")
+        if (
+            rule.get("enabled") is True
+            and f"{container}/" in prefixes
+            and "blockBlob" in (filters.get("blobTypes") or [])
+            and isinstance(to_cool, dict)
+            and "daysAfterModificationGreaterThan" in to_cool
+        ):
+            cooled = True
+    if not cooled:
+        problems.append(
+            f"no enabled lifecycle rule moves block blobs under '{container}/' to cool storage "
+            "(tierToCool.daysAfterModificationGreaterThan)"
+        )
+    return problems
+
+
 # --------------------------------------------------------------------------- run all
 
 
@@ -1279,6 +1358,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "queue_settings": lambda layout: check_queue_settings(layout, facts),
         "receiver_queues": lambda layout: check_receiver_queues(layout, facts),
         "storage_names": check_storage_names,
+        "archive": check_archive,
         "roles": check_roles,
         "required_roles": check_required_roles,
         "security": check_security,

@@ -13,6 +13,9 @@ from datetime import UTC, datetime, timedelta
 from croniter import croniter
 
 from core.settings import (
+    DEFAULT_PURGE_SCHEDULE,
+    DEFAULT_RETENTION_DAYS,
+    MAX_RETENTION_DAYS,
     QUEUE_SETTINGS,
     SERVICE_URL_SETTINGS,
     SERVICEBUS_CONNECTION,
@@ -50,14 +53,15 @@ def test_code_facts_cover_the_settings_contract(facts):
         f"{SERVICEBUS_CONNECTION}__credential",
         f"{SERVICEBUS_CONNECTION}__clientId",
         f"{STATE_STORAGE_CONNECTION}__tableServiceUri",
+        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
         f"{STATE_STORAGE_CONNECTION}__clientId",
+        "RETENTION_DAYS",
+        "PURGE_SCHEDULE",
+        "ARCHIVE_CONTAINER",
     } <= required
     assert not required & {SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION}, "secrets"
-    # No Blob Storage in the app any more: the Supervisor's leases are table rows.
-    assert not required & {
-        "SUPERVISOR_LEASE_CONTAINER",
-        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
-    }
+    # The Supervisor's leases are table rows: no lease container any more.
+    assert "SUPERVISOR_LEASE_CONTAINER" not in required
     assert set(checks.FORBIDDEN_SETTINGS).isdisjoint(required)
     assert facts.binding_connections == {SERVICEBUS_CONNECTION}
     assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
@@ -113,7 +117,25 @@ def test_tables_and_containers_are_declared_and_used(layout):
         "Microsoft.Storage/storageAccounts/blobServices/containers"
     ):
         containers |= checks._declared_names(infra, bicep, symbol, resource)
-    assert containers == {"app-package"}, "only the deployment package: no lease container"
+    assert containers == {"app-package", "order-archive"}, "no lease container"
+    assert settings["ARCHIVE_CONTAINER"] == "order-archive"
+
+
+def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
+    assert_clean(checks.check_archive(layout))
+    infra = checks.Infra.load(layout)
+    settings = checks.function_app_settings(infra)
+    assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
+    days = infra.main.params["retentionDays"]
+    # What core/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
+    bounds = {d["type"]: d["argument"] for d in days["decorators"]}
+    assert (days["type"], bounds["min_value"], bounds["max_value"]) == (
+        "int",
+        0,
+        MAX_RETENTION_DAYS,
+    )
+    assert days["default"] == DEFAULT_RETENTION_DAYS
+    assert infra.main.params["purgeSchedule"]["default"] == DEFAULT_PURGE_SCHEDULE
 
 
 def test_only_allowed_roles_are_granted(layout):
@@ -148,7 +170,7 @@ def test_supervisor_alerts_query_its_metrics(layout, facts):
 
 def test_no_blob_lease_left_behind(layout):
     """Nothing in the templates, their docs or the local settings names the old lease."""
-    stale = ("supervisor-leases", "SUPERVISOR_LEASE_CONTAINER", "blobServiceUri", "blobEndpoint")
+    stale = ("supervisor-leases", "SUPERVISOR_LEASE_CONTAINER")
     paths = [
         *sorted(layout.infra.rglob("*.bicep")),
         layout.parameters_json,
@@ -212,7 +234,14 @@ def test_deploy_doc_is_consistent_with_the_templates(layout):
         assert command in text, f"docs/deploy.md does not show `{command}`"
     for metric in (checks.SUPERVISOR_LAG_METRIC, checks.SUPERVISOR_TICK_METRIC):
         assert f"`{metric}`" in text, f"docs/deploy.md's alert list does not name {metric}"
-    for setting in ("SUPERVISION_TABLE", "SUPERVISOR_CONCURRENCY"):
+    for setting in (
+        "SUPERVISION_TABLE",
+        "SUPERVISOR_CONCURRENCY",
+        "RETENTION_DAYS",
+        "PURGE_SCHEDULE",
+        "ARCHIVE_CONTAINER",
+        "StateStorage__blobServiceUri",
+    ):
         assert f"`{setting}`" in text, f"docs/deploy.md does not list app setting {setting}"
     schedule = infra.main.params["supervisorSchedule"]["default"]
     assert f"`{schedule}`" in text

@@ -264,16 +264,58 @@ MUTATIONS = [
         "app_settings",
         "SUPERVISOR_LEASE_CONTAINER is set in infra but must not be: the Supervisor's blob lease",
     ),
+    # The archive of purged orders.
     Mutation(
-        "blob service URI set again",
+        "blob service URI not set",
         MAIN,
-        replace(
-            "  StateStorage__clientId: identity.outputs.clientId\n",
-            "  StateStorage__clientId: identity.outputs.clientId\n"
-            "  StateStorage__blobServiceUri: 'https://x.blob.core.windows.net/'\n",
-        ),
+        replace("  StateStorage__blobServiceUri: storage.outputs.blobEndpoint\n", ""),
         "app_settings",
-        "StateStorage__blobServiceUri is set in infra but must not be: the app uses no Blob",
+        "app setting StateStorage__blobServiceUri is read by the code but not set in infra",
+    ),
+    Mutation(
+        "retention setting not set",
+        MAIN,
+        replace("  RETENTION_DAYS: string(retentionDays)\n", ""),
+        "app_settings",
+        "app setting RETENTION_DAYS is read by the code but not set in infra",
+    ),
+    Mutation(
+        "archive container renamed in the app settings only",
+        MAIN,
+        replace("ARCHIVE_CONTAINER: 'order-archive'", "ARCHIVE_CONTAINER: 'archive'"),
+        "storage_names",
+        "container archive is used but the storage module does not declare it",
+    ),
+    Mutation(
+        "archive role widened to the storage account",
+        RBAC,
+        replace("  scope: archiveContainer\n", "  scope: storage\n"),
+        "archive",
+        "grants Storage Blob Data Contributor beyond one container",
+    ),
+    Mutation(
+        "archive role dropped",
+        RBAC,
+        sub(
+            r"resource appArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n",
+            "",
+        ),
+        "archive",
+        "no Storage Blob Data Contributor on the archive container",
+    ),
+    Mutation(
+        "lifecycle rule on append blobs, which have no tiers",
+        STORAGE,
+        replace("'blockBlob'", "'appendBlob'"),
+        "archive",
+        "no enabled lifecycle rule moves block blobs under 'order-archive/' to cool storage",
+    ),
+    Mutation(
+        "lifecycle rule on another prefix",
+        STORAGE,
+        replace("'${archiveContainerName}/'", "'archive/'"),
+        "archive",
+        "no enabled lifecycle rule moves block blobs under 'order-archive/'",
     ),
     # Roles.
     Mutation(

@@ -499,3 +499,88 @@ def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers)
     bound = view["bound"]
     assert bound["detection_s"] == bound["period_s"] * 2 + bound["budget_s"]
     assert bound["lease_s"] == bound["period_s"] * 1.5
+
+
+# ----------------------------------------------------------------------------------- purge
+
+DAY = 24 * 3600
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({"state": "Processing"}, "invalid_request", "state: Input should be 'Processed'"),
+        ({"older_than_days": 0}, "invalid_request", "older_than_days: Input should be greater"),
+        ({"older_than_days": "7"}, "invalid_request", "older_than_days: Input should be a valid"),
+        ({"dry_run": "yes"}, "invalid_request", "dry_run: Input should be a valid boolean"),
+        ({"limit": 10_001}, "invalid_request", "limit: Input should be less than or equal"),
+        ({"olderThan": 3}, "invalid_request", "olderThan: Extra inputs are not permitted"),
+        ({"operator": None}, "invalid_operator", "say who you are"),
+    ],
+)
+def test_a_bad_purge_request_is_refused_with_what_to_fix(installed, handlers, body, code, message):
+    status, answer = call(handlers, "operator_purge", body={"operator": "ann"} | body)
+    assert status == 400, answer
+    assert answer["error"]["code"] == code
+    assert message in answer["error"]["message"]
+
+
+def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
+    installed, handlers, reader, fakes
+):
+    rt = installed
+    done = new_order(workflow="single_step")
+    handle_submission(encode(done), rt)
+    run_agent_step(rt, reader, done.order_id, "inventory")
+    assert rt.store.load(done.order_id).state is ProcessState.PROCESSED
+    resolved, unresolved = declined_order(rt, reader, fakes), declined_order(rt, reader, fakes)
+    seq = str(find_alert(handlers, resolved)["sequence_number"])
+    status, _ = call(
+        handlers, "operator_ack_alert", route={"sequence_number": seq}, body={"operator": "ann"}
+    )
+    assert status == 200
+    in_flight = new_order()
+    handle_submission(encode(in_flight), rt)
+    rt.clock.advance(31 * DAY)  # type: ignore[attr-defined]
+
+    status, dry = call(handlers, "operator_purge", body={"operator": "ann", "dry_run": True})
+    assert status == 200, dry
+    assert (dry["dry_run"], dry["purgeable"], dry["purged"], dry["archived"]) == (True, 2, 0, 0)
+    assert dry["kept"] == {"unresolved_error": 1}
+    assert dry["requested_by"] == "operator:ann" and dry["older_than_days"] == 30
+
+    status, run = call(handlers, "operator_purge", body={"operator": "ann", "state": "all"})
+    assert status == 200, run
+    assert (run["purged"], run["archived"], run["skipped_changed"]) == (2, 2, 0)
+    for gone in (done.order_id, resolved):
+        status, answer = call(handlers, "operator_show_order", route={"order_id": gone})
+        assert (status, answer["error"]["code"]) == (404, "order_not_found")
+    assert rt.store.load(unresolved).state is ProcessState.ERROR
+    assert rt.store.load(in_flight.order_id).state is ProcessState.PROCESSING
+
+    status, runs = call(handlers, "operator_purge_runs")
+    assert status == 200
+    assert [r["run_id"] for r in runs["runs"]] == [run["run_id"]], "dry runs are not recorded"
+
+    status, back = call(handlers, "operator_archived_order", route={"order_id": resolved})
+    assert status == 200, back
+    assert back["order"]["order"]["state"] == "Error" and back["copies"] == 1
+    events = [t["event"] for t in back["order"]["timeline"]]
+    assert events[-1] == "alert_acknowledged"
+    assert back["run_id"] == run["run_id"]
+    status, back = call(
+        handlers,
+        "operator_archived_order",
+        route={"order_id": done.order_id},
+        params={"day": rt.clock().date().isoformat()},
+    )
+    assert (status, back["order"]["submitted"]["order_id"]) == (200, done.order_id)
+
+    status, missing = call(handlers, "operator_archived_order", route={"order_id": unresolved})
+    assert (status, missing["error"]["code"]) == (404, "not_archived")
+    status, bad = call(handlers, "operator_archived_order", route={"order_id": HOSTILE_ID})
+    assert (status, bad["error"]["code"]) == (400, "invalid_order_id")
+    status, bad = call(
+        handlers, "operator_archived_order", route={"order_id": "o-1"}, params={"day": "2025-13-01"}
+    )
+    assert (status, bad["error"]["code"]) == (400, "invalid_day")

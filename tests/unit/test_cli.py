@@ -165,3 +165,87 @@ def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     assert "buckets not swept within the bound" in result.output  # none swept yet
     assert result.output.count(holder) == 3
     assert result.output.count("never") == 1 + 16  # the summary line and each bucket
+
+
+def _memory_operations(monkeypatch, clock):
+    """`orderctl` on a real Operations over the in-memory store and archive."""
+    from contextlib import contextmanager
+
+    from core.memory import MemoryArchive, MemoryBus, MemoryStore
+    from core.runtime import Runtime
+    from core.settings import Settings
+    from devstack import cli
+    from operator_api.operations import Operations
+    from tests.support.app import EXAMPLE_SETTINGS
+
+    store = MemoryStore(clock)
+    settings = Settings.from_env(EXAMPLE_SETTINGS)
+    rt = Runtime(
+        settings=settings,
+        store=store,  # type: ignore[arg-type]
+        bus=MemoryBus(),  # type: ignore[arg-type]
+        workflows=settings.workflows(),
+        clock=clock,
+    )
+    ops = Operations(rt)
+    ops.use_archive(MemoryArchive())
+
+    @contextmanager
+    def operations(workdir):
+        try:
+            yield ops
+        except cli.OperatorError as error:
+            raise cli.fail(f"{error.message} ({error.code})", 2) from None
+
+    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    return store
+
+
+def test_purge_then_list_runs_then_read_an_order_back(monkeypatch):
+    from datetime import timedelta
+
+    from tests.integration.test_state_store import T0, Clock, to_processed
+
+    clock = Clock(T0)
+    store = _memory_operations(monkeypatch, clock)
+    done = to_processed(store, clock, "o-1")
+    done = store.annotate(done, actor="operator:bob", event="note", detail="[red]x[/red] y")
+    store.index.discard(done.order_id, done.generation)
+    clock.advance(timedelta(days=10))
+
+    result = run("purge", "--older-than", "7", "--dry-run", "--operator", "ann")
+    assert result.exit_code == 0, result.output
+    assert "dry run: nothing changed" in result.output
+    assert store.find(done.order_id) is not None
+
+    result = run("purge", "--older-than", "7", "--state", "Processed", "--operator", "ann")
+    assert result.exit_code == 0, result.output
+    row = [line for line in result.output.splitlines() if line.startswith("│")][-1]
+    assert [cell.strip() for cell in row.strip("│").split("│")] == ["1", "1", "1", "1", "0"]
+    assert "archived to 2025/06/11.jsonl" in result.output
+    assert store.find(done.order_id) is None
+
+    result = run("purges")
+    assert result.exit_code == 0, result.output
+    assert "operator:ann" in result.output and "Processed" in result.output
+
+    result = run("archived", done.order_id)
+    assert result.exit_code == 0, result.output
+    assert "[red]x[/red] y" in result.output, "stored text is shown as text, never markup"
+    assert "Processed" in result.output and "reserve_inventory" in result.output
+
+
+def test_purge_refusals_say_what_to_fix(monkeypatch):
+    from tests.integration.test_state_store import T0, Clock
+
+    _memory_operations(monkeypatch, Clock(T0))
+    result = run("purge", "--state", "Pending", "--operator", "ann")
+    assert result.exit_code == 2
+    assert "cannot be purged; purge Processed, Error or all" in result.output
+    result = run("purge", "--older-than", "0")
+    assert result.exit_code == 2 and "--older-than" in result.output
+    result = run("archived", "o-404")
+    assert result.exit_code == 2 and "order o-404 is not in the archive" in result.output
+    result = run("archived", "o-1", "--day", "yesterday")
+    assert result.exit_code == 2 and "is not a date like 2025-06-01" in result.output

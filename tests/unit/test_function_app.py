@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 
 import pytest
 
-from core.settings import QUEUE_SETTINGS, SERVICEBUS_CONNECTION
+from core.settings import (
+    DEFAULT_PURGE_SCHEDULE,
+    QUEUE_SETTINGS,
+    SERVICEBUS_CONNECTION,
+    purge_schedule,
+)
 from devstack.stack.processes import REPO_ROOT
 from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.broker import entity_names, load_config
@@ -42,6 +48,7 @@ def test_every_function_is_registered(bindings):
         "payment_agent",
         "shipping_agent",
         "supervisor",
+        "retention_purge",
         *OPERATOR_API_FUNCTIONS,
     }
 
@@ -57,6 +64,9 @@ OPERATOR_API_FUNCTIONS = {
     "operator_dead_letter_summary",
     "operator_list_dead_letters",
     "operator_supervisor",
+    "operator_purge",
+    "operator_purge_runs",
+    "operator_archived_order",
     "operator_openapi",
 }
 
@@ -99,6 +109,15 @@ def test_supervisor_timer_reads_its_schedule_setting(bindings):
     assert timer["type"] == "timerTrigger"
     assert setting_of(timer["schedule"]) == "SUPERVISOR_SCHEDULE"
     assert len(EXAMPLE_SETTINGS["SUPERVISOR_SCHEDULE"].split()) == 6, "NCRONTAB has 6 fields"
+
+
+def test_retention_timer_reads_its_schedule_setting(bindings):
+    (timer,) = bindings["retention_purge"]
+    assert timer["type"] == "timerTrigger" and timer["runOnStartup"] is False
+    # Read from PURGE_SCHEDULE when the app is indexed (retention/functions.py says why);
+    # the example settings leave it unset, so it is the default.
+    assert timer["schedule"] == purge_schedule(os.environ) == DEFAULT_PURGE_SCHEDULE
+    assert len(timer["schedule"].split()) == 6, "NCRONTAB has 6 fields"
 
 
 def test_host_json_sets_the_service_bus_options():

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import types
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -319,3 +322,41 @@ def test_past_due_means_later_than_one_period():
     assert not is_past_due(every_ten, at(10), at(12))
     assert not is_past_due(every_ten, at(10), at(20))
     assert is_past_due(every_ten, at(10), at(20.5))
+
+
+# -- the app's own timers --------------------------------------------------------------------
+
+_INDEX_APP = """
+import json, sys
+from devstack.host.indexing import index_app
+from tests.support.app import EXAMPLE_SETTINGS
+import function_app
+indexed = index_app(function_app.app, EXAMPLE_SETTINGS)
+timers = {f.name: f.trigger.schedule.expression for f in indexed
+          if type(f.trigger).__name__ == "TimerTrigger"}
+json.dump(timers, sys.stdout)
+"""
+
+
+def _indexed_timers(env: dict[str, str]) -> dict[str, str]:
+    # A fresh interpreter: the purge's schedule is read from the environment at import.
+    result = subprocess.run(
+        [sys.executable, "-c", _INDEX_APP],
+        cwd=REPO_ROOT,
+        env={k: v for k, v in os.environ.items() if k != "PURGE_SCHEDULE"} | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def test_the_local_host_indexes_the_supervisor_and_the_retention_purge():
+    assert _indexed_timers({}) == {
+        "supervisor": "*/15 * * * * *",  # local.settings.json.example
+        "retention_purge": "0 30 2 * * *",  # the default: PURGE_SCHEDULE is not set
+    }
+    timers = _indexed_timers({"PURGE_SCHEDULE": "0 */5 * * * *"})
+    assert timers["retention_purge"] == "0 */5 * * * *"

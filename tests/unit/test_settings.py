@@ -37,6 +37,7 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
             ServiceBusConnection__fullyQualifiedNamespace="sb-x.servicebus.windows.net",
             ServiceBusConnection__clientId="1111",
             StateStorage__tableServiceUri="https://st.table.core.windows.net",
+            StateStorage__blobServiceUri="https://st.blob.core.windows.net",
             StateStorage__clientId="1111",
         )
     )
@@ -58,12 +59,48 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
         ({"FAILURE_THRESHOLD": "zero"}, "FAILURE_THRESHOLD must be a positive integer"),
         ({"STEP_TIMEOUT_SECONDS": "-1"}, "STEP_TIMEOUT_SECONDS must be positive"),
         ({"ORDERS_QUEUE": "bad/queue"}, "ORDERS_QUEUE"),
+        ({"RETENTION_DAYS": "-1"}, "RETENTION_DAYS must be a whole number of days from 0"),
+        ({"RETENTION_DAYS": "3651"}, "to 3650, got '3651'"),
+        ({"RETENTION_DAYS": "1.5"}, "RETENTION_DAYS must be a whole number"),
+        ({"PURGE_SCHEDULE": "0 30 2 * *"}, "PURGE_SCHEDULE must be an NCRONTAB schedule of six"),
+        ({"PURGE_SCHEDULE": "0 30 2 * * * ; rm"}, "PURGE_SCHEDULE must be an NCRONTAB"),
+        ({"ARCHIVE_CONTAINER": "Order_Archive"}, "ARCHIVE_CONTAINER must be a blob container"),
+        ({"ARCHIVE_CONTAINER": "ab"}, "ARCHIVE_CONTAINER must be a blob container"),
+        ({"ARCHIVE_CONTAINER": "a--b"}, "single hyphens"),
     ],
 )
 def test_bad_settings_say_what_to_fix(changes, message):
     with pytest.raises((SettingsError, ValueError)) as caught:
         Settings.from_env(env(**changes))
     assert message in str(caught.value)
+
+
+def test_retention_settings_and_their_defaults():
+    settings = Settings.from_env(env())
+    assert (settings.retention_days, settings.purge_schedule) == (30, "0 30 2 * * *")
+    assert settings.archive_container == "order-archive"
+    tuned = Settings.from_env(
+        env(RETENTION_DAYS="0", PURGE_SCHEDULE=" 0  0 4 * * 1-5 ", ARCHIVE_CONTAINER="arch-1")
+    )
+    assert (tuned.retention_days, tuned.purge_schedule) == (0, "0 0 4 * * 1-5")
+    assert tuned.archive_container == "arch-1"
+    assert Settings.from_env(env(RETENTION_DAYS="3650")).retention_days == 3650
+
+
+def test_managed_identity_storage_needs_the_blob_service_too():
+    identity = {
+        "StateStorage": None,
+        "StateStorage__tableServiceUri": "https://st.table.core.windows.net",
+        "StateStorage__clientId": "1111",
+    }
+    with pytest.raises(SettingsError, match="StateStorage__blobServiceUri is not set"):
+        Settings.from_env(env(**identity))
+    blob = "https://st.blob.core.windows.net"
+    settings = Settings.from_env(env(**identity, StateStorage__blobServiceUri=blob))
+    assert (settings.storage.endpoint, settings.storage.blob_endpoint) == (
+        "https://st.table.core.windows.net",
+        blob,
+    )
 
 
 def test_tuning_applies_to_every_workflow():

@@ -1,0 +1,1 @@
+"""Retention: the timer that purges finished orders past the retention period."""
