@@ -2,8 +2,12 @@
 
 It uses a running stack (`orderctl up`) or starts its own. Progress comes from the state store
 the way an operator would see it: the active-order index says what is in flight, and an order
-that has left it is read once for its final state. The summary is computed from the store, the
-alert queue, the fake services' ledger and the hosts' operation counters; nothing is estimated.
+that has left it is read once for its final state. The summary is computed from what the watch
+already read (each order's final state: outcomes, latencies, compensations), one query for the
+retries and Supervisor entries of this run's timelines (:func:`devstack.observe.timeline_tally`),
+one peek through the alert queue, one read of the fake services' ledger and the hosts' operation
+counters: never a request per order, so it appears seconds after the last order finished (it
+reports how many: ``summary_delay_s``). Nothing is estimated.
 
 What the summary checks, from the fakes' ledger (one snapshot, :mod:`devstack.observe`):
 duplicated effects (a key that took effect twice), undos without a do (an undo that reversed
@@ -22,6 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,23 +36,28 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from core.messages import OrderSubmitted
+from core.messages import OrderSubmitted, utc_now
 from core.order import TERMINAL_ALERT_REASONS, Order, StepState
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
 from devstack.observe import (
+    FinishWatch,
+    Ledger,
+    TimelineTally,
     all_active,
     duplicated_effects,
     effects_left_in_place,
     host_invocations,
     host_operations,
+    host_operations_after,
     peek_all,
     process_cpu,
     read_ledger,
+    timeline_tally,
     undo_without_do,
 )
-from devstack.orders import open_store, send_orders
+from devstack.orders import open_orders_table, open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
 
 QUICK_SETTINGS = {
@@ -104,6 +114,8 @@ class Summary:
     """An Error order the demo's operator resubmitted once the services recovered."""
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     """CPU each stack process used during the run: shows what bounds the throughput."""
+    summary_delay_s: float | None = None
+    """Seconds from the last order's final write to this summary being printed."""
 
     @property
     def all_terminal(self) -> bool:
@@ -121,6 +133,16 @@ class Summary:
             "one_terminal_alert_per_error": self.one_terminal_alert_per_error,
         }
         return json.dumps(asdict(self) | derived, indent=2, default=str) + "\n"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the summary reads besides the orders' final states, each in one pass."""
+
+    alerts: list[dict]
+    ledger: Ledger
+    timelines: TimelineTally
+    operations: dict[str, int]
 
 
 def alerts_naming(settings: dict[str, str], order_ids: Iterable[str]) -> list[dict]:
@@ -169,6 +191,8 @@ class Demo:
         self.rate = rate
         self.workdir = workdir
         self.console = console
+        self.id_prefix = f"demo-{uuid.uuid4().hex[:6]}-"
+        """Every order of this run has an id starting with this (one range in the store)."""
 
     def run(self) -> Summary:
         info = StackInfo.load(self.workdir)
@@ -199,10 +223,9 @@ class Demo:
         httpx.post(f"{info.fakes_url}/_profile", json=profile, timeout=10).raise_for_status()
 
     def _run(self, info: StackInfo) -> Summary:
-        run = uuid.uuid4().hex[:6]
         orders = [
             OrderSubmitted(
-                order_id=f"demo-{run}-{n:05d}",
+                order_id=f"{self.id_prefix}{n:05d}",
                 customer_id=f"customer-{n % 97}",
                 items=[{"sku": f"SKU-{n % 13}", "quantity": 1 + n % 3, "unit_price_cents": 999}],
                 currency="EUR",
@@ -231,12 +254,13 @@ class Demo:
             name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after
         }
         summary.elapsed_s = round(time.monotonic() - started, 2)
+        store.close()
         if finals:
             first = min(p.created_at for p in finals.values())
             last = max(p.updated_at for p in finals.values())
             span = (last - first).total_seconds()
             summary.orders_per_s = round(len(finals) / span, 1) if span > 0 else 0.0
-        store.close()
+            summary.summary_delay_s = round((utc_now() - last).total_seconds(), 2)
         self._show(summary)
         errors = sorted(o for o, p in finals.items() if p.state is ProcessState.ERROR)
         if errors:
@@ -272,28 +296,20 @@ class Demo:
         return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
     def _watch(self, store, order_ids: list[str], started: float) -> dict[str, Order]:
-        finals: dict[str, Order] = {}
-        unseen = list(order_ids)
-        ours = set(order_ids)
+        watch = FinishWatch(order_ids, READS_PER_POLL)
         retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
         view = Progress(self.count)
         with Live(view.table(), console=self.console, refresh_per_second=4) as live:
-            while unseen and time.monotonic() - started < self.timeout:
-                active = {row.order_id for row in all_active(store)} & ours
-                candidates = [o for o in unseen if o not in active][:READS_PER_POLL]
-                for order_id in candidates:
-                    process = store.find(order_id)
-                    if process is not None and process.state.terminal:
-                        finals[order_id] = process
-                        unseen.remove(order_id)
-                view.waiting = len(unseen) - len(active)
-                view.in_flight = len(active)
-                view.states = Counter(p.state for p in finals.values())
+            while watch.unfinished and time.monotonic() - started < self.timeout:
+                for order in watch.poll(store):
+                    view.states[order.state] += 1
+                view.waiting = watch.unfinished - watch.in_flight
+                view.in_flight = watch.in_flight
                 view.retries = host_invocations(self.workdir, RETRY_FUNCTION) - retries_before
                 view.elapsed = time.monotonic() - started
                 live.update(view.table())
                 time.sleep(0.5)
-        return finals
+        return watch.finals
 
     def _summarize(
         self,
@@ -327,15 +343,12 @@ class Demo:
             summary.latency_p99_s = round(
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3
             )
-        for order_id in finals:
-            timeline = store.get_timeline(order_id)
-            summary.retries += sum(1 for e in timeline if e.event in ("released", "deferred"))
-            if any(e.actor.startswith("supervisor") for e in timeline):
-                summary.recovered_by_supervisor += 1
-        self._settle(store, set(finals))
-        self._check_alerts(summary, info, finals, ours)
-        self._check_ledger(summary, info, finals, ours, error_ids)
-        ops_after = host_operations(self.workdir)
+        seen = self._observe(info, store, finals, ours)
+        summary.retries = seen.timelines.retries
+        summary.recovered_by_supervisor = len(seen.timelines.recovered_by_supervisor)
+        self._check_alerts(summary, seen.alerts, finals, ours)
+        self._check_ledger(summary, seen.ledger, finals, ours, error_ids)
+        ops_after = seen.operations
         summary.operations_per_order = {
             kind: round((ops_after.get(kind, 0) - ops_before.get(kind, 0)) / self.count, 2)
             for kind in sorted(ops_after)
@@ -343,19 +356,40 @@ class Demo:
         }
         return summary
 
-    def _settle(self, store: OrderStateStore, finished: set[str]) -> None:
+    def _observe(
+        self, info: StackInfo, store: OrderStateStore, finals: dict[str, Order], ours: set[str]
+    ) -> Observed:
+        """Once the finished orders have sent what they owe, everything the summary needs
+        beyond their final states, each in one pass, read concurrently (each mostly waits:
+        a Service Bus link, an HTTP answer, a query, the hosts' next stats write)."""
+        settled_at = self._settle(store, set(finals))
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            alerts = pool.submit(alerts_naming, info.settings, ours)
+            ledger = pool.submit(read_ledger, info.fakes_url)
+            timelines = pool.submit(self._timelines, info, set(finals))
+            operations = pool.submit(host_operations_after, self.workdir, settled_at)
+            return Observed(
+                alerts.result(), ledger.result(), timelines.result(), operations.result()
+            )
+
+    def _timelines(self, info: StackInfo, finished: set[str]) -> TimelineTally:
+        with open_orders_table(info.settings) as table:
+            return timeline_tally(table, self.id_prefix, finished)
+
+    def _settle(self, store: OrderStateStore, finished: set[str]) -> float:
         """Wait (a little) until the finished orders have sent what they owe: a finished order
-        leaves the active-order index only after its outbox (its alert) was sent."""
+        leaves the active-order index only after its outbox (its alert) was sent. Returns when
+        they had (or the wait ended), as a time.time()."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while time.monotonic() < deadline:
             if not any(row.order_id in finished for row in all_active(store)):
-                return
-            time.sleep(0.5)
+                break
+            time.sleep(0.2)
+        return time.time()
 
     def _check_alerts(
-        self, summary: Summary, info: StackInfo, finals: dict[str, Order], ours: set[str]
+        self, summary: Summary, alerts: list[dict], finals: dict[str, Order], ours: set[str]
     ) -> None:
-        alerts = alerts_naming(info.settings, ours)
         summary.alerts = len({a["order_id"] for a in alerts})
         terminal = terminal_alerts(alerts)
         wrong = []
@@ -373,12 +407,11 @@ class Demo:
     def _check_ledger(
         self,
         summary: Summary,
-        info: StackInfo,
+        ledger: Ledger,
         finals: dict[str, Order],
         ours: set[str],
         error_ids: set[str],
     ) -> None:
-        ledger = read_ledger(info.fakes_url)
         summary.duplicated_effects = duplicated_effects(ledger, ours)
         orphans = undo_without_do(ledger, ours)
         summary.undo_without_do = len(orphans)
@@ -421,6 +454,7 @@ class Demo:
             ("effects left after compensation", left),
             ("orders/s", str(s.orders_per_s)),
             ("latency p50 / p99 (s)", f"{s.latency_p50_s} / {s.latency_p99_s}"),
+            ("summary after the last order (s)", str(s.summary_delay_s)),
         ]
         rows += [(f"{kind} per order", str(n)) for kind, n in s.operations_per_order.items()]
         rows += [(f"CPU s, {name}", str(n)) for name, n in s.cpu_seconds.items()]

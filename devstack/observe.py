@@ -1,22 +1,34 @@
-"""Reading what happened on a local stack: orders in flight, alerts, the fakes' ledger, and
-the operation counters every host writes to its stats file."""
+"""Reading what happened on a local stack: orders in flight, alerts, the fakes' ledger, the
+retries and Supervisor entries of a run's timelines, and the operation counters every host writes
+to its stats file.
+
+Everything here reads in one pass, never once per order: a summary of 10,000 orders must not
+cost 10,000 queries (each a table scan in Azurite)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
+from core.order import Order
 from core.settings import Settings
-from core.state_models import ActiveRow
+from core.state_models import TIMELINE_END, TIMELINE_PREFIX, ActiveRow
 from core.state_store import OrderStateStore
+
+RETRY_EVENTS = ("released", "deferred")
+"""Timeline events that hand a step back for a later attempt: each is one retry."""
+SUPERVISOR_ACTOR = "supervisor:"
 
 
 def all_active(store: OrderStateStore) -> Iterator[ActiveRow]:
@@ -28,6 +40,103 @@ def all_active(store: OrderStateStore) -> Iterator[ActiveRow]:
         continuation = page.continuation
         if continuation is None:
             return
+
+
+@dataclass(frozen=True)
+class TimelineTally:
+    """What the summaries need from timelines, without reading them order by order."""
+
+    retries: int
+    """Timeline entries that released or deferred a step (:data:`RETRY_EVENTS`)."""
+    recovered_by_supervisor: frozenset[str]
+    """Orders with at least one Supervisor entry in their timeline."""
+
+
+def timeline_tally(
+    orders_table: TableClient, id_prefix: str, order_ids: set[str] | None = None
+) -> TimelineTally:
+    """Retries and Supervisor entries of the orders whose ids start with ``id_prefix`` (and,
+    if given, are in ``order_ids``): ONE query over the orders table, whose filter keeps only
+    the timeline rows that count, so it answers with those rows alone."""
+    rows = orders_table.query_entities(
+        "PartitionKey ge @first and PartitionKey lt @past"
+        " and RowKey gt @low and RowKey lt @high"
+        # The SDK substitutes parameters in words split at spaces: no ")" right after one.
+        " and (Event eq @released or Event eq @deferred"
+        " or (Actor ge @supervisor and Actor lt @past_supervisor ) )",
+        parameters={
+            "first": id_prefix,
+            "past": past_prefix(id_prefix),
+            "low": TIMELINE_PREFIX,
+            "high": TIMELINE_END,
+            "released": RETRY_EVENTS[0],
+            "deferred": RETRY_EVENTS[1],
+            "supervisor": SUPERVISOR_ACTOR,
+            "past_supervisor": past_prefix(SUPERVISOR_ACTOR),
+        },
+        select=["PartitionKey", "Event", "Actor"],
+        results_per_page=1000,
+    )
+    return tally_timeline(rows, order_ids)
+
+
+def tally_timeline(
+    rows: Iterable[Mapping[str, Any]], order_ids: set[str] | None = None
+) -> TimelineTally:
+    """Fold timeline rows (``PartitionKey``, ``Event``, ``Actor``) into a tally."""
+    retries = 0
+    recovered: set[str] = set()
+    for row in rows:
+        order_id = row["PartitionKey"]
+        if order_ids is not None and order_id not in order_ids:
+            continue
+        retries += row.get("Event") in RETRY_EVENTS
+        if str(row.get("Actor") or "").startswith(SUPERVISOR_ACTOR):
+            recovered.add(order_id)
+    return TimelineTally(retries, frozenset(recovered))
+
+
+def past_prefix(prefix: str) -> str:
+    """The least string above every string that starts with ``prefix`` (a range's end)."""
+    if not prefix:
+        raise ValueError("an empty prefix has no end")
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class FinishWatch:
+    """Each order's final state, read once: when it has left the active-order index (a
+    finished order leaves it only after its last sends), one point read confirms it.
+
+    Orders are read in the order given (submission order), at most ``reads_per_poll`` per
+    :meth:`poll`, so orders not submitted yet cost a read or two, not one each per poll.
+    """
+
+    def __init__(self, order_ids: Iterable[str], reads_per_poll: int = 60) -> None:
+        self._unseen = dict.fromkeys(order_ids)  # ordered, and O(1) to remove from
+        self._ours = set(self._unseen)
+        self._reads_per_poll = reads_per_poll
+        self.finals: dict[str, Order] = {}
+        self.in_flight = 0
+        """Orders of ours in the active-order index at the last poll."""
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._unseen)
+
+    def poll(self, store: OrderStateStore) -> list[Order]:
+        """One look: the index, then a point read of the next orders that have left it.
+        Returns the orders found finished by this look."""
+        active = {row.order_id for row in all_active(store)} & self._ours
+        self.in_flight = len(active)
+        left_index = (o for o in self._unseen if o not in active)
+        found = []
+        for order_id in list(itertools.islice(left_index, self._reads_per_poll)):
+            order = store.find(order_id)
+            if order is not None and order.state.terminal:
+                self.finals[order_id] = order
+                del self._unseen[order_id]
+                found.append(order)
+        return found
 
 
 def alerted_orders(settings: dict[str, str]) -> set[str]:
@@ -166,6 +275,21 @@ def host_invocations(workdir: Path, function: str) -> int:
             continue
         total += int(stats.get("invocations", 0))
     return total
+
+
+def host_operations_after(
+    workdir: Path, since: float, *, every_s: float = 1.0, wait_s: float = 3.0
+) -> dict[str, int]:
+    """:func:`host_operations`, once every host has rewritten its stats file after ``since``
+    (a time.time(); each host rewrites it every ``every_s``), so the latest requests count.
+    Gives up waiting after ``wait_s`` (a host that stopped writing)."""
+    deadline = time.monotonic() + max(wait_s, every_s)
+    while time.monotonic() < deadline:
+        written = [p.stat().st_mtime for p in workdir.glob("host-*.stats.json")]
+        if written and min(written) > since:
+            break
+        time.sleep(0.1)
+    return host_operations(workdir)
 
 
 def host_operations(workdir: Path) -> dict[str, int]:

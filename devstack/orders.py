@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 
+from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
 from core import clients
@@ -85,6 +86,12 @@ def open_store(settings: dict[str, str]) -> OrderStateStore:
         active_table=config.active_table,
         supervision_table=config.supervision_table,
     )
+
+
+def open_orders_table(settings: dict[str, str]) -> TableClient:
+    """The orders table itself, for reads in one pass over many orders (the summaries)."""
+    config = Settings.from_env(settings)
+    return clients.table_service(config.storage).get_table_client(config.orders_table)
 
 
 def read_order(settings: dict[str, str], order_id: str) -> tuple[OrderRecord, list[TimelineEntry]]:

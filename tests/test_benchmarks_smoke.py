@@ -1,5 +1,5 @@
-"""The broker throughput benchmark runs end to end and reports what it claims (no timing
-assertions: the numbers depend on the machine)."""
+"""The broker throughput and history benchmarks run end to end, with small counts, and report
+what they claim (no timing assertions: the numbers depend on the machine)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,45 @@ def test_result_is_consistent(quick_run: dict[str, Any], scenario: str, storage:
     assert result["broker_cpu_s"] >= 0 and result["client_cpu_s"] >= 0
     if scenario == "competing":
         assert result["send_seconds"] > 0
+
+
+HISTORY_ARGS = ["--orders", "30", "--rate", "15", "--history", "400", "--warmup", "5"]
+
+
+@pytest.fixture(scope="module")
+def history_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp("history")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.history", *HISTORY_ARGS, "--workdir", str(workdir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        pytest.fail(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}")
+
+
+@pytest.mark.timeout(320)
+def test_history_runs_the_same_load_before_and_after_the_fill(history_run: dict[str, Any]) -> None:
+    assert history_run["history"] == 400 and history_run["orders"] == 30
+    assert history_run["fill"]["orders"] == 400
+    # single_step: details, process and two timeline rows per finished order
+    assert history_run["fill"]["rows"] == 4 * 400
+    for phase in ("empty", "full"):
+        result = history_run[phase]
+        assert result["finished"] == result["orders"] == 30 and result["not_finished"] == 0
+        assert result["orders_per_s"] == pytest.approx(30 / result["seconds"], rel=0.05)
+        latency = result["latency_s"]
+        assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+        # The hosts counted every order's requests (5 Table requests per single_step order,
+        # plus the Supervisor's ticks).
+        assert result["operations_per_order"]["table.delete"] >= 1
+        assert result["cpu_ms_per_order"]["azurite"] > 0
+    ratio = history_run["full"]["orders_per_s"] / history_run["empty"]["orders_per_s"]
+    assert history_run["throughput_ratio"] == pytest.approx(ratio, abs=0.001)
+    assert history_run["within_10_percent"] is (ratio >= 0.9)

@@ -1,0 +1,352 @@
+"""Flat with history: the same paced load against an empty store and against one holding many
+finished orders, in one run. Prints one JSON document.
+
+    python -m benchmarks.history [--orders 2000] [--rate 30] [--history 100000]
+                                 [--workflow single_step] [--hosts 2] [--profile clean]
+
+One local stack (Azurite in memory, the broker, the fake services, ``--hosts`` function hosts),
+four phases:
+
+1. ``warmup``: ``--warmup`` orders, so that both measured phases start with warm hosts;
+2. ``empty``: ``--orders`` orders submitted at ``--rate`` per second; the store holds only the
+   warm-up orders;
+3. ``fill``: ``--history`` finished orders written straight into the orders table, one batch
+   transaction per order (its details, state and timeline rows, made by the functional core and
+   the state store's entity helpers, as if each had run: core.lifecycle, core.state_models).
+   Finished orders have no active-index rows. The batches are posted as raw HTTP requests,
+   signed with the account key: the SDK spends about 10 ms of CPU per batch building and
+   parsing MIME, which would make this phase take longer than the rest together;
+4. ``full``: the same load as ``empty``.
+
+Per measured phase: ``orders_per_s`` (finished orders over first created to last finished),
+``latency_s`` (created to final write: p50, p99, max), the Table and Service Bus operations per
+order the hosts counted at the SDK, and CPU milliseconds per order of each process (the hosts,
+Azurite, the broker): where a history would cost, it shows. Then ``throughput_ratio`` (full /
+empty) and ``within_10_percent``. Exits 1 if an order of a measured phase did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any
+
+import httpx
+from azure.data.tables import EntityProperty
+
+from core import lifecycle
+from core.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
+from core.settings import Settings
+from core.state_models import details_entity, order_entity, timeline_entity
+from core.workflows import Workflow
+from devstack.demo import QUICK_SETTINGS
+from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu
+from devstack.orders import open_store, send_orders
+from devstack.stack.local_stack import LocalStack, StackInfo
+
+POLL_S = 0.25
+FILL_THREADS = 6
+TABLE_API_VERSION = "2019-02-02"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__)
+    parser.add_argument("--orders", type=int, default=2000, help="orders per measured phase")
+    parser.add_argument("--rate", type=float, default=30.0, help="orders submitted per second")
+    parser.add_argument("--history", type=int, default=100_000, help="finished orders to add")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--workflow", default="single_step")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--profile", default="clean")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per phase")
+    parser.add_argument("--workdir", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="history-"))
+    stack = LocalStack(workdir, hosts=args.hosts, profile=args.profile, overrides=QUICK_SETTINGS)
+    info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
+    try:
+        workflow = Settings.from_env(info.settings).workflows()[args.workflow]
+        if args.warmup:
+            run_phase(info, workdir, "warmup", args.warmup, args)
+        empty = run_phase(info, workdir, "empty", args.orders, args)
+        fill = fill_history(info.settings, workflow, args.history)
+        full = run_phase(info, workdir, "full", args.orders, args)
+    finally:
+        stack.stop()
+    ratio = full["orders_per_s"] / empty["orders_per_s"] if empty["orders_per_s"] else None
+    report = {
+        "orders": args.orders,
+        "rate": args.rate,
+        "workflow": args.workflow,
+        "hosts": args.hosts,
+        "profile": args.profile,
+        "history": args.history,
+        "empty": empty,
+        "fill": fill,
+        "full": full,
+        "throughput_ratio": round(ratio, 3) if ratio is not None else None,
+        "latency_p50_ratio": _ratio(full["latency_s"]["p50"], empty["latency_s"]["p50"]),
+        "within_10_percent": ratio is not None and ratio >= 0.9,
+    }
+    print(json.dumps(report, indent=2))
+    return 0 if empty["not_finished"] == full["not_finished"] == 0 else 1
+
+
+# --------------------------------------------------------------------------------- load
+
+
+def run_phase(
+    info: StackInfo, workdir: Path, phase: str, count: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Submit ``count`` orders at ``args.rate``/s, wait for all to finish, report."""
+    print(f"… {phase}: {count} orders at {args.rate:g}/s", file=sys.stderr)
+    run = uuid.uuid4().hex[:6]
+    orders = [new_order(f"{phase}-{run}-", n, args.workflow) for n in range(count)]
+    store = open_store(info.settings)
+    ops_before, cpu_before = host_operations(workdir), process_cpu(info.pids)
+    watch = FinishWatch([o.order_id for o in orders], reads_per_poll=200)
+    sender = threading.Thread(
+        target=send_orders, args=(info.settings, orders), kwargs={"rate": args.rate}
+    )
+    started = time.monotonic()
+    sender.start()
+    while watch.unfinished and time.monotonic() - started < args.timeout:
+        watch.poll(store)
+        time.sleep(POLL_S)
+    sender.join()
+    ended = time.time()
+    cpu_after = process_cpu(info.pids)
+    ops_after = host_operations_after(workdir, ended)
+    store.close()
+    return phase_report(watch.finals.values(), count) | {
+        "operations_per_order": per_order(ops_before, ops_after, count),
+        "cpu_ms_per_order": {
+            name: round((cpu_after[name] - cpu_before.get(name, 0.0)) * 1000 / count, 2)
+            for name in sorted(cpu_after)
+        },
+    }
+
+
+def new_order(prefix: str, n: int, workflow: str) -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id=f"{prefix}{n:06d}",
+        customer_id=f"customer-{n % 97}",
+        items=[{"sku": f"SKU-{n % 13}", "quantity": 1 + n % 3, "unit_price_cents": 999}],
+        currency="EUR",
+        workflow=workflow,
+    )
+
+
+def phase_report(finals: Any, count: int) -> dict[str, Any]:
+    finished = list(finals)
+    latencies = sorted((o.updated_at - o.created_at).total_seconds() for o in finished)
+    span = (
+        (max(o.updated_at for o in finished) - min(o.created_at for o in finished)).total_seconds()
+        if finished
+        else 0.0
+    )
+    return {
+        "orders": count,
+        "finished": len(finished),
+        "not_finished": count - len(finished),
+        "seconds": round(span, 1),
+        "orders_per_s": round(len(finished) / span, 2) if span > 0 else 0.0,
+        "latency_s": quantiles(latencies),
+    }
+
+
+def quantiles(ordered: list[float]) -> dict[str, float | None]:
+    if not ordered:
+        return {"p50": None, "p99": None, "max": None}
+    return {
+        "p50": round(ordered[len(ordered) // 2], 3),
+        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+def per_order(before: Mapping[str, int], after: Mapping[str, int], count: int) -> dict:
+    return {
+        kind: round((after[kind] - before.get(kind, 0)) / count, 2)
+        for kind in sorted(after)
+        if after[kind] != before.get(kind, 0)
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+# --------------------------------------------------------------------------------- fill
+
+
+def finished_rows(submitted: OrderSubmitted, workflow: Workflow, at: datetime) -> list[dict]:
+    """The rows of ``submitted`` once every step succeeded, as the state store writes them:
+    decided by the functional core, turned into entities by the store's helpers."""
+    ctx = lifecycle.Context(workflow=workflow, now=at, actor="scheduler:history")
+    decision = lifecycle.submit(submitted, ctx)
+    order, entries = decision.order, [decision.entry]
+    while order is not None and not order.state.terminal:
+        decision = lifecycle.decide(order, lifecycle.Replied(success(decision)), ctx)
+        order = decision.order
+        entries.append(decision.entry)
+    assert order is not None and order.state.terminal, "a finished order"
+    return [
+        details_entity(submitted, submitted.content_hash()),
+        order_entity(order),
+        *(timeline_entity(submitted.order_id, e) for e in entries if e is not None),
+    ]
+
+
+def success(decision: lifecycle.Decision) -> AgentResponse:
+    """The agent's answer to the request a decision sends: the step took effect."""
+    request = next(o.message for o in decision.send if isinstance(o.message, AgentRequest))
+    return AgentResponse(
+        order_id=request.order_id,
+        step=request.step,
+        operation=request.operation,
+        attempt=request.attempt,
+        idempotency_key=request.idempotency_key,
+        outcome="succeeded",
+        result={"order_id": request.order_id, "status": "done"},
+        responded_at=request.requested_at,
+    )
+
+
+def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> dict[str, Any]:
+    """Write ``count`` finished orders, a day old, one batch transaction each."""
+    print(f"… fill: {count} finished orders", file=sys.stderr)
+    config = Settings.from_env(settings)
+    writer = BatchWriter(settings["StateStorage"], config.orders_table)
+    at = utc_now() - timedelta(days=1)
+    run = uuid.uuid4().hex[:6]
+    started = time.monotonic()
+    rows = 0
+    try:
+        with ThreadPoolExecutor(FILL_THREADS) as pool:
+            batches = (
+                finished_rows(new_order(f"done-{run}-", n, workflow.name), workflow, at)
+                for n in range(count)
+            )
+            for written in pool.map(writer.write, batches):
+                rows += written
+    finally:
+        writer.close()
+    seconds = time.monotonic() - started
+    return {
+        "orders": count,
+        "rows": rows,
+        "seconds": round(seconds, 1),
+        "orders_per_s": round(count / seconds, 1),
+    }
+
+
+class BatchWriter:
+    """Entity group transactions (inserts into one partition) over plain HTTP, signed with the
+    account key (Shared Key). Thread-safe: one HTTP client, a connection per thread."""
+
+    def __init__(self, connection_string: str, table: str) -> None:
+        parts = dict(item.split("=", 1) for item in connection_string.split(";") if "=" in item)
+        self._account = parts["AccountName"]
+        self._key = base64.b64decode(parts["AccountKey"])
+        self._endpoint = parts["TableEndpoint"].rstrip("/")
+        self._table = table
+        self._http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=FILL_THREADS))
+
+    def write(self, rows: list[dict[str, Any]]) -> int:
+        batch, body = batch_body(f"{self._endpoint}/{self._table}", rows)
+        url = f"{self._endpoint}/$batch"
+        headers = {
+            "x-ms-date": formatdate(usegmt=True),
+            "x-ms-version": TABLE_API_VERSION,
+            "DataServiceVersion": "3.0",
+            "MaxDataServiceVersion": "3.0;NetFx",
+            "Content-Type": f"multipart/mixed; boundary={batch}",
+            "Accept": "application/json",
+        }
+        headers["Authorization"] = self._sign("POST", url, headers)
+        answer = self._http.post(url, content=body, headers=headers)
+        failed = [line for line in statuses(answer.text) if not line.startswith("2")]
+        if answer.status_code != 202 or failed:
+            raise RuntimeError(f"batch refused ({answer.status_code}): {answer.text[:500]}")
+        return len(rows)
+
+    def _sign(self, verb: str, url: str, headers: Mapping[str, str]) -> str:
+        path = httpx.URL(url).raw_path.decode()
+        text = "\n".join(
+            [verb, "", headers["Content-Type"], headers["x-ms-date"], f"/{self._account}{path}"]
+        )
+        digest = hmac.new(self._key, text.encode(), hashlib.sha256).digest()
+        return f"SharedKey {self._account}:{base64.b64encode(digest).decode()}"
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def batch_body(table_url: str, rows: list[dict[str, Any]]) -> tuple[str, bytes]:
+    """(batch boundary, body) of a transaction inserting ``rows`` (OData JSON, no echo)."""
+    batch, changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
+    lines = [f"--{batch}", f"Content-Type: multipart/mixed; boundary={changeset}", ""]
+    for row in rows:
+        lines += [
+            f"--{changeset}",
+            "Content-Type: application/http",
+            "Content-Transfer-Encoding: binary",
+            "",
+            f"POST {table_url} HTTP/1.1",
+            "Content-Type: application/json",
+            "Accept: application/json;odata=nometadata",
+            "Prefer: return-no-content",
+            "DataServiceVersion: 3.0",
+            "",
+            json.dumps(odata(row), separators=(",", ":")),
+        ]
+    lines += [f"--{changeset}--", f"--{batch}--", ""]
+    return batch, "\r\n".join(lines).encode()
+
+
+def odata(entity: Mapping[str, Any]) -> dict[str, Any]:
+    """An entity as Table OData JSON: typed where JSON cannot tell (dates, 64-bit ints)."""
+    out: dict[str, Any] = {}
+    for name, value in entity.items():
+        if value is None:
+            continue
+        if isinstance(value, EntityProperty):
+            out[name] = str(value.value)
+            out[f"{name}@odata.type"] = getattr(value.edm_type, "value", value.edm_type)
+        elif isinstance(value, datetime):
+            stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            out[name], out[f"{name}@odata.type"] = stamp, "Edm.DateTime"
+        elif isinstance(value, bool) or not isinstance(value, int) or -(2**31) <= value < 2**31:
+            out[name] = value
+        else:
+            out[name], out[f"{name}@odata.type"] = str(value), "Edm.Int64"
+    return out
+
+
+def statuses(multipart: str) -> Iterator[str]:
+    """The status codes of a batch answer's parts (``HTTP/1.1 204 No Content`` -> ``204``)."""
+    for line in multipart.splitlines():
+        if line.startswith("HTTP/1.1 "):
+            yield line.split(" ", 2)[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""The hot path touches orders with point reads and conditional writes only, and costs exactly
+what the README's "Cost per order" table says.
+
+Every Table request goes through the SDK pipeline, where core.clients installs a
+``raw_request_hook`` (core.op_counts). Here that hook is replaced by one that records, for each
+request, its table and its kind: point read, query, insert, batch, update or delete. Orders go
+through the real handlers (intake, agent, replies, commands, the Supervisor's tick) against
+Azurite, the development broker and the fake services, one message at a time and one order
+after another, so each order's requests are the ones made while it moved.
+
+A query on the orders table is a scan in Azurite (and a partition query at best in Azure): its
+cost grows with the orders ever processed. The hot path must not make one. The Supervisor's tick
+queries the active-order index and its lease roster by design (its cost follows what is due:
+test_supervisor_cost); intake, replies and commands query no table at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from azure.servicebus.exceptions import MessageNotFoundError
+
+from core import clients
+from core.messages import AgentResponse, encode
+from core.runtime import Runtime
+from core.states import ProcessState
+from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
+from supervisor.report import TickReport
+from supervisor.tick import run_tick
+from tests.support.app import Clock, QueueReader, make_runtime
+from tests.support.pattern import new_order, queue, run_agent_step
+
+ORDER_STEPS = ("inventory", "payment", "shipping")
+_ENTITY = re.compile(r"^(?P<table>[^()]+)\(PartitionKey='[^']*',RowKey='[^']*'\)$")
+_TABLE = re.compile(r"^(?P<table>[^()]+)(\(\))?$")
+
+
+@dataclass(frozen=True, order=True)
+class TableRequest:
+    table: str
+    """The table's role: ``orders``, ``active``, ``supervision`` (or its name if none)."""
+    kind: str
+    """point_read, query, insert, batch, update, delete, or ``other`` (table management)."""
+
+
+def classify(method: str, url: str, batch_urls: list[str]) -> tuple[str, str]:
+    """(table name, kind) of one Table request. A GET is a point read only when it names both
+    keys and has no ``$filter``; any other GET is a query. A batch is named by the table of
+    its first operation (a transaction holds one partition of one table)."""
+    parts = urlsplit(url)
+    segment = unquote(parts.path.rsplit("/", 1)[-1])
+    if method == "POST" and segment == "$batch":
+        inner = urlsplit(batch_urls[0]).path.rsplit("/", 1)[-1] if batch_urls else ""
+        return _table_of(unquote(inner)), "batch"
+    table = _table_of(segment)
+    entity = _ENTITY.match(segment) is not None
+    if method == "GET":
+        point = entity and "$filter" not in unquote(parts.query)
+        return table, "point_read" if point else "query"
+    if segment == "Tables" or segment.startswith("Tables("):
+        return segment, "other"
+    if method == "POST":
+        return table, "insert"
+    if method in ("PUT", "PATCH", "MERGE"):
+        return table, "update"
+    if method == "DELETE":
+        return table, "delete"
+    return table, "other"
+
+
+def _table_of(segment: str) -> str:
+    match = _ENTITY.match(segment) or _TABLE.match(segment)
+    return match["table"] if match else segment
+
+
+def _batch_urls(http_request: Any) -> list[str]:
+    """The URLs of a batch's operations (the SDK nests them in a changeset)."""
+    info = getattr(http_request, "multipart_mixed_info", None)
+    if not info:
+        return []
+    found: list[str] = []
+    for part in info[0]:
+        found += _batch_urls(part) or [part.url]
+    return found
+
+
+class RequestLog:
+    """Stands in for core.op_counts.COUNTS in core.clients: records each Table request."""
+
+    def __init__(self, roles: dict[str, str]) -> None:
+        self._roles = {name.lower(): role for name, role in roles.items()}
+        self._lock = threading.Lock()
+        self._seen: list[TableRequest] = []
+
+    def request_hook(self, service: str) -> Callable[[Any], None]:
+        if service != "table":
+            return lambda _: None
+
+        def hook(pipeline_request: Any) -> None:
+            http = pipeline_request.http_request
+            table, kind = classify(http.method, http.url, _batch_urls(http))
+            with self._lock:
+                self._seen.append(TableRequest(self._roles.get(table.lower(), table), kind))
+
+        return hook
+
+    def take(self) -> Counter[TableRequest]:
+        """The requests since the last take."""
+        with self._lock:
+            seen, self._seen = self._seen, []
+        return Counter(seen)
+
+
+def tally(requests: Counter[TableRequest]) -> dict[str, dict[str, int]]:
+    """{table: {kind: n}}, readable in an assertion message."""
+    out: dict[str, dict[str, int]] = {}
+    for request, n in sorted(requests.items()):
+        out.setdefault(request.table, {})[request.kind] = n
+    return out
+
+
+def without_row_moves(requests: Counter[TableRequest]) -> dict[str, dict[str, int]]:
+    """:func:`tally`, less at most one upsert of the order's index row (a row moved earlier)."""
+    moves = requests[TableRequest("active", "update")]
+    assert moves <= 1, f"the index row was moved {moves} times: {tally(requests)}"
+    return tally(requests - Counter({TableRequest("active", "update"): moves}))
+
+
+def queries(requests: Counter[TableRequest], table: str | None = None) -> int:
+    return sum(
+        n for r, n in requests.items() if r.kind == "query" and (table is None or r.table == table)
+    )
+
+
+@pytest.fixture
+def log(env, monkeypatch) -> RequestLog:
+    recorder = RequestLog(
+        {
+            env["ORDERS_TABLE"]: "orders",
+            env["ACTIVE_ORDERS_TABLE"]: "active",
+            env["SUPERVISION_TABLE"]: "supervision",
+        }
+    )
+    monkeypatch.setattr(clients, "COUNTS", recorder)
+    return recorder
+
+
+@pytest.fixture
+def runtime(env, log, clock) -> Iterator[Runtime]:
+    rt = make_runtime(env, "scheduler", clock)
+    log.take()  # table creation
+    yield rt
+    rt.close()
+
+
+class Journey:
+    """Moves orders through the real handlers and keeps each handler's requests apart:
+    ``handlers`` (intake, agents, replies, commands) and ``ticks`` (the Supervisor)."""
+
+    def __init__(self, rt: Runtime, reader: QueueReader, clock: Clock, log: RequestLog) -> None:
+        self.rt, self.reader, self.clock, self.log = rt, reader, clock, log
+        self.handlers: Counter[TableRequest] = Counter()
+        self.ticks: Counter[TableRequest] = Counter()
+
+    def handler(self, action: Callable[[], object]) -> None:
+        action()
+        self.handlers += self.log.take()
+
+    def tick(self) -> TickReport:
+        report = run_tick(self.rt)
+        self.ticks += self.log.take()
+        return report
+
+    def submit(self, workflow: str) -> str:
+        order = new_order(workflow=workflow)
+        self.handler(lambda: handle_submission(encode(order), self.rt))
+        return order.order_id
+
+    def step(self, order_id: str, service: str) -> None:
+        self.handler(lambda: run_agent_step(self.rt, self.reader, order_id, service))
+
+    def transient_failure(self, order_id: str, service: str) -> None:
+        """The agent gave up on a transient failure: the step is released for a retry."""
+        request = json.loads(self.reader.expect(queue(self.rt, service), order_id))
+        failed = AgentResponse(
+            order_id=order_id,
+            step=request["step"],
+            operation="do",
+            attempt=request["attempt"],
+            idempotency_key=request["idempotency_key"],
+            outcome="failed",
+            transient=True,
+            error_code="unavailable",
+        )
+        self.handler(lambda: handle_response(encode(failed), self.rt))
+
+    def silent_agent(self, order_id: str, service: str) -> None:
+        """The agent died with the request: nobody answers before CompleteBy."""
+        self.reader.expect(queue(self.rt, service), order_id)
+
+    def retry_command(self, order_id: str) -> None:
+        commands = queue(self.rt, "commands")
+        try:
+            command, _ = self.reader.take_scheduled(commands, order_id)
+        except MessageNotFoundError:  # it fell due (and could no longer be cancelled)
+            command = self.reader.expect(commands, order_id)
+        self.handler(lambda: handle_command(command, self.rt))
+
+    def past_complete_by(self, order_id: str) -> None:
+        complete_by = self.rt.store.load(order_id).complete_by
+        self.log.take()
+        assert complete_by is not None
+        self.clock.advance((complete_by - self.clock()).total_seconds() + 1)
+
+    def state(self, order_id: str) -> ProcessState:
+        state = self.rt.store.load(order_id).state
+        self.log.take()
+        return state
+
+
+def happy(journey: Journey, workflow: str, services: tuple[str, ...]) -> Counter[TableRequest]:
+    before = journey.handlers.copy()
+    order_id = journey.submit(workflow)
+    for service in services:
+        journey.step(order_id, service)
+    assert journey.state(order_id) is ProcessState.PROCESSED
+    return journey.handlers - before
+
+
+def retried(journey: Journey) -> Counter[TableRequest]:
+    """Payment fails transiently once; the retry command runs it again."""
+    before = journey.handlers.copy()
+    order_id = journey.submit("order")
+    journey.step(order_id, "inventory")
+    journey.transient_failure(order_id, "payment")
+    journey.retry_command(order_id)
+    journey.step(order_id, "payment")
+    journey.step(order_id, "shipping")
+    assert journey.state(order_id) is ProcessState.PROCESSED
+    return journey.handlers - before
+
+
+def recovered(journey: Journey) -> tuple[Counter[TableRequest], Counter[TableRequest]]:
+    """The payment agent dies with its request; the Supervisor releases the step after
+    CompleteBy and its retry command runs it again."""
+    handlers, ticks = journey.handlers.copy(), journey.ticks.copy()
+    order_id = journey.submit("order")
+    journey.step(order_id, "inventory")
+    journey.silent_agent(order_id, "payment")
+    journey.past_complete_by(order_id)
+    assert journey.tick().retried == 1
+    journey.retry_command(order_id)
+    journey.step(order_id, "payment")
+    journey.step(order_id, "shipping")
+    assert journey.state(order_id) is ProcessState.PROCESSED
+    return journey.handlers - handlers, journey.ticks - ticks
+
+
+# The README's "Cost per order" table: 9 Table requests for a three-step order (1 index insert,
+# 1 create-and-claim transaction, 3 ETag writes, 3 point reads, 1 index delete), 5 for a
+# single_step one.
+THREE_STEPS = {
+    "active": {"delete": 1, "insert": 1},
+    "orders": {"batch": 4, "point_read": 3},
+}
+SINGLE_STEP = {
+    "active": {"delete": 1, "insert": 1},
+    "orders": {"batch": 2, "point_read": 1},
+}
+# A retry costs the release (read + write) and the retry command's claim (read + write). The
+# release also moves the order's index row when the retry falls due before the step's deadline
+# would have (core.apply._index_due): a timing matter, so that upsert is not pinned.
+RETRIED = {
+    "active": {"delete": 1, "insert": 1},
+    "orders": {"batch": 6, "point_read": 5},
+}
+# Recovered by the Supervisor: its release is in the tick; the handlers cost the create, one
+# step, the retry command's claim, two more steps and the index delete.
+RECOVERED = {
+    "active": {"delete": 1, "insert": 1},
+    "orders": {"batch": 5, "point_read": 4},
+}
+
+
+def test_orders_move_with_point_reads_and_conditional_writes_only(runtime, reader, clock, log):
+    journey = Journey(runtime, reader, clock, log)
+
+    three_steps = happy(journey, "order", ORDER_STEPS)
+    single_step = happy(journey, "single_step", ("inventory",))
+    with_retry = retried(journey)
+    with_recovery, recovery_ticks = recovered(journey)
+
+    assert tally(three_steps) == THREE_STEPS
+    assert sum(three_steps.values()) == 9
+    assert tally(single_step) == SINGLE_STEP
+    assert sum(single_step.values()) == 5
+    assert without_row_moves(with_retry) == RETRIED, tally(with_retry)
+    # The Supervisor's recovery: the tick reads the order and releases it (on the orders
+    # table, one point read and one batch); the handlers then cost what a retry costs.
+    recovery_orders = Counter({r: n for r, n in recovery_ticks.items() if r.table == "orders"})
+    assert tally(recovery_orders) == {"orders": {"batch": 1, "point_read": 1}}
+    assert without_row_moves(with_recovery) == RECOVERED, tally(with_recovery)
+
+    assert queries(journey.handlers) == 0, tally(journey.handlers)
+    assert queries(journey.ticks, "orders") == 0, tally(journey.ticks)
+    assert queries(journey.ticks, "active") > 0, "the tick's index queries are seen"
+
+
+def test_a_query_on_the_orders_table_is_seen(runtime, log):
+    """The detector works: an operator's read of an order (details and state) is a partition
+    query, and is reported as one."""
+    order = new_order()
+    handle_submission(encode(order), runtime)
+    log.take()
+    runtime.store.get_order(order.order_id)
+    runtime.store.load(order.order_id)
+    assert tally(log.take()) == {"orders": {"point_read": 1, "query": 1}}
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "batch", "expected"),
+    [
+        ("GET", "http://h/acct/orders(PartitionKey='o-1',RowKey='process')", [], "point_read"),
+        ("GET", "http://h/acct/orders()?$filter=PartitionKey%20eq%20%27o-1%27", [], "query"),
+        ("GET", "http://h/acct/orders()", [], "query"),
+        ("GET", "http://h/acct/orders(PartitionKey='o-1',RowKey='p')?$filter=x", [], "query"),
+        ("POST", "http://h/acct/$batch", ["http://h/acct/orders"], "batch"),
+        ("POST", "http://h/acct/orders", [], "insert"),
+        ("PATCH", "http://h/acct/orders(PartitionKey='o',RowKey='r')", [], "update"),
+        ("PUT", "http://h/acct/orders(PartitionKey='o',RowKey='r')", [], "update"),
+        ("DELETE", "http://h/acct/orders(PartitionKey='o',RowKey='r')", [], "delete"),
+    ],
+)
+def test_request_kinds(method: str, url: str, batch: list[str], expected: str) -> None:
+    assert classify(method, url, batch) == ("orders", expected)

@@ -1,0 +1,106 @@
+"""The summaries' one pass over timelines (devstack.observe.timeline_tally) against Azurite: it
+counts what reading every order's timeline would, with one query, and only for the run asked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from azure.data.tables import TableClient, TableServiceClient
+
+from core.messages import utc_now
+from core.order import TimelineEntry
+from core.state_models import PROCESS_ROW, details_entity, timeline_entity
+from core.states import ProcessState
+from devstack.observe import RETRY_EVENTS, TimelineTally, past_prefix, timeline_tally
+from tests.integration.test_supervisor_cost import new_submission
+
+# (actor, event) of each order's timeline after "created".
+HISTORIES = {
+    "plain": [("scheduler:h1", "step_completed"), ("scheduler:h1", "processed")],
+    "retried": [
+        ("scheduler:h1", "released"),
+        ("scheduler:h2", "claimed"),
+        ("scheduler:h2", "deferred"),
+        ("scheduler:h1", "processed"),
+    ],
+    "recovered": [
+        ("supervisor:h2", "released"),
+        ("scheduler:h1", "claimed"),
+        ("supervisor:h1", "flushed"),
+        ("scheduler:h1", "processed"),
+    ],
+    "operator": [("operator:alice", "resubmitted"), ("scheduler:h1", "processed")],
+}
+
+
+@pytest.fixture
+def table(azurite, unique_name) -> Iterator[TableClient]:
+    with TableServiceClient.from_connection_string(azurite.connection_string) as service:
+        yield service.create_table(unique_name("orders"))
+
+
+def write_order(table: TableClient, order_id: str, history: list[tuple[str, str]]) -> None:
+    submitted = new_submission().model_copy(update={"order_id": order_id})
+    at = utc_now()
+    entries = [("scheduler:h1", "created"), *history]
+    rows = [details_entity(submitted, submitted.content_hash())]
+    # The state row has no Event or Actor: the filter must pass over it.
+    rows.append({"PartitionKey": order_id, "RowKey": PROCESS_ROW, "ProcessState": "Processed"})
+    for seq, (actor, event) in enumerate(entries):
+        entry = TimelineEntry(
+            seq=seq,
+            at=at + timedelta(seconds=seq),
+            actor=actor,
+            event=event,
+            from_state=None,
+            to_state=ProcessState.PROCESSED,
+            step=None,
+            attempt=1,
+            detail=f"{event} by {actor}",
+        )
+        rows.append(timeline_entity(order_id, entry))
+    table.submit_transaction([("create", row) for row in rows])
+
+
+def per_order(table: TableClient, order_ids: list[str]) -> TimelineTally:
+    """What the demo used to do: read each order's timeline (one query per order)."""
+    retries, recovered = 0, set()
+    for order_id in order_ids:
+        timeline = list(table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id}))
+        events = [row for row in timeline if str(row["RowKey"]).startswith("timeline-")]
+        retries += sum(1 for row in events if row["Event"] in RETRY_EVENTS)
+        if any(row["Actor"].startswith("supervisor:") for row in events):
+            recovered.add(order_id)
+    return TimelineTally(retries, frozenset(recovered))
+
+
+def test_one_query_counts_what_reading_each_timeline_would(table: TableClient) -> None:
+    ours = [f"run-a-{name}-{n}" for name in HISTORIES for n in range(3)]
+    for order_id in ours:
+        write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
+    # Another run's orders, with retries and a Supervisor entry, are not counted.
+    write_order(table, "run-b-recovered-0", HISTORIES["recovered"])
+    write_order(table, "run-a", HISTORIES["retried"])  # the prefix itself is not a run order
+
+    tally = timeline_tally(table, "run-a-")
+
+    assert tally == per_order(table, ours)
+    assert tally.retries == 3 * 2 + 3 * 1
+    assert tally.recovered_by_supervisor == {f"run-a-recovered-{n}" for n in range(3)}
+
+
+def test_only_the_orders_named_are_counted(table: TableClient) -> None:
+    for n in range(3):
+        write_order(table, f"run-c-{n}", HISTORIES["recovered"])
+    tally = timeline_tally(table, "run-c-", {"run-c-0", "run-c-2"})
+    assert tally == TimelineTally(2, frozenset({"run-c-0", "run-c-2"}))
+
+
+def test_past_prefix_ends_the_range_of_a_prefix() -> None:
+    assert past_prefix("demo-ab12-") == "demo-ab12."
+    assert past_prefix("supervisor:") == "supervisor;"
+    assert "demo-ab12-99999" < past_prefix("demo-ab12-") <= "demo-ab12.x"
+    with pytest.raises(ValueError):
+        past_prefix("")
