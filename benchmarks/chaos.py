@@ -53,7 +53,7 @@ from core.states import ProcessState
 from core.supervision import recovery_bound
 from devstack import observe
 from devstack.demo import QUICK_SETTINGS
-from devstack.orders import open_store, send_orders
+from devstack.orders import open_orders_table, open_store, send_orders
 from devstack.stack.local_stack import LocalStack
 
 RESTART_ALLOWANCE_S = 15.0  # a killed host is back and receiving within this
@@ -268,6 +268,8 @@ def judge(info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workd
 
 def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]
     settings = Settings.from_env(info.settings)
+    with open_orders_table(info.settings) as table:
+        timelines = observe.timelines(table, observe.common_prefix(ids))
     bound = stall_bound(settings)
     recovery_limit = recovery_bound(settings).detection_s + RESTART_ALLOWANCE_S
     ledger = observe.read_ledger(info.fakes_url)
@@ -298,14 +300,14 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
                 if (order_id, step.name, step.forward_key(order_id)) in effects:
                     timeline = [
                         f"{e.at.time()} {e.event}: {e.detail[:160]}"
-                        for e in store.get_timeline(order_id)
+                        for e in timelines.get(order_id, [])
                     ]
                     spurious.append({"order_id": order_id, "timeline": timeline})
         elif alerts[order_id]:
             wrong_alerts.append((order_id, alerts[order_id]))
         if statuses.get(order_id, []) != list(range(order.status_seq)):
             incomplete.append((order_id, statuses.get(order_id, [])[:12], order.status_seq))
-        timeline = store.get_timeline(order_id)
+        timeline = timelines.get(order_id, [])
         recoveries += [r for e in timeline if (r := recovery_latency(e)) is not None]
         for a, b in itertools.pairwise(timeline):
             gap = (b.at - waited_from(a)).total_seconds()
@@ -322,7 +324,7 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
             "effect": effect,
             "timeline": [
                 f"{e.at.time()} {e.actor} {e.event}: {e.detail[:160]}"
-                for e in store.get_timeline(effect[1])
+                for e in timelines.get(effect[1], [])
             ],
         }
         for effect in left_in_place[:3]

@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +21,9 @@ import httpx
 from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
-from core.order import Order
+from core.order import Order, TimelineEntry
 from core.settings import Settings
-from core.state_models import TIMELINE_END, TIMELINE_PREFIX, ActiveRow
+from core.state_models import TIMELINE_END, TIMELINE_PREFIX, ActiveRow, timeline_from_entity
 from core.state_store import OrderStateStore
 
 RETRY_EVENTS = ("released", "deferred")
@@ -94,6 +94,40 @@ def tally_timeline(
         if str(row.get("Actor") or "").startswith(SUPERVISOR_ACTOR):
             recovered.add(order_id)
     return TimelineTally(retries, frozenset(recovered))
+
+
+def timelines(orders_table: TableClient, id_prefix: str) -> dict[str, list[TimelineEntry]]:
+    """Every timeline of the orders whose ids start with ``id_prefix``, oldest entry first: ONE
+    query over the orders table (paged by the service), instead of one per order."""
+    rows = orders_table.query_entities(
+        "PartitionKey ge @first and PartitionKey lt @past and RowKey gt @low and RowKey lt @high",
+        parameters={
+            "first": id_prefix,
+            "past": past_prefix(id_prefix),
+            "low": TIMELINE_PREFIX,
+            "high": TIMELINE_END,
+        },
+        results_per_page=1000,
+    )
+    found: dict[str, list[TimelineEntry]] = defaultdict(list)
+    for row in rows:
+        found[row["PartitionKey"]].append(timeline_from_entity(row))
+    for entries in found.values():
+        entries.sort(key=lambda e: e.seq)
+    return dict(found)
+
+
+def common_prefix(order_ids: Iterable[str]) -> str:
+    """The longest string every id starts with (a run's ids share one: ``chaos-<run>-``)."""
+    ordered = sorted(order_ids)
+    if not ordered:
+        raise ValueError("no order ids")
+    first, last = ordered[0], ordered[-1]
+    size = next(
+        (i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b),
+        min(len(first), len(last)),
+    )
+    return first[:size]
 
 
 def past_prefix(prefix: str) -> str:

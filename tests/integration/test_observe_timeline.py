@@ -13,7 +13,14 @@ from core.messages import utc_now
 from core.order import TimelineEntry
 from core.state_models import PROCESS_ROW, details_entity, timeline_entity
 from core.states import ProcessState
-from devstack.observe import RETRY_EVENTS, TimelineTally, past_prefix, timeline_tally
+from devstack.observe import (
+    RETRY_EVENTS,
+    TimelineTally,
+    common_prefix,
+    past_prefix,
+    timeline_tally,
+    timelines,
+)
 from tests.integration.test_supervisor_cost import new_submission
 
 # (actor, event) of each order's timeline after "created".
@@ -104,3 +111,27 @@ def test_past_prefix_ends_the_range_of_a_prefix() -> None:
     assert "demo-ab12-99999" < past_prefix("demo-ab12-") <= "demo-ab12.x"
     with pytest.raises(ValueError):
         past_prefix("")
+
+
+def test_one_query_reads_every_timeline_of_a_run_in_order(table: TableClient) -> None:
+    ours = [f"run-d-{name}" for name in HISTORIES]
+    for order_id in ours:
+        write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
+    write_order(table, "run-e-plain", HISTORIES["plain"])  # another run's order
+
+    found = timelines(table, common_prefix(ours))
+
+    assert set(found) == set(ours)
+    for order_id in ours:
+        expected = [("scheduler:h1", "created"), *HISTORIES[order_id.split("-")[2]]]
+        assert [(e.actor, e.event) for e in found[order_id]] == expected
+        assert [e.seq for e in found[order_id]] == list(range(len(expected)))
+
+
+def test_common_prefix_of_a_run() -> None:
+    assert common_prefix(["chaos-ab12-00001", "chaos-ab12-00999", "chaos-ab12-00010"]) == (
+        "chaos-ab12-00"
+    )
+    assert common_prefix(["only-one"]) == "only-one"
+    with pytest.raises(ValueError):
+        common_prefix([])
