@@ -1,50 +1,196 @@
 """`orderctl`: run the Scheduler Agent Supervisor pattern on this machine.
 
-orderctl up          start Azurite, the broker, the fake services and function hosts
-orderctl submit      send an OrderSubmitted message to the orders queue
-orderctl status ID   an order's state, steps and timeline
-orderctl demo        submit orders under a fault profile and watch the pattern cope
-orderctl supervisor  the Supervisor's lag, bucket leases and recovery bound
-orderctl purge       archive, then delete, finished orders past an age (or count them: --dry-run)
-orderctl purges      the recorded purge runs
-orderctl archived ID a purged order, read back from the archive
+orderctl up [--detach] start Azurite, the broker, the fake services and function hosts, and
+                       keep them running (restarting any that dies)
+orderctl down          stop a stack started with `up --detach` (or any `up`), by PID
+orderctl ps            the stack's processes, addresses and restarts
+orderctl submit        send an OrderSubmitted message to the orders queue
+orderctl status ID     an order's state, steps and timeline
+orderctl demo          submit orders under a fault profile and watch the pattern cope
+orderctl supervisor    the Supervisor's lag, bucket leases and recovery bound
+orderctl purge         archive, then delete, finished orders past an age (or count: --dry-run)
+orderctl purges        the recorded purge runs
+orderctl archived ID   a purged order, read back from the archive
+
+Every command takes --json (one document on stdout, shapes in docs/orderctl.md); tables take
+--wide. Errors are one line on stderr with a non-zero exit code (2: fix the input or start the
+stack; 1: something failed); --debug shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import fcntl
 import getpass
+import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
+from devstack.cli_output import (
+    ComponentView,
+    DownView,
+    ErrorView,
+    StackView,
+    SubmitView,
+    printable,
+    text,
+    write_json,
+)
+from devstack.stack import processes
 from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
 from operator_api.errors import OperatorError
 
+DEFAULT_API_PORT = 7071  # as `func start`
+SUPERVISOR_LOG = "supervisor.log"
+SUPERVISOR_PID = "supervisor.pid"
+LOCK_FILE = "stack.lock"
+DETACH_TIMEOUT_S = 240.0
+WIDE = 1_000_000  # columns: --wide never wraps or cuts
+
+
+@dataclass
+class Mode:
+    """How this invocation prints: set from the global and per-command options."""
+
+    json: bool = False
+    wide: bool = False
+    debug: bool = False
+
+
+MODE = Mode()
+
+
+class SafeGroup(TyperGroup):
+    """Turns any error a command did not expect into one line and exit code 1 (with
+    ``--debug``: the traceback)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TyperException, typer.Exit, typer.Abort):
+            raise
+        except Exception as error:
+            if MODE.debug:
+                raise
+            raise fail(describe(error), 1) from None
+
+
 app = typer.Typer(
+    cls=SafeGroup,
     help="Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker).",
     no_args_is_help=True,
-    add_completion=False,
+    pretty_exceptions_enable=False,
 )
 console = Console()
+err_console = Console(stderr=True)
 
 Workdir = Annotated[
     Path, typer.Option(help="where the stack keeps its logs and stack.json", show_default=True)
 ]
+Json = Annotated[
+    bool, typer.Option("--json", help="print one JSON document (shapes: docs/orderctl.md)")
+]
+Wide = Annotated[bool, typer.Option("--wide", help="show every column in full: never cut")]
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("scheduler-agent-supervisor")
+    except PackageNotFoundError:
+        return "unknown (not installed: run scripts/bootstrap)"
+
+
+def show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"orderctl {version()} (Python {sys.version.split()[0]})\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")
+    ] = False,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker)."""
+    MODE.debug = debug
+    MODE.json = MODE.wide = False
+
+
+def output(json_out: bool = False, wide: bool = False) -> Console:
+    """Note how this command prints; the console for people (wide: never wraps)."""
+    MODE.json, MODE.wide = json_out, wide
+    return Console(width=WIDE) if wide else console
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
+    """Print ``message`` as one line on stderr (and, with --json, an ErrorView on stdout)."""
+    lines = [line for line in str(message).strip().splitlines() if line.strip()] or ["failed"]
+    first = lines[0].rstrip(":")
+    if len(lines) > 1 and not MODE.debug:
+        first += " (rerun with --debug for the details)"
+    err_console.print(Text.assemble(("error: ", "bold red"), printable(first)), soft_wrap=True)
+    if MODE.debug and len(lines) > 1:
+        err_console.print(Text("\n".join(printable(line) for line in lines[1:])))
+    if MODE.json:
+        write_json(ErrorView(error=first, exit_code=code))
     return typer.Exit(code)
+
+
+def describe(error: Exception) -> str:
+    """What went wrong and what to do, for an error no command expected."""
+    if isinstance(error, ValidationError):
+        return f"invalid data: {validation_problems(error)}"
+    name = type(error).__name__
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else name
+    unreachable = ("ServiceRequestError", "ServiceBusConnectionError", "ConnectError")
+    if name in unreachable or isinstance(error, ConnectionError):
+        return (
+            f"cannot reach the local stack ({detail}): is it running? "
+            "See `orderctl ps`; restart it with `orderctl down && orderctl up --detach`"
+        )
+    return f"{name}: {detail} (rerun with --debug for the traceback)"
+
+
+def validation_problems(error: ValidationError) -> str:
+    """A pydantic error as one line: ``field: problem; field: problem``."""
+    parts = []
+    for problem in error.errors():
+        where = ".".join(str(p) for p in problem["loc"]) or "value"
+        parts.append(f"{where}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+def emit(value: BaseModel, show: Any, *args: Any) -> None:
+    """``value`` as JSON with --json, else ``show(value, *args)`` for people."""
+    if MODE.json:
+        write_json(value)
+    else:
+        show(value, *args)
 
 
 def check_installed() -> None:
@@ -60,23 +206,29 @@ def check_profile(profile: str) -> None:
     try:
         load_profile(profile_path(profile))
     except (ProfileError, ValueError, OSError) as error:
-        raise fail(f"fault profile: {error}", 2) from None
+        raise fail(f"fault profile: {' '.join(str(error).split())}", 2) from None
 
 
 def running_stack(workdir: Path) -> StackInfo:
     info = StackInfo.load(workdir)
     if info is None:
         raise fail(
-            f"no running stack in {workdir}: start one with `orderctl up` in another terminal "
+            f"no running stack in {workdir}: start one with `orderctl up --detach` "
             "(or run `orderctl demo`, which starts its own)",
             2,
         )
     return info
 
 
+# ------------------------------------------------------------------------------ the stack
+
+
+Hosts = Annotated[int, typer.Option(min=1, max=8, help="function host processes")]
+
+
 @app.command()
 def up(
-    hosts: Annotated[int, typer.Option(min=1, max=8, help="function host processes")] = 1,
+    hosts: Hosts = 1,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="receivers per queue trigger (default: host.json)")
     ] = None,
@@ -84,44 +236,282 @@ def up(
         str,
         typer.Option(help="fault profile of the fake services: clean, flaky, chaotic or a path"),
     ] = "clean",
+    api_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="serve the operator HTTP API here, or on the next free port (0: any)",
+        ),
+    ] = DEFAULT_API_PORT,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="run in the background; stop with `down`")
+    ] = False,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
+    supervise: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
-    """Start the local stack and keep it running until Ctrl-C."""
+    """Start the local stack and keep it running: a process that dies is restarted (with
+    backoff) at the same address. Ctrl-C stops it; with --detach, `orderctl down` does."""
+    screen = output(json_out, wide)
+    MODE.debug = MODE.debug or supervise  # a detached supervisor's log gets every detail
     check_installed()
     check_profile(profile)
-    if (existing := StackInfo.load(workdir)) is not None:
-        raise fail(f"a stack is already running from {workdir} (PIDs {existing.pids})", 2)
-    stack = LocalStack(workdir, hosts=hosts, concurrency=concurrency, profile=profile)
+    workdir = workdir.resolve()
+    if Path(profile).exists():
+        profile = str(Path(profile).resolve())
+    existing = StackInfo.load(workdir)
+    if existing is not None and detach:
+        emit(stack_view(existing, workdir, already_running=True), show_stack, screen)
+        return
+    if existing is not None or lock_held(workdir):
+        pid = existing.supervisor_pid if existing else read_pid(workdir / SUPERVISOR_PID)
+        raise fail(
+            f"a stack is already running from {workdir} (supervisor PID {pid or '?'}): "
+            "use it, or stop it with `orderctl down`",
+            2,
+        )
+    stack_args = {"hosts": hosts, "concurrency": concurrency, "profile": profile}
+    if detach:
+        start_detached(workdir, api_port, screen, **stack_args)
+        return
+    stack = LocalStack(workdir, api_port=api_port, persist=True, **stack_args)
+    run_supervised(stack, screen, announce=not supervise)
+
+
+def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> None:
+    """Start ``stack``, then restart whatever dies until SIGINT or SIGTERM; then stop it."""
+    from devstack.stack.supervisor import StackEvent, StackSupervisor
+
+    workdir = stack.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = take_lock(workdir)
     stopped = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopped.set())
+    pid_file = workdir / SUPERVISOR_PID
+    pid_file.write_text(f"{os.getpid()}\n")
+    log = workdir / SUPERVISOR_LOG
+    if announce:
+        processes.rotate_log(log)  # a detached supervisor's stdout is this log already
+    notes = err_console if MODE.json else screen
+
+    def say(line: str) -> None:
+        if announce:
+            notes.print(Text(line, style="dim"))
+            with open(log, "a") as file:
+                file.write(line + "\n")
+        else:
+            print(line, flush=True)
+
+    def report(event: StackEvent) -> None:
+        say(event.line())
+
     try:
-        info = stack.start(progress=lambda step: console.print(f"[dim]…[/] {step}"))
-    except (ServiceStartError, OSError, ValueError) as error:
-        raise fail(str(error)) from None
-    show_stack(info)
-    console.print("[green]ready.[/] Ctrl-C stops everything this command started.")
-    stopped.wait()
-    console.print("stopping…")
-    stack.stop()
+        try:
+            info = stack.start(progress=lambda step: say(f"… {step}"))
+        except (ServiceStartError, OSError, ValueError) as error:
+            raise fail(f"the stack did not start: {error}") from None
+        stack.adopt(os.getpid())
+        say(f"stack ready; supervisor PID {os.getpid()}; operator HTTP API at {info.api_url}")
+        if announce:
+            emit(stack_view(StackInfo.read(workdir) or info, workdir), show_stack, screen)
+            if not MODE.json:
+                screen.print("[green]ready.[/] Ctrl-C stops everything this command started.")
+        StackSupervisor(stack, report=report).run(stopped)
+        say("stopping…")
+    finally:
+        stack.stop()
+        pid_file.unlink(missing_ok=True)
+        lock.close()
 
 
-def show_stack(info: StackInfo) -> None:
-    table = Table("component", "where", "PID", title="local stack")
-    settings = info.settings
-    table.add_row(
-        "Service Bus broker",
-        settings["ServiceBusConnection"].split(";")[0],
-        str(info.pids.get("broker", "")),
+def start_detached(
+    workdir: Path, api_port: int, screen: Console, *, hosts: int, concurrency: int | None,
+    profile: str,
+) -> None:  # fmt: skip
+    """Start `orderctl up --supervise` in the background, wait until its stack is ready."""
+    argv = [sys.executable, "-m", "devstack.cli", "up", "--supervise", "--workdir", str(workdir)]
+    argv += ["--hosts", str(hosts), "--profile", profile, "--api-port", str(api_port)]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    log = workdir / SUPERVISOR_LOG
+    workdir.mkdir(parents=True, exist_ok=True)
+    notes = err_console if MODE.json else screen
+    notes.print(Text(f"starting the stack in the background (log: {log})…", style="dim"))
+    proc = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=dict(os.environ), detached=True)
+    deadline = time.monotonic() + DETACH_TIMEOUT_S
+    while True:
+        info = StackInfo.read(workdir)
+        if info is not None and info.supervisor_pid == proc.pid:
+            break
+        if proc.poll() is not None:
+            raise fail(f"the stack did not start: {last_error(log)}; see {log}")
+        if time.monotonic() > deadline:
+            processes.terminate(proc.pid)
+            raise fail(f"the stack was not ready within {DETACH_TIMEOUT_S:.0f} s; see {log}")
+        time.sleep(0.2)
+    emit(stack_view(info, workdir), show_stack, screen)
+    if not MODE.json:
+        screen.print("[green]ready[/] (in the background). `orderctl down` stops it.")
+
+
+def last_error(log: Path) -> str:
+    lines = processes.tail(log, 200).splitlines()
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def take_lock(workdir: Path) -> Any:
+    """Hold ``workdir``'s lock for this process's life (one stack per workdir)."""
+    lock = open(workdir / LOCK_FILE, "w")  # noqa: SIM115 - held until the stack stops
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise fail(
+            f"another stack is starting or running from {workdir}: see `orderctl ps`", 2
+        ) from None
+    return lock
+
+
+def lock_held(workdir: Path) -> bool:
+    path = workdir / LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+
+
+def read_pid(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+@app.command()
+def down(json_out: Json = False, workdir: Workdir = DEFAULT_WORKDIR) -> None:
+    """Stop the stack running from WORKDIR (`up --detach`, or an `up` in another terminal):
+    its supervisor first, which stops its processes, then any process left, by PID."""
+    screen = output(json_out)
+    workdir = workdir.resolve()
+    info = StackInfo.read(workdir)
+    supervisor = read_pid(workdir / SUPERVISOR_PID) or (info.supervisor_pid if info else 0)
+    stopped: dict[str, int] = {}
+    if supervisor and processes.pid_alive(supervisor) and processes.ours(supervisor):
+        # Its hosts finish or abandon in-flight work (3 s), then each service gets 5 s.
+        if not processes.terminate(supervisor, grace=30):
+            raise fail(f"the supervisor (PID {supervisor}) did not stop: kill it by hand", 1)
+        stopped["supervisor"] = supervisor
+    for name, pid in (info.pids if info else {}).items():
+        if pid and processes.pid_alive(pid) and processes.ours(pid):
+            processes.terminate(pid)
+            stopped[name] = pid
+    (workdir / "stack.json").unlink(missing_ok=True)
+    (workdir / SUPERVISOR_PID).unlink(missing_ok=True)
+    view = DownView(workdir=str(workdir), was_running=bool(stopped), stopped=stopped)
+    emit(view, show_down, screen)
+
+
+def show_down(view: DownView, screen: Console) -> None:
+    if not view.was_running:
+        screen.print(Text(f"no stack running in {view.workdir}: nothing to stop"))
+        return
+    pids = ", ".join(f"{name} {pid}" for name, pid in view.stopped.items())
+    screen.print(Text(f"stopped the stack in {view.workdir} ({pids})"))
+
+
+@app.command()
+def ps(json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR) -> None:
+    """Show the stack's processes: where each serves, its PID, restarts and log."""
+    screen = output(json_out, wide)
+    workdir = workdir.resolve()
+    info = StackInfo.load(workdir)
+    if info is None:
+        view = StackView(
+            workdir=str(workdir),
+            running=False,
+            supervisor_pid=0,
+            api_url="",
+            persistent=False,
+            components=[],
+        )
+    else:
+        view = stack_view(info, workdir)
+    emit(view, show_stack, screen)
+
+
+def stack_view(info: StackInfo, workdir: Path, *, already_running: bool = False) -> StackView:
+    return StackView(
+        workdir=str(workdir),
+        running=True,
+        supervisor_pid=info.supervisor_pid,
+        api_url=info.api_url,
+        persistent=info.persistent,
+        already_running=already_running,
+        components=[
+            ComponentView(
+                name=name,
+                pid=pid,
+                running=processes.pid_alive(pid),
+                address=address_of(name, info),
+                restarts=info.restarts.get(name, 0),
+                log=info.logs.get(name, ""),
+            )
+            for name, pid in info.pids.items()
+        ],
     )
-    table.add_row("Azurite", "tables + blobs (see stack.json)", str(info.pids.get("azurite", "")))
-    table.add_row("fake services", info.fakes_url, str(info.pids.get("fakes", "")))
-    if info.api_url:
-        table.add_row("operator HTTP API", f"{info.api_url}openapi.json", "")
-    for name, pid in info.pids.items():
-        if name.startswith("host"):
-            table.add_row(f"functions {name}", "function_app.py", str(pid))
-    console.print(table)
+
+
+def address_of(name: str, info: StackInfo) -> str:
+    from devstack.stack.azurite import from_connection_string
+
+    if name == "azurite":
+        account = from_connection_string(info.settings["StateStorage"])
+        return f"tables {account.table_endpoint}, blobs {account.blob_endpoint}"
+    if name == "broker":
+        return info.settings["ServiceBusConnection"].split(";")[0].removeprefix("Endpoint=")
+    if name == "fakes":
+        return info.fakes_url
+    if name == "host-0":
+        return info.api_url
+    return ""
+
+
+def show_stack(view: StackView, screen: Console) -> None:
+    if not view.running:
+        screen.print(
+            Text(f"no stack running in {view.workdir}: start one with `orderctl up --detach`")
+        )
+        return
+    if view.already_running:
+        screen.print(Text(f"already running from {view.workdir}; `orderctl down` stops it"))
+    columns = ["component", "where", "PID", "restarts"] + (["log"] if MODE.wide else [])
+    table = Table(*columns, title="local stack")
+    for c in view.components:
+        pid = Text(str(c.pid)) if c.running else Text("down", style="red")
+        row = [text(c.name), text(c.address), pid, text(c.restarts)]
+        table.add_row(*row, *([text(c.log)] if MODE.wide else []))
+    screen.print(table)
+    if view.api_url:
+        screen.print(Text.assemble("operator HTTP API: ", (f"{view.api_url}openapi.json", "bold")))
+    kept = "kept across restarts" if view.persistent else "in memory"
+    screen.print(
+        Text(
+            f"supervisor PID {view.supervisor_pid or '-'}; Azurite and broker data {kept}; "
+            f"logs in {view.workdir} (--wide lists them)"
+        )
+    )
+
+
+# ------------------------------------------------------------------------- operator commands
 
 
 @app.command()
@@ -135,20 +525,39 @@ def submit(
     currency: str = "EUR",
     workflow: str = "order",
     reply_to: Annotated[str | None, typer.Option(help="queue for status updates")] = None,
+    json_out: Json = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Submit one order to the running stack."""
     from devstack.orders import build_order, send_orders
 
+    screen = output(json_out)
     info = running_stack(workdir)
     try:
         order = build_order(
             order_id, item or ["SKU-1:1:1999"], customer, currency, workflow, reply_to
         )
-    except (ValueError, ValidationError) as error:
+    except ValidationError as error:
+        raise fail(f"the order is not valid: {validation_problems(error)}", 2) from None
+    except ValueError as error:
         raise fail(f"the order is not valid: {error}", 2) from None
     send_orders(info.settings, [order])
-    console.print(f"submitted [bold]{order.order_id}[/] ({order.total_cents} {order.currency})")
+    view = SubmitView(
+        order_id=order.order_id,
+        workflow=order.workflow,
+        total_cents=order.total_cents,
+        currency=order.currency,
+    )
+    emit(view, show_submitted, screen)
+
+
+def show_submitted(view: SubmitView, screen: Console) -> None:
+    screen.print(
+        Text.assemble(
+            "submitted ", (printable(view.order_id), "bold"), f" ({view.total_cents} ",
+            printable(view.currency), ")",
+        )
+    )  # fmt: skip
 
 
 @contextmanager
@@ -176,44 +585,47 @@ Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline
 
 
 @app.command()
-def status(order_id: str, workdir: Workdir = DEFAULT_WORKDIR) -> None:
+def status(
+    order_id: str, json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
+) -> None:
     """Show an order's state, steps and timeline."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         order = ops.show_order(order_id)
-    show_order(order)
+    emit(order, show_order, screen)
 
 
-def show_order(order: Any) -> None:
+def show_order(order: Any, screen: Console) -> None:
     """An order's state, steps and timeline (an OrderDetail)."""
     p = order.order
-    console.print(
+    screen.print(
         Text.assemble(
-            (p.order_id, "bold"),
-            f"  {p.state}  step {p.current_step} ({p.current_operation}), "
-            f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
-            f"locked by {p.locked_by or '-'}",
+            (printable(p.order_id), "bold"),
+            printable(
+                f"  {p.state}  step {p.current_step} ({p.current_operation}), "
+                f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
+                f"locked by {p.locked_by or '-'}"
+            ),
         )
     )
     if p.next_attempt_at:
-        console.print(f"next attempt due {p.next_attempt_at:%H:%M:%S}")
+        screen.print(Text(f"next attempt due {p.next_attempt_at:%H:%M:%S}"))
     if p.compensation_cause:
-        console.print(
-            Text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}")
-        )
+        screen.print(text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}"))
     if p.last_error:
-        console.print(Text(f"last error: {p.last_error}"))
-    console.print(step_table(order.steps))
+        screen.print(text(f"last error: {p.last_error}"))
+    screen.print(step_table(order.steps))
     events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
     for entry in order.timeline:
         events.add_row(
             str(entry.seq),
             entry.at.strftime("%H:%M:%S.%f")[:-3],
-            Text(entry.actor),
-            Text(entry.event),
-            f"{entry.from_state or ''} → {entry.to_state}",
-            Text(entry.detail),
+            text(entry.actor),
+            text(entry.event),
+            text(f"{entry.from_state or ''} → {entry.to_state}"),
+            text(entry.detail),
         )
-    console.print(events)
+    screen.print(events)
 
 
 STEP_STYLES = {
@@ -229,16 +641,15 @@ def step_table(steps: Any) -> Table:
     """Each step: what is known of its effect, its key's generation, requests sent, outcome."""
     table = Table("step", "state", "gen", "attempts", "completed", "undone", "error", title="steps")
     for step in steps:
-        style = STEP_STYLES.get(step.state)
         error = f"{step.error_code}: {step.error_message}" if step.error_code else ""
         table.add_row(
-            step.name,
-            Text(step.state, style=style or ""),
+            text(step.name),
+            text(step.state, STEP_STYLES.get(step.state, "")),
             str(step.generation),
             str(step.attempt),
             f"{step.completed_at:%H:%M:%S}" if step.completed_at else "",
             f"{step.compensated_at:%H:%M:%S}" if step.compensated_at else "",
-            Text(error[:60]),
+            text(error, width=60, wide=MODE.wide),
         )
     return table
 
@@ -248,67 +659,82 @@ def orders(
     state: Annotated[str, typer.Argument(help="Pending, Processing, Compensating or Error")],
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     continuation: Annotated[str | None, typer.Option(help="from the previous page")] = None,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """List orders in a state (the in-flight index, or the Error index), a page at a time."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         page = ops.list_orders(state, limit=limit, continuation=continuation)
+    emit(page, show_orders, screen)
+
+
+def show_orders(page: Any, screen: Console) -> None:
     table = Table(
-        "order",
-        "step",
-        "attempt",
-        "failures",
-        "next attempt",
-        "last error",
-        title=f"{page.state} orders",
-    )
+        "order", "step", "attempt", "failures", "next attempt", "last error",
+        title=text(f"{page.state} orders"),
+    )  # fmt: skip
     for o in page.items:
-        due = f"{o.next_attempt_at:%H:%M:%S}" if o.next_attempt_at else ""
         table.add_row(
-            o.order_id,
-            o.current_step or "",
+            text(o.order_id),
+            text(o.current_step or ""),
             str(o.attempt),
             str(o.failure_count),
-            due,
-            Text((o.last_error or "")[:60]),
+            f"{o.next_attempt_at:%H:%M:%S}" if o.next_attempt_at else "",
+            text(o.last_error or "", width=60, wide=MODE.wide),
         )
-    console.print(table)
+    screen.print(table)
     if page.continuation:
-        console.print(f"more: --continuation {page.continuation}")
+        screen.print(text(f"more: --continuation {page.continuation}"))
 
 
 @app.command()
 def alerts(
     limit: Annotated[int, typer.Option(min=1, max=250)] = 50,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`)."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         page = ops.list_alerts(limit=limit)
+    emit(page, show_alerts, screen)
+
+
+def show_alerts(page: Any, screen: Console) -> None:
     table = Table("#", "enqueued", "severity", "order", "reason", "detail", title="alerts")
     for item in page.items:
         alert = item.alert or {}
         table.add_row(
             str(item.sequence_number),
             f"{item.enqueued_at:%H:%M:%S}" if item.enqueued_at else "",
-            Text(str(alert.get("severity", "?"))),
-            Text(str(alert.get("order_id") or "-")),
-            Text(str(alert.get("reason", item.problem or ""))),
-            Text(str(alert.get("detail", item.raw or ""))[:80]),
+            text(alert.get("severity", "?")),
+            text(alert.get("order_id") or "-"),
+            text(alert.get("reason", item.problem or "")),
+            text(alert.get("detail", item.raw or ""), width=80, wide=MODE.wide),
         )
-    console.print(table)
+    screen.print(table)
 
 
 @app.command()
 def ack(
     sequence_number: int,
     operator: Operator = OPERATOR,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Acknowledge (remove) an alert by its sequence number, recorded in the order's timeline."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         done = ops.acknowledge_alert(sequence_number, operator=operator)
-    console.print(f"alert {done.sequence_number} acknowledged by {done.acknowledged_by}")
+    emit(done, show_ack, screen)
+
+
+def show_ack(done: Any, screen: Console) -> None:
+    screen.print(text(f"alert {done.sequence_number} acknowledged by {done.acknowledged_by}"))
 
 
 @app.command()
@@ -316,12 +742,15 @@ def resubmit(
     order_id: str,
     reason: Reason,
     operator: Operator = OPERATOR,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Resubmit an Error order: it resumes at the failed step (or finishes its compensation)."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         done = ops.resubmit(order_id, operator=operator, reason=reason)
-    console.print(f"{done.order_id}: {done.outcome} ({done.state})")
+    emit(done, show_action, screen)
 
 
 @app.command()
@@ -329,44 +758,63 @@ def cancel(
     order_id: str,
     reason: Reason,
     operator: Operator = OPERATOR,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Cancel a Pending or Processing order at once: every step that may have taken effect (the
     one in flight too) is undone, then Error."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         done = ops.cancel(order_id, operator=operator, reason=reason)
-    console.print(f"{done.order_id}: {done.outcome} ({done.state})")
+    emit(done, show_action, screen)
+
+
+def show_action(done: Any, screen: Console) -> None:
+    screen.print(text(f"{done.order_id}: {done.outcome} ({done.state})"))
 
 
 @app.command()
-def supervisor(workdir: Workdir = DEFAULT_WORKDIR) -> None:
+def supervisor(
+    json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
+) -> None:
     """Show the Supervisor's lag, who sweeps which bucket, and the recovery bound."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         view = ops.supervisor()
+    emit(view, show_supervisor, screen)
+
+
+def show_supervisor(view: Any, screen: Console) -> None:
     oldest = "never" if view.oldest_sweep_s is None else f"{view.oldest_sweep_s:.1f} s ago"
     bound = view.bound
-    console.print(
-        f"lag [bold]{view.lag_s:.1f} s[/]; least recently swept bucket: {oldest}; "
-        f"deadline to recovery at most {bound['detection_s']:.1f} s "
-        f"(period {bound['period_s']:g} s, budget {bound['budget_s']:g} s, "
-        f"lease {bound['lease_s']:g} s)"
-    )
+    screen.print(
+        Text.assemble(
+            "lag ", (f"{view.lag_s:.1f} s", "bold"),
+            f"; least recently swept bucket: {oldest}; "
+            f"deadline to recovery at most {bound['detection_s']:.1f} s "
+            f"(period {bound['period_s']:g} s, budget {bound['budget_s']:g} s, "
+            f"lease {bound['lease_s']:g} s)",
+        )
+    )  # fmt: skip
     if view.unswept_buckets:
-        console.print(
-            "[red]buckets not swept within the bound:[/] "
-            + ", ".join(str(b) for b in view.unswept_buckets)
+        screen.print(
+            Text.assemble(
+                ("buckets not swept within the bound: ", "red"),
+                ", ".join(str(b) for b in view.unswept_buckets),
+            )
         )
     table = Table("bucket", "holder", "swept", "by", "lag s", "due", title="buckets")
     for b in view.buckets:
         table.add_row(
             str(b.bucket),
-            Text(b.holder or "-"),
+            text(b.holder or "-"),
             f"{b.swept_at:%H:%M:%S}" if b.swept_at else "never",
-            Text(b.swept_by or "-"),
+            text(b.swept_by or "-"),
             f"{b.lag_s:.1f}",
             str(b.due_found),
         )
-    console.print(table)
+    screen.print(table)
 
 
 @app.command()
@@ -386,9 +834,12 @@ def purge(
     dry_run: Annotated[bool, typer.Option(help="only count what would be purged")] = False,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="candidates examined")] = 1000,
     operator: Operator = OPERATOR,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Archive, then delete, finished orders (never one in flight); recorded with your name."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         report = ops.purge(
             operator=operator,
@@ -397,13 +848,15 @@ def purge(
             dry_run=dry_run,
             limit=limit,
         )
-    show_purge(report)
+    emit(report, show_purge, screen)
 
 
-def show_purge(report: Any) -> None:
+def show_purge(report: Any, screen: Console) -> None:
     kept = ", ".join(f"{reason} {n}" for reason, n in sorted(report.kept.items())) or "none"
     title = "purge (dry run: nothing changed)" if report.dry_run else f"purge {report.run_id}"
-    table = Table("examined", "purgeable", "archived", "purged", "skipped (changed)", title=title)
+    table = Table(
+        "examined", "purgeable", "archived", "purged", "skipped (changed)", title=text(title)
+    )
     table.add_row(
         str(report.examined),
         str(report.purgeable),
@@ -411,41 +864,48 @@ def show_purge(report: Any) -> None:
         str(report.purged),
         str(report.skipped_changed),
     )
-    console.print(table)
-    console.print(
-        Text(
+    screen.print(table)
+    screen.print(
+        text(
             f"{', '.join(report.states)} orders last changed before "
             f"{report.cutoff:%Y-%m-%d %H:%M} UTC ({report.older_than_days:g} days); kept: {kept}"
         )
     )
     if report.blobs:
-        console.print(Text(f"archived to {', '.join(report.blobs)}"))
+        screen.print(text(f"archived to {', '.join(report.blobs)}"))
     if report.failed:
-        console.print(Text(f"{report.failed} order(s) could not be read: see the host logs"))
+        screen.print(Text(f"{report.failed} order(s) could not be read: see the host logs"))
     if report.more:
-        console.print("more candidates are left: run it again")
+        screen.print(Text("more candidates are left: run it again"))
 
 
 @app.command()
 def purges(
     limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """List the recorded purge runs (the timer's and operators'), newest first."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         view = ops.purge_runs(limit=limit)
+    emit(view, show_purges, screen)
+
+
+def show_purges(view: Any, screen: Console) -> None:
     table = Table("run", "started", "by", "states", "days", "purged", "skipped", title="purges")
     for run in view.runs:
         table.add_row(
-            Text(run.run_id),
+            text(run.run_id),
             f"{run.started_at:%Y-%m-%d %H:%M:%S}",
-            Text(run.requested_by),
-            Text(",".join(run.states)),
+            text(run.requested_by),
+            text(",".join(run.states)),
             f"{run.older_than_days:g}",
             str(run.purged),
             str(run.skipped_changed),
         )
-    console.print(table)
+    screen.print(table)
 
 
 @app.command()
@@ -454,18 +914,25 @@ def archived(
     day: Annotated[
         str | None, typer.Option(help="only the archive of this day (UTC, YYYY-MM-DD)")
     ] = None,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Show a purged order (state, steps, timeline) read back from the archive."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         view = ops.archived_order(order_id, day=day)
-    console.print(
-        Text(
+    emit(view, show_archived, screen)
+
+
+def show_archived(view: Any, screen: Console) -> None:
+    screen.print(
+        text(
             f"archived {view.archived_at:%Y-%m-%d %H:%M:%S} UTC by purge run {view.run_id}"
             + (f" ({view.copies} copies; showing the latest)" if view.copies > 1 else "")
         )
     )
-    show_order(view.order)
+    show_order(view.order, screen)
 
 
 @app.command("dead-letters")
@@ -473,27 +940,40 @@ def dead_letters(
     queue: Annotated[
         str | None, typer.Argument(help="a queue role (orders, responses, ...); all if omitted")
     ] = None,
+    json_out: Json = False,
+    wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Count dead letters per queue, or show one queue's dead letters."""
+    screen = output(json_out, wide)
     with operations(workdir) as ops:
         if queue is None:
-            summary = ops.dead_letter_summary()
-            table = Table("queue", "entity", "dead letters", title="dead-letter queues")
-            for q in summary.queues:
-                table.add_row(q.queue, q.entity, f"{q.count}{'+' if q.more else ''}")
-            console.print(table)
+            emit(ops.dead_letter_summary(), show_dead_letter_counts, screen)
             return
         page = ops.list_dead_letters(queue)
-    table = Table("#", "reason", "description", "body", title=f"dead letters of {page.entity}")
+    emit(page, show_dead_letters, screen)
+
+
+def show_dead_letter_counts(summary: Any, screen: Console) -> None:
+    table = Table("queue", "entity", "dead letters", title="dead-letter queues")
+    for q in summary.queues:
+        table.add_row(text(q.queue), text(q.entity), f"{q.count}{'+' if q.more else ''}")
+    screen.print(table)
+
+
+def show_dead_letters(page: Any, screen: Console) -> None:
+    table = Table(
+        "#", "reason", "description", "body", title=text(f"dead letters of {page.entity}")
+    )
     for item in page.items:
+        body = item.body if item.body is not None else item.raw
         table.add_row(
             str(item.sequence_number),
-            Text(item.reason or ""),
-            Text(item.description or ""),
-            Text(str(item.body if item.body is not None else item.raw)[:80]),
+            text(item.reason or ""),
+            text(item.description or ""),
+            text(body, width=80, wide=MODE.wide),
         )
-    console.print(table)
+    screen.print(table)
 
 
 @app.command()
@@ -510,12 +990,22 @@ def demo(
     quick: Annotated[
         bool, typer.Option(help="demo timings: 8 s step deadlines, 2 s supervisor ticks")
     ] = True,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the summary here")] = None,
+    json_out: Annotated[
+        str | None,
+        typer.Option(
+            "--json",
+            metavar="PATH|-",
+            help="write the summary as JSON to PATH, or to stdout with `-` (the live view "
+            "then goes to stderr)",
+        ),
+    ] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Submit orders under a fault profile, show live progress, then a summary."""
     from devstack.demo import Demo
 
+    to_stdout = json_out == "-"
+    output(to_stdout)
     check_installed()
     check_profile(profile)
     try:
@@ -529,12 +1019,14 @@ def demo(
             quick=quick,
             workdir=workdir,
             rate=rate,
-            console=console,
+            console=err_console if to_stdout else console,
         ).run()
     except (ServiceStartError, OSError) as error:
         raise fail(str(error)) from None
-    if json_out:
-        json_out.write_text(summary.to_json())
+    if to_stdout:
+        sys.stdout.write(summary.to_json())
+    elif json_out:
+        Path(json_out).write_text(summary.to_json())
     if not summary.all_terminal:
         raise typer.Exit(1)
 

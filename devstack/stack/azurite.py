@@ -85,23 +85,46 @@ def from_connection_string(conn: str) -> StorageAccount:
 
 
 class AzuriteProcess:
-    """One in-memory Azurite with blob, queue and table services on ports it picks itself.
+    """One Azurite with blob, queue and table services on ports it picks itself.
 
-    It runs in ``workdir`` (``--location`` cannot be combined with ``--inMemoryPersistence``).
+    It runs in ``workdir``, in memory unless ``location`` names a directory to keep its data
+    in (``--location`` cannot be combined with ``--inMemoryPersistence``). On disk, Azurite's
+    table store is saved every 5 s (LokiJS autosave) and on a clean stop, so a killed Azurite
+    loses at most the table writes of its last 5 s; blobs are written through.
     """
 
-    def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, workdir: Path, host: str = "127.0.0.1", *, location: Path | None = None
+    ) -> None:
         self.workdir = Path(workdir)
         self.host = host
+        self.location = Path(location) if location is not None else None
         self.log_path = self.workdir / "azurite.log"
         self._proc: subprocess.Popen | None = None
         self.account: StorageAccount | None = None
+        self._ports: tuple[int, int, int] | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def start(self) -> StorageAccount:
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code if the process has ended on its own, else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def ports(self) -> tuple[int, int, int] | None:
+        """Blob, queue and table ports, once started."""
+        return self._ports
+
+    def restart(self) -> StorageAccount:
+        """Stop (if running) and start again on the same ports: clients keep their settings."""
+        ports = self._ports
+        self.stop()
+        return self.start(ports=ports)
+
+    def start(self, ports: tuple[int, int, int] | None = None) -> StorageAccount:
         if self._proc is not None:
             raise RuntimeError("Azurite is already started")
         if not AZURITE_BIN.exists():
@@ -111,15 +134,21 @@ class AzuriteProcess:
             )
         self.workdir.mkdir(parents=True, exist_ok=True)
         h = self.host
+        blob, queue, table = (str(p) for p in ports or (0, 0, 0))
+        if self.location is not None:
+            self.location.mkdir(parents=True, exist_ok=True)
+            storage = ["--location", str(self.location)]
+        else:
+            storage = ["--inMemoryPersistence"]
         argv = [
             str(AZURITE_BIN),
             "--silent",
-            "--inMemoryPersistence",
+            *storage,
             "--disableTelemetry",
             "--skipApiVersionCheck",
             "--loose",
             "--blobHost", h, "--queueHost", h, "--tableHost", h,
-            "--blobPort", "0", "--queuePort", "0", "--tablePort", "0",
+            "--blobPort", blob, "--queuePort", queue, "--tablePort", table,
         ]  # fmt: skip
         self._proc = processes.spawn(argv, log_path=self.log_path, cwd=self.workdir)
         endpoints: dict[str, str] = {}
@@ -145,6 +174,11 @@ class AzuriteProcess:
                 f"Azurite {state} within {STARTUP_TIMEOUT_S:.0f} s. "
                 f"Last lines of {self.log_path}:\n{processes.tail(self.log_path)}"
             )
+        self._ports = (
+            _port_of(endpoints["blob"]),
+            _port_of(endpoints["queue"]),
+            _port_of(endpoints["table"]),
+        )
         self.account = StorageAccount(
             connection_string=connection_string_for(
                 endpoints["blob"], endpoints["queue"], endpoints["table"]
@@ -168,3 +202,8 @@ class AzuriteProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _port_of(endpoint: str) -> int:
+    """The port of ``http://127.0.0.1:PORT/devstoreaccount1``."""
+    return int(endpoint.rsplit(":", 1)[1].split("/", 1)[0])

@@ -1,9 +1,15 @@
 """The whole pattern on one machine: Azurite, the broker, the fake services and host processes.
 
-`LocalStack.start()` brings each up on a free port, waits until it answers, creates the tables
-the settings name, and writes `<workdir>/stack.json` (settings, ports, PIDs) so that `orderctl
-submit`, `status` and `demo` find a running stack. `stop()` stops everything it started, by PID.
+`LocalStack.start()` brings each up, waits until it answers, creates the tables the settings
+name, and writes `<workdir>/stack.json` (settings, ports, PIDs) so that `orderctl submit`,
+`status` and `demo` find a running stack. `stop()` stops everything it started, by PID.
 The queues are the broker's entity config, the same file the infra tests compare with Bicep.
+
+Every address is chosen once, at the first start, and kept: :meth:`LocalStack.restart` brings a
+process back on the same port(s), so the connection strings in the settings, the fakes' URL and
+the operator HTTP API's URL stay valid for the stack's life. With ``persist``, Azurite and the
+broker keep their data under the workdir (wiped at each fresh start), so a restarted one comes
+back with the orders and messages it had.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core.agents import AGENT_NAMES, AGENTS
@@ -29,6 +36,7 @@ DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
 # Receivers per queue trigger and host. host.json's 16 suits Azure; locally 6 triggers x 16
 # AMQP connections per host only slow the start and compete for the same two cores.
 DEFAULT_CONCURRENCY = 4
+HOST_START_TIMEOUT_S = 90.0
 
 Progress = Callable[[str], None]
 
@@ -42,30 +50,39 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)
     api_url: str = ""  # the operator HTTP API, served by host 0
     logs: dict[str, str] = field(default_factory=dict)
+    supervisor_pid: int = 0
+    """The process that keeps the stack running (`orderctl up`), 0 when nothing does."""
+    restarts: dict[str, int] = field(default_factory=dict)
+    persistent: bool = False
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.__dict__, indent=2) + "\n")
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(self.__dict__, indent=2) + "\n")
+        os.replace(temporary, path)  # readers never see half a file
+
+    @classmethod
+    def read(cls, workdir: Path = DEFAULT_WORKDIR) -> StackInfo | None:
+        """The stack last recorded in ``workdir``, running or not."""
+        path = workdir / STATE_FILE
+        try:
+            document = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in document.items() if k in known})
 
     @classmethod
     def load(cls, workdir: Path = DEFAULT_WORKDIR) -> StackInfo | None:
-        path = workdir / STATE_FILE
-        if not path.is_file():
-            return None
-        info = cls(**json.loads(path.read_text()))
-        return info if info.alive() else None
+        """The stack running from ``workdir``, or None."""
+        info = cls.read(workdir)
+        return info if info is not None and info.alive() else None
 
     def alive(self) -> bool:
-        return bool(self.pids) and all(_pid_alive(pid) for pid in self.pids.values())
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        """A supervised stack is alive while its supervisor is (a process it is restarting is
+        briefly gone); an unsupervised one while every process is."""
+        if self.supervisor_pid:
+            return processes.pid_alive(self.supervisor_pid)
+        return bool(self.pids) and all(processes.pid_alive(pid) for pid in self.pids.values())
 
 
 def base_settings() -> dict[str, str]:
@@ -83,16 +100,25 @@ class LocalStack:
         profile: str | Path | None = None,
         seed: int = 0,
         overrides: dict[str, str] | None = None,
+        api_port: int = 0,
+        persist: bool = False,
     ) -> None:
+        """``api_port``: where host 0 serves the operator HTTP API: this port, or the next free
+        one above it if it is taken (0: any free port). ``persist``: Azurite and the broker keep
+        their data on disk for the stack's life (see the module's docstring)."""
         self.workdir = Path(workdir)
         self.hosts = hosts
         self.concurrency = concurrency
         self.profile = profile
         self.seed = seed
         self.overrides = overrides or {}
+        self.api_port = api_port
+        self.persist = persist
         self._azurite: AzuriteProcess | None = None
         self._broker: BrokerProcess | None = None
         self._children: dict[str, subprocess.Popen] = {}
+        self._fakes_port = 0
+        self._http_port: int | None = None
         self.info: StackInfo | None = None
 
     def start(self, progress: Progress = lambda _: None) -> StackInfo:
@@ -106,11 +132,20 @@ class LocalStack:
     def _start(self, progress: Progress) -> StackInfo:
         for stale in self.workdir.glob("host-*.stats.json"):
             stale.unlink()  # an earlier stack's counters would be read as this one's
+        for data in ("azurite-data", "broker-data"):
+            shutil.rmtree(self.workdir / data, ignore_errors=True)  # each stack starts empty
         progress("starting Azurite (tables, blobs)")
-        self._azurite = AzuriteProcess(self.workdir / "azurite")
+        self._azurite = AzuriteProcess(
+            self.workdir / "azurite",
+            location=self.workdir / "azurite-data" if self.persist else None,
+        )
         account = self._azurite.start()
         progress("starting the Service Bus development broker")
-        self._broker = BrokerProcess([DEFAULT_CONFIG], log_path=self.workdir / "broker.log")
+        self._broker = BrokerProcess(
+            [DEFAULT_CONFIG],
+            data_dir=self.workdir / "broker-data" if self.persist else None,
+            log_path=self.workdir / "broker.log",
+        )
         self._broker.start()
         progress(f"starting the fake remote services ({', '.join(AGENT_NAMES)})")
         fakes_url = self._start_fakes()
@@ -123,32 +158,85 @@ class LocalStack:
         settings |= self.overrides
         progress("creating tables")
         self._create_tables(settings)
+        self.info = StackInfo(settings=settings, fakes_url=fakes_url, persistent=self.persist)
+        self._write_host_settings(settings)
         for n in range(self.hosts):
             progress(f"starting functions host {n + 1} of {self.hosts}")
-            self._start_host(n, settings)
-        pids = {"azurite": self._azurite.pid or 0, "broker": self._broker.pid}
-        pids |= {name: proc.pid for name, proc in self._children.items()}
-        logs = {
+            if n == 0:
+                self._start_first_host()
+            else:
+                self._start_host(n)
+        api = re.search(r"http triggers at (\S+)", _read(self.workdir / "host-0.log"))
+        self.info.api_url = api.group(1) if api else ""
+        self.info.logs = {
             "azurite": str(self._azurite.log_path),
             "broker": str(self._broker.log_path),
             **{name: str(self.workdir / f"{name}.log") for name in self._children},
         }
-        api = re.search(r"http triggers at (\S+)", _read(self.workdir / "host-0.log"))
-        self.info = StackInfo(
-            settings=settings,
-            fakes_url=fakes_url,
-            pids=pids,
-            logs=logs,
-            api_url=api.group(1) if api else "",
-        )
-        self.info.save(self.workdir / STATE_FILE)
+        self._record()
         return self.info
+
+    def components(self) -> list[str]:
+        """The stack's processes, in start order: azurite, broker, fakes, host-0, host-1, ..."""
+        return ["azurite", "broker", "fakes", *(f"host-{n}" for n in range(self.hosts))]
+
+    def exit_code(self, name: str) -> int | None:
+        """None while ``name`` runs; its exit code once it has ended (-N: killed by signal N)."""
+        if name == "azurite":
+            return self._azurite.exit_code if self._azurite else None
+        if name == "broker":
+            return self._broker.exit_code if self._broker else None
+        proc = self._children.get(name)
+        return proc.poll() if proc is not None else None
+
+    def pid(self, name: str) -> int:
+        if name == "azurite":
+            return (self._azurite.pid or 0) if self._azurite else 0
+        if name == "broker":
+            return self._broker.pid if self._broker and self._broker.running else 0
+        proc = self._children.get(name)
+        return proc.pid if proc is not None else 0
+
+    def restart(self, name: str) -> int:
+        """Stop what is left of ``name`` and start it again at its address; returns its PID.
+        Raises ServiceStartError when it does not come back."""
+        assert self.info is not None, "start the stack first"
+        if name == "azurite":
+            assert self._azurite is not None
+            self._azurite.restart()
+            self._create_tables(self.info.settings)  # in memory, it came back empty
+        elif name == "broker":
+            assert self._broker is not None
+            self._broker.restart(require_same_port=True)
+        elif name == "fakes":
+            processes.stop(self._children.pop("fakes"))
+            self._start_fakes()
+        elif name.startswith("host-"):
+            processes.stop(self._children.pop(name))
+            self._start_host(int(name.removeprefix("host-")))
+        else:
+            raise ValueError(f"no component {name!r}; the stack has {', '.join(self.components())}")
+        self.info.restarts[name] = self.info.restarts.get(name, 0) + 1
+        self._record()
+        return self.pid(name)
+
+    def adopt(self, supervisor_pid: int) -> None:
+        """Record ``supervisor_pid`` as the process that keeps this stack running."""
+        assert self.info is not None, "start the stack first"
+        self.info.supervisor_pid = supervisor_pid
+        self._record()
+
+    def _record(self) -> None:
+        assert self.info is not None
+        self.info.pids = {name: self.pid(name) for name in self.components()}
+        self.info.save(self.workdir / STATE_FILE)
 
     def _start_fakes(self) -> str:
         port_file = self.workdir / "fakes.port"
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "devstack.fakes.remote_services", "--port", "0"]
-        argv += ["--port-file", str(port_file), "--seed", str(self.seed)]
+        argv = [sys.executable, "-m", "devstack.fakes.remote_services"]
+        argv += ["--port", str(self._fakes_port), "--port-file", str(port_file)]
+        argv += ["--seed", str(self.seed)]
         if self.profile:
             argv += ["--profile", str(profile_path(self.profile))]
         proc = self._spawn("fakes", argv, os.environ.copy())
@@ -157,7 +245,8 @@ class LocalStack:
                 "the fake remote services did not start:\n"
                 + processes.tail(self.workdir / "fakes.log")
             )
-        return f"http://127.0.0.1:{int(port_file.read_text().strip())}"
+        self._fakes_port = int(port_file.read_text().strip())
+        return f"http://127.0.0.1:{self._fakes_port}"
 
     def _create_tables(self, settings: dict[str, str]) -> None:
         from core.runtime import Runtime
@@ -169,22 +258,48 @@ class LocalStack:
         finally:
             runtime.close()
 
-    def _start_host(self, n: int, settings: dict[str, str]) -> None:
+    def _write_host_settings(self, settings: dict[str, str]) -> None:
         settings_file = self.workdir / "local.settings.json"
         settings_file.write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
-        argv = [sys.executable, "-m", "devstack.host", "--settings", str(settings_file)]
+
+    def _start_first_host(self, attempts: int = 3) -> None:
+        """Host 0 serves the operator HTTP API. Its port is chosen once; if another process
+        takes it between the choice and the bind, choose again (only at the first start:
+        from then on the address is the stack's)."""
+        tried: list[int] = []
+        for attempt in range(attempts):
+            self._http_port = processes.choose_port(self.api_port, processes.port_free, avoid=tried)
+            try:
+                self._start_host(0)
+                return
+            except processes.ServiceStartError:
+                tried.append(self._http_port)
+                if attempt == attempts - 1 or "cannot serve HTTP" not in _read(self._log(0)):
+                    raise
+                self._children.pop("host-0", None)
+
+    def _start_host(self, n: int) -> None:
+        argv = [sys.executable, "-m", "devstack.host"]
+        argv += ["--settings", str(self.workdir / "local.settings.json")]
         argv += ["--concurrency", str(self.concurrency or DEFAULT_CONCURRENCY)]
         # Shorter than processes.stop's grace, so a stop is graceful, not a SIGKILL.
         argv += ["--stop-timeout", "3"]
-        # Host 0 serves the operator HTTP API on a free port; the others serve no HTTP.
-        argv += ["--http-port", "0" if n == 0 else "-1"]
+        # Host 0 serves the operator HTTP API; the others serve no HTTP.
+        argv += ["--http-port", str(self._http_port) if n == 0 else "-1"]
         argv += ["--stats-file", str(self.workdir / f"host-{n}.stats.json")]
         proc = self._spawn(f"host-{n}", argv, os.environ.copy())
-        log = self.workdir / f"host-{n}.log"
-        if not processes.wait_until(lambda: "host started" in _read(log), timeout=90, proc=proc):
+        log = self._log(n)
+        started = processes.wait_until(
+            lambda: "host started" in _read(log), timeout=HOST_START_TIMEOUT_S, proc=proc
+        )
+        if not started:
+            processes.stop(proc)
             raise processes.ServiceStartError(
                 f"functions host {n} did not start:\n{processes.tail(log)}"
             )
+
+    def _log(self, n: int) -> Path:
+        return self.workdir / f"host-{n}.log"
 
     def kill_host(self, n: int) -> None:
         """SIGKILL host `n` (a crash: nothing finished, nothing settled, no goodbye)."""
@@ -194,9 +309,8 @@ class LocalStack:
 
     def restart_host(self, n: int) -> None:
         assert self.info is not None, "start the stack first"
-        self._start_host(n, self.info.settings)
-        self.info.pids[f"host-{n}"] = self._children[f"host-{n}"].pid
-        self.info.save(self.workdir / STATE_FILE)
+        self._start_host(n)
+        self._record()
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         proc = processes.spawn(

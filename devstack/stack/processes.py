@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,15 +69,15 @@ def spawn(
     log_path: Path,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
+    detached: bool = False,
 ) -> subprocess.Popen:
     """Start ``argv`` with stdout and stderr written to a fresh ``log_path``; register it for
     cleanup. Logs left by earlier starts are appended to ``<log>.1``, oldest first: readiness
-    is read from the log, and lines of an earlier run must never pass for this one's."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    if log_path.exists():
-        with open(log_path.with_name(log_path.name + ".1"), "ab") as earlier:
-            earlier.write(log_path.read_bytes())
-        log_path.unlink()
+    is read from the log, and lines of an earlier run must never pass for this one's.
+
+    ``detached``: the process outlives this one (no death signal, no atexit sweep); whoever
+    stops it later does so by its PID (`orderctl down`)."""
+    rotate_log(log_path)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             list(argv),
@@ -87,10 +87,20 @@ def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=None if detached else _die_with_parent(os.getpid()),
         )
-    _live[proc.pid] = proc
+    if not detached:
+        _live[proc.pid] = proc
     return proc
+
+
+def rotate_log(log_path: Path) -> None:
+    """Append ``log_path`` to ``<log>.1`` and remove it, so the next writer starts fresh."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.exists():
+        with open(log_path.with_name(log_path.name + ".1"), "ab") as earlier:
+            earlier.write(log_path.read_bytes())
+        log_path.unlink()
 
 
 def stop(proc: subprocess.Popen, grace: float = DEFAULT_STOP_GRACE_S) -> int | None:
@@ -125,6 +135,77 @@ def tail(path: Path, lines: int = 40) -> str:
     if not text.strip():
         return f"(log file {path} is empty)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this PID exists (a zombie counts as gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def ours(pid: int) -> bool:
+    """True when ``pid`` runs this stack's code (devstack, Azurite or orderctl): a PID recorded
+    long ago may belong to another program by now, which must never be signalled."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no procfs: cannot tell, trust the record
+    except OSError:
+        return False
+    return any(mark in argv for mark in (b"devstack", b"azurite", b"orderctl"))
+
+
+def terminate(pid: int, grace: float = DEFAULT_STOP_GRACE_S) -> bool:
+    """Stop a process we did not start (by PID, and its process group if it leads one):
+    SIGTERM, wait up to ``grace`` seconds, then SIGKILL. True if it is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not pid_alive(pid):
+            return True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        wait_until(lambda: not pid_alive(pid), timeout=grace if sig == signal.SIGTERM else 5)
+    return not pid_alive(pid)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``port`` can be bound now (as a server with SO_REUSEADDR would bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def choose_port(
+    preferred: int, is_free: Callable[[int], bool], *, tries: int = 100, avoid: Iterable[int] = ()
+) -> int:
+    """``preferred`` if free, else the next free port above it (``func start`` serves on 7071;
+    a second stack on this machine gets 7072). 0 means "any free port"."""
+    skip = set(avoid)
+    if preferred == 0:
+        return free_port()
+    for port in range(preferred, min(preferred + tries, 65536)):
+        if port not in skip and is_free(port):
+            return port
+    raise ServiceStartError(
+        f"no free port in {preferred}-{preferred + tries - 1}: stop what listens there, "
+        "or choose another with --api-port"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:

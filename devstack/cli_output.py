@@ -1,0 +1,218 @@
+"""What `orderctl` prints: the shape of every command's ``--json`` document, and the helpers
+that print stored text safely for people.
+
+The ``--json`` shapes are the operator HTTP API's own models (:mod:`operator_api.models`) where
+a command is an operator operation, so the CLI and the API share field names, plus the models
+below for what only the CLI does. :func:`shapes` maps each command to its shape(s);
+``python -m devstack.cli_output`` prints the reference section of docs/orderctl.md from it.
+
+For people, stored text (reasons, errors, alert and dead-letter bodies, operator names) is
+printed as :class:`rich.text.Text`, never parsed as markup or emoji codes, with control
+characters shown as escapes (``\\x1b``) so stored text cannot move the cursor or recolour the
+terminal. ``--json`` carries the exact stored strings.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from rich.text import Text
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ComponentView(_Shape):
+    name: str = Field(description="azurite, broker, fakes, host-0, host-1, ...")
+    pid: int = Field(description="0 while it is down (being restarted)")
+    running: bool
+    address: str = Field(description="Where it serves (empty for hosts other than host-0)")
+    restarts: int = Field(description="Restarts by the supervisor over the stack's life")
+    log: str = Field(description="Its log file (the previous starts' logs are in <log>.1)")
+
+
+class StackView(_Shape):
+    """`up`, `ps`: the local stack and its processes."""
+
+    workdir: str
+    running: bool
+    supervisor_pid: int = Field(description="The process keeping the stack alive; 0: none")
+    api_url: str = Field(description="The operator HTTP API (host-0), stable while it runs")
+    persistent: bool = Field(
+        description="Azurite and the broker keep their data across restarts of either"
+    )
+    already_running: bool = Field(
+        default=False, description="`up` found this stack running and started nothing"
+    )
+    components: list[ComponentView]
+
+
+class DownView(_Shape):
+    """`down`: what was stopped."""
+
+    workdir: str
+    was_running: bool
+    stopped: dict[str, int] = Field(description="Process name -> PID stopped")
+
+
+class SubmitView(_Shape):
+    """`submit`: the order sent."""
+
+    order_id: str
+    workflow: str
+    total_cents: int
+    currency: str
+
+
+class ErrorView(_Shape):
+    """On failure, with ``--json``: one document on stdout (and the one-line error on
+    stderr); the exit code is not 0."""
+
+    error: str
+    exit_code: int
+
+
+def shapes() -> dict[str, tuple[Any, ...]]:
+    """Each command's ``--json`` document: one of these (dead-letters: the summary without a
+    QUEUE, the page with one). A failure prints :class:`ErrorView` instead. (Imported here,
+    not at the top: the operator models and the demo load the Azure SDKs, and every
+    `orderctl` start, shell completion included, would pay for that.)"""
+    from devstack.demo import Summary as DemoSummary
+    from operator_api.models import (
+        AckView,
+        ActionView,
+        AlertPage,
+        ArchivedOrderView,
+        DeadLetterPage,
+        DeadLetterSummary,
+        OrderDetail,
+        OrderPage,
+        PurgeRunsView,
+        PurgeView,
+        SupervisorView,
+    )
+
+    return {
+        "up": (StackView,),
+        "down": (DownView,),
+        "ps": (StackView,),
+        "submit": (SubmitView,),
+        "status": (OrderDetail,),
+        "orders": (OrderPage,),
+        "alerts": (AlertPage,),
+        "ack": (AckView,),
+        "resubmit": (ActionView,),
+        "cancel": (ActionView,),
+        "supervisor": (SupervisorView,),
+        "purge": (PurgeView,),
+        "purges": (PurgeRunsView,),
+        "archived": (ArchivedOrderView,),
+        "dead-letters": (DeadLetterSummary, DeadLetterPage),
+        "demo": (DemoSummary,),
+    }
+
+
+def to_json(value: BaseModel) -> str:
+    return value.model_dump_json(indent=2) + "\n"
+
+
+def write_json(value: BaseModel) -> None:
+    """One JSON document on stdout, written as is: never through rich (no markup, no wrap)."""
+    sys.stdout.write(to_json(value))
+    sys.stdout.flush()
+
+
+def validate(command: str, document: object) -> Any:
+    """``document`` read as one of ``command``'s shapes; raises ValueError if it is none."""
+    problems = []
+    for shape in shapes()[command]:
+        try:
+            return TypeAdapter(shape).validate_python(document)
+        except ValueError as error:
+            problems.append(f"{shape.__name__}: {error}")
+    raise ValueError(f"{command} --json matches none of its shapes: " + " | ".join(problems))
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: object) -> str:
+    """``value`` as text, with control characters (C0, DEL, C1, line/paragraph separators,
+    bidi overrides) shown as escapes. Everything else is kept as it is."""
+    text = "" if value is None else str(value)
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def clip(value: object, width: int, wide: bool) -> str:
+    """:func:`printable`, cut to ``width`` characters (ending "…") unless ``wide``."""
+    text = printable(value)
+    if wide or len(text) <= width:
+        return text
+    return text[: width - 1] + "…"
+
+
+def text(value: object, style: str = "", *, width: int | None = None, wide: bool = True) -> Text:
+    """Stored data as rich Text: printed as is, never read as markup or emoji codes."""
+    shown = printable(value) if width is None else clip(value, width, wide)
+    return Text(shown, style=style)
+
+
+def reference() -> str:
+    """The ``--json`` reference of docs/orderctl.md: each command's shape(s) and their fields,
+    then the shapes nested in them."""
+    lines = []
+    nested: dict[str, dict[str, Any]] = {}
+    for command, options in shapes().items():
+        names = " or ".join(f"`{shape.__name__}`" for shape in options)
+        lines.append(f"### `orderctl {command} --json`: {names}\n")
+        for shape in options:
+            schema = TypeAdapter(shape).json_schema(mode="serialization")
+            nested |= schema.get("$defs", {})
+            if len(options) > 1:
+                lines.append(f"`{shape.__name__}`:\n")
+            lines.extend(_fields(schema))
+            lines.append("")
+    lines.append("### Nested shapes\n")
+    for name in sorted(nested):
+        lines.append(f"`{name}`:\n")
+        lines.extend(_fields(nested[name]))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fields(schema: dict[str, Any]) -> list[str]:
+    required = set(schema.get("required", ()))
+    rows = []
+    for name, spec in schema.get("properties", {}).items():
+        note = " ".join(spec.get("description", "").split())
+        optional = "" if name in required else " (optional)"
+        rows.append(f"- `{name}` ({_kind(spec)}){optional}" + (f": {note}" if note else ""))
+    return rows
+
+
+def _kind(spec: dict[str, Any]) -> str:
+    if "$ref" in spec:
+        return spec["$ref"].rsplit("/", 1)[-1]
+    if "anyOf" in spec:
+        return " or ".join(_kind(s) for s in spec["anyOf"])
+    kind = spec.get("type", "any")
+    if kind == "array":
+        return f"list of {_kind(spec.get('items', {}))}"
+    if kind == "object" and isinstance(spec.get("additionalProperties"), dict):
+        return f"map to {_kind(spec['additionalProperties'])}"
+    if spec.get("format") == "date-time":
+        return "date-time"
+    return str(kind)
+
+
+if __name__ == "__main__":
+    print(reference())

@@ -1,0 +1,204 @@
+"""What operator operations return, built with chosen text in every stored string field, and
+`orderctl` pointed at them: for the CLI's output tests (JSON shapes, hostile text)."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from devstack.stack.local_stack import STATE_FILE
+from operator_api.models import (
+    AckView,
+    ActionView,
+    AlertPage,
+    ArchivedOrderView,
+    DeadLetterPage,
+    DeadLetterSummary,
+    OrderDetail,
+    OrderPage,
+    PurgeRunsView,
+    PurgeView,
+    SupervisorView,
+)
+
+AT = "2025-03-01T12:00:00Z"
+
+
+def order_summary(s: str) -> dict:
+    return {
+        "order_id": "order-7", "workflow": "order", "state": "Error", "generation": 2,
+        "attempt": 4, "failure_count": 3, "current_step": "charge_payment",
+        "current_operation": "undo", "locked_by": s, "complete_by": AT, "next_attempt_at": AT,
+        "last_error": s, "compensation_cause": "cancelled", "compensation_reason": s,
+        "reply_to": None, "created_at": AT, "updated_at": AT,
+    }  # fmt: skip
+
+
+def order_detail(s: str) -> OrderDetail:
+    step = {
+        "name": "charge_payment", "index": 1, "state": "Failed", "generation": 2, "attempt": 3,
+        "result": {"note": s}, "error_code": "declined", "error_message": s,
+        "completed_at": AT, "compensated_at": None,
+    }  # fmt: skip
+    entry = {
+        "seq": 1, "at": AT, "actor": s, "event": "compensation_started",
+        "from_state": "Processing", "to_state": "Compensating", "step": "charge_payment",
+        "attempt": 3, "detail": s,
+    }  # fmt: skip
+    return OrderDetail.model_validate(
+        {
+            "order": order_summary(s),
+            "submitted": {"order_id": "order-7", "customer_id": s},
+            "steps": [step],
+            "timeline": [entry],
+            "timeline_continuation": None,
+        }
+    )
+
+
+def purge_view(s: str) -> PurgeView:
+    return PurgeView.model_validate(
+        {
+            "run_id": f"run-{s}", "requested_by": s, "dry_run": False, "states": ["Processed"],
+            "older_than_days": 7, "cutoff": AT, "started_at": AT, "finished_at": AT,
+            "examined": 1, "purgeable": 1, "archived": 1, "purged": 1, "skipped_changed": 0,
+            "already_gone": 0, "kept": {s: 1}, "interrupted_finished": 0, "failed": 0,
+            "more": False, "blobs": [s],
+        }
+    )  # fmt: skip
+
+
+class Ops:
+    """Operations returning views full of ``s``."""
+
+    def __init__(self, s: str) -> None:
+        self.s = s
+
+    def show_order(self, order_id: str) -> OrderDetail:
+        return order_detail(self.s)
+
+    def list_orders(self, state, *, limit, continuation) -> OrderPage:
+        return OrderPage(
+            state="Error",
+            items=[order_detail(self.s).order],
+            continuation=self.s,
+            scanned=1,
+        )
+
+    def list_alerts(self, *, limit) -> AlertPage:
+        s = self.s
+        alert = {"severity": s, "order_id": s, "reason": s, "detail": s}
+        return AlertPage.model_validate(
+            {
+                "items": [
+                    {"sequence_number": 1, "message_id": s, "enqueued_at": AT, "alert": alert,
+                     "raw": None, "problem": None},
+                    {"sequence_number": 2, "message_id": None, "enqueued_at": None,
+                     "alert": None, "raw": s, "problem": s},
+                ],
+                "continuation": None,
+            }
+        )  # fmt: skip
+
+    def acknowledge_alert(self, sequence_number, *, operator) -> AckView:
+        return AckView(
+            sequence_number=sequence_number, message_id=self.s, order_id="order-7",
+            acknowledged_by=self.s, recorded_in_timeline=True,
+        )  # fmt: skip
+
+    def resubmit(self, order_id, *, operator, reason) -> ActionView:
+        return self._action("resubmit", "resubmitted")
+
+    def cancel(self, order_id, *, operator, reason) -> ActionView:
+        return self._action("cancel", "compensating")
+
+    def _action(self, action: str, outcome: str) -> ActionView:
+        return ActionView.model_validate(
+            {"order_id": "order-7", "action": action, "outcome": outcome, "state": "Pending",
+             "step": "charge_payment", "generation": 3, "requested_by": self.s, "detail": self.s}
+        )  # fmt: skip
+
+    def supervisor(self) -> SupervisorView:
+        bucket = {
+            "bucket": 0, "holder": self.s, "leased_until": AT, "swept_at": AT,
+            "swept_by": self.s, "lag_s": 1.5, "due_found": 2,
+        }  # fmt: skip
+        return SupervisorView.model_validate(
+            {
+                "lag_s": 1.5, "oldest_sweep_s": 2.0, "unswept_buckets": [3],
+                "holders": {self.s: 1}, "buckets": [bucket],
+                "bound": {"period_s": 15, "budget_s": 11.25, "lease_s": 22.5,
+                          "detection_s": 41.25, "stall_s": 90},
+            }
+        )  # fmt: skip
+
+    def purge(self, **_) -> PurgeView:
+        return purge_view(self.s)
+
+    def purge_runs(self, *, limit) -> PurgeRunsView:
+        return PurgeRunsView(runs=[purge_view(self.s)])
+
+    def archived_order(self, order_id, *, day) -> ArchivedOrderView:
+        return ArchivedOrderView(
+            archived_at=AT, run_id=self.s, copies=2, order=order_detail(self.s)
+        )
+
+    def dead_letter_summary(self) -> DeadLetterSummary:
+        return DeadLetterSummary.model_validate(
+            {"queues": [{"queue": "orders", "entity": "orders", "count": 2, "more": True}]}
+        )
+
+    def list_dead_letters(self, queue) -> DeadLetterPage:
+        s = self.s
+        return DeadLetterPage.model_validate(
+            {
+                "queue": queue, "entity": "orders", "continuation": None,
+                "items": [
+                    {"sequence_number": 1, "message_id": s, "enqueued_at": AT,
+                     "delivery_count": 10, "reason": s, "description": s, "subject": s,
+                     "body": {"text": s}, "raw": None},
+                    {"sequence_number": 2, "message_id": None, "enqueued_at": None,
+                     "delivery_count": None, "reason": s, "description": None, "subject": None,
+                     "body": None, "raw": s},
+                ],
+            }
+        )  # fmt: skip
+
+
+def use_ops(monkeypatch, s: str, width: int = 120) -> None:
+    from devstack import cli
+
+    @contextmanager
+    def operations(workdir):
+        yield Ops(s)
+
+    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr(cli, "console", cli.Console(width=width))
+
+
+def fake_running_stack(workdir: Path) -> None:
+    """A stack.json whose supervisor is this process: `orderctl` sees a running stack."""
+    from devstack.stack.local_stack import base_settings
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    settings = base_settings() | {
+        "ServiceBusConnection": "Endpoint=sb://localhost:1;SharedAccessKeyName=k;"
+        "SharedAccessKey=a2V5;UseDevelopmentEmulator=true",
+        "StateStorage": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        "AccountKey=a2V5;BlobEndpoint=http://127.0.0.1:2/devstoreaccount1;"
+        "QueueEndpoint=http://127.0.0.1:3/devstoreaccount1;"
+        "TableEndpoint=http://127.0.0.1:4/devstoreaccount1;",
+    }
+    document = {
+        "settings": settings,
+        "fakes_url": "http://127.0.0.1:5",
+        "pids": {"azurite": os.getpid(), "host-0": os.getpid()},
+        "api_url": "http://127.0.0.1:7071/api/",
+        "logs": {"host-0": str(workdir / "host-0.log")},
+        "supervisor_pid": os.getpid(),
+        "restarts": {"host-0": 2},
+        "persistent": True,
+    }
+    (workdir / STATE_FILE).write_text(json.dumps(document))

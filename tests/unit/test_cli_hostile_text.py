@@ -1,0 +1,109 @@
+"""Stored text that looks like markup, emoji codes or terminal control, or is very long, is
+printed as it is by every command that shows stored data: never interpreted, never a crash.
+Control characters are shown as escapes (they must not drive the terminal); --json carries
+the exact text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from devstack import cli
+from devstack.cli_output import printable
+from tests.unit.cli_views import use_ops
+
+runner = CliRunner()
+
+MARKUP = "[bold red]boom[/] [/ticket 42] [link=https://x.test]y[/link] \\[x] [ :smile: :thumbs_up:"
+CONTROL = "bell\x07 esc\x1b[31mred\x1b[0m cr\r nul\x00 tab\t nl\nnext \x9b c1 \u202eevil"
+LONG = "L" * 10_240
+HOSTILE = f"{MARKUP} {CONTROL} {LONG}"
+
+COMMANDS = [
+    ("status", ["order-7"], True),
+    ("orders", ["Error"], True),
+    ("alerts", [], True),
+    ("ack", ["1"], True),
+    ("resubmit", ["order-7", "--reason", "r"], False),
+    ("cancel", ["order-7", "--reason", "r"], False),
+    ("supervisor", [], True),
+    ("purge", [], True),
+    ("purges", [], True),
+    ("archived", ["order-7"], True),
+    ("dead-letters", ["orders"], True),
+]
+
+
+def invoke(*args: str):
+    return runner.invoke(cli.app, list(args), catch_exceptions=False)
+
+
+def strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*strings(k), *strings(v))]
+    if isinstance(value, list):
+        return [s for item in value for s in strings(item)]
+    return []
+
+
+def test_printable_escapes_only_control_characters():
+    assert printable(MARKUP) == MARKUP
+    assert printable("a\x1b[0mb\nc\u202e") == "a\\x1b[0mb\\x0ac\\u202e"
+    assert printable("émoji ✓ 日本") == "émoji ✓ 日本"
+
+
+@pytest.mark.parametrize(("command", "args", "shows_stored_text"), COMMANDS)
+def test_wide_output_shows_stored_text_verbatim(monkeypatch, command, args, shows_stored_text):
+    use_ops(monkeypatch, HOSTILE)
+    result = invoke(command, *args, "--wide")
+    assert result.exit_code == 0, result.output[:2000]
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\r" not in result.stdout
+    assert "\u202e" not in result.stdout
+    if shows_stored_text:
+        assert printable(HOSTILE) in result.stdout  # one line, nothing cut or interpreted
+        assert "👍" not in result.stdout and "😄" not in result.stdout
+
+
+@pytest.mark.parametrize(("command", "args", "shows_stored_text"), COMMANDS)
+def test_narrow_output_cuts_long_text_but_never_interprets_it(
+    monkeypatch, command, args, shows_stored_text
+):
+    use_ops(monkeypatch, HOSTILE, width=100)
+    result = invoke(command, *args)
+    assert result.exit_code == 0, result.output[:2000]
+    assert "\x1b" not in result.stdout and "👍" not in result.stdout
+    if shows_stored_text:
+        assert "[bold" in result.stdout  # the cell starts with the markup, left as text
+
+
+@pytest.mark.parametrize(("command", "args", "shows_stored_text"), COMMANDS)
+def test_json_carries_the_exact_text(monkeypatch, command, args, shows_stored_text):
+    use_ops(monkeypatch, HOSTILE)
+    result = invoke(command, *args, "--json")
+    assert result.exit_code == 0, result.output[:2000]
+    document = json.loads(result.stdout)
+    if shows_stored_text or command in ("resubmit", "cancel"):
+        assert HOSTILE in strings(document)
+
+
+def test_a_hostile_error_message_stays_one_escaped_line(monkeypatch):
+    from contextlib import contextmanager
+
+    from operator_api.errors import OperatorError
+
+    @contextmanager
+    def operations(workdir):
+        try:
+            yield None
+        except AttributeError:
+            raise cli.fail(f"{OperatorError('x', HOSTILE).message}", 2) from None
+
+    monkeypatch.setattr(cli, "operations", operations)
+    result = runner.invoke(cli.app, ["status", "o-1"])
+    assert result.exit_code == 2
+    assert "\x1b" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert MARKUP in result.stderr
