@@ -12,6 +12,7 @@ from types import ModuleType, TracebackType
 
 from azure.servicebus import AutoLockRenewer
 
+from devstack.host.cold_start import COLD_START_SETTING, ColdStarts, parse_cold_starts
 from devstack.host.http_server import HttpServer
 from devstack.host.indexing import (
     HttpTrigger,
@@ -51,6 +52,10 @@ class FunctionInfo:
         if not self.served:
             return f"{self.name}: {self.trigger} {self.target} (not served by the local host)"
         return f"{self.name}: {self.trigger} {self.target} concurrency={self.concurrency}"
+
+
+PRINCIPAL_SETTING = "DEVHOST_PRINCIPAL_NAME"
+"""Who HTTP callers are, as App Service Authentication would say (see http_server)."""
 
 
 class LocalHost:
@@ -95,7 +100,13 @@ class LocalHost:
                 )
         self._stats = {function.name: StatsCounter() for function in self._functions}
         self._runners: list[ServiceBusRunner | TimerRunner] = []
-        self._invoker = Invoker()
+        self._invoker = Invoker(
+            ColdStarts(
+                parse_cold_starts(
+                    self.settings.get(COLD_START_SETTING, ""), [f.name for f in self._functions]
+                )
+            )
+        )
         self._clients: ClientPool | None = None
         self._renewer: AutoLockRenewer | None = None
         self.http_port = http_port  # None: HTTP triggers are indexed but not served
@@ -146,7 +157,11 @@ class LocalHost:
                 isinstance(f.trigger, HttpTrigger) for f in self._functions
             ):
                 self.http = HttpServer(
-                    list(self._functions), self._invoker, self._stats, port=self.http_port
+                    list(self._functions),
+                    self._invoker,
+                    self._stats,
+                    port=self.http_port,
+                    principal=self.settings.get(PRINCIPAL_SETTING, "").strip() or None,
                 )
                 self.http.start()
                 log.info("http triggers served at %s", self.http.base_url)

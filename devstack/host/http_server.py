@@ -3,6 +3,16 @@
 Route templates use the host's syntax (`orders/{order_id}/resubmit`, optional `{x:int}`-style
 constraints are matched as one path segment). Function keys are not checked locally, as with
 `func start`; the Azure host enforces them (every operator function is AuthLevel.FUNCTION).
+
+As the Functions host (ASP.NET Core behind Kestrel) does: routing uses the request target's
+path only, never the Host header; route parameters are percent-decoded, except ``%2F``, which
+stays encoded so that a parameter never spans two path segments; a Content-Length that is not
+a non-negative integer is answered 400 and the connection closed (its body cannot be framed).
+
+App Service Authentication sets ``X-MS-CLIENT-PRINCIPAL-NAME`` (and drops any such header a
+client sends) before the function runs; the operator API takes the caller's identity from it.
+Locally the server does the same with ``principal``, a configured name (the host's
+``DEVHOST_PRINCIPAL_NAME`` setting): a client cannot choose who it is here either.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import azure.functions as func
 
@@ -25,6 +35,32 @@ log = logging.getLogger("devstack.host.http")
 
 ROUTE_PREFIX = "/api/"
 MAX_BODY_BYTES = 1024 * 1024
+PRINCIPAL_HEADERS = (
+    "X-MS-CLIENT-PRINCIPAL-NAME",
+    "X-MS-CLIENT-PRINCIPAL-ID",
+    "X-MS-CLIENT-PRINCIPAL-IDP",
+    "X-MS-CLIENT-PRINCIPAL",
+)
+_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
+_ENCODED_SLASH = re.compile(r"%2[Ff]")
+
+
+def decode_route_value(raw: str) -> str:
+    """A route parameter as the Functions host hands it over: percent-decoded but ``%2F``."""
+    return "%2F".join(unquote(part, errors="replace") for part in _ENCODED_SLASH.split(raw))
+
+
+def content_length(values: list[str]) -> int | str:
+    """The body length the Content-Length header(s) give, or what is wrong with them."""
+    if not values:
+        return 0
+    distinct = {value.strip() for value in values}
+    if len(distinct) > 1:
+        return f"Content-Length is given {len(values)} times with different values"
+    (value,) = distinct
+    if not value.isascii() or not value.isdigit():
+        return f"Content-Length must be a non-negative integer, got {value[:20]!r}"
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -57,7 +93,9 @@ class HttpServer:
         *,
         host: str = "127.0.0.1",
         port: int = 7071,
+        principal: str | None = None,
     ) -> None:
+        self.principal = principal
         self.routes = [Route.of(f) for f in functions if isinstance(f.trigger, HttpTrigger)]
         self.invoker = invoker
         self.stats = stats
@@ -84,7 +122,7 @@ class HttpServer:
         self._thread.join(5)
 
     def dispatch(self, method: str, url: str, headers: dict[str, str], body: bytes) -> Any:
-        """Route one request; returns (status, headers, body)."""
+        """Route one request by ``url``'s path; returns (status, headers, body)."""
         path = urlsplit(url).path
         if not path.startswith(ROUTE_PREFIX):
             return _error(404, "not_found", f"no function serves {path} (routes start /api/)")
@@ -97,12 +135,21 @@ class HttpServer:
             if route.methods and method not in route.methods:
                 allowed |= route.methods
                 continue
-            return self._invoke(route, match.groupdict(), method, url, headers, body)
+            params = {name: decode_route_value(value) for name, value in match.groupdict().items()}
+            return self._invoke(route, params, method, url, self._authenticated(headers), body)
         if allowed:
             return _error(
                 405, "method_not_allowed", f"{method} is not allowed here; use {sorted(allowed)}"
             )
         return _error(404, "not_found", f"no function serves {path}")
+
+    def _authenticated(self, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` as App Service Authentication passes them on: identity set by it only."""
+        dropped = {name.lower() for name in PRINCIPAL_HEADERS}
+        kept = {k: v for k, v in headers.items() if k.lower() not in dropped}
+        if self.principal:
+            kept[PRINCIPAL_HEADERS[0]] = self.principal
+        return kept
 
     def _invoke(self, route: Route, params: dict[str, str], method, url, headers, body) -> Any:
         request = func.HttpRequest(
@@ -136,14 +183,26 @@ class HttpServer:
             protocol_version = "HTTP/1.1"
 
             def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY_BYTES:
+                length = content_length(self.headers.get_all("Content-Length") or [])
+                if isinstance(length, str):
+                    # The body cannot be framed: answer, then close (no read, no hang).
+                    self.close_connection = True
+                    status, headers, body = _error(400, "bad_content_length", length)
+                    headers["Connection"] = "close"
+                elif length > MAX_BODY_BYTES:
+                    self.close_connection = True
                     status, headers, body = _error(413, "too_large", "the body exceeds 1 MiB")
+                    headers["Connection"] = "close"
                 else:
                     raw = self.rfile.read(length) if length else b""
-                    host = self.headers.get("Host") or f"127.0.0.1:{server.port}"
+                    target = urlsplit(self.path)  # origin-form, or absolute-form (its path)
+                    path = target.path + (f"?{target.query}" if target.query else "")
+                    # The Host header names the URL the function sees, never the route.
+                    host = self.headers.get("Host", "")
+                    if not _HOST.fullmatch(host):
+                        host = f"127.0.0.1:{server.port}"
                     status, headers, body = server.dispatch(
-                        self.command, f"http://{host}{self.path}", dict(self.headers), raw
+                        self.command, f"http://{host}{path}", dict(self.headers), raw
                     )
                 self.send_response(status)
                 for name, value in headers.items():

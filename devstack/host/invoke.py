@@ -13,6 +13,7 @@ from typing import Any
 import azure.functions as func
 from azure.functions._abc import RetryContext, TraceContext
 
+from devstack.host.cold_start import ColdStarts
 from devstack.host.indexing import IndexedFunction
 
 
@@ -92,7 +93,8 @@ class Invoker:
     creates once and reuses stay on the loop they were made on.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cold_starts: ColdStarts | None = None) -> None:
+        self.cold_starts = cold_starts or ColdStarts({})
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -100,6 +102,7 @@ class Invoker:
     def call(
         self, function: IndexedFunction, trigger_value: Any, trace: Mapping[str, Any] | None = None
     ) -> Any:
+        self.cold_starts.wait(function.name)
         kwargs = {function.trigger_param: trigger_value}
         if function.wants_context:
             kwargs["context"] = LocalContext(function, trace)

@@ -228,6 +228,18 @@ class Broker(Handler):
                 "entity config file (UserConfig.Namespaces[].Queues[]).",
             )
             return
+        management = path.endswith(MANAGEMENT_SUFFIX)  # peek, renew...: allowed on a DLQ
+        if link.is_receiver and not management and entity.endswith(DEAD_LETTER_SUFFIX):
+            # Service Bus: a dead-letter queue takes messages only through the dead-letter
+            # operation of its parent entity; a sender link to it is refused.
+            self._refuse(
+                link,
+                "amqp:not-allowed",
+                f"Cannot send to '{queue.name}': a dead-letter queue receives messages only "
+                f"when they are dead-lettered from '{queue.name.removesuffix(DEAD_LETTER_SUFFIX)}'"
+                " (receiver.dead_letter_message). Send to the queue itself.",
+            )
+            return
         if link.is_sender and _has_session_filter(link.remote_source):
             self._refuse(
                 link,

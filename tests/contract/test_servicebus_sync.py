@@ -456,3 +456,23 @@ def test_wrong_key_is_refused(contract_ns: ServiceBusNamespace, queue_named):
         )
         == []
     )
+
+
+def test_sending_to_a_dead_letter_queue_is_refused(contract_ns: ServiceBusNamespace, queue_named):
+    # Service Bus: "messages can only be submitted via the dead-letter operation of the parent
+    # entity" (learn.microsoft.com, Overview of Service Bus dead-letter queues). A sender to
+    # `<queue>/$deadletterqueue` fails; nothing lands in the dead-letter queue or the queue,
+    # and the queue itself still takes sends.
+    queue = queue_named("contract-basic")
+    with ServiceBusClient.from_connection_string(contract_ns.connection_string, retry_total=0) as c:
+        with pytest.raises(ServiceBusError):
+            with c.get_queue_sender(f"{queue}/$deadletterqueue") as sender:
+                sender.send_messages(ServiceBusMessage("smuggled", message_id="smuggled-1"))
+        with c.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage("still serving"))
+        assert receive_one(c, queue, wait=1, sub_queue=ServiceBusSubQueue.DEAD_LETTER) == []
+        # Only sends are refused: its management operations (peek) work as on any queue.
+        with c.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            assert dlq.peek_messages(max_message_count=10) == []
+        (message,) = receive_one(c, queue)
+        assert str(message) == "still serving"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+import socket
 import sys
 
 import httpx
@@ -51,3 +53,58 @@ def test_http_triggers_are_not_served_unless_asked():
     sys.modules.pop(MODULE, None)
     local = LocalHost(importlib.import_module(MODULE), settings={}, host_json=None)
     assert not any(info.served for info in local.functions)
+
+
+def raw_exchange(host, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``request`` as bytes and read until the server closes (a hang fails the test)."""
+    with socket.create_connection(("127.0.0.1", host.http.port), timeout=timeout) as conn:
+        conn.sendall(request)
+        received = b""
+        while chunk := conn.recv(65536):  # socket.timeout here: the server hung
+            received += chunk
+        return received
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"1e3", b" "])
+def test_a_content_length_that_is_not_a_count_is_answered_400_and_closed(host, length):
+    # Kestrel (behind the Functions host) answers 400 Bad Request to a Content-Length that is
+    # not a non-negative integer; it neither waits for a body nor drops the connection silently.
+    reply = raw_exchange(
+        host,
+        b"POST /api/items/7/notes HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+        + length
+        + b"\r\n\r\nhello",
+    )
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "bad_content_length"
+    assert host.stats()["add_note"].invocations == 0
+
+
+def test_the_host_header_never_changes_the_route(host):
+    # The Functions host routes on the request target; a Host header is only the URL's host.
+    reply = raw_exchange(
+        host,
+        b"GET /api/items/42 HTTP/1.1\r\nHost: evil/api/boom?\r\nConnection: close\r\n\r\n",
+    )
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert json.loads(body) == {"item": "42", "verbose": None}
+    assert host.stats()["boom"].invocations == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "item"),
+    [
+        ("items/a%20b", "a b"),
+        ("items/o-%C3%A9t%C3%A9", "o-été"),
+        ("items/50%25", "50%"),
+        # %2F stays encoded (Kestrel does not decode it), so a value never spans two segments.
+        ("items/a%2Fb", "a%2Fb"),
+    ],
+)
+def test_route_parameters_are_percent_decoded_as_the_functions_host_does(host, path, item):
+    response = httpx.get(f"{host.http.base_url}{path}", timeout=5)
+    assert response.status_code == 200
+    assert response.json()["item"] == item
