@@ -1,6 +1,7 @@
 """One Service Bus-triggered agent function per agent of the catalog (:mod:`core.agents`).
 
-Each request is handled in a span parented on the trace context it carries (core.telemetry).
+Each request is handled in a span parented on the trace context it carries (core.telemetry),
+and only if the app signed it for this agent's queue (core.inbound).
 """
 
 from __future__ import annotations
@@ -10,18 +11,25 @@ from collections.abc import Callable
 import azure.functions as func
 
 from agent.handler import handle_request
-from core import runtime
+from core import inbound, runtime
 from core.agents import AGENTS, Agent
+from core.runtime import Runtime
 from core.telemetry import consuming
 
 bp = func.Blueprint()
 
 
+def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> None:
+    """What the trigger does with one message, given the Runtime."""
+    with consuming(msg, agent.function_name, rt.settings.queue(agent.name)):
+        body = inbound.trusted_body(rt, inbound.Delivery.of(msg), agent.name, f"agent-{agent.name}")
+        if body is not None:
+            handle_request(body, agent.name, rt)
+
+
 def _agent_function(agent: Agent) -> Callable[[func.ServiceBusMessage], None]:
     def run(msg: func.ServiceBusMessage) -> None:
-        rt = runtime.current()
-        with consuming(msg, agent.function_name, rt.settings.queue(agent.name)):
-            handle_request(msg.get_body(), agent.name, rt)
+        on_request(msg, agent, runtime.current())
 
     run.__name__ = run.__qualname__ = agent.function_name
     return run

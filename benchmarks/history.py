@@ -51,7 +51,7 @@ from core import lifecycle
 from core.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
 from core.settings import Settings
 from core.state_models import details_entity, order_entity, timeline_entity
-from core.workflows import Workflow
+from core.workflows import Workflow, resolve, workflow_ref
 from devstack.demo import QUICK_SETTINGS
 from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu
 from devstack.orders import open_store, send_orders
@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     stack = LocalStack(workdir, hosts=args.hosts, profile=args.profile, overrides=QUICK_SETTINGS)
     info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
-        workflow = Settings.from_env(info.settings).workflows()[args.workflow]
+        settings = Settings.from_env(info.settings)
+        ref = workflow_ref(args.workflow, settings.current_version(args.workflow))
+        workflow = resolve(settings.workflows(), ref)
         if args.warmup:
             run_phase(info, workdir, "warmup", args.warmup, args)
         empty = run_phase(info, workdir, "empty", args.orders, args)

@@ -29,9 +29,10 @@ from azure.servicebus.exceptions import (
 )
 
 from core.lifecycle import DEFAULT_FLUSH_GRACE, Context, Decision, Event, decide, due_at
-from core.messages import MessageBase, OperatorAlert
+from core.messages import MessageBase, OperatorAlert, OrderSubmitted
 from core.order import Order, Outgoing
 from core.state_models import ConcurrencyConflict
+from core.workflows import UnknownWorkflow, workflow_ref
 
 if TYPE_CHECKING:
     from core.runtime import Runtime
@@ -56,8 +57,44 @@ class Busy(Exception):
     """The order kept changing under us; the caller's message will come again."""
 
 
+class Parked(Exception):
+    """The order is on a workflow version this deployment does not carry. Nothing was decided
+    or written; an alert says which version is missing (:func:`park`)."""
+
+
+PARKED_RECHECK: Final = timedelta(minutes=15)
+"""How often the Supervisor looks at a parked order again (and repeats its alert)."""
+
+
+def new_order_ref(rt: Runtime, submitted: OrderSubmitted) -> str:
+    """The workflow version a new order runs: the one it asks for, else the current one."""
+    name = submitted.workflow
+    return workflow_ref(name, submitted.workflow_version or rt.settings.current_version(name))
+
+
+def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Parked:
+    """Alert that ``order`` waits for its workflow version to be deployed again; the alert's
+    text is fixed, so repeats within the duplicate-detection window are one alert."""
+    detail = (
+        f"order {order.order_id} runs workflow {order.workflow!r}, which this deployment does "
+        f"not carry ({missing}). It is parked, unchanged: deploy a package that carries that "
+        "version again (see docs/versioning.md), and it goes on where it stopped."
+    )
+    rt.alert(
+        OperatorAlert(
+            order_id=order.order_id,
+            severity="error",
+            reason="workflow_version_missing",
+            detail=detail,
+            source=source,
+        )
+    )
+    return Parked(detail)
+
+
 def context(rt: Runtime, workflow: str, actor: str) -> Context:
-    """What a decision on an order of ``workflow`` may know, taken from the runtime now."""
+    """What a decision on an order of ``workflow`` (a reference, ``order@2``) may know, taken
+    from the runtime now. Raises UnknownWorkflow for a version this deployment lacks."""
     return Context(
         workflow=rt.workflow(workflow),
         now=rt.clock(),
@@ -88,13 +125,18 @@ def handle(
     """Load the order, decide on ``event``, carry the decision out; again on a lost race.
 
     ``event`` may be a function of the order (an operator action that must look first).
-    Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`, or
+    Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`,
+    :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
     :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
     """
     for _ in range(MAX_CONFLICT_RETRIES):
         order = rt.store.load(order_id)
+        try:
+            ctx = context(rt, order.workflow, actor)
+        except UnknownWorkflow as missing:
+            raise park(rt, order, missing, actor) from None
         happened = event(order) if callable(event) else event
-        decision = decide(order, happened, context(rt, order.workflow, actor))
+        decision = decide(order, happened, ctx)
         try:
             return carry_out(rt, order, decision), decision
         except ConcurrencyConflict:

@@ -7,7 +7,8 @@ the Functions worker calls sync functions from several threads. A sender whose s
 closed and forgotten (the next send opens a fresh link). ``max_senders`` bounds the cache for
 queues named from outside (submitters' reply queues): the least recently used sender is closed.
 Each message carries the current trace context (``core.telemetry``), so the spans of one order
-follow it across queues.
+follow it across queues. A bus given a keyring signs each message for the queue it goes to
+(:mod:`core.signing`): an application property, no extra request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 
-from core import telemetry
+from core import signing, telemetry
 from core.messages import MessageBase, encode, message_id_for
 from core.op_counts import COUNTS
 
@@ -29,13 +30,24 @@ log = logging.getLogger("bus")
 
 
 def to_servicebus_message(
-    message: MessageBase, scheduled_at: datetime | None = None
+    message: MessageBase,
+    scheduled_at: datetime | None = None,
+    *,
+    signed_for: tuple[str, signing.Keyring] | None = None,
 ) -> ServiceBusMessage:
+    """``signed_for``: (destination queue, keyring) to sign the message for that queue."""
+    body = encode(message)
+    message_id = message_id_for(message)
     properties: dict[str | bytes, Any] = {"schema_version": message.schema_version}
+    if signed_for is not None:
+        queue, keyring = signed_for
+        properties[signing.SIGNATURE_PROPERTY] = signing.sign(
+            keyring, queue=queue, message_id=message_id, body=body
+        )
     telemetry.inject(properties)
     return ServiceBusMessage(
-        encode(message),
-        message_id=message_id_for(message),
+        body,
+        message_id=message_id,
         correlation_id=getattr(message, "order_id", None),
         subject=message.type,  # type: ignore[attr-defined]
         content_type="application/json",
@@ -46,9 +58,14 @@ def to_servicebus_message(
 
 class Bus:
     def __init__(
-        self, client_factory: Callable[[], ServiceBusClient], *, max_senders: int | None = None
+        self,
+        client_factory: Callable[[], ServiceBusClient],
+        *,
+        max_senders: int | None = None,
+        keyring: signing.Keyring | None = None,
     ) -> None:
         self._client_factory = client_factory
+        self._keyring = keyring
         self._client: ServiceBusClient | None = None
         self._senders: OrderedDict[str, tuple[threading.Lock, ServiceBusSender]] = OrderedDict()
         self._lock = threading.Lock()
@@ -60,12 +77,19 @@ class Bus:
         lock, sender = self._sender(queue)
         try:
             with lock:
-                sender.send_messages(to_servicebus_message(message, scheduled_at))
+                sender.send_messages(self.prepare(queue, message, scheduled_at))
         except Exception:
             self._forget(queue, sender)
             raise
         COUNTS.add("servicebus.send")
         log.debug("sent %s to %s", message_id_for(message), queue)
+
+    def prepare(
+        self, queue: str, message: MessageBase, scheduled_at: datetime | None = None
+    ) -> ServiceBusMessage:
+        """The Service Bus message this bus sends for ``message`` to ``queue``."""
+        signed_for = None if self._keyring is None else (queue, self._keyring)
+        return to_servicebus_message(message, scheduled_at, signed_for=signed_for)
 
     def _sender(self, queue: str) -> tuple[threading.Lock, ServiceBusSender]:
         evicted: list[ServiceBusSender] = []

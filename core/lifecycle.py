@@ -158,7 +158,7 @@ def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
     flow = ctx.workflow
     order = Order(
         order_id=ids.validate_order_id(submitted.order_id),
-        workflow=flow.name,
+        workflow=flow.ref,
         state=_P.PENDING,
         locked_by=None,
         complete_by=None,
@@ -174,8 +174,8 @@ def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
         updated_at=ctx.now,
         timeline_seq=-1,
     )
-    order = _claim(_status(order, ctx, "received", detail=f"workflow {flow.name}"), ctx)
-    detail = f"workflow {flow.name}, {len(flow.steps)} steps; dispatched {flow.first_step.name}"
+    order = _claim(_status(order, ctx, "received", detail=f"workflow {flow.ref}"), ctx)
+    detail = f"workflow {flow.ref}, {len(flow.steps)} steps; dispatched {flow.first_step.name}"
     return _write(order, order, ctx, "created", detail, from_state=None)
 
 

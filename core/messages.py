@@ -56,7 +56,7 @@ from pydantic import (
 )
 
 from core import ids
-from core.workflows import DEFAULT_WORKFLOW, WORKFLOWS
+from core.workflows import DEFAULT_WORKFLOW, MAX_VERSION, WORKFLOW_NAMES
 
 MAX_MESSAGE_BYTES: Final = 256 * 1024
 MAX_RAW_EXCERPT_BYTES: Final = 2048
@@ -183,8 +183,8 @@ class LineItem(BaseModel):
 
 
 def _known_workflow(name: str) -> str:
-    if name not in WORKFLOWS:
-        raise ValueError(f"unknown workflow {name[:64]!r}; known: {', '.join(WORKFLOWS)}")
+    if name not in WORKFLOW_NAMES:
+        raise ValueError(f"unknown workflow {name[:64]!r}; known: {', '.join(WORKFLOW_NAMES)}")
     return name
 
 
@@ -199,6 +199,8 @@ class OrderSubmitted(MessageBase):
     total_cents: Annotated[StrictInt, Field(ge=0, le=MAX_TOTAL_CENTS)]
     reply_to: QueueName | None = None
     workflow: Annotated[str, AfterValidator(_known_workflow)] = DEFAULT_WORKFLOW
+    workflow_version: Annotated[StrictInt, Field(ge=1, le=MAX_VERSION)] | None = None
+    """A version of ``workflow`` to run (None: the deployment's current one)."""
     submitted_at: UtcDatetime = Field(default_factory=utc_now)
 
     @model_validator(mode="before")
@@ -227,7 +229,10 @@ class OrderSubmitted(MessageBase):
         retries with a fresh timestamp is not a conflict; any change to what is ordered, by
         whom, for how much, or where status goes, is.
         """
-        content = self.model_dump(mode="json", exclude={"submitted_at"})
+        # Without a version the hash is what it was before versions, so a redelivery of a
+        # submission made before they existed is still "the same payload".
+        unset = {"workflow_version"} if self.workflow_version is None else set()
+        content = self.model_dump(mode="json", exclude={"submitted_at", *unset})
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

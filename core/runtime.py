@@ -24,7 +24,7 @@ from core.bus import Bus
 from core.messages import OperatorAlert, utc_now
 from core.settings import Settings
 from core.state_store import OrderStateStore
-from core.workflows import Workflow
+from core.workflows import Workflow, resolve
 
 log = logging.getLogger("runtime")
 
@@ -63,7 +63,8 @@ class Runtime:
             supervision_table=settings.supervision_table,
             clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
         )
-        bus = Bus(lambda: clients.servicebus_client(settings.servicebus))
+        # The app's own messages are signed; status updates to submitters' queues are not.
+        bus = Bus(lambda: clients.servicebus_client(settings.servicebus), keyring=settings.keyring)
         return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
 
     @property
@@ -77,8 +78,10 @@ class Runtime:
     def actor(self, role: str) -> str:
         return f"{role}:{self.instance_id}"
 
-    def workflow(self, name: str) -> Workflow:
-        return self.workflows[name]
+    def workflow(self, ref: str) -> Workflow:
+        """The definition an order recorded (``order@2``; a bare name is version 1), or
+        :class:`core.workflows.UnknownWorkflow` if this deployment does not carry it."""
+        return resolve(self.workflows, ref)
 
     def alert(self, alert: OperatorAlert) -> None:
         log.warning(

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from core import ids
+from core import ids, signing
 from core.agents import AGENT_NAMES, AGENTS
-from core.workflows import WORKFLOWS, RetryPolicy, Workflow
+from core.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 STATE_STORAGE_CONNECTION = "StateStorage"
@@ -87,11 +87,22 @@ class Settings:
     failure_threshold: int | None = None
     retry_base_delay: timedelta | None = None
     retry_max_delay: timedelta | None = None
+    workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS
     """Days a finished order (Processed, or Error once resolved) is kept; 0: never purged by
     the timer (operators may still purge on demand)."""
     purge_schedule: str = DEFAULT_PURGE_SCHEDULE
     archive_container: str = DEFAULT_ARCHIVE_CONTAINER
+    signing_keys: signing.Keyring | None = None
+    """Keys the app signs its internal messages with (the first) and accepts (any); see
+    :mod:`core.signing`. None only in Settings built by hand for code that sends nothing."""
+
+    @property
+    def keyring(self) -> signing.Keyring:
+        if self.signing_keys is None:
+            raise SettingsError(f"{signing.SIGNING_KEYS_SETTING} is not configured")
+        return self.signing_keys
 
     def queue(self, role: str) -> str:
         return self.queues[role]
@@ -117,8 +128,13 @@ class Settings:
         return self.supervisor_period * 0.75
 
     def workflows(self) -> Mapping[str, Workflow]:
-        """The registered workflows with this deployment's budgets and retry policy applied."""
-        return {name: self._tuned(flow) for name, flow in WORKFLOWS.items()}
+        """Every version this deployment carries, by reference (``order@1``), with its budgets
+        and retry policy applied."""
+        return {ref: self._tuned(flow) for ref, flow in WORKFLOWS.items()}
+
+    def current_version(self, name: str) -> int:
+        """The version new orders of workflow ``name`` take (``WORKFLOW_VERSIONS``; else 1)."""
+        return self.workflow_versions.get(name, 1)
 
     def _tuned(self, flow: Workflow) -> Workflow:
         steps = flow.steps
@@ -140,7 +156,7 @@ class Settings:
         threshold = self.failure_threshold or flow.failure_threshold
         if (steps, retry, threshold) == (flow.steps, flow.retry, flow.failure_threshold):
             return flow
-        return Workflow(name=flow.name, steps=steps, retry=retry, failure_threshold=threshold)
+        return dataclasses.replace(flow, steps=steps, retry=retry, failure_threshold=threshold)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -154,10 +170,12 @@ class Settings:
         for name, url in zip(SERVICE_URL_SETTINGS.values(), urls.values(), strict=True):
             if not url.startswith(("http://", "https://")):
                 raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
+        servicebus = reader.servicebus(SERVICEBUS_CONNECTION)
         settings = cls(
             queues=queues,
             service_urls=urls,
-            servicebus=reader.servicebus(SERVICEBUS_CONNECTION),
+            servicebus=servicebus,
+            signing_keys=reader.signing_keys(servicebus),
             storage=reader.storage(STATE_STORAGE_CONNECTION),
             orders_table=reader.optional("ORDERS_TABLE", "orders"),
             active_table=reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"),
@@ -170,6 +188,7 @@ class Settings:
             failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
             retry_base_delay=reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS"),
             retry_max_delay=reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS"),
+            workflow_versions=reader.workflow_versions("WORKFLOW_VERSIONS"),
             retention_days=reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS),
             purge_schedule=purge_schedule(env),
             archive_container=validate_container_name(
@@ -247,6 +266,19 @@ def schedule_period(schedule: str) -> timedelta:
     return timedelta(days=1)
 
 
+def development_sas_key(connection_string: str | None) -> str | None:
+    """The SharedAccessKey of a development broker's connection string, else None."""
+    if not connection_string:
+        return None
+    parts = dict(
+        (k.strip().casefold(), v.strip())
+        for k, _, v in (p.partition("=") for p in connection_string.split(";") if "=" in p)
+    )
+    if parts.get("usedevelopmentemulator", "").casefold() != "true":
+        return None
+    return parts.get("sharedaccesskey") or None
+
+
 class _Reader:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
@@ -290,6 +322,22 @@ class _Reader:
             )
         return int(raw)
 
+    def workflow_versions(self, name: str) -> dict[str, int]:
+        """``order=2,single_step=1``: each a workflow this deployment carries, at a version it
+        carries (so a typo fails the start, not the first order)."""
+        raw = self.env.get(name, "").strip()
+        versions: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            workflow, _, version = part.partition("=")
+            ref = workflow_ref(workflow.strip(), int(version)) if version.isdigit() else None
+            if ref is None or ref not in WORKFLOWS:
+                raise SettingsError(
+                    f"{name}: {part!r} is not NAME=VERSION of a workflow this deployment "
+                    f"carries; known: {', '.join(WORKFLOWS)}"
+                )
+            versions[workflow.strip()] = int(version)
+        return versions
+
     def int_or_none(self, name: str) -> int | None:
         raw = self.env.get(name, "").strip()
         if not raw:
@@ -311,6 +359,25 @@ class _Reader:
             f"Service Bus connection {name} is not configured: set {name} to a connection string "
             f"(local) or {name}__fullyQualifiedNamespace (+ {name}__clientId) for a managed "
             "identity (Azure)"
+        )
+
+    def signing_keys(self, servicebus: Connection) -> signing.Keyring:
+        name = signing.SIGNING_KEYS_SETTING
+        raw = self.env.get(name, "").strip()
+        if raw:
+            try:
+                return signing.parse_keyring(raw, setting=name)
+            except signing.KeyringError as exc:
+                raise SettingsError(str(exc)) from None
+        sas_key = development_sas_key(servicebus.connection_string)
+        if sas_key is not None:
+            return signing.local_keyring(sas_key)
+        raise SettingsError(
+            f"app setting {name} is not set: the app signs its internal messages with it. In "
+            "Azure it is a Key Vault reference that infra/ provisions; elsewhere set it to "
+            "k1:<base64 of 32 random bytes> "
+            "(`openssl rand -base64 32`). Only a development broker's connection string "
+            "(UseDevelopmentEmulator=true) may go without it."
         )
 
     def storage(self, name: str) -> Connection:

@@ -337,8 +337,8 @@ class RecoveryBound:
     ``detection_s = period + budget + period``. An order's longest wait between two timeline
     entries (``stall_s``) adds the longest it may wait on purpose before it is due: a step's
     CompleteBy budget (its queue budget plus its run budget), or a retry delay plus the stale
-    time after which a released order with no progress is due. (A deferral waits for the service's ``retry_at`` by design; that wait
-    comes on top, as the service asked.)
+    time after which a released order with no progress is due. (A deferral waits for the
+    service's ``retry_at`` by design; that wait comes on top, as the service asked.)
     """
 
     period_s: float

@@ -20,6 +20,7 @@ from typing import Final
 from core import ids
 from core.agents import AGENT_NAMES
 
+MAX_VERSION: Final = 9999
 MAX_STEPS: Final = 90
 """Create writes details + process + timeline + one row per step in one 100-operation batch."""
 
@@ -29,7 +30,11 @@ class UnknownStep(LookupError):
 
 
 class UnknownWorkflow(LookupError):
-    pass
+    """A workflow name, or a version of it, that this deployment does not carry."""
+
+
+VERSION_MARK: Final = "@"
+"""Between a workflow's name and its version in a reference: ``order@2``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,17 +137,22 @@ class Workflow:
     """An ordered, non-empty list of uniquely named steps plus how to retry and when to stop.
 
     ``failure_threshold``: the number of failed attempts after which the Supervisor stops
-    retrying and compensates (the pattern's "failure threshold").
+    retrying and compensates (the pattern's "failure threshold"). ``version``: definitions
+    change; an order records the version it started on (:attr:`ref`) and every decision about
+    it uses that version's definition (docs/versioning.md).
     """
 
     name: str
     steps: tuple[Step, ...]
     retry: RetryPolicy
     failure_threshold: int = 3
+    version: int = 1
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         ids.validate_name(self.name, "workflow name")
+        if not 1 <= self.version <= MAX_VERSION:
+            raise ValueError(f"workflow {self.name}: version must be 1 to {MAX_VERSION}")
         if not self.steps:
             raise ValueError(f"workflow {self.name} has no steps")
         if len(self.steps) > MAX_STEPS:
@@ -158,6 +168,11 @@ class Workflow:
             raise ValueError(f"workflow {self.name}: failure_threshold must be at least 1")
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "_index", MappingProxyType(index))
+
+    @property
+    def ref(self) -> str:
+        """What an order records: name and version, ``order@2``."""
+        return f"{self.name}{VERSION_MARK}{self.version}"
 
     @property
     def first_step(self) -> Step:
@@ -232,6 +247,35 @@ ORDER_WORKFLOW: Final = Workflow(
     retry=DEFAULT_RETRY,
 )
 
+ORDER_WORKFLOW_V2: Final = Workflow(
+    name="order",
+    version=2,
+    steps=(
+        ORDER_WORKFLOW.step_named("reserve_inventory"),
+        Step(
+            name="charge_payment",
+            agent="payment",
+            operation="charge",
+            undo_operation="void",
+            complete_by_budget=timedelta(seconds=30),
+            queue_budget=DEFAULT_QUEUE_BUDGET,
+        ),
+        Step(
+            name="verify_address",
+            agent="shipping",
+            operation="verify",
+            undo_operation=None,
+            complete_by_budget=timedelta(seconds=30),
+            queue_budget=DEFAULT_QUEUE_BUDGET,
+        ),
+        ORDER_WORKFLOW.step_named("create_shipment"),
+    ),
+    retry=DEFAULT_RETRY,
+)
+"""The order workflow, second version: the charge is undone by a void (not a refund) and the
+shipping address is verified before a shipment is created. A new step in the middle and a
+different undo are breaking changes: orders started on version 1 finish on version 1."""
+
 SINGLE_STEP_WORKFLOW: Final = Workflow(
     name="single_step",
     steps=(ORDER_WORKFLOW.step_named("reserve_inventory"),),
@@ -240,15 +284,40 @@ SINGLE_STEP_WORKFLOW: Final = Workflow(
 """One step only: for benchmarks that measure the machinery rather than the flow."""
 
 WORKFLOWS: Final[Mapping[str, Workflow]] = MappingProxyType(
-    {flow.name: flow for flow in (ORDER_WORKFLOW, SINGLE_STEP_WORKFLOW)}
+    {flow.ref: flow for flow in (ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW)}
 )
+"""Every version this deployment carries, by reference (``order@1``). Drop a version only once
+no order in flight or in Error refers to it (``orderctl workflows check``)."""
+WORKFLOW_NAMES: Final = tuple(dict.fromkeys(flow.name for flow in WORKFLOWS.values()))
 DEFAULT_WORKFLOW: Final = ORDER_WORKFLOW.name
 
 
-def get_workflow(name: str) -> Workflow:
-    try:
-        return WORKFLOWS[name]
-    except (KeyError, TypeError):
+def parse_ref(ref: str) -> tuple[str, int]:
+    """``order@2`` -> ("order", 2). A bare name is version 1: orders stored before versions."""
+    name, mark, version = str(ref).partition(VERSION_MARK)
+    if not mark:
+        return name, 1
+    if not version.isdigit() or not 1 <= int(version) <= MAX_VERSION:
+        raise UnknownWorkflow(f"{str(ref)[:64]!r} is not a workflow reference like order@2")
+    return name, int(version)
+
+
+def workflow_ref(name: str, version: int) -> str:
+    return f"{name}{VERSION_MARK}{version}"
+
+
+def resolve(flows: Mapping[str, Workflow], ref: str) -> Workflow:
+    """The definition an order recorded (``ref``; a bare name is version 1), or UnknownWorkflow
+    naming what is missing and what this deployment carries."""
+    name, version = parse_ref(ref)
+    flow = flows.get(workflow_ref(name, version))
+    if flow is None:
         raise UnknownWorkflow(
-            f"no workflow named {str(name)[:64]!r}; known: {', '.join(WORKFLOWS)}"
-        ) from None
+            f"this deployment has no workflow {workflow_ref(name, version)!r}; it carries "
+            f"{', '.join(sorted(flows))}"
+        )
+    return flow
+
+
+def get_workflow(ref: str) -> Workflow:
+    return resolve(WORKFLOWS, ref)

@@ -11,6 +11,9 @@ orderctl supervisor    the Supervisor's lag, bucket leases and recovery bound
 orderctl purge         archive, then delete, finished orders past an age (or count: --dry-run)
 orderctl purges        the recorded purge runs
 orderctl archived ID   a purged order, read back from the archive
+orderctl workflows     workflow versions, the orders on each, and whether this code may
+                       be deployed over them (--check: exit 1 if not)
+orderctl workflow-diff A B   what changed between two workflow versions
 
 Every command takes --json (one document on stdout, shapes in docs/orderctl.md); tables take
 --wide. Errors are one line on stderr with a non-zero exit code (2: fix the input or start the
@@ -45,7 +48,11 @@ from devstack.cli_output import (
     DownView,
     ErrorView,
     StackView,
+    StepView,
     SubmitView,
+    WorkflowDiffView,
+    WorkflowsView,
+    WorkflowVersionView,
     printable,
     text,
     write_json,
@@ -849,6 +856,93 @@ def purge(
             limit=limit,
         )
     emit(report, show_purge, screen)
+
+
+@app.command()
+def workflows(
+    check: Annotated[
+        bool, typer.Option("--check", help="exit 1 if this code drops a version orders need")
+    ] = False,
+    json_out: Json = False,
+    wide: Wide = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Workflow versions: their steps, the orders on each, and whether this code may be
+    deployed over the stored orders (the same check as the azd predeploy hook)."""
+    from core.settings import Settings
+    from core.versions import check as verdict_of
+    from core.versions import missing, versions_in_use
+    from core.workflows import WORKFLOWS
+    from devstack.orders import open_store
+
+    screen = output(json_out, wide)
+    info = running_stack(workdir)
+    settings = Settings.from_env(info.settings)
+    with open_store(info.settings) as store:
+        in_use = versions_in_use(store)
+    ok, verdict = verdict_of(in_use, WORKFLOWS)
+    view = WorkflowsView(
+        versions=[
+            WorkflowVersionView(
+                ref=ref,
+                current=settings.current_version(flow.name) == flow.version,
+                steps=[
+                    StepView(
+                        name=s.name,
+                        agent=s.agent,
+                        operation=s.operation,
+                        undo_operation=s.undo_operation,
+                    )
+                    for s in flow.steps
+                ],
+                in_flight=in_use[ref].in_flight if ref in in_use else 0,
+                in_error=in_use[ref].in_error if ref in in_use else 0,
+            )
+            for ref, flow in WORKFLOWS.items()
+        ],
+        needed_but_not_carried=[u.ref for u in missing(in_use, WORKFLOWS)],
+        deployable=ok,
+        verdict=verdict,
+    )
+    emit(view, show_workflows, screen)
+    if check and not ok:
+        raise typer.Exit(1)
+
+
+def show_workflows(view: WorkflowsView, screen: Console) -> None:
+    table = Table("version", "current", "steps (undo)", "in flight", "in Error", title="workflows")
+    for v in view.versions:
+        steps = " → ".join(f"{s.name} ({s.undo_operation or '-'})" for s in v.steps)
+        table.add_row(
+            text(v.ref), "yes" if v.current else "", text(steps), str(v.in_flight), str(v.in_error)
+        )
+    screen.print(table)
+    screen.print(text(view.verdict, "" if view.deployable else "red"))
+
+
+@app.command("workflow-diff")
+def workflow_diff(
+    old: Annotated[str, typer.Argument(help="a version, e.g. order@1")],
+    new: Annotated[str, typer.Argument(help="another, e.g. order@2")],
+    json_out: Json = False,
+) -> None:
+    """What changed between two workflow versions this code carries."""
+    from core.versions import diff
+    from core.workflows import UnknownWorkflow, get_workflow
+
+    screen = output(json_out)
+    try:
+        a, b = get_workflow(old), get_workflow(new)
+    except UnknownWorkflow as error:
+        raise fail(str(error), 2) from None
+    view = WorkflowDiffView(old=a.ref, new=b.ref, changes=diff(a, b))
+    emit(view, show_diff, screen)
+
+
+def show_diff(view: WorkflowDiffView, screen: Console) -> None:
+    screen.print(text(f"{view.old} → {view.new}", "bold"))
+    for change in view.changes or ["no change"]:
+        screen.print(text(change))
 
 
 def show_purge(report: Any, screen: Console) -> None:

@@ -68,6 +68,39 @@ class SubmitView(_Shape):
     currency: str
 
 
+class StepView(_Shape):
+    name: str
+    agent: str
+    operation: str
+    undo_operation: str | None
+
+
+class WorkflowVersionView(_Shape):
+    ref: str = Field(description="name@version, what an order records")
+    current: bool = Field(description="new orders of this workflow take this version")
+    steps: list[StepView]
+    in_flight: int
+    in_error: int
+
+
+class WorkflowsView(_Shape):
+    """`workflows`: the versions this code carries, the orders on each, and whether this code
+    may be deployed over them (``deployable``; with ``--check`` the exit code says it too)."""
+
+    versions: list[WorkflowVersionView]
+    needed_but_not_carried: list[str] = Field(description="refs orders need that the code lacks")
+    deployable: bool
+    verdict: str
+
+
+class WorkflowDiffView(_Shape):
+    """`workflow-diff A B`: what changed from version A to version B, one line per change."""
+
+    old: str
+    new: str
+    changes: list[str]
+
+
 class ErrorView(_Shape):
     """On failure, with ``--json``: one document on stdout (and the one-line error on
     stderr); the exit code is not 0."""
@@ -113,6 +146,8 @@ def shapes() -> dict[str, tuple[Any, ...]]:
         "archived": (ArchivedOrderView,),
         "dead-letters": (DeadLetterSummary, DeadLetterPage),
         "demo": (DemoSummary,),
+        "workflows": (WorkflowsView,),
+        "workflow-diff": (WorkflowDiffView,),
     }
 
 

@@ -80,6 +80,9 @@ param retryBaseDelaySeconds string = ''
 @description('Longest retry delay in seconds. Empty: the workflow default.')
 param retryMaxDelaySeconds string = ''
 
+@description('Version new orders take per workflow, NAME=VERSION separated by commas (e.g. order=2); empty: version 1 of each.')
+param workflowVersions string = ''
+
 @minValue(0)
 @maxValue(3650)
 @description('Days a finished order (Processed, or Error once its terminal alert was acknowledged) is kept after it last changed; then the retention timer archives it to Blob Storage and deletes it. 0: the timer purges nothing (operators still can, with POST /api/purge).')
@@ -110,6 +113,32 @@ param maximumInstanceCount int = 100
 ])
 @description('Memory of one Flex Consumption instance, in MB.')
 param instanceMemoryMB int = 2048
+
+@secure()
+@metadata({
+  azd: {
+    type: 'generate'
+    config: {
+      length: 48
+    }
+  }
+})
+@description('Secret of the key that signs internal messages. azd generates it on the first `azd up` and reuses it (.azure/<env>/config.json); see docs/deploy.md to rotate it.')
+param messageSigningSecret string
+
+@minLength(1)
+@maxLength(32)
+@description('Id of that key, carried in every signature (change it when you rotate).')
+param messageSigningKeyId string = 'k1'
+
+@secure()
+@description('During a rotation, the previous keys ("<id>:<base64>[,...]"), still accepted; empty otherwise.')
+param retiringSigningKeys string = ''
+
+@minValue(0)
+@maxValue(10)
+@description('Always-ready instances for each agent function and for scheduler_replies (0: scale to zero, cold starts). See docs/deploy.md.')
+param alwaysReadyInstances int = 0
 
 var abbrs = loadJsonContent('abbreviations.json')
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
@@ -155,6 +184,20 @@ module serviceBus 'app/servicebus.bicep' = {
     name: '${abbrs.serviceBusNamespaces}${resourceToken}'
     location: location
     tags: tags
+  }
+}
+
+module keyVault 'app/keyvault.bicep' = {
+  name: 'keyvault'
+  scope: rg
+  params: {
+    name: '${abbrs.keyVaultVaults}${resourceToken}'
+    location: location
+    tags: tags
+    appPrincipalId: identity.outputs.principalId
+    signingKeyId: messageSigningKeyId
+    signingSecret: messageSigningSecret
+    retiringSigningKeys: retiringSigningKeys
   }
 }
 
@@ -210,9 +253,13 @@ var appSettings = {
   STEP_QUEUE_SECONDS: stepQueueSeconds
   RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
+  WORKFLOW_VERSIONS: workflowVersions
   // Retention: what the code accepts is what the parameters allow (0-3650 days).
   RETENTION_DAYS: string(retentionDays)
   PURGE_SCHEDULE: purgeSchedule
+  // The keys internal messages are signed with: a Key Vault reference, resolved by the
+  // platform with the app identity (function.bicep sets keyVaultReferenceIdentity).
+  MESSAGE_SIGNING_KEYS: '@Microsoft.KeyVault(SecretUri=${keyVault.outputs.signingKeysSecretUri})'
 }
 
 module rbac 'app/rbac.bicep' = {
@@ -228,6 +275,7 @@ module rbac 'app/rbac.bicep' = {
     userPrincipalType: principalType
     submitQueueName: appSettings.ORDERS_QUEUE
     ordersTableName: appSettings.ORDERS_TABLE
+    activeTableName: appSettings.ACTIVE_ORDERS_TABLE
     archiveContainerName: appSettings.ARCHIVE_CONTAINER
   }
 }
@@ -238,6 +286,7 @@ module api 'app/function.bicep' = {
   // The host starts as soon as the app exists: grant its roles first.
   dependsOn: [
     rbac
+    keyVault
   ]
   params: {
     name: '${abbrs.webSitesFunctions}${resourceToken}'
@@ -254,6 +303,7 @@ module api 'app/function.bicep' = {
     appSettings: appSettings
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
+    alwaysReadyInstances: alwaysReadyInstances
   }
 }
 
@@ -281,9 +331,11 @@ output AZURE_FUNCTION_APP_NAME string = api.outputs.name
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
 output SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output AZURE_KEY_VAULT_NAME string = keyVault.outputs.name
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output AZURE_STORAGE_TABLE_ENDPOINT string = storage.outputs.tableEndpoint
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE
+output ACTIVE_ORDERS_TABLE string = appSettings.ACTIVE_ORDERS_TABLE
 output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE

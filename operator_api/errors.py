@@ -27,6 +27,12 @@ class InvalidRequest(OperatorError):
     status = 400
 
 
+class Unauthenticated(OperatorError):
+    """The platform named no caller: actions need to know who acts."""
+
+    status = 401
+
+
 class NotFound(OperatorError):
     status = 404
 

@@ -4,9 +4,11 @@ Every function has ``auth_level=FUNCTION``: the Functions host refuses a request
 function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
 any code here runs. Locally, Core Tools do not check keys, and the project's local host serves
 no HTTP yet: run the API locally only on a trusted machine. A function key says which *client*
-may call, not which person: actions record the operator named in the request body, or the
-signed-in user from App Service authentication (``X-MS-CLIENT-PRINCIPAL-NAME``) when that is
-enabled, which then takes precedence.
+may call, not which person. Actions (resubmit, cancel, acknowledge, purge) record the caller
+the platform names: App Service Authentication sets ``X-MS-CLIENT-PRINCIPAL-NAME`` for the
+signed-in user, and external requests cannot set it; the local host sets it to its
+``DEVHOST_PRINCIPAL_NAME`` setting. Without it an action is refused with 401. An ``operator``
+in the request body is ignored: a body says whatever its sender wants.
 
 Responses are JSON. Errors are ``{"error": {"code": ..., "message": ...}}`` with 400 (bad
 input), 404 (unknown order, alert or queue), 409 (the action does not apply to the order's
@@ -30,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from core import runtime
 from core.states import ProcessState
-from operator_api.errors import InvalidRequest, OperatorError, TooLarge
+from operator_api.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
 from operator_api.models import AckRequest, ActionRequest, PurgeBody
 from operator_api.openapi import openapi_document
 from operator_api.operations import Operations
@@ -115,8 +117,8 @@ def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
 def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
     def ack(ops: Operations) -> BaseModel:
-        body = _json_body(req, AckRequest)
-        return ops.acknowledge_alert(_sequence_param(req), operator=_operator(req, body.operator))
+        _json_body(req, AckRequest)  # refuses a malformed body, as before
+        return ops.acknowledge_alert(_sequence_param(req), operator=_operator(req))
 
     return _respond(ack)
 
@@ -156,7 +158,7 @@ def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
     def purge(ops: Operations) -> BaseModel:
         body = _json_body(req, PurgeBody)
         return ops.purge(
-            operator=_operator(req, body.operator),  # type: ignore[arg-type]
+            operator=_operator(req),
             state=body.state,
             older_than_days=body.older_than_days,
             dry_run=body.dry_run,
@@ -228,7 +230,7 @@ def _action(req: func.HttpRequest, act: Callable[..., BaseModel]) -> BaseModel:
     body = _json_body(req, ActionRequest)
     return act(
         req.route_params.get("order_id", ""),
-        operator=_operator(req, body.operator),
+        operator=_operator(req),
         reason=body.reason,
     )
 
@@ -239,9 +241,17 @@ def _action_status(result: BaseModel) -> int:
     return 200 if state in (ProcessState.ERROR.value, ProcessState.PROCESSED.value) else 202
 
 
-def _operator(req: func.HttpRequest, named: str | None) -> str | None:
-    principal = req.headers.get(PRINCIPAL_HEADER)
-    return principal if principal else named
+def _operator(req: func.HttpRequest) -> str:
+    """Who acts: the caller the platform authenticated (never the body's ``operator``)."""
+    principal = (req.headers.get(PRINCIPAL_HEADER) or "").strip()
+    if not principal:
+        raise Unauthenticated(
+            "not_signed_in",
+            "no signed-in caller: operator actions record who acted, taken from App Service "
+            f"Authentication ({PRINCIPAL_HEADER}); enable it on the Function App (see "
+            "docs/deploy.md), or locally set DEVHOST_PRINCIPAL_NAME for the local host",
+        )
+    return principal
 
 
 def _json_body(req: func.HttpRequest, model: type[B]) -> B:

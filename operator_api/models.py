@@ -26,8 +26,8 @@ class ActionRequest(BaseModel):
 
     operator: str | None = Field(
         default=None,
-        description="Who acts (recorded as operator:<name>); required unless App Service "
-        "authentication supplies the signed-in user",
+        description="Ignored: who acts is the caller App Service Authentication signed in "
+        "(X-MS-CLIENT-PRINCIPAL-NAME), recorded as operator:<name>",
         max_length=128,
     )
     reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
@@ -38,7 +38,11 @@ class AckRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    operator: str | None = Field(default=None, max_length=128, description="Who acknowledges")
+    operator: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Ignored: who acknowledges is the signed-in caller",
+    )
 
 
 class OrderSummary(_Model):
@@ -301,8 +305,7 @@ class PurgeBody(BaseModel):
     operator: str | None = Field(
         default=None,
         max_length=128,
-        description="Who purges (recorded with the run); required unless App Service "
-        "authentication supplies the signed-in user",
+        description="Ignored: who purges is the signed-in caller (recorded with the run)",
     )
     state: Literal["Processed", "Error", "all"] = Field(
         default="all",

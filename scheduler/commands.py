@@ -31,6 +31,8 @@ def handle_command(body: bytes | str, rt: Runtime) -> None:
             apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))
         except OrderNotFound:
             log.warning("retry command for unknown order %s dropped", command.order_id)
+        except apply.Parked:
+            log.warning("retry command for parked order %s dropped", command.order_id)
         return
     action = control.cancel if command.command == "cancel" else control.resubmit
     try:

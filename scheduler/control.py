@@ -82,6 +82,8 @@ def _act(
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:
         raise Refused("busy", f"{busy}; try again in a moment") from None
+    except apply.Parked as parked:
+        raise Refused("conflict", str(parked)) from None
 
 
 def _result(

@@ -17,6 +17,7 @@ from core.messages import BadMessage, OperatorAlert, OrderSubmitted, excerpt, pa
 from core.runtime import Runtime
 from core.settings import Settings
 from core.state_models import AlreadyExists
+from core.workflows import UnknownWorkflow
 
 log = logging.getLogger("scheduler.intake")
 
@@ -49,7 +50,24 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
             )
         )
         return
-    ctx = apply.context(rt, order.workflow, rt.actor("scheduler"))
+    try:
+        ctx = apply.context(rt, apply.new_order_ref(rt, order), rt.actor("scheduler"))
+    except UnknownWorkflow as missing:
+        rt.alert(
+            OperatorAlert(
+                order_id=order.order_id,
+                severity="error",
+                reason="unknown_workflow_version",
+                detail=(
+                    f"order {order.order_id} asks for version {order.workflow_version} of "
+                    f"workflow {order.workflow}: {missing}. The order was not created; submit "
+                    "it without workflow_version (the current one) or with a carried one."
+                ),
+                raw_excerpt=excerpt(body),
+                source=actor,
+            )
+        )
+        return
     decision = lifecycle.submit(order, ctx)
     assert decision.order is not None and decision.entry is not None
     result = rt.store.create(
@@ -76,4 +94,9 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
         )
         return
     log.info("order %s: duplicate submission; state %s", order.order_id, result.order.state)
+    try:
+        ctx = apply.context(rt, result.order.workflow, rt.actor("scheduler"))
+    except UnknownWorkflow as missing:
+        apply.park(rt, result.order, missing, actor)
+        return
     apply.carry_out(rt, result.order, lifecycle.decide(result.order, lifecycle.Resent(), ctx))

@@ -26,6 +26,10 @@ def handle_response(body: bytes | str, rt: Runtime) -> None:
         return
     try:
         apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
+    except apply.Parked:
+        # Dropping the reply loses nothing: once the version is back, the step's deadline
+        # passes and its retry gets the same answer under the same idempotency key.
+        log.warning("reply for parked order %s dropped", response.order_id)
     except OrderNotFound:
         rt.alert(
             OperatorAlert(

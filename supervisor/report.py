@@ -22,6 +22,8 @@ class TickReport:
     reaped: int = 0
     conflicts: int = 0
     errors: int = 0
+    parked: int = 0
+    """Orders of a workflow version this deployment does not carry: alerted, left unchanged."""
     lag_s: float = 0.0
     """How long the most overdue row had been due when the tick found it."""
     duration_s: float = 0.0

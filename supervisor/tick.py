@@ -39,6 +39,7 @@ from core.lifecycle import Swept, decide
 from core.runtime import Runtime
 from core.state_models import ActiveRow, ConcurrencyConflict, CorruptOrderState
 from core.supervision import BucketLease, Sweep
+from core.workflows import UnknownWorkflow
 from supervisor import leases
 from supervisor.metrics import record_tick
 from supervisor.report import TickReport
@@ -198,7 +199,13 @@ def _inspect(row: ActiveRow, rt: Runtime) -> str:
             recheck = apply.earliest_due(rt, rt.clock())
             rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
         return ""
-    decision = decide(order, Swept(), apply.context(rt, order.workflow, rt.actor("supervisor")))
+    try:
+        ctx = apply.context(rt, order.workflow, rt.actor("supervisor"))
+    except UnknownWorkflow as missing:
+        apply.park(rt, order, missing, rt.actor("supervisor"))
+        rt.store.index.postpone(row, rt.clock() + apply.PARKED_RECHECK)
+        return "parked"
+    decision = decide(order, Swept(), ctx)
     after = apply.carry_out(rt, order, decision)
     if not decision.finished:
         # The row was due, the order may not be (the row is kept early): move the row up. If

@@ -66,6 +66,14 @@ def _refund(seq: int, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _void(seq: int, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"void_id": f"vd-{seq:06d}", **_common(seq, payload, "voided")}
+
+
+def _verify(seq: int, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"verification_id": f"ver-{seq:06d}", **_common(seq, payload, "verified")}
+
+
 def _create(seq: int, payload: dict[str, Any]) -> dict[str, Any]:
     return {
         "shipment_id": f"shp-{seq:06d}",
@@ -96,10 +104,12 @@ SERVICES: dict[str, ServiceSpec] = {
             Decline(402, "card_declined", "the card issuer declined the charge"),
             Operation("charge", _charge),
             Operation("refund", _refund, reverses="charge"),
+            Operation("void", _void, reverses="charge"),
         ),
         _spec(
             "shipping",
             Decline(422, "address_invalid", "the shipping address cannot be delivered to"),
+            Operation("verify", _verify),
             Operation("create", _create),
             Operation("cancel", _cancel, reverses="create"),
         ),

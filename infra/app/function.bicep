@@ -28,6 +28,20 @@ param maximumInstanceCount int = 100
 ])
 param instanceMemoryMB int = 2048
 
+@minValue(0)
+@maxValue(10)
+@description('Always-ready instances for each agent function and scheduler_replies (0: none).')
+param alwaysReadyInstances int = 0
+
+// Functions whose first message after idle would otherwise wait for an instance (a cold
+// start) while its step's queue budget runs: the agents and the reply handler.
+var alwaysReadyFunctions = [
+  'inventory_agent'
+  'payment_agent'
+  'shipping_agent'
+  'scheduler_replies'
+]
+
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
 }
@@ -74,6 +88,8 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    // Key Vault references in app settings resolve with the app identity.
+    keyVaultReferenceIdentity: identityId
     functionAppConfig: {
       deployment: {
         storage: {
@@ -88,6 +104,12 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
+        alwaysReady: [
+          for fn in (alwaysReadyInstances > 0 ? alwaysReadyFunctions : []): {
+            name: 'function:${fn}'
+            instanceCount: alwaysReadyInstances
+          }
+        ]
       }
       runtime: {
         name: 'python'

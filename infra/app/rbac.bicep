@@ -29,9 +29,14 @@
 //                                   receivedByApp
 //   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
 //                                                    metrics) with local auth off
-// The deploying principal (optional, for infra/smoke.py):
+// The deploying principal (optional, for infra/smoke.py and the azd predeploy check):
 //   Azure Service Bus Data Sender   orders queue     submit the smoke order
-//   Storage Table Data Reader       orders table     watch it until Processed
+//   Storage Table Data Reader       orders table     watch it until Processed; the workflow
+//                                                    check reads the Error index and the
+//                                                    workflow of each Error order
+//   Storage Table Data Reader       active-order     the workflow check (devstack/
+//                                   index table      workflows_check.py) counts the versions
+//                                                    of the orders in flight
 //
 // tests/infra/checks.py fails if any other role definition id appears in infra/.
 
@@ -53,6 +58,7 @@ param userPrincipalType string = 'User'
 param submitQueueName string
 @description('The table the smoke test reads the order state from.')
 param ordersTableName string
+param activeTableName string
 @description('The container the purge archives orders to (ARCHIVE_CONTAINER).')
 param archiveContainerName string
 
@@ -178,6 +184,21 @@ resource userSubmitSender 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   scope: submitQueue
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: userPrincipalId
+    principalType: userPrincipalType
+  }
+}
+
+resource activeTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  parent: tableService
+  name: activeTableName
+}
+
+resource userActiveTableReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(userPrincipalId)) {
+  name: guid(activeTable.id, userPrincipalId, roles.storageTableDataReader)
+  scope: activeTable
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataReader)
     principalId: userPrincipalId
     principalType: userPrincipalType
   }

@@ -80,6 +80,7 @@ ALLOWED_ROLES: Mapping[str, str] = {
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
     "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
+    "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
 }
 
 KNOWN_BROAD_ROLES: Mapping[str, str] = {
@@ -391,6 +392,7 @@ def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
     identity-based endpoints, so the reader takes the branch it takes in Azure.
     """
     from core import settings as settings_module
+    from core import signing
 
     example = json.loads(Layout(root).local_settings_example.read_text())["Values"]
     sb, st = settings_module.SERVICEBUS_CONNECTION, settings_module.STATE_STORAGE_CONNECTION
@@ -402,6 +404,8 @@ def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
         f"{st}__tableServiceUri": "https://example.table.core.windows.net/",
         f"{st}__blobServiceUri": "https://example.blob.core.windows.net/",
         f"{st}__clientId": "00000000-0000-0000-0000-000000000000",
+        # In Azure a Key Vault reference, resolved by the platform before the code reads it.
+        signing.SIGNING_KEYS_SETTING: signing.new_key_text("k1"),
     }
     recorder = _RecordingEnv(env)
     settings_module.Settings.from_env(recorder)
@@ -882,6 +886,12 @@ def check_security(layout: Layout) -> list[str]:
             "authentication"
         ) or {}
         expect("function app", symbol, auth, "type", "UserAssignedIdentity")
+    vaults = list(infra.resources("Microsoft.KeyVault/vaults"))
+    for _, symbol, res in vaults:
+        props = _body(res).get("properties") or {}
+        expect("Key Vault", symbol, props, "enableRbacAuthorization", True)
+    if not vaults:
+        problems.append("no Key Vault declared: MESSAGE_SIGNING_KEYS has nowhere to live")
     for _, symbol, res in infra.resources("Microsoft.Web/serverfarms"):
         sku = _body(res).get("sku") or {}
         expect("plan", symbol, sku, "name", "FC1")
@@ -908,7 +918,7 @@ def check_parameters(layout: Layout) -> list[str]:
     problems += [
         f"main.bicep parameter {name} has no default and is not in main.parameters.json"
         for name, param in sorted(params.items())
-        if param.get("default") is None and name not in file_params
+        if param.get("default") is None and name not in file_params and not _azd_generated(param)
     ]
     expected = {
         "environmentName": "${AZURE_ENV_NAME}",
@@ -923,6 +933,19 @@ def check_parameters(layout: Layout) -> list[str]:
     if scope != "subscription":
         problems.append(f"main.bicep targetScope is {scope!r}, must be 'subscription'")
     return problems
+
+
+def _azd_generated(param: dict[str, Any]) -> bool:
+    """A secure parameter azd generates once and keeps in the environment (metadata azd.type
+    'generate'): it needs neither a default nor a mapping in main.parameters.json."""
+    decorators = param.get("decorators") or []
+    secure = any(d.get("type") == "secure" for d in decorators)
+    generated = any(
+        d.get("type") == "metadata"
+        and ((d.get("argument") or {}).get("azd") or {}).get("type") == "generate"
+        for d in decorators
+    )
+    return secure and generated
 
 
 @_checked

@@ -15,11 +15,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiver
+from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from core.messages import utc_now
 from core.runtime import Runtime, new_instance_id
 from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+from core.signing import SIGNING_KEYS_SETTING, new_key_text
 
 EXAMPLE_SETTINGS = json.loads(
     (Path(__file__).resolve().parents[2] / "local.settings.json.example").read_text()
@@ -48,6 +49,9 @@ def app_settings(
         "RETRY_BASE_DELAY_SECONDS": "1",
         "RETRY_MAX_DELAY_SECONDS": "4",
         "FAILURE_THRESHOLD": "3",
+        # A fresh key per call, as a deployment has its own: whatever reads these settings
+        # (runtimes, a local host) signs and checks with it.
+        SIGNING_KEYS_SETTING: new_key_text("test"),
     }
     return env
 
@@ -75,6 +79,14 @@ def make_runtime(env: dict[str, str], role: str = "app", clock: Clock | None = N
     return runtime
 
 
+def _order_of(message: ServiceBusReceivedMessage) -> object:
+    try:
+        data = json.loads(b"".join(message.body))
+    except ValueError:
+        return None
+    return data.get("order_id") if isinstance(data, dict) else None
+
+
 class QueueReader:
     """Reads app queues through long-lived receivers; messages of other orders are discarded."""
 
@@ -91,14 +103,25 @@ class QueueReader:
 
     def take(self, queue: str, order_id: str | None, wait: float = 10.0) -> bytes | None:
         """The body of the next message on `queue` about `order_id` (None: any), completed."""
+        message = self.take_message(
+            queue, lambda m: order_id is None or _order_of(m) == order_id, wait
+        )
+        return None if message is None else b"".join(message.body)
+
+    def take_message(
+        self,
+        queue: str,
+        wanted: Callable[[ServiceBusReceivedMessage], bool],
+        wait: float = 10.0,
+    ) -> ServiceBusReceivedMessage | None:
+        """The next message on `queue` that is `wanted`, whole (properties too), completed."""
         receiver = self._receiver(queue)
         deadline = utc_now() + timedelta(seconds=wait)
         while (left := (deadline - utc_now()).total_seconds()) > 0:
             for message in receiver.receive_messages(max_message_count=1, max_wait_time=left):
                 receiver.complete_message(message)
-                raw = b"".join(message.body)
-                if order_id is None or json.loads(raw).get("order_id") == order_id:
-                    return raw
+                if wanted(message):
+                    return message
         return None
 
     def expect(self, queue: str, order_id: str | None, wait: float = 10.0) -> bytes:

@@ -249,3 +249,16 @@ def test_purge_refusals_say_what_to_fix(monkeypatch):
     assert result.exit_code == 2 and "order o-404 is not in the archive" in result.output
     result = run("archived", "o-1", "--day", "yesterday")
     assert result.exit_code == 2 and "is not a date like 2025-06-01" in result.output
+
+
+def test_workflow_diff_names_the_new_step_and_the_changed_undo():
+    result = runner.invoke(app, ["workflow-diff", "order@1", "order@2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"+ verify_address (shipping.verify), after charge_payment"' in result.stdout
+    assert '"~ charge_payment: undo_operation refund -> void"' in result.stdout
+
+
+def test_workflow_diff_of_a_version_not_carried_is_a_one_line_error():
+    result = runner.invoke(app, ["workflow-diff", "order@1", "order@9"])
+    assert result.exit_code == 2
+    assert "no workflow 'order@9'" in result.stderr

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from core.settings import Settings, SettingsError
+from core.signing import local_keyring, new_key_text, parse_keyring
 from core.workflows import ORDER_WORKFLOW
 from tests.support.app import EXAMPLE_SETTINGS
 
@@ -38,6 +39,7 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
             ServiceBusConnection__clientId="1111",
             StateStorage__tableServiceUri="https://st.table.core.windows.net",
             StateStorage__blobServiceUri="https://st.blob.core.windows.net",
+            MESSAGE_SIGNING_KEYS=new_key_text("k1"),
             StateStorage__clientId="1111",
         )
     )
@@ -107,10 +109,75 @@ def test_tuning_applies_to_every_workflow():
     settings = Settings.from_env(
         env(STEP_TIMEOUT_SECONDS="7", FAILURE_THRESHOLD="5", RETRY_BASE_DELAY_SECONDS="2")
     )
-    flow = settings.workflows()["order"]
-    assert {step.complete_by_budget for step in flow.steps} == {timedelta(seconds=7)}
-    assert flow.failure_threshold == 5
-    assert flow.retry.base_delay == timedelta(seconds=2)
-    assert Settings.from_env(env()).workflows()["order"] == ORDER_WORKFLOW.__class__(
-        name="order", steps=ORDER_WORKFLOW.steps, retry=ORDER_WORKFLOW.retry, failure_threshold=3
+    for flow in settings.workflows().values():
+        assert {step.complete_by_budget for step in flow.steps} == {timedelta(seconds=7)}
+        assert flow.failure_threshold == 5
+        assert flow.retry.base_delay == timedelta(seconds=2)
+    assert settings.workflows()["order@2"].version == 2
+    assert Settings.from_env(env()).workflows()["order@1"] == ORDER_WORKFLOW
+
+
+def test_new_orders_take_the_configured_version_and_a_typo_fails_the_start():
+    assert Settings.from_env(env()).current_version("order") == 1
+    assert Settings.from_env(env(WORKFLOW_VERSIONS="order=2")).current_version("order") == 2
+    for bad in ("order=3", "order", "nope=1", "order=two"):
+        with pytest.raises(SettingsError, match=r"WORKFLOW_VERSIONS: .* is not NAME=VERSION"):
+            Settings.from_env(env(WORKFLOW_VERSIONS=bad))
+
+
+IDENTITY = {
+    "ServiceBusConnection": None,
+    "ServiceBusConnection__fullyQualifiedNamespace": "sb-x.servicebus.windows.net",
+}
+
+
+def test_signing_keys_are_required_with_a_managed_identity():
+    with pytest.raises(SettingsError, match=r"MESSAGE_SIGNING_KEYS is not set.*Key Vault"):
+        Settings.from_env(env(**IDENTITY))
+
+
+def test_signing_keys_are_required_with_a_real_namespace_connection_string():
+    real = "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=a;SharedAccessKey=b"
+    with pytest.raises(SettingsError, match="MESSAGE_SIGNING_KEYS is not set"):
+        Settings.from_env(env(ServiceBusConnection=real))
+
+
+def test_a_development_broker_derives_its_key_from_the_sas_key():
+    """Every process given one local stack's connection string agrees on its key."""
+    conn = (
+        "Endpoint=sb://localhost:5672;SharedAccessKeyName=Root;"
+        "SharedAccessKey=c2VjcmV0LWtleQ==;UseDevelopmentEmulator=true"
     )
+    settings = Settings.from_env(env(ServiceBusConnection=conn))
+    assert settings.keyring == local_keyring("c2VjcmV0LWtleQ==")
+    other = Settings.from_env(env(ServiceBusConnection=conn.replace("c2Vj", "b3Ro")))
+    assert other.keyring != settings.keyring
+
+
+def test_configured_keys_win_newest_first():
+    keys = f"{new_key_text('new')},{new_key_text('old')}"
+    settings = Settings.from_env(env(MESSAGE_SIGNING_KEYS=keys))
+    assert settings.keyring == parse_keyring(keys)
+    assert [k.key_id for k in settings.keyring.keys] == ["new", "old"]
+    assert settings.keyring.signing_key.key_id == "new"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("k1", "must be <key id>:<base64 secret>"),
+        ("k1:not base64!", "not valid base64"),
+        ("k1:c2hvcnQ=", "the secret is 5 bytes"),
+        ("bad id:" + "A" * 44, "must be <key id>:<base64 secret>"),
+    ],
+)
+def test_malformed_signing_keys_are_named_without_showing_the_secret(value, problem):
+    with pytest.raises(SettingsError, match="MESSAGE_SIGNING_KEYS") as raised:
+        Settings.from_env(env(MESSAGE_SIGNING_KEYS=value))
+    assert problem in str(raised.value)
+    assert "not base64!" not in str(raised.value)
+
+
+def test_two_keys_with_one_id_are_refused():
+    with pytest.raises(SettingsError, match="distinct"):
+        Settings.from_env(env(MESSAGE_SIGNING_KEYS=f"{new_key_text('a')},{new_key_text('a')}"))

@@ -9,7 +9,9 @@ import pytest
 
 from core.workflows import (
     ORDER_WORKFLOW,
+    ORDER_WORKFLOW_V2,
     SINGLE_STEP_WORKFLOW,
+    WORKFLOW_NAMES,
     WORKFLOWS,
     RetryPolicy,
     Step,
@@ -80,13 +82,32 @@ class TestOrderWorkflow:
             step("x", undo=None).action_for("undo")
 
     def test_registry(self):
-        assert get_workflow("order") is ORDER_WORKFLOW
-        assert WORKFLOWS["single_step"] is SINGLE_STEP_WORKFLOW
+        assert get_workflow("order@1") is ORDER_WORKFLOW
+        assert get_workflow("order") is ORDER_WORKFLOW  # stored before versions: version 1
+        assert get_workflow("order@2") is ORDER_WORKFLOW_V2
+        assert WORKFLOWS["single_step@1"] is SINGLE_STEP_WORKFLOW
         assert SINGLE_STEP_WORKFLOW.step_names == ("reserve_inventory",)
-        with pytest.raises(UnknownWorkflow, match="no workflow named 'nope'; known: order"):
+        with pytest.raises(UnknownWorkflow, match="no workflow 'nope@1'; it carries order@1"):
             get_workflow("nope")
+        with pytest.raises(UnknownWorkflow, match="no workflow 'order@7'"):
+            get_workflow("order@7")
+        for bad in ("order@", "order@x", "order@0", "order@-1"):
+            with pytest.raises(UnknownWorkflow, match="is not a workflow reference"):
+                get_workflow(bad)
         with pytest.raises(TypeError):
             WORKFLOWS["x"] = ORDER_WORKFLOW  # type: ignore[index]
+
+    def test_version_two_adds_a_step_in_the_middle_and_voids_instead_of_refunding(self):
+        assert ORDER_WORKFLOW_V2.ref == "order@2" and ORDER_WORKFLOW.ref == "order@1"
+        assert ORDER_WORKFLOW_V2.step_names == (
+            "reserve_inventory",
+            "charge_payment",
+            "verify_address",
+            "create_shipment",
+        )
+        assert ORDER_WORKFLOW_V2.step_named("charge_payment").undo_operation == "void"
+        assert not ORDER_WORKFLOW_V2.step_named("verify_address").compensable
+        assert WORKFLOW_NAMES == ("order", "single_step")
 
 
 class TestWorkflowValidation:

@@ -1,0 +1,69 @@
+// The Key Vault holding the key the app signs its internal messages with (core/signing.py).
+// RBAC authorization only (no access policies); the app identity may read this one secret and
+// nothing else in the vault. The app setting MESSAGE_SIGNING_KEYS is a Key Vault reference to
+// the secret's latest version, which the platform resolves with the app identity.
+
+param name string
+param location string = resourceGroup().location
+param tags object = {}
+
+@description('Principal id of the app identity, granted Key Vault Secrets User on the secret only.')
+param appPrincipalId string
+
+@description('Id of the key that signs (the first in MESSAGE_SIGNING_KEYS).')
+param signingKeyId string
+
+@secure()
+@description('Random secret of the signing key (azd generates it once; see main.bicep).')
+param signingSecret string
+
+@secure()
+@description('Keys still accepted during a rotation, "<id>:<base64>[,...]"; empty when none.')
+param retiringSigningKeys string = ''
+
+var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
+var signingKey = '${signingKeyId}:${base64(signingSecret)}'
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  name: name
+  location: location
+  tags: tags
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    // Soft delete without purge protection: `azd down --purge` can remove the vault, and the
+    // secret is regenerable (a new key only means a rotation).
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 7
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource signingKeys 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  parent: vault
+  name: 'message-signing-keys'
+  properties: {
+    value: empty(retiringSigningKeys) ? signingKey : '${signingKey},${retiringSigningKeys}'
+    contentType: 'MESSAGE_SIGNING_KEYS: <key id>:<base64 secret>, newest first'
+  }
+}
+
+resource appReadsSigningKeys 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(signingKeys.id, appPrincipalId, keyVaultSecretsUser)
+  scope: signingKeys
+  properties: {
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId(
+      'Microsoft.Authorization/roleDefinitions',
+      keyVaultSecretsUser
+    )
+  }
+}
+
+output name string = vault.name
+output signingKeysSecretUri string = signingKeys.properties.secretUri

@@ -1,0 +1,286 @@
+"""Forged internal messages change nothing and raise a security alert (issue 15, item 5).
+
+Against Azurite, the development broker and the fake services: each forgery is sent to the real
+queue through the SDK, received like the Functions host receives it, and handed to the trigger's
+own code (``on_request`` / ``on_reply`` / ``on_command``, what the registered function runs
+with the process Runtime). Genuine messages take the same path, so the signatures are shown to
+survive the broker round trip. Each case checks that the order (state, ETag, timeline), the
+remote services' ledgers and the queues are as before, that no Table request was made, and
+that one ``untrusted_message`` alert names the queue, the MessageId and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
+
+from agent.functions import on_request
+from core.agents import AGENTS
+from core.bus import Bus
+from core.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
+from core.op_counts import COUNTS
+from core.signing import SIGNING_KEYS_SETTING, new_key_text
+from core.state_models import OrderNotFound
+from core.states import ProcessState
+from devstack.host.servicebus_runner import to_function_message
+from scheduler.functions import on_command, on_reply
+from scheduler.intake import handle_submission
+from tests.support.app import QueueReader, make_runtime
+from tests.support.pattern import effects, new_order, queue
+
+AGENT = {agent.name: agent for agent in AGENTS}
+
+
+@pytest.fixture
+def sender(servicebus) -> Iterator[ServiceBusClient]:
+    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        yield client
+
+
+def forge(client: ServiceBusClient, queue_name: str, body: bytes, **properties: Any) -> str:
+    """Send ``body`` as an outsider would (no key, or the ``signature`` given); its MessageId."""
+    message_id = f"forged-{uuid.uuid4().hex[:12]}"
+    with client.get_queue_sender(queue_name) as s:
+        s.send_messages(
+            ServiceBusMessage(
+                body, message_id=message_id, application_properties=properties or None
+            )
+        )
+    return message_id
+
+
+def take(reader: QueueReader, queue_name: str, message_id: str) -> ServiceBusReceivedMessage:
+    message = reader.take_message(queue_name, lambda m: m.message_id == message_id)
+    assert message is not None, f"{message_id} never reached {queue_name}"
+    return message
+
+
+def take_for(reader: QueueReader, queue_name: str, order_id: str) -> ServiceBusReceivedMessage:
+    message = reader.take_message(queue_name, lambda m: m.correlation_id == order_id)
+    assert message is not None, f"nothing for {order_id} on {queue_name}"
+    return message
+
+
+def untrusted_alerts(rt, reader: QueueReader) -> list[dict]:
+    found = []
+    while (raw := reader.take(queue(rt, "alerts"), None, wait=1.0)) is not None:
+        alert = json.loads(raw)
+        if alert["reason"] == "untrusted_message":
+            found.append(alert)
+    return found
+
+
+def only_alert_for(rt, reader: QueueReader, queue_name: str, message_id: str, problem: str):
+    alerts = [a for a in untrusted_alerts(rt, reader) if message_id in a["detail"]]
+    assert len(alerts) == 1, alerts
+    alert = alerts[0]
+    assert alert["severity"] == "critical" and alert["order_id"] is None
+    assert f"queue {queue_name}:" in alert["detail"]
+    assert f"({problem})" in alert["detail"]
+    return alert
+
+
+def snapshot(rt, order_id: str) -> tuple[Any, ...]:
+    order = rt.store.load(order_id)
+    return order.etag, order.state, order.current_step, len(rt.store.get_timeline(order_id))
+
+
+def table_requests() -> int:
+    return sum(n for kind, n in COUNTS.snapshot().items() if kind.startswith("table."))
+
+
+def deliver_genuine_step(rt, reader: QueueReader, order_id: str, service: str) -> None:
+    on_request(
+        to_function_message(take_for(reader, queue(rt, service), order_id)), AGENT[service], rt
+    )
+    on_reply(to_function_message(take_for(reader, queue(rt, "responses"), order_id)), rt)
+
+
+@pytest.fixture
+def at_payment(rt, reader, fakes):
+    """An order whose inventory step went through the signed path; its payment request waits."""
+    order = new_order()
+    handle_submission(encode(order), rt)
+    deliver_genuine_step(rt, reader, order.order_id, "inventory")
+    request = take_for(reader, queue(rt, "payment"), order.order_id)
+    assert rt.store.load(order.order_id).current_step == "charge_payment"
+    return order.order_id, request
+
+
+def forged_reply(request: ServiceBusReceivedMessage, **outcome: Any) -> bytes:
+    asked = json.loads(b"".join(request.body))
+    fields = {k: asked[k] for k in ("order_id", "step", "operation", "attempt", "idempotency_key")}
+    return encode(AgentResponse(**(fields | outcome)))
+
+
+def test_a_request_for_an_order_that_does_not_exist_calls_no_service(rt, reader, fakes, sender):
+    order_id = f"o-ghost-{uuid.uuid4().hex[:8]}"
+    forged = AgentRequest(
+        order_id=order_id,
+        step="charge_payment",
+        operation="do",
+        action="charge",
+        attempt=1,
+        complete_by="2999-01-01T00:00:00Z",
+        idempotency_key=f"{order_id}:charge_payment:do:1",
+        payload={"amount_cents": 100_000, "currency": "EUR"},
+    )
+    payment = queue(rt, "payment")
+    message_id = forge(sender, payment, encode(forged))
+    before = table_requests()
+    on_request(to_function_message(take(reader, payment, message_id)), AGENT["payment"], rt)
+    assert table_requests() == before
+    assert effects(fakes, order_id) == []
+    assert reader.take(queue(rt, "responses"), order_id, wait=1.0) is None
+    with pytest.raises(OrderNotFound):
+        rt.store.load(order_id)
+    alert = only_alert_for(rt, reader, payment, message_id, "unsigned")
+    assert f"for order '{order_id}'" in alert["detail"]
+
+
+def test_a_forged_success_reply_marks_nothing_done(rt, reader, fakes, sender, at_payment):
+    order_id, request = at_payment
+    responses = queue(rt, "responses")
+    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    message_id = forge(sender, responses, forged_reply(request, outcome="succeeded"))
+    on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    assert snapshot(rt, order_id) == before
+    assert effects(fakes, order_id) == ledger
+    assert reader.take(queue(rt, "shipping"), order_id, wait=1.0) is None
+    only_alert_for(rt, reader, responses, message_id, "unsigned")
+    # The genuine request is still in flight and carries the order on: nothing was skipped.
+    on_request(to_function_message(request), AGENT["payment"], rt)
+    on_reply(to_function_message(take_for(reader, responses, order_id)), rt)
+    deliver_genuine_step(rt, reader, order_id, "shipping")
+    assert rt.store.load(order_id).state is ProcessState.PROCESSED
+    assert [e[0] for e in effects(fakes, order_id)] == ["inventory", "payment", "shipping"]
+
+
+def test_a_forged_decline_fails_nothing(rt, reader, fakes, sender, at_payment):
+    order_id, _request = at_payment
+    responses = queue(rt, "responses")
+    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    body = forged_reply(_request, outcome="failed", transient=False, error_code="card_declined")
+    # Signed, but with a key the app does not have: as unknown as no signature.
+    outsider = "v1.k1." + "A" * 43
+    message_id = forge(sender, responses, body, signature=outsider)
+    on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    assert snapshot(rt, order_id) == before
+    assert rt.store.load(order_id).state is ProcessState.PROCESSING
+    assert effects(fakes, order_id) == ledger
+    assert reader.take(queue(rt, "inventory"), order_id, wait=1.0) is None  # no undo sent
+    only_alert_for(rt, reader, responses, message_id, "unknown_key")
+
+
+def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender, at_payment):
+    order_id, _request = at_payment
+    commands = queue(rt, "commands")
+    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    cancel = SchedulerCommand(
+        order_id=order_id,
+        command="cancel",
+        attempt=1,
+        failure_count=0,
+        reason="because I can",
+        requested_by="operator:mallory",
+    )
+    message_id = forge(sender, commands, encode(cancel))
+    on_command(to_function_message(take(reader, commands, message_id)), rt)
+    assert snapshot(rt, order_id) == before
+    assert effects(fakes, order_id) == ledger
+    assert "mallory" not in json.dumps([t.actor for t in rt.store.get_timeline(order_id)])
+    alert = only_alert_for(rt, reader, commands, message_id, "unsigned")
+    assert "'SchedulerCommand'" in alert["detail"]
+
+
+def test_an_empty_body_on_an_agent_queue_is_reported(rt, reader, fakes, sender):
+    inventory = queue(rt, "inventory")
+    message_id = forge(sender, inventory, b"")
+    ledger = len(fakes.ledger())
+    on_request(to_function_message(take(reader, inventory, message_id)), AGENT["inventory"], rt)
+    assert len(fakes.ledger()) == ledger
+    alert = only_alert_for(rt, reader, inventory, message_id, "unsigned")
+    assert "body is empty" in alert["detail"]
+
+
+def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
+    rt, reader, fakes, sender, at_payment
+):
+    """The signature covers the queue: the app's own signed request is no use elsewhere."""
+    order_id, request = at_payment
+    shipping = queue(rt, "shipping")
+    properties = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in (request.application_properties or {}).items()
+    }
+    with sender.get_queue_sender(shipping) as s:
+        s.send_messages(
+            ServiceBusMessage(
+                b"".join(request.body),
+                message_id=request.message_id,
+                application_properties=properties,
+            )
+        )
+    ledger = effects(fakes, order_id)
+    on_request(
+        to_function_message(take(reader, shipping, request.message_id)), AGENT["shipping"], rt
+    )
+    assert effects(fakes, order_id) == ledger
+    only_alert_for(rt, reader, shipping, request.message_id, "bad_signature")
+
+
+def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader, fakes):
+    """Instances mid-rotation hold [new, old]; one still on [old] and one already on [new]."""
+    old, new = new_key_text("old"), new_key_text("new")
+    on_old = make_runtime(env | {SIGNING_KEYS_SETTING: old}, "old")
+    rotating = make_runtime(env | {SIGNING_KEYS_SETTING: f"{new},{old}"}, "rotating")
+    on_new = make_runtime(env | {SIGNING_KEYS_SETTING: new}, "new")
+    try:
+        order = new_order()
+        handle_submission(encode(order), on_old)  # the request is signed with the old key
+        inventory = queue(on_old, "inventory")
+        request = take_for(reader, inventory, order.order_id)
+        assert (request.application_properties or {})[b"signature"].startswith(b"v1.old.")
+        on_request(to_function_message(request), AGENT["inventory"], rotating)
+        reply = take_for(reader, queue(on_old, "responses"), order.order_id)
+        assert (reply.application_properties or {})[b"signature"].startswith(b"v1.new.")
+        on_reply(to_function_message(reply), rotating)
+        assert rotating.store.load(order.order_id).current_step == "charge_payment"
+        payment_request = take_for(reader, queue(on_old, "payment"), order.order_id)
+        assert (payment_request.application_properties or {})[b"signature"].startswith(b"v1.new.")
+
+        responses = queue(on_old, "responses")
+        # An instance that holds only the new key accepts the newest signatures (the request
+        # is taken at once: its run budget counts from the claim in these tests).
+        on_request(to_function_message(payment_request), AGENT["payment"], on_new)
+        on_reply(to_function_message(take_for(reader, responses, order.order_id)), on_new)
+        assert on_new.store.load(order.order_id).current_step == "create_shipment"
+        # ... and refuses by name what an instance still on the retired key signs (another
+        # attempt's MessageId: duplicate detection would drop a copy of the genuine reply's).
+        stale = Bus(
+            lambda: ServiceBusClient.from_connection_string(env["ServiceBusConnection"]),
+            keyring=on_old.settings.keyring,
+        )
+        try:
+            stale.send(
+                responses,
+                AgentResponse.model_validate_json(
+                    forged_reply(payment_request, outcome="succeeded", attempt=99)
+                ),
+            )
+        finally:
+            stale.close()
+        stale_reply = take_for(reader, responses, order.order_id)
+        before = snapshot(on_new, order.order_id)
+        on_reply(to_function_message(stale_reply), on_new)
+        assert snapshot(on_new, order.order_id) == before
+        only_alert_for(on_new, reader, responses, stale_reply.message_id, "unknown_key")
+
+    finally:
+        for runtime in (on_old, rotating, on_new):
+            runtime.close()

@@ -1,0 +1,265 @@
+"""A new workflow version deployed while orders are in flight, against real Azurite, the
+development broker and the fake remote services.
+
+Orders are started on version 1 of the order workflow; then the "hosts" restart with version 2
+current (a verify_address step in the middle; the charge undone by a void, not a refund), one
+of them killed between a write and its sends during the switch. Every version-1 order must
+finish or compensate by version 1, every new order runs version 2, and an order of a version
+the deployment does not carry is parked with an alert, never guessed at.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusReceiver
+
+from agent.handler import handle_request
+from core import versions
+from core.messages import encode
+from core.runtime import Runtime
+from core.states import ProcessState
+from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, WORKFLOWS
+from devstack import workflows_check
+from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
+from supervisor.tick import run_tick
+from tests.support.app import make_runtime
+from tests.support.pattern import new_order
+
+pytestmark = pytest.mark.integration
+
+ROLES = ("orders", "inventory", "payment", "shipping", "responses", "commands")
+V1_ORDERS = 100
+V2_ORDERS = 20
+
+
+class Crash(Exception):
+    """The host died: what it wrote stays written, what it had not sent is not sent."""
+
+
+class Pump:
+    """Delivers this test's messages to the handlers of whichever runtime is the host now;
+    other tests' leftovers on the shared queues are completed unread."""
+
+    def __init__(self, connection_string: str, rt: Runtime, prefix: str) -> None:
+        self._client = ServiceBusClient.from_connection_string(connection_string)
+        self._receivers: dict[str, ServiceBusReceiver] = {
+            role: self._client.get_queue_receiver(rt.settings.queue(role)) for role in ROLES
+        }
+        self._opened: set[str] = set()
+        self.prefix = prefix
+        self.handled = 0
+        self.crashes = 0
+
+    def close(self) -> None:
+        for receiver in self._receivers.values():
+            receiver.close()
+        self._client.close()
+
+    def round(self, rt: Runtime) -> int:
+        """Handle what is waiting on every queue once; how many messages were ours."""
+        ours = 0
+        for role, receiver in self._receivers.items():
+            # The first receive opens the link, which takes longer than a poll.
+            wait = 0.3 if role in self._opened else 5.0
+            self._opened.add(role)
+            batch = receiver.receive_messages(max_message_count=50, max_wait_time=wait)
+            for n, message in enumerate(batch):
+                body = b"".join(message.body)
+                if f'"order_id":"{self.prefix}' not in body.decode("utf-8", "replace"):
+                    receiver.complete_message(message)
+                    continue
+                try:
+                    handler(role)(body, rt)
+                except Crash:
+                    # A dead host settles nothing: what it held comes back for the next one.
+                    self.crashes += 1
+                    for held in batch[n:]:
+                        receiver.abandon_message(held)
+                    self.handled += ours
+                    return ours
+                receiver.complete_message(message)
+                ours += 1
+        self.handled += ours
+        return ours
+
+
+def handler(role: str) -> Callable[[bytes, Runtime], None]:
+    if role == "orders":
+        return handle_submission
+    if role == "responses":
+        return handle_response
+    if role == "commands":
+        return handle_command
+    return lambda body, rt: handle_request(body, role, rt)
+
+
+def crash_after_writes(rt: Runtime, writes: int) -> None:
+    """Kill ``rt``'s host at its next send after ``writes`` more order writes went through:
+    the write is stored, its messages are not sent."""
+    save, send = rt.store.save, rt.bus.send
+    left = [writes]
+
+    def counting_save(*args, **kwargs):  # type: ignore[no-untyped-def]
+        left[0] -= 1
+        return save(*args, **kwargs)
+
+    def dying_send(queue, message, **kwargs):  # type: ignore[no-untyped-def]
+        if left[0] <= 0:
+            raise Crash(f"host killed before sending to {queue}")
+        return send(queue, message, **kwargs)
+
+    rt.store.save = counting_save  # type: ignore[method-assign]
+    rt.bus.send = dying_send  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def hosts(env, clock, fakes) -> Iterator[tuple[Runtime, Runtime]]:  # type: ignore[no-untyped-def]
+    env |= {"STEP_TIMEOUT_SECONDS": "30"}  # a slow test machine must not expire steps
+    v1 = make_runtime(env | {"WORKFLOW_VERSIONS": "order=1"}, "v1", clock)
+    v2 = make_runtime(env | {"WORKFLOW_VERSIONS": "order=2"}, "v2", clock)
+    yield v1, v2
+    v1.close()
+    v2.close()
+
+
+@pytest.mark.timeout(600)
+def test_orders_in_flight_finish_on_their_version_across_a_deploy(  # type: ignore[no-untyped-def]
+    hosts, servicebus, fakes, clock
+):
+    v1, v2 = hosts
+    prefix = f"v{uuid.uuid4().hex[:8]}-"
+    old = [new_order(order_id=f"{prefix}a{n:03d}").order_id for n in range(V1_ORDERS)]
+    new = [new_order(order_id=f"{prefix}b{n:03d}").order_id for n in range(V2_ORDERS)]
+    declined = [*old[::10], *new[::5]]  # shipping refuses these: they compensate
+    fakes.set_profile({"services": {"shipping": {"decline_order_ids": declined}}})
+    pump = Pump(servicebus.connection_string, v1, prefix)
+    try:
+        pump.round(v1)  # open every link before the first deadline runs
+        for order_id in old:
+            handle_submission(encode(new_order(order_id=order_id)), v1)
+        while pump.handled < V1_ORDERS * 2:  # about half-way through version 1
+            pump.round(v1)
+        crash_after_writes(v1, writes=3)  # the switch: a host dies mid-handler
+        while pump.crashes == 0:
+            pump.round(v1)
+        for order_id in new:  # the restarted hosts: version 2 is current
+            handle_submission(encode(new_order(order_id=order_id)), v2)
+        drain(pump, v2, [*old, *new], clock)
+    finally:
+        pump.close()
+
+    states = {o: v2.store.load(o) for o in [*old, *new]}
+    assert all(order.state.terminal for order in states.values()), Counter(
+        order.state for order in states.values()
+    )
+    effects = effects_by_order(fakes.ledger(), prefix)
+    for order_id in old:
+        order = states[order_id]
+        assert order.workflow == "order@1"
+        assert tuple(s.name for s in order.steps) == ORDER_WORKFLOW.step_names
+        assert "verify" not in effects[order_id] and "void" not in effects[order_id]
+        if order_id in declined:
+            assert order.state is ProcessState.ERROR
+            assert effects[order_id] == Counter(reserve=1, charge=1, release=1, refund=1)
+        else:
+            assert order.state is ProcessState.PROCESSED
+            assert effects[order_id] == Counter(reserve=1, charge=1, create=1)
+    for order_id in new:
+        order = states[order_id]
+        assert order.workflow == "order@2"
+        assert tuple(s.name for s in order.steps) == ORDER_WORKFLOW_V2.step_names
+        if order_id in declined:  # refused at verify_address, before any shipment
+            assert order.state is ProcessState.ERROR
+            assert effects[order_id] == Counter(reserve=1, charge=1, release=1, void=1)
+        else:
+            assert order.state is ProcessState.PROCESSED
+            assert effects[order_id] == Counter(reserve=1, charge=1, verify=1, create=1)
+    assert pump.crashes == 1
+
+
+def drain(pump: Pump, rt: Runtime, order_ids: list[str], clock) -> None:  # type: ignore[no-untyped-def]
+    """Deliver until every order is terminal; time moves on (and the Supervisor ticks) when
+    nothing arrives, as a crash leaves an order to its deadline or its retry."""
+    for _ in range(400):
+        if pump.round(rt) == 0:
+            if all(rt.store.load(o).state.terminal for o in order_ids):
+                return
+            clock.advance(30)
+            run_tick(rt)
+    raise AssertionError("orders still in flight after 400 rounds")
+
+
+def effects_by_order(ledger: list[dict], prefix: str) -> dict[str, Counter[str]]:
+    found: dict[str, Counter[str]] = {}
+    for entry in ledger:
+        if entry["order_id"].startswith(prefix):
+            found.setdefault(entry["order_id"], Counter())[entry["operation"]] += 1
+    return found
+
+
+def test_an_order_of_a_version_not_carried_is_parked_with_an_alert(hosts, reader, clock):  # type: ignore[no-untyped-def]
+    v1, v2 = hosts
+    submitted = new_order(workflow_version=2)
+    handle_submission(encode(submitted), v2)
+    stored = v2.store.load(submitted.order_id)
+    assert stored.workflow == "order@2"
+    # A deployment that dropped version 2 (v1 here, with order@2 taken out of its registry).
+    v1.workflows = {ref: flow for ref, flow in v1.workflows.items() if ref != "order@2"}
+    clock.advance(120)  # past the step's deadline: the Supervisor looks at it
+    report = run_tick(v1)
+    assert report.parked == 1 and report.retried == 0
+    after = v1.store.load(submitted.order_id)
+    assert (after.etag, after.state, after.failure_count) == (stored.etag, stored.state, 0)
+    alert = reader.expect(v1.settings.queue("alerts"), submitted.order_id)
+    assert b"workflow_version_missing" in alert and b"order@2" in alert
+    # Its index row waits PARKED_RECHECK before the next look: no alert every tick.
+    assert run_tick(v1).parked == 0
+
+
+def test_a_submission_for_a_version_not_carried_is_refused_with_an_alert(hosts, reader):  # type: ignore[no-untyped-def]
+    v1, _ = hosts
+    submitted = new_order(workflow_version=9)
+    handle_submission(encode(submitted), v1)
+    assert v1.store.find(submitted.order_id) is None
+    alert = reader.expect(v1.settings.queue("alerts"), submitted.order_id)
+    assert b"unknown_workflow_version" in alert and b"order@9" in alert
+
+
+def test_the_deploy_check_refuses_to_drop_a_version_orders_need(hosts):  # type: ignore[no-untyped-def]
+    v1, v2 = hosts
+    for _ in range(3):
+        handle_submission(encode(new_order()), v1)
+    handle_submission(encode(new_order(workflow_version=2)), v2)
+    in_use = versions.versions_in_use(v1.store)
+    assert in_use["order@1"].in_flight == 3 and in_use["order@2"].in_flight == 1
+    ok, message = versions.check(in_use, WORKFLOWS)
+    assert ok, message
+    ok, message = versions.check(in_use, ["order@2", "single_step@1"])
+    assert not ok
+    assert "order@1: 3 in flight, 0 in Error" in message
+
+
+def test_the_predeploy_hook_exits_1_for_a_package_that_drops_a_needed_version(  # type: ignore[no-untyped-def]
+    hosts, env, monkeypatch, capsys
+):
+    v1, _ = hosts
+    handle_submission(encode(new_order()), v1)
+    hook_env = {
+        "StateStorage": env["StateStorage"],
+        "ORDERS_TABLE": env["ORDERS_TABLE"],
+        "ACTIVE_ORDERS_TABLE": env["ACTIVE_ORDERS_TABLE"],
+    }
+    assert workflows_check.main(hook_env) == 0
+    without_v1 = {ref: flow for ref, flow in WORKFLOWS.items() if ref != "order@1"}
+    monkeypatch.setattr(workflows_check, "WORKFLOWS", without_v1)
+    assert workflows_check.main(hook_env) == 1
+    assert "order@1: 1 in flight" in capsys.readouterr().err
+    assert workflows_check.main(hook_env | {"SKIP_WORKFLOW_CHECK": "1"}) == 0
+    fresh = hook_env | {"ORDERS_TABLE": "nosuchorders", "ACTIVE_ORDERS_TABLE": "nosuchactive"}
+    assert workflows_check.main(fresh) == 0  # a first deploy: nothing to keep
