@@ -34,7 +34,9 @@ def test_terminate_stops_a_process_by_pid_but_only_ours(tmp_path):
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)  # devstack test"]
     proc = processes.spawn(sleeper, log_path=tmp_path / "sleeper.log", detached=True)
     try:
-        assert processes.pid_alive(proc.pid) and processes.ours(proc.pid)
+        # Until the child has exec'd, /proc shows the parent's command line (pytest's).
+        assert processes.wait_until(lambda: processes.ours(proc.pid), timeout=5)
+        assert processes.pid_alive(proc.pid)
         assert processes.terminate(proc.pid, grace=5)
         proc.wait(timeout=5)
         assert not processes.pid_alive(proc.pid)
