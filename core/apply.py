@@ -173,6 +173,9 @@ def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
     due_after = due(rt, after)
     if before.state.terminal or due_after < due(rt, before):
         return due_after
+    if before.workflow != after.workflow:
+        # A migration: the row records the version too (core.versions counts it).
+        return min(due_after, due(rt, before))
     return None
 
 

@@ -127,7 +127,16 @@ class Resubmit:
     outbox_delivered: bool
 
 
-Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move an order in flight to another version of its workflow (docs/versioning.md)."""
+
+    to: Workflow
+    actor: str
+    reason: str
+
+
+Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Migrate
 
 
 class Refused(Exception):
@@ -214,6 +223,8 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _on_cancel(order, actor, reason, ctx)
         case Resubmit(actor, reason, delivered):
             return _on_resubmit(order, actor, reason, delivered, ctx)
+        case Migrate(to, actor, reason):
+            return _on_migrate(order, to, actor, reason, ctx)
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -362,6 +373,26 @@ def _on_cancel(order: Order, actor: str, reason: str, ctx: Context) -> Decision:
         )
     draft = replace(_begin(order, delivered=False), locked_by=None)
     return _compensate(order, draft, "cancelled", f"cancelled by {actor}: {reason}", ctx)
+
+
+def _on_migrate(order: Order, to: Workflow, actor: str, reason: str, ctx: Context) -> Decision:
+    if order.state not in (_P.PENDING, _P.PROCESSING) or order.current_operation != "do":
+        raise Refused(
+            "conflict",
+            f"order {order.order_id}: {order.state} (undoing or finished); only orders moving "
+            "forward can be migrated",
+        )
+    old = ctx.workflow
+    problem = old.migration_problem(to, order.current_step)
+    if problem is not None:
+        raise Refused("conflict", f"order {order.order_id} cannot be migrated: {problem}")
+    shared = old.index_of(order.current_step) + 1
+    steps = order.steps[:shared] + tuple(
+        StepRecord(step.name, index) for index, step in enumerate(to.steps) if index >= shared
+    )
+    migrated = replace(order, workflow=to.ref, steps=steps)
+    detail = f"{old.ref} -> {to.ref} by {actor}: {reason}"
+    return _write(order, migrated, ctx, "migrated", detail)
 
 
 def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Context) -> Decision:

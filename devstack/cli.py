@@ -14,6 +14,7 @@ orderctl archived ID   a purged order, read back from the archive
 orderctl workflows     workflow versions, the orders on each, and whether this code may
                        be deployed over them (--check: exit 1 if not)
 orderctl workflow-diff A B   what changed between two workflow versions
+orderctl migrate       move orders in flight to another workflow version (dry run by default)
 
 Every command takes --json (one document on stdout, shapes in docs/orderctl.md); tables take
 --wide. Errors are one line on stderr with a non-zero exit code (2: fix the input or start the
@@ -47,6 +48,7 @@ from devstack.cli_output import (
     ComponentView,
     DownView,
     ErrorView,
+    MigrateView,
     StackView,
     StepView,
     SubmitView,
@@ -937,6 +939,61 @@ def workflow_diff(
         raise fail(str(error), 2) from None
     view = WorkflowDiffView(old=a.ref, new=b.ref, changes=diff(a, b))
     emit(view, show_diff, screen)
+
+
+@app.command()
+def migrate(
+    from_ref: Annotated[str, typer.Option("--from", help="the version orders are on: order@1")],
+    to_ref: Annotated[str, typer.Option("--to", help="the version to move them to: order@2")],
+    reason: Reason,
+    apply_: Annotated[
+        bool, typer.Option("--apply", help="move them (without it: a dry run, nothing changes)")
+    ] = False,
+    operator: Operator = OPERATOR,
+    json_out: Json = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Move the orders in flight on one workflow version to another, where the new version
+    keeps every step they have reached (recorded in each order's timeline)."""
+    from core.runtime import Runtime
+    from core.settings import Settings
+    from scheduler.migration import migrate as run_migration
+
+    screen = output(json_out)
+    info = running_stack(workdir)
+    runtime = Runtime.from_settings(Settings.from_env(info.settings))
+    try:
+        report = run_migration(
+            runtime,
+            from_ref,
+            to_ref,
+            actor=f"operator:{operator}",
+            reason=reason,
+            dry_run=not apply_,
+        )
+    except ValueError as error:
+        raise fail(str(error), 2) from None
+    finally:
+        runtime.close()
+    view = MigrateView(
+        from_ref=report.from_ref,
+        to_ref=report.to_ref,
+        dry_run=report.dry_run,
+        examined=report.examined,
+        migrated=report.migrated,
+        refused=dict(report.refused),
+    )
+    emit(view, show_migrate, screen)
+
+
+def show_migrate(view: MigrateView, screen: Console) -> None:
+    done = "would move" if view.dry_run else "moved"
+    screen.print(
+        text(f"{view.from_ref} → {view.to_ref}: {view.examined} orders in flight, {done} "
+             f"{view.migrated}" + (" (dry run: add --apply to move them)" if view.dry_run else ""))
+    )  # fmt: skip
+    for why, count in sorted(view.refused.items()):
+        screen.print(text(f"  {count} stay: {why}"))
 
 
 def show_diff(view: WorkflowDiffView, screen: Console) -> None:

@@ -101,6 +101,18 @@ class WorkflowDiffView(_Shape):
     changes: list[str]
 
 
+class MigrateView(_Shape):
+    """`migrate`: the orders of one version moved (or, in a dry run, that would move) to
+    another, and those refused by reason."""
+
+    from_ref: str
+    to_ref: str
+    dry_run: bool
+    examined: int
+    migrated: int
+    refused: dict[str, int]
+
+
 class ErrorView(_Shape):
     """On failure, with ``--json``: one document on stdout (and the one-line error on
     stderr); the exit code is not 0."""
@@ -148,6 +160,7 @@ def shapes() -> dict[str, tuple[Any, ...]]:
         "demo": (DemoSummary,),
         "workflows": (WorkflowsView,),
         "workflow-diff": (WorkflowDiffView,),
+        "migrate": (MigrateView,),
     }
 
 

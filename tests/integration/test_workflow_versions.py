@@ -24,6 +24,7 @@ from core.runtime import Runtime
 from core.states import ProcessState
 from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, WORKFLOWS
 from devstack import workflows_check
+from scheduler import migration
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
 from scheduler.replies import handle_response
@@ -263,3 +264,37 @@ def test_the_predeploy_hook_exits_1_for_a_package_that_drops_a_needed_version(  
     assert workflows_check.main(hook_env | {"SKIP_WORKFLOW_CHECK": "1"}) == 0
     fresh = hook_env | {"ORDERS_TABLE": "nosuchorders", "ACTIVE_ORDERS_TABLE": "nosuchactive"}
     assert workflows_check.main(fresh) == 0  # a first deploy: nothing to keep
+
+
+def test_migrate_moves_the_orders_the_new_version_keeps_and_refuses_the_rest(  # type: ignore[no-untyped-def]
+    hosts, reader
+):
+    v1, v2 = hosts
+    at_reserve = [new_order() for _ in range(3)]
+    for submitted in at_reserve:
+        handle_submission(encode(submitted), v1)
+    charged = new_order()
+    handle_submission(encode(charged), v1)
+    inventory = v1.settings.queue("inventory")
+    handle_request(reader.expect(inventory, charged.order_id), "inventory", v1)
+    handle_response(reader.expect(v1.settings.queue("responses"), charged.order_id), v1)
+    assert v1.store.load(charged.order_id).current_step == "charge_payment"
+
+    dry = migration.migrate(v2, "order@1", "order@2", actor="operator:ann", reason="switch")
+    assert (dry.examined, dry.migrated, dry.dry_run) == (4, 3, True)
+    assert [v1.store.load(o.order_id).workflow for o in at_reserve] == ["order@1"] * 3
+
+    done = migration.migrate(
+        v2, "order@1", "order@2", actor="operator:ann", reason="switch", dry_run=False
+    )
+    assert (done.examined, done.migrated) == (4, 3)
+    [(why, count)] = done.refused.items()
+    assert count == 1 and "does not keep order@1's step charge_payment" in why
+    for submitted in at_reserve:
+        moved = v2.store.load(submitted.order_id)
+        assert moved.workflow == "order@2" and len(moved.steps) == 4
+        events = [e.event for e in v2.store.get_timeline(submitted.order_id)]
+        assert events[-1] == "migrated"
+    assert v2.store.load(charged.order_id).workflow == "order@1"
+    in_use = versions.versions_in_use(v2.store)  # the index rows follow the migration
+    assert in_use["order@2"].in_flight >= 3

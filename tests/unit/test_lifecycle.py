@@ -11,6 +11,7 @@ from core.lifecycle import (
     Cancel,
     Context,
     Decision,
+    Migrate,
     Refused,
     Replied,
     Resent,
@@ -30,7 +31,7 @@ from core.messages import (
 )
 from core.order import Order, StepState
 from core.states import ProcessState
-from core.workflows import ORDER_WORKFLOW
+from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FLOW = ORDER_WORKFLOW
@@ -376,3 +377,46 @@ def test_resubmit_resends_an_alert_that_was_never_delivered():
 def test_resubmit_of_an_order_in_flight_is_refused():
     with pytest.raises(Refused, match="only Error orders"):
         decide(new_order(), Resubmit("operator:bob", "x", outbox_delivered=True), ctx(1))
+
+
+# ------------------------------------------------------------------------------ migration
+
+
+def test_an_order_at_a_step_the_new_version_keeps_moves_and_goes_on_by_it():
+    order = new_order()  # at reserve_inventory, which order@2 keeps as its first step
+    decision = decide(order, Migrate(ORDER_WORKFLOW_V2, "operator:ann", "switch"), ctx(1))
+    moved = decision.order
+    assert moved is not None and decision.entry is not None
+    assert decision.entry.event == "migrated"
+    assert "order@1 -> order@2 by operator:ann" in decision.entry.detail
+    assert moved.workflow == "order@2"
+    assert [s.name for s in moved.steps] == list(ORDER_WORKFLOW_V2.step_names)
+    assert moved.steps[0] == order.steps[0]  # what it did and has in flight is kept
+    assert moved.outbox == order.outbox and moved.locked_by == order.locked_by
+    v2 = Context(workflow=ORDER_WORKFLOW_V2, now=T0 + timedelta(seconds=2), actor="scheduler:a")
+    after = apply(moved, decide(moved, Replied(answer(request_of(moved))), v2))
+    assert after.current_step == "charge_payment"
+    charge = request_of(after)
+    assert charge.step == "charge_payment"
+    # ... and the charge is undone by a void now: version 2's definition decides.
+    declined = apply(after, decide(after, Replied(answer(charge, "declined")), v2))
+    assert declined.state is ProcessState.COMPENSATING
+
+
+def test_an_order_past_a_step_the_new_version_changed_is_refused_and_unchanged():
+    order = new_order()
+    charged = apply(order, decide(order, Replied(answer(request_of(order))), ctx(1)))
+    assert charged.current_step == "charge_payment"  # order@2 undoes it by a void, not a refund
+    with pytest.raises(Refused, match="does not keep order@1's step charge_payment"):
+        decide(charged, Migrate(ORDER_WORKFLOW_V2, "operator:ann", "switch"), ctx(2))
+
+
+def test_only_orders_moving_forward_on_another_version_of_their_workflow_migrate():
+    order = new_order()
+    with pytest.raises(Refused, match="order@1 already"):
+        decide(order, Migrate(ORDER_WORKFLOW, "operator:ann", "x"), ctx(1))
+    with pytest.raises(Refused, match="another workflow"):
+        decide(order, Migrate(SINGLE_STEP_WORKFLOW, "operator:ann", "x"), ctx(1))
+    cancelled = apply(order, decide(order, Cancel("operator:ann", "x"), ctx(1)))
+    with pytest.raises(Refused, match="only orders moving forward"):
+        decide(cancelled, Migrate(ORDER_WORKFLOW_V2, "operator:ann", "x"), ctx(2))
