@@ -7,18 +7,22 @@ function keys). Queue names, the Supervisor's schedule and connections are app s
 (`%NAME%`); the purge's schedule is the PURGE_SCHEDULE setting read at indexing
 (retention/functions.py says why). Telemetry is configured first: export to
 Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
+Then the settings are checked, so a host with a wrong one fails to load the app, naming every
+wrong setting, instead of failing (and dead-lettering) every message it receives.
 """
 
 import azure.functions as func
 
 from agent.functions import bp as agents
 from core import telemetry
+from core.settings import Settings
 from operator_api.functions import bp as operator_api
 from retention.functions import bp as retention
 from scheduler.functions import bp as scheduler
 from supervisor.functions import bp as supervisor
 
 telemetry.configure()
+Settings.check_on_load()
 
 app = func.FunctionApp()
 app.register_functions(scheduler)

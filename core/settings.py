@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from core.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 STATE_STORAGE_CONNECTION = "StateStorage"
+CONNECTION_NAMES = (SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION)
 AGENT_SERVICES = AGENT_NAMES
 
 QUEUE_SETTINGS = {
@@ -160,47 +161,73 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings in ``env`` (default: the process environment), every one checked; a
+        SettingsError names every wrong or missing setting at once, not only the first."""
         env = os.environ if env is None else env
         reader = _Reader(env)
+        check = _Problems()
         queues = {
-            role: ids.validate_entity_name(reader.required(name), name)
+            role: check(lambda n=name: ids.validate_entity_name(reader.required(n), n))
             for role, name in QUEUE_SETTINGS.items()
         }
-        urls = {service: reader.required(name) for service, name in SERVICE_URL_SETTINGS.items()}
-        for name, url in zip(SERVICE_URL_SETTINGS.values(), urls.values(), strict=True):
-            if not url.startswith(("http://", "https://")):
-                raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
-        servicebus = reader.servicebus(SERVICEBUS_CONNECTION)
-        settings = cls(
-            queues=queues,
-            service_urls=urls,
-            servicebus=servicebus,
-            signing_keys=reader.signing_keys(servicebus),
-            storage=reader.storage(STATE_STORAGE_CONNECTION),
-            orders_table=reader.optional("ORDERS_TABLE", "orders"),
-            active_table=reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"),
-            supervision_table=reader.optional("SUPERVISION_TABLE", "supervision"),
-            supervisor_schedule=reader.optional("SUPERVISOR_SCHEDULE", "*/15 * * * * *"),
-            supervisor_concurrency=reader.int_or_none("SUPERVISOR_CONCURRENCY") or 4,
-            pending_stale_after=reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0),
-            step_timeout=reader.seconds_or_none("STEP_TIMEOUT_SECONDS"),
-            step_queue=reader.seconds_or_none("STEP_QUEUE_SECONDS", allow_zero=True),
-            failure_threshold=reader.int_or_none("FAILURE_THRESHOLD"),
-            retry_base_delay=reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS"),
-            retry_max_delay=reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS"),
-            workflow_versions=reader.workflow_versions("WORKFLOW_VERSIONS"),
-            retention_days=reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS),
-            purge_schedule=purge_schedule(env),
-            archive_container=validate_container_name(
-                reader.optional(ARCHIVE_CONTAINER_SETTING, DEFAULT_ARCHIVE_CONTAINER),
-                ARCHIVE_CONTAINER_SETTING,
+        urls = {
+            service: check(lambda n=name: _http_url(reader.required(n), n))
+            for service, name in SERVICE_URL_SETTINGS.items()
+        }
+        servicebus = check(lambda: reader.servicebus(SERVICEBUS_CONNECTION))
+        fields = {
+            "queues": queues,
+            "service_urls": urls,
+            "servicebus": servicebus,
+            "signing_keys": check(lambda: servicebus and reader.signing_keys(servicebus)),
+            "storage": check(lambda: reader.storage(STATE_STORAGE_CONNECTION)),
+            "orders_table": check(lambda: _table(reader.optional("ORDERS_TABLE", "orders"))),
+            "active_table": check(
+                lambda: _table(reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"))
             ),
-        )
-        ids.validate_table_name(settings.orders_table)
-        ids.validate_table_name(settings.active_table)
-        ids.validate_table_name(settings.supervision_table)
-        settings.supervisor_period  # noqa: B018 - refuse a schedule without a fixed period now
-        return settings
+            "supervision_table": check(
+                lambda: _table(reader.optional("SUPERVISION_TABLE", "supervision"))
+            ),
+            "supervisor_schedule": check(
+                lambda: _fixed_interval(reader.optional("SUPERVISOR_SCHEDULE", "*/15 * * * * *"))
+            ),
+            "supervisor_concurrency": check(
+                lambda: reader.int_or_none("SUPERVISOR_CONCURRENCY") or 4
+            ),
+            "pending_stale_after": check(
+                lambda: reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0)
+            ),
+            "step_timeout": check(lambda: reader.seconds_or_none("STEP_TIMEOUT_SECONDS")),
+            "step_queue": check(
+                lambda: reader.seconds_or_none("STEP_QUEUE_SECONDS", allow_zero=True)
+            ),
+            "failure_threshold": check(lambda: reader.int_or_none("FAILURE_THRESHOLD")),
+            "retry_base_delay": check(lambda: reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS")),
+            "retry_max_delay": check(lambda: reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS")),
+            "workflow_versions": check(lambda: reader.workflow_versions("WORKFLOW_VERSIONS")),
+            "retention_days": check(
+                lambda: reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS)
+            ),
+            "purge_schedule": check(lambda: purge_schedule(env)),
+            "archive_container": check(
+                lambda: validate_container_name(
+                    reader.optional(ARCHIVE_CONTAINER_SETTING, DEFAULT_ARCHIVE_CONTAINER),
+                    ARCHIVE_CONTAINER_SETTING,
+                )
+            ),
+        }
+        check.raise_if_any()
+        return cls(**fields)
+
+    @classmethod
+    def check_on_load(cls, env: Mapping[str, str] | None = None) -> None:
+        """Called when the app is loaded: where ``env`` configures the app (it names one of its
+        connections: a Functions host, in Azure or locally), wrong settings stop the load with
+        every problem named, instead of failing every message later. Elsewhere (a tool that
+        only indexes the functions) there is nothing to check."""
+        env = os.environ if env is None else env
+        if any(name.startswith(CONNECTION_NAMES) for name in env):
+            cls.from_env(env)
 
 
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)
@@ -277,6 +304,43 @@ def development_sas_key(connection_string: str | None) -> str | None:
     if parts.get("usedevelopmentemulator", "").casefold() != "true":
         return None
     return parts.get("sharedaccesskey") or None
+
+
+class _Problems:
+    """Runs each check, keeping every problem instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def __call__(self, read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except ValueError as problem:  # SettingsError and the id validators' errors
+            self.found.append(str(problem))
+            return None
+
+    def raise_if_any(self) -> None:
+        if len(self.found) == 1:
+            raise SettingsError(self.found[0])
+        if self.found:
+            listed = "\n".join(f"- {problem}" for problem in self.found)
+            raise SettingsError(f"{len(self.found)} app settings are wrong:\n{listed}")
+
+
+def _http_url(url: str, name: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
+    return url
+
+
+def _table(name: str) -> str:
+    ids.validate_table_name(name)
+    return name
+
+
+def _fixed_interval(schedule: str) -> str:
+    schedule_period(schedule)  # refuse a schedule without a fixed period now
+    return schedule
 
 
 class _Reader:

@@ -83,7 +83,13 @@ class IndexedFunction:
 
 def load_app(app_module: str | ModuleType, attribute: str = "app") -> tuple[Any, str]:
     """Import the app module and return (its FunctionApp, the module's directory)."""
-    module = importlib.import_module(app_module) if isinstance(app_module, str) else app_module
+    if isinstance(app_module, str):
+        try:
+            module = importlib.import_module(app_module)
+        except ValueError as refused:  # the app's own check of its settings (and the like)
+            raise HostConfigError(f"the app {app_module!r} did not load: {refused}") from None
+    else:
+        module = app_module
     app = getattr(module, attribute, None)
     if app is None or not callable(getattr(app, "get_functions", None)):
         raise HostConfigError(

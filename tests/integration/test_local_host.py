@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQ
 from devstack.host import HostConfigError, LocalHost
 from devstack.stack import processes
 from devstack.stack.processes import REPO_ROOT
+from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.broker import ServiceBusNamespace
 
 pytestmark = [
@@ -370,3 +372,26 @@ def test_two_host_processes_share_one_queue(servicebus, tmp_path):
         mine = sum(1 for e in entries if e["pid"] == stats["pid"])
         assert stats["functions"]["on_message"]["successes"] == mine
     assert drain(servicebus, queue) == []
+
+
+def test_the_app_with_wrong_settings_does_not_start_and_names_every_one(tmp_path):
+    """As the Functions host would: the app refuses to load, so nothing is received and
+    dead-lettered on its account, and the error names every wrong setting at once."""
+    settings = tmp_path / "local.settings.json"
+    values = EXAMPLE_SETTINGS | {
+        "STEP_TIMEOUT_SECONDS": "soon",
+        "PAYMENT_SERVICE_URL": "payment.local",
+    }
+    settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
+    argv = [sys.executable, "-m", "devstack.host", "--settings", str(settings), "--http-port", "-1"]
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("ServiceBusConnection", "StateStorage"))
+    }
+    done = subprocess.run(
+        argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "2 app settings are wrong" in done.stderr
+    assert "STEP_TIMEOUT_SECONDS" in done.stderr and "PAYMENT_SERVICE_URL" in done.stderr

@@ -181,3 +181,26 @@ def test_malformed_signing_keys_are_named_without_showing_the_secret(value, prob
 def test_two_keys_with_one_id_are_refused():
     with pytest.raises(SettingsError, match="distinct"):
         Settings.from_env(env(MESSAGE_SIGNING_KEYS=f"{new_key_text('a')},{new_key_text('a')}"))
+
+
+def test_every_wrong_setting_is_named_at_once():
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(
+            env(
+                STEP_TIMEOUT_SECONDS="soon",
+                INVENTORY_SERVICE_URL="inventory.local",
+                WORKFLOW_VERSIONS="order=9",
+                SUPERVISOR_SCHEDULE="0 0 * * * 1",
+            )
+        )
+    message = str(caught.value)
+    assert message.startswith("4 app settings are wrong:")
+    for name in ("STEP_TIMEOUT_SECONDS", "INVENTORY_SERVICE_URL", "WORKFLOW_VERSIONS"):
+        assert name in message
+    assert "SUPERVISOR_SCHEDULE" in message or "fixed interval" in message
+
+
+def test_the_app_checks_its_settings_when_a_host_configures_it():
+    Settings.check_on_load({})  # only indexing the functions: nothing to check
+    with pytest.raises(SettingsError, match="STEP_TIMEOUT_SECONDS"):
+        Settings.check_on_load(env(STEP_TIMEOUT_SECONDS="soon"))
