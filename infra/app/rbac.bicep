@@ -25,8 +25,9 @@
 //                                                    host's diagnostic events table
 //   Azure Service Bus Data Sender   namespace        requests, replies, commands, alerts, and
 //                                                    status to any reply queue a submitter names
-//   Azure Service Bus Data Receiver each queue with   the Service Bus triggers
-//                                   receivedByApp
+//   Azure Service Bus Data Receiver each queue with   the Service Bus triggers; the operator
+//                                   receivedByApp    API's alerts (peek, receive, defer,
+//                                                    complete) and dead letters (peek)
 //   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
 //                                                    metrics) with local auth off
 // The deploying principal (optional, for infra/smoke.py and the azd predeploy check):

@@ -3,8 +3,12 @@
 //
 // The queues and their properties are the same as in devstack/servicebus/Config.json, the
 // development broker's entity config; tests/infra/checks.py fails when the two differ.
-// `receivedByApp` marks the queues a function of the app is triggered by: the app's identity
-// gets Azure Service Bus Data Receiver on exactly those (app/rbac.bicep).
+// `receivedByApp` marks the queues the app's identity reads: those a Service Bus trigger
+// consumes, and operator-alerts, which the operator API peeks and settles (an acknowledged
+// alert is completed; others met on the way are deferred). The operator API also peeks the
+// dead-letter sub-queue of each of these queues, which a role on the queue covers. The identity
+// gets Azure Service Bus Data Receiver on exactly those (app/rbac.bicep); tests/infra/checks.py
+// derives the set from the code.
 
 param name string
 param location string = resourceGroup().location
@@ -91,7 +95,7 @@ var queues = [
   }
   {
     name: 'operator-alerts' // OperatorAlert -> people (an Azure Monitor alert fires while any waits)
-    receivedByApp: false
+    receivedByApp: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10

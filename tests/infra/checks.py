@@ -19,6 +19,7 @@ the checks cannot read statically is reported, never guessed.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -348,6 +349,8 @@ class CodeFacts:
     """Settings naming the queues a Service Bus trigger consumes."""
     queue_settings: frozenset[str]
     """core.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
+    operator_read_queue_settings: frozenset[str] = frozenset()
+    """Settings naming the queues the operator API reads (:func:`operator_api_queue_reads`)."""
     metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Metric name -> OpenTelemetry data type (Gauge, Sum, Histogram) of what one Supervisor
     tick records."""
@@ -467,6 +470,38 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
     return json.loads(result.stdout)
 
 
+def operator_api_queue_reads(root: Path = REPO_ROOT) -> dict[str, set[str]]:
+    """Queue role -> what operator_api/operations.py does on it through its QueueTools
+    (``self._queues.<operation>(<queue>, ...)``), read from the code's syntax tree. A queue
+    given as ``self._queue("alerts")`` is that role; any other expression (a loop over every
+    app queue, a caller's choice of one) is ``*``: any of the app's queues."""
+    tree = ast.parse((root / "operator_api" / "operations.py").read_text())
+    reads: dict[str, set[str]] = {}
+    for call in ast.walk(tree):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Attribute)
+            and call.func.value.attr == "_queues"
+            and call.args
+        ):
+            continue
+        queue = call.args[0]
+        literal = (
+            isinstance(queue, ast.Call)
+            and len(queue.args) == 1
+            and isinstance(queue.args[0], ast.Constant)
+            and isinstance(queue.args[0].value, str)
+        )
+        role = queue.args[0].value if literal else "*"  # type: ignore[attr-defined]
+        dead_letter = any(
+            k.arg == "dead_letter" and isinstance(k.value, ast.Constant) and k.value.value
+            for k in call.keywords
+        )
+        reads.setdefault(role, set()).add(call.func.attr + (" dead-letter" if dead_letter else ""))
+    return reads
+
+
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     from core.settings import QUEUE_SETTINGS
 
@@ -490,6 +525,11 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
         binding_connections=frozenset(connections),
         trigger_queue_settings=frozenset(trigger_queues),
         queue_settings=frozenset(QUEUE_SETTINGS.values()),
+        operator_read_queue_settings=frozenset(
+            setting
+            for role in operator_api_queue_reads(root)
+            for setting in (QUEUE_SETTINGS.values() if role == "*" else [QUEUE_SETTINGS[role]])
+        ),
         metrics=metrics_recorded_by_a_tick(root),
     )
 
@@ -702,20 +742,24 @@ def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
 
 @_checked
 def check_receiver_queues(layout: Layout, facts: CodeFacts) -> list[str]:
-    """``receivedByApp`` (which queues get the Receiver role) marks exactly the queues that a
-    Service Bus trigger consumes."""
+    """``receivedByApp`` (which queues get the Receiver role) marks exactly the queues the app
+    reads: those a Service Bus trigger consumes, and those the operator API peeks or settles
+    (a role on a queue covers its dead-letter sub-queue)."""
     infra = Infra.load(layout)
     declared = declared_queues(infra)
     settings = function_app_settings(infra)
     triggered = {settings.get(setting) for setting in facts.trigger_queue_settings}
+    operator = {settings.get(setting) for setting in facts.operator_read_queue_settings}
     marked = {name for name, queue in declared.items() if queue.get("receivedByApp") is True}
+    read = triggered | operator
     problems = [
-        f"queue {name} feeds a trigger but is not receivedByApp (no Receiver role)"
-        for name in sorted(triggered - marked, key=str)
+        f"queue {name} is read by the app (a trigger or the operator API) but is not "
+        "receivedByApp (no Receiver role)"
+        for name in sorted(read - marked, key=str)
     ]
     problems += [
-        f"queue {name} is receivedByApp but no trigger consumes it (Receiver role not needed)"
-        for name in sorted(marked - triggered, key=str)
+        f"queue {name} is receivedByApp but nothing in the app reads it (Receiver role not needed)"
+        for name in sorted(marked - read, key=str)
     ]
     return problems
 

@@ -97,7 +97,7 @@ def test_queue_settings_name_declared_queues(layout, facts):
     assert_clean(checks.check_queue_settings(layout, facts))
 
 
-def test_receiver_role_only_on_queues_that_trigger_a_function(layout, facts):
+def test_receiver_role_exactly_on_the_queues_the_app_reads(layout, facts):
     assert_clean(checks.check_receiver_queues(layout, facts))
 
 

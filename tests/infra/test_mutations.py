@@ -357,18 +357,26 @@ MUTATIONS = [
         "Monitoring Metrics Publisher",
     ),
     Mutation(
-        "Receiver granted on a queue no trigger reads",
+        "Receiver granted on a queue nothing in the app reads",
         SERVICEBUS,
-        sub(r"(name: 'operator-alerts'[^\n]*\n\s*receivedByApp: )false", r"\1true"),
+        sub(r"(name: 'order-status'[^\n]*\n\s*receivedByApp: )false", r"\1true"),
         "receiver_queues",
-        "queue operator-alerts is receivedByApp but no trigger consumes it",
+        "queue order-status is receivedByApp but nothing in the app reads it",
     ),
     Mutation(
         "no Receiver on a queue a trigger reads",
         SERVICEBUS,
         sub(r"(name: 'orders'[^\n]*\n\s*receivedByApp: )true", r"\1false"),
         "receiver_queues",
-        "queue orders feeds a trigger but is not receivedByApp",
+        "queue orders is read by the app (a trigger or the operator API) but is not receivedByApp",
+    ),
+    Mutation(
+        "no Receiver on the alerts queue the operator API settles",
+        SERVICEBUS,
+        sub(r"(name: 'operator-alerts'[^\n]*\n\s*receivedByApp: )true", r"\1false"),
+        "receiver_queues",
+        "queue operator-alerts is read by the app (a trigger or the operator API) but is not "
+        "receivedByApp",
     ),
     # Security flags.
     Mutation(
