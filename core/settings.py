@@ -24,6 +24,9 @@ from core.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 STATE_STORAGE_CONNECTION = "StateStorage"
 CONNECTION_NAMES = (SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION)
+MAX_RUN_BUDGET = timedelta(seconds=270)
+"""The longest a step's call may run: the agent holds its message's lock meanwhile, and host.json
+renews a lock for at most 5 minutes (``maxAutoLockRenewalDuration``); 30 s are left to reply."""
 AGENT_SERVICES = AGENT_NAMES
 
 QUEUE_SETTINGS = {
@@ -197,7 +200,9 @@ class Settings:
             "pending_stale_after": check(
                 lambda: reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0)
             ),
-            "step_timeout": check(lambda: reader.seconds_or_none("STEP_TIMEOUT_SECONDS")),
+            "step_timeout": check(
+                lambda: _run_budget(reader.seconds_or_none("STEP_TIMEOUT_SECONDS"))
+            ),
             "step_queue": check(
                 lambda: reader.seconds_or_none("STEP_QUEUE_SECONDS", allow_zero=True)
             ),
@@ -331,6 +336,17 @@ def _http_url(url: str, name: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
     return url
+
+
+def _run_budget(budget: timedelta | None) -> timedelta | None:
+    if budget is not None and budget > MAX_RUN_BUDGET:
+        raise SettingsError(
+            f"STEP_TIMEOUT_SECONDS must be at most {MAX_RUN_BUDGET.total_seconds():.0f}: the "
+            "agent holds its message's lock while the call runs, and host.json renews a lock "
+            f"for 5 minutes at most; got {budget.total_seconds():g}. Give a long backlog room "
+            "with STEP_QUEUE_SECONDS instead."
+        )
+    return budget
 
 
 def _table(name: str) -> str:

@@ -58,6 +58,10 @@ var hostSettings = {
   APPLICATIONINSIGHTS_CONNECTION_STRING: appInsights.properties.ConnectionString
   // Entra ID authentication for telemetry (the component has local auth off).
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // The Python worker runs sync functions on this many threads (its default is about cpu + 4):
+  // as many as host.json lets one trigger run at once (maxConcurrentCalls), so no message
+  // waits for a thread while its lock runs.
+  PYTHON_THREADPOOL_THREAD_COUNT: '16'
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

@@ -13,6 +13,7 @@ COPIED = (
     "infra",
     "azure.yaml",
     "local.settings.json.example",
+    "host.json",
     "devstack/servicebus/Config.json",
 )
 

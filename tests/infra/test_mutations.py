@@ -371,6 +371,13 @@ MUTATIONS = [
         "queue orders is read by the app (a trigger or the operator API) but is not receivedByApp",
     ),
     Mutation(
+        "worker threads below host.json's concurrent calls",
+        FUNCTION,
+        sub(r"PYTHON_THREADPOOL_THREAD_COUNT: '16'", "PYTHON_THREADPOOL_THREAD_COUNT: '4'"),
+        "app_settings",
+        "PYTHON_THREADPOOL_THREAD_COUNT is '4', not host.json's maxConcurrentCalls (16)",
+    ),
+    Mutation(
         "no Receiver on the alerts queue the operator API settles",
         SERVICEBUS,
         sub(r"(name: 'operator-alerts'[^\n]*\n\s*receivedByApp: )true", r"\1false"),

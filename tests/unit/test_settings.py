@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 
-from core.settings import Settings, SettingsError
+from core.settings import MAX_RUN_BUDGET, Settings, SettingsError
 from core.signing import local_keyring, new_key_text, parse_keyring
-from core.workflows import ORDER_WORKFLOW
+from core.workflows import ORDER_WORKFLOW, WORKFLOWS
+from devstack.stack.processes import REPO_ROOT
 from tests.support.app import EXAMPLE_SETTINGS
 
 
@@ -204,3 +206,15 @@ def test_the_app_checks_its_settings_when_a_host_configures_it():
     Settings.check_on_load({})  # only indexing the functions: nothing to check
     with pytest.raises(SettingsError, match="STEP_TIMEOUT_SECONDS"):
         Settings.check_on_load(env(STEP_TIMEOUT_SECONDS="soon"))
+
+
+def test_the_run_budget_stays_inside_the_lock_renewal_of_host_json():
+    host = json.loads((REPO_ROOT / "host.json").read_text())["extensions"]["serviceBus"]
+    hours, minutes, seconds = map(int, host["maxAutoLockRenewalDuration"].split(":"))
+    renewal = timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    assert MAX_RUN_BUDGET + timedelta(seconds=30) == renewal
+    for flow in WORKFLOWS.values():
+        assert all(step.complete_by_budget <= MAX_RUN_BUDGET for step in flow.steps), flow.ref
+    assert Settings.from_env(env(STEP_TIMEOUT_SECONDS="270")).step_timeout == MAX_RUN_BUDGET
+    with pytest.raises(SettingsError, match="STEP_TIMEOUT_SECONDS must be at most 270"):
+        Settings.from_env(env(STEP_TIMEOUT_SECONDS="600"))
