@@ -10,7 +10,9 @@ options, so ``python infra/smoke.py`` alone works.
 It signs in with DefaultAzureCredential (``az login``, ``azd auth login``, environment or
 managed identity). The signed-in principal needs Azure Service Bus Data Sender on the orders
 queue and Storage Table Data Reader on the orders table; infra/main.bicep grants both to the
-principal that ran the deployment (AZURE_PRINCIPAL_ID).
+principal that ran the deployment (AZURE_PRINCIPAL_ID). Right after a deployment those roles may
+not apply yet (Azure documents up to 10 minutes): a refusal is retried every 15 s for
+``--roles-timeout`` seconds (600), saying so, before the test gives up.
 
 The order is built and encoded by the app's own code (core.messages, core.bus), so its schema and
 MessageId are the app's. It goes through the real remote services the app is configured with:
@@ -50,6 +52,9 @@ from core.states import ProcessState  # noqa: E402
 DEFAULT_ORDERS_QUEUE = "orders"
 DEFAULT_ORDERS_TABLE = "orders"
 DEFAULT_TIMEOUT_SECONDS = 120.0
+DEFAULT_ROLES_TIMEOUT_SECONDS = 600.0
+"""How long to wait for new role assignments to apply (Azure documents up to 10 minutes)."""
+ROLES_RETRY_SECONDS = 15.0
 DEFAULT_POLL_SECONDS = 2.0
 TIMELINE_ROWS_SHOWN = 8
 
@@ -141,6 +146,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--orders-table",
         default=env.get(ENV_ORDERS_TABLE) or DEFAULT_ORDERS_TABLE,
         help=f"table of the order state (default: ${ENV_ORDERS_TABLE} or %(default)s)",
+    )
+    parser.add_argument(
+        "--roles-timeout",
+        type=positive_seconds,
+        default=DEFAULT_ROLES_TIMEOUT_SECONDS,
+        help="seconds to keep retrying while the principal's new role assignments are not in "
+        "effect yet (default: %(default)s)",
     )
     parser.add_argument("--order-id", help="order id to use (default: a new smoke-... id)")
     parser.add_argument(
@@ -391,6 +403,46 @@ def watch(
 # ---------------------------------------------------------------------------------- Azure
 
 
+def until_roles_apply(
+    action: Callable[[], Any],
+    denied: Callable[[BaseException], bool],
+    *,
+    timeout: float,
+    out: TextIO,
+    retry_in: float = ROLES_RETRY_SECONDS,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Run ``action``; while it is refused for want of a role (``denied``) and ``timeout`` has
+    not passed, say so and try again: role assignments made by the deployment take minutes to
+    apply. Any other error, or a refusal past the timeout, propagates."""
+    started = monotonic()
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            left = timeout - (monotonic() - started)
+            if not denied(exc) or left <= 0:
+                raise
+            wait = min(retry_in, left)
+            print(
+                f"refused ({type(exc).__name__}): role assignments not in effect yet? "
+                f"trying again in {wait:.0f} s ({left:.0f} s left)",
+                file=out,
+                flush=True,
+            )
+            sleep(wait)
+
+
+def _denied(exc: BaseException) -> bool:
+    from azure.core.exceptions import HttpResponseError
+    from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+    if isinstance(exc, ServiceBusAuthorizationError):
+        return True
+    return isinstance(exc, HttpResponseError) and exc.status_code == 403
+
+
 def submit(namespace: str, queue: str, order: OrderSubmitted, credential: Any) -> None:
     from azure.servicebus import ServiceBusClient
 
@@ -448,9 +500,20 @@ def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
         file=out,
         flush=True,
     )
-    submit(args.namespace, args.orders_queue, order, credential)
+    until_roles_apply(
+        lambda: submit(args.namespace, args.orders_queue, order, credential),
+        _denied,
+        timeout=args.roles_timeout,
+        out=out,
+    )
     service = TableServiceClient(args.storage_table_endpoint, credential=credential)
     with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
+        until_roles_apply(
+            lambda: store.find(order.order_id),
+            _denied,
+            timeout=args.roles_timeout,
+            out=out,
+        )
         outcome = watch(
             order.order_id,
             lambda: store.find(order.order_id),

@@ -334,3 +334,59 @@ def test_stuck_report_truncates_long_errors():
     (line,) = [line for line in report.splitlines() if "LastError" in line]
     assert len(line) < 600 and line.endswith("...")
     assert "no timeline rows" in report
+
+
+class _Denied(Exception):
+    pass
+
+
+def test_a_refusal_while_roles_propagate_is_retried_until_they_apply():
+    calls, clock, out = [], [0.0], io.StringIO()
+
+    def action() -> str:
+        calls.append(clock[0])
+        if len(calls) < 3:
+            raise _Denied("403")
+        return "sent"
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    result = smoke.until_roles_apply(
+        action,
+        lambda exc: isinstance(exc, _Denied),
+        timeout=600,
+        out=out,
+        monotonic=lambda: clock[0],
+        sleep=sleep,
+    )
+    assert result == "sent" and calls == [0.0, 15.0, 30.0]
+    assert out.getvalue().count("role assignments not in effect yet?") == 2
+
+
+def test_a_refusal_past_the_roles_timeout_or_another_error_is_raised():
+    clock = [0.0]
+
+    def denied_forever() -> None:
+        raise _Denied("403")
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    with pytest.raises(_Denied):
+        smoke.until_roles_apply(
+            denied_forever,
+            lambda exc: isinstance(exc, _Denied),
+            timeout=40,
+            out=io.StringIO(),
+            monotonic=lambda: clock[0],
+            sleep=sleep,
+        )
+    assert clock[0] == 40  # 15 + 15 + the 10 s left, then no more
+    with pytest.raises(ValueError):
+        smoke.until_roles_apply(
+            lambda: (_ for _ in ()).throw(ValueError("bad")),
+            lambda exc: isinstance(exc, _Denied),
+            timeout=600,
+            out=io.StringIO(),
+        )
