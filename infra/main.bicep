@@ -30,6 +30,9 @@ param location string
 @description('Object id of the deploying user or pipeline principal (azd sets AZURE_PRINCIPAL_ID). It gets the data roles the smoke test needs: send to the orders queue, read the orders table. Empty: no role for anyone but the app.')
 param principalId string = ''
 
+@description('Object ids of the applications (managed identities or service principals) that submit orders. Each gets Azure Service Bus Data Sender on the orders queue only.')
+param submitterPrincipalIds array = []
+
 @allowed([
   'User'
   'ServicePrincipal'
@@ -273,6 +276,7 @@ module rbac 'app/rbac.bicep' = {
     appInsightsName: monitoring.outputs.appInsightsName
     userPrincipalId: principalId
     userPrincipalType: principalType
+    submitterPrincipalIds: submitterPrincipalIds
     submitQueueName: appSettings.ORDERS_QUEUE
     ordersTableName: appSettings.ORDERS_TABLE
     activeTableName: appSettings.ACTIVE_ORDERS_TABLE

@@ -30,6 +30,10 @@
 //                                                    complete) and dead letters (peek)
 //   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
 //                                                    metrics) with local auth off
+// Each submitting application (submitterPrincipalIds):
+//   Azure Service Bus Data Sender   orders queue     submit orders; no other queue: the internal
+//                                                    queues take sends from the app identity
+//                                                    only (and check signatures, core/inbound.py)
 // The deploying principal (optional, for infra/smoke.py and the azd predeploy check):
 //   Azure Service Bus Data Sender   orders queue     submit the smoke order
 //   Storage Table Data Reader       orders table     watch it until Processed; the workflow
@@ -50,6 +54,8 @@ param appInsightsName string
 
 @description('Deploying user or pipeline principal; empty: no role for it.')
 param userPrincipalId string = ''
+@description('Object ids of the applications (managed identities or service principals) that submit orders: each may send to the orders queue and nothing else.')
+param submitterPrincipalIds array = []
 @allowed([
   'User'
   'ServicePrincipal'
@@ -177,6 +183,18 @@ resource appMetricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01
     principalType: 'ServicePrincipal'
   }
 }
+
+// ----------------------------------------------- the applications that submit orders
+
+resource submitterSenders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for submitter in submitterPrincipalIds: {
+  name: guid(submitQueue.id, submitter, roles.serviceBusDataSender)
+  scope: submitQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: submitter
+    principalType: 'ServicePrincipal'
+  }
+}]
 
 // ------------------------------------------------- the deploying principal (smoke test only)
 
