@@ -60,7 +60,7 @@ def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
     env = app_settings(
         servicebus, azurite.connection_string, lambda s: f"http://127.0.0.1:9/{s}", unique_name("c")
     )
-    env["STEP_TIMEOUT_SECONDS"] = "600"  # nothing expires while the history is written
+    env["STEP_QUEUE_SECONDS"] = "600"  # nothing expires while the history is written
     rt = make_runtime(env, "supervisor")
     try:
         for _ in range(IN_FLIGHT):
