@@ -35,9 +35,9 @@ from azure.core.exceptions import HttpResponseError, ResourceModifiedError, Reso
 from azure.storage.blob import BlobBlock, ContainerClient
 
 from core import ids
-from core.messages import MESSAGE_TYPES, OrderSubmitted
-from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
-from core.state_models import utc
+from core.messages import OrderSubmitted
+from core.order import Order, TimelineEntry
+from core.state_models import outgoing_json, outgoing_of, step_json, step_of, utc
 from core.states import ProcessState
 
 FORMAT: Final = 1
@@ -277,15 +277,7 @@ def order_json(order: Order) -> dict[str, Any]:
         "compensation_cause": order.compensation_cause,
         "compensation_reason": order.compensation_reason,
         "status_seq": order.status_seq,
-        "outbox": [
-            {
-                "to": o.to,
-                "type": o.message.MESSAGE_TYPE,
-                "message": o.message.model_dump(mode="json"),
-                "not_before": _iso(o.not_before),
-            }
-            for o in order.outbox
-        ],
+        "outbox": [outgoing_json(o) for o in order.outbox],
         "timeline_seq": order.timeline_seq,
     }
 
@@ -312,45 +304,8 @@ def order_of(item: Mapping[str, Any]) -> Order:
         compensation_cause=item["compensation_cause"],
         compensation_reason=item["compensation_reason"],
         status_seq=int(item["status_seq"]),
-        outbox=tuple(
-            Outgoing(
-                to=o["to"],
-                message=MESSAGE_TYPES[o["type"]].model_validate(o["message"]),
-                not_before=_dt(o["not_before"]),
-            )
-            for o in item["outbox"]
-        ),
+        outbox=tuple(outgoing_of(o) for o in item["outbox"]),
         timeline_seq=int(item["timeline_seq"]),
-    )
-
-
-def step_json(step: StepRecord) -> dict[str, Any]:
-    return {
-        "name": step.name,
-        "index": step.index,
-        "state": step.state.value,
-        "generation": step.generation,
-        "attempt": step.attempt,
-        "result": step.result,
-        "error_code": step.error_code,
-        "error_message": step.error_message,
-        "completed_at": _iso(step.completed_at),
-        "compensated_at": _iso(step.compensated_at),
-    }
-
-
-def step_of(item: Mapping[str, Any]) -> StepRecord:
-    return StepRecord(
-        name=item["name"],
-        index=int(item["index"]),
-        state=StepState(item["state"]),
-        generation=int(item["generation"]),
-        attempt=int(item["attempt"]),
-        result=item["result"],
-        error_code=item["error_code"],
-        error_message=item["error_message"],
-        completed_at=_dt(item["completed_at"]),
-        compensated_at=_dt(item["compensated_at"]),
     )
 
 

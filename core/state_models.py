@@ -184,8 +184,8 @@ def order_entity(order: Order) -> dict[str, Any]:
         "StatusSeq": order.status_seq,
     }
     put_json(entity, "AgentPayload", _dumps(order.payload))
-    put_json(entity, "Steps", _dumps([_step_json(step) for step in order.steps]))
-    put_json(entity, "Outbox", _dumps([_outgoing_json(o) for o in order.outbox]))
+    put_json(entity, "Steps", _dumps([step_json(step) for step in order.steps]))
+    put_json(entity, "Outbox", _dumps([outgoing_json(o) for o in order.outbox]))
     return entity
 
 
@@ -204,7 +204,7 @@ def order_from_entity(entity: Mapping[str, Any], etag: str) -> Order:
             current_operation=ids.validate_operation(entity.get("CurrentOperation", "do")),
             reply_to=entity.get("ReplyTo") or None,
             payload=json.loads(get_json(entity, "AgentPayload") or "{}"),
-            steps=tuple(_step_of(item) for item in json.loads(get_json(entity, "Steps") or "[]")),
+            steps=tuple(step_of(item) for item in json.loads(get_json(entity, "Steps") or "[]")),
             created_at=utc(entity["CreatedAt"]),
             updated_at=utc(entity["UpdatedAt"]),
             next_attempt_at=_dt(entity.get("NextAttemptAt")),
@@ -213,7 +213,7 @@ def order_from_entity(entity: Mapping[str, Any], etag: str) -> Order:
             compensation_reason=entity.get("CompensationReason") or None,
             status_seq=_int(entity.get("StatusSeq")),
             outbox=tuple(
-                _outgoing_of(item) for item in json.loads(get_json(entity, "Outbox") or "[]")
+                outgoing_of(item) for item in json.loads(get_json(entity, "Outbox") or "[]")
             ),
             timeline_seq=_int(entity.get("TimelineSeq")),
             etag=etag,
@@ -241,7 +241,7 @@ def _parse_dt(value: str | None) -> datetime | None:
     return None if value is None else utc(datetime.fromisoformat(value))
 
 
-def _step_json(step: StepRecord) -> dict[str, Any]:
+def step_json(step: StepRecord) -> dict[str, Any]:
     return {
         "name": step.name,
         "index": step.index,
@@ -256,7 +256,7 @@ def _step_json(step: StepRecord) -> dict[str, Any]:
     }
 
 
-def _step_of(item: Mapping[str, Any]) -> StepRecord:
+def step_of(item: Mapping[str, Any]) -> StepRecord:
     return StepRecord(
         name=item["name"],
         index=int(item["index"]),
@@ -271,7 +271,7 @@ def _step_of(item: Mapping[str, Any]) -> StepRecord:
     )
 
 
-def _outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
+def outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
     return {
         "to": outgoing.to,
         "type": outgoing.message.MESSAGE_TYPE,
@@ -280,7 +280,7 @@ def _outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
     }
 
 
-def _outgoing_of(item: Mapping[str, Any]) -> Outgoing:
+def outgoing_of(item: Mapping[str, Any]) -> Outgoing:
     message_type = MESSAGE_TYPES[item["type"]]
     return Outgoing(
         to=item["to"],
