@@ -147,7 +147,7 @@ def make_orders(count: int, workflow: str) -> list[OrderSubmitted]:
 def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:
     """The orders of ``pending`` not yet finished (their index row is gone only once they are
     terminal and owe nothing; a point read confirms it)."""
-    active = {row.order_id for row in observe.all_active(store)}
+    active = {row.order_id for row in store.all_active()}
     left = set(pending)
     for order_id in [o for o in pending if o not in active][:200]:
         order = store.find(order_id)

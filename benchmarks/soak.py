@@ -38,7 +38,6 @@ from core.messages import utc_now
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
-from devstack import observe
 from devstack.demo import QUICK_SETTINGS
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def leftovers(store: OrderStateStore, ids: set[str], settings: Settings) -> dict[str, int]:
-    active = list(observe.all_active(store))
+    active = list(store.all_active())
     stray_errors = 0
     after = None
     while True:

@@ -222,6 +222,9 @@ class MemoryStore:
         more = start + limit < len(rows)
         return ActivePage(rows=page, continuation=str(start + limit) if more else None)
 
+    def all_active(self) -> Iterator[ActiveRow]:
+        return iter(self.index.rows())
+
     def reap_active(
         self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:

@@ -484,6 +484,16 @@ class OrderStateStore:
         """One page of the active-order index (see :meth:`ActiveOrderIndex.list`)."""
         return self.index.list(limit, continuation=continuation)
 
+    def all_active(self) -> Iterator[ActiveRow]:
+        """Every row of the active-order index, one request per page of 1,000."""
+        continuation = None
+        while True:
+            page = self.list_active(1000, continuation=continuation)
+            yield from page.rows
+            continuation = page.continuation
+            if continuation is None:
+                return
+
     def reap_active(
         self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:

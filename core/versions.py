@@ -76,14 +76,7 @@ def check(in_use: Mapping[str, VersionUse], carried: Iterable[str]) -> tuple[boo
 
 def versions_in_use(store: OrderStateStore) -> dict[str, VersionUse]:
     """Read the active-order index and the Error index (see the module docstring for cost)."""
-    flight: list[str] = []
-    continuation: str | None = None
-    while True:
-        page = store.list_active(PAGE, continuation=continuation)
-        flight += [row.workflow for row in page.rows]
-        continuation = page.continuation
-        if continuation is None:
-            break
+    flight = [row.workflow for row in store.all_active()]
     errors: list[str] = []
     after: str | None = None
     while True:

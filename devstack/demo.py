@@ -45,7 +45,6 @@ from devstack.observe import (
     FinishWatch,
     Ledger,
     TimelineTally,
-    all_active,
     duplicated_effects,
     effects_left_in_place,
     host_invocations,
@@ -382,7 +381,7 @@ class Demo:
         they had (or the wait ended), as a time.time()."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while time.monotonic() < deadline:
-            if not any(row.order_id in finished for row in all_active(store)):
+            if not any(row.order_id in finished for row in store.all_active()):
                 break
             time.sleep(0.2)
         return time.time()

@@ -23,23 +23,12 @@ from azure.servicebus import ServiceBusClient
 
 from core.order import Order, TimelineEntry
 from core.settings import Settings
-from core.state_models import TIMELINE_END, TIMELINE_PREFIX, ActiveRow, timeline_from_entity
+from core.state_models import TIMELINE_END, TIMELINE_PREFIX, timeline_from_entity
 from core.state_store import OrderStateStore
 
 RETRY_EVENTS = ("released", "deferred")
 """Timeline events that hand a step back for a later attempt: each is one retry."""
 SUPERVISOR_ACTOR = "supervisor:"
-
-
-def all_active(store: OrderStateStore) -> Iterator[ActiveRow]:
-    """Every row of the active-order index, page by page."""
-    continuation = None
-    while True:
-        page = store.list_active(1000, continuation=continuation)
-        yield from page.rows
-        continuation = page.continuation
-        if continuation is None:
-            return
 
 
 @dataclass(frozen=True)
@@ -160,7 +149,7 @@ class FinishWatch:
     def poll(self, store: OrderStateStore) -> list[Order]:
         """One look: the index, then a point read of the next orders that have left it.
         Returns the orders found finished by this look."""
-        active = {row.order_id for row in all_active(store)} & self._ours
+        active = {row.order_id for row in store.all_active()} & self._ours
         self.in_flight = len(active)
         left_index = (o for o in self._unseen if o not in active)
         found = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from core import apply
 from core.lifecycle import Migrate, Refused, decide
 from core.runtime import Runtime
-from core.versions import PAGE, canonical
+from core.versions import canonical
 from core.workflows import UnknownWorkflow
 
 
@@ -49,15 +49,10 @@ def migrate(
         raise ValueError(str(missing)) from None
     report = MigrationReport(source.ref, target.ref, dry_run)
     event = Migrate(target, actor, reason)
-    continuation: str | None = None
-    while True:
-        page = rt.store.list_active(PAGE, continuation=continuation)
-        for row in page.rows:
-            if canonical(row.workflow) == source.ref:
-                _one(rt, row.order_id, row.generation, source.ref, event, report)
-        continuation = page.continuation
-        if continuation is None:
-            return report
+    for row in rt.store.all_active():
+        if canonical(row.workflow) == source.ref:
+            _one(rt, row.order_id, row.generation, source.ref, event, report)
+    return report
 
 
 def _one(

@@ -17,8 +17,8 @@ class CountingStore:
         self._store = world.store
         self.reads: list[str] = []
 
-    def list_active(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return self._store.list_active(*args, **kwargs)
+    def all_active(self):  # type: ignore[no-untyped-def]
+        return self._store.all_active()
 
     def find(self, order_id: str):  # type: ignore[no-untyped-def]
         self.reads.append(order_id)
