@@ -5,9 +5,10 @@ in flight need their version to take every next step, and orders in Error need i
 operator can resubmit or cancel them. A deployment that stops carrying such a version parks
 those orders (:func:`core.apply.park`); :func:`check` finds that out before the deploy.
 
-Reading the versions in use costs one request per page of the active-order index, one per page
-of the Error index, and one point read per order in Error (the Error index does not record the
-version): a deploy-time cost that follows the orders in flight and in Error, never history.
+Reading the versions in use costs one request per 1,000 rows of the active-order index, and
+the Error listing of :mod:`core.order_listing` (one point read per order in Error: the Error
+index does not record the version): a deploy-time cost that follows the orders in flight and
+in Error, never history.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from core.order_listing import MAX_LIMIT, list_orders
+from core.states import ProcessState
 from core.workflows import Workflow, parse_ref, workflow_ref
 
 if TYPE_CHECKING:
     from core.state_store import OrderStateStore
-
-PAGE: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +79,13 @@ def versions_in_use(store: OrderStateStore) -> dict[str, VersionUse]:
     """Read the active-order index and the Error index (see the module docstring for cost)."""
     flight = [row.workflow for row in store.all_active()]
     errors: list[str] = []
-    after: str | None = None
+    cursor: str | None = None
     while True:
-        rows = store.errors.page(PAGE, after=after)
-        for row in rows.rows:
-            order = store.find(row.order_id)
-            if order is not None and order.generation == row.generation:
-                errors.append(order.workflow)
-        after = rows.last_key
-        if after is None:
-            break
-    return tally(flight, errors)
+        page = list_orders(store, ProcessState.ERROR, limit=MAX_LIMIT, cursor=cursor)
+        errors += [order.workflow for order in page.orders]
+        cursor = page.cursor
+        if cursor is None:
+            return tally(flight, errors)
 
 
 def diff(old: Workflow, new: Workflow) -> list[str]:
