@@ -71,8 +71,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from azure.data.tables import TableServiceClient
-
 from benchmarks.supervisor_tick import QUEUES
 from core import apply, lifecycle
 from core.active_index import INDEX_BUCKETS, index_partition
@@ -85,6 +83,7 @@ from core.state_models import ConcurrencyConflict
 from core.state_store import OrderStateStore
 from core.supervision import BucketLease, Member, RecoveryBound, Roster, Sweep, recovery_bound
 from core.supervision import lag as roster_lag
+from core.tablestorage import TableService
 from core.workflows import ORDER_WORKFLOW, Workflow
 from devstack.stack.azurite import AzuriteProcess
 from supervisor.report import TickReport
@@ -367,7 +366,7 @@ class Backend:
             if own_hook is not None:
                 own_hook(request)
 
-        service = TableServiceClient.from_connection_string(self.connection, raw_request_hook=hook)
+        service = TableService.from_connection_string(self.connection, request_hook=hook)
         return OrderStateStore(service, owns_service=True, **self.tables)
 
 

@@ -45,7 +45,7 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableEntity, UpdateMode
+from azure.data.tables import UpdateMode
 
 from core.order import Order
 from core.state_models import (
@@ -56,6 +56,7 @@ from core.state_models import (
     etag_of,
     utc,
 )
+from core.tablestorage import Entity, Table
 
 INDEX_BUCKETS: Final = 16
 DEFAULT_GRACE: Final = timedelta(minutes=15)
@@ -79,7 +80,7 @@ def index_row_key(order_id: str, generation: int) -> str:
 class ActiveOrderIndex:
     """Rows of the ``activeorders`` table. Ids are validated by the caller (the state store)."""
 
-    def __init__(self, table: TableClient, clock: Callable[[], datetime]) -> None:
+    def __init__(self, table: Table, clock: Callable[[], datetime]) -> None:
         self._table = table
         self._clock = clock
 
@@ -246,7 +247,7 @@ class ActiveOrderIndex:
         return delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
 
 
-def _active_row(entity: TableEntity) -> ActiveRow:
+def _active_row(entity: Entity) -> ActiveRow:
     try:
         return ActiveRow(
             order_id=entity["OrderID"],

@@ -26,11 +26,12 @@ from typing import Final
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError
-from azure.data.tables import TableClient, TableEntity, UpdateMode
+from azure.data.tables import UpdateMode
 
 from core.order import Order
 from core.state_models import CorruptOrderState, delete_unchanged, etag_of, utc
 from core.states import ProcessState
+from core.tablestorage import Entity, Table
 
 ERROR_PARTITION: Final = "~error"
 MAX_PAGE: Final = 1000
@@ -62,7 +63,7 @@ class ErrorRowPage:
 class ErrorOrderIndex:
     """Rows of the ``~error`` partition. Ids are validated by the caller (the state store)."""
 
-    def __init__(self, table: TableClient, clock: Callable[[], datetime]) -> None:
+    def __init__(self, table: Table, clock: Callable[[], datetime]) -> None:
         self._table = table
         self._clock = clock
 
@@ -129,7 +130,7 @@ class ErrorOrderIndex:
         return delete_unchanged(self._table, ERROR_PARTITION, row.row_key, row.etag)
 
 
-def _error_row(entity: TableEntity) -> ErrorRow:
+def _error_row(entity: Entity) -> ErrorRow:
     try:
         return ErrorRow(
             order_id=entity["OrderID"],

@@ -1,8 +1,9 @@
 """Exact counts of the storage requests and Service Bus operations this process makes.
 
-Storage requests are counted at the SDK pipeline (`raw_request_hook` runs once per HTTP attempt,
-retries included). Service Bus has no HTTP pipeline; its operations are counted where the app
-calls the SDK: each send here, each receive and settlement in the hosts that drive triggers.
+Storage requests are counted per HTTP attempt, retries included: Table requests by
+core.tablestorage's request hook, blob requests by the SDK pipeline's `raw_request_hook`.
+Service Bus has no HTTP pipeline; its operations are counted where the app calls the SDK:
+each send here, each receive and settlement in the hosts that drive triggers.
 Benchmarks and the demo divide these by the orders processed.
 """
 
@@ -24,10 +25,12 @@ class OperationCounts:
             self._counts[kind] += n
 
     def request_hook(self, service: str) -> Callable[[Any], None]:
-        """An azure-core `raw_request_hook` counting `<service>.<method>` per HTTP request."""
+        """A hook counting `<service>.<method>` per HTTP request: given core.tablestorage's
+        ``Sent``, or azure-core's pipeline request (its ``raw_request_hook``)."""
 
         def hook(request: Any) -> None:
-            self.add(f"{service}.{request.http_request.method.lower()}")
+            sent = getattr(request, "http_request", request)
+            self.add(f"{service}.{sent.method.lower()}")
 
         return hook
 

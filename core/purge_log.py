@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from azure.data.tables import TableClient, UpdateMode
+from azure.data.tables import UpdateMode
 
 from core.state_models import CorruptOrderState, utc
+from core.tablestorage import Table
 
 PURGE_PARTITION: Final = "~purge"
 MAX_RECENT: Final = 100
@@ -31,7 +32,7 @@ def run_row_key(at: datetime, run_id: str) -> str:
 class PurgeLog:
     """Rows of the ``~purge`` partition (Table store)."""
 
-    def __init__(self, table: TableClient) -> None:
+    def __init__(self, table: Table) -> None:
         self._table = table
 
     def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:

@@ -27,6 +27,9 @@ from core.state_store import OrderStateStore
 from core.workflows import Workflow, resolve
 
 log = logging.getLogger("runtime")
+# httpx logs every request at INFO: a line per remote call was most of the log volume, and
+# formatting it cost CPU on every order. Failures still surface through the callers' logging.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 STATUS_SENDERS = 64
 """Reply-queue senders kept open per process (each holds an AMQP link)."""

@@ -31,12 +31,13 @@ from typing import Any, Final
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceModifiedError
-from azure.data.tables import EntityProperty, TableClient, TableEntity
+from azure.data.tables import EntityProperty
 
 from core import ids
 from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
 from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
 from core.states import ProcessState
+from core.tablestorage import Entity, Table
 
 DETAILS_ROW: Final = "details"
 PROCESS_ROW: Final = "process"
@@ -95,14 +96,14 @@ def utc(value: datetime) -> datetime:
     )
 
 
-def etag_of(entity: TableEntity) -> str:
+def etag_of(entity: Entity) -> str:
     etag = entity.metadata.get("etag")
     if not etag:
         raise CorruptOrderState(f"row {entity.get('RowKey')} came back without an ETag")
     return str(etag)
 
 
-def delete_unchanged(table: TableClient, partition_key: str, row_key: str, etag: str) -> bool:
+def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
     """Delete a row only if it is still the version read (ETag). False if it changed since;
     True once it is gone (the SDK does not tell a row deleted now from one already gone)."""
     try:

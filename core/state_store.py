@@ -40,7 +40,7 @@ from typing import Any, Final, Self
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from core import ids
 from core.active_index import DEFAULT_GRACE, ActiveOrderIndex
@@ -80,6 +80,7 @@ from core.state_models import (
 )
 from core.states import ProcessState
 from core.supervision import SupervisionTable
+from core.tablestorage import Table, TableService
 
 DEFAULT_ORDERS_TABLE: Final = "orders"
 DEFAULT_ACTIVE_TABLE: Final = "activeorders"
@@ -91,13 +92,14 @@ PURGE_MARKER_ROW: Final = "purging"
 class OrderStateStore:
     """Reads and ETag-conditional writes of orders; see the module docstring for the rules.
 
-    Give it a ``TableServiceClient`` built any way (connection string locally, managed identity
-    in Azure). Call :meth:`ensure_tables` once at startup. Safe to call from several threads.
+    Give it a :class:`core.tablestorage.TableService` built any way (connection string
+    locally, managed identity in Azure). Call :meth:`ensure_tables` once at startup. Safe to
+    call from several threads.
     """
 
     def __init__(
         self,
-        service: TableServiceClient,
+        service: TableService,
         *,
         orders_table: str = DEFAULT_ORDERS_TABLE,
         active_table: str = DEFAULT_ACTIVE_TABLE,
@@ -112,15 +114,15 @@ class OrderStateStore:
         names = {self._orders_name.lower(), self._active_name.lower()}
         if len(names | {self._supervision_name.lower()}) != 3:
             raise ValueError("the orders, active-order and supervision tables must differ")
-        self._orders: TableClient = service.get_table_client(self._orders_name)
-        self._active: TableClient = service.get_table_client(self._active_name)
+        self._orders: Table = service.get_table_client(self._orders_name)
+        self._active: Table = service.get_table_client(self._active_name)
         self.index = ActiveOrderIndex(self._active, clock)
         """The active-order index; the Supervisor lists and reaps through it."""
         self.errors = ErrorOrderIndex(self._orders, clock)
         """The index of orders in Error (a partition of the orders table)."""
         self.purges = PurgeLog(self._orders)
         """The record of purge runs (a partition of the orders table)."""
-        self._supervision: TableClient = service.get_table_client(self._supervision_name)
+        self._supervision: Table = service.get_table_client(self._supervision_name)
         self.supervision = SupervisionTable(self._supervision)
         """The Supervisor instances' bucket leases and sweep checkpoints."""
         self._clock = clock
@@ -128,7 +130,7 @@ class OrderStateStore:
 
     @classmethod
     def from_connection_string(cls, connection_string: str, **kwargs: Any) -> Self:
-        service = TableServiceClient.from_connection_string(connection_string)
+        service = TableService.from_connection_string(connection_string)
         return cls(service, owns_service=True, **kwargs)
 
     @property

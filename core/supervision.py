@@ -29,12 +29,13 @@ from typing import Any, Final
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from core import ids
 from core.active_index import INDEX_BUCKETS
 from core.settings import Settings
 from core.state_models import ConcurrencyConflict, etag_of, utc
+from core.tablestorage import Table
 
 PARTITION: Final = "supervisor"
 _BUCKET_PREFIX: Final = "bucket-"
@@ -150,7 +151,7 @@ def _lease_entity(lease: BucketLease) -> dict[str, Any]:
 class SupervisionTable:
     """The roster in Table Storage (see the module docstring)."""
 
-    def __init__(self, table: TableClient) -> None:
+    def __init__(self, table: Table) -> None:
         self._table = table
 
     def read(self) -> Roster:

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
 from core.order import Order, TimelineEntry
 from core.settings import Settings
 from core.state_models import TIMELINE_END, TIMELINE_PREFIX, timeline_from_entity
 from core.state_store import OrderStateStore
+from core.tablestorage import Table
 
 RETRY_EVENTS = ("released", "deferred")
 """Timeline events that hand a step back for a later attempt: each is one retry."""
@@ -42,7 +42,7 @@ class TimelineTally:
 
 
 def timeline_tally(
-    orders_table: TableClient, id_prefix: str, order_ids: set[str] | None = None
+    orders_table: Table, id_prefix: str, order_ids: set[str] | None = None
 ) -> TimelineTally:
     """Retries and Supervisor entries of the orders whose ids start with ``id_prefix`` (and,
     if given, are in ``order_ids``): ONE query over the orders table, whose filter keeps only
@@ -85,7 +85,7 @@ def tally_timeline(
     return TimelineTally(retries, frozenset(recovered))
 
 
-def timelines(orders_table: TableClient, id_prefix: str) -> dict[str, list[TimelineEntry]]:
+def timelines(orders_table: Table, id_prefix: str) -> dict[str, list[TimelineEntry]]:
     """Every timeline of the orders whose ids start with ``id_prefix``, oldest entry first: ONE
     query over the orders table (paged by the service), instead of one per order."""
     rows = orders_table.query_entities(

@@ -6,7 +6,6 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 
-from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
 from core import clients
@@ -16,6 +15,7 @@ from core.order import TimelineEntry
 from core.settings import Settings
 from core.state_models import OrderRecord
 from core.state_store import OrderStateStore
+from core.tablestorage import Table as TableClient
 
 SEND_BATCH = 100
 
@@ -91,7 +91,8 @@ def open_store(settings: dict[str, str]) -> OrderStateStore:
 def open_orders_table(settings: dict[str, str]) -> TableClient:
     """The orders table itself, for reads in one pass over many orders (the summaries)."""
     config = Settings.from_env(settings)
-    return clients.table_service(config.storage).get_table_client(config.orders_table)
+    service = clients.table_service(config.storage)
+    return service.get_table_client(config.orders_table, owns_service=True)
 
 
 def read_order(settings: dict[str, str], order_id: str) -> tuple[OrderRecord, list[TimelineEntry]]:

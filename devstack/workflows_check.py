@@ -23,16 +23,16 @@ import sys
 from collections.abc import Mapping
 
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
-from azure.data.tables import TableServiceClient
 
 from core.state_store import OrderStateStore
+from core.tablestorage import TableService
 from core.versions import check, versions_in_use
 from core.workflows import WORKFLOWS
 
 
-def table_service(env: Mapping[str, str]) -> TableServiceClient:
+def table_service(env: Mapping[str, str]) -> TableService:
     if env.get("StateStorage"):
-        return TableServiceClient.from_connection_string(env["StateStorage"])
+        return TableService.from_connection_string(env["StateStorage"])
     endpoint = env.get("AZURE_STORAGE_TABLE_ENDPOINT", "")
     if not endpoint:
         raise LookupError(
@@ -41,7 +41,7 @@ def table_service(env: Mapping[str, str]) -> TableServiceClient:
         )
     from azure.identity import DefaultAzureCredential
 
-    return TableServiceClient(endpoint, credential=DefaultAzureCredential())
+    return TableService.with_credential(endpoint, DefaultAzureCredential())
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:

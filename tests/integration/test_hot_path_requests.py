@@ -1,8 +1,8 @@
 """The hot path touches orders with point reads and conditional writes only, and costs exactly
 what the README's "Cost per order" table says.
 
-Every Table request goes through the SDK pipeline, where core.clients installs a
-``raw_request_hook`` (core.op_counts). Here that hook is replaced by one that records, for each
+Every Table request goes through core.tablestorage, where core.clients installs a request
+hook (core.op_counts). Here that hook is replaced by one that records, for each
 request, its table and its kind: point read, query, insert, batch, update or delete. Orders go
 through the real handlers (intake, agent, replies, commands, the Supervisor's tick) against
 Azurite, the development broker and the fake services, one message at a time and one order
@@ -32,6 +32,7 @@ from core import clients
 from core.messages import AgentResponse, encode
 from core.runtime import Runtime
 from core.states import ProcessState
+from core.tablestorage import Sent
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
 from scheduler.replies import handle_response
@@ -83,17 +84,6 @@ def _table_of(segment: str) -> str:
     return match["table"] if match else segment
 
 
-def _batch_urls(http_request: Any) -> list[str]:
-    """The URLs of a batch's operations (the SDK nests them in a changeset)."""
-    info = getattr(http_request, "multipart_mixed_info", None)
-    if not info:
-        return []
-    found: list[str] = []
-    for part in info[0]:
-        found += _batch_urls(part) or [part.url]
-    return found
-
-
 class RequestLog:
     """Stands in for core.op_counts.COUNTS in core.clients: records each Table request."""
 
@@ -106,9 +96,8 @@ class RequestLog:
         if service != "table":
             return lambda _: None
 
-        def hook(pipeline_request: Any) -> None:
-            http = pipeline_request.http_request
-            table, kind = classify(http.method, http.url, _batch_urls(http))
+        def hook(sent: Sent) -> None:
+            table, kind = classify(sent.method, sent.url, list(sent.batch_urls))
             with self._lock:
                 self._seen.append(TableRequest(self._roles.get(table.lower(), table), kind))
 

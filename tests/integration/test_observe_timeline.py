@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from azure.data.tables import TableClient, TableServiceClient
 
 from core.messages import utc_now
 from core.order import TimelineEntry
 from core.state_models import PROCESS_ROW, details_entity, timeline_entity
 from core.states import ProcessState
+from core.tablestorage import Table, TableService
 from devstack.observe import (
     RETRY_EVENTS,
     TimelineTally,
@@ -43,12 +43,14 @@ HISTORIES = {
 
 
 @pytest.fixture
-def table(azurite, unique_name) -> Iterator[TableClient]:
-    with TableServiceClient.from_connection_string(azurite.connection_string) as service:
-        yield service.create_table(unique_name("orders"))
+def table(azurite, unique_name) -> Iterator[Table]:
+    with TableService.from_connection_string(azurite.connection_string) as service:
+        name = unique_name("orders")
+        service.create_table_if_not_exists(name)
+        yield service.get_table_client(name)
 
 
-def write_order(table: TableClient, order_id: str, history: list[tuple[str, str]]) -> None:
+def write_order(table: Table, order_id: str, history: list[tuple[str, str]]) -> None:
     submitted = new_submission().model_copy(update={"order_id": order_id})
     at = utc_now()
     entries = [("scheduler:h1", "created"), *history]
@@ -71,7 +73,7 @@ def write_order(table: TableClient, order_id: str, history: list[tuple[str, str]
     table.submit_transaction([("create", row) for row in rows])
 
 
-def per_order(table: TableClient, order_ids: list[str]) -> TimelineTally:
+def per_order(table: Table, order_ids: list[str]) -> TimelineTally:
     """What the demo used to do: read each order's timeline (one query per order)."""
     retries, recovered = 0, set()
     for order_id in order_ids:
@@ -83,7 +85,7 @@ def per_order(table: TableClient, order_ids: list[str]) -> TimelineTally:
     return TimelineTally(retries, frozenset(recovered))
 
 
-def test_one_query_counts_what_reading_each_timeline_would(table: TableClient) -> None:
+def test_one_query_counts_what_reading_each_timeline_would(table: Table) -> None:
     ours = [f"run-a-{name}-{n}" for name in HISTORIES for n in range(3)]
     for order_id in ours:
         write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
@@ -98,7 +100,7 @@ def test_one_query_counts_what_reading_each_timeline_would(table: TableClient) -
     assert tally.recovered_by_supervisor == {f"run-a-recovered-{n}" for n in range(3)}
 
 
-def test_only_the_orders_named_are_counted(table: TableClient) -> None:
+def test_only_the_orders_named_are_counted(table: Table) -> None:
     for n in range(3):
         write_order(table, f"run-c-{n}", HISTORIES["recovered"])
     tally = timeline_tally(table, "run-c-", {"run-c-0", "run-c-2"})
@@ -113,7 +115,7 @@ def test_past_prefix_ends_the_range_of_a_prefix() -> None:
         past_prefix("")
 
 
-def test_one_query_reads_every_timeline_of_a_run_in_order(table: TableClient) -> None:
+def test_one_query_reads_every_timeline_of_a_run_in_order(table: Table) -> None:
     ours = [f"run-d-{name}" for name in HISTORIES]
     for order_id in ours:
         write_order(table, order_id, HISTORIES[order_id.split("-")[2]])

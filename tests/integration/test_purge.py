@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
 from core import archive
@@ -29,6 +28,7 @@ from core.retention import ACK_EVENT, DeleteOutcome, OrderSnapshot, ack_detail
 from core.state_models import OrderNotFound
 from core.state_store import PURGE_MARKER_ROW, OrderStateStore
 from core.states import ProcessState
+from core.tablestorage import TableService
 from tests.integration.test_state_store import (
     RESUBMIT,
     T0,
@@ -86,8 +86,8 @@ def counts() -> OperationCounts:
 
 @pytest.fixture
 def table_backend(azurite, unique_name, clock, counts) -> Iterator[Backend]:
-    tables = TableServiceClient.from_connection_string(
-        azurite.connection_string, raw_request_hook=counts.request_hook("table")
+    tables = TableService.from_connection_string(
+        azurite.connection_string, request_hook=counts.request_hook("table")
     )
     blobs = BlobServiceClient.from_connection_string(
         azurite.connection_string, raw_request_hook=counts.request_hook("blob")

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.data.tables import TableServiceClient, TableTransactionError
+from azure.data.tables import TableTransactionError
 
 from core import lifecycle
 from core import state_store as store_module
@@ -33,6 +33,7 @@ from core.state_models import (
 )
 from core.state_store import OrderStateStore
 from core.states import ProcessState
+from core.tablestorage import TableService
 from core.workflows import get_workflow
 
 pytestmark = pytest.mark.integration
@@ -84,14 +85,14 @@ def clock() -> Clock:
 
 @pytest.fixture
 def counts() -> OperationCounts:
-    """Table requests of the store under test, counted at the SDK pipeline (core.op_counts)."""
+    """Table requests of the store under test, counted by its request hook (core.op_counts)."""
     return OperationCounts()
 
 
 @pytest.fixture
-def service(azurite, counts) -> Iterator[TableServiceClient]:
-    client = TableServiceClient.from_connection_string(
-        azurite.connection_string, raw_request_hook=counts.request_hook("table")
+def service(azurite, counts) -> Iterator[TableService]:
+    client = TableService.from_connection_string(
+        azurite.connection_string, request_hook=counts.request_hook("table")
     )
     yield client
     client.close()
@@ -672,7 +673,7 @@ def test_postpone_moves_a_row_up_unless_it_changed_since_read(backend):
 # ======================================================================= Table store only
 
 
-def raw_rows(store: OrderStateStore, service: TableServiceClient, pk: str) -> dict[str, Any]:
+def raw_rows(store: OrderStateStore, service: TableService, pk: str) -> dict[str, Any]:
     table = service.get_table_client(store.orders_table)
     rows = table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
     return {row["RowKey"]: row for row in rows}

@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from azure.data.tables import TableServiceClient
 
 from core.active_index import INDEX_BUCKETS
 from core.ids import InvalidId
@@ -33,6 +32,7 @@ from core.supervision import (
     SupervisionTable,
     Sweep,
 )
+from core.tablestorage import TableService
 from supervisor.leases import REAP_AFTER_LEASES, plan
 
 pytestmark = pytest.mark.integration
@@ -50,8 +50,9 @@ Store = SupervisionTable | MemorySupervision
 @pytest.fixture
 def supervision_table(azurite: Any, unique_name: Any) -> Iterator[SupervisionTable]:
     name = unique_name("supervision")
-    service = TableServiceClient.from_connection_string(azurite.connection_string)
-    table = service.create_table(name)
+    service = TableService.from_connection_string(azurite.connection_string)
+    service.create_table_if_not_exists(name)
+    table = service.get_table_client(name)
     yield SupervisionTable(table)
     service.delete_table(name)
     table.close()

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from azure.data.tables import EntityProperty, TableServiceClient
+from azure.data.tables import EntityProperty
 
 from core import ids, lifecycle
 from core.ids import InvalidId
@@ -47,6 +47,7 @@ from core.state_models import (
 )
 from core.state_store import OrderStateStore
 from core.states import ProcessState
+from core.tablestorage import TableService
 from core.workflows import ORDER_WORKFLOW
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
@@ -518,9 +519,9 @@ def offline_store() -> OrderStateStore:
     """A store whose every HTTP request fails the test: what it refuses, it refuses locally."""
 
     def hook(request):
-        raise NoRequests(f"unexpected request {request.http_request.method}")
+        raise NoRequests(f"unexpected request {request.method} {request.url}")
 
-    service = TableServiceClient.from_connection_string(UNREACHABLE, raw_request_hook=hook)
+    service = TableService.from_connection_string(UNREACHABLE, request_hook=hook)
     return OrderStateStore(service, clock=lambda: T0)
 
 
@@ -574,7 +575,7 @@ class TestRefusedBeforeAnyRequest:
             offline_store.annotate(before, actor="evil/actor", event="acknowledged")
 
     def test_table_names_are_validated(self):
-        service = TableServiceClient.from_connection_string(UNREACHABLE)
+        service = TableService.from_connection_string(UNREACHABLE)
         with pytest.raises(InvalidId):
             OrderStateStore(service, orders_table="orders;drop")
         with pytest.raises(ValueError, match="must differ"):
