@@ -4,15 +4,28 @@
 Monitor distro: exporter plus the azure-sdk and httpx instrumentations) and does nothing
 otherwise: no exporter, and the OpenTelemetry API stays a no-op.
 
+**Where the app's spans hang** (docs/deploy.md, "Telemetry"): each invocation's span belongs to
+the Functions host, which parents it on the trace context the message carries. The Python
+worker makes that invocation's context current before it calls a function, when the app setting
+PYTHON_ENABLE_OPENTELEMETRY is true (infra/ sets it; the local host does the same, see
+devstack/host/invoke.py). :func:`consuming` then opens the app's span as a child of the
+host's invocation span, of kind INTERNAL: the host already reports the invocation as the
+request, and a second SERVER or CONSUMER span would be a second request row. Were the host's
+span in another trace than the message (a host that did not read the message's context), the
+app's span links to the message's context, so the hop stays navigable. Without a current span
+(the switch off, a handler called directly), the app's span is the first of the hop: a CONSUMER
+child of the message's context.
+
 Trace context travels in each message's application properties as W3C ``traceparent`` /
 ``tracestate``, plus ``Diagnostic-Id`` (the property the Azure SDKs and the Functions host
-read). The keys are written as ``bytes``, the way the azure-servicebus SDK writes them itself:
-its own tracing adds these properties only when absent, checked by ``bytes`` key, so ``str``
-keys would give the AMQP map duplicate keys. ``extract`` accepts ``str`` or ``bytes`` keys and
-values (the SDK delivers ``bytes``; the Functions host and the local host deliver ``str``).
-
-``consuming`` gives each handled message a CONSUMER span parented on the message's context, so
-the spans of one order (intake, each agent step, each reply) share one trace.
+read). When the azure-servicebus SDK traces its sends (the distro's azure-sdk instrumentation,
+on in Azure), the SDK opens a PRODUCER span per message under the app's span and writes that
+span's context into the message, so the next hop's invocation is a child of the send; the app
+then writes nothing itself. Otherwise :func:`inject` writes the app span's context. The keys
+are ``bytes``, the way the SDK writes them (it adds these properties only when absent, checked
+by ``bytes`` key, so ``str`` keys would give the AMQP map duplicate keys). ``extract`` accepts
+``str`` or ``bytes`` keys and values (the SDK delivers ``bytes``; the Functions host and the
+local host deliver ``str``).
 """
 
 from __future__ import annotations
@@ -27,10 +40,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+WORKER_SWITCH_SETTING = "PYTHON_ENABLE_OPENTELEMETRY"
+"""The Python worker's switch: make the host's invocation context current in each call."""
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 DIAGNOSTIC_ID = "Diagnostic-Id"
@@ -46,9 +61,11 @@ _configured = False
 def configure(environ: Mapping[str, str] | None = None) -> bool:
     """Export to Application Insights when its connection string is set; True if enabled.
 
-    Once per process. Skipped when a tracer provider is already installed (the Functions
-    Python worker configures Azure Monitor itself when PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY
-    is set; configuring twice would export everything twice).
+    Once per process. Skipped when a tracer provider is already installed: a Python worker that
+    reads PYTHON_ENABLE_OPENTELEMETRY (or PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY) as "set
+    up the distro" configures Azure Monitor itself before it imports the app, and configuring
+    twice would export everything twice. With Entra ID authentication (local auth off) the
+    exporter takes its credential from APPLICATIONINSIGHTS_AUTHENTICATION_STRING.
     """
     global _configured
     environ = os.environ if environ is None else environ
@@ -95,12 +112,23 @@ def inject(properties: MutableMapping[Any, Any], context: Context | None = None)
     """Write the current span's ``traceparent``/``tracestate`` and ``Diagnostic-Id``.
 
     Nothing is written when there is no valid current span (tracing off and no incoming
-    context).
+    context), nor when the Service Bus SDK traces its sends: its span for the message (a child
+    of the current span) writes its own context, so the next hop hangs under the send.
     """
+    if not trace.get_current_span(context).get_span_context().is_valid or sdk_traces_sends():
+        return
     _propagator.inject(properties, context=context, setter=_setter)
     traceparent = properties.get(TRACEPARENT.encode("ascii"))
     if traceparent is not None:
         properties[DIAGNOSTIC_ID.encode("ascii")] = traceparent
+
+
+def sdk_traces_sends() -> bool:
+    """Whether the Azure SDKs trace through OpenTelemetry (azure-core's tracing plugin, which
+    the Azure Monitor distro's azure-sdk instrumentation installs)."""
+    from azure.core.settings import settings
+
+    return settings.tracing_implementation() is not None
 
 
 def extract(properties: Mapping[Any, Any] | None) -> Context:
@@ -122,7 +150,8 @@ def message_properties(message: Any) -> Mapping[Any, Any]:
 
 @contextmanager
 def consuming(message: Any, name: str, queue: str) -> Iterator[Span]:
-    """A CONSUMER span for handling ``message`` from ``queue``, child of the sender's span."""
+    """The app's span for handling ``message`` from ``queue``: under the host's invocation span
+    when one is current, else a CONSUMER child of the sender's span (module docstring)."""
     attributes: dict[str, str] = {
         "messaging.system": "servicebus",
         "messaging.destination.name": queue,
@@ -134,10 +163,19 @@ def consuming(message: Any, name: str, queue: str) -> Iterator[Span]:
     message_id = getattr(message, "message_id", None)
     if message_id:
         attributes["messaging.message.id"] = str(message_id)
-    with tracer.start_as_current_span(
-        name,
-        context=extract(message_properties(message)),
-        kind=SpanKind.CONSUMER,
-        attributes=attributes,
-    ) as span:
-        yield span
+    sent = extract(message_properties(message))
+    invocation = trace.get_current_span().get_span_context()
+    if invocation.is_valid:
+        sender = trace.get_current_span(sent).get_span_context()
+        links = (
+            [Link(sender)] if sender.is_valid and sender.trace_id != invocation.trace_id else None
+        )
+        span = tracer.start_as_current_span(
+            name, kind=SpanKind.INTERNAL, attributes=attributes, links=links
+        )
+    else:
+        span = tracer.start_as_current_span(
+            name, context=sent, kind=SpanKind.CONSUMER, attributes=attributes
+        )
+    with span as current:
+        yield current

@@ -22,7 +22,7 @@ from devstack.host.indexing import (
     index_app,
     load_app,
 )
-from devstack.host.invoke import Invoker
+from devstack.host.invoke import Invoker, worker_telemetry
 from devstack.host.servicebus_runner import (
     ClientPool,
     Connection,
@@ -105,7 +105,8 @@ class LocalHost:
                 parse_cold_starts(
                     self.settings.get(COLD_START_SETTING, ""), [f.name for f in self._functions]
                 )
-            )
+            ),
+            worker_telemetry=worker_telemetry(self.settings),
         )
         self._clients: ClientPool | None = None
         self._renewer: AutoLockRenewer | None = None

@@ -162,8 +162,9 @@ class HttpServer:
         )
         stats = self.stats[route.function.name]
         stats.add(invocations=1)
+        trace = {name.lower(): value for name, value in headers.items()}  # its trace context
         try:
-            response = self.invoker.call(route.function, request)
+            response = self.invoker.call(route.function, request, trace=trace)
         except Exception:
             stats.add(failures=1)
             log.exception("%s failed", route.function.name)

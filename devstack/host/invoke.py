@@ -1,4 +1,15 @@
-"""Calling a user function the way the Python worker does: sync or async, with ``context``."""
+"""Calling a user function the way the Functions host and the Python worker do: sync or async,
+with ``context``, inside the host's invocation span.
+
+Telemetry, as in Azure (docs/deploy.md, "Telemetry"): the host starts one span per invocation of
+a Service Bus or HTTP trigger (the triggers its OpenTelemetry output covers; a timer run gets
+none), named after the function and parented on the trace context the message or request
+carries (``traceparent``, else ``Diagnostic-Id``). It hands that span's context to the worker as
+``context.trace_context``, and the worker makes it the current context for the call when
+PYTHON_ENABLE_OPENTELEMETRY is true, so the app's spans are its children. Off, the invocation
+span is still recorded and the app's spans are its siblings under the sender. The setting is
+read from the host's settings; absent, it is on, as infra/ deploys this app.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +17,36 @@ import asyncio
 import inspect
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any
 
 import azure.functions as func
 from azure.functions._abc import RetryContext, TraceContext
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from core.telemetry import WORKER_SWITCH_SETTING, extract
 from devstack.host.cold_start import ColdStarts
-from devstack.host.indexing import IndexedFunction
+from devstack.host.indexing import HttpTrigger, IndexedFunction, ServiceBusTrigger
+
+INVOCATION_KINDS: Mapping[type, SpanKind] = {
+    ServiceBusTrigger: SpanKind.CONSUMER,
+    HttpTrigger: SpanKind.SERVER,
+}
+FAAS_TRIGGER: Mapping[type, str] = {ServiceBusTrigger: "pubsub", HttpTrigger: "http"}
+
+_tracer = trace.get_tracer("devstack.host")
+_propagator = TraceContextTextMapPropagator()
+
+
+def worker_telemetry(settings: Mapping[str, str]) -> bool:
+    """Whether the worker makes the invocation's context current (PYTHON_ENABLE_OPENTELEMETRY;
+    absent: true, as this app is deployed)."""
+    return settings.get(WORKER_SWITCH_SETTING, "true").strip().lower() in ("true", "1")
 
 
 class LocalTraceContext(TraceContext):
@@ -52,12 +84,18 @@ class LocalRetryContext(RetryContext):
 
 
 class LocalContext(func.Context):
-    def __init__(self, function: IndexedFunction, trace: Mapping[str, Any] | None = None) -> None:
-        self._invocation_id = str(uuid.uuid4())
+    """``context``: the invocation's id, and the host's invocation span as its trace context."""
+
+    def __init__(
+        self,
+        function: IndexedFunction,
+        invocation_id: str,
+        span: Span | None = None,
+        carrier: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._invocation_id = invocation_id
         self._function = function
-        trace = trace or {}
-        parent = trace.get("traceparent") or trace.get("Diagnostic-Id") or ""
-        self._trace = LocalTraceContext(str(parent), str(trace.get("tracestate") or ""))
+        self._trace = _trace_context(span, carrier or {})
         self._local = threading.local()
         self._local.invocation_id = self._invocation_id
 
@@ -86,6 +124,16 @@ class LocalContext(func.Context):
         return LocalRetryContext()
 
 
+def _trace_context(span: Span | None, carrier: Mapping[str, Any]) -> LocalTraceContext:
+    """The invocation span's context; with no span (nothing records), the message's."""
+    if span is None:
+        parent = carrier.get("traceparent") or carrier.get("Diagnostic-Id") or ""
+        return LocalTraceContext(str(parent), str(carrier.get("tracestate") or ""))
+    injected: dict[str, str] = {}
+    _propagator.inject(injected, context=trace.set_span_in_context(span))
+    return LocalTraceContext(injected.get("traceparent", ""), injected.get("tracestate", ""))
+
+
 class Invoker:
     """Runs user functions; coroutine functions share one event loop on its own thread.
 
@@ -93,8 +141,11 @@ class Invoker:
     creates once and reuses stay on the loop they were made on.
     """
 
-    def __init__(self, cold_starts: ColdStarts | None = None) -> None:
+    def __init__(
+        self, cold_starts: ColdStarts | None = None, *, worker_telemetry: bool = True
+    ) -> None:
         self.cold_starts = cold_starts or ColdStarts({})
+        self.worker_telemetry = worker_telemetry
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -102,17 +153,55 @@ class Invoker:
     def call(
         self, function: IndexedFunction, trigger_value: Any, trace: Mapping[str, Any] | None = None
     ) -> Any:
+        """Run ``function`` on ``trigger_value``; ``trace``: the message's application
+        properties or the request's headers (lower-case names), where its trace context is."""
         self.cold_starts.wait(function.name)
-        kwargs = {function.trigger_param: trigger_value}
-        if function.wants_context:
-            kwargs["context"] = LocalContext(function, trace)
-        result = function.user_function(**kwargs)
-        if inspect.isawaitable(result):
-            future: Future[Any] = asyncio.run_coroutine_threadsafe(
-                _awaited(result), self._event_loop()
-            )
-            result = future.result()
-        return result
+        invocation_id = str(uuid.uuid4())
+        with self._invocation(function, invocation_id, trace) as span:
+            kwargs = {function.trigger_param: trigger_value}
+            if function.wants_context:
+                kwargs["context"] = LocalContext(function, invocation_id, span, trace)
+            result = function.user_function(**kwargs)
+            if inspect.isawaitable(result):
+                future: Future[Any] = asyncio.run_coroutine_threadsafe(
+                    _awaited(result, otel_context.get_current()), self._event_loop()
+                )
+                result = future.result()
+            return result
+
+    @contextmanager
+    def _invocation(
+        self, function: IndexedFunction, invocation_id: str, carrier: Mapping[str, Any] | None
+    ) -> Iterator[Span | None]:
+        """The host's span for one invocation (none for a timer), current during the call when
+        the worker switch is on; failed when the function raises. None, too, while no tracer
+        provider is installed: a span nothing records would only cost time, and the app's spans
+        follow the message's context the same without it."""
+        kind = INVOCATION_KINDS.get(type(function.trigger))
+        if kind is None or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            yield None
+            return
+        span = _tracer.start_span(
+            function.name,
+            context=extract(carrier),
+            kind=kind,
+            attributes={
+                "faas.trigger": FAAS_TRIGGER[type(function.trigger)],
+                "faas.invocation_id": invocation_id,
+            },
+        )
+        try:
+            if self.worker_telemetry:
+                with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                    yield span
+            else:
+                yield span
+        except BaseException as error:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            raise
+        finally:
+            span.end()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -148,5 +237,11 @@ class Invoker:
                 loop.close()
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+async def _awaited(awaitable: Any, context: otel_context.Context) -> Any:
+    """Await on the loop thread in the caller's OpenTelemetry context (the worker attaches the
+    invocation's context in the task that runs an async function)."""
+    token = otel_context.attach(context)
+    try:
+        return await awaitable
+    finally:
+        otel_context.detach(token)

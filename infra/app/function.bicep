@@ -56,8 +56,13 @@ var hostSettings = {
   AzureWebJobsStorage__credential: 'managedidentity'
   AzureWebJobsStorage__clientId: identityClientId
   APPLICATIONINSIGHTS_CONNECTION_STRING: appInsights.properties.ConnectionString
-  // Entra ID authentication for telemetry (the component has local auth off).
+  // Entra ID authentication for telemetry (the component has local auth off). The host reads
+  // it, and so does the Azure Monitor exporter in the Python worker (the app's own spans).
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // The Python worker makes the host's invocation span the current OpenTelemetry context in
+  // each call, so the app's spans are its children (host.json telemetryMode OpenTelemetry;
+  // docs/deploy.md, Telemetry).
+  PYTHON_ENABLE_OPENTELEMETRY: 'true'
   // The Python worker runs sync functions on this many threads (its default is about cpu + 4):
   // as many as host.json lets one trigger run at once (maxConcurrentCalls), so no message
   // waits for a thread while its lock runs.

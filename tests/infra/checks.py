@@ -8,8 +8,10 @@ and prove that they fail.
 
 What the code reads and emits comes from the code itself (:func:`code_facts`): the settings
 module is run against a recording environment, the bindings come from indexing ``function_app``
-the way the Functions host does, and the Supervisor's metrics from recording one tick's metrics
-with an in-memory OpenTelemetry reader.
+the way the Functions host does, the Supervisor's metrics from recording one tick's metrics
+with an in-memory OpenTelemetry reader, and what each function does to queues, tables, blob
+containers and secrets from reading its code (:mod:`tests.infra.code_access`), which
+:func:`check_data_roles` holds against the role assignments of the app's identity.
 
 pycep renders a string literal and an identifier alike (``'orders'`` and ``orders`` both become
 ``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
@@ -19,7 +21,7 @@ the checks cannot read statically is reported, never guessed.
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import json
 import re
 import subprocess
@@ -31,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from pycep import BicepParser
+
+from tests.infra import code_access
+from tests.infra.code_access import Access, CodeAccess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +52,8 @@ HOST_SETTINGS: Mapping[str, str] = {
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING": "host telemetry with Entra ID (local auth off)",
     "PYTHON_THREADPOOL_THREAD_COUNT": "Python worker threads for sync functions: host.json's "
     "serviceBus.maxConcurrentCalls",
+    "PYTHON_ENABLE_OPENTELEMETRY": "the Python worker makes the host's invocation span current "
+    "in each call (core/telemetry.py)",
 }
 
 FORBIDDEN_SETTINGS: Mapping[str, str] = {
@@ -66,12 +73,6 @@ UNREFERENCED_QUEUES: Mapping[str, str] = {
     "order-status": "the default reply queue submitters name for StatusUpdate messages",
 }
 
-STORAGE_NAME_SETTINGS: Mapping[str, str] = {
-    "ORDERS_TABLE": "table",
-    "ACTIVE_ORDERS_TABLE": "table",
-    "SUPERVISION_TABLE": "table",
-    "ARCHIVE_CONTAINER": "container",
-}
 ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 
@@ -356,10 +357,26 @@ class CodeFacts:
     queue_settings: frozenset[str]
     """core.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
     operator_read_queue_settings: frozenset[str] = frozenset()
-    """Settings naming the queues the operator API reads (:func:`operator_api_queue_reads`)."""
+    """Settings naming the queues the code itself reads (the operator API peeks and settles
+    alerts and dead letters), besides what the triggers receive: from :attr:`access`."""
     metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Metric name -> OpenTelemetry data type (Gauge, Sum, Histogram) of what one Supervisor
     tick records."""
+    access: CodeAccess = field(default_factory=lambda: CodeAccess({}), compare=False)
+    """What each function does to queues, tables, containers and secrets
+    (:mod:`tests.infra.code_access`), its trigger's receives included."""
+
+    @property
+    def storage_name_settings(self) -> dict[str, str]:
+        """Setting -> ``table`` or ``container``: the settings that name a table or a blob
+        container the code uses."""
+        kinds = {"table": "table", "blob": "container"}
+        return {
+            a.resource[1]: kinds[a.service]
+            for accesses in self.access.accesses.values()
+            for a in accesses
+            if a.service in kinds and a.resource[0] == "setting"
+        }
 
     @property
     def required_settings(self) -> frozenset[str]:
@@ -395,11 +412,19 @@ class _RecordingEnv(Mapping[str, str]):
 
 
 def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
-    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form.
+    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form."""
+    from core import settings as settings_module
 
-    The environment is local.settings.json.example with the connection strings replaced by
-    identity-based endpoints, so the reader takes the branch it takes in Azure.
-    """
+    env, local_only = azure_environment(root)
+    recorder = _RecordingEnv(env)
+    settings_module.Settings.from_env(recorder)
+    return recorder.read, local_only
+
+
+def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]:
+    """(settings, connection-string names): local.settings.json.example with the connection
+    strings replaced by identity-based endpoints, so the code takes the branch it takes in
+    Azure."""
     from core import settings as settings_module
     from core import signing
 
@@ -416,21 +441,39 @@ def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
         # In Azure a Key Vault reference, resolved by the platform before the code reads it.
         signing.SIGNING_KEYS_SETTING: signing.new_key_text("k1"),
     }
-    recorder = _RecordingEnv(env)
-    settings_module.Settings.from_env(recorder)
-    return recorder.read, local_only
+    return env, local_only
 
 
 _INDEX_SCRIPT = """
-import json, sys
+import json, os, sys
 import function_app
-json.dump([json.loads(f.get_function_json()) for f in function_app.app.get_functions()], sys.stdout)
-"""
+
+def source(function):
+    code = function.get_user_function().__code__
+    return {
+        "function": function.get_function_name(),
+        "path": os.path.relpath(code.co_filename),
+        "line": code.co_firstlineno,
+    }
+
+json.dump(
+    [
+        {**json.loads(f.get_function_json()), SOURCE_KEY: source(f)}
+        for f in function_app.app.get_functions()
+    ],
+    sys.stdout,
+)
+""".replace("SOURCE_KEY", repr("x-source"))
+SOURCE_KEY = "x-source"
+TRIGGER = "its serviceBusTrigger"
+"""Where a function's trigger receives (the ``where`` of that Access)."""
+"""The function's name, and where its user function is defined: ``{function, path, line}``."""
 
 
 def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     """The function.json documents the host indexes, from a fresh interpreter (the FunctionApp
-    object allows one get_functions() call, and nothing leaks into the test process)."""
+    object allows one get_functions() call, and nothing leaks into the test process), each
+    with where its user function is defined (:data:`SOURCE_KEY`)."""
     result = subprocess.run(
         [sys.executable, "-c", _INDEX_SCRIPT],
         cwd=root,
@@ -476,38 +519,6 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
     return json.loads(result.stdout)
 
 
-def operator_api_queue_reads(root: Path = REPO_ROOT) -> dict[str, set[str]]:
-    """Queue role -> what operator_api/operations.py does on it through its QueueTools
-    (``self._queues.<operation>(<queue>, ...)``), read from the code's syntax tree. A queue
-    given as ``self._queue("alerts")`` is that role; any other expression (a loop over every
-    app queue, a caller's choice of one) is ``*``: any of the app's queues."""
-    tree = ast.parse((root / "operator_api" / "operations.py").read_text())
-    reads: dict[str, set[str]] = {}
-    for call in ast.walk(tree):
-        if not (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Attribute)
-            and call.func.value.attr == "_queues"
-            and call.args
-        ):
-            continue
-        queue = call.args[0]
-        literal = (
-            isinstance(queue, ast.Call)
-            and len(queue.args) == 1
-            and isinstance(queue.args[0], ast.Constant)
-            and isinstance(queue.args[0].value, str)
-        )
-        role = queue.args[0].value if literal else "*"  # type: ignore[attr-defined]
-        dead_letter = any(
-            k.arg == "dead_letter" and isinstance(k.value, ast.Constant) and k.value.value
-            for k in call.keywords
-        )
-        reads.setdefault(role, set()).add(call.func.attr + (" dead-letter" if dead_letter else ""))
-    return reads
-
-
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     from core.settings import QUEUE_SETTINGS
 
@@ -515,7 +526,9 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     binding_settings: set[str] = set()
     connections: set[str] = set()
     trigger_queues: set[str] = set()
-    for function in indexed_functions(root):
+    functions = indexed_functions(root)
+    access = code_access_of(root, functions)
+    for function in functions:
         for binding in function["bindings"]:
             for value in binding.values():
                 if isinstance(value, str):
@@ -532,11 +545,39 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
         trigger_queue_settings=frozenset(trigger_queues),
         queue_settings=frozenset(QUEUE_SETTINGS.values()),
         operator_read_queue_settings=frozenset(
-            setting
-            for role in operator_api_queue_reads(root)
-            for setting in (QUEUE_SETTINGS.values() if role == "*" else [QUEUE_SETTINGS[role]])
+            a.resource[1]
+            for accesses in access.accesses.values()
+            for a in accesses
+            if a.kind == "receive" and a.resource[0] == "setting" and a.where != TRIGGER
         ),
         metrics=metrics_recorded_by_a_tick(root),
+        access=access,
+    )
+
+
+def code_access_of(root: Path, functions: list[dict[str, Any]]) -> CodeAccess:
+    """What each indexed function's code under ``root`` does (:func:`code_access.analyse`),
+    plus the receives of its Service Bus trigger."""
+    entries = {
+        f[SOURCE_KEY]["function"]: (f[SOURCE_KEY]["path"], f[SOURCE_KEY]["line"]) for f in functions
+    }
+    receives = {
+        f[SOURCE_KEY]["function"]: {
+            Access("queue", "receive", ("setting", queue), TRIGGER)
+            for binding in f["bindings"]
+            if binding.get("type") == "serviceBusTrigger"
+            for queue in _SETTING_REFERENCE.findall(binding.get("queueName", ""))
+        }
+        for f in functions
+    }
+    env, _ = azure_environment(REPO_ROOT)
+    analysed = code_access.analyse(root, entries, env, settings_read_by_code(REPO_ROOT)[0])
+    return dataclasses.replace(
+        analysed,
+        accesses={
+            name: accesses | receives.get(name, set())
+            for name, accesses in analysed.accesses.items()
+        },
     )
 
 
@@ -780,9 +821,10 @@ def check_receiver_queues(layout: Layout, facts: CodeFacts) -> list[str]:
 
 
 @_checked
-def check_storage_names(layout: Layout) -> list[str]:
-    """Tables and containers declared in the storage module are exactly those the settings
-    name plus the deployment package container, and agree with local.settings.json.example."""
+def check_storage_names(layout: Layout, facts: CodeFacts) -> list[str]:
+    """Tables and containers declared in the storage module are exactly those the code uses
+    (through the settings that name them, or by a literal name) plus the deployment package
+    container, and agree with local.settings.json.example."""
     infra = Infra.load(layout)
     settings = function_app_settings(infra)
     example = json.loads(layout.local_settings_example.read_text())["Values"]
@@ -798,7 +840,12 @@ def check_storage_names(layout: Layout) -> list[str]:
         containers |= _declared_names(infra, bicep, symbol, resource)
     expected = {"table": set(), "container": {_deployment_container(infra)}}
     problems = []
-    for setting, kind in STORAGE_NAME_SETTINGS.items():
+    literal = {"table": "table", "blob": "container"}
+    for accesses in facts.access.accesses.values():
+        for access in accesses:
+            if access.service in literal and access.resource[0] == "literal":
+                expected[literal[access.service]].add(access.resource[1])
+    for setting, kind in sorted(facts.storage_name_settings.items()):
         value = settings.get(setting)
         if not isinstance(value, str):
             problems.append(f"{setting} must be a literal {kind} name in infra")
@@ -845,19 +892,16 @@ def _deployment_container(infra: Infra) -> str:
 
 def granted_roles(infra: Infra) -> list[tuple[str, str, str]]:
     """(file, symbol, role definition id) of every role assignment."""
-    granted = []
-    for bicep, symbol, resource in infra.resources("Microsoft.Authorization/roleAssignments"):
-        role = (_body(resource).get("properties") or {}).get("roleDefinitionId")
-        if isinstance(role, dict) and role.get("function", {}).get("type") == (
-            "subscription_resource_id"
-        ):
-            role = role["function"]["parameters"]["resource_name_1"]
-        try:
-            role_id = infra.resolve(bicep, role)
-        except CheckError:
-            role_id = f"<not static: {_short(role)}>"
-        granted.append((infra.rel(bicep.path), symbol, str(role_id)))
-    return granted
+    return [
+        (
+            infra.rel(bicep.path),
+            symbol,
+            _role_id(
+                infra, bicep, (_body(resource).get("properties") or {}).get("roleDefinitionId")
+            ),
+        )
+        for bicep, symbol, resource in infra.resources("Microsoft.Authorization/roleAssignments")
+    ]
 
 
 @_checked
@@ -880,6 +924,313 @@ def check_roles(layout: Layout, allowed: Mapping[str, str] = ALLOWED_ROLES) -> l
         problems.append(f"{infra.rel(bicep.path)}: {symbol} defines a custom role")
     if not granted_roles(infra):
         problems.append("no role assignment at all: the app's identity could not do anything")
+    return problems
+
+
+# ------------------------------------------------------------ data roles the code needs
+
+ROLE_ACTIONS: Mapping[str, frozenset[tuple[str, str]]] = {
+    # What each built-in data role lets its holder do, by (service, kind of operation); from
+    # the roles' data actions in the Azure built-in roles reference.
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": frozenset({("blob", "read"), ("blob", "write")}),
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": frozenset({("blob", "read"), ("blob", "write")}),
+    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": frozenset({("table", "read"), ("table", "write")}),
+    "76199698-9eea-4c19-bc75-cec21354c6b6": frozenset({("table", "read")}),
+    "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": frozenset({("queue", "send")}),
+    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": frozenset({("queue", "receive")}),
+    "4633458b-17de-408a-b874-0445c86b69e6": frozenset({("secret", "read")}),
+}
+
+SCOPE_TYPES: Mapping[str, tuple[str, bool]] = {
+    # Resource type of a role assignment's scope -> (what it covers, whether it is one named
+    # resource of that kind rather than all of them).
+    "Microsoft.Storage/storageAccounts": ("storage", False),
+    "Microsoft.Storage/storageAccounts/blobServices": ("blob", False),
+    "Microsoft.Storage/storageAccounts/blobServices/containers": ("blob", True),
+    "Microsoft.Storage/storageAccounts/tableServices": ("table", False),
+    "Microsoft.Storage/storageAccounts/tableServices/tables": ("table", True),
+    "Microsoft.ServiceBus/namespaces": ("queue", False),
+    "Microsoft.ServiceBus/namespaces/queues": ("queue", True),
+    "Microsoft.KeyVault/vaults": ("secret", False),
+    "Microsoft.KeyVault/vaults/secrets": ("secret", True),
+}
+_WHOLE = {"queue": "the namespace", "table": "the storage account", "blob": "the storage account"}
+_KEY_VAULT_REFERENCE = re.compile(r"@Microsoft\.KeyVault\((?P<args>[^)]*)\)")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One role assignment: who, which role, on what."""
+
+    role_id: str
+    principal: str
+    """Where the principal id comes from, e.g. ``identity.outputs.principalId``."""
+    scope: str
+    """What the scope covers: a SCOPE_TYPES kind, ``group`` (no scope: the resource group)
+    or ``other``."""
+    names: frozenset[str] | None
+    """The one resource (or, for a loop, each resource) of that kind; None: all of them."""
+    where: str
+
+    def covers(self, service: str, kind: str, name: str | None) -> bool:
+        """Whether this grant allows ``kind`` on the ``service`` resource ``name`` (None: a
+        resource named at run time, which only a grant on all of them covers)."""
+        if (service, kind) not in ROLE_ACTIONS.get(self.role_id, frozenset()):
+            return False
+        if self.scope == "group" or (self.scope == "storage" and service in ("table", "blob")):
+            return True
+        if self.scope != service:
+            return False
+        if self.names is None:
+            return True
+        return name is not None and name.lower() in {n.lower() for n in self.names}
+
+
+def role_grants(infra: Infra) -> list[Grant]:
+    grants = []
+    for bicep, symbol, resource in infra.resources("Microsoft.Authorization/roleAssignments"):
+        body = _body(resource)
+        props = body.get("properties") or {}
+        scope, names = _scope(infra, bicep, body.get("scope"))
+        grants.append(
+            Grant(
+                role_id=_role_id(infra, bicep, props.get("roleDefinitionId")).lower(),
+                principal=_origin_text(infra, bicep, props.get("principalId")),
+                scope=scope,
+                names=names,
+                where=f"{infra.rel(bicep.path)}: {symbol}",
+            )
+        )
+    return grants
+
+
+def _role_id(infra: Infra, bicep: BicepFile, role: Any) -> str:
+    if isinstance(role, dict) and role.get("function", {}).get("type") == (
+        "subscription_resource_id"
+    ):
+        role = role["function"]["parameters"]["resource_name_1"]
+    try:
+        return str(infra.resolve(bicep, role))
+    except CheckError:
+        return f"<not static: {_short(role)}>"
+
+
+def _flat(expr: Any) -> str:
+    """``identity.outputs.principalId`` for that accessor chain; a bare name as it is."""
+    if isinstance(expr, str):
+        return expr
+    operator = expr.get("operator", {}) if isinstance(expr, dict) else {}
+    operands = operator.get("operands") or {}
+    if operator.get("type") == "property_accessor":
+        return f"{_flat(operands['operand_1'])}.{_flat(operands['operand_2'])}"
+    if operator.get("type") == "index_accessor":
+        return f"{_flat(operands['operand_1'])}[{_flat(operands['operand_2'])}]"
+    return _short(expr)
+
+
+def _origin_text(infra: Infra, bicep: BicepFile, expr: Any) -> str:
+    return _flat(parameter_origin(infra, bicep, expr)[1])
+
+
+def _scope(infra: Infra, bicep: BicepFile, scope: Any) -> tuple[str, frozenset[str] | None]:
+    if scope is None:
+        return "group", None
+    operator = scope.get("operator", {}) if isinstance(scope, dict) else {}
+    if operator.get("type") == "index_accessor":
+        scope = operator["operands"]["operand_1"]
+    resource = bicep.resources.get(scope) if isinstance(scope, str) else None
+    if resource is None:
+        raise CheckError(f"{infra.rel(bicep.path)}: role scope {_short(scope)} is not a resource")
+    kind, named = SCOPE_TYPES.get(resource.get("type", ""), ("other", False))
+    return kind, frozenset(_resource_names(infra, bicep, resource)) if named else None
+
+
+def _resource_names(infra: Infra, bicep: BicepFile, resource: dict[str, Any]) -> list[str]:
+    """The name of a resource, or of each resource its loop declares."""
+    config = resource.get("config") or {}
+    loop = config.get("loop_type")
+    name = _body(resource).get("name")
+    if not loop:
+        return [str(infra.resolve(bicep, name))]
+    item = loop["detail"]["item_name"]
+    names = []
+    for element in _static_array(infra, bicep, loop["detail"]["array_name"]):
+        value = _apply(element, item, name)
+        if not isinstance(value, str):
+            raise CheckError(f"{infra.rel(bicep.path)}: a looped resource name is not static")
+        names.append(value)
+    return names
+
+
+def _static_array(infra: Infra, bicep: BicepFile, expr: Any) -> list[Any]:
+    """A literal array: through variables, module parameters and module outputs, and the
+    ``map``/``filter`` of one with property lambdas (``filter(queues, q => q.receivedByApp)``)."""
+    if isinstance(expr, list):
+        return expr
+    if isinstance(expr, str) and expr in bicep.variables:
+        return _static_array(infra, bicep, bicep.variables[expr]["value"])
+    if isinstance(expr, str) and expr in bicep.params:
+        caller, passed = parameter_origin(infra, bicep, expr)
+        if caller is not bicep or passed != expr:
+            return _static_array(infra, caller, passed)
+    function = expr.get("function") if isinstance(expr, dict) else None
+    if function and function["type"] in ("map", "filter"):
+        params = list(function["parameters"].values())
+        items = _static_array(infra, bicep, params[0])
+        lambda_ = params[1].get("detail") or {}
+        var, body = lambda_.get("var_1"), lambda_.get("expression")
+        if function["type"] == "filter":
+            return [item for item in items if _apply(item, var, body) is True]
+        return [_apply(item, var, body) for item in items]
+    flat = _flat(expr) if isinstance(expr, dict) else ""
+    module, _, output = flat.partition(".outputs.")
+    if output and module in bicep.modules and bicep.modules[module].get("type") == "local":
+        path = (bicep.path.parent / bicep.modules[module]["detail"]["path"]).resolve()
+        target = infra.files[path]
+        return _static_array(infra, target, target.outputs[output]["value"])
+    raise CheckError(f"{infra.rel(bicep.path)}: {_short(expr)} is not a static array")
+
+
+def _apply(element: Any, var: str, body: Any) -> Any:
+    """``body`` (the item itself, or a property of it) for one array element."""
+    if body == var:
+        return element
+    path = _flat(body).split(".")
+    if path[0] != var or not isinstance(element, dict):
+        return None
+    value: Any = element
+    for key in path[1:]:
+        value = (
+            {_unquote(k): v for k, v in value.items()}.get(key) if isinstance(value, dict) else None
+        )
+    return value
+
+
+def app_identity(infra: Infra) -> str:
+    """The module whose user-assigned identity the function app runs as (``identity``)."""
+    bicep, symbol, site = infra.one_resource("Microsoft.Web/sites")
+    keys = list((_body(site).get("identity") or {}).get("userAssignedIdentities") or {})
+    names = [n for key in keys for n in _INTERPOLATION.findall(key)]
+    if len(names) != 1:
+        raise CheckError(f"{symbol}: expected one user-assigned identity, found {keys}")
+    origin = _origin_text(infra, bicep, names[0])
+    if not origin.endswith(".outputs.id"):
+        raise CheckError(f"{symbol}: its identity is {origin}, not an identity module's id")
+    return origin.removesuffix(".outputs.id")
+
+
+def key_vault_references(infra: Infra) -> dict[str, str]:
+    """App setting -> the Key Vault secret it is a reference to (``@Microsoft.KeyVault(...)``,
+    resolved by the platform before the code reads the setting)."""
+    found = {}
+    for setting, value in function_app_settings(infra).items():
+        match = _KEY_VAULT_REFERENCE.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            continue
+        args = dict(part.split("=", 1) for part in match["args"].split(";") if "=" in part)
+        if "SecretName" in args:
+            found[setting] = args["SecretName"]
+            continue
+        reference = re.findall(r"\$\{([^}]+)\}", args.get("SecretUri", ""))
+        module, _, output = (reference[0] if reference else "").partition(".outputs.")
+        if not output or module not in infra.main.modules:
+            raise CheckError(f"app setting {setting}: cannot tell which secret {value} names")
+        path = (infra.main.path.parent / infra.main.modules[module]["detail"]["path"]).resolve()
+        target = infra.files[path]
+        secret = _flat(target.outputs[output]["value"]).split(".")[0]
+        resource = target.resources.get(secret) or {}
+        if resource.get("type") != "Microsoft.KeyVault/vaults/secrets":
+            raise CheckError(f"app setting {setting}: {reference[0]} is not a Key Vault secret")
+        found[setting] = str(infra.resolve(target, _body(resource).get("name")))
+    return found
+
+
+def _access_name(access: Any, settings: Mapping[str, Any]) -> str | None:
+    """The resource an access names, as the deployment names it (None: named at run time)."""
+    origin, name = access.resource
+    if origin == "runtime":
+        return None
+    if origin == "literal":
+        return name
+    value = settings.get(name)
+    if not isinstance(value, str):
+        raise CheckError(f"app setting {name} names a {access.service} but is not a literal")
+    return value
+
+
+def _roles_for(service: str, kind: str) -> str:
+    return " or ".join(
+        sorted(
+            ALLOWED_ROLES[r] for r, actions in ROLE_ACTIONS.items() if (service, kind) in actions
+        )
+    )
+
+
+@_checked
+def check_data_roles(layout: Layout, facts: CodeFacts) -> list[str]:
+    """Every operation a function's code performs on a queue, table, container or secret
+    (:mod:`tests.infra.code_access`), and every Key Vault reference among the app settings, is
+    allowed by a role assignment of the app's identity whose scope covers that resource."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    identity = app_identity(infra)
+    grants = [g for g in role_grants(infra) if g.principal == f"{identity}.outputs.principalId"]
+    access = facts.access
+    problems = [
+        f"{where}: the role check cannot classify this client call (add it to "
+        "tests/infra/code_access.py OPERATIONS as a read or a write)"
+        for where in access.unclassified
+    ]
+    problems += [
+        f"{where}: an Azure operation on a client the role check lost track of (say which "
+        "client it is: annotate or assign it where the code can see it)"
+        for where in access.unfollowed
+    ]
+    uncovered: dict[tuple[str, str, str | None], list[tuple[str, Any]]] = {}
+    for function, operations in sorted(access.accesses.items()):
+        for operation in sorted(operations):
+            name = _access_name(operation, settings)
+            if not any(g.covers(operation.service, operation.kind, name) for g in grants):
+                key = (operation.service, operation.kind, name)
+                uncovered.setdefault(key, []).append((function, operation))
+    for (service, kind, name), where in uncovered.items():
+        functions = sorted({function for function, _ in where})
+        first = where[0][1]
+        scope = (
+            f"{service} {name!r} or {_WHOLE.get(service, 'wider')}"
+            if name
+            else (_WHOLE.get(service, "every resource"))
+        )
+        problems.append(
+            f"{', '.join(functions)}: {first.describe(settings)}"
+            + (f" (and {len(where) - 1} more)" if len(where) > 1 else "")
+            + f", but no role of the app identity allows it: grant {_roles_for(service, kind)} "
+            f"on {scope}"
+        )
+    problems += _key_vault_reference_problems(infra, identity, grants)
+    return problems
+
+
+def _key_vault_reference_problems(infra: Infra, identity: str, grants: list[Grant]) -> list[str]:
+    references = key_vault_references(infra)
+    if not references:
+        return []
+    problems = []
+    bicep, symbol, site = infra.one_resource("Microsoft.Web/sites")
+    chosen = (_body(site).get("properties") or {}).get("keyVaultReferenceIdentity")
+    if chosen is None or _origin_text(infra, bicep, chosen) != f"{identity}.outputs.id":
+        problems.append(
+            f"{infra.rel(bicep.path)}: {symbol}: keyVaultReferenceIdentity must be the app's "
+            f"user-assigned identity ({identity}.outputs.id): the platform resolves Key Vault "
+            "references with it, and otherwise with a system-assigned identity the app has not"
+        )
+    for setting, secret in sorted(references.items()):
+        if not any(g.covers("secret", "read", secret) for g in grants):
+            problems.append(
+                f"app setting {setting} is a Key Vault reference to secret {secret!r}, but no "
+                f"role of the app identity allows reading it: grant {_roles_for('secret', 'read')} "
+                "on that secret"
+            )
     return problems
 
 
@@ -1079,6 +1430,59 @@ def azure_yaml_services(path: Path) -> dict[str, dict[str, str]]:
         elif current and (m := re.fullmatch(r"    ([A-Za-z]+):\s*(.+)", line)):
             services[current][m.group(1)] = m.group(2).strip().strip("'\"")
     return services
+
+
+TELEMETRY_MODE = "OpenTelemetry"
+WORKER_OPENTELEMETRY_SETTING = "PYTHON_ENABLE_OPENTELEMETRY"
+
+
+@_checked
+def check_telemetry(layout: Layout) -> list[str]:
+    """The OpenTelemetry wiring core/telemetry.py relies on (docs/deploy.md, Telemetry): the
+    host emits OpenTelemetry (host.json ``telemetryMode``), the Python worker makes the host's
+    invocation span current (PYTHON_ENABLE_OPENTELEMETRY), both export to Application Insights
+    with Entra ID as the app identity, and host.json holds no Application Insights SDK settings,
+    which the host ignores in OpenTelemetry mode."""
+    infra = Infra.load(layout)
+    settings = function_app_settings(infra)
+    host = json.loads(layout.host_json.read_text())
+    problems = []
+    if host.get("telemetryMode") != TELEMETRY_MODE:
+        problems.append(
+            f"host.json telemetryMode is {host.get('telemetryMode')!r}, must be "
+            f"{TELEMETRY_MODE!r}: the host's invocation spans are the app spans' parents"
+        )
+    if "applicationInsights" in (host.get("logging") or {}):
+        problems.append(
+            "host.json sets logging.applicationInsights, which the host ignores with "
+            f"telemetryMode {TELEMETRY_MODE!r}: say only what the platform honours"
+        )
+    if settings.get(WORKER_OPENTELEMETRY_SETTING) != "true":
+        problems.append(
+            f"{WORKER_OPENTELEMETRY_SETTING} is {settings.get(WORKER_OPENTELEMETRY_SETTING)!r}, "
+            "must be 'true': without it the worker does not make the host's invocation span "
+            "current, and the app's spans are not its children"
+        )
+    auth = settings.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING")
+    parts = (
+        dict(p.split("=", 1) for p in auth.split(";") if "=" in p) if isinstance(auth, str) else {}
+    )
+    client = parts.get("ClientId", "")
+    if parts.get("Authorization") != "AAD" or not _INTERPOLATION.fullmatch(client):
+        problems.append(
+            f"APPLICATIONINSIGHTS_AUTHENTICATION_STRING is {_short(auth)}, must be "
+            "'ClientId=<the identity's client id>;Authorization=AAD' (local auth is off; the "
+            "host and the worker's exporter both read it)"
+        )
+    else:
+        bicep, _, _ = infra.one_resource("Microsoft.Web/sites")
+        origin = _origin_text(infra, bicep, _INTERPOLATION.fullmatch(client).group(1))
+        if origin != f"{app_identity(infra)}.outputs.clientId":
+            problems.append(
+                f"APPLICATIONINSIGHTS_AUTHENTICATION_STRING names client id {origin}, not the "
+                "app's identity (the one with Monitoring Metrics Publisher)"
+            )
+    return problems
 
 
 @_checked
@@ -1439,12 +1843,14 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "app_settings": lambda layout: check_app_settings(layout, facts),
         "queue_settings": lambda layout: check_queue_settings(layout, facts),
         "receiver_queues": lambda layout: check_receiver_queues(layout, facts),
-        "storage_names": check_storage_names,
+        "storage_names": lambda layout: check_storage_names(layout, facts),
         "archive": check_archive,
         "roles": check_roles,
         "required_roles": check_required_roles,
+        "data_roles": lambda layout: check_data_roles(layout, facts),
         "security": check_security,
         "alerts": check_alerts,
+        "telemetry": check_telemetry,
         "supervisor_alerts": lambda layout: check_supervisor_alerts(layout, facts),
         "parameters": check_parameters,
         "outputs": check_outputs,

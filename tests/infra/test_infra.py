@@ -65,7 +65,13 @@ def test_code_facts_cover_the_settings_contract(facts):
     assert set(checks.FORBIDDEN_SETTINGS).isdisjoint(required)
     assert facts.binding_connections == {SERVICEBUS_CONNECTION}
     assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
-    assert set(checks.STORAGE_NAME_SETTINGS) <= required
+    assert facts.storage_name_settings == {
+        "ORDERS_TABLE": "table",
+        "ACTIVE_ORDERS_TABLE": "table",
+        "SUPERVISION_TABLE": "table",
+        "ARCHIVE_CONTAINER": "container",
+    }
+    assert set(facts.storage_name_settings) <= required
     # The metrics the Supervisor alerts query, as one tick records them.
     assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
     assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
@@ -101,8 +107,8 @@ def test_receiver_role_exactly_on_the_queues_the_app_reads(layout, facts):
     assert_clean(checks.check_receiver_queues(layout, facts))
 
 
-def test_tables_and_containers_are_declared_and_used(layout):
-    assert_clean(checks.check_storage_names(layout))
+def test_tables_and_containers_are_declared_and_used(layout, facts):
+    assert_clean(checks.check_storage_names(layout, facts))
     infra = checks.Infra.load(layout)
     settings = checks.function_app_settings(infra)
     tables = set()
@@ -148,8 +154,72 @@ def test_every_role_the_app_needs_is_granted(layout):
     assert_clean(checks.check_required_roles(layout))
 
 
+def test_every_operation_of_the_code_is_allowed_by_a_role(layout, facts):
+    assert_clean(checks.check_data_roles(layout, facts))
+
+
+def test_the_operations_are_read_from_the_code(facts):
+    """The oracle of the role check sees what each function really does (if the analysis
+    lost its way, the role check would pass vacuously)."""
+    access = facts.access
+    assert not access.unclassified and not access.unfollowed
+
+    def ops(function: str) -> set[tuple[str, str, str]]:
+        return {(a.service, a.kind, a.resource[1]) for a in access.accesses[function]}
+
+    intake = ops("scheduler_intake")
+    assert {
+        ("queue", "receive", "ORDERS_QUEUE"),
+        ("table", "write", "ORDERS_TABLE"),
+        ("table", "write", "ACTIVE_ORDERS_TABLE"),
+        ("queue", "send", "INVENTORY_REQUESTS_QUEUE"),
+        ("queue", "send", "OPERATOR_ALERTS_QUEUE"),
+    } <= intake
+    # Status updates go to the queue the submitter names: a queue named at run time.
+    assert any(
+        a.service == "queue" and a.kind == "send" and a.resource[0] == "runtime"
+        for a in access.accesses["scheduler_replies"]
+    )
+    # Agents reply and alert, and touch no table (their requests are signed, not re-read).
+    for agent in ("inventory", "payment", "shipping"):
+        assert {service for service, _, _ in ops(f"{agent}_agent")} == {"queue"}
+        assert ("queue", "send", "AGENT_RESPONSES_QUEUE") in ops(f"{agent}_agent")
+    assert ("table", "write", "SUPERVISION_TABLE") in ops("supervisor")
+    assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
+    assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("operator_archived_order")
+    assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("operator_ack_alert")
+    assert {a.resource[1] for a in access.accesses["operator_list_dead_letters"]} >= set(
+        QUEUE_SETTINGS.values()
+    )
+    # Nothing in the app reads a secret itself: MESSAGE_SIGNING_KEYS is resolved by the
+    # platform (a Key Vault reference, checked from the Bicep).
+    assert not any(a.service == "secret" for ops_ in access.accesses.values() for a in ops_)
+
+
+def test_role_grants_and_key_vault_references_are_read_from_the_bicep(layout):
+    infra = checks.Infra.load(layout)
+    identity = checks.app_identity(infra)
+    assert identity == "identity"
+    app = {
+        (checks.ALLOWED_ROLES[g.role_id], g.scope, g.names)
+        for g in checks.role_grants(infra)
+        if g.principal == f"{identity}.outputs.principalId"
+    }
+    assert ("Azure Service Bus Data Sender", "queue", None) in app, "namespace-wide"
+    assert ("Storage Table Data Contributor", "storage", None) in app
+    receivers = {names for role, _, names in app if role == "Azure Service Bus Data Receiver"}
+    assert receivers == {
+        frozenset(n for n, q in checks.declared_queues(infra).items() if q.get("receivedByApp"))
+    }
+    assert checks.key_vault_references(infra) == {"MESSAGE_SIGNING_KEYS": "message-signing-keys"}
+
+
 def test_shared_keys_and_local_auth_are_off(layout):
     assert_clean(checks.check_security(layout))
+
+
+def test_telemetry_links_the_app_spans_to_the_host(layout):
+    assert_clean(checks.check_telemetry(layout))
 
 
 def test_alerts_page_operators(layout):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.infra import checks
+from tests.infra import checks, code_access
 
 OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
 CONTRIBUTOR = "b24988ac-6180-49ef-a2ac-17ca41fa4eb2"
@@ -57,6 +58,7 @@ STORAGE = "infra/app/storage.bicep"
 FUNCTION = "infra/app/function.bicep"
 RBAC = "infra/app/rbac.bicep"
 MONITORING = "infra/app/monitoring.bicep"
+KEYVAULT = "infra/app/keyvault.bicep"
 ALERTS = "infra/app/alerts.bicep"
 CONFIG = "devstack/servicebus/Config.json"
 EXAMPLE = "local.settings.json.example"
@@ -385,6 +387,114 @@ MUTATIONS = [
         "queue operator-alerts is read by the app (a trigger or the operator API) but is not "
         "receivedByApp",
     ),
+    # Data roles against what the code does (tests/infra/code_access.py).
+    Mutation(
+        "Sender role of the app dropped",
+        RBAC,
+        sub(r"resource appServiceBusSender [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
+        "data_roles",
+        "but no role of the app identity allows it: grant Azure Service Bus Data Sender",
+    ),
+    Mutation(
+        "Sender narrowed to the orders queue: status replies go to queues named at run time",
+        RBAC,
+        replace("  scope: namespace\n", "  scope: submitQueue\n"),
+        "data_roles",
+        "sends to a queue named at run time (`queue`) at core/apply.py:",
+    ),
+    Mutation(
+        "Sender narrowed to the orders queue: the internal queues",
+        RBAC,
+        replace("  scope: namespace\n", "  scope: submitQueue\n"),
+        "data_roles",
+        "sends to queue 'inventory-requests' (INVENTORY_REQUESTS_QUEUE)",
+    ),
+    Mutation(
+        "Table Data Contributor downgraded to Reader",
+        RBAC,
+        replace(
+            "roleDefinitions', roles.storageTableDataContributor)",
+            "roleDefinitions', roles.storageTableDataReader)",
+        ),
+        "data_roles",
+        "writes table 'orders' (ORDERS_TABLE)",
+    ),
+    Mutation(
+        "Table Data Contributor narrowed to the orders table",
+        RBAC,
+        sub(
+            r"(resource appTableDataContributor [^\n]*\n(?:[^\n]*\n)*?  scope: )storage",
+            r"\1ordersTable",
+        ),
+        "data_roles",
+        "writes table 'supervision' (SUPERVISION_TABLE)",
+    ),
+    Mutation(
+        "Receiver of the app dropped",
+        RBAC,
+        sub(r"resource appServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
+        "data_roles",
+        "scheduler_intake: receives from queue 'orders' (ORDERS_QUEUE)",
+    ),
+    Mutation(
+        "both blob roles of the app dropped",
+        RBAC,
+        lambda text: sub(r"resource appBlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+            sub(r"resource appArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(text)
+        ),
+        "data_roles",
+        "writes container 'order-archive' (ARCHIVE_CONTAINER)",
+    ),
+    Mutation(
+        "Key Vault Secrets User of the app dropped",
+        KEYVAULT,
+        sub(r"resource appReadsSigningKeys [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
+        "data_roles",
+        "MESSAGE_SIGNING_KEYS is a Key Vault reference to secret 'message-signing-keys', but "
+        "no role of the app identity allows reading it",
+    ),
+    Mutation(
+        "Key Vault references resolved with another identity",
+        FUNCTION,
+        replace("    keyVaultReferenceIdentity: identityId\n", ""),
+        "data_roles",
+        "keyVaultReferenceIdentity must be the app's user-assigned identity",
+    ),
+    # Telemetry (docs/deploy.md, Telemetry).
+    Mutation(
+        "host telemetry back to the Application Insights SDK",
+        "host.json",
+        replace('  "telemetryMode": "OpenTelemetry",\n', ""),
+        "telemetry",
+        "host.json telemetryMode is None, must be 'OpenTelemetry'",
+    ),
+    Mutation(
+        "worker OpenTelemetry switch off",
+        FUNCTION,
+        replace("PYTHON_ENABLE_OPENTELEMETRY: 'true'", "PYTHON_ENABLE_OPENTELEMETRY: 'false'"),
+        "telemetry",
+        "PYTHON_ENABLE_OPENTELEMETRY is 'false', must be 'true'",
+    ),
+    Mutation(
+        "sampling settings the host ignores in OpenTelemetry mode",
+        "host.json",
+        replace(
+            '  "logging": {\n',
+            '  "logging": {\n    "applicationInsights": {"samplingSettings": {}},\n',
+        ),
+        "telemetry",
+        "host.json sets logging.applicationInsights, which the host ignores",
+    ),
+    Mutation(
+        "telemetry authenticated as another principal",
+        MAIN,
+        replace(
+            "    identityClientId: identity.outputs.clientId\n",
+            "    identityClientId: identity.outputs.principalId\n",
+        ),
+        "telemetry",
+        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING names client id identity.outputs.principalId",
+    ),
     # Security flags.
     Mutation(
         "storage shared keys on",
@@ -710,4 +820,127 @@ def test_a_consistent_change_passes(repo_copy, facts, edits):
     for file, edit in edits:
         apply(repo_copy, file, edit)
     results = checks.run_all(repo_copy, facts)
+    assert not results, checks.format_problems(results)
+
+
+# ------------------------------------------------------------------- the code drifts instead
+
+
+@dataclass(frozen=True)
+class CodeMutation:
+    id: str
+    file: str
+    edit: Callable[[str], str]
+    check: str
+    expect: str
+
+
+def first_line_of(function: str, code: str) -> Callable[[str], str]:
+    """Insert ``code`` (one statement per line, no indentation) as the first statements of
+    ``def function(...)``."""
+    pattern = rf"(\n(?P<indent>[ ]*)def {function}\((?:[^()]|\([^()]*\))*\)[^:\n]*:\n)"
+
+    def edit(text: str) -> str:
+        match = re.search(pattern, text)
+        assert match, f"mutation does not apply: def {function} not found"
+        body = match["indent"] + "    "
+        inserted = "".join(f"{body}{line}\n" for line in code.splitlines())
+        return text[: match.end()] + inserted + text[match.end() :]
+
+    return edit
+
+
+CODE_MUTATIONS = [
+    CodeMutation(
+        "an agent reads a secret of its own from Key Vault",
+        "agent/handler.py",
+        first_line_of(
+            "handle_request",
+            "from azure.keyvault.secrets import SecretClient\n"
+            'SecretClient("https://v.vault.azure.net", credential=None).get_secret("pay-key")',
+        ),
+        "data_roles",
+        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/handler.py",
+    ),
+    CodeMutation(
+        "the operator API peeks a queue the app has no Receiver on",
+        "operator_api/operations.py",
+        first_line_of("list_alerts", 'self._queues.peek("order-status", from_sequence=1, limit=1)'),
+        "data_roles",
+        "operator_list_alerts: receives from queue 'order-status' at operator_api/queues.py",
+    ),
+    CodeMutation(
+        "the purge writes to a container the storage module does not declare",
+        "retention/functions.py",
+        first_line_of(
+            "retention_purge",
+            "from core import clients\n"
+            "service = clients.blob_service(runtime.current().settings.storage)\n"
+            'service.get_container_client("exports").upload_blob("x", b"")',
+        ),
+        "storage_names",
+        "container exports is used but the storage module does not declare it",
+    ),
+    CodeMutation(
+        "a table call the role check does not know",
+        "supervisor/functions.py",
+        first_line_of("supervisor", "runtime.current().store._orders.set_table_access_policy({})"),
+        "data_roles",
+        "Table.set_table_access_policy: the role check cannot classify this client call",
+    ),
+    CodeMutation(
+        "a client call on a value the analysis cannot follow",
+        "supervisor/functions.py",
+        first_line_of("supervisor", 'vars(runtime)["anything"].upsert_entity({})'),
+        "data_roles",
+        "an Azure operation on a client the role check lost track of",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def functions() -> list[dict]:
+    return checks.indexed_functions()
+
+
+@pytest.fixture(scope="module")
+def app_code() -> set[str]:
+    """The files and packages of what ``function_app`` imports, top level."""
+    program = code_access.Program(checks.REPO_ROOT)
+    return {Path(module.rel).parts[0] for module in program.modules.values()}
+
+
+@pytest.fixture
+def code_copy(tmp_path: Path, app_code: set[str]) -> Path:
+    """The app's code, copied under tmp_path (the infra checks read the real templates)."""
+    for relative in sorted(app_code):
+        source = checks.REPO_ROOT / relative
+        target = tmp_path / relative
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    return tmp_path
+
+
+@pytest.mark.parametrize("mutation", CODE_MUTATIONS, ids=[m.id for m in CODE_MUTATIONS])
+def test_a_new_call_without_a_role_fails_the_check(layout, facts, functions, code_copy, mutation):
+    """A call added to the code (the templates unchanged) is found by reading the code, and
+    the check that covers it fails. Each file edited keeps the lines of every function entry,
+    so the indexed entries of the real code still point at them."""
+    path = code_copy / mutation.file
+    path.write_text(mutation.edit(path.read_text()))
+    access = checks.code_access_of(code_copy, functions)
+    results = checks.run_all(layout, dataclasses.replace(facts, access=access))
+    problems = results.get(mutation.check, [])
+    assert any(mutation.expect in problem for problem in problems), (
+        f"check {mutation.check!r} did not report {mutation.expect!r}; it reported:\n"
+        + (checks.format_problems(results) or "nothing at all")
+    )
+
+
+def test_the_unmodified_code_copy_passes(layout, facts, functions, code_copy):
+    access = checks.code_access_of(code_copy, functions)
+    assert access.accesses == facts.access.accesses
+    results = checks.run_all(layout, dataclasses.replace(facts, access=access))
     assert not results, checks.format_problems(results)

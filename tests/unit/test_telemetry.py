@@ -1,21 +1,27 @@
-"""Trace context travels in message properties, and each handled message gets a child span."""
+"""Trace context travels in message properties; each handled message gets the app's span, under
+the host's invocation span when there is one (the platform's, or the local host's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import azure.functions as func
 import pytest
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 import scheduler.functions
 from core import telemetry
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted
+from devstack.host.indexing import IndexedFunction, ServiceBusTrigger, TimerTrigger, Trigger
+from devstack.host.invoke import Invoker, worker_telemetry
+from devstack.host.ncrontab import NcrontabSchedule
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -213,3 +219,137 @@ def test_configure_leaves_a_provider_the_worker_installed_alone(monkeypatch, pro
     )
     assert telemetry.configure({"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=x"})
     assert trace.get_tracer_provider() is provider
+
+
+# ----------------------------------------------- under the host's invocation span (Azure, local)
+
+
+def sent_in_span(order_id: str) -> tuple[FunctionMessage, trace.SpanContext]:
+    """A message sent inside a span, as a trigger receives it, and the sender's span context."""
+    with telemetry.tracer.start_as_current_span("send") as sender:
+        message = to_servicebus_message(order(order_id))
+    return function_message(dict(message.application_properties or {}), order_id), (
+        sender.get_span_context()
+    )
+
+
+def test_consuming_under_an_invocation_span_is_its_internal_child(spans):
+    received, sender = sent_in_span("o-9")
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(sender))
+    with telemetry.tracer.start_as_current_span("host", context=parent) as invocation:
+        with telemetry.consuming(received, "scheduler_intake", "orders-q"):
+            pass
+
+    span = finished(spans, "scheduler_intake")
+    assert span.kind is SpanKind.INTERNAL, "the host reports the request; the app adds none"
+    assert span.parent is not None
+    assert span.parent.span_id == invocation.get_span_context().span_id
+    assert span.context.trace_id == sender.trace_id
+    assert not span.links
+    assert span.attributes is not None and span.attributes["order.id"] == "o-9"
+
+
+def test_consuming_links_the_message_when_the_invocation_is_in_another_trace(spans):
+    received, sender = sent_in_span("o-10")
+    with telemetry.tracer.start_as_current_span("host") as invocation:  # a new trace
+        with telemetry.consuming(received, "scheduler_intake", "orders-q"):
+            pass
+
+    span = finished(spans, "scheduler_intake")
+    assert span.parent is not None
+    assert span.parent.span_id == invocation.get_span_context().span_id
+    assert [link.context.span_id for link in span.links] == [sender.span_id]
+
+
+def test_inject_leaves_the_context_to_the_sdk_when_it_traces_sends(spans):
+    from azure.core.settings import settings
+
+    settings.tracing_implementation = "opentelemetry"
+    try:
+        assert telemetry.sdk_traces_sends()
+        with telemetry.tracer.start_as_current_span("send"):
+            properties = to_servicebus_message(order()).application_properties or {}
+    finally:
+        settings.tracing_implementation.unset_value()
+    assert b"traceparent" not in properties, "the SDK's span for the message writes it"
+    assert not telemetry.sdk_traces_sends()
+
+
+def indexed(
+    user_function: Callable[..., Any], trigger: Trigger, *, wants_context: bool = True
+) -> IndexedFunction:
+    param = "timer" if isinstance(trigger, TimerTrigger) else "msg"
+    return IndexedFunction("fn", user_function, trigger, param, wants_context, ".")
+
+
+QUEUE_TRIGGER = ServiceBusTrigger("q", "ServiceBusConnection", "message")
+
+
+def test_the_local_host_runs_each_message_in_an_invocation_span_like_the_platform(spans):
+    received, sender = sent_in_span("o-11")
+    seen: dict[str, Any] = {}
+
+    def fn(msg: FunctionMessage, context: func.Context) -> None:
+        seen["traceparent"] = context.trace_context.trace_parent
+        with telemetry.consuming(msg, "fn-app", "q"):
+            pass
+
+    Invoker().call(indexed(fn, QUEUE_TRIGGER), received, trace=received.application_properties)
+
+    invocation = finished(spans, "fn")
+    app = finished(spans, "fn-app")
+    assert invocation.kind is SpanKind.CONSUMER
+    assert invocation.parent is not None and invocation.parent.span_id == sender.span_id
+    assert invocation.attributes is not None
+    assert invocation.attributes["faas.trigger"] == "pubsub"
+    assert app.parent is not None and app.parent.span_id == invocation.context.span_id
+    # context.trace_context is the host's invocation span, as the worker receives it
+    span_id = f"{invocation.context.span_id:016x}"
+    assert seen["traceparent"].split("-")[2] == span_id
+
+
+def test_without_the_worker_switch_the_app_span_is_a_sibling_of_the_invocation(spans):
+    received, sender = sent_in_span("o-12")
+
+    def fn(msg: FunctionMessage) -> None:
+        with telemetry.consuming(msg, "fn-app", "q"):
+            pass
+
+    invoker = Invoker(worker_telemetry=False)
+    invoker.call(
+        indexed(fn, QUEUE_TRIGGER, wants_context=False), received, trace=received.user_properties
+    )
+
+    invocation = finished(spans, "fn")
+    app = finished(spans, "fn-app")
+    assert app.kind is SpanKind.CONSUMER
+    assert app.parent is not None and app.parent.span_id == sender.span_id
+    assert invocation.parent is not None and invocation.parent.span_id == sender.span_id
+
+
+def test_a_failed_invocation_marks_its_span_and_a_timer_run_has_none(spans):
+    received, _ = sent_in_span("o-13")
+
+    def fails(msg: FunctionMessage) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        Invoker().call(indexed(fails, QUEUE_TRIGGER, wants_context=False), received)
+    assert finished(spans, "fn").status.status_code is StatusCode.ERROR
+
+    spans.clear()
+    timer = TimerTrigger(NcrontabSchedule("*/5 * * * * *"), run_on_startup=False, use_monitor=False)
+    Invoker().call(indexed(lambda timer: None, timer, wants_context=False), None)
+    assert spans.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize(
+    ("settings", "on"),
+    [
+        ({}, True),
+        ({"PYTHON_ENABLE_OPENTELEMETRY": "true"}, True),
+        ({"PYTHON_ENABLE_OPENTELEMETRY": "false"}, False),
+    ],
+)
+def test_the_worker_switch_setting(settings, on):
+    assert worker_telemetry(settings) is on

@@ -1,0 +1,196 @@
+"""One order, one trace: intake -> agent -> reply through the local host, with the spans the
+platform and the app make (docs/deploy.md, "Telemetry").
+
+The real app runs in the local host against the development broker and Azurite, with an
+in-memory span exporter on the process's tracer provider and the Service Bus SDK tracing its
+sends, as the Azure Monitor distro's azure-sdk instrumentation makes it do in Azure. A
+single-step order is submitted inside a client span. Expected, per hop:
+
+    client span / the app span of the previous hop
+      └─ ServiceBus.message  PRODUCER  (the SDK's span for the message; its context travels)
+      └─ ServiceBus.send     CLIENT    (the SDK's send, linking to that message span)
+    ServiceBus.message
+      └─ <function>          CONSUMER  (the host's invocation span, parented on the message)
+           └─ <function>     INTERNAL  (the app's span: core.telemetry.consuming)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+from azure.core.settings import settings as azure_settings
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from core import runtime, telemetry
+from core.state_models import OrderNotFound
+from core.states import ProcessState
+from devstack.host import LocalHost
+from tests.support.app import make_runtime
+from tests.support.pattern import new_order
+
+pytestmark = pytest.mark.integration
+
+HOPS = (  # function, the queue role it reads
+    ("scheduler_intake", "orders"),
+    ("inventory_agent", "inventory"),
+    ("scheduler_replies", "responses"),
+)
+
+
+class _Switchable(SpanProcessor):
+    """Passes ended spans on while on (a provider's processors cannot be removed)."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self.inner = inner
+        self.on = True
+
+    def on_start(self, span: object, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.on:
+            self.inner.on_end(span)
+
+
+def _sdk_provider() -> TracerProvider:
+    """The process's SDK tracer provider, installed if there is none yet (one per process)."""
+    current = trace.get_tracer_provider()
+    if not isinstance(current, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider), "another kind of provider is installed"
+    return provider
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    recorder = _Switchable(SimpleSpanProcessor(exporter))
+    _sdk_provider().add_span_processor(recorder)
+    azure_settings.tracing_implementation = "opentelemetry"
+    try:
+        yield exporter
+    finally:
+        azure_settings.tracing_implementation.unset_value()
+        recorder.on = False
+
+
+@pytest.fixture
+def hosted(env, spans):
+    rt = make_runtime(env, "scheduler")
+    previous = runtime.install(rt)
+    sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
+    host = LocalHost(
+        importlib.import_module("function_app"),
+        settings=env,
+        host_json="host.json",
+        concurrency_override=1,
+        functions=[function for function, _ in HOPS],
+    )
+    host.start()
+    try:
+        yield rt
+    finally:
+        host.stop(timeout=5)
+        runtime.install(previous)
+        rt.close()
+
+
+def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted, spans, fakes):
+    rt = hosted
+    order = new_order(workflow="single_step")
+    with telemetry.tracer.start_as_current_span("submit", kind=SpanKind.CLIENT) as submit:
+        rt.bus.send(rt.settings.queue("orders"), order)
+    trace_id = submit.get_span_context().trace_id
+
+    finished = _wait_for_reply_hop(rt, spans, order.order_id)
+    ours = [s for s in finished if s.context.trace_id == trace_id]
+    by_id = {s.context.span_id: s for s in ours}
+
+    # Every span of the order's hops is in the submitter's trace.
+    hop_spans = [s for s in finished if s.name in {f for f, _ in HOPS}]
+    assert hop_spans and all(s.context.trace_id == trace_id for s in hop_spans), _shape(finished)
+    roots = [s.name for s in ours if s.parent is None]
+    assert roots == ["submit"], _shape(ours)
+
+    sender = submit
+    for function, role in HOPS:
+        queue = rt.settings.queue(role)
+        invocation = _one(ours, function, SpanKind.CONSUMER)
+        app = _one(ours, function, SpanKind.INTERNAL)
+        message = by_id[invocation.parent.span_id]  # type: ignore[union-attr]
+        assert message.kind is SpanKind.PRODUCER, _shape(ours)
+        assert (message.attributes or {}).get("messaging.destination.name") == queue
+        assert message.parent is not None
+        assert message.parent.span_id == sender.get_span_context().span_id, _shape(ours)
+        assert _send_linking(ours, message), f"no send span links to the message to {queue}"
+        assert (invocation.attributes or {}).get("faas.trigger") == "pubsub"
+        assert app.parent is not None and app.parent.span_id == invocation.context.span_id
+        assert not app.links, "the app span is in its message's trace: nothing to link"
+        assert (app.attributes or {}).get("order.id") == order.order_id
+        sender = app
+
+
+def _wait_for_reply_hop(rt, spans, order_id: str) -> Sequence[ReadableSpan]:
+    """The finished spans once the order is Processed and the reply hop's invocation ended."""
+    deadline = time.monotonic() + 60
+    while True:
+        finished = spans.get_finished_spans()
+        if _state(rt, order_id) is ProcessState.PROCESSED and any(
+            s.name == "scheduler_replies" and s.kind is SpanKind.CONSUMER for s in finished
+        ):
+            return finished
+        assert time.monotonic() < deadline, f"not finished: {_state(rt, order_id)}"
+        time.sleep(0.2)
+
+
+def _state(rt, order_id: str) -> ProcessState | None:
+    try:
+        return rt.store.load(order_id).state
+    except OrderNotFound:
+        return None  # intake has not run yet
+
+
+def _one(spans: Sequence[ReadableSpan], name: str, kind: SpanKind) -> ReadableSpan:
+    found = [s for s in spans if s.name == name and s.kind is kind]
+    assert len(found) == 1, f"{len(found)} {kind.name} spans named {name}:\n{_shape(spans)}"
+    return found[0]
+
+
+def _send_linking(spans: Sequence[ReadableSpan], message: ReadableSpan) -> bool:
+    """A sibling CLIENT span that links to ``message`` (the SDK's send of that message)."""
+    return any(
+        s.kind is SpanKind.CLIENT
+        and s.parent == message.parent
+        and any(link.context.span_id == message.context.span_id for link in s.links)
+        for s in spans
+    )
+
+
+def _shape(spans: Sequence[ReadableSpan]) -> str:
+    """The spans as a tree, for failure messages."""
+    children: dict[int | None, list[ReadableSpan]] = {}
+    ids = {s.context.span_id for s in spans}
+    for span in spans:
+        parent = span.parent.span_id if span.parent and span.parent.span_id in ids else None
+        children.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: int | None, depth: int) -> None:
+        for span in sorted(children.get(parent, []), key=lambda s: s.start_time or 0):
+            lines.append(
+                f"{'  ' * depth}{span.name} {span.kind.name} trace={span.context.trace_id:x}"
+            )
+            walk(span.context.span_id, depth + 1)
+
+    walk(None, 0)
+    return "\n".join(lines)
