@@ -26,12 +26,15 @@ Work that survives the worker (:mod:`supervisor.leases`):
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from core import apply
 from core.active_index import DEFAULT_GRACE
@@ -43,6 +46,9 @@ from core.workflows import UnknownWorkflow
 from supervisor import leases
 from supervisor.metrics import record_tick
 from supervisor.report import TickReport
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger("supervisor.tick")
 
@@ -64,7 +70,7 @@ def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     if plan.hold:
         workers = rt.settings.supervisor_concurrency
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
-            found = list(pool.map(lambda lease: _due(rt, lease), plan.hold))
+            found = list(_map_here(pool, lambda lease: _due(rt, lease), plan.hold))
             sweeps = _sweep(rt, pool, found, deadline, report)
         _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
     report.swept = len(sweeps)
@@ -149,7 +155,7 @@ def _sweep(
     report.due += len(rows)
     if rows:
         report.lag_s = rows[0][0].total_seconds()
-    outcomes = pool.map(lambda item: _handle(rt, item[2], deadline), rows)
+    outcomes = _map_here(pool, lambda item: _handle(rt, item[2], deadline), rows)
     left = [len(f.rows) for f in found]
     for (_, n, _row), outcome in zip(rows, outcomes, strict=True):
         if outcome is None:
@@ -214,3 +220,10 @@ def _inspect(row: ActiveRow, rt: Runtime) -> str:
     if decision.entry is not None:
         return _OUTCOMES.get(decision.entry.event, "")
     return "flushed" if decision.finished and decision.order is None else ""
+
+
+def _map_here(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """``pool.map``, each call in a copy of the calling thread's context: the commands and
+    alerts a sweep sends stay in the tick's trace instead of each starting a new one."""
+    calls = [(contextvars.copy_context(), item) for item in items]
+    return pool.map(lambda call: call[0].run(fn, call[1]), calls)

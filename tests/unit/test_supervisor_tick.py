@@ -693,3 +693,23 @@ def test_each_tick_records_once(store, clock, metric_reader):
     found = recorded(metric_reader)
     assert sum(p.count for p in found["supervisor.tick.duration"]) == 3
     assert sum(p.value for p in found.get("supervisor.rows_read", [])) == 0
+
+
+def test_sweep_tasks_run_in_the_ticks_context() -> None:
+    """The tick's span (a context variable) is current in each sweep task, so the commands and
+    alerts the sweep sends stay in the tick's trace."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from supervisor.tick import _map_here
+
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="none")
+    marker.set("tick")
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("tick") as tick, ThreadPoolExecutor(2) as pool:
+        seen = list(_map_here(pool, lambda _: (marker.get(), trace.get_current_span()), range(4)))
+    assert [m for m, _ in seen] == ["tick"] * 4
+    assert all(span is tick for _, span in seen)
