@@ -128,6 +128,17 @@ class Resubmit:
 
 
 @dataclass(frozen=True, slots=True)
+class Restart:
+    """Redo an Error order from ``step`` on: that step and every later one afresh (new keys),
+    even one whose result was kept; the steps before it resume as a resubmit does."""
+
+    actor: str
+    reason: str
+    step: str
+    outbox_delivered: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Migrate:
     """Move an order in flight to another version of its workflow (docs/versioning.md)."""
 
@@ -136,13 +147,15 @@ class Migrate:
     reason: str
 
 
-Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Migrate
+Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate
 
 
 class Refused(Exception):
     """An operator action that does not apply to the order as it is; ``code`` says why."""
 
-    def __init__(self, code: Literal["not_found", "conflict", "busy"], message: str) -> None:
+    def __init__(
+        self, code: Literal["not_found", "conflict", "busy", "invalid"], message: str
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -223,6 +236,8 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _on_cancel(order, actor, reason, ctx)
         case Resubmit(actor, reason, delivered):
             return _on_resubmit(order, actor, reason, delivered, ctx)
+        case Restart(actor, reason, step, delivered):
+            return _on_restart(order, actor, reason, step, delivered, ctx)
         case Migrate(to, actor, reason):
             return _on_migrate(order, to, actor, reason, ctx)
     raise TypeError(f"not an event: {event!r}")
@@ -414,15 +429,56 @@ def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Co
         detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
         resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
         return _write(order, _claim(resumed, ctx), ctx, "compensation_resumed", detail)
-    redo = [s for s in draft.steps if s.state is not StepState.SUCCEEDED]
-    if not redo:
-        raise Refused("conflict", f"order {order.order_id} has no step left to do")
-    first = redo[0]
     steps = tuple(
         s if s.state is StepState.SUCCEEDED else StepRecord(s.name, s.index) for s in draft.steps
     )
-    kept = [s.name for s in draft.steps if s.state is StepState.SUCCEEDED]
-    detail = f"{reason}; resumes at {first.name}" + (f"; kept: {', '.join(kept)}" if kept else "")
+    if all(s.state is StepState.SUCCEEDED for s in steps):
+        raise Refused("conflict", f"order {order.order_id} has no step left to do")
+    return _redo(order, draft, steps, "resubmitted", reason, ctx)
+
+
+def _on_restart(
+    order: Order, actor: str, reason: str, step: str, delivered: bool, ctx: Context
+) -> Decision:
+    flow = ctx.workflow
+    if step not in flow.step_names:
+        raise Refused(
+            "invalid",
+            f"workflow {flow.ref} has no step {step[:64]!r}; restart from one of: "
+            f"{', '.join(flow.step_names)}",
+        )
+    if order.state is not _P.ERROR:
+        raise Refused(
+            "conflict",
+            f"order {order.order_id} is {order.state}; only Error orders can be restarted",
+        )
+    draft = replace(order, outbox=() if delivered else order.outbox)
+    left = _undo_plan(draft, flow)
+    if left:
+        raise Refused(
+            "conflict",
+            f"order {order.order_id} still has undos left ({', '.join(s.name for s in left)}): "
+            "resubmit it to finish its compensation, then restart it",
+        )
+    start = flow.index_of(step)
+    steps = tuple(
+        s if s.state is StepState.SUCCEEDED and s.index < start else StepRecord(s.name, s.index)
+        for s in draft.steps
+    )
+    redone = ", ".join(flow.step_names[start:])
+    return _redo(
+        order, draft, steps, "restarted", f"{reason}; restart from {step}: redo {redone}", ctx
+    )
+
+
+def _redo(
+    order: Order, draft: Order, steps: tuple[StepRecord, ...], event: str, why: str, ctx: Context
+) -> Decision:
+    """Put an Error order back in flight with the next generation: ``steps`` (those not
+    Succeeded start afresh) from the first one not Succeeded."""
+    first = next(s for s in steps if s.state is not StepState.SUCCEEDED)
+    kept = [s.name for s in steps if s.state is StepState.SUCCEEDED]
+    detail = f"{why}; resumes at {first.name}" + (f"; kept: {', '.join(kept)}" if kept else "")
     again = replace(
         draft,
         state=_P.PENDING,
@@ -436,7 +492,7 @@ def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Co
         compensation_reason=None,
     )
     again = _status(again, ctx, "resubmitted", step=first.name, detail=detail)
-    return _write(order, _claim(again, ctx), ctx, "resubmitted", detail)
+    return _write(order, _claim(again, ctx), ctx, event, detail)
 
 
 # ----------------------------------------------------------------------------- movements

@@ -4,8 +4,14 @@ orderctl up [--detach] start Azurite, the broker, the fake services and function
                        keep them running (restarting any that dies)
 orderctl down          stop a stack started with `up --detach` (or any `up`), by PID
 orderctl ps            the stack's processes, addresses and restarts
-orderctl submit        send an OrderSubmitted message to the orders queue
-orderctl status ID     an order's state, steps and timeline
+orderctl submit        send an OrderSubmitted message to the orders queue (--wait: until done)
+orderctl status ID     an order's state, steps and timeline (--watch: follow it live)
+orderctl orders STATE  orders in a state (Processed too), filtered, sorted, paged
+orderctl alerts        operator alerts and whether each is resolved (--open); ack SEQ
+orderctl resubmit, cancel, restart    operator actions on one order, or on a filter (bulk)
+orderctl dead-letters  dead letters per queue; replay or purge them
+orderctl fault         the fake services' fault profile on the running stack; decline the next N
+orderctl health        whether the app's settings, table and Service Bus work
 orderctl demo          submit orders under a fault profile and watch the pattern cope
 orderctl supervisor    the Supervisor's lag, bucket leases and recovery bound
 orderctl purge         archive, then delete, finished orders past an age (or count: --dry-run)
@@ -18,13 +24,15 @@ orderctl migrate       move orders in flight to another workflow version (dry ru
 
 Every command takes --json (one document on stdout, shapes in docs/orderctl.md); tables take
 --wide. Errors are one line on stderr with a non-zero exit code (2: fix the input or start the
-stack; 1: something failed); --debug shows the traceback instead.
+stack; 1: something failed); --debug shows the traceback instead. `status --watch` and `submit
+--wait` exit 0 when the order is Processed, 3 when it is in Error, 4 when the wait ran out.
 """
 
 from __future__ import annotations
 
 import fcntl
 import getpass
+import json
 import os
 import signal
 import sys
@@ -44,20 +52,24 @@ from rich.text import Text
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
+from devstack import operator_views as views
 from devstack.cli_output import (
     ComponentView,
     DownView,
     ErrorView,
+    FaultView,
     MigrateView,
     StackView,
-    StepView,
     SubmitView,
     WorkflowDiffView,
+    WorkflowStepView,
     WorkflowsView,
     WorkflowVersionView,
+    join_url,
     printable,
     text,
     write_json,
+    write_json_line,
 )
 from devstack.stack import processes
 from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
@@ -200,6 +212,19 @@ def emit(value: BaseModel, show: Any, *args: Any) -> None:
         write_json(value)
     else:
         show(value, *args)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on only if the user agrees (or gave --yes); otherwise stop, nothing done."""
+    if yes:
+        return
+    try:
+        agreed = typer.confirm(question, default=False, err=True)
+    except typer.Abort:
+        err_console.print()  # the prompt's line was left open
+        agreed = False
+    if not agreed:
+        raise fail("not confirmed: nothing was done (--yes acts without asking)", 1)
 
 
 def check_installed() -> None:
@@ -510,7 +535,8 @@ def show_stack(view: StackView, screen: Console) -> None:
         table.add_row(*row, *([text(c.log)] if MODE.wide else []))
     screen.print(table)
     if view.api_url:
-        screen.print(Text.assemble("operator HTTP API: ", (f"{view.api_url}openapi.json", "bold")))
+        openapi = join_url(view.api_url, "openapi.json")
+        screen.print(Text.assemble("operator HTTP API: ", (printable(openapi), "bold")))
     kept = "kept across restarts" if view.persistent else "in memory"
     screen.print(
         Text(
@@ -534,10 +560,19 @@ def submit(
     currency: str = "EUR",
     workflow: str = "order",
     reply_to: Annotated[str | None, typer.Option(help="queue for status updates")] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait", help="return once the order is done: exit 0 Processed, 3 Error, 4 timeout"
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="with --wait: seconds to wait at most")
+    ] = 120.0,
     json_out: Json = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Submit one order to the running stack."""
+    """Submit one order to the running stack (--wait: and follow it until it is done)."""
     from devstack.orders import build_order, send_orders
 
     screen = output(json_out)
@@ -557,7 +592,72 @@ def submit(
         total_cents=order.total_cents,
         currency=order.currency,
     )
-    emit(view, show_submitted, screen)
+    if not wait:
+        emit(view, show_submitted, screen)
+        return
+    if not MODE.json:
+        show_submitted(view, screen)
+    with operations(workdir) as ops:
+        followed = follow_order(ops, order.order_id, timeout, screen, created=False)
+    last = followed.last
+    view = view.model_copy(
+        update={
+            "state": last.detail.order.state if last else None,
+            "waited_s": round(followed.waited_s, 2),
+            "order": last.detail.model_dump(mode="json") if last else None,
+        }
+    )
+    if MODE.json:
+        write_json(view)
+    raise typer.Exit(finished(followed, screen))
+
+
+def follow_order(ops: Any, order_id: str, timeout: float | None, screen: Console, *,
+                 created: bool) -> Any:  # fmt: skip
+    """Follow an order until it is done, printing each change (with --json in `status`: one
+    WatchView per line). ``created``: it exists already (status), else it is on its way."""
+    from devstack.follow import follow
+
+    first = [True]
+
+    def show(view: Any) -> None:
+        if MODE.json:
+            if created:
+                write_json_line(view)
+            return
+        if first[0] and created:
+            show_order(view.detail, screen)
+            screen.print(Text("following it (Ctrl-C stops)…", style="dim"))
+        else:
+            for entry in view.detail.timeline:
+                screen.print(views.timeline_line(entry, MODE.wide))
+        first[0] = False
+
+    return follow(
+        lambda after, wait_s: ops.watch_order(order_id, after_seq=after, wait_s=wait_s),
+        show,
+        timeout=timeout,
+        wait_for_creation=not created,
+    )
+
+
+def finished(followed: Any, screen: Console) -> int:
+    """Say how a followed order ended (people only); its exit code."""
+    from devstack.follow import exit_code
+
+    code = exit_code(followed)
+    if not MODE.json:
+        last = followed.last
+        if followed.timed_out:
+            state = last.detail.order.state if last else "not created yet"
+            screen.print(text(f"still {state} after {followed.waited_s:.0f} s: gave up waiting"))
+        else:
+            assert last is not None
+            order = last.detail.order
+            style = "green" if code == 0 else "red"
+            screen.print(Text.assemble(printable(order.order_id), ": ", (order.state, style)))
+            screen.print(views.step_table(last.detail.steps, MODE.wide))
+    return code
 
 
 def show_submitted(view: SubmitView, screen: Console) -> None:
@@ -595,13 +695,35 @@ Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline
 
 @app.command()
 def status(
-    order_id: str, json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
+    order_id: str,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="follow it live until it is done (--json: one document per change, JSON "
+            "lines); exit 0 Processed, 3 Error, 4 timeout",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option(min=1, help="with --watch: seconds to follow at most")
+    ] = None,
+    json_out: Json = False,
+    wide: Wide = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Show an order's state, steps and timeline."""
+    """Show an order's state, steps (with how long each took, its attempts and why they
+    failed) and timeline; --watch follows it until it is done."""
     screen = output(json_out, wide)
     with operations(workdir) as ops:
-        order = ops.show_order(order_id)
-    emit(order, show_order, screen)
+        if watch:
+            followed = follow_order(ops, order_id, timeout, screen, created=True)
+        else:
+            order = ops.show_order(order_id)
+    if not watch:
+        emit(order, show_order, screen)
+        return
+    raise typer.Exit(finished(followed, screen))
 
 
 def show_order(order: Any, screen: Console) -> None:
@@ -623,7 +745,8 @@ def show_order(order: Any, screen: Console) -> None:
         screen.print(text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}"))
     if p.last_error:
         screen.print(text(f"last error: {p.last_error}"))
-    screen.print(step_table(order.steps))
+    screen.print(views.step_table(order.steps, MODE.wide))
+    views.show_reasons(order.steps, screen, MODE.wide)
     events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
     for entry in order.timeline:
         events.add_row(
@@ -637,94 +760,137 @@ def show_order(order: Any, screen: Console) -> None:
     screen.print(events)
 
 
-STEP_STYLES = {
-    "Succeeded": "green",
-    "Running": "yellow",
-    "Failed": "red",
-    "Compensated": "cyan",
-    "Voided": "cyan",
-}
-
-
-def step_table(steps: Any) -> Table:
-    """Each step: what is known of its effect, its key's generation, requests sent, outcome."""
-    table = Table("step", "state", "gen", "attempts", "completed", "undone", "error", title="steps")
-    for step in steps:
-        error = f"{step.error_code}: {step.error_message}" if step.error_code else ""
-        table.add_row(
-            text(step.name),
-            text(step.state, STEP_STYLES.get(step.state, "")),
-            str(step.generation),
-            str(step.attempt),
-            f"{step.completed_at:%H:%M:%S}" if step.completed_at else "",
-            f"{step.compensated_at:%H:%M:%S}" if step.compensated_at else "",
-            text(error, width=60, wide=MODE.wide),
-        )
-    return table
+OlderThan = Annotated[
+    str | None,
+    typer.Option("--older-than", help="only orders created longer ago: 90s, 15m, 2h, 7d"),
+]
+NewerThan = Annotated[
+    str | None,
+    typer.Option("--newer-than", help="only orders created more recently: 90s, 15m, 2h, 7d"),
+]
+StepFilter = Annotated[str | None, typer.Option("--step", help="only orders now at this step")]
+TextFilter = Annotated[
+    str | None,
+    typer.Option("--text", help="only orders with this in their id, last error or reason"),
+]
 
 
 @app.command()
 def orders(
-    state: Annotated[str, typer.Argument(help="Pending, Processing, Compensating or Error")],
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    state: Annotated[
+        str, typer.Argument(help="Pending, Processing, Compensating, Error or Processed")
+    ],
+    step: StepFilter = None,
+    older_than: OlderThan = None,
+    newer_than: NewerThan = None,
+    text_: TextFilter = None,
+    sort: Annotated[
+        str,
+        typer.Option(
+            help="index (cheapest), id, created, updated; -created, -updated: newest first"
+        ),
+    ] = "index",
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 50,
     continuation: Annotated[str | None, typer.Option(help="from the previous page")] = None,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """List orders in a state (the in-flight index, or the Error index), a page at a time."""
+    """List orders in a state, filtered by step, age and text, sorted, a page at a time (in
+    flight: the active-order index; Error: the Error index; Processed: a bounded query of the
+    orders table — docs/orderctl.md says what each costs)."""
     screen = output(json_out, wide)
     with operations(workdir) as ops:
-        page = ops.list_orders(state, limit=limit, continuation=continuation)
+        page = ops.list_orders(
+            state,
+            step=step,
+            older_than=older_than,
+            newer_than=newer_than,
+            text=text_,
+            sort=sort,
+            limit=limit,
+            continuation=continuation,
+        )
     emit(page, show_orders, screen)
 
 
 def show_orders(page: Any, screen: Console) -> None:
-    table = Table(
-        "order", "step", "attempt", "failures", "next attempt", "last error",
-        title=text(f"{page.state} orders"),
-    )  # fmt: skip
+    shown = ", ".join(f"{k} {v}" for k, v in page.filters.items())
+    title = f"{page.state} orders" + (f" ({shown})" if shown else "")
+    if page.sort != "index":
+        title += f", by {page.sort}"
+    table = Table(title=text(title))
+    columns = ["order", "step", "created", "fail"]
+    columns += ["updated", "attempt", "next attempt"] if MODE.wide else []
+    for name in columns:
+        table.add_column(name, no_wrap=True)
+    table.add_column("last error", ratio=1)
     for o in page.items:
-        table.add_row(
+        row = [
             text(o.order_id),
             text(o.current_step or ""),
-            str(o.attempt),
+            f"{o.created_at:%m-%d %H:%M:%S}",
             str(o.failure_count),
-            f"{o.next_attempt_at:%H:%M:%S}" if o.next_attempt_at else "",
-            text(o.last_error or "", width=60, wide=MODE.wide),
-        )
+        ]
+        if MODE.wide:
+            row += [
+                f"{o.updated_at:%m-%d %H:%M:%S}",
+                str(o.attempt),
+                f"{o.next_attempt_at:%H:%M:%S}" if o.next_attempt_at else "",
+            ]
+        table.add_row(*row, text(o.last_error or "", width=60, wide=MODE.wide))
     screen.print(table)
+    if page.partial:
+        screen.print(
+            text(f"sorted among the first {page.scanned} candidates only: narrow the filter")
+        )
     if page.continuation:
         screen.print(text(f"more: --continuation {page.continuation}"))
 
 
 @app.command()
 def alerts(
-    limit: Annotated[int, typer.Option(min=1, max=250)] = 50,
+    open_only: Annotated[
+        bool, typer.Option("--open", help="only alerts still open (or retrying)")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 50,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`)."""
+    """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`), each
+    with whether its order has recovered since (resolved) or is being retried."""
     screen = output(json_out, wide)
     with operations(workdir) as ops:
-        page = ops.list_alerts(limit=limit)
+        page = ops.list_alerts(limit=limit, open_only=open_only)
     emit(page, show_alerts, screen)
 
 
+RESOLUTION_STYLES = {"open": "red", "retrying": "yellow", "resolved": "green"}
+
+
 def show_alerts(page: Any, screen: Console) -> None:
-    table = Table("#", "enqueued", "severity", "order", "reason", "detail", title="alerts")
+    if not page.items:
+        screen.print(Text("no open alerts" if page.open_only else "no alerts waiting"))
+        return
+    table = Table(title="open alerts" if page.open_only else "alerts")
+    for name in ("#", "enqueued", "severity", "order", "status", "reason"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("detail", ratio=1)
     for item in page.items:
         alert = item.alert or {}
         table.add_row(
             str(item.sequence_number),
             f"{item.enqueued_at:%H:%M:%S}" if item.enqueued_at else "",
             text(alert.get("severity", "?")),
-            text(alert.get("order_id") or "-"),
-            text(alert.get("reason", item.problem or "")),
+            text(alert.get("order_id") or "-", width=40, wide=MODE.wide),
+            text(item.resolution, RESOLUTION_STYLES.get(item.resolution, "")),
+            text(alert.get("reason", item.problem or ""), width=40, wide=MODE.wide),
             text(alert.get("detail", item.raw or ""), width=80, wide=MODE.wide),
         )
     screen.print(table)
+    if page.continuation:
+        screen.print(text("more alerts are waiting: raise --limit (at most 100)"))
 
 
 @app.command()
@@ -746,41 +912,132 @@ def show_ack(done: Any, screen: Console) -> None:
     screen.print(text(f"alert {done.sequence_number} acknowledged by {done.acknowledged_by}"))
 
 
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="act without asking")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="only list what would be acted on")]
+StateFilter = Annotated[str | None, typer.Option("--state", help="only orders in this state")]
+BulkLimit = Annotated[int, typer.Option(min=1, max=100, help="orders acted on at most")]
+
+
 @app.command()
 def resubmit(
-    order_id: str,
-    reason: Reason,
+    order_id: Annotated[
+        str | None, typer.Argument(help="the order; omit it to act on a filter's orders")
+    ] = None,
+    reason: Reason = "",
+    state: StateFilter = None,
+    step: StepFilter = None,
+    older_than: OlderThan = None,
+    newer_than: NewerThan = None,
+    text_: TextFilter = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    limit: BulkLimit = 100,
     operator: Operator = OPERATOR,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Resubmit an Error order: it resumes at the failed step (or finishes its compensation)."""
+    """Resubmit an Error order: it resumes at the failed step (or finishes its compensation).
+    Without ORDER_ID, every Error order the filter selects (listed first; asks to confirm)."""
     screen = output(json_out, wide)
+    chosen = {"state": state, "step": step, "older_than": older_than,
+              "newer_than": newer_than, "text": text_}  # fmt: skip
     with operations(workdir) as ops:
+        if order_id is None:
+            act_on_matching(ops, "resubmit", chosen, reason, operator, dry_run, yes, limit, screen)
+            return
+        one_order(chosen, dry_run)
         done = ops.resubmit(order_id, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
 
 @app.command()
 def cancel(
-    order_id: str,
-    reason: Reason,
+    order_id: Annotated[
+        str | None, typer.Argument(help="the order; omit it to act on a filter's orders")
+    ] = None,
+    reason: Reason = "",
+    state: StateFilter = None,
+    step: StepFilter = None,
+    older_than: OlderThan = None,
+    newer_than: NewerThan = None,
+    text_: TextFilter = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    limit: BulkLimit = 100,
     operator: Operator = OPERATOR,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Cancel a Pending or Processing order at once: every step that may have taken effect (the
-    one in flight too) is undone, then Error."""
+    one in flight too) is undone, then Error. Without ORDER_ID, every such order the filter
+    selects (listed first; asks to confirm)."""
+    screen = output(json_out, wide)
+    chosen = {"state": state, "step": step, "older_than": older_than,
+              "newer_than": newer_than, "text": text_}  # fmt: skip
+    with operations(workdir) as ops:
+        if order_id is None:
+            act_on_matching(ops, "cancel", chosen, reason, operator, dry_run, yes, limit, screen)
+            return
+        one_order(chosen, dry_run)
+        done = ops.cancel(order_id, operator=operator, reason=reason)
+    emit(done, show_action, screen)
+
+
+def one_order(chosen: dict[str, str | None], dry_run: bool) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, value in chosen.items() if value]
+    if given or dry_run:
+        options = ", ".join(given + (["--dry-run"] if dry_run else []))
+        raise fail(f"{options} select orders by filter: give either an order id or a filter", 2)
+
+
+def act_on_matching(
+    ops: Any, action: str, chosen: dict[str, str | None], reason: str, operator: str,
+    dry_run: bool, yes: bool, limit: int, screen: Console,
+) -> None:  # fmt: skip
+    """List what the filter selects; unless a dry run, confirm, then act on exactly those."""
+    preview = ops.bulk(
+        action, operator=operator, reason=reason, dry_run=True, limit=limit, **chosen
+    )
+    if dry_run or not preview.items:
+        emit(preview, views.show_bulk, screen, MODE.wide)
+        return
+    if not MODE.json:
+        views.show_bulk(preview, screen, MODE.wide)
+    confirm(f"{action} these {len(preview.items)} order(s)?", yes)
+    done = ops.bulk(
+        action, operator=operator, reason=reason, limit=limit,
+        order_ids=[item.order_id for item in preview.items], **chosen,
+    )  # fmt: skip
+    emit(done, views.show_bulk, screen, MODE.wide)
+
+
+@app.command()
+def restart(
+    order_id: str,
+    from_step: Annotated[
+        str, typer.Option("--from", help="the step to redo from, e.g. charge_payment")
+    ],
+    reason: Reason,
+    operator: Operator = OPERATOR,
+    json_out: Json = False,
+    wide: Wide = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Restart an Error order from a step: that step and every later one are done again (new
+    idempotency keys), even a result that was kept; the steps before it resume as a resubmit
+    does. Recorded in the order's timeline with your name."""
     screen = output(json_out, wide)
     with operations(workdir) as ops:
-        done = ops.cancel(order_id, operator=operator, reason=reason)
+        done = ops.restart(order_id, step=from_step, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
 
 def show_action(done: Any, screen: Console) -> None:
     screen.print(text(f"{done.order_id}: {done.outcome} ({done.state})"))
+    if done.detail:
+        screen.print(text(done.detail, "dim"))
 
 
 @app.command()
@@ -889,7 +1146,7 @@ def workflows(
                 ref=ref,
                 current=settings.current_version(flow.name) == flow.version,
                 steps=[
-                    StepView(
+                    WorkflowStepView(
                         name=s.name,
                         agent=s.agent,
                         operation=s.operation,
@@ -1088,21 +1345,66 @@ def show_archived(view: Any, screen: Console) -> None:
 
 @app.command("dead-letters")
 def dead_letters(
-    queue: Annotated[
-        str | None, typer.Argument(help="a queue role (orders, responses, ...); all if omitted")
+    words: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[replay|purge] [QUEUE] [SEQ]...",
+            help="a queue role (orders, responses, ...) to list its dead letters, all queues "
+            "if omitted; `replay QUEUE` sends dead letters back to their queue, `purge QUEUE` "
+            "removes them (name them by sequence number, or --all)",
+            show_default=False,
+        ),
     ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="replay or purge every dead letter")] = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    operator: Operator = OPERATOR,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Count dead letters per queue, or show one queue's dead letters."""
+    """Count dead letters per queue, show one queue's dead letters, or replay or purge them
+    (recorded in the timeline of the order each names; asks to confirm unless --yes)."""
     screen = output(json_out, wide)
+    words = words or []
+    action = words[0] if words and words[0] in ("replay", "purge") else None
+    if action is None and (len(words) > 1 or all_ or dry_run):
+        raise fail("to act on dead letters: dead-letters replay|purge QUEUE [SEQ]... [--all]", 2)
     with operations(workdir) as ops:
-        if queue is None:
+        if action is not None:
+            settle_dead_letters(ops, action, words[1:], all_, dry_run, yes, operator, screen)
+            return
+        if not words:
             emit(ops.dead_letter_summary(), show_dead_letter_counts, screen)
             return
-        page = ops.list_dead_letters(queue)
+        page = ops.list_dead_letters(words[0])
     emit(page, show_dead_letters, screen)
+
+
+def settle_dead_letters(
+    ops: Any, action: str, words: list[str], everything: bool, dry_run: bool, yes: bool,
+    operator: str, screen: Console,
+) -> None:  # fmt: skip
+    """Say what a replay or purge would do; unless a dry run, confirm, then do it to those."""
+    if not words:
+        raise fail(f"say which queue: dead-letters {action} QUEUE [SEQ]... [--all]", 2)
+    queue, numbers = words[0], words[1:]
+    if not all(n.isascii() and n.isdigit() and len(n) < 19 for n in numbers):
+        raise fail(f"dead letters are named by sequence number, not {numbers!r}", 2)
+    act = ops.replay_dead_letters if action == "replay" else ops.purge_dead_letters
+    chosen = [int(n) for n in numbers] or None
+    preview = act(
+        queue, operator=operator, sequence_numbers=chosen, everything=everything, dry_run=True
+    )
+    ready = [i.sequence_number for i in preview.items if i.outcome.startswith("would_")]
+    if dry_run or not ready:
+        emit(preview, views.show_dead_letter_action, screen, MODE.wide)
+        return
+    if not MODE.json:
+        views.show_dead_letter_action(preview, screen, MODE.wide)
+    confirm(f"{action} these {len(ready)} dead letter(s)?", yes)
+    done = act(queue, operator=operator, sequence_numbers=ready)
+    emit(done, views.show_dead_letter_action, screen, MODE.wide)
 
 
 def show_dead_letter_counts(summary: Any, screen: Console) -> None:
@@ -1128,9 +1430,84 @@ def show_dead_letters(page: Any, screen: Console) -> None:
 
 
 @app.command()
+def fault(
+    profile: Annotated[
+        str | None,
+        typer.Argument(
+            help="clean, flaky, chaotic, stress or a profile file; omit to show what is in force"
+        ),
+    ] = None,
+    decline_next: Annotated[
+        int | None,
+        typer.Option(
+            "--decline-next",
+            min=0,
+            max=100_000,
+            help="decline the next N forward calls of --service (0: stop declining)",
+        ),
+    ] = None,
+    service: Annotated[
+        str, typer.Option(help="with --decline-next: inventory, payment or shipping")
+    ] = "payment",
+    json_out: Json = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Show or choose the fault profile of the running stack's fake services, or make the next
+    N payments (or reservations, shipments) be declined. It stays until changed again, a fake
+    services process restarted by the stack included; a new stack starts from `up --profile`."""
+    import httpx
+
+    from devstack.fakes.profiles import SERVICE_NAMES, source_name
+    from devstack.stack.local_stack import profile_path
+
+    screen = output(json_out)
+    info = running_stack(workdir)
+    change: dict[str, Any] = {}
+    if profile is not None:
+        check_profile(profile)
+        path = profile_path(profile)
+        change |= {"profile": json.loads(path.read_text()), "source": source_name(path)}
+    if decline_next is not None:
+        if service not in SERVICE_NAMES:
+            raise fail(f"--service {service!r}: one of {', '.join(SERVICE_NAMES)}", 2)
+        change["decline_next"] = {"service": service, "count": decline_next}
+    url = join_url(info.fakes_url, "_fault")
+    try:
+        answer = httpx.post(url, json=change, timeout=10) if change else httpx.get(url, timeout=10)
+    except httpx.HTTPError as error:
+        raise fail(
+            f"cannot reach the fake services at {url} ({type(error).__name__}): see `orderctl ps`",
+            1,
+        ) from None
+    if answer.status_code != 200:
+        raise fail(f"the fake services refused it: {answer.text[:300]}", 2)
+    view = FaultView(fakes_url=info.fakes_url, changed=bool(change), **answer.json())
+    emit(view, views.show_fault, screen)
+
+
+@app.command()
+def health(json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR) -> None:
+    """Check that the app can work: its settings, the orders table and Service Bus (exit 1 if
+    not), as `GET /api/health` does."""
+    screen = output(json_out, wide)
+    with operations(workdir) as ops:
+        view = ops.health()
+    emit(view, views.show_health, screen)
+    if view.status != "ok":
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     orders: Annotated[int, typer.Option(min=1, max=100_000)] = 40,
-    profile: Annotated[str, typer.Option(help="clean, flaky, chaotic or a path")] = "chaotic",
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="clean, flaky, chaotic, stress or a path [default: chaotic for a stack the "
+            "demo starts; on a running stack, its own profile, unchanged]",
+            show_default=False,
+        ),
+    ] = None,
     workflow: str = "order",
     hosts: Annotated[int, typer.Option(min=1, max=8)] = 2,
     concurrency: Annotated[int | None, typer.Option(min=1)] = None,
@@ -1152,13 +1529,15 @@ def demo(
     ] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Submit orders under a fault profile, show live progress, then a summary."""
+    """Submit orders under a fault profile, show live progress, then a summary. On a running
+    stack, --profile changes its faults for the demo (said, and set back afterwards)."""
     from devstack.demo import Demo
 
     to_stdout = json_out == "-"
     output(to_stdout)
     check_installed()
-    check_profile(profile)
+    if profile is not None:
+        check_profile(profile)
     try:
         summary = Demo(
             orders=orders,

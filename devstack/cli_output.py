@@ -60,15 +60,42 @@ class DownView(_Shape):
 
 
 class SubmitView(_Shape):
-    """`submit`: the order sent."""
+    """`submit`: the order sent; with ``--wait``, also how it ended (the exit code says it
+    too: 0 Processed, 3 Error, 4 still in flight when the wait ended)."""
 
     order_id: str
     workflow: str
     total_cents: int
     currency: str
+    state: str | None = Field(
+        default=None, description="With --wait: Processed, Error, or the state it was still in"
+    )
+    waited_s: float | None = Field(default=None, description="With --wait: seconds waited")
+    order: Any = Field(
+        default=None, description="With --wait: the order as it ended (an OrderDetail)"
+    )
 
 
-class StepView(_Shape):
+class FaultView(_Shape):
+    """`fault`: the faults the running stack's fake services inject now."""
+
+    fakes_url: str
+    source: str = Field(
+        description="Where the profile came from: clean, flaky, chaotic, stress (shipped), a "
+        "file's path, or 'set at run time'"
+    )
+    description: str
+    profile: dict[str, Any] = Field(
+        description="The profile's rules that differ from a clean service (the profile file's "
+        "format)"
+    )
+    declines_pending: dict[str, int] = Field(
+        description="Service -> forward calls it will still decline (--decline-next)"
+    )
+    changed: bool = Field(description="This call changed the faults")
+
+
+class WorkflowStepView(_Shape):
     name: str
     agent: str
     operation: str
@@ -78,7 +105,7 @@ class StepView(_Shape):
 class WorkflowVersionView(_Shape):
     ref: str = Field(description="name@version, what an order records")
     current: bool = Field(description="new orders of this workflow take this version")
-    steps: list[StepView]
+    steps: list[WorkflowStepView]
     in_flight: int
     in_error: int
 
@@ -123,22 +150,28 @@ class ErrorView(_Shape):
 
 def shapes() -> dict[str, tuple[Any, ...]]:
     """Each command's ``--json`` document: one of these (dead-letters: the summary without a
-    QUEUE, the page with one). A failure prints :class:`ErrorView` instead. (Imported here,
-    not at the top: the operator models and the demo load the Azure SDKs, and every
-    `orderctl` start, shell completion included, would pay for that.)"""
+    QUEUE, the page with one, the action's outcome for replay and purge; status: the order, or
+    with --watch one WatchView per line, a change each; resubmit and cancel: the action on one
+    order, or the bulk view with a filter). A failure prints :class:`ErrorView` instead.
+    (Imported here, not at the top: the operator models and the demo load the Azure SDKs, and
+    every `orderctl` start, shell completion included, would pay for that.)"""
     from devstack.demo import Summary as DemoSummary
     from operator_api.models import (
         AckView,
         ActionView,
         AlertPage,
         ArchivedOrderView,
+        BulkView,
+        DeadLetterActionView,
         DeadLetterPage,
         DeadLetterSummary,
+        HealthView,
         OrderDetail,
         OrderPage,
         PurgeRunsView,
         PurgeView,
         SupervisorView,
+        WatchView,
     )
 
     return {
@@ -146,17 +179,20 @@ def shapes() -> dict[str, tuple[Any, ...]]:
         "down": (DownView,),
         "ps": (StackView,),
         "submit": (SubmitView,),
-        "status": (OrderDetail,),
+        "status": (OrderDetail, WatchView),
         "orders": (OrderPage,),
         "alerts": (AlertPage,),
         "ack": (AckView,),
-        "resubmit": (ActionView,),
-        "cancel": (ActionView,),
+        "resubmit": (ActionView, BulkView),
+        "cancel": (ActionView, BulkView),
+        "restart": (ActionView,),
         "supervisor": (SupervisorView,),
         "purge": (PurgeView,),
         "purges": (PurgeRunsView,),
         "archived": (ArchivedOrderView,),
-        "dead-letters": (DeadLetterSummary, DeadLetterPage),
+        "dead-letters": (DeadLetterSummary, DeadLetterPage, DeadLetterActionView),
+        "fault": (FaultView,),
+        "health": (HealthView,),
         "demo": (DemoSummary,),
         "workflows": (WorkflowsView,),
         "workflow-diff": (WorkflowDiffView,),
@@ -172,6 +208,20 @@ def write_json(value: BaseModel) -> None:
     """One JSON document on stdout, written as is: never through rich (no markup, no wrap)."""
     sys.stdout.write(to_json(value))
     sys.stdout.flush()
+
+
+def write_json_line(value: BaseModel) -> None:
+    """One JSON document on one line of stdout (JSON lines: a stream of documents)."""
+    sys.stdout.write(value.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+def join_url(base: str, *parts: str) -> str:
+    """``base`` and ``parts`` joined with exactly one ``/`` between each: never ``//`` in a
+    path, whatever slashes each piece ends or starts with."""
+    pieces = [base.rstrip("/")] + [p.strip("/") for p in parts if p.strip("/")]
+    joined = "/".join(pieces)
+    return joined + "/" if parts and parts[-1].endswith("/") else joined
 
 
 def validate(command: str, document: object) -> Any:

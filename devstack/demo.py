@@ -9,6 +9,17 @@ one peek through the alert queue, one read of the fake services' ledger and the 
 counters: never a request per order, so it appears seconds after the last order finished (it
 reports how many: ``summary_delay_s``). Nothing is estimated.
 
+**The fault profile.** A stack the demo starts runs the profile asked for (chaotic by
+default). On a running stack the demo never changes it behind the user's back: without
+``--profile`` it runs under the profile in force and says which; with one, it says loudly what
+it sets and what it was, and sets the previous one back when it ends. The operator scene at
+the end (the services recover, an Error order is resubmitted) sets the clean profile the same
+way, announced, and restored afterwards.
+
+**Showing it.** A live table while orders flow, with a progress bar and an ETA on long runs
+(``LONG_RUN`` orders or more); then, once the live view has ended, the summary as a table of
+its own. Stored data is printed as text, never as markup.
+
 What the summary checks, from the fakes' ledger (one snapshot, :mod:`devstack.observe`):
 duplicated effects (a key that took effect twice), undos without a do (an undo that reversed
 nothing at its service), and effects left after compensation (a forward effect of an Error order
@@ -31,8 +42,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -41,6 +61,7 @@ from core.order import TERMINAL_ALERT_REASONS, Order, StepState
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
+from devstack.cli_output import join_url, printable
 from devstack.observe import (
     FinishWatch,
     Ledger,
@@ -70,6 +91,10 @@ READS_PER_POLL = 60
 SETTLE_SECONDS = 30.0
 """How long the summary waits for finished orders to send what they owe (their alerts)."""
 EXAMPLES = 5
+LONG_RUN = 100
+"""Runs of this many orders or more show a progress bar with an ETA."""
+DEFAULT_PROFILE = "chaotic"
+"""The profile of a stack the demo starts itself, unless told otherwise."""
 UNDONE = (StepState.COMPENSATED, StepState.VOIDED)
 RETRY_FUNCTION = "scheduler_commands"  # every retry, by the Supervisor or after a failed reply
 
@@ -170,7 +195,7 @@ class Demo:
         self,
         *,
         orders: int,
-        profile: str,
+        profile: str | None,
         workflow: str,
         hosts: int,
         concurrency: int | None,
@@ -181,7 +206,11 @@ class Demo:
         console: Console,
     ) -> None:
         self.count = orders
-        self.profile = profile
+        self.asked_profile = profile
+        self.profile = profile or DEFAULT_PROFILE
+        self._restore: dict | None = None
+        """The running stack's faults before the demo changed them, to set back at the end."""
+        self._own_stack = False
         self.workflow = workflow
         self.hosts = hosts
         self.concurrency = concurrency
@@ -204,22 +233,53 @@ class Demo:
                 profile=self.profile,
                 overrides=QUICK_SETTINGS if self.quick else {},
             )
-            info = own.start(progress=lambda step: self.console.print(f"[dim]…[/] {step}"))
+            info = own.start(progress=lambda step: self.say(f"… {step}", "dim"))
+            self._own_stack = True
         else:
-            self.console.print(f"using the running stack in {self.workdir}")
-            self._set_profile(info)
+            self.say(f"using the running stack in {self.workdir}")
+            self._choose_profile(info)
         try:
             return self._run(info)
         finally:
             if own is not None:
-                self.console.print("[dim]… stopping the stack this demo started[/]")
+                self.say("… stopping the stack this demo started", "dim")
                 own.stop()
+            elif self._restore is not None:
+                self._set_faults(info, self._restore)
+                self.say(f"fault profile set back to {self._restore['source']}", "bold yellow")
 
-    def _set_profile(self, info: StackInfo) -> None:
+    def say(self, line: str, style: str = "") -> None:
+        """A line for people: never read as markup."""
+        self.console.print(Text(printable(line), style=style))
+
+    def _choose_profile(self, info: StackInfo) -> None:
+        """Run under the running stack's profile, or change it loudly (and remember it)."""
+        now = self._faults(info)
+        if self.asked_profile is None:
+            self.profile = now["source"]
+            self.say(f"fault profile: {now['source']}, the running stack's own (unchanged)")
+            return
+        from devstack.fakes.profiles import source_name
         from devstack.stack.local_stack import profile_path
 
-        profile = json.loads(profile_path(self.profile).read_text())
-        httpx.post(f"{info.fakes_url}/_profile", json=profile, timeout=10).raise_for_status()
+        path = profile_path(self.asked_profile)
+        self.profile = source_name(path)
+        self.say(
+            f"setting the running stack's fault profile to {self.profile} for this demo "
+            f"(it is {now['source']} now; set back when the demo ends)",
+            "bold yellow",
+        )
+        self._restore = {"profile": now["profile"], "source": now["source"]}
+        self._set_faults(info, {"profile": json.loads(path.read_text()), "source": self.profile})
+
+    def _faults(self, info: StackInfo) -> dict:
+        answer = httpx.get(join_url(info.fakes_url, "_fault"), timeout=10)
+        answer.raise_for_status()
+        return answer.json()
+
+    def _set_faults(self, info: StackInfo, change: dict) -> None:
+        answer = httpx.post(join_url(info.fakes_url, "_fault"), json=change, timeout=10)
+        answer.raise_for_status()
 
     def _run(self, info: StackInfo) -> Summary:
         orders = [
@@ -237,7 +297,7 @@ class Demo:
         store = open_store(info.settings)
         started = time.monotonic()
         pace = f"at {self.rate:g}/s" if self.rate > 0 else "at once"
-        self.console.print(
+        self.say(
             f"submitting {self.count} orders {pace} ({self.workflow} workflow, "
             f"profile {self.profile})"
         )
@@ -271,10 +331,19 @@ class Demo:
         from core.runtime import Runtime
         from operator_api.operations import Operations
 
+        self.console.print()
+        if self._restore is None and not self._own_stack:
+            before = self._faults(info)
+            self._restore = {"profile": before["profile"], "source": before["source"]}
         self.console.print(
-            f"\n[bold]operator:[/] the remote services have recovered; resubmitting {order_id}"
+            Text.assemble(
+                ("operator: ", "bold"),
+                "the remote services recover (fault profile set to clean",
+                " until the demo ends)" if self._restore is not None else ")",
+                f"; resubmitting {printable(order_id)}",
+            )
         )
-        httpx.post(f"{info.fakes_url}/_profile", json={}, timeout=10).raise_for_status()
+        self._set_faults(info, {"profile": {}, "source": "clean"})
         runtime = Runtime.from_settings(Settings.from_env(info.settings))
         ops = Operations(runtime)
         try:
@@ -289,16 +358,19 @@ class Demo:
             ops.close()
             runtime.close()
         self.console.print(
-            f"{order_id}: {done.outcome}, now [bold]{process.state}[/]; timeline: "
-            + " → ".join(events)
+            Text.assemble(
+                printable(f"{order_id}: {done.outcome}, now "),
+                (printable(process.state), "bold"),
+                printable("; timeline: " + " → ".join(events)),
+            )
         )
         return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
     def _watch(self, store, order_ids: list[str], started: float) -> dict[str, Order]:
         watch = FinishWatch(order_ids, READS_PER_POLL)
         retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
-        view = Progress(self.count)
-        with Live(view.table(), console=self.console, refresh_per_second=4) as live:
+        view = Progress(self.count, bar=self.count >= LONG_RUN)
+        with Live(view.render(), console=self.console, refresh_per_second=4) as live:
             while watch.unfinished and time.monotonic() - started < self.timeout:
                 for order in watch.poll(store):
                     view.states[order.state] += 1
@@ -306,8 +378,9 @@ class Demo:
                 view.in_flight = watch.in_flight
                 view.retries = host_invocations(self.workdir, RETRY_FUNCTION) - retries_before
                 view.elapsed = time.monotonic() - started
-                live.update(view.table())
+                live.update(view.render())
                 time.sleep(0.5)
+        self.console.print()  # the live view has ended: what follows starts on a line of its own
         return watch.finals
 
     def _summarize(
@@ -431,17 +504,19 @@ class Demo:
             ]
 
     def _show(self, s: Summary) -> None:
-        table = Table("", "", title="summary")
+        table = Table(show_header=False, title="summary", title_justify="left", title_style="bold")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
         alerted = (
-            "yes"
+            Text("yes")
             if s.one_terminal_alert_per_error
-            else f"[red]no[/] ({s.wrong_terminal_alerts} wrong)"
+            else Text.assemble(("no", "red"), f" ({s.wrong_terminal_alerts} wrong)")
         )
         left = str(s.effects_left_after_compensation)
         if s.effects_left_by_incomplete_compensation:
             left += f" ({s.effects_left_by_incomplete_compensation} by incomplete compensations)"
-        rows = [
-            ("processed", f"[green]{s.processed}[/] of {s.orders}"),
+        rows: list[tuple[str, str | Text]] = [
+            ("processed", Text.assemble((str(s.processed), "green"), f" of {s.orders}")),
             ("errors", str(s.errors)),
             ("… of which compensated", str(s.compensated)),
             ("one terminal alert per Error", alerted),
@@ -458,22 +533,46 @@ class Demo:
         rows += [(f"{kind} per order", str(n)) for kind, n in s.operations_per_order.items()]
         rows += [(f"CPU s, {name}", str(n)) for name, n in s.cpu_seconds.items()]
         for name, value in rows:
-            table.add_row(name, value)
+            table.add_row(name, value if isinstance(value, Text) else Text(value))
         self.console.print(table)
         for problem, cases in s.examples.items():
-            self.console.print(Text.assemble((f"{problem}: ", "yellow"), "; ".join(cases)))
+            self.console.print(
+                Text.assemble((f"{problem}: ", "yellow"), printable("; ".join(cases)))
+            )
 
 
 @dataclass
 class Progress:
-    """What the live view shows while orders flow."""
+    """What the live view shows while orders flow: the counts, and on long runs (``bar``) a
+    progress bar of finished orders with the time left at the current pace."""
 
     orders: int
+    bar: bool = False
     waiting: int = 0
     in_flight: int = 0
     retries: int = 0
     elapsed: float = 0.0
     states: Counter = field(default_factory=Counter)
+    _bar: ProgressBar | None = None
+    _task: int = 0
+
+    def render(self) -> Table | Group:
+        if not self.bar:
+            return self.table()
+        if self._bar is None:
+            self._bar = ProgressBar(
+                TextColumn("finished"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                TextColumn("left"),
+                TimeRemainingColumn(),
+                auto_refresh=False,
+            )
+            self._task = self._bar.add_task("finished", total=self.orders)
+        self._bar.update(self._task, completed=sum(self.states.values()))  # type: ignore[arg-type]
+        return Group(self._bar.get_renderable(), self.table())
 
     def table(self) -> Table:
         done = sum(self.states.values())
@@ -484,9 +583,9 @@ class Progress:
         table.add_row(
             str(max(self.waiting, 0)),
             str(self.in_flight),
-            f"[green]{self.states[ProcessState.PROCESSED]}[/]",
-            f"[red]{self.states[ProcessState.ERROR]}[/]",
-            f"[yellow]{self.retries}[/]",
+            Text(str(self.states[ProcessState.PROCESSED]), style="green"),
+            Text(str(self.states[ProcessState.ERROR]), style="red"),
+            Text(str(self.retries), style="yellow"),
             f"{done / self.elapsed:.1f}" if self.elapsed > 0 else "-",
         )
         return table

@@ -2,10 +2,11 @@
 
 Every function has ``auth_level=FUNCTION``: the Functions host refuses a request without a valid
 function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
-any code here runs. Locally, Core Tools do not check keys, and the project's local host serves
-no HTTP yet: run the API locally only on a trusted machine. A function key says which *client*
-may call, not which person. Actions (resubmit, cancel, acknowledge, purge) record the caller
-the platform names: App Service Authentication sets ``X-MS-CLIENT-PRINCIPAL-NAME`` for the
+any code here runs (``GET /api/health`` too: it names tables and queues). Locally, Core Tools
+and the project's local host do not check keys: run the API locally only on a trusted machine.
+A function key says which *client* may call, not which person. Actions (resubmit, cancel,
+restart, bulk actions, acknowledge, purge, dead-letter replay and purge) record the caller the
+platform names: App Service Authentication sets ``X-MS-CLIENT-PRINCIPAL-NAME`` for the
 signed-in user, and external requests cannot set it; the local host sets it to its
 ``DEVHOST_PRINCIPAL_NAME`` setting. Without it an action is refused with 401. An ``operator``
 in the request body is ignored: a body says whatever its sender wants.
@@ -32,8 +33,17 @@ from pydantic import BaseModel, ValidationError
 
 from core import runtime
 from core.states import ProcessState
+from operator_api.bulk import BulkAction
 from operator_api.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
-from operator_api.models import AckRequest, ActionRequest, PurgeBody
+from operator_api.models import (
+    AckRequest,
+    ActionRequest,
+    BulkRequest,
+    DeadLetterActionRequest,
+    HealthView,
+    PurgeBody,
+    RestartRequest,
+)
 from operator_api.openapi import openapi_document
 from operator_api.operations import Operations
 
@@ -45,6 +55,8 @@ AUTH: Final = func.AuthLevel.FUNCTION
 MAX_BODY_BYTES: Final = 16 * 1024
 PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
 _INTEGER: Final = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+_NUMBER: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,3})?", re.ASCII)
+_BOOLEANS: Final = {"true": True, "1": True, "false": False, "0": False}
 
 _lock = threading.Lock()
 _ops: tuple[runtime.Runtime, Operations] | None = None
@@ -70,6 +82,11 @@ def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
     return _respond(
         lambda ops: ops.list_orders(
             _required_param(req, "state"),
+            step=req.params.get("step"),
+            older_than=req.params.get("older_than"),
+            newer_than=req.params.get("newer_than"),
+            text=req.params.get("text"),
+            sort=req.params.get("sort"),
             limit=_int_param(req, "limit", 50),
             continuation=req.params.get("continuation"),
         )
@@ -85,6 +102,41 @@ def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
             timeline_limit=_int_param(req, "timeline_limit", 200),
         )
     )
+
+
+@bp.route(route="orders/{order_id}/watch", methods=["GET"], auth_level=AUTH)
+def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(
+        lambda ops: ops.watch_order(
+            req.route_params.get("order_id", ""),
+            after_seq=_int_param(req, "after", -1),
+            wait_s=_number_param(req, "wait", 20.0),
+        )
+    )
+
+
+@bp.route(route="orders/{order_id}/restart", methods=["POST"], auth_level=AUTH)
+def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
+    def restart(ops: Operations) -> BaseModel:
+        body = _json_body(req, RestartRequest)
+        return ops.restart(
+            req.route_params.get("order_id", ""),
+            step=body.step or "",
+            operator=_operator(req),
+            reason=body.reason or "",
+        )
+
+    return _respond(restart, status=_action_status)
+
+
+@bp.route(route="bulk/resubmit", methods=["POST"], auth_level=AUTH)
+def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _bulk(req, ops, "resubmit"))
+
+
+@bp.route(route="bulk/cancel", methods=["POST"], auth_level=AUTH)
+def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _bulk(req, ops, "cancel"))
 
 
 @bp.route(route="orders/{order_id}/resubmit", methods=["POST"], auth_level=AUTH)
@@ -104,7 +156,9 @@ def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
 def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
     return _respond(
         lambda ops: ops.list_alerts(
-            limit=_int_param(req, "limit", 50), continuation=req.params.get("continuation")
+            limit=_int_param(req, "limit", 50),
+            continuation=req.params.get("continuation"),
+            open_only=_bool_param(req, "open", False),
         )
     )
 
@@ -140,6 +194,16 @@ def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
             continuation=req.params.get("continuation"),
         )
     )
+
+
+@bp.route(route="dead-letters/{queue}/replay", methods=["POST"], auth_level=AUTH)
+def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _dead_letters(req, ops, ops.replay_dead_letters))
+
+
+@bp.route(route="dead-letters/{queue}/purge", methods=["POST"], auth_level=AUTH)
+def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
 
 
 # ------------------------------------------------------------------------------ supervisor
@@ -180,6 +244,17 @@ def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
             req.route_params.get("order_id", ""), day=req.params.get("day")
         )
     )
+
+
+# ---------------------------------------------------------------------------------- health
+
+
+@bp.route(route="health", methods=["GET"], auth_level=AUTH)
+def operator_health(req: func.HttpRequest) -> func.HttpResponse:
+    def healthy(result: BaseModel) -> int:
+        return 200 if isinstance(result, HealthView) and result.status == "ok" else 503
+
+    return _respond(lambda ops: ops.health(), status=healthy)
 
 
 # --------------------------------------------------------------------------------- openapi
@@ -232,6 +307,37 @@ def _action(req: func.HttpRequest, act: Callable[..., BaseModel]) -> BaseModel:
         req.route_params.get("order_id", ""),
         operator=_operator(req),
         reason=body.reason,
+    )
+
+
+def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseModel:
+    body = _json_body(req, BulkRequest)
+    return ops.bulk(
+        action,
+        operator=_operator(req),
+        reason=body.reason,
+        state=body.state,
+        step=body.step,
+        older_than=body.older_than,
+        newer_than=body.newer_than,
+        text=body.text,
+        dry_run=body.dry_run,
+        order_ids=body.order_ids,
+        limit=body.limit,
+    )
+
+
+def _dead_letters(
+    req: func.HttpRequest, ops: Operations, act: Callable[..., BaseModel]
+) -> BaseModel:
+    body = _json_body(req, DeadLetterActionRequest)
+    return act(
+        req.route_params.get("queue", ""),
+        operator=_operator(req),
+        sequence_numbers=body.sequence_numbers,
+        everything=body.all,
+        dry_run=body.dry_run,
+        limit=body.limit,
     )
 
 
@@ -288,6 +394,24 @@ def _int_param(req: func.HttpRequest, name: str, default: int) -> int:
     if not _INTEGER.fullmatch(value.strip()):
         raise InvalidRequest("invalid_request", f"query parameter {name!r} must be an integer")
     return int(value)
+
+
+def _number_param(req: func.HttpRequest, name: str, default: float) -> float:
+    value = req.params.get(name)
+    if value is None:
+        return default
+    if not _NUMBER.fullmatch(value.strip()):
+        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be a number")
+    return float(value)
+
+
+def _bool_param(req: func.HttpRequest, name: str, default: bool) -> bool:
+    value = req.params.get(name)
+    if value is None:
+        return default
+    if value.strip().lower() not in _BOOLEANS:
+        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be true or false")
+    return _BOOLEANS[value.strip().lower()]
 
 
 def _sequence_param(req: func.HttpRequest) -> int:

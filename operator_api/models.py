@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from core.order import Order, StepRecord, TimelineEntry
 from core.state_models import OrderRecord
-from scheduler.control import Outcome
+from operator_api.step_activity import StepActivity, step_activity
+from scheduler.control import Action, Outcome
 
 
 class _Model(BaseModel):
@@ -31,6 +32,57 @@ class ActionRequest(BaseModel):
         max_length=128,
     )
     reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
+
+
+class RestartRequest(ActionRequest):
+    """Body of a restart: the step to redo from, and why."""
+
+    step: str | None = Field(
+        default=None,
+        description="The step to redo from (required): one of the order's workflow version",
+        max_length=64,
+    )
+
+
+class OrderFilterBody(BaseModel):
+    """Which orders: the same filters as GET /orders (every one optional, at least one given)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    state: str | None = Field(
+        default=None,
+        description="resubmit: Error (the default); cancel: Pending or Processing (default both)",
+        max_length=20,
+    )
+    step: str | None = Field(default=None, description="The order's current step", max_length=64)
+    older_than: str | None = Field(
+        default=None, description="Created longer ago than this: 90s, 15m, 2h, 7d", max_length=12
+    )
+    newer_than: str | None = Field(
+        default=None, description="Created more recently than this", max_length=12
+    )
+    text: str | None = Field(
+        default=None,
+        description="Found in the order id, last error or compensation reason (any case)",
+        max_length=200,
+    )
+
+
+class BulkRequest(OrderFilterBody):
+    """Body of a bulk resubmit or cancel."""
+
+    operator: str | None = Field(
+        default=None, max_length=128, description="Ignored: who acts is the signed-in caller"
+    )
+    reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
+    dry_run: bool = Field(default=False, description="Only list the orders that would be acted on")
+    order_ids: list[str] | None = Field(
+        default=None,
+        max_length=100,
+        description="Act only on these (those a dry run listed), each only if it still "
+        "matches the filter",
+    )
+    limit: int = Field(default=100, ge=1, le=100, description="Orders acted on at most")
 
 
 class AckRequest(BaseModel):
@@ -97,12 +149,27 @@ class OrderSummary(_Model):
 
 class OrderPage(_Model):
     state: str
+    sort: str = Field(
+        default="index",
+        description="index (the source's key order), id, created, updated; -created and "
+        "-updated: newest first",
+    )
+    filters: dict[str, str] = Field(
+        default_factory=dict, description="The filters applied: step, older_than, newer_than, text"
+    )
     items: list[OrderSummary]
     continuation: str | None = Field(
         description="Pass as `continuation` for the next page; null when there is no more. "
         "A page may hold fewer items than `limit` (even none) and still have one."
     )
-    scanned: int = Field(description="Index rows looked at for this page")
+    scanned: int = Field(
+        description="Rows looked at for this page (index rows cost a point read each)"
+    )
+    partial: bool = Field(
+        default=False,
+        description="Sorted listings: the candidates did not all fit in one read, so the "
+        "order covers only the `scanned` read; narrow the filter",
+    )
 
 
 class StepView(_Model):
@@ -125,9 +192,36 @@ class StepView(_Model):
     error_message: str | None
     completed_at: datetime | None
     compensated_at: datetime | None
+    started_at: datetime | None = Field(
+        default=None, description="When its latest run's first request was sent (timeline)"
+    )
+    duration_s: float | None = Field(
+        default=None,
+        description="From started_at to its answer, or to now while it runs (null: unknown)",
+    )
+    requests: int = Field(default=0, description="Forward requests of its latest run")
+    failures: int = Field(
+        default=0, description="Failed attempts (transient errors, missed deadlines), all runs"
+    )
+    deferrals: int = Field(default=0, description="Attempts put off by an open circuit")
+    reasons: list[str] = Field(
+        default_factory=list,
+        description="Why attempts failed, were deferred or answered late (latest 10, oldest "
+        "first), from the timeline",
+    )
 
     @classmethod
-    def of(cls, s: StepRecord) -> StepView:
+    def of(cls, s: StepRecord, activity: StepActivity | None = None) -> StepView:
+        done = {}
+        if activity is not None:
+            done = {
+                "started_at": activity.started_at,
+                "duration_s": activity.duration_s,
+                "requests": activity.requests,
+                "failures": activity.failures,
+                "deferrals": activity.deferrals,
+                "reasons": list(activity.reasons),
+            }
         return cls(
             name=s.name,
             index=s.index,
@@ -139,6 +233,7 @@ class StepView(_Model):
             error_message=s.error_message,
             completed_at=s.completed_at,
             compensated_at=s.compensated_at,
+            **done,
         )
 
 
@@ -178,11 +273,23 @@ class OrderDetail(_Model):
     )
 
     @classmethod
-    def of(cls, order: OrderRecord, timeline: list[TimelineEntry], more: bool) -> OrderDetail:
+    def of(
+        cls,
+        order: OrderRecord,
+        timeline: list[TimelineEntry],
+        more: bool,
+        *,
+        history: list[TimelineEntry] | None = None,
+        now: datetime | None = None,
+    ) -> OrderDetail:
+        """``timeline``: the page shown; ``history``: the whole timeline, which each step's
+        activity is read from (default: the page); ``now``: for a step still running."""
+        now = now or order.process.updated_at
+        activity = step_activity(order.steps, timeline if history is None else history, now)
         return cls(
             order=OrderSummary.of(order.process),
             submitted=order.details.model_dump(mode="json"),
-            steps=[StepView.of(s) for s in order.steps],
+            steps=[StepView.of(s, activity.get(s.name)) for s in order.steps],
             timeline=[TimelineView.of(t) for t in timeline],
             timeline_continuation=timeline[-1].seq if more and timeline else None,
         )
@@ -192,18 +299,22 @@ class ActionView(_Model):
     """What a cancel or resubmit did."""
 
     order_id: str
-    action: Literal["cancel", "resubmit"]
+    action: Action
     outcome: Outcome = Field(
         description="cancel: compensating (every step that may have taken effect, the one in "
         "flight too, is being undone; Error 'cancelled' follows) or failed (nothing to undo: "
         "Error now). resubmit: resubmitted (resumes at the first step not done, next "
-        "generation) or compensation_resumed (the undos left are retried, same generation)"
+        "generation) or compensation_resumed (the undos left are retried, same generation). "
+        "restart: restarted (the named step and every later one are redone, next generation)"
     )
     state: str
     step: str | None
     generation: int
     requested_by: str
     detail: str
+
+
+Resolution = Literal["open", "retrying", "resolved", "superseded", "order_gone"]
 
 
 class AlertView(_Model):
@@ -213,11 +324,23 @@ class AlertView(_Model):
     alert: dict[str, JsonValue] | None = Field(description="The OperatorAlert message")
     raw: str | None = Field(description="Excerpt of a body that is not a valid OperatorAlert")
     problem: str | None = Field(description="Why `raw` could not be read as an alert")
+    resolution: Resolution = Field(
+        default="open",
+        description="From the order's state and timeline now: open (nothing has changed it), "
+        "retrying (the order was resubmitted or restarted and is in flight), resolved (the "
+        "order is Processed now), superseded (the order failed again later: a newer alert "
+        "stands), order_gone (the order no longer exists: purged). An alert naming no order "
+        "is open until acknowledged",
+    )
+    order_state: str | None = Field(default=None, description="The named order's state now")
 
 
 class AlertPage(_Model):
     items: list[AlertView]
     continuation: str | None
+    open_only: bool = Field(
+        default=False, description="Only open and retrying alerts are listed (`open=true`)"
+    )
 
 
 class AckView(_Model):
@@ -260,6 +383,54 @@ class DeadLetterSummary(_Model):
     queues: list[DeadLetterCount]
 
 
+class DeadLetterActionRequest(BaseModel):
+    """Body of a dead-letter replay or purge: which messages, and whether to change anything."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    operator: str | None = Field(
+        default=None, max_length=128, description="Ignored: who acts is the signed-in caller"
+    )
+    sequence_numbers: list[int] | None = Field(
+        default=None, max_length=100, description="These dead letters (their sequence numbers)"
+    )
+    all: bool = Field(default=False, description="Every dead letter of the queue (up to `limit`)")
+    dry_run: bool = Field(default=False, description="Only say what would be done")
+    limit: int = Field(default=100, ge=1, le=100, description="Dead letters examined at most")
+
+
+DeadLetterOutcomeKind = Literal[
+    "replayed", "purged", "would_replay", "would_purge", "refused", "not_found", "failed"
+]
+
+
+class DeadLetterOutcome(_Model):
+    sequence_number: int
+    message_id: str | None
+    order_id: str | None = Field(
+        description="The order the message names (only trusted for the app's signed messages "
+        "and for submissions)"
+    )
+    outcome: DeadLetterOutcomeKind = Field(
+        description="replayed (sent back to its queue, then removed from the dead letters), "
+        "purged (removed), would_replay / would_purge (dry run), refused (not replayed: "
+        "see detail; it stays), not_found (no such dead letter), failed (see detail; it stays)"
+    )
+    detail: str
+    recorded_in_timeline: bool = Field(description="The action is in the order's timeline")
+
+
+class DeadLetterActionView(_Model):
+    """What a dead-letter replay or purge did (or, in a dry run, would do)."""
+
+    action: Literal["replay", "purge"]
+    queue: str
+    entity: str
+    dry_run: bool
+    items: list[DeadLetterOutcome]
+    more: bool = Field(description="More dead letters were left unexamined: call again")
+
+
 class BucketView(_Model):
     bucket: int
     holder: str | None = Field(description="The instance whose lease is current, if any")
@@ -286,6 +457,55 @@ class SupervisorView(_Model):
         "lease, detection_s (deadline to the Supervisor acting), stall_s"
     )
     buckets: list[BucketView]
+
+
+class BulkItem(_Model):
+    order_id: str
+    order: OrderSummary | None = Field(
+        description="The order as it was when selected (null: it no longer exists)"
+    )
+    outcome: str = Field(
+        description="would_resubmit / would_cancel (dry run), the action's outcome "
+        "(resubmitted, compensation_resumed, compensating, failed), skipped (it no longer "
+        "matches the filter) or refused (see detail)"
+    )
+    detail: str
+    state: str | None = Field(description="The order's state after the action")
+
+
+class BulkView(_Model):
+    """What a bulk resubmit or cancel did (or, in a dry run, would do)."""
+
+    action: Literal["resubmit", "cancel"]
+    dry_run: bool
+    states: list[str]
+    filters: dict[str, str]
+    items: list[BulkItem]
+    acted: int = Field(description="Orders the action was carried out on")
+    more: bool = Field(description="More orders match than `limit`: run it again")
+
+
+class WatchView(_Model):
+    """One change of an order (`GET /orders/{id}/watch`): its state now, and the timeline
+    entries new since `after`."""
+
+    changed: bool = Field(description="False: nothing new within `wait` seconds")
+    terminal: bool = Field(description="Processed or Error: nothing more will happen")
+    detail: OrderDetail
+
+
+class HealthCheck(_Model):
+    name: Literal["settings", "table", "servicebus"]
+    ok: bool
+    detail: str
+    duration_ms: float
+
+
+class HealthView(_Model):
+    """`GET /health`: whether this app can work (200) or not (503), checked cheaply."""
+
+    status: Literal["ok", "failing"]
+    checks: list[HealthCheck]
 
 
 class ErrorDetail(_Model):

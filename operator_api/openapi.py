@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from core.ids import ID_MAX_LENGTH
-from core.order_listing import LISTABLE_STATES, MAX_LIMIT
+from core.order_listing import LISTABLE_STATES, MAX_LIMIT, SORTS
 from core.settings import QUEUE_SETTINGS
 from operator_api import models
 
@@ -35,7 +35,22 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     models.PurgeView,
     models.PurgeRunsView,
     models.ArchivedOrderView,
+    models.WatchView,
+    models.RestartRequest,
+    models.BulkRequest,
+    models.BulkView,
+    models.DeadLetterActionRequest,
+    models.DeadLetterActionView,
+    models.HealthView,
     models.ErrorBody,
+)
+_REQUESTS: Final = (
+    models.ActionRequest,
+    models.AckRequest,
+    models.PurgeBody,
+    models.RestartRequest,
+    models.BulkRequest,
+    models.DeadLetterActionRequest,
 )
 
 
@@ -101,7 +116,17 @@ _SEQUENCE = _path(
 )
 
 
-def _action(summary: str, description: str, op_id: str) -> dict[str, Any]:
+_AGE_PARAM = {"type": "string", "pattern": "^[0-9]{1,9}[smhd]?$"}
+_QUEUE = _path("queue", {"enum": list(QUEUE_SETTINGS)}, "The queue's role")
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _action(
+    summary: str, description: str, op_id: str, body: type[BaseModel] = models.ActionRequest
+) -> dict[str, Any]:
     return {
         "post": {
             "operationId": op_id,
@@ -109,10 +134,7 @@ def _action(summary: str, description: str, op_id: str) -> dict[str, Any]:
             "description": description,
             "tags": ["orders"],
             "parameters": [_ORDER_ID],
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _ref(models.ActionRequest)}},
-            },
+            "requestBody": _body(body),
             "responses": {
                 "200": _json(models.ActionView, "Done: the order is now terminal"),
                 "202": _json(models.ActionView, "Accepted: the order goes on asynchronously"),
@@ -139,10 +161,16 @@ def _paths() -> dict[str, Any]:
         "/orders": {
             "get": {
                 "operationId": "listOrders",
-                "summary": "List orders in one state",
-                "description": "Reads the active-order index (in-flight states) or the Error "
-                "index, never the order history: Processed is not listable. A page may hold "
-                "fewer than `limit` orders and still have a continuation.",
+                "summary": "List orders in one state, filtered, sorted, paged",
+                "description": "In-flight states are read from the active-order index and Error "
+                "from the Error index, with a point read per index row looked at. Processed "
+                "is read from the orders table with a query on the process rows (at most 5 "
+                "requests of up to 200 rows per call; the service scans the table to answer "
+                "it). Filters: the current step, the age since created, a text in the id, "
+                "last error or compensation reason. `sort=index` pages in the source's key "
+                "order; any other sort reads every candidate (up to 500) per page and says "
+                "`partial` when they did not all fit. A page may hold fewer than `limit` "
+                "orders and still have a continuation.",
                 "tags": ["orders"],
                 "parameters": [
                     _query(
@@ -151,10 +179,47 @@ def _paths() -> dict[str, Any]:
                         "Order state (case-insensitive)",
                         required=True,
                     ),
+                    _query("step", {"type": "string"}, "Only orders now at this step"),
+                    _query("older_than", _AGE_PARAM, "Created longer ago: 90s, 15m, 2h, 7d"),
+                    _query("newer_than", _AGE_PARAM, "Created more recently than this"),
+                    _query(
+                        "text",
+                        {"type": "string", "maxLength": 200},
+                        "Found in the id, last error or compensation reason (any case)",
+                    ),
+                    _query("sort", {"enum": list(SORTS), "default": "index"}, "Order of items"),
                     _LIMIT,
                     _CONTINUATION,
                 ],
                 "responses": {"200": _json(models.OrderPage, "One page"), **_errors(400)},
+            }
+        },
+        "/orders/{order_id}/watch": {
+            "get": {
+                "operationId": "watchOrder",
+                "summary": "Wait for an order's next change",
+                "description": "Answers once the order has timeline entries after `after` "
+                "(those entries, and the order now), at once if it is finished, or after "
+                "`wait` seconds with `changed: false`. Call again with the last entry's "
+                "`seq` to follow it until `terminal`.",
+                "tags": ["orders"],
+                "parameters": [
+                    _ORDER_ID,
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": -1, "default": -1},
+                        "The last timeline entry seen",
+                    ),
+                    _query(
+                        "wait",
+                        {"type": "number", "minimum": 0, "maximum": 60, "default": 20},
+                        "Seconds to wait for a change",
+                    ),
+                ],
+                "responses": {
+                    "200": _json(models.WatchView, "A change, or none within `wait`"),
+                    **_errors(400, 404),
+                },
             }
         },
         "/orders/{order_id}": {
@@ -187,6 +252,18 @@ def _paths() -> dict[str, Any]:
             "compensation_resumed.",
             "resubmitOrder",
         ),
+        "/orders/{order_id}/restart": _action(
+            "Restart an Error order from a named step",
+            "The step (one of the order's workflow version) and every later one are redone "
+            "with the next generation, even a step whose result was kept; the steps before it "
+            "resume as a resubmit does (those that did not succeed are redone). Refused (409) "
+            "for an order not in Error or with undos left (resubmit it first), 400 for a step "
+            "the workflow lacks. Recorded in the timeline (event restarted).",
+            "restartOrder",
+            models.RestartRequest,
+        ),
+        "/bulk/resubmit": _bulk("resubmit", "Error"),
+        "/bulk/cancel": _bulk("cancel", "Pending or Processing"),
         "/orders/{order_id}/cancel": _action(
             "Cancel a Pending or Processing order",
             "Acts at once, whatever the order waits for: every step that may have taken effect "
@@ -201,8 +278,21 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "listAlerts",
                 "summary": "Alerts waiting in the alerts queue (peek: nothing is removed)",
+                "description": "Each alert says whether it is resolved, from the state and "
+                "timeline of the order it names (a point read per order; nothing is written "
+                "when an order recovers): resolved once the order is Processed, retrying while "
+                "a resubmitted order is in flight. `open=true` lists only open and retrying "
+                "ones.",
                 "tags": ["alerts"],
-                "parameters": [_LIMIT, _CONTINUATION],
+                "parameters": [
+                    _LIMIT,
+                    _CONTINUATION,
+                    _query(
+                        "open",
+                        {"type": "boolean", "default": False},
+                        "Only alerts still open or retrying",
+                    ),
+                ],
                 "responses": {"200": _json(models.AlertPage, "One page"), **_errors(400)},
             }
         },
@@ -248,14 +338,40 @@ def _paths() -> dict[str, Any]:
                 "operationId": "listDeadLetters",
                 "summary": "Dead letters of one queue (peek)",
                 "tags": ["dead letters"],
-                "parameters": [
-                    _path("queue", {"enum": list(QUEUE_SETTINGS)}, "The queue's role"),
-                    _LIMIT,
-                    _CONTINUATION,
-                ],
+                "parameters": [_QUEUE, _LIMIT, _CONTINUATION],
                 "responses": {
                     "200": _json(models.DeadLetterPage, "One page"),
                     **_errors(400, 404),
+                },
+            }
+        },
+        "/dead-letters/{queue}/replay": _dead_letter_action(
+            "replay",
+            "Send dead letters back to their queue, then remove them from the dead letters",
+            "Each is sent as first sent (same body, MessageId and properties: a signature "
+            "still verifies), then completed in the dead-letter queue. Refused, and kept: a "
+            "message on a queue of signed messages whose signature does not verify (its "
+            "trigger would refuse it), and one first sent less than 10 minutes ago (duplicate "
+            "detection would drop the copy). Recorded in the timeline of the order a trusted "
+            "message names.",
+        ),
+        "/dead-letters/{queue}/purge": _dead_letter_action(
+            "purge",
+            "Remove dead letters for good",
+            "Recorded in the timeline of the order a trusted message names.",
+        ),
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Whether the app can work",
+                "description": "Checked cheaply on each call: the settings loaded (the app "
+                "would not have started otherwise), the orders table answers (one point read "
+                "of a row that never exists), Service Bus answers (one peek of the alerts "
+                "queue). 200 when all pass, 503 when one fails; each check says why.",
+                "tags": ["meta"],
+                "responses": {
+                    "200": _json(models.HealthView, "Every check passed"),
+                    "503": _json(models.HealthView, "A check failed"),
                 },
             }
         },
@@ -335,11 +451,48 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _bulk(action: str, states: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": f"bulk{action.title()}",
+            "summary": f"{action.title()} the orders a filter selects",
+            "description": f"Selects {states} orders by state, current step, age and text (at "
+            "least one filter), at most `limit`; a dry run only lists them. Give `order_ids` "
+            "(what a dry run listed) to act only on those, each only if it still matches. "
+            f"Each is acted on as POST /orders/{{order_id}}/{action} is, with its own "
+            "outcome. `more`: more orders match, run it again.",
+            "tags": ["orders"],
+            "requestBody": _body(models.BulkRequest),
+            "responses": {
+                "200": _json(models.BulkView, "What was done to each order"),
+                **_errors(400, 413),
+            },
+        }
+    }
+
+
+def _dead_letter_action(action: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": f"{action}DeadLetters",
+            "summary": summary,
+            "description": description + " Name the dead letters by sequence number, or "
+            "`all`; `dry_run` says what would be done.",
+            "tags": ["dead letters"],
+            "parameters": [_QUEUE],
+            "requestBody": _body(models.DeadLetterActionRequest),
+            "responses": {
+                "200": _json(models.DeadLetterActionView, "What became of each"),
+                **_errors(400, 404, 413),
+            },
+        }
+    }
+
+
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    requests = (models.ActionRequest, models.AckRequest, models.PurgeBody)
     _, schemas = models_json_schema(
-        [(m, "validation" if m in requests else "serialization") for m in _MODELS],
+        [(m, "validation" if m in _REQUESTS else "serialization") for m in _MODELS],
         ref_template=_REF,
     )
     return {
@@ -348,8 +501,9 @@ def openapi_document() -> dict[str, Any]:
             "title": "Order processing operator API",
             "version": VERSION,
             "description": "Watch and repair orders of the Scheduler Agent Supervisor app: list "
-            "orders by state, inspect one, resubmit or cancel it, read and acknowledge alerts, "
-            "read dead letters, purge finished orders and read them back from the archive. "
+            "orders by state and filter, inspect and watch one, resubmit, restart or cancel it "
+            "or many, read and acknowledge alerts, read, replay and purge dead letters, purge "
+            "finished orders and read them back from the archive, check the app's health. "
             "Every call needs a function key.",
         },
         "servers": [{"url": "/api"}],

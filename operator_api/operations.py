@@ -8,15 +8,25 @@ returns a pydantic model (``model_dump(mode="json")`` gives the JSON both front 
     page = ops.list_orders("Error", limit=20)
     ops.resubmit(page.items[0].order_id, operator="alice@example.com", reason="card updated")
 
-Actions (resubmit, cancel, acknowledge) name the operator; the timeline records them as
-``operator:<name>``.
+Actions (resubmit, cancel, restart, acknowledge, dead-letter replay and purge) name the
+operator; the timeline records them as ``operator:<name>``. Bulk resubmit and cancel
+(:mod:`operator_api.bulk`) act on the orders a filter selects, one by one.
+
+Orders are listed by state with filters and a sort (:mod:`core.order_listing`: what each costs);
+:meth:`Operations.watch_order` waits for an order's next change (the CLI's ``--watch`` and
+``--wait``). An order's view carries, per step, what its timeline says it went through
+(:mod:`operator_api.step_activity`).
 
 Alerts are the messages of the alerts queue, identified by their sequence number; listing and
-showing them peeks (nothing changes); acknowledging completes the message (see
+showing them peeks (nothing changes) and says whether each is resolved, from its order's state
+and timeline (:mod:`operator_api.alert_resolution`); acknowledging completes the message (see
 :mod:`operator_api.queues`) and, when the alert names an order, records the acknowledgement in
-that order's timeline. Dead letters are peeked per queue, the queue named by its role
-(``orders``, ``commands``, ``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``),
-never by a free-form name.
+that order's timeline. Dead letters are peeked, replayed or purged per queue
+(:mod:`operator_api.dead_letters`), the queue named by its role (``orders``, ``commands``,
+``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``), never by a free-form name.
+
+:meth:`Operations.health` says, cheaply, whether the app can work: settings loaded, the orders
+table and Service Bus reachable.
 
 A purge (:mod:`core.purge`) archives, then deletes, finished orders older than a number of days
 (the RETENTION_DAYS setting unless given); it is recorded with the operator's name and listed
@@ -26,30 +36,31 @@ by :meth:`Operations.purge_runs`. Purged orders are read back from the archive b
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from datetime import date, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage
 
 from core import archive, clients, ids, supervision
 from core.archive import ArchiveError, BlobArchive
 from core.messages import BadMessage, OperatorAlert, excerpt, parse_message
-from core.order_listing import (
-    MAX_LIMIT,
-    InvalidCursor,
-    NotListable,
-    list_orders,
-)
+from core.order import Order
+from core.order_listing import MAX_LIMIT, InvalidCursor, list_orders
 from core.purge import PurgeReport, PurgeRequest, open_archive, run_purge
 from core.retention import PURGEABLE_STATES, ack_detail
 from core.runtime import Runtime
 from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord
 from core.states import ProcessState
-from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound
+from operator_api import alert_resolution, bulk, dead_letters, filters
+from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from operator_api.models import (
     AckView,
     ActionView,
@@ -57,18 +68,25 @@ from operator_api.models import (
     AlertView,
     ArchivedOrderView,
     BucketView,
+    BulkItem,
+    BulkView,
+    DeadLetterActionView,
     DeadLetterCount,
+    DeadLetterOutcome,
     DeadLetterPage,
     DeadLetterSummary,
     DeadLetterView,
+    HealthCheck,
+    HealthView,
     OrderDetail,
     OrderPage,
     OrderSummary,
     PurgeRunsView,
     PurgeView,
     SupervisorView,
+    WatchView,
 )
-from operator_api.queues import QueueTools
+from operator_api.queues import QueueTools, body_of
 from scheduler import control
 
 log = logging.getLogger("operator_api")
@@ -83,15 +101,27 @@ _CONFLICT_RETRIES: Final = 3
 MAX_PURGE_LIMIT: Final = 10_000
 PURGE_BUDGET: Final = timedelta(seconds=60)
 """One purge call stops examining after this (``more``): an HTTP call must end in minutes."""
+CheckName = Literal["settings", "table", "servicebus"]
+MAX_WAIT_SECONDS: Final = 60.0
+WATCH_POLL_SECONDS: Final = 0.5
+"""How often a watch reads the order (one point read) while it waits for a change."""
 
 
 class Operations:
     """Operator operations over one Runtime (its settings, state store and message sending)."""
 
     def __init__(
-        self, rt: Runtime, *, servicebus: Callable[[], ServiceBusClient] | None = None
+        self,
+        rt: Runtime,
+        *,
+        servicebus: Callable[[], ServiceBusClient] | None = None,
+        duplicate_window: timedelta = dead_letters.DUPLICATE_WINDOW,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.rt = rt
+        self._duplicate_window = duplicate_window
+        self._sleep = sleep
+        self._orders_table: TableClient | None = None
         conn = rt.settings.servicebus
         # Interactive use: one quick retry, then the operator sees the error and tries again.
         factory = servicebus or (
@@ -105,6 +135,16 @@ class Operations:
         self._queues.close()
         if isinstance(self._archive, BlobArchive):
             self._archive.close()
+        if self._orders_table is not None:
+            self._orders_table.close()
+
+    def _history(self) -> TableClient:
+        """The orders table itself, for reads the state store has no index for."""
+        with self._archive_lock:
+            if self._orders_table is None:
+                service = clients.table_service(self.rt.settings.storage)
+                self._orders_table = service.get_table_client(self.rt.settings.orders_table)
+            return self._orders_table
 
     def _archive_store(self) -> archive.Archive:
         with self._archive_lock:
@@ -119,22 +159,56 @@ class Operations:
     # ---------------------------------------------------------------------------- orders
 
     def list_orders(
-        self, state: str, *, limit: int = 50, continuation: str | None = None
+        self,
+        state: str,
+        *,
+        step: str | None = None,
+        older_than: str | None = None,
+        newer_than: str | None = None,
+        text: str | None = None,
+        sort: str | None = None,
+        limit: int = 50,
+        continuation: str | None = None,
     ) -> OrderPage:
-        """Orders now in ``state`` (Pending, Processing, Compensating or Error), paged."""
-        wanted = _state(state)
+        """Orders now in ``state`` (any state; Processed from a bounded query of the orders
+        table), filtered by current step, age (``older_than``/``newer_than``: 90s, 15m, 2h,
+        7d since created) and text (in the id, last error or compensation reason), sorted
+        (``index``, ``id``, ``created``, ``updated``, ``-`` newest first), paged."""
+        wanted = filters.state_of(state)
         _check_limit(limit, MAX_LIMIT)
+        order_by = filters.sort_of(sort)
+        chosen = self._criteria(step, older_than, newer_than, text)
+        history = self._history() if wanted is ProcessState.PROCESSED else None
         try:
-            listing = list_orders(self.rt.store, wanted, limit=limit, cursor=continuation)
-        except NotListable as exc:
-            raise InvalidRequest("state_not_listable", str(exc)) from None
+            listing = list_orders(
+                self.rt.store,
+                wanted,
+                where=chosen.where,
+                sort=order_by,
+                limit=limit,
+                cursor=continuation,
+                history=history,
+            )
         except InvalidCursor as exc:
             raise InvalidRequest("invalid_continuation", str(exc)) from None
         return OrderPage(
             state=wanted.value,
+            sort=order_by,
+            filters=chosen.shown,
             items=[OrderSummary.of(p) for p in listing.orders],
             continuation=listing.cursor,
             scanned=listing.scanned,
+            partial=listing.partial,
+        )
+
+    def _criteria(self, step: Any, older_than: Any, newer_than: Any, text: Any) -> filters.Criteria:
+        return filters.criteria(
+            now=self.rt.clock(),
+            workflows=self.rt.workflows,
+            step=step,
+            older_than=older_than,
+            newer_than=newer_than,
+            text=text,
         )
 
     def supervisor(self) -> SupervisorView:
@@ -162,10 +236,12 @@ class Operations:
     def show_order(
         self, order_id: str, *, timeline_after: int = -1, timeline_limit: int = 200
     ) -> OrderDetail:
-        """One order: its state, submitted details, steps (state, generation, attempts) and
-        timeline (paged)."""
+        """One order: its state, submitted details, steps (state, generation, attempts, and
+        what the timeline says each went through) and timeline (paged)."""
         order_id = _order_id(order_id)
-        if isinstance(timeline_after, bool) or not -1 <= timeline_after <= 10**8:
+        if isinstance(timeline_after, bool) or not isinstance(timeline_after, int):
+            raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
+        if not -1 <= timeline_after <= 10**8:
             raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
         _check_limit(timeline_limit, MAX_TIMELINE_LIMIT, name="timeline_limit")
         try:
@@ -176,7 +252,40 @@ class Operations:
             order_id, after_seq=timeline_after, limit=timeline_limit + 1
         )
         more = len(entries) > timeline_limit
-        return OrderDetail.of(order, entries[:timeline_limit], more)
+        whole = timeline_after < 0 and not more
+        history = (
+            entries if whole else self.rt.store.get_timeline(order_id, limit=MAX_TIMELINE_LIMIT)
+        )
+        return OrderDetail.of(
+            order, entries[:timeline_limit], more, history=history, now=self.rt.clock()
+        )
+
+    def watch_order(self, order_id: str, *, after_seq: int = -1, wait_s: float = 20.0) -> WatchView:
+        """The order once it has changed since its timeline entry ``after_seq`` (its new
+        entries), or after ``wait_s`` seconds without a change; at once if it is finished.
+        While it waits it reads the order every half second (one point read)."""
+        order_id = _order_id(order_id)
+        if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < -1:
+            raise InvalidRequest("invalid_request", "after must be an integer >= -1")
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
+            raise InvalidRequest("invalid_wait", f"wait must be 0 to {MAX_WAIT_SECONDS:g} s")
+        if not 0 <= wait_s <= MAX_WAIT_SECONDS:
+            raise InvalidRequest("invalid_wait", f"wait must be 0 to {MAX_WAIT_SECONDS:g} s")
+        deadline = time.monotonic() + wait_s
+        while True:
+            order = self.rt.store.find(order_id)
+            if order is None:
+                raise NotFound("order_not_found", f"order {order_id} does not exist")
+            remaining = deadline - time.monotonic()
+            if order.timeline_seq > after_seq or order.state.terminal or remaining <= 0:
+                break
+            self._sleep(min(WATCH_POLL_SECONDS, remaining))
+        detail = self.show_order(order_id, timeline_after=after_seq)
+        return WatchView(
+            changed=bool(detail.timeline),
+            terminal=ProcessState(detail.order.state).terminal,
+            detail=detail,
+        )
 
     def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView:
         """Resubmit an Error order (resume at the failed step, or resume its compensation)."""
@@ -186,6 +295,102 @@ class Operations:
         """Cancel a Pending or Processing order: at once, undo every step that may have taken
         effect (the one in flight too), then Error "cancelled" (see :mod:`scheduler.control`)."""
         return self._act(control.cancel, order_id, operator, reason)
+
+    def restart(self, order_id: str, *, step: str, operator: str, reason: str) -> ActionView:
+        """Restart an Error order from ``step``: it and every later step are redone (next
+        generation), even a kept result; the steps before it resume as a resubmit does."""
+        act = functools.partial(control.restart, step=filters.step_name(step))
+        return self._act(act, order_id, operator, reason)
+
+    def bulk(
+        self,
+        action: bulk.BulkAction,
+        *,
+        operator: str,
+        reason: str | None,
+        state: str | None = None,
+        step: str | None = None,
+        older_than: str | None = None,
+        newer_than: str | None = None,
+        text: str | None = None,
+        dry_run: bool = False,
+        order_ids: Sequence[str] | None = None,
+        limit: int = bulk.MAX_BULK,
+    ) -> BulkView:
+        """Resubmit or cancel the orders a filter selects (a state, step, age or text; at
+        least one), at most ``limit``; a dry run only lists them. With ``order_ids`` (what a
+        dry run listed), only those, each if it still matches."""
+        actor = operator_actor(operator)
+        if action not in bulk.STATES:
+            raise InvalidRequest("invalid_request", "action must be resubmit or cancel")
+        if not isinstance(dry_run, bool):
+            raise InvalidRequest("invalid_request", "dry_run must be true or false")
+        why = "" if dry_run and not reason else _reason(reason)
+        states = bulk.states_for(action, state)
+        chosen = self._criteria(step, older_than, newer_than, text)
+        if state in (None, "") and chosen.where.empty:
+            raise InvalidRequest(
+                "empty_filter",
+                "say which orders: a state, step, age or text filter (or name one order)",
+            )
+        _check_limit(limit, bulk.MAX_BULK)
+        shown = chosen.shown | ({"state": str(state)} if state else {})
+        if order_ids is None:
+            selected, more = bulk.select(self.rt.store, states, chosen.where, limit)
+            candidates: list[tuple[str, Order | None]] = [(o.order_id, o) for o in selected]
+        else:
+            candidates = [(i, self.rt.store.find(i)) for i in bulk.named(order_ids)]
+            more = False
+        items = [
+            self._bulk_item(action, order_id, order, states, chosen, actor, why, dry_run)
+            for order_id, order in candidates
+        ]
+        return BulkView(
+            action=action,
+            dry_run=dry_run,
+            states=[s.value for s in states],
+            filters=shown,
+            items=items,
+            acted=sum(1 for item in items if item.state is not None),
+            more=more,
+        )
+
+    def _bulk_item(
+        self,
+        action: bulk.BulkAction,
+        order_id: str,
+        order: Order | None,
+        states: Sequence[ProcessState],
+        chosen: filters.Criteria,
+        actor: str,
+        reason: str,
+        dry_run: bool,
+    ) -> BulkItem:
+        summary = OrderSummary.of(order) if order is not None else None
+        if order is None or not bulk.still_matches(order, states, chosen.where):
+            detail = "no longer matches the filter" if order else "no longer exists"
+            return BulkItem(
+                order_id=order_id, order=summary, outcome="skipped", detail=detail, state=None
+            )
+        if dry_run:
+            return BulkItem(
+                order_id=order_id, order=summary, outcome=f"would_{action}", detail="", state=None
+            )
+        act = self.resubmit if action == "resubmit" else self.cancel
+        try:
+            done = act(order_id, operator=actor, reason=reason)
+        except OperatorError as refused:
+            detail = f"{refused.message} ({refused.code})"
+            return BulkItem(
+                order_id=order_id, order=summary, outcome="refused", detail=detail, state=None
+            )
+        return BulkItem(
+            order_id=order_id,
+            order=summary,
+            outcome=done.outcome,
+            detail=done.detail,
+            state=done.state,
+        )
 
     def _act(
         self,
@@ -204,6 +409,8 @@ class Operations:
                 raise NotFound("order_not_found", refused.message) from None
             if refused.code == "busy":
                 raise Busy("busy", refused.message) from None
+            if refused.code == "invalid":
+                raise InvalidRequest("unknown_step", refused.message) from None
             raise Conflict("wrong_state", refused.message) from None
         audit.info("%s %s %s: %s", actor, result.action, order_id, result.outcome)
         return ActionView(
@@ -295,19 +502,61 @@ class Operations:
 
     # ---------------------------------------------------------------------------- alerts
 
-    def list_alerts(self, *, limit: int = 50, continuation: str | None = None) -> AlertPage:
-        """Alerts in the alerts queue, oldest first, without taking them (peek)."""
+    def list_alerts(
+        self, *, limit: int = 50, continuation: str | None = None, open_only: bool = False
+    ) -> AlertPage:
+        """Alerts in the alerts queue, oldest first, without taking them (peek), each with its
+        resolution; ``open_only``: only those still open or retrying (a page may then hold
+        fewer than ``limit`` and still have a continuation). Costs a point read per order
+        named, and a timeline read per terminal alert whose order failed again."""
         _check_limit(limit, MAX_LIMIT)
+        if not isinstance(open_only, bool):
+            raise InvalidRequest("invalid_request", "open must be true or false")
         start = _sequence_cursor(continuation)
         messages = self._queues.peek(self._queue("alerts"), from_sequence=start, limit=limit)
         more = len(messages) == limit
+        views = self._resolved([_alert_view(m) for m in messages])
+        if open_only:
+            views = [v for v in views if v.resolution in alert_resolution.STILL_OPEN]
         return AlertPage(
-            items=[_alert_view(m) for m in messages],
+            items=views,
             continuation=str(messages[-1].sequence_number + 1) if more else None,
+            open_only=open_only,
         )
 
     def peek_alert(self, sequence_number: int) -> AlertView:
-        return _alert_view(self._find_alert(_sequence(sequence_number)))
+        return self._resolved([_alert_view(self._find_alert(_sequence(sequence_number)))])[0]
+
+    def _resolved(self, views: list[AlertView]) -> list[AlertView]:
+        orders: dict[str, Order | None] = {}
+        shown = []
+        for view in views:
+            alert = view.alert or {}
+            order_id = _alert_order(view)
+            if order_id is not None and order_id not in orders:
+                orders[order_id] = self._find_order(order_id)
+            order = orders.get(order_id) if order_id else None
+            after = alert_resolution.needs_timeline(alert, order)
+            later = (
+                self.rt.store.get_timeline(order_id, after_seq=after, limit=MAX_TIMELINE_LIMIT)
+                if after is not None and order_id
+                else []
+            )
+            shown.append(
+                view.model_copy(
+                    update={
+                        "resolution": alert_resolution.resolution(alert, order, later),
+                        "order_state": order.state.value if order else None,
+                    }
+                )
+            )
+        return shown
+
+    def _find_order(self, order_id: str) -> Order | None:
+        try:
+            return self.rt.store.find(order_id)
+        except ids.InvalidId:
+            return None
 
     def acknowledge_alert(self, sequence_number: int, *, operator: str) -> AckView:
         """Remove an alert from the queue and record who acknowledged it."""
@@ -344,18 +593,20 @@ class Operations:
         alert = view.alert or {}
         # core.retention reads the reason back: a terminal alert acknowledged resolves an Error.
         detail = ack_detail(sequence, alert.get("severity"), alert.get("reason"))
+        return self._annotate(order_id, actor, "alert_acknowledged", detail)
+
+    def _annotate(self, order_id: str, actor: str, event: str, detail: str) -> bool:
+        """Record ``event`` in the order's timeline; False if it is gone or kept changing."""
         for _ in range(_CONFLICT_RETRIES):
             process = self.rt.store.find(order_id)
             if process is None:
                 return False
             try:
-                self.rt.store.annotate(
-                    process, actor=actor, event="alert_acknowledged", detail=detail
-                )
+                self.rt.store.annotate(process, actor=actor, event=event, detail=detail)
                 return True
             except ConcurrencyConflict:
                 continue
-        log.warning("ack of alert %d not recorded on busy order %s", sequence, order_id)
+        log.warning("%s not recorded on busy order %s", event, order_id)
         return False
 
     # ------------------------------------------------------------------------ dead letters
@@ -389,6 +640,126 @@ class Operations:
             continuation=str(messages[-1].sequence_number + 1) if more else None,
         )
 
+    def replay_dead_letters(
+        self,
+        queue: str,
+        *,
+        operator: str,
+        sequence_numbers: Sequence[int] | None = None,
+        everything: bool = False,
+        dry_run: bool = False,
+        limit: int = 100,
+    ) -> DeadLetterActionView:
+        """Send dead letters back to their queue as first sent, then remove them from the
+        dead letters (see :mod:`operator_api.dead_letters` for what is refused, and why)."""
+        return self._settle("replay", queue, operator, sequence_numbers, everything, dry_run, limit)
+
+    def purge_dead_letters(
+        self,
+        queue: str,
+        *,
+        operator: str,
+        sequence_numbers: Sequence[int] | None = None,
+        everything: bool = False,
+        dry_run: bool = False,
+        limit: int = 100,
+    ) -> DeadLetterActionView:
+        """Remove dead letters for good."""
+        return self._settle("purge", queue, operator, sequence_numbers, everything, dry_run, limit)
+
+    def _settle(
+        self,
+        kind: dead_letters.Kind,
+        queue: str,
+        operator: str,
+        sequence_numbers: Sequence[int] | None,
+        everything: bool,
+        dry_run: bool,
+        limit: int,
+    ) -> DeadLetterActionView:
+        entity = self._queue(queue)
+        actor = operator_actor(operator)
+        wanted = dead_letters.selection(
+            list(sequence_numbers) if sequence_numbers else None, everything
+        )
+        _check_limit(limit, dead_letters.MAX_SELECTED)
+        if not isinstance(dry_run, bool):
+            raise InvalidRequest("invalid_request", "dry_run must be true or false")
+        settler = dead_letters.Settler(
+            kind=kind,
+            role=queue,
+            entity=entity,
+            keyring=self.rt.settings.keyring,
+            now=self.rt.clock,
+            wanted=wanted,
+            window=self._duplicate_window,
+        )
+        scan = limit if wanted is None else dead_letters.MAX_SCAN
+        if dry_run:
+            start = 1 if wanted is None else min(wanted)
+            seen = self._queues.peek(entity, from_sequence=start, limit=scan, dead_letter=True)
+            for message in seen:
+                settler.consider(message)
+            more = len(seen) == scan and not settler.enough()
+        else:
+            more = self._queues.settle_dead_letters(
+                entity, settler.act, max_scan=scan, enough=settler.enough
+            )
+        items = [self._recorded(o, actor, kind, entity) for o in settler.outcomes.values()]
+        audit.info("%s %s dead letters of %s: %d", actor, kind, entity, len(items))
+        return DeadLetterActionView(
+            action=kind,
+            queue=queue,
+            entity=entity,
+            dry_run=dry_run,
+            items=sorted(items + settler.missing(), key=lambda o: o.sequence_number),
+            more=more and wanted is None,
+        )
+
+    def _recorded(
+        self, outcome: DeadLetterOutcome, actor: str, kind: str, entity: str
+    ) -> DeadLetterOutcome:
+        if outcome.order_id is None or outcome.outcome not in ("replayed", "purged"):
+            return outcome
+        detail = f"{entity} dead letter {outcome.sequence_number} ({outcome.message_id})"
+        recorded = self._annotate(outcome.order_id, actor, f"dead_letter_{outcome.outcome}", detail)
+        return outcome.model_copy(update={"recorded_in_timeline": recorded})
+
+    # ---------------------------------------------------------------------------- health
+
+    def health(self) -> HealthView:
+        """Whether the app can work, cheaply: its settings loaded (it would not have started
+        otherwise), the orders table answers (one point read of a row that never exists),
+        Service Bus answers (one peek of the alerts queue)."""
+        settings = self.rt.settings
+        checks = [
+            HealthCheck(
+                name="settings",
+                ok=True,
+                detail=f"{len(settings.queues)} queues, orders table {settings.orders_table}, "
+                f"workflows {', '.join(sorted(self.rt.workflows))}",
+                duration_ms=0.0,
+            ),
+            _timed("table", self._table_check),
+            _timed("servicebus", self._bus_check),
+        ]
+        return HealthView(status="ok" if all(c.ok for c in checks) else "failing", checks=checks)
+
+    def _table_check(self) -> tuple[bool, str]:
+        name = self.rt.settings.orders_table
+        try:
+            self._history().get_entity("~health", "probe")
+        except ResourceNotFoundError as missing:
+            if getattr(missing, "error_code", None) == "TableNotFound":
+                return False, f"table {name} does not exist"
+            return True, f"table {name} answers"
+        return True, f"table {name} answers"
+
+    def _bus_check(self) -> tuple[bool, str]:
+        entity = self._queue("alerts")
+        self._queues.peek(entity, from_sequence=1, limit=1)
+        return True, f"queue {entity} answers"
+
     def _queue(self, role: str) -> str:
         queues = self.rt.settings.queues
         if not isinstance(role, str) or role not in queues:
@@ -418,21 +789,10 @@ def _order_id(value: Any) -> str:
         raise InvalidRequest("invalid_order_id", str(exc)) from None
 
 
-def _state(value: Any) -> ProcessState:
-    names = {s.value.lower(): s for s in ProcessState}
-    state = names.get(value.strip().lower()) if isinstance(value, str) else None
-    if state is None:
-        raise InvalidRequest(
-            "invalid_state",
-            f"state {str(value)[:40]!r} is not one of: {', '.join(s.value for s in ProcessState)}",
-        )
-    return state
-
-
 def _purge_states(value: Any) -> tuple[ProcessState, ...]:
     if value == "all":
         return PURGEABLE_STATES
-    state = _state(value) if isinstance(value, str) else None
+    state = filters.state_of(value) if isinstance(value, str) else None
     if state not in PURGEABLE_STATES:
         raise InvalidRequest(
             "invalid_state",
@@ -488,16 +848,23 @@ def _sequence_cursor(value: str | None) -> int:
     return _sequence(int(value))
 
 
+def _timed(name: CheckName, check: Callable[[], tuple[bool, str]]) -> HealthCheck:
+    started = time.perf_counter()
+    try:
+        ok, detail = check()
+    except Exception as error:  # any failure is the answer: the check says what it was
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        ok, detail = False, f"{type(error).__name__}: {first}"
+        log.warning("health check %s failed: %s", name, detail)
+    elapsed = round((time.perf_counter() - started) * 1000, 1)
+    return HealthCheck(name=name, ok=ok, detail=detail, duration_ms=elapsed)
+
+
 # --------------------------------------------------------------------------------- views
 
 
-def _body(message: ServiceBusReceivedMessage) -> bytes:
-    body = message.body
-    return body if isinstance(body, bytes) else b"".join(body)
-
-
 def _alert_view(message: ServiceBusReceivedMessage) -> AlertView:
-    raw = _body(message)
+    raw = body_of(message)
     alert: dict[str, Any] | None = None
     problem: str | None = None
     try:
@@ -520,7 +887,7 @@ def _alert_order(view: AlertView) -> str | None:
 
 
 def _dead_letter_view(message: ServiceBusReceivedMessage) -> DeadLetterView:
-    raw = _body(message)
+    raw = body_of(message)
     body: Any = None
     shown: str | None = None
     if len(raw) <= MAX_BODY_SHOWN:

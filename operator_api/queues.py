@@ -1,4 +1,5 @@
-"""The Service Bus side of operator tools: peeking queues and acknowledging alerts.
+"""The Service Bus side of operator tools: peeking queues, acknowledging alerts, and replaying
+or purging dead letters.
 
 Acknowledging an alert completes its message, found by sequence number:
 
@@ -11,26 +12,41 @@ Acknowledging an alert completes its message, found by sequence number:
 Nothing in the app consumes the alerts queue (operators are its only readers), so deferring
 alerts changes nothing for anyone else. At most ``max_scan`` messages are received per ack.
 
+Dead letters are settled by :meth:`QueueTools.settle_dead_letters`: the dead-letter queue is
+received from its head in peek-lock mode; each message is completed once the caller has done
+what it wanted (sent a copy back to the queue: :func:`replay_copy`), and the others are held
+locked until the scan ends, then abandoned: they stay where they were, and a scan never receives
+one twice. Dead letters are not dead-lettered again, so abandoning them only raises their
+delivery count.
+
 The SDK's clients are not thread-safe; one lock serialises this object's use of its client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from azure.servicebus import (
     ServiceBusClient,
+    ServiceBusMessage,
     ServiceBusReceivedMessage,
     ServiceBusReceiver,
+    ServiceBusSender,
     ServiceBusSubQueue,
 )
-from azure.servicebus.exceptions import MessageNotFoundError
+from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 
 RECEIVE_BATCH: Final = 50
 RECEIVE_WAIT_SECONDS: Final = 1.0
+DEAD_LETTER_PROPERTIES: Final = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
+"""What Service Bus adds to a message it dead-letters: not part of the message sent."""
+
+Send = Callable[[ServiceBusMessage], None]
+"""Sends one message to the queue whose dead letters are being settled."""
 
 
 class QueueTools:
@@ -61,6 +77,36 @@ class QueueTools:
                 receiver.complete_message(deferred[0])
                 return True
             return _complete_from_head(receiver, sequence_number, max_scan)
+
+    def settle_dead_letters(
+        self,
+        queue: str,
+        act: Callable[[ServiceBusReceivedMessage, Send], bool],
+        *,
+        max_scan: int,
+        enough: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Receive up to ``max_scan`` dead letters of ``queue``, oldest first, and complete
+        each one ``act`` returns True for (see the module docstring); stop early once
+        ``enough()``. True if dead letters may be left unexamined."""
+        with self._lock, self._receiver(queue, ServiceBusSubQueue.DEAD_LETTER) as receiver:
+            sender: list[ServiceBusSender] = []
+
+            def send(message: ServiceBusMessage) -> None:
+                if not sender:
+                    assert self._client is not None
+                    sender.append(self._client.get_queue_sender(queue))
+                sender[0].send_messages(message)
+
+            held: list[ServiceBusReceivedMessage] = []
+            try:
+                return _settle(receiver, act, send, held, max_scan, enough)
+            finally:
+                for message in held:
+                    with contextlib.suppress(ServiceBusError):  # its lock expires anyway
+                        receiver.abandon_message(message)
+                for opened in sender:
+                    opened.close()
 
     def _receiver(self, queue: str, sub_queue: ServiceBusSubQueue | None) -> ServiceBusReceiver:
         if self._client is None:
@@ -107,3 +153,63 @@ def _complete_from_head(receiver: ServiceBusReceiver, sequence_number: int, max_
         if found:
             return True
     return False
+
+
+def _settle(
+    receiver: ServiceBusReceiver,
+    act: Callable[[ServiceBusReceivedMessage, Send], bool],
+    send: Send,
+    held: list[ServiceBusReceivedMessage],
+    max_scan: int,
+    enough: Callable[[], bool],
+) -> bool:
+    scanned = 0
+    while scanned < max_scan and not enough():
+        batch = receiver.receive_messages(
+            max_message_count=min(RECEIVE_BATCH, max_scan - scanned),
+            max_wait_time=RECEIVE_WAIT_SECONDS,
+        )
+        if not batch:
+            return False
+        for message in batch:
+            scanned += 1
+            if act(message, send):
+                receiver.complete_message(message)
+            else:
+                held.append(message)
+    return not enough()
+
+
+def body_of(message: ServiceBusReceivedMessage) -> bytes:
+    body = message.body
+    return body if isinstance(body, bytes) else b"".join(body)
+
+
+def properties_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
+    """Its application properties as they were sent: names and text values as ``str`` (the SDK
+    hands AMQP strings over as bytes), without what dead-lettering added."""
+    found: dict[str, Any] = {}
+    for key, value in (message.application_properties or {}).items():
+        name = key.decode("utf-8", errors="replace") if isinstance(key, bytes) else str(key)
+        if name in DEAD_LETTER_PROPERTIES:
+            continue
+        if isinstance(value, bytes):
+            with contextlib.suppress(UnicodeDecodeError):
+                value = value.decode("utf-8")
+        found[name] = value
+    return found
+
+
+def replay_copy(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
+    """The message as it was first sent, to send back to its queue: the same body, MessageId
+    and application properties (a signature still verifies: it covers the queue, MessageId and
+    body), CorrelationId, Subject, ContentType and ReplyTo."""
+    return ServiceBusMessage(
+        body_of(message),
+        message_id=message.message_id,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        content_type=message.content_type,
+        reply_to=message.reply_to,
+        application_properties=properties_of(message),  # type: ignore[arg-type]
+    )

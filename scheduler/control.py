@@ -1,4 +1,5 @@
-"""Operator actions on one order: cancel and resubmit. One implementation for every front end.
+"""Operator actions on one order: cancel, resubmit and restart. One implementation for every
+front end.
 
 The HTTP API and the CLI (through :mod:`operator_api.operations`) and SchedulerCommand messages
 (through :mod:`scheduler.commands`) all call these; the lifecycle decides
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core import apply
-from core.lifecycle import Cancel, Decision, Event, Refused, Resubmit
+from core.lifecycle import Cancel, Decision, Event, Refused, Restart, Resubmit
 from core.order import Order
 from core.runtime import Runtime
 from core.state_models import OrderNotFound
@@ -31,15 +32,16 @@ from core.states import ProcessState
 
 log = logging.getLogger("scheduler.control")
 
-__all__ = ["ActionResult", "Refused", "cancel", "resubmit"]
+__all__ = ["ActionResult", "Refused", "cancel", "restart", "resubmit"]
 
-Outcome = Literal["compensating", "failed", "resubmitted", "compensation_resumed"]
+Outcome = Literal["compensating", "failed", "resubmitted", "compensation_resumed", "restarted"]
+Action = Literal["cancel", "resubmit", "restart"]
 
 
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     order_id: str
-    action: Literal["cancel", "resubmit"]
+    action: Action
     outcome: Outcome
     state: ProcessState
     step: str | None
@@ -73,6 +75,18 @@ def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionRe
     )
 
 
+def restart(rt: Runtime, order_id: str, *, step: str, actor: str, reason: str) -> ActionResult:
+    """Restart an Error order from ``step`` (see the module docstring)."""
+
+    def event(order: Order) -> Restart:
+        delivered = not rt.store.index.has(order.order_id, order.generation)
+        return Restart(actor, reason, step, outbox_delivered=delivered)
+
+    order, decision = _act(rt, order_id, event, actor)
+    detail = decision.entry.detail if decision.entry else ""
+    return _result(order, "restart", "restarted", actor, detail)
+
+
 def _act(
     rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], actor: str
 ) -> tuple[Order, Decision]:
@@ -87,7 +101,7 @@ def _act(
 
 
 def _result(
-    order: Order, action: Literal["cancel", "resubmit"], outcome: Outcome, actor: str, detail: str
+    order: Order, action: Action, outcome: Outcome, actor: str, detail: str
 ) -> ActionResult:
     return ActionResult(
         order_id=order.order_id,

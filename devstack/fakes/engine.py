@@ -1,9 +1,13 @@
 """The fake services' behaviour, apart from HTTP: idempotency, undo, the ledger, injected faults.
 
 ``FakeServiceEngine.handle`` turns one request into an action: a ``Reply`` to send or a ``Drop``
-(close the connection without answering). It may block (latency, hangs); it is thread-safe, and
-requests with different idempotency keys never wait for each other (an undo waits for the
-forward call it names, and only for that one).
+(close the connection without answering). Its controls: the fault profile in force (and where
+it came from: ``source``), and forced declines, "decline the next N forward calls of this
+service" (:meth:`FakeServiceEngine.decline_next`), consumed by forward calls seen for the first
+time (a replay of a stored answer, an undo and a refused key consume none).
+
+It may block (latency, hangs); it is thread-safe, and requests with different idempotency keys
+never wait for each other (an undo waits for the forward call it names, and only for that one).
 
 Order of events for one request: validate -> latency -> fail_first_n -> hang / 429 / 503 ->
 (under the key's lock; for an undo, under the forward key's lock too) replay a stored answer,
@@ -135,6 +139,8 @@ class FakeServiceEngine:
         self._tombstones: dict[tuple[str, str], Tombstone] = {}
         self._undone: dict[tuple[str, str], str] = {}  # (service, forward key) -> undo key
         self._stats: Counter[str] = Counter()
+        self._source = "clean" if profile == Profile() else "given at start"
+        self._declines: Counter[str] = Counter()
 
     # -- control -----------------------------------------------------------------------------
 
@@ -142,8 +148,34 @@ class FakeServiceEngine:
     def profile(self) -> Profile:
         return self._profile
 
-    def set_profile(self, profile: Profile) -> None:
+    @property
+    def source(self) -> str:
+        """Where the profile in force came from: a name (clean, flaky, ...) or a path."""
+        return self._source
+
+    def set_profile(self, profile: Profile, source: str = "set at run time") -> None:
         self._profile = profile  # one reference swap: each request reads it once
+        self._source = source
+
+    def decline_next(self, service: str, count: int) -> None:
+        """Decline the next ``count`` forward calls of ``service`` (0: stop declining)."""
+        if service not in SERVICES:
+            raise ValueError(f"unknown service {service!r}; known: {', '.join(sorted(SERVICES))}")
+        if not 0 <= count <= 100_000:
+            raise ValueError("count must be from 0 to 100000")
+        with self._lock:
+            self._declines[service] = count
+
+    def declines_pending(self) -> dict[str, int]:
+        with self._lock:
+            return {service: n for service, n in sorted(self._declines.items()) if n > 0}
+
+    def _take_decline(self, service: str) -> bool:
+        with self._lock:
+            if self._declines[service] <= 0:
+                return False
+            self._declines[service] -= 1
+            return True
 
     def ledger(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -318,8 +350,10 @@ class FakeServiceEngine:
                 f"Idempotency-Key {key!r}: this key was undone before it was applied; it will "
                 f"never take effect (undone by {tombstone.undo_key!r})",
             ), False
-        if order_id in rules.decline_order_ids or draws.decline < rules.decline_rate:
-            self._count("fault.decline")
+        drawn = order_id in rules.decline_order_ids or draws.decline < rules.decline_rate
+        forced = not drawn and self._take_decline(spec.name)
+        if drawn or forced:
+            self._count("fault.decline_next" if forced else "fault.decline")
             decline = spec.decline
             return error_reply(
                 decline.status, decline.code, decline.message, _fault("decline")

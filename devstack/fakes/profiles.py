@@ -170,6 +170,17 @@ def example_profile(name: str) -> Path:
     return path
 
 
+def source_name(path: str | Path) -> str:
+    """How a profile file is named to people: a shipped example by its name (``chaotic``),
+    any other file by its path."""
+    path = Path(path)
+    try:
+        shipped = path.resolve().parent == EXAMPLES_DIR.resolve() and path.suffix == ".json"
+    except OSError:
+        shipped = False
+    return path.stem if shipped else str(path)
+
+
 def as_profile(value: Profile | Mapping[str, Any] | str | Path | None) -> Profile:
     """Accept a Profile, a mapping, a path, or None (a clean profile)."""
     if value is None:

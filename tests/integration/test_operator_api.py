@@ -255,7 +255,7 @@ def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
     [
         ("operator_list_orders", {}, {}, None, 400, "invalid_request"),
         ("operator_list_orders", {"state": "Lost"}, {}, None, 400, "invalid_state"),
-        ("operator_list_orders", {"state": "Processed"}, {}, None, 400, "state_not_listable"),
+        ("operator_list_orders", {"state": "Error", "sort": "x"}, {}, None, 400, "invalid_sort"),
         ("operator_list_orders", {"state": "Error", "limit": "0"}, {}, None, 400, "invalid_limit"),
         (
             "operator_list_orders",

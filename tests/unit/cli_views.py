@@ -14,13 +14,17 @@ from operator_api.models import (
     ActionView,
     AlertPage,
     ArchivedOrderView,
+    BulkView,
+    DeadLetterActionView,
     DeadLetterPage,
     DeadLetterSummary,
+    HealthView,
     OrderDetail,
     OrderPage,
     PurgeRunsView,
     PurgeView,
     SupervisorView,
+    WatchView,
 )
 
 AT = "2025-03-01T12:00:00Z"
@@ -40,7 +44,8 @@ def order_detail(s: str) -> OrderDetail:
     step = {
         "name": "charge_payment", "index": 1, "state": "Failed", "generation": 2, "attempt": 3,
         "result": {"note": s}, "error_code": "declined", "error_message": s,
-        "completed_at": AT, "compensated_at": None,
+        "completed_at": AT, "compensated_at": None, "started_at": AT, "duration_s": 1.5,
+        "requests": 3, "failures": 2, "deferrals": 1, "reasons": [s],
     }  # fmt: skip
     entry = {
         "seq": 1, "at": AT, "actor": s, "event": "compensation_started",
@@ -79,26 +84,75 @@ class Ops:
     def show_order(self, order_id: str) -> OrderDetail:
         return order_detail(self.s)
 
-    def list_orders(self, state, *, limit, continuation) -> OrderPage:
+    def watch_order(self, order_id: str, *, after_seq: int, wait_s: float) -> WatchView:
+        detail = order_detail(self.s)
+        if after_seq >= 0:  # the second call: the order is done, nothing new
+            detail = detail.model_copy(update={"timeline": []})
+        return WatchView(changed=after_seq < 0, terminal=True, detail=detail)
+
+    def list_orders(self, state, *, step, older_than, newer_than, text, sort, limit,
+                    continuation) -> OrderPage:  # fmt: skip
         return OrderPage(
             state="Error",
+            sort="-created",
+            filters={"text": self.s},
             items=[order_detail(self.s).order],
             continuation=self.s,
             scanned=1,
+            partial=True,
         )
 
-    def list_alerts(self, *, limit) -> AlertPage:
+    def bulk(self, action, *, operator, reason, limit, dry_run=False, order_ids=None, **filters):
+        item = {
+            "order_id": "order-7", "order": order_detail(self.s).order.model_dump(),
+            "outcome": f"would_{action}" if dry_run else "refused", "detail": self.s,
+            "state": None,
+        }  # fmt: skip
+        return BulkView.model_validate(
+            {"action": action, "dry_run": dry_run, "states": ["Error"],
+             "filters": {"text": self.s}, "items": [item], "acted": 0, "more": True}
+        )  # fmt: skip
+
+    def restart(self, order_id, *, step, operator, reason) -> ActionView:
+        return self._action("restart", "restarted")
+
+    def replay_dead_letters(self, queue, **options) -> DeadLetterActionView:
+        return self._dead_letter_action("replay", queue, options)
+
+    def purge_dead_letters(self, queue, **options) -> DeadLetterActionView:
+        return self._dead_letter_action("purge", queue, options)
+
+    def _dead_letter_action(self, action: str, queue: str, options: dict) -> DeadLetterActionView:
+        dry_run = options.get("dry_run", False)
+        outcome = f"would_{action}" if dry_run else ("replayed" if action == "replay" else "purged")
+        return DeadLetterActionView.model_validate(
+            {"action": action, "queue": queue, "entity": self.s, "dry_run": dry_run,
+             "more": False,
+             "items": [{"sequence_number": 1, "message_id": self.s, "order_id": "order-7",
+                        "outcome": outcome, "detail": self.s,
+                        "recorded_in_timeline": not dry_run}]}
+        )  # fmt: skip
+
+    def health(self) -> HealthView:
+        return HealthView.model_validate(
+            {"status": "ok", "checks": [
+                {"name": "table", "ok": True, "detail": self.s, "duration_ms": 1.5}]}
+        )  # fmt: skip
+
+    def list_alerts(self, *, limit, open_only=False) -> AlertPage:
         s = self.s
         alert = {"severity": s, "order_id": s, "reason": s, "detail": s}
         return AlertPage.model_validate(
             {
                 "items": [
                     {"sequence_number": 1, "message_id": s, "enqueued_at": AT, "alert": alert,
-                     "raw": None, "problem": None},
+                     "raw": None, "problem": None, "resolution": "retrying",
+                     "order_state": "Pending"},
                     {"sequence_number": 2, "message_id": None, "enqueued_at": None,
                      "alert": None, "raw": s, "problem": s},
                 ],
                 "continuation": None,
+                "open_only": open_only,
             }
         )  # fmt: skip
 

@@ -51,10 +51,19 @@ def one_document(command: str, result) -> dict:
 OPERATOR_COMMANDS = [
     ("status", ["order-7"]),
     ("orders", ["Error"]),
+    ("orders", ["Processed", "--text", "x", "--sort", "-created", "--older-than", "1h"]),
     ("alerts", []),
+    ("alerts", ["--open"]),
     ("ack", ["1", "--operator", "ann"]),
     ("resubmit", ["order-7", "--reason", "fixed"]),
+    ("resubmit", ["--state", "Error", "--dry-run"]),
+    ("resubmit", ["--text", "declined", "--reason", "fixed", "--yes"]),
     ("cancel", ["order-7", "--reason", "no"]),
+    ("cancel", ["--step", "charge_payment", "--reason", "no", "--yes"]),
+    ("restart", ["order-7", "--from", "charge_payment", "--reason", "again"]),
+    ("health", []),
+    ("dead-letters", ["replay", "orders", "1", "--dry-run"]),
+    ("dead-letters", ["purge", "orders", "--all", "--yes"]),
     ("supervisor", []),
     ("purge", ["--older-than", "7"]),
     ("purges", []),
@@ -75,6 +84,15 @@ def test_dead_letters_prints_a_summary_or_a_page(monkeypatch):
     summary = one_document("dead-letters", invoke("dead-letters", "--json"))
     page = one_document("dead-letters", invoke("dead-letters", "orders", "--json"))
     assert "queues" in summary and page["queue"] == "orders"
+
+
+def test_status_watch_prints_json_lines_of_its_documented_shape(monkeypatch):
+    use_ops(monkeypatch, "stored text")
+    result = invoke("status", "order-7", "--watch", "--json")
+    assert result.exit_code == 3, result.output  # the order ended in Error
+    for line in result.stdout.splitlines():
+        document = json.loads(line)
+        assert validate("status", document).model_dump(mode="json") == document
 
 
 def test_stack_commands_print_their_shape(monkeypatch, tmp_path):
@@ -98,7 +116,8 @@ def test_stack_commands_print_their_shape(monkeypatch, tmp_path):
     args = ["submit", "--order-id", "o-1", "--item", "SKU-1:2:150", "--json"]
     submitted = one_document("submit", invoke(*args, "--workdir", str(tmp_path)))
     assert submitted == {"order_id": "o-1", "workflow": "order", "total_cents": 300,
-                         "currency": "EUR"}  # fmt: skip
+                         "currency": "EUR", "state": None, "waited_s": None,
+                         "order": None}  # fmt: skip
     assert [o.order_id for o in sent] == ["o-1"]
 
 

@@ -68,6 +68,13 @@ OPERATOR_API_FUNCTIONS = {
     "operator_purge_runs",
     "operator_archived_order",
     "operator_openapi",
+    "operator_watch_order",
+    "operator_restart_order",
+    "operator_bulk_resubmit",
+    "operator_bulk_cancel",
+    "operator_replay_dead_letters",
+    "operator_purge_dead_letters",
+    "operator_health",
 }
 
 

@@ -15,6 +15,7 @@ from core.lifecycle import (
     Refused,
     Replied,
     Resent,
+    Restart,
     Resubmit,
     RetryDue,
     Swept,
@@ -377,6 +378,97 @@ def test_resubmit_resends_an_alert_that_was_never_delivered():
 def test_resubmit_of_an_order_in_flight_is_refused():
     with pytest.raises(Refused, match="only Error orders"):
         decide(new_order(), Resubmit("operator:bob", "x", outbox_delivered=True), ctx(1))
+
+
+def v2_order_declined_at_shipment() -> Order:
+    """An order@2 in Error: the shipment was declined, the charge voided and the reservation
+    released; verify_address (no undo) keeps its result."""
+    scheduler = v2(0, actor="scheduler:a")
+    order = submit(new_order_submitted(), scheduler).order
+    assert order is not None
+    for _ in range(3):
+        order = apply(order, decide(order, Replied(answer(request_of(order))), scheduler))
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), scheduler))
+    for _ in range(2):
+        order = apply(order, decide(order, Replied(answer(request_of(order))), scheduler))
+    assert order.state is ProcessState.ERROR
+    assert [s.state for s in order.steps] == [
+        StepState.COMPENSATED, StepState.COMPENSATED, StepState.SUCCEEDED, StepState.FAILED,
+    ]  # fmt: skip
+    return order
+
+
+def v2(at: float, actor: str = "operator:ann") -> Context:
+    return replace(ctx(at, actor=actor), workflow=ORDER_WORKFLOW_V2)
+
+
+def test_restart_redoes_the_named_step_and_later_ones_even_a_kept_result():
+    errored = v2_order_declined_at_shipment()
+    restart = Restart("operator:ann", "address fixed", "verify_address", outbox_delivered=True)
+    decision = decide(errored, restart, v2(9))
+    after = decision.order
+    assert after is not None and decision.entry is not None
+    assert (decision.entry.event, decision.entry.actor) == ("restarted", "operator:ann")
+    assert decision.entry.detail == (
+        "address fixed; restart from verify_address: redo verify_address, create_shipment; "
+        "resumes at reserve_inventory"
+    )
+    assert after.state is ProcessState.PROCESSING and after.generation == 2
+    assert [s.state for s in after.steps] == [StepState.RUNNING] + [StepState.PENDING] * 3
+    assert request_of(after).idempotency_key == "o-1:reserve_inventory:do:2"
+    # A resubmit keeps verify_address's result instead:
+    resubmitted = decide(errored, Resubmit("operator:ann", "x", outbox_delivered=True), v2(9))
+    assert resubmitted.order is not None
+    assert resubmitted.order.step("verify_address").state is StepState.SUCCEEDED
+    assert "kept: verify_address" in resubmitted.entry.detail  # type: ignore[union-attr]
+
+
+def test_restart_keeps_succeeded_steps_before_the_named_one():
+    errored = v2_order_declined_at_shipment()
+    decision = decide(errored, Restart("operator:ann", "retry", "create_shipment", True), v2(9))
+    after = decision.order
+    assert after is not None
+    assert after.step("verify_address").state is StepState.SUCCEEDED
+    assert after.current_step == "reserve_inventory"  # undone before: redone first
+    assert decision.entry is not None and decision.entry.detail.endswith("kept: verify_address")
+
+
+def test_restart_from_the_first_step_redoes_everything():
+    order = new_order()
+    errored = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    decision = decide(errored, Restart("operator:bob", "r", "reserve_inventory", False), ctx(9))
+    assert decision.order is not None and decision.order.generation == 2
+    assert request_of(decision.order).idempotency_key == "o-1:reserve_inventory:do:2"
+    # The alert was never known delivered: it is sent again, once.
+    assert kinds(decision).count("OperatorAlert") == 1
+
+
+def test_restart_from_a_step_the_workflow_lacks_is_refused_naming_its_steps():
+    order = new_order()
+    errored = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    with pytest.raises(Refused, match="has no step 'teleport'") as refused:
+        decide(errored, Restart("operator:bob", "r", "teleport", True), ctx(9))
+    assert refused.value.code == "invalid"
+    assert "reserve_inventory, charge_payment, create_shipment" in refused.value.message
+
+
+def test_restart_of_an_order_not_in_error_is_refused():
+    with pytest.raises(Refused, match="only Error orders can be restarted") as refused:
+        decide(new_order(), Restart("operator:bob", "r", "charge_payment", True), ctx(1))
+    assert refused.value.code == "conflict"
+
+
+def test_restart_of_an_incomplete_compensation_is_refused():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    for n in range(FLOW.failure_threshold):
+        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
+        if order.state.in_flight:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.ERROR
+    with pytest.raises(Refused, match="still has undos left"):
+        decide(order, Restart("operator:bob", "r", "reserve_inventory", True), ctx(99))
 
 
 # ------------------------------------------------------------------------------ migration
