@@ -22,6 +22,12 @@ orderctl workflows     workflow versions, the orders on each, and whether this c
 orderctl workflow-diff A B   what changed between two workflow versions
 orderctl migrate       move orders in flight to another workflow version (dry run by default)
 
+Remote mode: `orderctl --api-url URL` (or ORDERCTL_API_URL, or `--azd-env FILE` with `azd env
+get-values` output) runs the operator commands over the operator HTTP API of a deployed app (or
+of a local stack) instead of in process, with a function key (--function-key,
+ORDERCTL_FUNCTION_KEY) and/or an Entra token (--entra, ORDERCTL_AUTH=entra; --scope,
+ORDERCTL_SCOPE). Same output either way.
+
 Every command takes --json (one document on stdout, shapes in docs/orderctl.md); tables take
 --wide. Errors are one line on stderr with a non-zero exit code (2: fix the input or start the
 stack; 1: something failed); --debug shows the traceback instead. `status --watch` and `submit
@@ -42,7 +48,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -71,10 +77,22 @@ from devstack.cli_output import (
     write_json,
     write_json_line,
 )
+from devstack.remote_config import (
+    API_URL_ENV,
+    AUTH_ENV,
+    FUNCTION_KEY_ENV,
+    SCOPE_ENV,
+    RemoteError,
+    RemoteOptions,
+    resolve,
+)
 from devstack.stack import processes
 from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
 from operator_api.errors import OperatorError
+
+if TYPE_CHECKING:
+    from devstack.operator_backend import OperatorBackend
 
 DEFAULT_API_PORT = 7071  # as `func start`
 SUPERVISOR_LOG = "supervisor.log"
@@ -91,6 +109,9 @@ class Mode:
     json: bool = False
     wide: bool = False
     debug: bool = False
+    remote: RemoteOptions | None = None
+    """Remote mode (--api-url, --azd-env): operator commands go over the HTTP API."""
+    command: str = ""
 
 
 MODE = Mode()
@@ -113,7 +134,8 @@ class SafeGroup(TyperGroup):
 
 app = typer.Typer(
     cls=SafeGroup,
-    help="Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker).",
+    help="Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker), "
+    "and operate it or a deployed app (--api-url).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -145,8 +167,12 @@ def show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+REMOTE = "Remote mode (docs/orderctl.md)"
+
+
 @app.callback()
 def options(
+    ctx: typer.Context,
     debug: Annotated[
         bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")
     ] = False,
@@ -156,10 +182,71 @@ def options(
             "--version", callback=show_version, is_eager=True, help="print the version and exit"
         ),
     ] = False,
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api-url",
+            envvar=API_URL_ENV,
+            metavar="URL",
+            help="run the operator commands over this operator HTTP API instead of in process: "
+            "https://<app>.azurewebsites.net/api/, or a local stack's (`orderctl ps`)",
+            rich_help_panel=REMOTE,
+        ),
+    ] = None,
+    azd_env: Annotated[
+        str | None,
+        typer.Option(
+            "--azd-env",
+            metavar="FILE|-",
+            help="take the API's URL (and ORDERCTL_* values) from `azd env get-values` output "
+            "in FILE, or on stdin with -",
+            rich_help_panel=REMOTE,
+        ),
+    ] = None,
+    function_key: Annotated[
+        str | None,
+        typer.Option(
+            "--function-key",
+            envvar=FUNCTION_KEY_ENV,
+            metavar="KEY",
+            help="send this function key (x-functions-key); prefer the environment variable",
+            rich_help_panel=REMOTE,
+        ),
+    ] = None,
+    entra: Annotated[
+        bool,
+        typer.Option(
+            "--entra",
+            help=f"also send an Entra ID token (azure-identity DefaultAzureCredential; "
+            f"{AUTH_ENV}=entra): who acts, for App Service Authentication",
+            rich_help_panel=REMOTE,
+        ),
+    ] = False,
+    scope: Annotated[
+        str | None,
+        typer.Option(
+            "--scope",
+            envvar=SCOPE_ENV,
+            metavar="SCOPE",
+            help="with --entra: the token's scope, api://<app-client-id>/.default",
+            rich_help_panel=REMOTE,
+        ),
+    ] = None,
 ) -> None:
-    """Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker)."""
+    """Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker), and
+    operate it, or a deployed app (--api-url)."""
     MODE.debug = debug
     MODE.json = MODE.wide = False
+    MODE.command = ctx.invoked_subcommand or ""
+    remote = RemoteOptions(
+        api_url=api_url,
+        function_key=function_key,
+        entra=entra,
+        scope=scope,
+        azd_env=azd_env,
+        auth=os.environ.get(AUTH_ENV),
+    )
+    MODE.remote = remote if remote.requested else None
 
 
 def output(json_out: bool = False, wide: bool = False) -> Console:
@@ -244,6 +331,12 @@ def check_profile(profile: str) -> None:
 
 
 def running_stack(workdir: Path) -> StackInfo:
+    if MODE.remote is not None:
+        raise fail(
+            f"`orderctl {MODE.command}` works on the local stack only (the operator HTTP API does "
+            f"not serve it): run it without --api-url/--azd-env, and {API_URL_ENV} unset",
+            2,
+        )
     info = StackInfo.load(workdir)
     if info is None:
         raise fail(
@@ -612,7 +705,7 @@ def submit(
     raise typer.Exit(finished(followed, screen))
 
 
-def follow_order(ops: Any, order_id: str, timeout: float | None, screen: Console, *,
+def follow_order(ops: OperatorBackend, order_id: str, timeout: float | None, screen: Console, *,
                  created: bool) -> Any:  # fmt: skip
     """Follow an order until it is done, printing each change (with --json in `status`: one
     WatchView per line). ``created``: it exists already (status), else it is on its way."""
@@ -670,8 +763,35 @@ def show_submitted(view: SubmitView, screen: Console) -> None:
 
 
 @contextmanager
-def operations(workdir: Path) -> Iterator[Any]:
-    """The operator operations (operator_api.operations) on the running stack."""
+def operations(workdir: Path) -> Iterator[OperatorBackend]:
+    """The operator operations: in process on the running local stack, or in remote mode over
+    the operator HTTP API. A refusal or a failure of either is one line and an exit code."""
+    with backend(workdir) as ops:
+        try:
+            yield ops
+        except OperatorError as error:
+            raise fail(f"{error.message} ({error.code})", 2) from None
+        except RemoteError as error:
+            raise fail(error.message, error.exit_code) from None
+
+
+@contextmanager
+def backend(workdir: Path) -> Iterator[OperatorBackend]:
+    """:class:`operator_api.operations.Operations` on the stack running from ``workdir``, or
+    in remote mode :class:`devstack.remote.RemoteOperations` on the API the options name."""
+    if MODE.remote is not None:
+        from devstack.remote import RemoteOperations
+
+        try:
+            config = resolve(MODE.remote, read_text)
+        except RemoteError as error:
+            raise fail(error.message, error.exit_code) from None
+        remote = RemoteOperations(config)
+        try:
+            yield remote
+        finally:
+            remote.close()
+        return
     from core.runtime import Runtime
     from core.settings import Settings
     from operator_api.operations import Operations
@@ -681,15 +801,30 @@ def operations(workdir: Path) -> Iterator[Any]:
     ops = Operations(runtime)
     try:
         yield ops
-    except OperatorError as error:
-        raise fail(f"{error.message} ({error.code})", 2) from None
     finally:
         ops.close()
         runtime.close()
 
 
+def read_text(source: str) -> str:
+    """A file's text, or stdin's with ``-`` (the azd env values)."""
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise RemoteError(f"cannot read --azd-env {source}: {reason}") from None
+
+
 OPERATOR = getpass.getuser()
-Operator = Annotated[str, typer.Option(help="who acts, recorded in the order's timeline")]
+Operator = Annotated[
+    str,
+    typer.Option(
+        help="who acts, recorded in the order's timeline (remote mode: the API records the "
+        "caller it authenticated instead)"
+    ),
+]
 Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline")]
 
 
@@ -993,7 +1128,7 @@ def one_order(chosen: dict[str, str | None], dry_run: bool) -> None:
 
 
 def act_on_matching(
-    ops: Any, action: str, chosen: dict[str, str | None], reason: str, operator: str,
+    ops: OperatorBackend, action: str, chosen: dict[str, str | None], reason: str, operator: str,
     dry_run: bool, yes: bool, limit: int, screen: Console,
 ) -> None:  # fmt: skip
     """List what the filter selects; unless a dry run, confirm, then act on exactly those."""
@@ -1382,7 +1517,7 @@ def dead_letters(
 
 
 def settle_dead_letters(
-    ops: Any, action: str, words: list[str], everything: bool, dry_run: bool, yes: bool,
+    ops: OperatorBackend, action: str, words: list[str], everything: bool, dry_run: bool, yes: bool,
     operator: str, screen: Console,
 ) -> None:  # fmt: skip
     """Say what a replay or purge would do; unless a dry run, confirm, then do it to those."""

@@ -14,6 +14,7 @@ back with the orders and messages it had.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -259,6 +260,11 @@ class LocalStack:
             runtime.close()
 
     def _write_host_settings(self, settings: dict[str, str]) -> None:
+        from devstack.host.host import PRINCIPAL_SETTING
+
+        # The local API is open, like `func start`: its callers act as the user who started
+        # the stack (App Service Authentication names the caller in Azure).
+        settings = {PRINCIPAL_SETTING: getpass.getuser(), **settings}
         settings_file = self.workdir / "local.settings.json"
         settings_file.write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
 
