@@ -1,6 +1,8 @@
 """The Agent: carry one step of one order to its remote service and report back.
 
-Every answer is an AgentResponse on the response queue, naming the request's idempotency key:
+Every answer is an AgentResponse on the response queue, naming the request's idempotency key
+and echoing the request's ``resume`` unchanged (the order's state for the Scheduler, which the
+agent never reads):
 
 - ``succeeded``: the service applied the operation (or had applied it before);
 - ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
@@ -28,7 +30,14 @@ from typing import TYPE_CHECKING
 from agent.circuit import breaker_for
 from agent.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from agent.remote_client import RemoteServiceClient
-from core.messages import AgentRequest, AgentResponse, BadMessage, OperatorAlert, parse_message
+from core.messages import (
+    AgentRequest,
+    AgentResponse,
+    BadMessage,
+    MessageTooLarge,
+    OperatorAlert,
+    parse_message,
+)
 
 if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which builds stores)
     from core.runtime import Runtime
@@ -101,19 +110,32 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             outcome.retry_at.isoformat(),
             outcome.last_error,
         )
-    rt.bus.send(rt.settings.queue("responses"), response_for(request, outcome))
+    _reply(rt, response_for(request, outcome))
+
+
+def _reply(rt: Runtime, response: AgentResponse) -> None:
+    try:
+        rt.bus.send(rt.settings.queue("responses"), response)
+    except MessageTooLarge:
+        if response.resume is None:
+            raise
+        # The snapshot only spares the Scheduler a read; the answer must get through.
+        log.warning("reply for %s too large with its snapshot; sent without", response.order_id)
+        rt.bus.send(rt.settings.queue("responses"), response.model_copy(update={"resume": None}))
 
 
 def response_for(
     request: AgentRequest, outcome: Succeeded | NothingToUndo | Failed | Deferred
 ) -> AgentResponse:
-    """The AgentResponse that reports ``outcome`` for ``request``."""
+    """The AgentResponse that reports ``outcome`` for ``request``, echoing its ``resume``
+    unread (the order's snapshot is the Scheduler's business, :mod:`core.resume`)."""
     common = {
         "order_id": request.order_id,
         "step": request.step,
         "operation": request.operation,
         "attempt": request.attempt,
         "idempotency_key": request.idempotency_key,
+        "resume": request.resume,
     }
     match outcome:
         case Succeeded(result=result):

@@ -6,6 +6,14 @@ the decision's messages in order. A lost race (412) re-reads and decides again. 
 fails raises, so the triggering message is redelivered and the outbox, still on the record, is
 sent again; duplicate detection drops what did go out.
 
+**No read for an answer.** Each AgentRequest leaves with a snapshot of the order as stored
+when it was sent (:mod:`core.resume`, attached in :func:`send`), and its agent echoes it in
+the reply. :func:`handle` decides on that snapshot first and writes on condition
+of its ETag, so the write lands only if the order is still exactly what the decision saw; a
+412 (it moved on) falls back to the read. A decision that writes nothing proves nothing about
+the snapshot, and one that must first write an index row (the order's active row moved earlier,
+its Error row) would leave that row wrong if the snapshot was stale: both are made on a read.
+
 Status updates go to the submitter's own reply queue. That queue is outside the app's control: a
 queue that cannot be sent to at all (missing, disabled, no permission) never holds up the order;
 it is logged, alerted once per queue for :data:`FAILURE_MEMORY`, and skipped for that long. Any
@@ -28,10 +36,20 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 
-from core.lifecycle import DEFAULT_FLUSH_GRACE, Context, Decision, Event, decide, due_at
-from core.messages import MessageBase, OperatorAlert, OrderSubmitted
+from core import resume
+from core.lifecycle import (
+    DEFAULT_FLUSH_GRACE,
+    Context,
+    Decision,
+    Event,
+    Replied,
+    decide,
+    due_at,
+)
+from core.messages import AgentRequest, MessageBase, OperatorAlert, OrderSubmitted
 from core.order import Order, Outgoing
 from core.state_models import ConcurrencyConflict
+from core.states import ProcessState
 from core.workflows import UnknownWorkflow, workflow_ref
 
 if TYPE_CHECKING:
@@ -128,7 +146,15 @@ def handle(
     Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`,
     :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
     :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
+
+    A reply that carries the order's snapshot is first decided on it, without a read
+    (:func:`_on_snapshot`).
     """
+    if isinstance(event, Replied):
+        known = resume.restore(event.response.resume, order_id)
+        done = None if known is None else _on_snapshot(rt, known, event, actor)
+        if done is not None:
+            return done
     for _ in range(MAX_CONFLICT_RETRIES):
         order = rt.store.load(order_id)
         try:
@@ -142,6 +168,37 @@ def handle(
         except ConcurrencyConflict:
             log.info("order %s changed while deciding; reading it again", order_id)
     raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
+
+
+def _on_snapshot(
+    rt: Runtime, known: Order, event: Replied, actor: str
+) -> tuple[Order, Decision] | None:
+    """Decide on ``known`` and write on condition of its ETag; None when that settles nothing
+    and the order must be read: the write lost (the order is no longer ``known``), there is no
+    write to prove ``known`` current, or the write needs rows written before it on the
+    strength of a state that may be stale (:func:`_writes_beside`)."""
+    try:
+        ctx = context(rt, known.workflow, actor)
+    except UnknownWorkflow:
+        return None  # the order may have moved to a version that is deployed
+    decision = decide(known, event, ctx)
+    if decision.order is None or _writes_beside(rt, known, decision.order):
+        return None
+    try:
+        return carry_out(rt, known, decision), decision
+    except ConcurrencyConflict:
+        log.info("order %s changed since its snapshot was sent; reading it", known.order_id)
+        return None
+
+
+def _writes_beside(rt: Runtime, before: Order, after: Order) -> bool:
+    """Whether writing ``after`` over ``before`` first writes an index row: the order's
+    active-index row moved earlier, or its Error-index row on entering Error. Neither is undone
+    cleanly when the order write then loses: the moved row may end up later than the order,
+    and the Error row written over one the winner wrote is deleted with ours."""
+    if _index_due(rt, before, after) is not None:
+        return True
+    return after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
 
 
 def carry_out(rt: Runtime, before: Order, decision: Decision) -> Order:
@@ -180,14 +237,22 @@ def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
 
 
 def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
+    """Send ``outgoing`` (owed by ``order``, as stored: with its ETag). Each AgentRequest
+    leaves with the snapshot of ``order`` (:mod:`core.resume`)."""
     now = rt.clock()
+    snapshot: str | None = None
     for item in outgoing:
         if item.to == "reply":
             if order.reply_to is not None:
                 _send_status(rt, order.reply_to, item.message)
             continue
+        message = item.message
+        if isinstance(message, AgentRequest) and order.etag:
+            if snapshot is None:
+                snapshot = resume.snapshot(order)
+            message = message.model_copy(update={"resume": snapshot})
         due = item.not_before if item.not_before is not None and item.not_before > now else None
-        rt.bus.send(rt.settings.queue(item.to), item.message, scheduled_at=due)
+        rt.bus.send(rt.settings.queue(item.to), message, scheduled_at=due)
 
 
 def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:

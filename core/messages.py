@@ -32,6 +32,10 @@ OperatorAlert       ``alert:<order_id or ->:<reason>:[<timeline_seq>:]<sha(detai
 
 An id longer than Service Bus's 128 characters (possible only with maximal ids and names) is
 replaced by ``<prefix>:<sha256 of the long id, 40 hex>``, still deterministic.
+
+No id depends on ``resume`` (the order's snapshot a request and its reply carry,
+:mod:`core.resume`): a request resent with a later snapshot is the same message, and
+duplicate detection drops it like any resend.
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ MAX_UNIT_PRICE_CENTS: Final = 10**12
 MAX_TOTAL_CENTS: Final = 10**15
 """Far above any real order, far below Int64 (about 9.2e18), the Table integer type."""
 MAX_ATTEMPT: Final = 1_000_000
+MAX_RESUME_CHARS: Final = 64 * 1024
+"""The largest ``resume`` snapshot a message carries (a three-step order's is 2.7-3.9 KB):
+with it, a request or a reply stays far below the 256 KiB a message may hold."""
 _MAX_ERRORS_SHOWN: Final = 5
 _TRUNCATED: Final = "...[truncated]"
 
@@ -113,6 +120,10 @@ def _iso_only(value: Any) -> Any:
     return value
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
 def _truncator(max_bytes: int) -> BeforeValidator:
     return BeforeValidator(lambda v: truncate_utf8(v, max_bytes) if isinstance(v, str) else v)
 
@@ -132,6 +143,12 @@ Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPT)]
 MAX_RUN_BUDGET_S: Final = 86_400.0
 Counter = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPT)]
 Detail = Annotated[str, _truncator(MAX_DETAIL_BYTES)]
+Resume = Annotated[
+    str | None,
+    Field(max_length=MAX_RESUME_CHARS, pattern=r"^[A-Za-z0-9_.-]+$", exclude_if=_absent),
+]
+"""The order as stored when the message was sent (:mod:`core.resume`), opaque to all but the
+Scheduler. Left out of the JSON when absent, so a message without one is encoded as before."""
 JsonObject = dict[str, JsonValue]
 
 OrderStatus = Literal["Pending", "Processing", "Compensating", "Processed", "Error", "Rejected"]
@@ -281,6 +298,8 @@ class AgentRequest(MessageBase):
     undoes: str | None = None
     payload: JsonObject = Field(default_factory=dict)
     requested_at: UtcDatetime = Field(default_factory=utc_now)
+    resume: Resume = None
+    """Attached when sent, never stored; the agent echoes it in its response unread."""
 
     @model_validator(mode="after")
     def _check_key(self) -> AgentRequest:
@@ -333,6 +352,9 @@ class AgentResponse(MessageBase):
     retry_at: UtcDatetime | None = None
     result: JsonObject = Field(default_factory=dict)
     responded_at: UtcDatetime = Field(default_factory=utc_now)
+    resume: Resume = None
+    """The request's ``resume``, echoed unchanged: the Scheduler applies this answer to that
+    state of the order without reading it first (:mod:`core.resume`)."""
 
     @model_validator(mode="after")
     def _check_outcome(self) -> AgentResponse:

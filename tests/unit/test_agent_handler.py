@@ -19,7 +19,15 @@ import pytest
 from agent.circuit import BreakerSettings, CircuitBreaker
 from agent.handler import handle_request
 from agent.remote_client import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
-from core.messages import AgentRequest, AgentResponse, MessageBase, encode, parse_message
+from core.messages import (
+    MAX_MESSAGE_BYTES,
+    MAX_RESUME_CHARS,
+    AgentRequest,
+    AgentResponse,
+    MessageBase,
+    encode,
+    parse_message,
+)
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FORWARD_KEY = "o-1:charge_payment:do:1"
@@ -305,3 +313,65 @@ def test_an_unusual_error_code_still_makes_a_valid_response(code: str, expected:
     rt = Runtime(answer(402, refusal(402, code)))
     response = rt.handle(request("do"))
     assert response is not None and response.error_code == expected
+
+
+SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
+
+
+@pytest.mark.parametrize(
+    ("service", "operation", "outcome"),
+    [
+        (answer(200, {"charge_id": "ch-1"}), "do", "succeeded"),
+        (
+            answer(200, {"status": "nothing_to_undo", "undoes": FORWARD_KEY}),
+            "undo",
+            "nothing_to_undo",
+        ),
+        (answer(402, refusal(402, "card_declined")), "do", "failed"),
+        (answer(503, refusal(503, "unavailable")), "do", "failed"),
+    ],
+)
+def test_every_answer_echoes_the_requests_snapshot_unread(
+    service: Callable[[httpx.Request], httpx.Response], operation: str, outcome: str
+) -> None:
+    """The snapshot is the Scheduler's (core.resume): the agent passes it back as it came and
+    never sends it to the remote service."""
+    rt = Runtime(service, failure_threshold=100)
+    carrying = request(operation).model_copy(update={"resume": SNAPSHOT})
+    response = rt.handle(carrying)
+    assert response is not None and response.outcome == outcome
+    assert response.resume == SNAPSHOT
+    assert all(SNAPSHOT.encode() not in sent.content for sent in rt.requests)
+
+
+def test_a_deferral_echoes_the_snapshot_too() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
+    rt.breaker.acquire()
+    rt.breaker.record_failure()
+    response = rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
+    assert response is not None and (response.outcome, response.resume) == ("deferred", SNAPSHOT)
+
+
+def test_a_request_without_a_snapshot_is_answered_without_one() -> None:
+    response = Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
+    assert response is not None and response.resume is None
+
+
+@dataclass
+class EncodingBus(Bus):
+    """Refuses what the Service Bus adapter would refuse: a message over 256 KiB."""
+
+    def send(self, queue: str, message: MessageBase) -> None:
+        encode(message)
+        super().send(queue, message)
+
+
+def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
+    """The snapshot only spares the Scheduler a read; the answer itself must get through."""
+    result = {"blob": "x" * (MAX_MESSAGE_BYTES - MAX_RESUME_CHARS // 2)}
+    rt = Runtime(answer(200, result))
+    rt.bus = EncodingBus()
+    big = "r1." + "A" * (MAX_RESUME_CHARS - 3)
+    response = rt.handle(request("do").model_copy(update={"resume": big}))
+    assert response is not None
+    assert (response.outcome, response.resume, response.result) == ("succeeded", None, result)

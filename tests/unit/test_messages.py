@@ -99,6 +99,9 @@ ALL_MESSAGES = [
     ),
 ]
 
+RESUMABLE = [request(), response()]
+"""The messages that may carry the order's snapshot (``resume``)."""
+
 
 @pytest.mark.parametrize("message", ALL_MESSAGES, ids=lambda m: m.MESSAGE_TYPE)
 def test_round_trip_through_encode_and_parse(message):
@@ -284,6 +287,40 @@ class TestAgentMessages:
         assert reply.error_message.endswith("...[truncated]")
 
 
+class TestResume:
+    """``resume``: the order's snapshot a request and its reply carry (core.resume); opaque
+    here, bounded, and absent from the wire when there is none."""
+
+    TOKEN = "r1.eyJ0IjoiZTEifQ"
+
+    @pytest.mark.parametrize("message", RESUMABLE, ids=lambda m: m.MESSAGE_TYPE)
+    def test_carried_and_round_tripped(self, message):
+        carrying = message.model_copy(update={"resume": self.TOKEN})
+        assert parse_message(encode(carrying), type(message)).resume == self.TOKEN
+
+    @pytest.mark.parametrize("message", RESUMABLE, ids=lambda m: m.MESSAGE_TYPE)
+    def test_absent_it_is_left_out_of_the_json(self, message):
+        assert message.resume is None
+        assert b"resume" not in encode(message)
+        assert "resume" not in message.model_dump(mode="json")
+        assert parse_message(encode(message), type(message)) == message
+
+    @pytest.mark.parametrize(
+        "token", ["", "r1.a b", 'r1."', "r1.\n", "x" * (messages.MAX_RESUME_CHARS + 1)]
+    )
+    def test_only_a_bounded_url_safe_token_is_accepted(self, token):
+        with pytest.raises(ValidationError, match="resume"):
+            request(resume=token)
+        data = json.loads(encode(response()))
+        data["resume"] = token
+        with pytest.raises(BadMessage, match="resume"):
+            parse_message(json.dumps(data), AgentResponse)
+
+    def test_an_explicit_null_is_read_as_absent(self):
+        data = json.loads(encode(request())) | {"resume": None}
+        assert parse_message(json.dumps(data), AgentRequest) == request()
+
+
 class TestAlertsAndStatus:
     def test_raw_excerpt_is_bounded_to_2_kib(self):
         alert = OperatorAlert(
@@ -466,6 +503,13 @@ class TestMessageIds:
             response(outcome="failed", result={}, error_code="x", responded_at=later)
         )
         assert message_id_for(order()) == message_id_for(order(submitted_at=later))
+
+    def test_a_snapshot_changes_no_id(self):
+        """A request resent after a later write carries a later snapshot: still a duplicate."""
+        for message in RESUMABLE:
+            for token in ("r1.AAAA", "r1.BBBB"):
+                carrying = message.model_copy(update={"resume": token})
+                assert message_id_for(carrying) == message_id_for(message)
 
     def test_what_must_differ_does(self):
         base = message_id_for(request())
