@@ -25,8 +25,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from azure.core import MatchConditions
-from azure.core.exceptions import HttpResponseError, ResourceModifiedError
-from azure.data.tables import UpdateMode
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 
 from core.order import Order
 from core.state_models import CorruptOrderState, delete_unchanged, etag_of, utc
@@ -67,18 +66,22 @@ class ErrorOrderIndex:
         self._table = table
         self._clock = clock
 
-    def put(self, order_id: str, generation: int) -> str:
-        """Write the row of an order generation about to enter Error; returns its ETag."""
-        metadata = self._table.upsert_entity(
-            {
-                "PartitionKey": ERROR_PARTITION,
-                "RowKey": error_row_key(order_id, generation),
-                "OrderID": order_id,
-                "Generation": generation,
-                "WrittenAt": utc(self._clock()),
-            },
-            mode=UpdateMode.REPLACE,
-        )
+    def put(self, order_id: str, generation: int) -> str | None:
+        """Write the row of an order generation about to enter Error, if it has none; its ETag,
+        or None when the row was there already (another writer entering Error, or an earlier
+        try): that row is not this writer's to delete if its order write then loses."""
+        try:
+            metadata = self._table.create_entity(
+                {
+                    "PartitionKey": ERROR_PARTITION,
+                    "RowKey": error_row_key(order_id, generation),
+                    "OrderID": order_id,
+                    "Generation": generation,
+                    "WrittenAt": utc(self._clock()),
+                }
+            )
+        except ResourceExistsError:
+            return None
         return str(metadata.get("etag", ""))
 
     def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:

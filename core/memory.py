@@ -82,6 +82,10 @@ class MemoryIndex:
         self.put(order_id, generation, workflow, due)
         return True
 
+    def insert(self, order_id: str, generation: int) -> str | None:
+        """The Error index's write: the row's ETag, or None if it was there already."""
+        return None if (order_id, generation) in self._rows else self.put(order_id, generation)
+
     def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
         row = self._rows.get((order_id, generation))
         if row is not None and (etag is None or row.etag == etag):
@@ -183,7 +187,7 @@ class MemoryStore:
         entering_error = (
             after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
         )
-        error_row = self.errors.put(after.order_id, after.generation) if entering_error else None
+        error_row = self.errors.insert(after.order_id, after.generation) if entering_error else None
         with self._lock:
             stored = self._orders.get(before.order_id)
             if stored is None or stored.etag != before.etag:

@@ -717,13 +717,28 @@ def test_requests_per_operation(table_store, clock, counts):
     after, entry = decide(current, declined(current, clock), clock)
     cost, errored = during(counts, lambda: table_store.save(current, after, entry))
     assert errored.state is ProcessState.ERROR
-    assert cost == {"table.put": 1, "table.post": 1}
+    assert cost == {"table.post": 2}  # an insert: a row already there is another writer's
     # Out of Error: the new active-index row first, the batch, then the Error row deleted.
     after, entry = decide(errored, RESUBMIT, clock, "operator-ann")
     cost, resubmitted = during(counts, lambda: table_store.save(errored, after, entry))
     assert cost == {"table.put": 1, "table.post": 1, "table.delete": 1}
     note = during(counts, lambda: table_store.annotate(resubmitted, actor="op", event="noted"))
     assert note[0] == {"table.post": 1}
+
+
+def test_a_writer_that_loses_the_race_into_error_keeps_the_winners_error_row(backend):
+    """Two writers decide, on the same state, that the order enters Error; the second one's
+    write loses on its ETag. The Error row the winner wrote stays: the loser only deletes a row
+    it inserted itself."""
+    store, clock = backend.store, backend.clock
+    current = create(store, clock)
+    after, entry = decide(current, declined(current, clock), clock)
+    store.save(current, after, entry)
+    late, late_entry = decide(current, declined(current, clock), clock, "scheduler-2")
+    with pytest.raises(ConcurrencyConflict):
+        store.save(current, late, late_entry)
+    assert backend.error_rows() == {("o-1", 1)}
+    assert store.load("o-1").state is ProcessState.ERROR
 
 
 def test_the_error_index_is_a_partition_of_the_orders_table(table_store, service, clock):
