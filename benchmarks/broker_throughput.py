@@ -9,8 +9,10 @@ scenarios against it and prints ONE JSON document on stdout (progress goes to st
   its own client and receiver (``msg_per_s`` is for the drain; the send phase is reported apart).
 
 Each result carries wall seconds, msg/s, the broker's CPU seconds (utime+stime from
-/proc/<pid>/stat) and this process's CPU seconds, so it shows whether the broker or the client
-is the bottleneck: a broker near 1.0 CPU-s per wall-s is saturated (it is single-threaded).
+/proc/<pid>/stat) and this process's CPU seconds, in total and per message, so it shows whether
+the broker or the client is the bottleneck: a broker near 1.0 CPU-s per wall-s is saturated (it
+is single-threaded), and so is this process near 1.0 (its receiver threads share one GIL). In
+lockstep nothing overlaps: a message costs about the broker's CPU plus the client's.
 
     python -m benchmarks.broker_throughput [--messages N] [--quick] [--storage memory]
 
@@ -84,6 +86,8 @@ class Result:
     client_cpu_s: float
     broker_cpu_per_wall_s: float
     client_cpu_per_wall_s: float
+    broker_cpu_us_per_msg: float
+    client_cpu_us_per_msg: float
     send_seconds: float | None = None
 
 
@@ -133,6 +137,8 @@ class Meter:
             client_cpu_s=round(client_cpu, 2),
             broker_cpu_per_wall_s=round(broker_cpu / seconds, 2) if seconds > 0 else 0.0,
             client_cpu_per_wall_s=round(client_cpu / seconds, 2) if seconds > 0 else 0.0,
+            broker_cpu_us_per_msg=round(broker_cpu * 1e6 / received) if received else 0.0,
+            client_cpu_us_per_msg=round(client_cpu * 1e6 / received) if received else 0.0,
             send_seconds=None if send_seconds is None else round(send_seconds, 3),
         )
 
@@ -454,11 +460,11 @@ def main(argv: list[str] | None = None) -> int:
                     conn = broker.connection_string
                     result = runner(conn, f"bench-{scenario}", n, args.size, meter, storage)
                     log.info(
-                        "  %.0f msg/s (%.2f s; broker CPU %.2f s, client CPU %.2f s)",
+                        "  %.0f msg/s (%.2f s; CPU per message: broker %.0f us, client %.0f us)",
                         result.msg_per_s,
                         result.seconds,
-                        result.broker_cpu_s,
-                        result.client_cpu_s,
+                        result.broker_cpu_us_per_msg,
+                        result.client_cpu_us_per_msg,
                     )
                     results[f"{scenario}-{storage}"] = asdict(result)
     except KeyboardInterrupt:

@@ -21,7 +21,19 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
   entry and the deadline it names;
 - ``stall_over_bound``: the longest gap between two timeline entries of an order (not counting
-  a deferral's wait for the service's ``retry_at``) exceeds ``stall_s`` plus a host restart.
+  a deferral's wait for the service's ``retry_at``) exceeds ``stall_s`` plus a host restart;
+- ``lock_lost``: messages whose peek-lock was lost, counted by the broker (its stats file,
+  devstack/servicebus/stats.py). A lock is *lost* when it expires while the receiver it was
+  given to is alive: its link still attached, or closed by a client that was still running, or
+  closed by the broker on an error. A lock that expires after its receiver's connection dropped
+  without an AMQP close (the host was SIGKILLed) is not lost: that expiry is how Service Bus
+  hands a dead consumer's messages to another, and it is expected here (``expired_after_crash``).
+  Neither is an abandon (a function that raised) or a release. The broker is the judge because
+  it sees every lock and outlives the hosts; it also counts each redelivery by what ended the
+  delivery before it (``locks.broker.redelivered_after``: ``abandoned``, ``holder_crashed``,
+  ``lock_lost``, ``released``, ``deferred``). The hosts' own view (``locks.hosts``: renewals
+  that stopped early, settlements refused with ``MessageLockLostError``, messages received
+  again) is reported as a cross-check; a killed host's last second of counts dies with it.
 
 Also reported, not judged: the longest gap between two completed sweeps of one bucket (under a
 burst larger than a tick's budget, buckets are cut short while the oldest rows are served
@@ -42,6 +54,7 @@ import uuid
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from azure.servicebus import ServiceBusClient
 
@@ -54,9 +67,19 @@ from core.supervision import recovery_bound
 from devstack import observe
 from devstack.demo import QUICK_SETTINGS
 from devstack.orders import open_orders_table, open_store, send_orders
+from devstack.servicebus import stats as broker_stats
 from devstack.stack.local_stack import LocalStack
 
 RESTART_ALLOWANCE_S = 15.0  # a killed host is back and receiving within this
+BROKER_STATS_FILE = "broker.stats.json"  # beside broker.port in the stack's workdir
+STATS_SETTLE_S = 1.5  # the broker and the hosts rewrite their stats files every second
+HOST_LOCK_COUNTERS = (
+    "lock_lost",
+    "lock_renewal_failures",
+    "lock_lost_on_settle",
+    "redelivered",
+    "settle_errors",
+)
 REPLY_QUEUE = "order-status"
 _FAILING_STEP = re.compile(r"^do (\w+) attempt")
 _DEADLINE = re.compile(r"passed CompleteBy (\S+)$|since (\S+) with no progress for (\d+)s$")
@@ -97,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         pending = set(ids)
         finished_at = started
         sweeps = SweepWatch()
+        host_locks = HostLockWatch(workdir)
         while pending and time.monotonic() - started < args.timeout:
             sweeps.sample(store)
+            host_locks.sample()
             if args.kill_max > 0 and time.monotonic() >= next_kill:
                 victim = rng.randrange(args.hosts)
                 stack.kill_host(victim)
@@ -110,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             finished_at = time.monotonic()
             time.sleep(0.5)
         sweeps.sample(store)
+        time.sleep(STATS_SETTLE_S)
+        host_locks.sample()
         elapsed = finished_at - started
         report = judge(info, store, ids, sweeps, workdir)
+        report = with_lock_loss(report, workdir, host_locks)
         report |= {
             "orders": args.orders,
             "workflow": args.workflow,
@@ -256,6 +284,53 @@ class SweepWatch:
             "max_lag_recorded_s": round(self.max_lag, 1),
             "recovery_bound": bound.as_dict(),
         }
+
+
+class HostLockWatch:
+    """The hosts' lock counters, summed over every host process the run saw.
+
+    A restarted host rewrites its stats file from 0, so each file is read often and the last
+    counters seen per (file, pid) are kept.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.latest: dict[tuple[str, int], dict[str, int]] = {}
+
+    def sample(self) -> None:
+        for path in self.workdir.glob("host-*.stats.json"):
+            try:
+                document = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced; read again next time
+            functions = document.get("functions", {}).values()
+            self.latest[(path.name, int(document.get("pid", 0)))] = {
+                key: sum(int(f.get(key, 0)) for f in functions) for key in HOST_LOCK_COUNTERS
+            }
+
+    def totals(self) -> dict[str, int]:
+        summed = {key: sum(c[key] for c in self.latest.values()) for key in HOST_LOCK_COUNTERS}
+        summed["host_processes"] = len(self.latest)
+        return summed
+
+
+def broker_lock_totals(workdir: Path) -> dict[str, Any] | None:
+    """The broker's lock counters over all queues (None without a stats file)."""
+    document = broker_stats.read(workdir / BROKER_STATS_FILE)
+    return None if document is None else document.get("totals")
+
+
+def with_lock_loss(report: dict, workdir: Path, host_locks: HostLockWatch) -> dict:
+    """Add the ``lock_lost`` invariant (the broker's count) and both views of lock loss."""
+    broker = broker_lock_totals(workdir)
+    counts = report["invariants"]
+    if broker is None:
+        counts["lock_stats_missing"] = 1  # cannot judge lock loss: fail rather than pass
+    else:
+        counts["lock_lost"] = int(broker.get("lock_lost", 0))
+    report["locks"] = {"broker": broker, "hosts": host_locks.totals()}
+    report["invariants_hold"] = not any(counts.values())
+    return report
 
 
 def judge(info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workdir: Path) -> dict:  # type: ignore[no-untyped-def]

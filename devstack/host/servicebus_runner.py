@@ -8,6 +8,10 @@ keeps the lock while the function runs, for up to ``maxAutoLockRenewalDuration``
 
 Every call on a receiver (receive, settle, renew, abandon at shutdown) holds that receiver's
 slot lock, so the worker thread, the renewer and ``stop`` never use one receiver at once.
+
+Lock loss is counted per function (``FunctionStats``): a renewal that stopped before the message
+was settled, a settlement refused with ``MessageLockLostError`` (``lock_lost`` counts each such
+message once), and every message that arrives with a delivery count above 1 (``redelivered``).
 Receivers are opened at most ``MAX_CONCURRENT_OPENS`` at a time, and reopened with a backoff
 after a connection error (a restarted broker, say).
 """
@@ -30,7 +34,7 @@ from azure.servicebus import (
     ServiceBusReceiver,
 )
 from azure.servicebus.amqp import AmqpMessageBodyType
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
 from core.op_counts import COUNTS
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger
@@ -300,6 +304,13 @@ class _Slot:
         return False
 
     def process(self, message: ServiceBusReceivedMessage) -> None:
+        self.runner.hold_lock(message)
+        try:
+            self._process(message)
+        finally:
+            self.runner.forget_lock(message)
+
+    def _process(self, message: ServiceBusReceivedMessage) -> None:
         runner = self.runner
         name = runner.function.name
         with self.lock:
@@ -357,6 +368,8 @@ class _Slot:
                 COUNTS.add("servicebus.complete" if ok else "servicebus.abandon")
             except (ServiceBusError, OSError) as error:
                 self.runner.stats.add(settle_errors=1)
+                if isinstance(error, MessageLockLostError):
+                    self.runner.lock_lost(message, on_settle=True)
                 log.warning(
                     "%s: could not %s message %s (%s); the broker will deliver it again",
                     name, "complete" if ok else "abandon", message.message_id, error,
@@ -418,6 +431,8 @@ class ServiceBusRunner:
         self.prefetch = prefetch
         self.max_lock_renewal = max_lock_renewal
         self.stopping = threading.Event()
+        self._held: dict[str, bool] = {}  # lock token of each message in hand -> lost yet?
+        self._held_lock = threading.Lock()
         self._slots = [_Slot(self, i) for i in range(concurrency)]
 
     @property
@@ -451,7 +466,36 @@ class ServiceBusRunner:
         return abandoned
 
     def on_lock_renew_failure(self, message: Any, error: Exception | None) -> None:
+        """The renewer gave up on a message it was renewing: the renewal was refused or failed
+        (``error``), or the lock expired before it could renew (no error)."""
+        self.lock_lost(message, on_settle=False)
         log.warning(
             "%s: lock renewal for message %s stopped: %s",
-            self.function.name, getattr(message, "message_id", "?"), error,
+            self.function.name, getattr(message, "message_id", "?"),
+            error or "the lock expired before it was renewed",
         )  # fmt: skip
+
+    def hold_lock(self, message: ServiceBusReceivedMessage) -> None:
+        """A message is in hand until :meth:`forget_lock`; count it if it is a redelivery."""
+        with self._held_lock:
+            self._held[str(message.lock_token)] = False
+        if (message.delivery_count or 0) > 0:  # the SDK's count is 0-based
+            self.stats.add(redelivered=1)
+
+    def lock_lost(self, message: ServiceBusReceivedMessage, *, on_settle: bool) -> None:
+        """Count a lock-loss symptom of a message in hand; ``lock_lost`` counts each message
+        once. A renewer that finds the lock expired after the message was settled is ignored."""
+        token = str(message.lock_token)
+        with self._held_lock:
+            if token not in self._held:
+                return
+            first, self._held[token] = not self._held[token], True
+        if on_settle:
+            self.stats.add(lock_lost_on_settle=1, lock_lost=int(first))
+        else:
+            self.stats.add(lock_renewal_failures=1, lock_lost=int(first))
+
+    def forget_lock(self, message: ServiceBusReceivedMessage) -> None:
+        """The message is settled, or its settlement failed: it is out of hand."""
+        with self._held_lock:
+            self._held.pop(str(message.lock_token), None)

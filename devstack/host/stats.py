@@ -16,6 +16,12 @@ class FunctionStats:
     skipped_ticks: int = 0  # timer: occurrences that fell while the previous run was going
     settle_errors: int = 0  # Service Bus: complete/abandon refused (lock lost, connection gone)
     abandoned_on_stop: int = 0  # Service Bus: still running at stop's deadline, abandoned
+    # Service Bus lock loss, as this host sees it (the broker's stats say why each redelivery
+    # happened: a host sees only that a message comes with a delivery count above 1).
+    redelivered: int = 0  # messages received with a delivery count above 1
+    lock_renewal_failures: int = 0  # renewal stopped early: refused, failed, or too late
+    lock_lost_on_settle: int = 0  # complete/abandon refused with MessageLockLostError
+    lock_lost: int = 0  # messages with either of the two above, each counted once
 
 
 class StatsCounter:

@@ -8,6 +8,11 @@ tests with real sends, receives and settlements over the wire, and no cloud acco
 Run `python -m devstack.servicebus.broker --help` for the options. Protocol notes the design
 relies on are in the README and in the contract tests (tests/contract), which state every
 behaviour the application needs and can be pointed at any Service Bus endpoint.
+
+`Broker` handles proton engine events; driver.py runs the sockets and the engine. Every lock is
+given to the receiver link it went out on, and the broker records how that link went away, so an
+expired lock can be told apart as lost (its receiver was alive) or as a crash's (its connection
+dropped without an AMQP close); the counters are in the stats file (stats.py).
 """
 
 from __future__ import annotations
@@ -22,18 +27,26 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proton import Condition, Delivery, Endpoint, Handler, Link, Message, symbol
-from proton.reactor import Container
+from proton import Condition, Delivery, Endpoint, Link, Message, symbol
 
-from devstack.servicebus import codec, management
+from devstack.servicebus import codec, management, stats
 from devstack.servicebus.auth import SharedAccessPolicy, TokenRejected, entity_path
 from devstack.servicebus.config import ConfigError, QueueSettings, load_queues
-from devstack.servicebus.framing import RepairingIOHandler
+from devstack.servicebus.driver import Driver
 from devstack.servicebus.persistence import SqlitePersistence
-from devstack.servicebus.queues import LockLost, Queue, parse_incoming
+from devstack.servicebus.queues import (
+    HOLDER_CLOSED,
+    HOLDER_CLOSED_BY_BROKER,
+    HOLDER_DROPPED,
+    LockHolder,
+    LockLost,
+    Queue,
+    parse_sections,
+)
 
 log = logging.getLogger("servicebus.broker")
 
@@ -43,6 +56,11 @@ DEAD_LETTER_SUFFIX = "/$deadletterqueue"
 CREDIT_WINDOW = 1000
 SESSION_FILTER = "com.microsoft:session-filter"
 TICK_SECONDS = 0.05
+STATS_EVERY_S = 1.0
+# proton's condition for a connection whose input ended without an AMQP close: this name, and a
+# description that starts with these words (a protocol error is a framing-error too, described
+# otherwise)
+ABORTED = ("amqp:connection:framing-error", "connection aborted")
 
 
 def _guarded(method: Callable[..., None]) -> Callable[..., None]:
@@ -58,12 +76,15 @@ def _guarded(method: Callable[..., None]) -> Callable[..., None]:
             if endpoint is not None and endpoint.state & Endpoint.LOCAL_ACTIVE:
                 endpoint.condition = _condition("amqp:internal-error", f"{type(exc).__name__}")
                 endpoint.close()
+                for link in _links_of(endpoint):
+                    _holder_leaves(link, HOLDER_CLOSED_BY_BROKER)
 
     return wrapper
 
 
-class Broker(Handler):
-    """The proton event handler: connections, links, transfers and settlements."""
+class Broker:
+    """The engine event handler (driver.py runs it): connections, links, transfers,
+    settlements, and a tick for lock expiries, schedules and TTLs."""
 
     def __init__(
         self,
@@ -75,12 +96,16 @@ class Broker(Handler):
         port_file: Path | None = None,
         persistence: SqlitePersistence | None = None,
         clock: Callable[[], float] = time.time,
+        stats_file: Path | None = None,
     ) -> None:
-        super().__init__()
         self.policy = policy
         self.host = host
         self.port = port
         self.port_file = port_file
+        self.stats_file = stats_file
+        self.started_utc = _utc_now()
+        self._stats_written: dict[str, Any] | None = None
+        self._stats_due = 0.0
         self.persistence = persistence
         self.clock = clock
         self.queues: dict[str, Queue] = {}
@@ -92,8 +117,7 @@ class Broker(Handler):
         self.consumers: dict[str, list[Link]] = {key: [] for key in self.queues}
         self._round_robin = 0
         self._stopping = False
-        self._acceptor: Any = None
-        self._container: Container | None = None
+        self._driver: Driver | None = None
         if persistence:
             self._restore(persistence)
 
@@ -110,13 +134,14 @@ class Broker(Handler):
     # --- lifecycle --------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Safe from a signal handler: the next tick shuts the broker down."""
+        """Safe from a signal handler: the broker stops within a tick."""
         self._stopping = True
 
-    def on_reactor_init(self, event: Any) -> None:
-        self._container = event.container
-        self._acceptor = event.container.listen(f"{self.host}:{self.port}")
-        self.port = self._acceptor._selectable._delegate.getsockname()[1]
+    def listen(self) -> None:
+        """Take the port (raises OSError when it cannot be had) and write the port file."""
+        driver = Driver(self, tick_seconds=TICK_SECONDS)
+        self.port = driver.listen(self.host, self.port)
+        self._driver = driver
         log.info(
             "listening on %s:%d with %d queue(s): %s",
             self.host,
@@ -128,30 +153,38 @@ class Broker(Handler):
             tmp = self.port_file.with_suffix(".tmp")
             tmp.write_text(f"{self.port}\n")
             tmp.replace(self.port_file)
-        event.container.schedule(TICK_SECONDS, self)
 
-    def on_timer_task(self, event: Any) -> None:
-        if self._stopping:
-            self._shutdown(event.container)
-            return
+    def serve(self) -> None:
+        """Serve until :meth:`request_stop`, then shut down."""
+        assert self._driver is not None, "listen first"
+        try:
+            self._driver.run(lambda: self._stopping)
+        finally:
+            self._shutdown(self._driver)
+
+    def on_tick(self) -> None:
+        """Every TICK_SECONDS: expire locks and messages, release schedules, deliver."""
         now = self.clock()
         for key, queue in self.queues.items():
             try:  # one queue's failure must not stop the others' expiries and schedules
-                with self._atomic():
-                    queue.tick(now)
+                if queue.has_due(now):
+                    with self._atomic():
+                        queue.tick(now)
                 if self.consumers[key] and queue.has_available(now):
                     self._dispatch(key)
             except Exception:
                 log.exception("error in the timer tick of %s", queue.name)
-        event.container.schedule(TICK_SECONDS, self)
+        if self.stats_file and now >= self._stats_due:
+            self._stats_due = now + STATS_EVERY_S
+            self.write_stats()
 
-    def _shutdown(self, container: Container) -> None:
+    def _shutdown(self, driver: Driver) -> None:
         log.info("shutting down")
-        if self._acceptor is not None:
-            self._acceptor.close()
-        container.stop()
+        driver.close()
         if self.persistence:
             self.persistence.close()
+        if self.stats_file:
+            self.write_stats()
         if self.port_file:
             with contextlib.suppress(FileNotFoundError):
                 self.port_file.unlink()
@@ -176,6 +209,8 @@ class Broker(Handler):
     @_guarded
     def on_connection_remote_close(self, event: Any) -> None:
         log.info("connection closed: %s", event.connection.remote_container)
+        for link in _links_of(event.connection):
+            _holder_leaves(link, HOLDER_CLOSED)
         event.connection.close()
 
     @_guarded
@@ -183,10 +218,20 @@ class Broker(Handler):
         conn = event.connection
         if conn is None:
             return
-        link = conn.link_head(0)
-        while link:
+        transport = event.transport
+        how = _how_it_ended(conn, transport)
+        links = _links_of(conn)
+        if links and how != HOLDER_CLOSED:
+            condition = transport.condition if transport is not None else None
+            log.info(
+                "connection ended (%s): %s%s",
+                how,
+                conn.remote_container,
+                f" ({condition.name}: {condition.description})" if condition else "",
+            )
+        for link in links:
+            _holder_leaves(link, how)
             self._forget_link(link)
-            link = link.next(0)
 
     @_guarded
     def on_session_remote_open(self, event: Any) -> None:
@@ -259,6 +304,7 @@ class Broker(Handler):
             link.flow(CREDIT_WINDOW)
         else:
             link.presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+            link.holder = _new_holder(link)
             link.open()
             self.consumers[entity].append(link)
         log.info(
@@ -272,6 +318,7 @@ class Broker(Handler):
         link.role = role
         link.queue_key = queue.name.lower() if queue else None
         link.pending_replies = []
+        link.holder = _new_holder(link) if queue else None
         link.open()
         if link.is_receiver:
             link.flow(CREDIT_WINDOW)
@@ -293,6 +340,7 @@ class Broker(Handler):
     @_guarded
     def on_link_remote_close(self, event: Any) -> None:
         link = event.link
+        _holder_leaves(link, HOLDER_CLOSED)
         self._forget_link(link)
         if link.state & Endpoint.LOCAL_ACTIVE:
             link.close()
@@ -361,7 +409,9 @@ class Broker(Handler):
             )
             return
         try:
-            messages = [parse_incoming(m) for m in _batch_members(raw)] or [parse_incoming(raw)]
+            sections = codec.split_sections(raw)
+            members = _batch_members(sections) or [sections]
+            messages = [parse_sections(member) for member in members]
         except codec.CodecError as exc:
             self._reject(delivery, "amqp:decode-error", f"The message is not valid AMQP: {exc}")
             return
@@ -387,10 +437,12 @@ class Broker(Handler):
     # --- delivering -------------------------------------------------------------------------
 
     def _dispatch(self, key: str) -> None:
+        queue = self.queues[key]
+        if not queue.may_have_available():  # most calls: nothing waiting, look at no link
+            return
         consumers = [link for link in self.consumers.get(key, ()) if link.credit > 0]
         if not consumers:
             return
-        queue = self.queues[key]
         now = self.clock()
         with self._atomic():
             index = self._round_robin
@@ -414,7 +466,7 @@ class Broker(Handler):
             link.advance()
             delivery.settle()
             return True
-        locked = queue.lock_next(now)
+        locked = queue.lock_next(now, link.holder)
         if locked is None:
             return False
         message, token, locked_until = locked
@@ -510,7 +562,7 @@ class Broker(Handler):
         request = Message()
         request.decode(raw)
         queue = self.queues[link.queue_key]
-        reply = management.handle(queue, request, self.clock(), self._atomic)
+        reply = management.handle(queue, request, self.clock(), self._atomic, link.holder)
         reply.correlation_id = request.id
         self._reply(link, request, reply, link.queue_key + MANAGEMENT_SUFFIX)
         self._dispatch(link.queue_key)
@@ -532,6 +584,72 @@ class Broker(Handler):
             link.advance()
             delivery.settle()
 
+    # --- stats ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Lock and redelivery counters per queue, and their totals (see stats.py)."""
+        queues = {q.name: q.stats.as_dict() for q in self.queues.values()}
+        return {"totals": stats.totals(queues.values()), "queues": queues}
+
+    def write_stats(self) -> None:
+        """Write the stats file if a counter changed since the last write."""
+        assert self.stats_file is not None
+        current = self.stats()
+        if current == self._stats_written:
+            return
+        document = {"pid": os.getpid(), "started_utc": self.started_utc}
+        document |= {"updated_utc": _utc_now(), **current}
+        try:
+            stats.write(self.stats_file, document)
+        except OSError:
+            log.warning("could not write the stats file %s", self.stats_file, exc_info=True)
+            return
+        self._stats_written = current
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _new_holder(link: Link) -> LockHolder:
+    return LockHolder(f"{link.connection.remote_container or 'unknown'}/{link.name}")
+
+
+def _holder_leaves(link: Link, how: str) -> None:
+    holder = getattr(link, "holder", None)
+    if holder is not None:
+        holder.leave(how)
+
+
+def _links_of(endpoint: Any) -> list[Link]:
+    """A link itself, or every link of a connection."""
+    if isinstance(endpoint, Link):
+        return [endpoint]
+    links = []
+    link = endpoint.link_head(0) if hasattr(endpoint, "link_head") else None
+    while link:
+        links.append(link)
+        link = link.next(0)
+    return links
+
+
+def _how_it_ended(conn: Any, transport: Any) -> str:
+    """How a connection whose transport closed went away: closed by the client (an AMQP close),
+    closed by the broker, or dropped (the socket ended without a close: the process died)."""
+    if conn.state & Endpoint.REMOTE_CLOSED:
+        return HOLDER_CLOSED
+    if conn.state & Endpoint.LOCAL_CLOSED:
+        return HOLDER_CLOSED_BY_BROKER
+    condition = transport.condition if transport is not None else None
+    if condition is None or _aborted(condition):
+        return HOLDER_DROPPED
+    return HOLDER_CLOSED_BY_BROKER  # proton refused the peer's frames: a protocol error
+
+
+def _aborted(condition: Condition) -> bool:
+    name, words = ABORTED
+    return condition.name == name and (condition.description or "").startswith(words)
+
 
 def _condition(name: str, description: str) -> Condition:
     """An AMQP error as Service Bus sends it: always with an info map (the SDK indexes it)."""
@@ -552,17 +670,14 @@ def _has_session_filter(terminus: Any) -> bool:
     return any(str(key) == SESSION_FILTER for key in filters)
 
 
-def _batch_members(raw: bytes) -> list[bytes]:
-    """The messages inside a batch transfer, or [] when `raw` is a single message.
+def _batch_members(sections: list[codec.Section]) -> list[list[codec.Section]]:
+    """The sections of each message inside a batch transfer, or [] when ``sections`` are one
+    message.
 
     The SDK marks a batch with message-format 0x80013700, which proton does not expose, so a
     batch is recognised as a message whose body is data sections that each hold a whole
     encoded message.
     """
-    try:
-        sections = codec.split_sections(raw)
-    except codec.CodecError:
-        return []
     data = [s for s in sections if s.code == codec.DATA]
     if not data or any(s.code in (codec.AMQP_VALUE, codec.AMQP_SEQUENCE) for s in sections):
         return []
@@ -572,16 +687,15 @@ def _batch_members(raw: bytes) -> list[bytes]:
         if not isinstance(payload, bytes) or payload[:2] != b"\x00\x53":
             return []
         try:
-            codec.split_sections(payload)
+            members.append(codec.split_sections(payload))
         except codec.CodecError:
             return []
-        members.append(payload)
     return members
 
 
 def _peer(event: Any) -> str:
-    url = getattr(event.connection, "url", None)
-    return str(url) if url else "unknown peer"
+    peer = getattr(event.connection, "peer", None)
+    return f"amqp://{peer}" if peer else "unknown peer"
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -613,6 +727,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--port-file",
         type=Path,
         help="write the listening port here once ready (a health check can wait for it)",
+    )
+    parser.add_argument(
+        "--stats-file",
+        type=Path,
+        help="keep per-queue lock and redelivery counters in this JSON file (default: "
+        "broker.stats.json beside --port-file; see devstack/servicebus/stats.py)",
     )
     parser.add_argument(
         "--data-dir",
@@ -662,14 +782,16 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         port_file=args.port_file,
         persistence=persistence,
+        stats_file=args.stats_file or stats.default_stats_path(args.port_file),
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: broker.request_stop())
     try:
-        Container(broker, global_handler=RepairingIOHandler()).run()
+        broker.listen()
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    broker.serve()
     log.info("stopped")
     return 0
 

@@ -121,6 +121,25 @@ def section_value(section: Section) -> Any:
     return decode(section.raw)[0].value
 
 
+def first_list_item(section: Section) -> Any:
+    """The first item of a list-valued section (None when the list is empty), decoding nothing
+    else: the message-id of a properties section costs one value, not thirteen."""
+    buf = section.raw
+    try:
+        pos = skip(buf, 1)  # past the descriptor
+        code = buf[pos]
+        if code == 0x45:
+            return None
+        wide = code == 0xD0
+        if not wide and code != 0xC0:
+            raise CodecError(f"expected a list, found type code 0x{code:02x} at offset {pos}")
+        _, pos = _size(buf, pos + 1, wide)
+        count, pos = _size(buf, pos, wide)
+    except (IndexError, struct.error) as exc:
+        raise CodecError("truncated list header") from exc
+    return decode(buf, pos)[0] if count else None
+
+
 # --- decoding -------------------------------------------------------------------------------
 
 
@@ -310,10 +329,27 @@ def map_entries(raw_map: bytes) -> Iterator[tuple[Any, bytes]]:
 
 def merge_map(raw_map: bytes | None, updates: dict[Any, Any]) -> bytes:
     """Encoded map = the entries of `raw_map` whose keys are not updated, then `updates`."""
+    return merge_encoded(raw_map, {k: encode(k) + encode(v) for k, v in updates.items()})
+
+
+def merge_encoded(raw_map: bytes | None, updates: dict[Any, bytes]) -> bytes:
+    """:func:`merge_map` with each update already encoded (key and value bytes)."""
     kept = []
     if raw_map:
         kept = [entry for key, entry in map_entries(raw_map) if key not in updates]
-    return encode_map_entries([*kept, *(encode(k) + encode(v) for k, v in updates.items())])
+    return encode_map_entries([*kept, *updates.values()])
+
+
+def encoded_symbol(name: str) -> bytes:
+    return encode(Symbol(name))
+
+
+def encode_long(value: int) -> bytes:
+    return b"\x81" + struct.pack(">q", value)
+
+
+def encode_timestamp_ms(value: int) -> bytes:
+    return b"\x83" + struct.pack(">q", value)
 
 
 def section_map_bytes(section: Section) -> bytes:

@@ -14,17 +14,16 @@ bytes are never touched, copied only when a frame header has to change, and a fr
 is fixed up when the new id needs a different width. Anything it does not understand is passed
 through unchanged, so proton still reports real protocol errors itself.
 
-`RepairingIOHandler` is proton's own `IOHandler` with the repair applied on read.
+The broker's event loop (driver.py) runs every read through one `DeliveryIdRepair` per
+connection, then hands the bytes to proton with `push`.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from typing import Any
 
 from proton import Transport
-from proton.handlers import IOHandler
 
 from devstack.servicebus import codec
 
@@ -241,48 +240,7 @@ def _encode_list(items: bytes, count: int) -> bytes:
     return b"\xd0" + struct.pack(">II", len(items) + 4, count) + items
 
 
-class RepairingIOHandler(IOHandler):
-    """proton's IOHandler, with each connection's incoming bytes run through DeliveryIdRepair."""
-
-    def on_selectable_readable(self, event: Any) -> None:
-        selectable = event.selectable
-        transport = selectable._transport
-        if not transport:
-            return  # the acceptor, which has no transport
-        state = _state_for(transport)
-        if state.unpushed:
-            state.unpushed = _push(transport, state.unpushed)
-        capacity = transport.capacity()
-        if capacity > 0 and not state.unpushed:
-            try:
-                data = selectable.recv(capacity)
-                if len(data) > 0:
-                    state.unpushed = _push(transport, state.repair.feed(data))
-                else:
-                    self.on_selectable_error(event)  # end of stream
-            except OSError as exc:
-                log.error("Couldn't recv: %r", exc)
-                transport.close_tail()
-        IOHandler.update(transport, selectable, selectable._reactor.now)
-
-
-class _ConnectionState:
-    __slots__ = ("repair", "unpushed")
-
-    def __init__(self) -> None:
-        self.repair = DeliveryIdRepair()
-        self.unpushed = b""
-
-
-def _state_for(transport: Transport) -> _ConnectionState:
-    state = getattr(transport, "_sb_framing", None)
-    if state is None:
-        state = _ConnectionState()
-        transport._sb_framing = state  # type: ignore[attr-defined]
-    return state
-
-
-def _push(transport: Transport, data: bytes) -> bytes:
+def push(transport: Transport, data: bytes) -> bytes:
     """Push as much as proton takes; return the rest (normally nothing: proton consumes whole
     frames as they are pushed, and a rewritten head is at most a few bytes longer)."""
     while data:

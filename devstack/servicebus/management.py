@@ -10,12 +10,13 @@ import logging
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from proton import UNDESCRIBED, Array, Data, Message, symbol, timestamp
 
 from devstack.servicebus import codec
-from devstack.servicebus.queues import LockLost, NotFound, Queue, parse_incoming
+from devstack.servicebus.queues import LockHolder, LockLost, NotFound, Queue, parse_incoming
 
 log = logging.getLogger("servicebus.management")
 
@@ -35,7 +36,9 @@ def handle(
     request: Message,
     now: float,
     atomic: Callable[[], AbstractContextManager[None]],
+    holder: LockHolder | None = None,
 ) -> Message:
+    """Answer one request; ``holder`` is the link it came on, which holds the locks it takes."""
     props = _normalize(request.properties or {})
     operation = str(props.get("operation", ""))
     handler = _OPERATIONS.get(operation.removeprefix(VENDOR))
@@ -51,7 +54,7 @@ def handle(
         if not isinstance(body, dict):
             raise RequestError(400, VENDOR + "argument-error", "The request body must be a map.")
         with atomic():
-            status, result = handler(queue, _normalize(body), now)
+            status, result = handler(Request(queue, _normalize(body), now, holder))
     except RequestError as exc:
         log.info("%s on %s failed: %s", operation, queue.name, exc.description)
         return Message(
@@ -66,6 +69,14 @@ def handle(
         properties={"statusCode": status, "statusDescription": "OK" if status == 200 else ""},
         body=result,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    queue: Queue
+    body: dict[str, Any]
+    now: float
+    holder: LockHolder | None
 
 
 def _normalize(mapping: dict) -> dict[str, Any]:
@@ -101,7 +112,8 @@ def _lock_lost(exc: Exception) -> RequestError:
     return RequestError(410, VENDOR + "message-lock-lost", str(exc))
 
 
-def _renew_lock(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _renew_lock(request: Request) -> tuple[int, Any]:
+    queue, body, now = request.queue, request.body, request.now
     try:
         expirations = [queue.renew(token, now) for token in _tokens(body)]
     except LockLost as exc:
@@ -110,7 +122,8 @@ def _renew_lock(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, An
     return 200, {"expirations": Array(UNDESCRIBED, Data.TIMESTAMP, *stamps)}
 
 
-def _schedule(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _schedule(request: Request) -> tuple[int, Any]:
+    queue, body, now = request.queue, request.body, request.now
     entries = _require(body, "messages")
     seqs = []
     for entry in entries:
@@ -130,15 +143,16 @@ def _schedule(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]
     return 200, {"sequence-numbers": Array(UNDESCRIBED, Data.LONG, *seqs)}
 
 
-def _cancel_scheduled(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _cancel_scheduled(request: Request) -> tuple[int, Any]:
     try:
-        queue.cancel_scheduled(_longs(body, "sequence-numbers"))
+        request.queue.cancel_scheduled(_longs(request.body, "sequence-numbers"))
     except NotFound as exc:
         raise RequestError(404, VENDOR + "message-not-found", str(exc)) from exc
     return 200, {}
 
 
-def _peek(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _peek(request: Request) -> tuple[int, Any]:
+    queue, body, now = request.queue, request.body, request.now
     start = int(_require(body, "from-sequence-number"))
     count = int(_require(body, "message-count"))
     if count < 1:
@@ -150,9 +164,11 @@ def _peek(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
     return 200, {"messages": [{"message": queue.render(m)} for m in messages]}
 
 
-def _receive_by_sequence_number(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _receive_by_sequence_number(request: Request) -> tuple[int, Any]:
+    queue, now = request.queue, request.now
     try:
-        locked = queue.lock_deferred(_longs(body, "sequence-numbers"), now)
+        seqs = _longs(request.body, "sequence-numbers")
+        locked = queue.lock_deferred(seqs, now, request.holder)
     except NotFound as exc:
         raise RequestError(404, VENDOR + "message-not-found", str(exc)) from exc
     lock_duration = queue.settings.lock_duration.total_seconds()
@@ -164,7 +180,8 @@ def _receive_by_sequence_number(queue: Queue, body: dict[str, Any], now: float) 
     }
 
 
-def _update_disposition(queue: Queue, body: dict[str, Any], now: float) -> tuple[int, Any]:
+def _update_disposition(request: Request) -> tuple[int, Any]:
+    queue, body, now = request.queue, request.body, request.now
     status = str(_require(body, "disposition-status"))
     tokens = _tokens(body)
     try:
@@ -194,7 +211,7 @@ def _update_disposition(queue: Queue, body: dict[str, Any], now: float) -> tuple
     return 200, {}
 
 
-_OPERATIONS: dict[str, Callable[[Queue, dict[str, Any], float], tuple[int, Any]]] = {
+_OPERATIONS: dict[str, Callable[[Request], tuple[int, Any]]] = {
     "renew-lock": _renew_lock,
     "schedule-message": _schedule,
     "cancel-scheduled-message": _cancel_scheduled,

@@ -4,19 +4,29 @@ scheduling, expiry, deferral and duplicate detection.
 Every method takes `now` (epoch seconds) so behaviour is deterministic under test. Messages are
 kept as the client's encoded sections (see codec.py); a delivery is rendered on demand with a
 fresh header and annotations.
+
+Lock accounting (`Queue.stats`): every lock is given to a `LockHolder`, the receiver link the
+message went out on, which the broker marks when it goes away. A lock that expires is *lost*
+unless its holder's connection had dropped without an AMQP close (the receiving process died,
+e.g. SIGKILL: the expiry is how Service Bus recovers its messages, and is expected). Each
+redelivery is counted by what ended the delivery before it: abandon, release, deferral, lock
+loss or a crashed holder.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from devstack.servicebus import codec
-from devstack.servicebus.codec import Symbol, Timestamp
+from devstack.servicebus.codec import Symbol
 from devstack.servicebus.config import DEAD_LETTER_SUFFIX, QueueSettings
+
+log = logging.getLogger("servicebus.queues")
 
 ACTIVE = "active"
 SCHEDULED = "scheduled"
@@ -24,6 +34,18 @@ DEFERRED = "deferred"
 
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 TTL_EXPIRED = "TTLExpiredException"
+
+# How a lock holder went away (LockHolder.gone).
+HOLDER_CLOSED = "closed"  # the client detached the link or closed its connection
+HOLDER_CLOSED_BY_BROKER = "closed_by_broker"  # the broker closed it (an error)
+HOLDER_DROPPED = "dropped"  # the connection ended without an AMQP close: the process died
+
+# What ended a delivery, as LockStats.redelivered_after counts the next one.
+ENDED_ABANDONED = "abandoned"
+ENDED_RELEASED = "released"
+ENDED_DEFERRED = "deferred"
+ENDED_LOCK_LOST = "lock_lost"
+ENDED_HOLDER_CRASHED = "holder_crashed"
 
 
 class LockLost(Exception):
@@ -54,10 +76,55 @@ class StoredMessage:
         return len(self.body) + len(self.annotations or b"")
 
 
+@dataclass(slots=True, eq=False)
+class LockHolder:
+    """Who a lock was given to: one receiver link. ``gone`` is None while it is attached, then
+    how it went away (HOLDER_*); the first way recorded stands."""
+
+    name: str
+    gone: str | None = None
+
+    def leave(self, how: str) -> None:
+        if self.gone is None:
+            self.gone = how
+
+    @property
+    def crashed(self) -> bool:
+        return self.gone == HOLDER_DROPPED
+
+
+@dataclass(slots=True)
+class LockStats:
+    """Counters of one queue's peek-lock deliveries (see the module docstring)."""
+
+    delivered: int = 0  # locks taken: receives and receive-by-sequence-number
+    completed: int = 0
+    abandoned: int = 0
+    lock_lost: int = 0  # locks that expired while their holder was alive
+    expired_after_crash: int = 0  # locks that expired after their holder's process died
+    refused_lock_lost: int = 0  # settlements and renewals refused: lock expired or unknown
+    redelivered_after: dict[str, int] = field(default_factory=dict)  # by ENDED_*
+
+    def redelivered(self, cause: str) -> None:
+        self.redelivered_after[cause] = self.redelivered_after.get(cause, 0) + 1
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "delivered": self.delivered,
+            "completed": self.completed,
+            "abandoned": self.abandoned,
+            "lock_lost": self.lock_lost,
+            "expired_after_crash": self.expired_after_crash,
+            "refused_lock_lost": self.refused_lock_lost,
+            "redelivered_after": dict(sorted(self.redelivered_after.items())),
+        }
+
+
 @dataclass(slots=True)
 class Lock:
     seq: int
     locked_until: float
+    holder: LockHolder | None = None
 
 
 class Persistence(Protocol):
@@ -89,12 +156,17 @@ class Incoming:
 
 def parse_incoming(raw: bytes) -> Incoming:
     """Split and inspect an encoded message from a client (raises codec.CodecError)."""
+    return parse_sections(codec.split_sections(raw))
+
+
+def parse_sections(sections: list[codec.Section]) -> Incoming:
+    """:func:`parse_incoming` of a message already split into its sections."""
     message_id = None
     durable, priority, ttl = False, 4, None
     scheduled_at = None
     annotations = None
     body_parts = []
-    for section in codec.split_sections(raw):
+    for section in sections:
         if section.code == codec.HEADER:
             header = codec.section_value(section)
             durable = bool(_at(header, 0, False))
@@ -109,7 +181,7 @@ def parse_incoming(raw: bytes) -> Incoming:
             scheduled_at = when / 1000 if when else None
         else:
             if section.code == codec.PROPERTIES:
-                message_id = _message_id(_at(codec.section_value(section), 0, None))
+                message_id = _message_id(codec.first_list_item(section))
             body_parts.append(section.raw)
     if not any(
         part[2] in (codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE) for part in body_parts
@@ -149,6 +221,8 @@ class Queue:
     _lock_expiries: list[tuple[float, uuid.UUID]] = field(default_factory=list)
     _expiries: list[tuple[float, int]] = field(default_factory=list)
     _seen_ids: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    _ended: dict[int, str] = field(default_factory=dict)  # seq -> how its last delivery ended
+    stats: LockStats = field(default_factory=LockStats)
 
     @classmethod
     def with_dead_letter_queue(
@@ -237,6 +311,10 @@ class Queue:
 
     # --- receiving --------------------------------------------------------------------------
 
+    def may_have_available(self) -> bool:
+        """False when nothing can be handed out (no side effects, unlike has_available)."""
+        return bool(self._available)
+
     def has_available(self, now: float) -> bool:
         while self._available:
             message = self.messages.get(self._available[0])
@@ -249,11 +327,13 @@ class Queue:
                 return True
         return False
 
-    def lock_next(self, now: float) -> tuple[StoredMessage, uuid.UUID, float] | None:
+    def lock_next(
+        self, now: float, holder: LockHolder | None = None
+    ) -> tuple[StoredMessage, uuid.UUID, float] | None:
         if not self.has_available(now):
             return None
         message = self.messages[heapq.heappop(self._available)]
-        token, locked_until = self._new_lock(message, now)
+        token, locked_until = self._new_lock(message, now, holder)
         return message, token, locked_until
 
     def take_next(self, now: float) -> StoredMessage | None:
@@ -267,12 +347,18 @@ class Queue:
     def _is_locked(self, seq: int) -> bool:
         return seq in self._locked_seqs
 
-    def _new_lock(self, message: StoredMessage, now: float) -> tuple[uuid.UUID, float]:
+    def _new_lock(
+        self, message: StoredMessage, now: float, holder: LockHolder | None
+    ) -> tuple[uuid.UUID, float]:
         token = uuid.uuid4()
         locked_until = now + self.settings.lock_duration.total_seconds()
-        self.locks[token] = Lock(message.seq, locked_until)
+        self.locks[token] = Lock(message.seq, locked_until, holder)
         self._locked_seqs.add(message.seq)
         heapq.heappush(self._lock_expiries, (locked_until, token))
+        self.stats.delivered += 1
+        ended = self._ended.pop(message.seq, None)
+        if ended is not None:
+            self.stats.redelivered(ended)
         return token, locked_until
 
     def _drop_lock(self, token: uuid.UUID) -> Lock:
@@ -284,19 +370,24 @@ class Queue:
 
     def complete(self, token: uuid.UUID, now: float) -> None:
         self._remove(self._release_lock(token, now))
+        self.stats.completed += 1
 
     def abandon(self, token: uuid.UUID, now: float) -> None:
         """Return to the queue with delivery count + 1, or dead-letter past the maximum."""
-        self._failed_delivery(self._release_lock(token, now))
+        message = self._release_lock(token, now)
+        self.stats.abandoned += 1
+        self._failed_delivery(message, ENDED_ABANDONED)
 
     def release(self, token: uuid.UUID, now: float) -> None:
         """Never-processed (a receiver closed with prefetched messages): no count increment."""
         message = self._release_lock(token, now)
+        self._ended[message.seq] = ENDED_RELEASED
         heapq.heappush(self._available, message.seq)
 
     def defer(self, token: uuid.UUID, now: float) -> None:
         message = self._release_lock(token, now)
         message.state = DEFERRED
+        self._ended[message.seq] = ENDED_DEFERRED
         if self.persistence:
             self.persistence.update(self.name, message)
 
@@ -315,9 +406,11 @@ class Queue:
     def _live_lock(self, token: uuid.UUID, now: float) -> Lock:
         lock = self.locks.get(token)
         if lock is None:
+            self.stats.refused_lock_lost += 1
             raise LockLost(f"the lock token {token} is not held on '{self.name}'")
         if lock.locked_until <= now:
             self._expire_lock(token)
+            self.stats.refused_lock_lost += 1
             raise LockLost(f"the lock {token} on '{self.name}' expired; the message was requeued")
         return lock
 
@@ -326,7 +419,8 @@ class Queue:
         self._drop_lock(token)
         return self.messages[lock.seq]
 
-    def _failed_delivery(self, message: StoredMessage) -> None:
+    def _failed_delivery(self, message: StoredMessage, ended: str) -> None:
+        self._ended[message.seq] = ended
         message.delivery_count += 1
         if message.delivery_count >= self.settings.max_delivery_count and not (
             self.is_dead_letter_queue
@@ -365,10 +459,18 @@ class Queue:
 
     def _remove(self, message: StoredMessage) -> None:
         self.messages.pop(message.seq, None)
+        self._ended.pop(message.seq, None)
         if self.persistence:
             self.persistence.delete(self.name, message.seq)
 
     # --- time -------------------------------------------------------------------------------
+
+    def has_due(self, now: float) -> bool:
+        """Whether :meth:`tick` has anything to do at ``now`` (a cheap look at three heaps)."""
+        return any(heap and heap[0][0] <= now for heap in self._timed_heaps())
+
+    def _timed_heaps(self) -> tuple[list, ...]:
+        return (self._lock_expiries, self._scheduled, self._expiries)
 
     def tick(self, now: float) -> None:
         """Expire locks, release due scheduled messages, expire messages past their TTL."""
@@ -393,9 +495,23 @@ class Queue:
 
     def _expire_lock(self, token: uuid.UUID) -> None:
         lock = self._drop_lock(token)
+        holder = lock.holder
+        if holder is not None and holder.crashed:
+            self.stats.expired_after_crash += 1
+            ended = ENDED_HOLDER_CRASHED
+        else:
+            self.stats.lock_lost += 1
+            ended = ENDED_LOCK_LOST
+            log.warning(
+                "lock lost on '%s': message %d expired under %s, which was %s",
+                self.name,
+                lock.seq,
+                holder.name if holder else "an unknown holder",
+                f"gone ({holder.gone})" if holder and holder.gone else "still attached",
+            )
         message = self.messages.get(lock.seq)
         if message is not None:
-            self._failed_delivery(message)
+            self._failed_delivery(message, ended)
 
     def _expire(self, message: StoredMessage) -> None:
         if self.settings.dead_letter_on_expiration and not self.is_dead_letter_queue:
@@ -429,7 +545,9 @@ class Queue:
         seqs = sorted(s for s in self.messages if s >= from_seq)[:count]
         return [self.messages[s] for s in seqs]
 
-    def lock_deferred(self, seqs: list[int], now: float) -> list[tuple[StoredMessage, uuid.UUID]]:
+    def lock_deferred(
+        self, seqs: list[int], now: float, holder: LockHolder | None = None
+    ) -> list[tuple[StoredMessage, uuid.UUID]]:
         found = []
         for seq in seqs:
             message = self.messages.get(seq)
@@ -443,7 +561,7 @@ class Queue:
             raise NotFound(f"deferred message(s) {[m.seq for m in expired]} expired")
         locked = []
         for message in found:
-            token, _ = self._new_lock(message, now)
+            token, _ = self._new_lock(message, now, holder)
             locked.append((message, token))
         return locked
 
@@ -454,26 +572,48 @@ class Queue:
         locked_until: float | None = None,
     ) -> bytes:
         """The message as Service Bus delivers it: header, annotations, then the client's body."""
-        updates: dict = {
-            Symbol("x-opt-sequence-number"): message.seq,
-            Symbol("x-opt-enqueued-time"): Timestamp(int(message.enqueued_at * 1000)),
+        updates = {
+            _SEQUENCE_NUMBER: _KEYS[_SEQUENCE_NUMBER] + codec.encode_long(message.seq),
+            _ENQUEUED_TIME: _KEYS[_ENQUEUED_TIME] + _timestamp(message.enqueued_at),
         }
         if token is not None and locked_until is not None:
-            updates[Symbol("x-opt-locked-until")] = Timestamp(int(locked_until * 1000))
-            updates[Symbol("x-opt-lock-token")] = token
+            updates[_LOCKED_UNTIL] = _KEYS[_LOCKED_UNTIL] + _timestamp(locked_until)
+            updates[_LOCK_TOKEN] = _KEYS[_LOCK_TOKEN] + b"\x98" + token.bytes
         if message.scheduled_at:
-            updates[Symbol("x-opt-scheduled-enqueue-time")] = Timestamp(
-                int(message.scheduled_at * 1000)
-            )
+            updates[_SCHEDULED] = _KEYS[_SCHEDULED] + _timestamp(message.scheduled_at)
         if message.dead_letter_source:
-            updates[Symbol("x-opt-deadletter-source")] = message.dead_letter_source
+            source = codec.encode(message.dead_letter_source)
+            updates[_DEAD_LETTER_SOURCE] = _KEYS[_DEAD_LETTER_SOURCE] + source
         return (
             codec.encode_header(message.durable, message.priority, message.delivery_count)
             + codec.described_section(
-                codec.MESSAGE_ANNOTATIONS, codec.merge_map(message.annotations, updates)
+                codec.MESSAGE_ANNOTATIONS, codec.merge_encoded(message.annotations, updates)
             )
             + message.body
         )
+
+
+_SEQUENCE_NUMBER = Symbol("x-opt-sequence-number")
+_ENQUEUED_TIME = Symbol("x-opt-enqueued-time")
+_LOCKED_UNTIL = Symbol("x-opt-locked-until")
+_LOCK_TOKEN = Symbol("x-opt-lock-token")
+_SCHEDULED = Symbol("x-opt-scheduled-enqueue-time")
+_DEAD_LETTER_SOURCE = Symbol("x-opt-deadletter-source")
+_KEYS = {
+    key: codec.encode(key)
+    for key in (
+        _SEQUENCE_NUMBER,
+        _ENQUEUED_TIME,
+        _LOCKED_UNTIL,
+        _LOCK_TOKEN,
+        _SCHEDULED,
+        _DEAD_LETTER_SOURCE,
+    )
+}
+
+
+def _timestamp(seconds: float) -> bytes:
+    return codec.encode_timestamp_ms(int(seconds * 1000))
 
 
 def _with_dead_letter_properties(body: bytes, reason: str, description: str) -> bytes:

@@ -388,6 +388,51 @@ def test_map_entries_refuses_a_non_map() -> None:
         list(codec.map_entries(b"\xc0\x01\x00"))
 
 
+def test_merge_encoded_takes_updates_already_encoded() -> None:
+    original = _app_props_map()
+    update = codec.encode("count") + codec.encode("replaced")
+    assert codec.merge_encoded(original, {"count": update}) == codec.merge_map(
+        original, {"count": "replaced"}
+    )
+
+
+def test_long_and_timestamp_encoders_match_encode() -> None:
+    assert codec.encode_long(-7) == codec.encode(-7)
+    assert codec.encode_timestamp_ms(1_700_000_000_123) == codec.encode(
+        Timestamp(1_700_000_000_123)
+    )
+    assert codec.encoded_symbol("x-opt-lock-token") == codec.encode(Symbol("x-opt-lock-token"))
+
+
+# --- first_list_item ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message_id", ["order-1", 42, uuid.UUID(int=7), b"\x01\x02", None])
+def test_first_list_item_reads_the_message_id_of_a_properties_section(message_id: Any) -> None:
+    raw = Message(id=message_id, subject="s", reply_to="r", body="x").encode()
+    (properties,) = [s for s in codec.split_sections(raw) if s.code == codec.PROPERTIES]
+    assert codec.first_list_item(properties) == codec.section_value(properties)[0]
+
+
+def test_first_list_item_of_an_empty_or_wide_list() -> None:
+    empty = codec.Section(codec.PROPERTIES, b"\x00\x53\x73\x45")
+    assert codec.first_list_item(empty) is None
+    zero = codec.Section(codec.PROPERTIES, b"\x00\x53\x73\xc0\x01\x00")
+    assert codec.first_list_item(zero) is None
+    item = codec.encode("id-1")
+    wide = b"\x00\x53\x73\xd0" + struct.pack(">II", len(item) + 4, 1) + item
+    assert codec.first_list_item(codec.Section(codec.PROPERTIES, wide)) == "id-1"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\x00\x53\x73\xa1\x01x", b"\x00\x53\x73\xc0", b"\x00\x53\x73\xc0\x05\x01\xa1"],
+)
+def test_first_list_item_refuses_what_is_not_a_list(raw: bytes) -> None:
+    with pytest.raises(CodecError):
+        codec.first_list_item(codec.Section(codec.PROPERTIES, raw))
+
+
 # --- header ---------------------------------------------------------------------------------
 
 

@@ -21,10 +21,14 @@ from devstack.servicebus.persistence import SqlitePersistence
 from devstack.servicebus.queues import (
     ACTIVE,
     DEFERRED,
+    HOLDER_CLOSED,
+    HOLDER_CLOSED_BY_BROKER,
+    HOLDER_DROPPED,
     MAX_DELIVERY_COUNT_EXCEEDED,
     SCHEDULED,
     TTL_EXPIRED,
     Incoming,
+    LockHolder,
     LockLost,
     NotFound,
     Queue,
@@ -233,6 +237,107 @@ def test_settling_after_lock_expiry_raises_lock_lost_and_requeues() -> None:
         queue.complete(token, T0 + LOCK)
     message, _, _ = lock(queue, T0 + LOCK)
     assert message.delivery_count == 1
+
+
+# --- lock accounting -----------------------------------------------------------------------
+
+
+def test_a_lock_that_expires_under_an_attached_holder_is_lost() -> None:
+    queue = new_queue()
+    queue.enqueue(incoming("a"), T0)
+    holder = LockHolder("host-1/receiver")
+    queue.lock_next(T0, holder)
+    queue.tick(T0 + LOCK)
+    assert (queue.stats.lock_lost, queue.stats.expired_after_crash) == (1, 0)
+    lock(queue, T0 + LOCK)
+    assert queue.stats.redelivered_after == {"lock_lost": 1}
+    assert queue.stats.delivered == 2
+
+
+def test_a_lock_whose_holder_dropped_expires_as_a_crash() -> None:
+    queue = new_queue()
+    queue.enqueue(incoming("a"), T0)
+    holder = LockHolder("host-1/receiver")
+    queue.lock_next(T0, holder)
+    holder.leave(HOLDER_DROPPED)
+    holder.leave(HOLDER_CLOSED)  # the first way it went stands
+    queue.tick(T0 + LOCK)
+    assert (queue.stats.lock_lost, queue.stats.expired_after_crash) == (0, 1)
+    lock(queue, T0 + LOCK)
+    assert queue.stats.redelivered_after == {"holder_crashed": 1}
+
+
+@pytest.mark.parametrize("how", [HOLDER_CLOSED, HOLDER_CLOSED_BY_BROKER])
+def test_a_lock_whose_holder_closed_alive_is_lost(how: str) -> None:
+    """A receiver that detached (or was detached by the broker) while holding a message was
+    alive: nobody could settle or renew the message any more, and that is lock loss."""
+    queue = new_queue()
+    queue.enqueue(incoming("a"), T0)
+    holder = LockHolder("host-1/receiver")
+    queue.lock_next(T0, holder)
+    holder.leave(how)
+    queue.tick(T0 + LOCK)
+    assert (queue.stats.lock_lost, queue.stats.expired_after_crash) == (1, 0)
+
+
+def test_a_settlement_after_expiry_is_a_lost_lock_and_a_refusal() -> None:
+    queue = new_queue()
+    queue.enqueue(incoming("a"), T0)
+    _, token, _ = lock(queue, T0)
+    with pytest.raises(LockLost):
+        queue.complete(token, T0 + LOCK)
+    with pytest.raises(LockLost):
+        queue.renew(token, T0 + LOCK)
+    assert (queue.stats.lock_lost, queue.stats.refused_lock_lost) == (1, 2)
+
+
+def test_renewed_and_settled_locks_are_never_lost() -> None:
+    queue = new_queue()
+    queue.enqueue(incoming("a"), T0)
+    _, token, _ = lock(queue, T0)
+    for n in range(1, 4):
+        queue.renew(token, T0 + n * (LOCK - 1))
+        queue.tick(T0 + n * (LOCK - 1))
+    queue.complete(token, T0 + 3 * LOCK)
+    queue.tick(T0 + 10 * LOCK)
+    assert queue.stats.as_dict() == {
+        "delivered": 1,
+        "completed": 1,
+        "abandoned": 0,
+        "lock_lost": 0,
+        "expired_after_crash": 0,
+        "refused_lock_lost": 0,
+        "redelivered_after": {},
+    }
+
+
+def test_redeliveries_are_counted_by_what_ended_the_delivery_before() -> None:
+    queue = new_queue(max_delivery_count=10)
+    queue.enqueue(incoming("a"), T0)
+    _, token, _ = lock(queue, T0)
+    queue.abandon(token, T0)
+    _, token, _ = lock(queue, T0)
+    queue.release(token, T0)
+    _, token, _ = lock(queue, T0)
+    queue.defer(token, T0)
+    ((_, token),) = queue.lock_deferred([1], T0)
+    queue.complete(token, T0)
+    assert queue.stats.redelivered_after == {"abandoned": 1, "deferred": 1, "released": 1}
+    assert (queue.stats.delivered, queue.stats.completed, queue.stats.abandoned) == (4, 1, 1)
+    assert queue._ended == {}, "nothing is remembered about a message that is gone"
+
+
+def test_a_message_dead_lettered_at_its_last_lost_lock_leaves_no_cause_behind() -> None:
+    queue = new_queue()
+    queue.enqueue(incoming("slow"), T0)
+    now = T0
+    for _ in range(SETTINGS.max_delivery_count):
+        lock(queue, now)
+        now += LOCK
+        queue.tick(now)
+    assert queue.stats.lock_lost == SETTINGS.max_delivery_count
+    assert queue.stats.redelivered_after == {"lock_lost": SETTINGS.max_delivery_count - 1}
+    assert queue._ended == {}
 
 
 # --- dead-lettering -------------------------------------------------------------------------

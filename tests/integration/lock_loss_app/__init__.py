@@ -1,0 +1,1 @@
+"""The FunctionApp the lock-loss tests run (see function_app.py)."""
