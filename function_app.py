@@ -16,6 +16,7 @@ import azure.functions as func
 from agent.functions import bp as agents
 from core import telemetry
 from core.settings import Settings
+from dashboard.functions import bp as dashboard
 from operator_api.functions import bp as operator_api
 from retention.functions import bp as retention
 from scheduler.functions import bp as scheduler
@@ -30,3 +31,4 @@ app.register_functions(agents)
 app.register_functions(supervisor)
 app.register_functions(retention)
 app.register_functions(operator_api)
+app.register_functions(dashboard)

@@ -629,7 +629,9 @@ def show_stack(view: StackView, screen: Console) -> None:
     screen.print(table)
     if view.api_url:
         openapi = join_url(view.api_url, "openapi.json")
+        dashboard = join_url(view.api_url, "dashboard")
         screen.print(Text.assemble("operator HTTP API: ", (printable(openapi), "bold")))
+        screen.print(Text.assemble("dashboard:         ", (printable(dashboard), "bold")))
     kept = "kept across restarts" if view.persistent else "in memory"
     screen.print(
         Text(

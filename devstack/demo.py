@@ -238,6 +238,8 @@ class Demo:
         else:
             self.say(f"using the running stack in {self.workdir}")
             self._choose_profile(info)
+        if info.api_url:
+            self.say(f"watch it live: {join_url(info.api_url, 'dashboard')}", "bold")
         try:
             return self._run(info)
         finally:

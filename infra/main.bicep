@@ -143,6 +143,20 @@ param retiringSigningKeys string = ''
 @description('Always-ready instances for each agent function and for scheduler_replies (0: scale to zero, cold starts). See docs/deploy.md.')
 param alwaysReadyInstances int = 0
 
+@description('Client id of the Entra ID app registration for App Service Authentication (operators sign in to the dashboard and the operator API). Empty: not configured; function keys alone guard the HTTP functions, and actions are refused for want of a signed-in caller. See docs/deploy.md, Dashboard.')
+param authClientId string = ''
+
+@description('Tenant of that app registration. Empty: the tenant of this deployment.')
+param authTenantId string = ''
+
+@allowed([
+  'AllowAnonymous'
+  'RedirectToLoginPage'
+  'Return401'
+])
+@description('With authClientId: what happens to a request that is not signed in. AllowAnonymous (the default): it reaches the function, which still needs a function key; reads work, actions need a signed-in operator. RedirectToLoginPage or Return401: sign-in is required for reads too.')
+param authUnauthenticatedAction string = 'AllowAnonymous'
+
 var abbrs = loadJsonContent('abbreviations.json')
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
 var tags = {
@@ -308,6 +322,9 @@ module api 'app/function.bicep' = {
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     alwaysReadyInstances: alwaysReadyInstances
+    authClientId: authClientId
+    authTenantId: authTenantId
+    authUnauthenticatedAction: authUnauthenticatedAction
   }
 }
 
@@ -343,3 +360,5 @@ output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE
 output ACTIVE_ORDERS_TABLE string = appSettings.ACTIVE_ORDERS_TABLE
 output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
+output DASHBOARD_URL string = 'https://${api.outputs.defaultHostName}/api/dashboard'
+output AUTH_ENABLED bool = api.outputs.authEnabled

@@ -33,6 +33,18 @@ param instanceMemoryMB int = 2048
 @description('Always-ready instances for each agent function and scheduler_replies (0: none).')
 param alwaysReadyInstances int = 0
 
+@description('Client id of the Entra ID app registration that signs operators in (App Service Authentication). Empty: authentication is not configured, and every HTTP function (operator API, dashboard) still needs a function key.')
+param authClientId string = ''
+@description('Tenant of that app registration. Empty: the tenant of this deployment.')
+param authTenantId string = ''
+@allowed([
+  'AllowAnonymous'
+  'RedirectToLoginPage'
+  'Return401'
+])
+@description('What App Service Authentication does with a request that is not signed in. AllowAnonymous: it reaches the function, which still needs a function key, and an action is refused (no signed-in caller); the others: sign-in is required for reads too.')
+param authUnauthenticatedAction string = 'AllowAnonymous'
+
 // Functions whose first message after idle would otherwise wait for an instance (a cold
 // start) while its step's queue budget runs: the agents and the reply handler.
 var alwaysReadyFunctions = [
@@ -134,6 +146,55 @@ resource appSettingsConfig 'Microsoft.Web/sites/config@2024-04-01' = {
   properties: union(appSettings, hostSettings)
 }
 
+// App Service Authentication (Easy Auth) with Microsoft Entra ID, when an app registration is
+// given. It signs operators in and sets X-MS-CLIENT-PRINCIPAL-NAME, which the operator API
+// records as who acted and requires for every action; function keys still guard every route
+// (authLevel function), so it adds to them and replaces nothing. Operators need the app role
+// the registration defines, with assignment required (docs/deploy.md, Dashboard).
+var authEnabled = !empty(authClientId)
+var authIssuer = '${environment().authentication.loginEndpoint}${empty(authTenantId) ? tenant().tenantId : authTenantId}/v2.0'
+
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = if (authEnabled) {
+  parent: functionApp
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: authUnauthenticatedAction != 'AllowAnonymous'
+      unauthenticatedClientAction: authUnauthenticatedAction
+      redirectToProvider: 'azureactivedirectory'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: authClientId
+          openIdIssuer: authIssuer
+        }
+        validation: {
+          allowedAudiences: [
+            authClientId
+            'api://${authClientId}'
+          ]
+        }
+      }
+    }
+    login: {
+      // The dashboard's views live in the URL fragment (#/order/<id>): keep it across sign-in.
+      preserveUrlFragmentsForLogins: true
+      tokenStore: {
+        enabled: false
+      }
+    }
+  }
+}
+
 output name string = functionApp.name
 output id string = functionApp.id
 output defaultHostName string = functionApp.properties.defaultHostName
+output authEnabled bool = authEnabled

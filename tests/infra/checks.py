@@ -365,6 +365,8 @@ class CodeFacts:
     access: CodeAccess = field(default_factory=lambda: CodeAccess({}), compare=False)
     """What each function does to queues, tables, containers and secrets
     (:mod:`tests.infra.code_access`), its trigger's receives included."""
+    http_auth_levels: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """HTTP-triggered function -> the ``authLevel`` of its trigger, as indexed."""
 
     @property
     def storage_name_settings(self) -> dict[str, str]:
@@ -552,6 +554,12 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
         ),
         metrics=metrics_recorded_by_a_tick(root),
         access=access,
+        http_auth_levels={
+            function[SOURCE_KEY]["function"]: str(binding.get("authLevel", "")).lower()
+            for function in functions
+            for binding in function["bindings"]
+            if binding.get("type") == "httpTrigger"
+        },
     )
 
 
@@ -1834,6 +1842,129 @@ def check_archive(layout: Layout) -> list[str]:
 # --------------------------------------------------------------------------- run all
 
 
+# ------------------------------------------------------------------- authentication
+
+AUTH_SETTINGS = "authsettingsV2"
+KEYED_AUTH_LEVELS = frozenset({"function", "admin"})
+UNAUTHENTICATED_ACTIONS = frozenset({"AllowAnonymous", "RedirectToLoginPage", "Return401"})
+
+
+@_checked
+def check_authentication(layout: Layout, facts: CodeFacts) -> list[str]:
+    """Nothing HTTP is open: every HTTP function needs a function key (authLevel function or
+    admin), and App Service Authentication with Entra ID is declared on the function app
+    (``authsettingsV2``), deployed only when a main.bicep parameter names an app registration
+    (empty by default, mapped in main.parameters.json), with that registration's client id
+    and an issuer, HTTPS required and an allowed way of handling callers not signed in."""
+    problems = [
+        f"HTTP function {name} has authLevel {level or 'unset'!r}: the Functions host would "
+        "serve it without a function key; use func.AuthLevel.FUNCTION"
+        for name, level in sorted(facts.http_auth_levels.items())
+        if level not in KEYED_AUTH_LEVELS
+    ]
+    if not facts.http_auth_levels:
+        problems.append("no HTTP function was indexed: the operator API and dashboard are gone?")
+    infra = Infra.load(layout)
+    sites = list(infra.resources("Microsoft.Web/sites"))
+    if len(sites) != 1:
+        return [*problems, f"expected one function app (Microsoft.Web/sites), found {len(sites)}"]
+    site_file, site_symbol, _ = sites[0]
+    found = [
+        (bicep, symbol, resource)
+        for bicep, symbol, resource in infra.resources("Microsoft.Web/sites/config")
+        if _body(resource).get("name") == AUTH_SETTINGS
+    ]
+    if len(found) != 1:
+        return [
+            *problems,
+            f"expected one Microsoft.Web/sites/config '{AUTH_SETTINGS}' (App Service "
+            f"Authentication) on the function app, found {len(found)}",
+        ]
+    bicep, symbol, resource = found[0]
+    where = f"{infra.rel(bicep.path)} {symbol}"
+    body = _body(resource)
+    if bicep is not site_file or body.get("parent") != site_symbol:
+        problems.append(f"{where}: its parent must be the function app {site_symbol}")
+    props = body.get("properties") or {}
+
+    def at(*path: str) -> Any:
+        value: Any = props
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    for path, expected in (
+        (("platform", "enabled"), True),
+        (("identityProviders", "azureActiveDirectory", "enabled"), True),
+        (("httpSettings", "requireHttps"), True),
+    ):
+        if at(*path) != expected:
+            problems.append(f"{where}: {'.'.join(path)} is {at(*path)!r}, must be {expected!r}")
+    client = at("identityProviders", "azureActiveDirectory", "registration", "clientId")
+    origin_file, origin = parameter_origin(infra, bicep, client)
+    if not (isinstance(origin, str) and origin_file is infra.main and origin in infra.main.params):
+        problems.append(
+            f"{where}: registration.clientId must come from a main.bicep parameter, "
+            f"not {_short(client)}"
+        )
+        return problems
+    param = infra.main.params[origin]
+    if param.get("default") != "":
+        problems.append(
+            f"main.bicep parameter {origin} must default to '' (authentication off until an "
+            f"app registration is given), not {param.get('default')!r}"
+        )
+    mapped = json.loads(layout.parameters_json.read_text())["parameters"]
+    if origin not in mapped:
+        problems.append(f"main.parameters.json does not map {origin}: azd cannot set it")
+    condition = (resource.get("config") or {}).get("condition")
+    if not _tests_not_empty(infra, bicep, condition, client):
+        problems.append(
+            f"{where}: must be deployed only when {origin} is given "
+            f"(a condition like `if (!empty({client}))`), not {_short(condition)}"
+        )
+    if not at("identityProviders", "azureActiveDirectory", "registration", "openIdIssuer"):
+        problems.append(f"{where}: registration.openIdIssuer is missing (the tenant's issuer)")
+    audiences = at("identityProviders", "azureActiveDirectory", "validation", "allowedAudiences")
+    if not isinstance(audiences, list) or client not in audiences:
+        problems.append(f"{where}: validation.allowedAudiences must include {client}")
+    action = at("globalValidation", "unauthenticatedClientAction")
+    action_origin_file, action_origin = parameter_origin(infra, bicep, action)
+    choices: set[Any]
+    if isinstance(action_origin, str) and action_origin in action_origin_file.params:
+        decl = action_origin_file.params[action_origin]
+        allowed = next(
+            (d.get("argument") for d in decl.get("decorators") or [] if d.get("type") == "allowed"),
+            None,
+        )
+        choices = set(allowed or [decl.get("default")])
+    else:
+        choices = {action_origin}
+    if not choices or not choices <= UNAUTHENTICATED_ACTIONS:
+        shown = sorted(map(str, choices))
+        problems.append(
+            f"{where}: globalValidation.unauthenticatedClientAction may be {shown}, must be "
+            f"one of {sorted(UNAUTHENTICATED_ACTIONS)}"
+        )
+    return problems
+
+
+def _tests_not_empty(infra: Infra, bicep: BicepFile, condition: Any, name: Any) -> bool:
+    """Whether ``condition`` is ``!empty(name)`` (directly or through a variable)."""
+    if isinstance(condition, str) and condition in bicep.variables:
+        return _tests_not_empty(infra, bicep, bicep.variables[condition]["value"], name)
+    operator = condition.get("operator") if isinstance(condition, dict) else None
+    if not isinstance(operator, dict) or operator.get("type") != "not":
+        return False
+    inner = (operator.get("operands") or {}).get("bool_value")
+    function = inner.get("function") if isinstance(inner, dict) else None
+    return (
+        isinstance(function, dict)
+        and function.get("type") == "empty"
+        and (function.get("parameters") or {}).get("item_to_test") == name
+    )
+
+
 def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
     """Every check by name, each taking only a Layout (code facts bound in)."""
     return {
@@ -1854,6 +1985,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "supervisor_alerts": lambda layout: check_supervisor_alerts(layout, facts),
         "parameters": check_parameters,
         "outputs": check_outputs,
+        "authentication": lambda layout: check_authentication(layout, facts),
     }
 
 

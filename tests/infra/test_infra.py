@@ -332,3 +332,13 @@ def executions_per_day(schedule: str) -> int:
 def test_executions_per_day():
     assert executions_per_day("*/15 * * * * *") == 5760
     assert executions_per_day("0 */5 * * * *") == 288
+
+
+def test_authentication_is_declared_and_no_http_function_is_open(layout, facts):
+    assert_clean(checks.check_authentication(layout, facts))
+    assert {"dashboard_page", "dashboard_summary", "operator_resubmit_order"} <= set(
+        facts.http_auth_levels
+    )
+    infra = checks.Infra.load(layout)
+    assert infra.main.params["authClientId"]["default"] == ""
+    assert infra.main.params["authUnauthenticatedAction"]["default"] == "AllowAnonymous"

@@ -740,6 +740,67 @@ MUTATIONS = [
     ),
 ]
 
+# App Service Authentication: declared, off until an app registration is given, never open.
+PARAMETERS = "infra/main.parameters.json"
+MUTATIONS += [
+    Mutation(
+        "authentication settings removed",
+        FUNCTION,
+        replace("name: 'authsettingsV2'", "name: 'web'"),
+        "authentication",
+        "expected one Microsoft.Web/sites/config 'authsettingsV2'",
+    ),
+    Mutation(
+        "authentication deployed without a client id",
+        FUNCTION,
+        replace("= if (authEnabled) {", "= {"),
+        "authentication",
+        "must be deployed only when authClientId is given",
+    ),
+    Mutation(
+        "authentication on by default with a fixed registration",
+        MAIN,
+        replace("param authClientId string = ''", "param authClientId string = 'ops-app'"),
+        "authentication",
+        "main.bicep parameter authClientId must default to ''",
+    ),
+    Mutation(
+        "authentication platform switched off",
+        FUNCTION,
+        replace("platform: {\n      enabled: true", "platform: {\n      enabled: false"),
+        "authentication",
+        "platform.enabled is False, must be True",
+    ),
+    Mutation(
+        "authentication over plain HTTP",
+        FUNCTION,
+        replace("requireHttps: true", "requireHttps: false"),
+        "authentication",
+        "httpSettings.requireHttps is False",
+    ),
+    Mutation(
+        "client id hard-coded in the module",
+        FUNCTION,
+        replace("clientId: authClientId", "clientId: 'ops-app'"),
+        "authentication",
+        "registration.clientId must come from a main.bicep parameter",
+    ),
+    Mutation(
+        "client id no longer settable by azd",
+        PARAMETERS,
+        sub(r'\s*"authClientId": \{\s*"value": "\$\{AUTH_CLIENT_ID\}"\s*\},', ""),
+        "authentication",
+        "main.parameters.json does not map authClientId",
+    ),
+    Mutation(
+        "an unknown way to treat callers not signed in",
+        MAIN,
+        sub(r"'Return401'(\n\]\)\n@description\('With authClientId)", r"'Allow'\1"),
+        "authentication",
+        "globalValidation.unauthenticatedClientAction may be",
+    ),
+]
+
 # Consistent edits (every place changed together) must pass: the checks catch drift, not change.
 CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
     "queue renamed everywhere": [
@@ -813,6 +874,16 @@ def test_a_metric_renamed_in_the_code_fails_the_alert_check(
         metrics[metric] = recorded
     problems = checks.check_supervisor_alerts(layout, dataclasses.replace(facts, metrics=metrics))
     assert any(expect in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize("level", ["anonymous", ""])
+def test_an_http_function_without_a_key_fails_the_authentication_check(layout, facts, level):
+    """The code side: a dashboard or operator function the host would serve without a key."""
+    levels = {**facts.http_auth_levels, "dashboard_page": level}
+    problems = checks.check_authentication(
+        layout, dataclasses.replace(facts, http_auth_levels=levels)
+    )
+    assert any("HTTP function dashboard_page has authLevel" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("edits", CONSISTENT_EDITS.values(), ids=CONSISTENT_EDITS.keys())

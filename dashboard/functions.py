@@ -1,0 +1,253 @@
+"""The dashboard's HTTP-triggered functions: the page, its assets, its overview summary, and who
+the caller is. Everything else the page shows or does goes through the operator API
+(``/api/orders``, ``/api/alerts``, ...) from the browser.
+
+Access is the operator API's: every function has its ``auth_level`` (``FUNCTION``), so in Azure
+the Functions host answers 401 without a function or host key before any code here runs; open
+the dashboard as ``https://<app>/api/dashboard?code=<key>`` and the page passes the key on to
+every call it makes. Locally (the local host, ``func start``) keys are not checked. Actions
+record the caller App Service Authentication signed in (``X-MS-CLIENT-PRINCIPAL-NAME``), which
+the operator API requires; :func:`dashboard_me` tells the page who that is, and whether
+sign-in is available, so it can offer to sign in before an action (docs/dashboard.md).
+
+Pages are sent with a Content-Security-Policy that allows only this app's own scripts and
+styles (no inline script, no other origin), and every stored value the page shows is set as
+text, never as HTML.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import re
+import threading
+from typing import Any, Final
+
+import azure.functions as func
+
+from dashboard import assets
+from dashboard.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
+from operator_api.functions import AUTH, PRINCIPAL_HEADER, operations
+
+bp = func.Blueprint()
+log = logging.getLogger("dashboard.http")
+
+PRINCIPAL_CLAIMS_HEADER: Final = "X-MS-CLIENT-PRINCIPAL"
+OPERATOR_ROLE: Final = "Operator"
+"""The Entra app role an operator is assigned (docs/deploy.md, Dashboard)."""
+AUTH_ENABLED_SETTING: Final = "WEBSITE_AUTH_ENABLED"
+"""Set by App Service when App Service Authentication is on (the platform, not an app setting
+the templates write)."""
+SIGN_IN_PATH: Final = "/.auth/login/aad"
+SIGN_OUT_PATH: Final = "/.auth/logout"
+MAX_CLAIMS_HEADER: Final = 16 * 1024
+
+PAGE_POLICY: Final = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        # uPlot and Swagger UI size and place elements through element.style (CSSOM), and
+        # Swagger UI renders some style attributes; no stylesheet from elsewhere.
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "font-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+SECURITY_HEADERS: Final = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+_WINDOW: Final = re.compile(r"([0-9]{1,5})([sm]?)", re.ASCII)
+
+_lock = threading.Lock()
+_summary: Summary | None = None
+
+
+def summary() -> Summary:
+    """The process's overview summary (one per process: its caches serve every browser)."""
+    global _summary
+    with _lock:
+        if _summary is None:
+            _summary = Summary(operations)
+        return _summary
+
+
+# ------------------------------------------------------------------------------------ pages
+
+
+@bp.route(route="dashboard", methods=["GET"], auth_level=AUTH)
+def dashboard_page(req: func.HttpRequest) -> func.HttpResponse:
+    return _page("index.html", req)
+
+
+@bp.route(route="dashboard/api-docs", methods=["GET"], auth_level=AUTH)
+def dashboard_api_docs(req: func.HttpRequest) -> func.HttpResponse:
+    return _page("api-docs.html", req)
+
+
+@bp.route(route="dashboard/static/{name}", methods=["GET"], auth_level=AUTH)
+def dashboard_static(req: func.HttpRequest) -> func.HttpResponse:
+    return _asset(assets.OWN, req, immutable=False)
+
+
+@bp.route(route="dashboard/vendor/{name}", methods=["GET"], auth_level=AUTH)
+def dashboard_vendor(req: func.HttpRequest) -> func.HttpResponse:
+    return _asset(assets.VENDOR, req, immutable=True)
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+@bp.route(route="dashboard/summary", methods=["GET"], auth_level=AUTH)
+def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
+    window = _window(req.params.get("window"))
+    if window is None:
+        return _error(
+            400,
+            "invalid_window",
+            f"window must be {MIN_WINDOW_S // 60} to {MAX_WINDOW_S // 60} minutes, "
+            "e.g. 15m or 900 (seconds)",
+        )
+    try:
+        body = summary().snapshot(window)
+    except Exception:
+        log.exception("dashboard summary failed")
+        return _error(500, "internal", "the summary failed on our side; it is logged")
+    return _json(200, body)
+
+
+@bp.route(route="dashboard/me", methods=["GET"], auth_level=AUTH)
+def dashboard_me(req: func.HttpRequest) -> func.HttpResponse:
+    return _json(200, caller(req.headers, auth_enabled=_auth_enabled()))
+
+
+def caller(headers: Any, *, auth_enabled: bool) -> dict[str, Any]:
+    """Who the platform says is calling, their roles, and where to sign in or out.
+
+    ``principal`` is what an action will record (the operator API takes the same header);
+    ``roles`` come from App Service Authentication's claims header (none locally, where the
+    local host names the caller itself). ``can_act``: the operator API will accept an action
+    (someone is signed in); ``has_operator_role`` is None where no claims are given."""
+    principal = (headers.get(PRINCIPAL_HEADER) or "").strip() or None
+    claims = _claims(headers.get(PRINCIPAL_CLAIMS_HEADER))
+    platform = claims is not None or auth_enabled
+    roles = sorted(claims["roles"]) if claims is not None else []
+    return {
+        "principal": principal,
+        "identity_provider": claims["idp"] if claims is not None else None,
+        "roles": roles,
+        "operator_role": OPERATOR_ROLE,
+        "has_operator_role": (OPERATOR_ROLE in roles) if claims is not None else None,
+        "can_act": principal is not None,
+        "app_service_auth": platform,
+        "sign_in": SIGN_IN_PATH if auth_enabled and principal is None else None,
+        "sign_out": SIGN_OUT_PATH if claims is not None else None,
+    }
+
+
+def _claims(raw: str | None) -> dict[str, Any] | None:
+    """The roles and identity provider in App Service Authentication's claims header."""
+    if not raw or len(raw) > MAX_CLAIMS_HEADER:
+        return None
+    try:
+        data = json.loads(base64.b64decode(raw, validate=False))
+    except (ValueError, binascii.Error, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("claims"), list):
+        return None
+    role_type = data.get("role_typ") if isinstance(data.get("role_typ"), str) else "roles"
+    roles = {
+        claim["val"]
+        for claim in data["claims"]
+        if isinstance(claim, dict)
+        and claim.get("typ") in (role_type, "roles")
+        and isinstance(claim.get("val"), str)
+        and len(claim["val"]) <= 256
+    }
+    idp = data.get("auth_typ") if isinstance(data.get("auth_typ"), str) else None
+    return {"roles": roles, "idp": idp}
+
+
+def _auth_enabled() -> bool:
+    return os.environ.get(AUTH_ENABLED_SETTING, "").strip().lower() == "true"
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _page(name: str, req: func.HttpRequest) -> func.HttpResponse:
+    try:
+        body = assets.render_page(name, req.params.get("code"))
+    except assets.MissingAsset as missing:
+        log.error("dashboard page %s needs a missing asset: %s", name, missing)
+        return _error(500, "missing_asset", f"the dashboard is missing a file: {missing}")
+    headers = {
+        **SECURITY_HEADERS,
+        "Content-Security-Policy": PAGE_POLICY,
+        "Cache-Control": "no-store",
+    }
+    return func.HttpResponse(
+        body, status_code=200, mimetype="text/html", charset="utf-8", headers=headers
+    )
+
+
+def _asset(folder: assets.Assets, req: func.HttpRequest, *, immutable: bool) -> func.HttpResponse:
+    try:
+        asset = folder.get(req.route_params.get("name", ""))
+    except assets.MissingAsset:
+        return _error(404, "not_found", "no such dashboard file")
+    headers = {
+        **SECURITY_HEADERS,
+        "ETag": asset.etag,
+        "Vary": "Accept-Encoding",
+        # Asset URLs carry their version (?v=): a new file is a new URL.
+        "Cache-Control": "private, max-age=31536000, immutable" if immutable else "no-cache",
+        "Content-Type": asset.content_type,
+    }
+    if asset.etag in _etags(req.headers.get("If-None-Match")):
+        return func.HttpResponse(b"", status_code=304, headers=headers)
+    body = asset.body
+    accepts = req.headers.get("Accept-Encoding") or ""
+    if asset.gzipped is not None and "gzip" in accepts.lower():
+        body = asset.gzipped
+        headers["Content-Encoding"] = "gzip"
+    mimetype, _, charset = asset.content_type.partition("; charset=")
+    return func.HttpResponse(
+        body, status_code=200, headers=headers, mimetype=mimetype, charset=charset or None
+    )
+
+
+def _etags(value: str | None) -> set[str]:
+    return {part.strip().removeprefix("W/") for part in (value or "").split(",") if part.strip()}
+
+
+def _window(value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return DEFAULT_WINDOW_S
+    match = _WINDOW.fullmatch(value.strip())
+    if match is None:
+        return None
+    seconds = int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+    return seconds if MIN_WINDOW_S <= seconds <= MAX_WINDOW_S else None
+
+
+def _json(status: int, body: Any) -> func.HttpResponse:
+    return func.HttpResponse(
+        json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        status_code=status,
+        mimetype="application/json",
+        charset="utf-8",
+        headers={"Cache-Control": "no-store", **SECURITY_HEADERS},
+    )
+
+
+def _error(status: int, code: str, message: str) -> func.HttpResponse:
+    return _json(status, {"error": {"code": code, "message": message}})

@@ -1,0 +1,530 @@
+"""The overview's numbers, at a cost that follows what is in flight, in Error or recently
+finished, never the whole order history.
+
+What each part reads, and how often (each part is cached for its own time, so any number of
+browsers refreshing every few seconds cost one read per part per period and instance):
+
+- **In flight** (every ``ACTIVE_TTL``): the active-order index, one request per 1,000 rows
+  (:meth:`core.state_store.OrderStateStore.list_active`). Its rows say which orders are in
+  flight and when each is due (``overdue``: due now, the Supervisor acts on it next), not their
+  state: the split into Pending, Processing and Compensating comes from point reads of at most
+  ``STATE_READS`` orders per period. With more in flight the split is estimated from those
+  read (a different slice each period) and says so.
+- **Error** (every ``ERROR_TTL``): the Error index, one request per 1,000 rows, plus point reads
+  of the orders that entered Error within the window (at most ``ERROR_READS``) for what
+  caused each: declined (compensated, or nothing to undo), failure threshold, cancelled.
+- **Finished** (every ``FINISHED_TTL``): Processed orders last changed within the window, from
+  one query on the orders table's process rows (``RowKey eq 'process' and ProcessState eq
+  'Processed' and UpdatedAt ge <window start>``), their summary columns only, at most
+  ``FINISHED_REQUESTS`` pages of 1,000. There is no index of Processed orders (it would cost a
+  write on every order's hot path), so the service answers this query by reading the process
+  rows it holds: with retention on (RETENTION_DAYS) that is a bounded table; beyond the page
+  budget the series says ``partial``. Throughput per interval, latency (created to Processed,
+  first generation only: a resubmitted order's age includes its time in Error) p50 and p99,
+  and the requests those orders needed beyond one per step (retries).
+- **Supervisor** (every ``SUPERVISOR_TTL``): one read of its roster (:meth:`Operations.supervisor`).
+- **Alerts** (every ``ALERTS_TTL``): a peek of the alerts queue with each alert's resolution
+  (:meth:`Operations.list_alerts`, a point read per order named).
+- **Dead letters** (every ``DEAD_LETTERS_TTL``): one peek per queue
+  (:meth:`Operations.dead_letter_summary`).
+
+Alerts and dead letters are read on another thread: a summary answers with their last copy
+(``{"pending": true}`` before the first) and never waits for Service Bus.
+
+Each part that fails (Service Bus unreachable, say) reports its error and leaves the others.
+The process also keeps a short history of what it read (in flight, Error, Supervisor lag) for
+the overview's charts: it starts when a dashboard first asks, and each instance of the app
+keeps its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, TypeVar
+
+from core import clients
+from core.active_index import ActiveRow
+from core.error_index import ErrorRow
+from core.order import Order, StepState
+from core.order_listing import SUMMARY_COLUMNS
+from core.state_models import PROCESS_ROW, etag_of, order_from_entity, utc
+from core.states import ProcessState
+from core.tablestorage import Table
+from operator_api.alert_resolution import STILL_OPEN
+from operator_api.operations import Operations
+
+log = logging.getLogger("dashboard.summary")
+
+T = TypeVar("T")
+
+ACTIVE_TTL: Final = 3.0
+ERROR_TTL: Final = 10.0
+FINISHED_TTL: Final = 10.0
+SUPERVISOR_TTL: Final = 5.0
+ALERTS_TTL: Final = 5.0
+DEAD_LETTERS_TTL: Final = 15.0
+
+INDEX_PAGE: Final = 1000
+MAX_INDEX_PAGES: Final = 20
+"""At most this many index pages per read (20,000 rows); beyond, counts say ``partial``."""
+STATE_READS: Final = 100
+ERROR_READS: Final = 50
+FINISHED_PAGE: Final = 1000
+FINISHED_REQUESTS: Final = 5
+READ_THREADS: Final = 8
+
+MIN_WINDOW_S: Final = 300
+MAX_WINDOW_S: Final = 3600
+DEFAULT_WINDOW_S: Final = 900
+BUCKETS: Final = 30
+HISTORY_POINTS: Final = 720
+HISTORY_EVERY_S: Final = 2.0
+
+IN_FLIGHT_STATES: Final = (
+    ProcessState.PENDING,
+    ProcessState.PROCESSING,
+    ProcessState.COMPENSATING,
+)
+CIRCUITS_NOTE: Final = (
+    "The operator API does not report the agents' circuit breakers (each agent instance keeps "
+    "its own); a step put off by an open circuit shows as 'deferred' on its order's timeline."
+)
+
+
+@dataclass
+class _Cached:
+    value: Any = None
+    at: float = -math.inf
+    refreshing: bool = False
+
+
+class Summary:
+    """The overview of one app process: see the module docstring for what it reads.
+
+    ``operations`` returns the operator API's :class:`Operations`, whose Runtime the summary
+    follows (the local host and tests replace it); ``monotonic`` and the Runtime's clock are
+    the time.
+    """
+
+    def __init__(
+        self,
+        operations: Callable[[], Operations],
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._operations = operations
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._cache: dict[str, _Cached] = {}
+        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
+        self._history_at = -math.inf
+        self._since: datetime | None = None
+        self._offset = 0
+        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dash")
+        self._slow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dash-slow")
+        self._slow_lock = threading.Lock()
+        self._table: tuple[Operations, Table] | None = None
+        self._own: Operations | None = None
+        self._closed = False
+
+    def close(self, *, wait: bool = False) -> None:
+        """Stop its threads (``wait``: let a read in progress finish first) and clients."""
+        self._closed = True
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+        self._slow.shutdown(wait=wait, cancel_futures=True)
+        if self._table is not None:
+            self._table[1].close()
+        if self._own is not None:
+            self._own.close()
+
+    # ----------------------------------------------------------------------------- public
+
+    def snapshot(self, window_s: int = DEFAULT_WINDOW_S) -> dict[str, Any]:
+        """The overview over the last ``window_s`` seconds (``MIN_WINDOW_S`` to
+        ``MAX_WINDOW_S``), as JSON-ready data."""
+        window_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, int(window_s)))
+        with self._lock:
+            shared = self._operations()
+            if self._own is None or self._own.rt is not shared.rt:
+                # A new Runtime (the local host, tests): start afresh. The summary has an
+                # Operations of its own: Service Bus peeks take one at a time per Operations,
+                # and its background reads must not hold up the operator API's.
+                with self._slow_lock:
+                    self._cache.clear()
+                if self._own is not None:
+                    self._own.close()
+                self._own = Operations(shared.rt)
+                self._history.clear()
+                self._since = None
+            ops = self._own
+            now = utc(ops.rt.clock())
+            if self._since is None:
+                self._since = now
+            active = self._part("active", ACTIVE_TTL, lambda: self._active(ops, now))
+            errors = self._part(
+                f"errors:{window_s}", ERROR_TTL, lambda: self._errors(ops, now, window_s)
+            )
+            finished = self._part(
+                f"finished:{window_s}",
+                FINISHED_TTL,
+                lambda: self._finished(ops, now, window_s),
+            )
+            supervisor = self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ops))
+            alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ops))
+            dead = self._background("dead_letters", DEAD_LETTERS_TTL, lambda: _dead_letters(ops))
+            self._remember(now, active, errors, supervisor)
+            return {
+                "generated_at": _iso(now),
+                "tracking_since": _iso(self._since or now),
+                "window_s": window_s,
+                "bucket_s": window_s // BUCKETS,
+                "states": _states(active, errors),
+                "in_flight": active,
+                "errors": errors,
+                "finished": finished,
+                "supervisor": supervisor,
+                "alerts": alerts,
+                "dead_letters": dead,
+                "circuits": None,
+                "circuits_note": CIRCUITS_NOTE,
+                "history": list(self._history),
+            }
+
+    # ---------------------------------------------------------------------------- parts
+
+    def _part(self, name: str, ttl: float, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The part ``name``, read now if its copy is older than ``ttl`` seconds."""
+        cached = self._cache.setdefault(name, _Cached())
+        if self._monotonic() - cached.at >= ttl:
+            cached.value, cached.at = _timed(name, read), self._monotonic()
+        return cached.value
+
+    def _background(
+        self, name: str, ttl: float, read: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The part ``name`` as last read, reading it again on another thread when its copy is
+        older than ``ttl`` seconds: the Service Bus peeks behind alerts and dead letters take a
+        second or more each (a link per peek), and the overview must not wait for them."""
+        with self._slow_lock:
+            cached = self._cache.setdefault(name, _Cached())
+            if self._monotonic() - cached.at >= ttl and not cached.refreshing:
+                cached.refreshing = True
+                self._slow.submit(self._refresh, cached, name, read)
+            return cached.value if cached.value is not None else {"pending": True}
+
+    def _refresh(self, cached: _Cached, name: str, read: Callable[[], dict[str, Any]]) -> None:
+        value = _timed(name, read, quiet=lambda: self._closed)
+        with self._slow_lock:
+            cached.value, cached.at, cached.refreshing = value, self._monotonic(), False
+
+    def _active(self, ops: Operations, now: datetime) -> dict[str, Any]:
+        rows, partial = _all_pages(lambda token: _active_page(ops, token))
+        overdue = sum(1 for row in rows if row.due_at <= now)
+        sample = self._rotating_sample(rows)
+        found = self._read_orders(ops, [row.order_id for row in sample])
+        counts: Counter[str] = Counter()
+        finishing = 0
+        for row in sample:
+            order = found.get(row.order_id)
+            if order is None or order.generation != row.generation or order.state.terminal:
+                finishing += 1  # done or gone: its index row is removed after its last sends
+            else:
+                counts[order.state.value] += 1
+        estimated = len(sample) < len(rows)
+        scale = len(rows) / len(sample) if sample else 0.0
+        by_state = {
+            state.value: round(counts[state.value] * scale) if estimated else counts[state.value]
+            for state in IN_FLIGHT_STATES
+        }
+        return {
+            "total": len(rows),
+            "overdue": overdue,
+            "by_state": by_state,
+            "finishing": round(finishing * scale) if estimated else finishing,
+            "read": len(sample),
+            "estimated": estimated,
+            "partial": partial,
+        }
+
+    def _rotating_sample(self, rows: Sequence[ActiveRow]) -> list[ActiveRow]:
+        if len(rows) <= STATE_READS:
+            return list(rows)
+        start = self._offset % len(rows)
+        self._offset = start + STATE_READS
+        return [rows[(start + i) % len(rows)] for i in range(STATE_READS)]
+
+    def _errors(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
+        rows, partial = _all_pages(lambda after: _error_page(ops, after))
+        since = now - timedelta(seconds=window_s)
+        recent = sorted((r for r in rows if r.written_at >= since), key=lambda r: r.written_at)
+        examined = recent[-ERROR_READS:]
+        found = self._read_orders(ops, [row.order_id for row in examined])
+        causes: Counter[str] = Counter()
+        for row in examined:
+            order = found.get(row.order_id)
+            if order is None or order.generation != row.generation:
+                continue
+            causes[_cause(order)] += 1
+        bucket_s = window_s // BUCKETS
+        return {
+            "total": len(rows),
+            "partial": partial,
+            "in_window": len(recent),
+            "causes": dict(causes),
+            "causes_read": len(examined),
+            "per_bucket": _bucket_counts((r.written_at for r in recent), now, bucket_s),
+        }
+
+    def _finished(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
+        since = now - timedelta(seconds=window_s)
+        orders, partial, requests = self._processed_since(ops, since)
+        bucket_s = window_s // BUCKETS
+        first = now - timedelta(seconds=bucket_s * BUCKETS)
+        buckets: list[list[Order]] = [[] for _ in range(BUCKETS)]
+        for order in orders:
+            index = int((utc(order.updated_at) - first).total_seconds() // bucket_s)
+            if 0 <= index < BUCKETS:
+                buckets[index].append(order)
+        steps = {ref: len(flow.steps) for ref, flow in ops.rt.workflows.items()}
+        series = []
+        for index, members in enumerate(buckets):
+            latencies = _latencies(members)
+            series.append(
+                {
+                    "start": _iso(first + timedelta(seconds=index * bucket_s)),
+                    "processed": len(members),
+                    "retries": sum(_retries(o, steps) for o in members),
+                    "p50_s": _percentile(latencies, 50),
+                    "p99_s": _percentile(latencies, 99),
+                }
+            )
+        all_latencies = _latencies(orders)
+        recent = [o for o in orders if utc(o.updated_at) >= now - timedelta(seconds=300)]
+        return {
+            "processed": len(orders),
+            "retries": sum(_retries(o, steps) for o in orders),
+            "recovered": sum(1 for o in orders if _retries(o, steps) > 0),
+            "orders_per_s_5m": round(len(recent) / 300, 3),
+            "p50_s": _percentile(all_latencies, 50),
+            "p99_s": _percentile(all_latencies, 99),
+            "buckets": series,
+            "partial": partial,
+            "requests": requests,
+        }
+
+    def _processed_since(self, ops: Operations, since: datetime) -> tuple[list[Order], bool, int]:
+        pages = (
+            self._orders_table(ops)
+            .query_entities(
+                "RowKey eq @row and ProcessState eq @state and UpdatedAt ge @since",
+                parameters={
+                    "row": PROCESS_ROW,
+                    "state": ProcessState.PROCESSED.value,
+                    "since": since,
+                },
+                select=SUMMARY_COLUMNS,
+                results_per_page=FINISHED_PAGE,
+            )
+            .by_page()
+        )
+        orders: list[Order] = []
+        requests = 0
+        for page in pages:
+            requests += 1
+            orders.extend(order_from_entity(entity, etag_of(entity)) for entity in page)
+            if pages.continuation_token is None:  # type: ignore[attr-defined]
+                return orders, False, requests
+            if requests >= FINISHED_REQUESTS:
+                return orders, True, requests
+        return orders, False, requests
+
+    def _orders_table(self, ops: Operations) -> Table:
+        """The orders table (Processed orders have no index), one client per Operations."""
+        if self._table is None or self._table[0] is not ops:
+            if self._table is not None:
+                self._table[1].close()
+            service = clients.table_service(ops.rt.settings.storage)
+            self._table = (ops, service.get_table_client(ops.rt.settings.orders_table))
+        return self._table[1]
+
+    def _read_orders(self, ops: Operations, order_ids: Sequence[str]) -> dict[str, Order]:
+        """Point reads of ``order_ids`` on a few threads; missing orders are left out."""
+        if not order_ids:
+            return {}
+        found = self._pool.map(ops.rt.store.find, order_ids)
+        return {order.order_id: order for order in found if order is not None}
+
+    def _remember(
+        self,
+        now: datetime,
+        active: dict[str, Any],
+        errors: dict[str, Any],
+        supervisor: dict[str, Any],
+    ) -> None:
+        if self._monotonic() - self._history_at < HISTORY_EVERY_S:
+            return
+        self._history_at = self._monotonic()
+        self._history.append(
+            {
+                "at": _iso(now),
+                "in_flight": active.get("total"),
+                "overdue": active.get("overdue"),
+                "errors": errors.get("total"),
+                "lag_s": supervisor.get("lag_s"),
+            }
+        )
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def _timed(
+    name: str, read: Callable[[], dict[str, Any]], *, quiet: Callable[[], bool] = lambda: False
+) -> dict[str, Any]:
+    """``read()`` with how long it took; a failure is reported in the part, not raised (and
+    logged unless ``quiet()``: a summary being closed)."""
+    started = time.perf_counter()
+    try:
+        value = read()
+    except Exception as error:  # one part failing must not blank the others
+        if not quiet():
+            log.warning("dashboard summary: %s failed", name, exc_info=True)
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        value = {"error": f"{type(error).__name__}: {first}"}
+    value["read_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    value["read_at"] = _iso(datetime.now(UTC))
+    return value
+
+
+def _all_pages(
+    read: Callable[[str | None], tuple[Sequence[T], str | None]],
+) -> tuple[list[T], bool]:
+    """Every row of an index, one request per page, at most ``MAX_INDEX_PAGES`` pages, and
+    whether rows were left unread. ``read(token)`` gives a page and where to go on (None:
+    that was the last page)."""
+    rows: list[T] = []
+    token = None
+    for _ in range(MAX_INDEX_PAGES):
+        page, token = read(token)
+        rows.extend(page)
+        if token is None:
+            return rows, False
+    return rows, True
+
+
+def _active_page(ops: Operations, token: str | None) -> tuple[Sequence[ActiveRow], str | None]:
+    page = ops.rt.store.list_active(INDEX_PAGE, continuation=token)
+    return page.rows, page.continuation
+
+
+def _error_page(ops: Operations, after: str | None) -> tuple[Sequence[ErrorRow], str | None]:
+    page = ops.rt.store.errors.page(INDEX_PAGE, after=after)
+    return page.rows, page.last_key
+
+
+def _supervisor(ops: Operations) -> dict[str, Any]:
+    view = ops.supervisor()
+    return {
+        "lag_s": view.lag_s,
+        "oldest_sweep_s": view.oldest_sweep_s,
+        "unswept_buckets": len(view.unswept_buckets),
+        "buckets": len(view.buckets),
+        "holders": len(view.holders),
+        "detection_s": view.bound.get("detection_s"),
+        "period_s": view.bound.get("period"),
+    }
+
+
+def _alerts(ops: Operations) -> dict[str, Any]:
+    page = ops.list_alerts(limit=100)
+    resolutions: Counter[str] = Counter(view.resolution for view in page.items)
+    severities: Counter[str] = Counter(
+        str((view.alert or {}).get("severity") or "unreadable")
+        for view in page.items
+        if view.resolution in STILL_OPEN
+    )
+    return {
+        "open": resolutions["open"],
+        "retrying": resolutions["retrying"],
+        "listed": len(page.items),
+        "resolutions": dict(resolutions),
+        "by_severity": dict(severities),
+        "more": page.continuation is not None,
+    }
+
+
+def _dead_letters(ops: Operations) -> dict[str, Any]:
+    summary = ops.dead_letter_summary(limit=100)
+    return {
+        "total": sum(q.count for q in summary.queues),
+        "more": any(q.more for q in summary.queues),
+        "queues": [
+            {"queue": q.queue, "entity": q.entity, "count": q.count, "more": q.more}
+            for q in summary.queues
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------- arithmetic
+
+
+def _states(active: dict[str, Any], errors: dict[str, Any]) -> dict[str, int | None]:
+    by_state = active.get("by_state") or {}
+    states: dict[str, int | None] = {s.value: by_state.get(s.value) for s in IN_FLIGHT_STATES}
+    states[ProcessState.ERROR.value] = errors.get("total")
+    return states
+
+
+def _cause(order: Order) -> str:
+    """Why an order in Error is there, in the overview's words."""
+    cause = order.compensation_cause or "failed"
+    undone = any(step.state is StepState.COMPENSATED for step in order.steps)
+    if cause == "step_declined":
+        return "declined, compensated" if undone else "declined, nothing to undo"
+    return cause
+
+
+def _retries(order: Order, steps: dict[str, int]) -> int:
+    """Requests a Processed order needed beyond one per step: its retries (after a failed,
+    timed-out or deferred attempt). Only for its first generation, of a workflow this code
+    carries: a resubmitted order's requests include those of its earlier runs."""
+    planned = steps.get(order.workflow)
+    if planned is None or order.generation != 1:
+        return 0
+    return max(0, order.attempt - planned)
+
+
+def _latencies(orders: Iterable[Order]) -> list[float]:
+    return sorted(
+        (utc(o.updated_at) - utc(o.created_at)).total_seconds() for o in orders if o.generation == 1
+    )
+
+
+def _percentile(ordered: Sequence[float], percent: int) -> float | None:
+    """Nearest-rank percentile of sorted values (None: no values)."""
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(percent / 100 * len(ordered)))
+    return round(ordered[rank - 1], 3)
+
+
+def _bucket_counts(times: Iterable[datetime], now: datetime, bucket_s: int) -> list[int]:
+    first = now - timedelta(seconds=bucket_s * BUCKETS)
+    counts = [0] * BUCKETS
+    for at in times:
+        index = int((utc(at) - first).total_seconds() // bucket_s)
+        if 0 <= index < BUCKETS:
+            counts[index] += 1
+    return counts
+
+
+def _iso(value: datetime) -> str:
+    return utc(value).isoformat().replace("+00:00", "Z")

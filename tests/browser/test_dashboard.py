@@ -1,0 +1,203 @@
+"""The dashboard in Chromium against the local stack: every view loads, orders filter, an
+order's timeline shows its attempts, an Error order is resubmitted and finishes, an alert is
+acknowledged, dead letters are replayed and purged, stored markup stays text.
+
+The tests share one stack and scenario per process (conftest.py). Each test that changes
+something changes its own order; the others count what is there when they run, so they pass in
+any order, and on any pytest-xdist worker.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from core.states import ProcessState
+from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, Stack, api
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
+expect.set_options(timeout=10_000)
+SLOW = 30_000
+"""For what waits on Service Bus peeks (a second per queue on the development broker) or on a
+summary part's refresh period."""
+
+
+def open_view(page: Page, stack: Stack, hash_: str) -> None:
+    page.goto(f"{stack.dashboard}#/{hash_}")
+    expect(page.get_by_test_id("principal")).to_have_text(OPERATOR)
+
+
+def card(page: Page, name: str):
+    return page.get_by_test_id(f"card-{name}").locator(".value")
+
+
+def test_overview_shows_states_throughput_and_health(page: Page, stack: Stack, shoot):
+    open_view(page, stack, "overview")
+    expect(card(page, "Error")).to_have_text(str(stack.count(ProcessState.ERROR)), timeout=SLOW)
+    processed = str(stack.count(ProcessState.PROCESSED))
+    expect(card(page, "Processed")).to_have_text(processed, timeout=SLOW)
+    expect(card(page, "in-flight")).to_have_text("0")
+    open_alerts = len(api(stack, "alerts?open=true")["items"])
+    expect(card(page, "alerts")).to_have_text(str(open_alerts), timeout=SLOW)
+    dead = str(len(stack.scenario.dead_letters))
+    expect(card(page, "dead-letters")).to_have_text(dead, timeout=SLOW)
+    expect(card(page, "retries")).not_to_have_text("0")  # the retried order's extra request
+    expect(card(page, "latency")).to_contain_text(" / ")
+    for chart in ("chart-throughput", "chart-latency", "chart-history"):
+        expect(page.get_by_test_id(chart).locator("canvas")).to_have_count(1)
+    expect(page.get_by_test_id("circuits")).to_contain_text("circuit")
+    shoot(page, "overview")
+
+
+def test_every_view_loads_from_the_navigation(page: Page, stack: Stack):
+    open_view(page, stack, "overview")
+    for view, ready in (
+        ("Orders", "order-filters"),
+        ("Alerts", "alerts-open-only"),
+        ("Dead letters", "dead-letter-queues"),
+        ("Supervisor", "supervisor-facts"),
+        ("Overview", "cards"),
+    ):
+        page.get_by_role("navigation").get_by_role("link", name=view, exact=True).click()
+        expect(page.get_by_test_id(ready)).to_be_visible(timeout=SLOW)
+    with page.expect_popup() as popup:
+        page.get_by_role("navigation").get_by_role("link", name="API", exact=True).click()
+    expect(popup.value.get_by_test_id("swagger-ui")).to_contain_text("/orders/{order_id}/resubmit")
+
+
+def test_orders_filter_by_state_text_and_step(page: Page, stack: Stack, shoot):
+    open_view(page, stack, "orders?state=Processed")
+    rows = page.get_by_test_id("order-row")
+    expect(rows).to_have_count(stack.count(ProcessState.PROCESSED))
+    page.get_by_test_id("filter-state").select_option("Error")
+    page.get_by_test_id("apply-filters").click()
+    expect(page).to_have_url(re.compile(r"#/orders\?state=Error$"))
+    expect(rows).to_have_count(stack.count(ProcessState.ERROR))
+    shoot(page, "orders")
+    page.get_by_test_id("filter-text").fill(stack.scenario.compensated[-8:])
+    page.get_by_test_id("apply-filters").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-order-id", stack.scenario.compensated)
+    page.get_by_test_id("filter-text").fill("")
+    page.get_by_test_id("filter-step").fill("reserve_inventory")
+    page.get_by_test_id("apply-filters").click()
+    # Compensated orders end at the step they undid last: the reservation.
+    for row in rows.all():
+        expect(row).to_contain_text("reserve_inventory")
+    page.get_by_test_id("filter-step").fill("no_such_step")
+    page.get_by_test_id("apply-filters").click()
+    expect(page.locator(".notice.bad")).to_contain_text("no_such_step")
+    page.problems.console.clear()  # the browser logs the refused filter's 400
+
+
+def test_order_timeline_shows_attempts_retries_and_undo(page: Page, stack: Stack, shoot):
+    open_view(page, stack, "orders?state=Error")
+    page.locator(f'[data-order-id="{stack.scenario.compensated}"] a').click()
+    expect(page.get_by_test_id("order-state")).to_have_text("Error")
+    bars = page.get_by_test_id("gantt-bar")
+    # reserve_inventory (do), charge_payment (do, declined), then the undo of the reservation.
+    expect(bars).to_have_count(3)
+    expect(page.locator('[data-testid=gantt-bar][data-kind="undo"]')).to_have_count(1)
+    expect(page.locator('[data-testid=gantt-bar][data-outcome="declined"]')).to_have_attribute(
+        "data-step", "charge_payment"
+    )
+    expect(page.get_by_test_id("timeline-row")).to_have_count(4)
+    expect(page.get_by_test_id("step-row")).to_have_count(3)
+
+    page.goto(f"{stack.dashboard}#/order/{stack.scenario.retried}")
+    expect(page.get_by_test_id("order-state")).to_have_text("Processed")
+    retry = page.locator('[data-testid=gantt-bar][data-outcome="retry"]')
+    expect(retry).to_have_count(1)
+    expect(retry).to_have_attribute("data-step", "create_shipment")
+    expect(page.get_by_test_id("gantt-wait")).to_have_count(1)
+    expect(page.locator('[data-testid=gantt-bar][data-outcome="succeeded"]')).to_have_count(3)
+    expect(bars).to_have_count(4)
+    expect(page.locator('[data-testid=timeline-row][data-event="released"]')).to_have_count(1)
+    expect(page.get_by_test_id("step-row").nth(2)).to_contain_text("timed_out")
+    shoot(page, "order-timeline", full_page=False)  # the order, its timeline and steps
+
+
+def test_resubmit_an_error_order_and_see_it_finish(page: Page, stack: Stack):
+    order_id = stack.scenario.declined_first  # the stock has arrived: the services are clean
+    open_view(page, stack, f"order/{order_id}")
+    expect(page.get_by_test_id("order-state")).to_have_text("Error")
+    page.get_by_test_id("resubmit").click()
+    page.get_by_test_id("confirm").click()  # no reason yet: the dialog insists on one
+    expect(page.get_by_test_id("reason")).to_be_focused()
+    page.get_by_test_id("reason").fill("stock arrived <b>today</b>")
+    page.get_by_test_id("confirm").click()
+    expect(page.locator(".notice.ok")).to_contain_text("resubmitted")
+    expect(page.get_by_test_id("order-state")).to_have_text("Processed", timeout=SLOW)
+    resubmitted = page.locator('[data-testid=timeline-row][data-event="resubmitted"]')
+    expect(resubmitted).to_contain_text(f"operator:{OPERATOR}")
+    expect(resubmitted).to_contain_text("stock arrived <b>today</b>")  # text, not markup
+    expect(page.locator('[data-testid=gantt-bar][data-outcome="succeeded"]')).to_have_count(3)
+    expect(page.locator('[data-testid=gantt-marker][data-kind="operator"]')).to_have_count(1)
+    assert stack.state(order_id) is ProcessState.PROCESSED
+
+
+def test_acknowledge_an_alert(page: Page, stack: Stack, shoot):
+    order_id = stack.scenario.to_acknowledge
+    open_view(page, stack, "alerts?open=false")
+    rows = page.get_by_test_id("alert-row")
+    listed = api(stack, "alerts?open=false")["items"]
+    expect(rows).to_have_count(len(listed), timeout=SLOW)
+    for alert in listed:
+        row = page.locator(f'[data-testid=alert-row][data-sequence="{alert["sequence_number"]}"]')
+        expect(row).to_contain_text(alert["resolution"])
+    shoot(page, "alerts")
+    target = page.locator(f'[data-testid=alert-row][data-order-id="{order_id}"]')
+    expect(target).to_contain_text("open")
+    target.get_by_test_id("ack").click()
+    page.get_by_test_id("confirm").click()
+    expect(page.locator(".notice.ok")).to_contain_text(f"recorded in {order_id}", timeout=SLOW)
+    expect(target).to_have_count(0)
+    expect(rows).to_have_count(len(listed) - 1)
+    timeline = api(stack, f"orders/{order_id}")["timeline"]
+    acks = [t for t in timeline if t["event"] == "alert_acknowledged"]
+    assert [t["actor"] for t in acks] == [f"operator:{OPERATOR}"]
+
+
+def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
+    page: Page, stack: Stack, shoot
+):
+    open_view(page, stack, "dead-letters")
+    orders = page.locator('[data-testid=dead-letter-queue][data-queue="orders"]')
+    expect(orders).to_contain_text("2", timeout=SLOW)
+    orders.get_by_role("link").click()
+    rows = page.get_by_test_id("dead-letter-row")
+    expect(rows).to_have_count(2, timeout=SLOW)
+    table = page.get_by_test_id("dead-letters-table")
+    expect(table).to_contain_text(HOSTILE_MARKUP)  # the body and subject, shown as text
+    expect(table.locator("img, script")).to_have_count(0)
+    assert page.evaluate("window.__pwned") is None
+    shoot(page, "dead-letters")
+
+    submission = rows.filter(has_text=stack.scenario.dead_letters[0])
+    garbage = rows.filter(has_text="{not json")
+    submission.get_by_test_id("select-dead-letter").check()
+    page.get_by_test_id("replay-selected").click()
+    expect(page.get_by_test_id("dead-letter-preview")).to_contain_text("refused", timeout=SLOW)
+    page.get_by_test_id("confirm").click()
+    # First sent less than 10 minutes ago: duplicate detection would drop a copy, so it stays.
+    expect(page.locator(".notice.bad")).to_contain_text("1 refused", timeout=SLOW)
+    expect(submission.get_by_test_id("select-dead-letter")).not_to_be_checked()
+    expect(rows).to_have_count(2)
+
+    garbage.get_by_test_id("select-dead-letter").check()
+    page.get_by_test_id("purge-selected").click()
+    expect(page.get_by_test_id("dead-letter-preview")).to_contain_text("would_purge", timeout=SLOW)
+    page.get_by_test_id("confirm").click()
+    expect(page.locator(".notice.ok")).to_contain_text("1 purged", timeout=SLOW)
+    expect(garbage).to_have_count(0, timeout=SLOW)
+    expect(submission).to_have_count(1)
+    stack.scenario.dead_letters.remove("not-json")  # the overview counts what is left
+
+
+def test_supervisor_and_health(page: Page, stack: Stack, shoot):
+    open_view(page, stack, "supervisor")
+    expect(page.get_by_test_id("supervisor-facts")).to_contain_text("Recovery bound")
+    expect(page.get_by_test_id("health")).to_contain_text("servicebus", timeout=SLOW)
+    shoot(page, "supervisor")

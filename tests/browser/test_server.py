@@ -1,0 +1,194 @@
+"""The dashboard's functions called with HttpRequest objects, as the Functions host would: its
+pages, assets and caller, the vendored libraries, and the summary's arithmetic. No browser and
+no services here."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from datetime import UTC, datetime, timedelta
+
+import azure.functions as func
+import pytest
+
+from core.order import Order
+from dashboard import assets, summary, vendor
+from dashboard import functions as dashboard
+
+
+def request(route: str, *, params=None, route_params=None, headers=None) -> func.HttpRequest:
+    return func.HttpRequest(
+        method="GET",
+        url=f"http://localhost/api/{route}",
+        params=params or {},
+        route_params=route_params or {},
+        headers=headers or {},
+        body=b"",
+    )
+
+
+def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
+    response = dashboard.dashboard_page(request("dashboard"))
+    html = response.get_body().decode()
+    assert response.status_code == 200
+    policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "unsafe-eval" not in policy
+    assert "frame-ancestors 'none'" in policy
+    assert response.headers["Cache-Control"] == "no-store"
+    assert "%%" not in html
+    assert '<script src="/api/dashboard/static/app.js?v=' in html
+    assert '<script src="/api/dashboard/vendor/uPlot.iife.min.js?v=' in html
+    assert "<script>" not in html, "no inline script: the policy would refuse it"
+
+
+def test_the_function_key_is_passed_on_to_the_assets_and_never_unescaped():
+    key = "abcDEF123_-=="
+    html = dashboard.dashboard_page(request("dashboard", params={"code": key})).get_body().decode()
+    assert "app.js?v=" in html and "&amp;code=abcDEF123_-%3D%3D" in html
+    hostile = '"><script>alert(1)</script>'
+    html = dashboard.dashboard_page(request("dashboard", params={"code": hostile})).get_body()
+    assert b"alert(1)" not in html and b"code=" not in html
+
+
+def test_assets_are_served_with_etags_gzip_and_nothing_else():
+    asset = dashboard.dashboard_vendor(
+        request("dashboard/vendor/x", route_params={"name": "uPlot.iife.min.js"})
+    )
+    assert asset.status_code == 200 and asset.mimetype == "text/javascript"
+    etag = asset.headers["ETag"]
+    zipped = dashboard.dashboard_vendor(
+        request(
+            "dashboard/vendor/x",
+            route_params={"name": "uPlot.iife.min.js"},
+            headers={"Accept-Encoding": "gzip, br"},
+        )
+    )
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(zipped.get_body()) == asset.get_body()
+    unchanged = dashboard.dashboard_vendor(
+        request(
+            "dashboard/vendor/x",
+            route_params={"name": "uPlot.iife.min.js"},
+            headers={"If-None-Match": etag},
+        )
+    )
+    assert unchanged.status_code == 304 and unchanged.get_body() == b""
+    for name in ("../functions.py", "..", "VERSIONS.json", "app.js/../x", "", ".hidden.js"):
+        missing = dashboard.dashboard_vendor(
+            request("dashboard/vendor/x", route_params={"name": name})
+        )
+        assert missing.status_code == 404, name
+    assert dashboard.dashboard_static(
+        request("dashboard/static/x", route_params={"name": "index.html"})
+    ).headers["ETag"]
+
+
+def test_every_page_placeholder_names_an_existing_asset():
+    for page in ("index.html", "api-docs.html"):
+        text = assets.OWN.get(page).body.decode()
+        for kind, name in assets._PLACEHOLDER.findall(text):
+            (assets.OWN if kind == "static" else assets.VENDOR).get(name)
+
+
+def test_the_vendored_libraries_are_the_locked_packages():
+    assert vendor.check() == []
+    locked = vendor.locked_versions()
+    assert locked == {"uplot": locked["uplot"], "swagger-ui-dist": locked["swagger-ui-dist"]}
+    package = json.loads((vendor.REPO_ROOT / "package.json").read_text())
+    for name, version in locked.items():
+        assert package["dependencies"][name] == version, "pinned exactly (npm --save-exact)"
+
+
+def claims_header(roles: list[str], *, role_typ: str = "roles") -> str:
+    claims = [{"typ": "name", "val": "ann@example.com"}]
+    claims += [{"typ": role_typ, "val": role} for role in roles]
+    principal = {"auth_typ": "aad", "claims": claims, "role_typ": role_typ}
+    return base64.b64encode(json.dumps(principal).encode()).decode()
+
+
+def test_the_caller_as_the_platform_names_it():
+    local = dashboard.caller({"X-MS-CLIENT-PRINCIPAL-NAME": "dev"}, auth_enabled=False)
+    assert local["principal"] == "dev" and local["can_act"] is True
+    assert local["has_operator_role"] is None and local["sign_in"] is None
+    nobody = dashboard.caller({}, auth_enabled=True)
+    assert nobody["can_act"] is False and nobody["sign_in"] == "/.auth/login/aad"
+    operator = dashboard.caller(
+        {
+            "X-MS-CLIENT-PRINCIPAL-NAME": "ann@example.com",
+            "X-MS-CLIENT-PRINCIPAL": claims_header(
+                ["Operator"],
+                role_typ="http://schemas.microsoft.com/ws/2008/06/identity/claims/role",
+            ),
+        },
+        auth_enabled=True,
+    )
+    assert operator["roles"] == ["Operator"] and operator["has_operator_role"] is True
+    assert operator["identity_provider"] == "aad" and operator["sign_out"] == "/.auth/logout"
+    reader = dashboard.caller(
+        {"X-MS-CLIENT-PRINCIPAL-NAME": "bob", "X-MS-CLIENT-PRINCIPAL": claims_header([])},
+        auth_enabled=True,
+    )
+    assert reader["has_operator_role"] is False
+    garbled = dashboard.caller(
+        {"X-MS-CLIENT-PRINCIPAL-NAME": "eve", "X-MS-CLIENT-PRINCIPAL": "%%%not base64"},
+        auth_enabled=False,
+    )
+    assert garbled["roles"] == [] and garbled["has_operator_role"] is None
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, 900), ("15m", 900), ("300", 300), ("60m", 3600), ("4m", None), ("2h", None)],
+)
+def test_summary_window(value, seconds):
+    assert dashboard._window(value) == seconds
+
+
+def test_a_bad_window_is_refused():
+    response = dashboard.dashboard_summary(request("dashboard/summary", params={"window": "1y"}))
+    assert response.status_code == 400
+    assert json.loads(response.get_body())["error"]["code"] == "invalid_window"
+
+
+def order(**changes) -> Order:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    base = {
+        "order_id": "o-1",
+        "workflow": "order@1",
+        "state": "Processed",
+        "locked_by": None,
+        "complete_by": None,
+        "failure_count": 0,
+        "attempt": 3,
+        "generation": 1,
+        "current_step": "create_shipment",
+        "current_operation": "do",
+        "reply_to": None,
+        "payload": {},
+        "steps": (),
+        "created_at": at,
+        "updated_at": at + timedelta(seconds=2),
+    }
+    return Order(**(base | changes))  # type: ignore[arg-type]
+
+
+def test_retries_and_latency_of_finished_orders():
+    steps = {"order@1": 3}
+    assert summary._retries(order(), steps) == 0
+    assert summary._retries(order(attempt=5), steps) == 2
+    assert summary._retries(order(attempt=9, generation=2), steps) == 0, "earlier runs count"
+    assert summary._retries(order(workflow="gone@7"), steps) == 0
+    assert summary._latencies([order(), order(generation=2)]) == [2.0]
+    values = [float(n) for n in range(1, 101)]
+    assert summary._percentile(values, 50) == 50.0
+    assert summary._percentile(values, 99) == 99.0
+    assert summary._percentile([], 50) is None
+    now = datetime(2026, 1, 1, 0, 15, tzinfo=UTC)
+    counts = summary._bucket_counts(
+        [now - timedelta(seconds=1), now - timedelta(seconds=899), now - timedelta(hours=1)],
+        now,
+        30,
+    )
+    assert len(counts) == summary.BUCKETS and counts[-1] == 1 and counts[0] == 1
+    assert sum(counts) == 2

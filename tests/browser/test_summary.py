@@ -1,0 +1,79 @@
+"""The overview's summary (dashboard/summary.py) against Azurite: what it counts, and that its
+cost follows what is in flight, in Error or finished within the window, not the history.
+
+No browser here: these run with the integration tests (``-m "not browser"`` keeps them).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from benchmarks.history import BatchWriter, fill_history, finished_rows
+from benchmarks.history import new_order as history_order
+from core.messages import utc_now
+from core.op_counts import COUNTS
+from dashboard.summary import Summary
+from operator_api.operations import Operations
+from tests.support.app import app_settings, make_runtime
+from tests.support.names import unique_name
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+
+HISTORY = 10_000
+RECENT = 25
+
+
+@pytest.fixture(scope="module")
+def filled(servicebus, azurite):
+    """10,000 orders finished a day ago, and RECENT finished a few minutes ago."""
+    env = app_settings(
+        servicebus, azurite.connection_string, lambda s: f"http://127.0.0.1:9/{s}", unique_name("s")
+    )
+    rt = make_runtime(env, "summary")
+    workflow = rt.workflow("order@1")
+    report = fill_history(env, workflow, HISTORY)
+    writer = BatchWriter(env["StateStorage"], rt.settings.orders_table)
+    recent_at = utc_now() - timedelta(minutes=3)
+    try:
+        for n in range(RECENT):
+            writer.write(finished_rows(history_order("recent-", n, "order"), workflow, recent_at))
+    finally:
+        writer.close()
+    ops = Operations(rt)
+    yield ops, report
+    ops.close()
+    rt.close()
+
+
+def test_a_summary_reads_the_window_not_the_history(filled):
+    ops, report = filled
+    assert report["orders"] == HISTORY
+    summary = Summary(lambda: ops)
+    try:
+        COUNTS.reset()
+        started = time.perf_counter()
+        snapshot = summary.snapshot(900)
+        elapsed = time.perf_counter() - started
+        cost = COUNTS.snapshot()
+        assert snapshot["dead_letters"] == {"pending": True}, "read in the background"
+        deadline = time.monotonic() + 60
+        while summary.snapshot(900)["dead_letters"].get("pending") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        later = summary.snapshot(900)
+    finally:
+        summary.close(wait=True)
+    assert later["dead_letters"]["total"] == 0 and later["alerts"]["open"] == 0
+    finished = snapshot["finished"]
+    print(f"summary over {HISTORY} finished orders: {elapsed:.2f} s, Table requests {cost}")
+    assert finished["processed"] == RECENT and not finished["partial"]
+    assert finished["requests"] == 1, "one query answers the window, whatever the history"
+    assert sum(b["processed"] for b in finished["buckets"]) == RECENT
+    assert finished["p50_s"] is not None and finished["retries"] == 0
+    assert snapshot["in_flight"]["total"] == 0 and snapshot["errors"]["total"] == 0
+    # The active index, the Error index, the Processed window, the Supervisor's roster: one
+    # request each (alerts and dead letters are Service Bus peeks, read in the background).
+    assert sum(cost.values()) == 4, cost
+    assert elapsed < 10, f"the summary took {elapsed:.1f} s over {HISTORY} orders"
