@@ -71,12 +71,10 @@ from devstack.cli_output import (
     WorkflowStepView,
     WorkflowsView,
     WorkflowVersionView,
-    join_url,
-    printable,
-    text,
     write_json,
     write_json_line,
 )
+from devstack.plain_text import join_url, printable, text
 from devstack.remote_config import (
     API_URL_ENV,
     AUTH_ENV,

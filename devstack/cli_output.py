@@ -1,25 +1,20 @@
-"""What `orderctl` prints: the shape of every command's ``--json`` document, and the helpers
-that print stored text safely for people.
+"""The shape of every `orderctl` command's ``--json`` document.
 
 The ``--json`` shapes are the operator HTTP API's own models (:mod:`operator_api.models`) where
 a command is an operator operation, so the CLI and the API share field names, plus the models
 below for what only the CLI does. :func:`shapes` maps each command to its shape(s);
 ``python -m devstack.cli_output`` prints the reference section of docs/orderctl.md from it.
 
-For people, stored text (reasons, errors, alert and dead-letter bodies, operator names) is
-printed as :class:`rich.text.Text`, never parsed as markup or emoji codes, with control
-characters shown as escapes (``\\x1b``) so stored text cannot move the cursor or recolour the
-terminal. ``--json`` carries the exact stored strings.
+``--json`` carries the exact stored strings; what people read goes through
+:mod:`devstack.plain_text`.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
-from rich.text import Text
 
 
 class _Shape(BaseModel):
@@ -216,14 +211,6 @@ def write_json_line(value: BaseModel) -> None:
     sys.stdout.flush()
 
 
-def join_url(base: str, *parts: str) -> str:
-    """``base`` and ``parts`` joined with exactly one ``/`` between each: never ``//`` in a
-    path, whatever slashes each piece ends or starts with."""
-    pieces = [base.rstrip("/")] + [p.strip("/") for p in parts if p.strip("/")]
-    joined = "/".join(pieces)
-    return joined + "/" if parts and parts[-1].endswith("/") else joined
-
-
 def validate(command: str, document: object) -> Any:
     """``document`` read as one of ``command``'s shapes; raises ValueError if it is none."""
     problems = []
@@ -233,35 +220,6 @@ def validate(command: str, document: object) -> Any:
         except ValueError as error:
             problems.append(f"{shape.__name__}: {error}")
     raise ValueError(f"{command} --json matches none of its shapes: " + " | ".join(problems))
-
-
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(value: object) -> str:
-    """``value`` as text, with control characters (C0, DEL, C1, line/paragraph separators,
-    bidi overrides) shown as escapes. Everything else is kept as it is."""
-    text = "" if value is None else str(value)
-    return _UNSAFE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def clip(value: object, width: int, wide: bool) -> str:
-    """:func:`printable`, cut to ``width`` characters (ending "…") unless ``wide``."""
-    text = printable(value)
-    if wide or len(text) <= width:
-        return text
-    return text[: width - 1] + "…"
-
-
-def text(value: object, style: str = "", *, width: int | None = None, wide: bool = True) -> Text:
-    """Stored data as rich Text: printed as is, never read as markup or emoji codes."""
-    shown = printable(value) if width is None else clip(value, width, wide)
-    return Text(shown, style=style)
 
 
 def reference() -> str:

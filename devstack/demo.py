@@ -61,7 +61,6 @@ from core.order import TERMINAL_ALERT_REASONS, Order, StepState
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
-from devstack.cli_output import join_url, printable
 from devstack.observe import (
     FinishWatch,
     Ledger,
@@ -78,6 +77,7 @@ from devstack.observe import (
     undo_without_do,
 )
 from devstack.orders import open_orders_table, open_store, send_orders
+from devstack.plain_text import join_url, printable
 from devstack.stack.local_stack import LocalStack, StackInfo
 
 QUICK_SETTINGS = {

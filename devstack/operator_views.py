@@ -2,7 +2,7 @@
 order's changes as it is followed, bulk actions, dead-letter actions, faults and health.
 
 Stored data (reasons, details, ids, operator names, message ids) goes through
-:func:`devstack.cli_output.text`: printed as text, never as markup, control characters escaped.
+:func:`devstack.plain_text.text`: printed as text, never as markup, control characters escaped.
 ``wide``: nothing is cut.
 """
 
@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from devstack.cli_output import FaultView, printable, text
+from devstack.cli_output import FaultView
+from devstack.plain_text import printable, text
 
 STEP_STYLES = {
     "Succeeded": "green",

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from devstack import cli
-from devstack.cli_output import printable
+from devstack.plain_text import printable
 from tests.unit.cli_views import use_ops
 
 runner = CliRunner()

@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from devstack import cli
-from devstack.cli_output import join_url, validate
+from devstack.cli_output import validate
 from devstack.fakes.remote_services import FakeServices
+from devstack.plain_text import join_url
 from devstack.stack.local_stack import STATE_FILE
 from operator_api.models import HealthView
 from tests.unit.cli_views import Ops, fake_running_stack, use_ops
@@ -386,8 +387,8 @@ def test_ps_prints_no_double_slash_in_urls(tmp_path):
 
 
 def test_fault_prints_a_hostile_profile_description_as_text(stack_with_fakes, monkeypatch):
-    from devstack.cli_output import printable
     from devstack.fakes.profiles import Profile
+    from devstack.plain_text import printable
     from tests.unit.test_cli_hostile_text import HOSTILE
 
     workdir, fakes = stack_with_fakes
