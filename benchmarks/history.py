@@ -13,9 +13,8 @@ four phases:
 3. ``fill``: ``--history`` finished orders written straight into the orders table, one batch
    transaction per order (its details, state and timeline rows, made by the functional core and
    the state store's entity helpers, as if each had run: core.lifecycle, core.state_models).
-   Finished orders have no active-index rows. The batches are posted as raw HTTP requests,
-   signed with the account key: the SDK spends about 10 ms of CPU per batch building and
-   parsing MIME, which would make this phase take longer than the rest together;
+   Finished orders have no active-index rows. The batches go through the app's own Table
+   client (core.tablestorage), as the hosts' writes do;
 4. ``full``: the same load as ``empty``.
 
 Per measured phase: ``orders_per_s`` (finished orders over first created to last finished),
@@ -28,29 +27,23 @@ empty) and ``within_10_percent``. Exits 1 if an order of a measured phase did no
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import hmac
 import json
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
-from email.utils import formatdate
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import httpx
-from azure.data.tables import EntityProperty
 
 from core import lifecycle
 from core.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
 from core.settings import Settings
 from core.state_models import details_entity, order_entity, timeline_entity
+from core.tablestorage import TableService
 from core.workflows import Workflow, resolve, workflow_ref
 from devstack.demo import QUICK_SETTINGS
 from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu
@@ -236,7 +229,10 @@ def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> di
     """Write ``count`` finished orders, a day old, one batch transaction each."""
     print(f"… fill: {count} finished orders", file=sys.stderr)
     config = Settings.from_env(settings)
-    writer = BatchWriter(settings["StateStorage"], config.orders_table)
+    service = TableService.from_connection_string(
+        settings["StateStorage"], max_connections=FILL_THREADS
+    )
+    table = service.get_table_client(config.orders_table)
     at = utc_now() - timedelta(days=1)
     run = uuid.uuid4().hex[:6]
     started = time.monotonic()
@@ -247,10 +243,11 @@ def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> di
                 finished_rows(new_order(f"done-{run}-", n, workflow.name), workflow, at)
                 for n in range(count)
             )
-            for written in pool.map(writer.write, batches):
-                rows += written
+            inserts = ([("create", row) for row in batch] for batch in batches)
+            for written in pool.map(table.submit_transaction, inserts):
+                rows += len(written)
     finally:
-        writer.close()
+        service.close()
     seconds = time.monotonic() - started
     return {
         "orders": count,
@@ -258,96 +255,6 @@ def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> di
         "seconds": round(seconds, 1),
         "orders_per_s": round(count / seconds, 1),
     }
-
-
-class BatchWriter:
-    """Entity group transactions (inserts into one partition) over plain HTTP, signed with the
-    account key (Shared Key). Thread-safe: one HTTP client, a connection per thread."""
-
-    def __init__(self, connection_string: str, table: str) -> None:
-        parts = dict(item.split("=", 1) for item in connection_string.split(";") if "=" in item)
-        self._account = parts["AccountName"]
-        self._key = base64.b64decode(parts["AccountKey"])
-        self._endpoint = parts["TableEndpoint"].rstrip("/")
-        self._table = table
-        self._http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=FILL_THREADS))
-
-    def write(self, rows: list[dict[str, Any]]) -> int:
-        batch, body = batch_body(f"{self._endpoint}/{self._table}", rows)
-        url = f"{self._endpoint}/$batch"
-        headers = {
-            "x-ms-date": formatdate(usegmt=True),
-            "x-ms-version": TABLE_API_VERSION,
-            "DataServiceVersion": "3.0",
-            "MaxDataServiceVersion": "3.0;NetFx",
-            "Content-Type": f"multipart/mixed; boundary={batch}",
-            "Accept": "application/json",
-        }
-        headers["Authorization"] = self._sign("POST", url, headers)
-        answer = self._http.post(url, content=body, headers=headers)
-        failed = [line for line in statuses(answer.text) if not line.startswith("2")]
-        if answer.status_code != 202 or failed:
-            raise RuntimeError(f"batch refused ({answer.status_code}): {answer.text[:500]}")
-        return len(rows)
-
-    def _sign(self, verb: str, url: str, headers: Mapping[str, str]) -> str:
-        path = httpx.URL(url).raw_path.decode()
-        text = "\n".join(
-            [verb, "", headers["Content-Type"], headers["x-ms-date"], f"/{self._account}{path}"]
-        )
-        digest = hmac.new(self._key, text.encode(), hashlib.sha256).digest()
-        return f"SharedKey {self._account}:{base64.b64encode(digest).decode()}"
-
-    def close(self) -> None:
-        self._http.close()
-
-
-def batch_body(table_url: str, rows: list[dict[str, Any]]) -> tuple[str, bytes]:
-    """(batch boundary, body) of a transaction inserting ``rows`` (OData JSON, no echo)."""
-    batch, changeset = f"batch_{uuid.uuid4()}", f"changeset_{uuid.uuid4()}"
-    lines = [f"--{batch}", f"Content-Type: multipart/mixed; boundary={changeset}", ""]
-    for row in rows:
-        lines += [
-            f"--{changeset}",
-            "Content-Type: application/http",
-            "Content-Transfer-Encoding: binary",
-            "",
-            f"POST {table_url} HTTP/1.1",
-            "Content-Type: application/json",
-            "Accept: application/json;odata=nometadata",
-            "Prefer: return-no-content",
-            "DataServiceVersion: 3.0",
-            "",
-            json.dumps(odata(row), separators=(",", ":")),
-        ]
-    lines += [f"--{changeset}--", f"--{batch}--", ""]
-    return batch, "\r\n".join(lines).encode()
-
-
-def odata(entity: Mapping[str, Any]) -> dict[str, Any]:
-    """An entity as Table OData JSON: typed where JSON cannot tell (dates, 64-bit ints)."""
-    out: dict[str, Any] = {}
-    for name, value in entity.items():
-        if value is None:
-            continue
-        if isinstance(value, EntityProperty):
-            out[name] = str(value.value)
-            out[f"{name}@odata.type"] = getattr(value.edm_type, "value", value.edm_type)
-        elif isinstance(value, datetime):
-            stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            out[name], out[f"{name}@odata.type"] = stamp, "Edm.DateTime"
-        elif isinstance(value, bool) or not isinstance(value, int) or -(2**31) <= value < 2**31:
-            out[name] = value
-        else:
-            out[name], out[f"{name}@odata.type"] = str(value), "Edm.Int64"
-    return out
-
-
-def statuses(multipart: str) -> Iterator[str]:
-    """The status codes of a batch answer's parts (``HTTP/1.1 204 No Content`` -> ``204``)."""
-    for line in multipart.splitlines():
-        if line.startswith("HTTP/1.1 "):
-            yield line.split(" ", 2)[1]
 
 
 if __name__ == "__main__":
