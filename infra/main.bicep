@@ -360,5 +360,6 @@ output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE
 output ACTIVE_ORDERS_TABLE string = appSettings.ACTIVE_ORDERS_TABLE
 output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
+output AZURE_FUNCTION_APP_URL string = 'https://${api.outputs.defaultHostName}/api/'
 output DASHBOARD_URL string = 'https://${api.outputs.defaultHostName}/api/dashboard'
 output AUTH_ENABLED bool = api.outputs.authEnabled
