@@ -73,9 +73,13 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """A Chromium browser (Playwright), or the tests are skipped with the reason."""
+    """A Chromium browser (Playwright), or the tests are skipped with the reason.
+
+    Per module, not per session: while Playwright's sync API runs, its event loop is the
+    running loop of the main thread, and any later test in the same worker that calls
+    ``asyncio.run`` (the async contract tests) would fail."""
     path = chromium_path()
     if path is None:
         pytest.skip(
