@@ -11,10 +11,11 @@ from datetime import timedelta
 
 import pytest
 
-from benchmarks.history import BatchWriter, fill_history, finished_rows
+from benchmarks.history import fill_history, finished_rows
 from benchmarks.history import new_order as history_order
 from core.messages import utc_now
 from core.op_counts import COUNTS
+from core.tablestorage import TableService
 from dashboard.summary import Summary
 from operator_api.operations import Operations
 from tests.support.app import app_settings, make_runtime
@@ -35,13 +36,12 @@ def filled(servicebus, azurite):
     rt = make_runtime(env, "summary")
     workflow = rt.workflow("order@1")
     report = fill_history(env, workflow, HISTORY)
-    writer = BatchWriter(env["StateStorage"], rt.settings.orders_table)
     recent_at = utc_now() - timedelta(minutes=3)
-    try:
+    with TableService.from_connection_string(env["StateStorage"]) as service:
+        orders = service.get_table_client(rt.settings.orders_table)
         for n in range(RECENT):
-            writer.write(finished_rows(history_order("recent-", n, "order"), workflow, recent_at))
-    finally:
-        writer.close()
+            rows = finished_rows(history_order("recent-", n, "order"), workflow, recent_at)
+            orders.submit_transaction([("create", row) for row in rows])
     ops = Operations(rt)
     yield ops, report
     ops.close()
