@@ -39,7 +39,7 @@ CONTENT_TYPES: Final = {
 }
 COMPRESSIBLE: Final = (".js", ".css", ".html", ".svg", ".txt")
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_PLACEHOLDER: Final = re.compile(r"%%(static|vendor):([A-Za-z0-9._-]+)%%")
+_ASSET_REF: Final = re.compile(r"%%(static|vendor):([A-Za-z0-9._-]+)%%")
 FUNCTION_KEY: Final = re.compile(r"[A-Za-z0-9+/=_-]{1,256}")
 """What a function key looks like; any other ``code`` is not repeated into a page."""
 
@@ -109,14 +109,15 @@ def asset_url(kind: str, name: str, key: str | None) -> str:
 
 
 def render_page(name: str, key: str | None) -> bytes:
-    """Page ``name`` of static/ with its placeholders filled in (HTML-escaped URLs)."""
+    """Page ``name`` of static/, each ``%%static:NAME%%`` or ``%%vendor:NAME%%`` in it turned
+    into that asset's URL (HTML-escaped)."""
     template = OWN.get(name).body.decode("utf-8")
     usable = key if key is not None and FUNCTION_KEY.fullmatch(key) else None
 
     def fill(match: re.Match[str]) -> str:
         return html.escape(asset_url(match.group(1), match.group(2), usable), quote=True)
 
-    return _PLACEHOLDER.sub(fill, template).encode("utf-8")
+    return _ASSET_REF.sub(fill, template).encode("utf-8")
 
 
 def _content_type(name: str) -> str | None:

@@ -329,7 +329,7 @@ class Table:
         select: Sequence[str] | None = None,
         results_per_page: int | None = None,
     ) -> ItemPaged[odata.Entity]:
-        """Rows matching ``query_filter`` (``@name`` placeholders filled from ``parameters``
+        """Rows matching ``query_filter`` (each ``@name`` replaced by its value from ``parameters``
         as OData literals), paged; ``.by_page(continuation_token)`` resumes a listing."""
         params = {"$filter": odata.substitute(query_filter, parameters)}
         return self._paged(params, select, results_per_page)

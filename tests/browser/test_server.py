@@ -84,10 +84,10 @@ def test_assets_are_served_with_etags_gzip_and_nothing_else():
     ).headers["ETag"]
 
 
-def test_every_page_placeholder_names_an_existing_asset():
+def test_every_asset_reference_in_a_page_names_an_existing_asset():
     for page in ("index.html", "api-docs.html"):
         text = assets.OWN.get(page).body.decode()
-        for kind, name in assets._PLACEHOLDER.findall(text):
+        for kind, name in assets._ASSET_REF.findall(text):
             (assets.OWN if kind == "static" else assets.VENDOR).get(name)
 
 
