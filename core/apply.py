@@ -36,7 +36,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 
-from core import resume
+from core import metrics, resume
 from core.lifecycle import (
     DEFAULT_FLUSH_GRACE,
     Context,
@@ -164,7 +164,7 @@ def handle(
         happened = event(order) if callable(event) else event
         decision = decide(order, happened, ctx)
         try:
-            return carry_out(rt, order, decision), decision
+            return carry_out(rt, order, decision, happened), decision
         except ConcurrencyConflict:
             log.info("order %s changed while deciding; reading it again", order_id)
     raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
@@ -185,7 +185,7 @@ def _on_snapshot(
     if decision.order is None or _writes_beside(rt, known, decision.order):
         return None
     try:
-        return carry_out(rt, known, decision), decision
+        return carry_out(rt, known, decision, event), decision
     except ConcurrencyConflict:
         log.info("order %s changed since its snapshot was sent; reading it", known.order_id)
         return None
@@ -201,15 +201,20 @@ def _writes_beside(rt: Runtime, before: Order, after: Order) -> bool:
     return after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
 
 
-def carry_out(rt: Runtime, before: Order, decision: Decision) -> Order:
+def carry_out(rt: Runtime, before: Order, decision: Decision, event: Event | None = None) -> Order:
     """Write the decision's order (if any), send its messages, and once a finished order owes
-    nothing, remove its active-index row."""
+    nothing, remove its active-index row. ``event``: what was decided on, for the metrics the
+    committed write records (:func:`core.metrics.observe`)."""
     after = before
     if decision.order is not None:
         assert decision.entry is not None
         after = rt.store.save(
             before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
         )
+        if metrics.enabled():  # only once the write won; nothing to build when metrics are off
+            metrics.record_transition(
+                before, after, decision.entry, event, rt.workflow(before.workflow)
+            )
     send(rt, after, decision.send)
     if decision.finished:
         rt.store.index.discard(after.order_id, after.generation)

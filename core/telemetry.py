@@ -1,8 +1,14 @@
-"""Tracing one order across queues: OpenTelemetry, exported to Application Insights in Azure.
+"""Tracing one order across queues: OpenTelemetry, exported to Application Insights in Azure,
+or to JSON-lines files locally.
 
 ``configure()`` turns export on when APPLICATIONINSIGHTS_CONNECTION_STRING is set (the Azure
-Monitor distro: exporter plus the azure-sdk and httpx instrumentations) and does nothing
-otherwise: no exporter, and the OpenTelemetry API stays a no-op.
+Monitor distro: exporter plus the azure-sdk and httpx instrumentations); else, when TELEMETRY_DIR
+is set, it installs the OpenTelemetry SDK's tracer and meter providers writing to files in that
+directory (``spans-<role>-<pid>.jsonl`` and ``metrics-<role>-<pid>.jsonl``, written by
+:func:`file_providers`, in the format of :mod:`core.trace_files`, which ``orderctl trace`` and
+the dashboard read). Spans are written in batches every :data:`SPAN_FLUSH_S`, metrics every
+:data:`METRIC_FLUSH_S`, and what is left when the process exits. Otherwise it does nothing: no
+exporter, the OpenTelemetry API stays a no-op and :mod:`core.metrics` records nothing.
 
 **Where the app's spans hang** (docs/deploy.md, "Telemetry"): each invocation's span belongs to
 the Functions host, which parents it on the trace context the message carries. The Python
@@ -35,7 +41,8 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -44,6 +51,8 @@ from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+TELEMETRY_DIR_SETTING = "TELEMETRY_DIR"
+"""Local export: the directory the JSON-lines span and metric files are appended to."""
 WORKER_SWITCH_SETTING = "PYTHON_ENABLE_OPENTELEMETRY"
 """The Python worker's switch: make the host's invocation context current in each call."""
 TRACEPARENT = "traceparent"
@@ -58,8 +67,10 @@ _configure_lock = threading.Lock()
 _configured = False
 
 
-def configure(environ: Mapping[str, str] | None = None) -> bool:
-    """Export to Application Insights when its connection string is set; True if enabled.
+def configure(environ: Mapping[str, str] | None = None, *, role: str = "host") -> bool:
+    """Export to Application Insights when its connection string is set, else to files in
+    TELEMETRY_DIR when that is set; True if either is enabled. ``role`` names the files
+    (``host`` for the function app, ``orderctl`` for the CLI's own spans).
 
     Once per process. Skipped when a tracer provider is already installed: a Python worker that
     reads PYTHON_ENABLE_OPENTELEMETRY (or PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY) as "set
@@ -69,19 +80,91 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
     """
     global _configured
     environ = os.environ if environ is None else environ
-    if not environ.get(CONNECTION_STRING_SETTING):
+    connection = environ.get(CONNECTION_STRING_SETTING)
+    directory = environ.get(TELEMETRY_DIR_SETTING, "").strip()
+    if not connection and not directory:
         return False
     with _configure_lock:
         if _configured:
             return True
-        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            log.info("a tracer provider is already installed; not configuring telemetry")
+        elif connection:
             from azure.monitor.opentelemetry import configure_azure_monitor
 
-            configure_azure_monitor(connection_string=environ[CONNECTION_STRING_SETTING])
+            configure_azure_monitor(connection_string=connection)
         else:
-            log.info("a tracer provider is already installed; not configuring Azure Monitor")
+            _install_files(Path(directory), role)
+        _bind_metrics()
         _configured = True
     return True
+
+
+def _install_files(directory: Path, role: str) -> None:
+    from opentelemetry import metrics as otel_metrics
+
+    tracer_provider, meter_provider = file_providers(directory, role)
+    trace.set_tracer_provider(tracer_provider)
+    otel_metrics.set_meter_provider(meter_provider)
+    log.info("telemetry: writing spans and metrics to %s", directory)
+
+
+def _bind_metrics() -> None:
+    """Turn :mod:`core.metrics` on when a real meter provider is installed (the distro's, the
+    files', or the one a worker installed)."""
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from core import metrics
+
+    if isinstance(otel_metrics.get_meter_provider(), MeterProvider):
+        metrics.bind()
+
+
+SPAN_FLUSH_S: Final = 2.0
+METRIC_FLUSH_S: Final = 5.0
+
+
+def file_providers(
+    directory: Path,
+    role: str,
+    *,
+    span_flush_s: float = SPAN_FLUSH_S,
+    metric_flush_s: float = METRIC_FLUSH_S,
+) -> tuple[Any, Any]:
+    """An SDK TracerProvider and MeterProvider appending JSON lines to this process's files in
+    ``directory`` (created if missing), through batch processors; both flush at exit. Installs
+    nothing: :func:`configure` makes them the global providers."""
+    # Imported here: the SDK costs ~50 ms at a cold start that does not export to files.
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from core import trace_files
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"{TELEMETRY_DIR_SETTING}={directory}: cannot create that directory ({exc}). "
+            f"Point {TELEMETRY_DIR_SETTING} at a writable directory, or unset it."
+        ) from exc
+    pid = os.getpid()
+    resource = Resource.create({"service.name": f"orders-{role}", "process.pid": pid})
+    spans = trace_files.FileSpanExporter(
+        directory / trace_files.file_name("spans", role, pid), role, pid
+    )
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(spans, schedule_delay_millis=span_flush_s * 1000)
+    )
+    points = trace_files.FileMetricExporter(
+        directory / trace_files.file_name("metrics", role, pid), role, pid
+    )
+    reader = PeriodicExportingMetricReader(points, export_interval_millis=metric_flush_s * 1000)
+    return tracer_provider, MeterProvider(metric_readers=[reader], resource=resource)
 
 
 class _BytesKeySetter(Setter[MutableMapping[Any, Any]]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from core import apply, lifecycle
+from core import apply, lifecycle, metrics
 from core.messages import BadMessage, OperatorAlert, OrderSubmitted, excerpt, parse_message
 from core.runtime import Runtime
 from core.settings import Settings
@@ -74,6 +74,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
         order, decision.order, decision.entry, due=apply.due(rt, decision.order)
     )
     if not isinstance(result, AlreadyExists):
+        metrics.order_started(order.workflow)
         apply.send(rt, result, decision.send)
         return
     if not result.same_payload:

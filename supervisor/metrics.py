@@ -7,9 +7,22 @@ long the most overdue order had been due when a tick found it.
 
 from __future__ import annotations
 
+from typing import Final
+
 from opentelemetry import metrics
 
 from supervisor.report import TickReport
+
+NAMES: Final[frozenset[str]] = frozenset(
+    {
+        "supervisor.rows_read",
+        "supervisor.recovered",
+        "supervisor.tick.duration",
+        "supervisor.lag",
+        "supervisor.buckets_unfinished",
+    }
+)
+"""Every instrument this module records (core.metrics.NAMES has the orders' own)."""
 
 meter = metrics.get_meter("orders.supervisor")
 _rows_read = meter.create_counter(

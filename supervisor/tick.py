@@ -211,8 +211,9 @@ def _inspect(row: ActiveRow, rt: Runtime) -> str:
         apply.park(rt, order, missing, rt.actor("supervisor"))
         rt.store.index.postpone(row, rt.clock() + apply.PARKED_RECHECK)
         return "parked"
-    decision = decide(order, Swept(), ctx)
-    after = apply.carry_out(rt, order, decision)
+    swept = Swept()
+    decision = decide(order, swept, ctx)
+    after = apply.carry_out(rt, order, decision, swept)
     if not decision.finished:
         # The row was due, the order may not be (the row is kept early): move the row up. If
         # the write above moved it already, the row's ETag changed and this does nothing.

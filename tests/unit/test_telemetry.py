@@ -3,7 +3,10 @@ the host's invocation span when there is one (the platform's, or the local host'
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import azure.functions as func
@@ -16,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import scheduler.functions
-from core import telemetry
+from core import metrics, telemetry, trace_files
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger, TimerTrigger, Trigger
@@ -203,6 +206,7 @@ def test_configure_with_a_connection_string_configures_azure_monitor_once(monkey
     )
     monkeypatch.setattr(telemetry, "_configured", False)
     monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    monkeypatch.setattr(metrics, "_bound", metrics._bound)
     env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000"}
 
     assert telemetry.configure(env) is True
@@ -214,6 +218,7 @@ def test_configure_leaves_a_provider_the_worker_installed_alone(monkeypatch, pro
     import azure.monitor.opentelemetry
 
     monkeypatch.setattr(telemetry, "_configured", False)
+    monkeypatch.setattr(metrics, "_bound", metrics._bound)
     monkeypatch.setattr(
         azure.monitor.opentelemetry, "configure_azure_monitor", lambda **kw: pytest.fail("twice")
     )
@@ -353,3 +358,140 @@ def test_a_failed_invocation_marks_its_span_and_a_timer_run_has_none(spans):
 )
 def test_the_worker_switch_setting(settings, on):
     assert worker_telemetry(settings) is on
+
+
+# ---------------------------------------------------------------- local export to files
+
+
+@pytest.fixture
+def unconfigured(monkeypatch):
+    """configure() as in a fresh process; core.metrics' binding restored afterwards."""
+    monkeypatch.setattr(telemetry, "_configured", False)
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    monkeypatch.setattr(metrics, "_bound", metrics._bound)
+
+
+def test_configure_with_a_telemetry_dir_installs_the_file_providers(monkeypatch, unconfigured):
+    installed: list[tuple[Path, str]] = []
+    monkeypatch.setattr(telemetry, "_install_files", lambda d, role: installed.append((d, role)))
+    assert telemetry.configure({"TELEMETRY_DIR": "/tmp/t"}, role="orderctl") is True
+    assert telemetry.configure({"TELEMETRY_DIR": "/tmp/t"}) is True
+    assert installed == [(Path("/tmp/t"), "orderctl")]
+
+
+def test_a_connection_string_wins_over_a_telemetry_dir(monkeypatch, unconfigured):
+    import azure.monitor.opentelemetry
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(
+        azure.monitor.opentelemetry, "configure_azure_monitor", lambda **kw: calls.append(kw)
+    )
+    monkeypatch.setattr(telemetry, "_install_files", lambda *a: pytest.fail("files too"))
+    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=x", "TELEMETRY_DIR": "d"}
+    assert telemetry.configure(env) is True
+    assert calls == [{"connection_string": "InstrumentationKey=x"}]
+
+
+def test_a_blank_telemetry_dir_is_off(monkeypatch, unconfigured):
+    monkeypatch.setattr(telemetry, "_install_files", lambda *a: pytest.fail("installed"))
+    assert telemetry.configure({"TELEMETRY_DIR": "  "}) is False
+
+
+def test_spans_round_trip_through_the_files(tmp_path):
+    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "host")
+    try:
+        tracer = tracer_provider.get_tracer("test")
+        with tracer.start_as_current_span("submit", kind=SpanKind.CLIENT) as submit:
+            attributes = {"order.id": "o-files-1", "messaging.destination.name": "orders"}
+            with tracer.start_as_current_span("scheduler_intake", attributes=attributes):
+                with tracer.start_as_current_span("http", attributes={"codes": (200, 503)}):
+                    pass
+        with tracer.start_as_current_span("other_order", attributes={"order.id": "o-other"}):
+            pass
+        assert tracer_provider.force_flush()
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    (path,) = tmp_path.glob("spans-host-*.jsonl")
+    assert path.name == f"spans-host-{os.getpid()}.jsonl"
+    found = {s.name: s for s in trace_files.read_spans(tmp_path, "o-files-1")}
+    assert set(found) == {"submit", "scheduler_intake", "http"}
+    trace_id = f"{submit.get_span_context().trace_id:032x}"
+    assert {s.trace_id for s in found.values()} == {trace_id}
+    assert found["submit"].parent_id is None and found["submit"].kind == "CLIENT"
+    assert found["scheduler_intake"].parent_id == found["submit"].span_id
+    assert found["http"].parent_id == found["scheduler_intake"].span_id
+    assert found["http"].attributes == {"codes": [200, 503]}
+    assert found["scheduler_intake"].attributes["messaging.destination.name"] == "orders"
+    assert found["submit"].duration >= found["scheduler_intake"].duration
+    assert found["submit"].role == "host"
+
+
+def test_metrics_round_trip_through_the_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "_bound", None)
+    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "orderctl")
+    try:
+        metrics.bind(meter_provider)
+        metrics.order_started("order")
+        metrics.order_started("order")
+        metrics.step_finished("charge_payment", "succeeded", "do", 0.25)
+        metrics.step_finished("charge_payment", "succeeded", "do", 0.75)
+        metrics.record_circuit_state("payment", "open")
+        assert meter_provider.force_flush()
+        metrics.order_started("order")  # the next interval holds only what happened in it
+        assert meter_provider.force_flush()
+    finally:
+        metrics.unbind()
+        meter_provider.shutdown()
+        tracer_provider.shutdown()
+
+    (path,) = tmp_path.glob("metrics-orderctl-*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    started = [r for r in lines if r["name"] == "orders.started"]
+    assert [(r["type"], r["value"], r["attributes"]) for r in started] == [
+        ("sum", 2, {"workflow": "order"}),
+        ("sum", 1, {"workflow": "order"}),
+    ]
+    (duration,) = [r for r in lines if r["name"] == "step.duration"]
+    assert duration["type"] == "histogram" and duration["unit"] == "s"
+    assert duration["bounds"] == list(metrics.DURATION_BUCKETS_S)
+    assert sum(duration["buckets"]) == 2
+    assert (duration["count"], duration["sum"], duration["min"], duration["max"]) == (
+        2,
+        1.0,
+        0.25,
+        0.75,
+    )
+    assert duration["attributes"] == {
+        "step": "charge_payment",
+        "outcome": "succeeded",
+        "operation": "do",
+    }
+    circuit = [r for r in lines if r["name"] == "agent.circuit.state"]
+    assert circuit and all(r["type"] == "gauge" and r["value"] == 2 for r in circuit)
+    assert {r["role"] for r in lines} == {"orderctl"}
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "host")
+    try:
+        with tracer_provider.get_tracer("t").start_as_current_span(
+            "scheduler_replies", attributes={"order.id": "o-torn"}
+        ):
+            pass
+        tracer_provider.force_flush()
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    (path,) = tmp_path.glob("spans-*.jsonl")
+    with path.open("a") as out:
+        out.write('{"trace_id": "ab", "span_id": "cd", "name": "half')
+    assert [s.name for s in trace_files.read_spans(tmp_path, "o-torn")] == ["scheduler_replies"]
+
+
+def test_an_unwritable_telemetry_dir_says_what_to_do(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"TELEMETRY_DIR=.*cannot create that directory.*unset"):
+        telemetry.file_providers(blocker / "telemetry", "host")
