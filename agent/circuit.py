@@ -10,6 +10,15 @@ never the call; the clock is injectable; half-open admits one trial call at a ti
 
 The caller reports each admitted call explicitly (``record_success`` / ``record_failure`` /
 ``release``), so it decides what counts as a failure: the agent counts only transient ones.
+
+Each transition is reported to the breaker's listener, after its lock is released. The
+process-wide breakers (:func:`breaker_for`) report to :func:`report_transition`: it sets the
+``agent.circuit.state`` metric and hands the new state to :class:`CircuitReporter`, which writes
+it to this instance's row of :mod:`core.circuits` on a thread of its own. Only transitions are
+reported, never calls, so the hot path gains no request; and the write is off the calling
+thread rather than on it with a short timeout, because a transition to open is exactly when
+things are slow, and the call that opened the circuit must answer ("retry after T") at once:
+a timeout, however short, would still be paid by that call whenever Table Storage is slow.
 """
 
 from __future__ import annotations
@@ -20,6 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from core import circuits, clients, metrics
+from core import runtime as runtime_module
+from core.circuits import CircuitRow, CircuitState, CircuitTable
+from core.runtime import Runtime
+from core.state_store import OrderStateStore
+from core.tablestorage import Table
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +61,58 @@ class BreakerSettings:
             raise ValueError("reset_timeout must be positive")
 
 
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A breaker changed state: what it is now, since when, and when an open one admits a
+    trial call."""
+
+    service: str
+    old: BreakerState
+    new: BreakerState
+    since: datetime
+    consecutive_failures: int
+    retry_at: datetime | None
+    seq: int = 0
+    """The breaker's count of transitions: listeners on two threads may hear two transitions
+    in either order, and the later one is the one with the higher ``seq``."""
+
+
+TransitionListener = Callable[[Transition], None]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Guard:
+    """The breaker's lock as a context manager that, on release, has the breaker tell its
+    listener of the transitions made under it (a class, not a generator: it runs on every call,
+    and a generator-based context manager costs several times as much)."""
+
+    __slots__ = ("_breaker", "_lock")
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self._breaker = breaker
+        self._lock = breaker._lock
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self._lock.release()
+        if self._breaker._heard:
+            self._breaker._tell()
+
+
 class CircuitBreaker:
     """Closed -> (threshold consecutive failures) -> open -> (reset_timeout) -> half-open.
 
     In half-open, one trial call is admitted at a time: its success closes the circuit, its
     failure opens it again for another ``reset_timeout``. Thread-safe.
+
+    ``on_transition`` hears of each change of state, on the thread that caused it, after the
+    lock is released; what it raises is logged, never raised to the caller. ``now`` is the wall
+    clock of what it hears (``clock`` measures the reset timeout).
     """
 
     def __init__(
@@ -57,37 +121,60 @@ class CircuitBreaker:
         settings: BreakerSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = _utc_now,
+        on_transition: TransitionListener | None = None,
     ) -> None:
         self.name = name
         self.settings = settings or BreakerSettings()
         self._clock = clock
+        self._now = now
+        self._on_transition = on_transition
         self._lock = threading.Lock()
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._opened_at = 0.0
         self._trial_in_flight = False
+        self._heard: list[Transition] = []
+        self._seq = 0
+        self._guard = _Guard(self)
+
+    def _locked(self) -> _Guard:
+        """The lock; transitions made under it are told to the listener once it is released."""
+        return self._guard
+
+    def _tell(self) -> None:
+        """Called by the guard after the lock is released, when transitions were heard."""
+        with self._lock:
+            heard, self._heard = self._heard, []
+        if self._on_transition is None:
+            return
+        for transition in heard:
+            try:
+                self._on_transition(transition)
+            except Exception:  # a listener must never fail or delay the call
+                log.warning("circuit %s: transition listener failed", self.name, exc_info=True)
 
     @property
     def state(self) -> BreakerState:
-        with self._lock:
+        with self._locked():
             self._maybe_half_open()
             return self._state
 
     @property
     def consecutive_failures(self) -> int:
-        with self._lock:
+        with self._locked():
             return self._failures
 
     def retry_in(self) -> float:
         """Seconds until an open circuit admits a trial call (0 unless open)."""
-        with self._lock:
+        with self._locked():
             if self._state is not BreakerState.OPEN:
                 return 0.0
             return max(0.0, self._opened_at + self.settings.reset_timeout - self._clock())
 
     def acquire(self) -> bool:
         """Return True when a call may go ahead; the caller must then report exactly once."""
-        with self._lock:
+        with self._locked():
             self._maybe_half_open()
             if self._state is BreakerState.CLOSED:
                 return True
@@ -97,7 +184,7 @@ class CircuitBreaker:
             return False
 
     def record_success(self) -> None:
-        with self._lock:
+        with self._locked():
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
                 self._transition(BreakerState.CLOSED)
@@ -105,7 +192,7 @@ class CircuitBreaker:
                 self._failures = 0
 
     def record_failure(self) -> None:
-        with self._lock:
+        with self._locked():
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
                 self._open()
@@ -117,12 +204,12 @@ class CircuitBreaker:
 
     def release(self) -> None:
         """The admitted call ended without a verdict (e.g. it was never sent)."""
-        with self._lock:
+        with self._locked():
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
 
     def reset(self) -> None:
-        with self._lock:
+        with self._locked():
             self._transition(BreakerState.CLOSED)
             self._failures = 0
             self._trial_in_flight = False
@@ -154,13 +241,29 @@ class CircuitBreaker:
         )
         if new is BreakerState.CLOSED:
             self._failures = 0
+        since = self._now()
+        retry_at = (
+            since + timedelta(seconds=self.settings.reset_timeout)
+            if new is BreakerState.OPEN
+            else None
+        )
+        self._seq += 1
+        self._heard.append(
+            Transition(self.name, old, new, since, self._failures, retry_at, self._seq)
+        )
 
 
 class BreakerRegistry:
     """One breaker per service name; thread-safe get-or-create."""
 
-    def __init__(self, settings: BreakerSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: BreakerSettings | None = None,
+        *,
+        on_transition: TransitionListener | None = None,
+    ) -> None:
         self._settings = settings or BreakerSettings()
+        self._on_transition = on_transition
         self._lock = threading.Lock()
         self._breakers: dict[str, CircuitBreaker] = {}
 
@@ -168,7 +271,7 @@ class BreakerRegistry:
         with self._lock:
             breaker = self._breakers.get(service)
             if breaker is None:
-                breaker = CircuitBreaker(service, self._settings)
+                breaker = CircuitBreaker(service, self._settings, on_transition=self._on_transition)
                 self._breakers[service] = breaker
             return breaker
 
@@ -179,7 +282,128 @@ class BreakerRegistry:
             breaker.reset()
 
 
-_registry = BreakerRegistry()
+class CircuitReporter:
+    """Writes each breaker's latest state to this instance's row, on a thread of its own.
+
+    Only the latest state per breaker waits (a dict, so what waits is bounded by the number of
+    services, however many transitions happen during an outage of Table Storage); a write
+    that fails is logged and dropped: the next transition writes the row whole again.
+    ``table()`` gives where to write, or None for nowhere (an in-memory runtime).
+    """
+
+    def __init__(self, table: Callable[[], CircuitTable | None], instance: str) -> None:
+        self._table = table
+        self._instance = instance
+        self._cond = threading.Condition()
+        self._waiting: dict[str, Transition] = {}
+        self._latest: dict[str, int] = {}
+        self._writing = False
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.failed = 0
+
+    def submit(self, transition: Transition) -> bool:
+        """Never blocks beyond a dict update; starts the writer thread on first use. False
+        (and nothing written) for a transition older than one already submitted for its
+        service (two threads told of two transitions in the other order)."""
+        with self._cond:
+            if transition.seq and transition.seq <= self._latest.get(transition.service, 0):
+                return False
+            self._latest[transition.service] = transition.seq
+            self._waiting[transition.service] = transition
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="circuit-reporter", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+            return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until nothing waits to be written (tests, and a host shutting down)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._waiting and not self._writing, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._waiting))
+                batch, self._waiting = self._waiting, {}
+                self._writing = True
+            try:
+                for transition in batch.values():
+                    self._write(transition)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def _write(self, transition: Transition) -> None:
+        try:
+            table = self._table()
+            if table is None:
+                return
+            table.record(row_of(transition, self._instance, _utc_now()))
+            self.written += 1
+        except Exception as error:
+            self.failed += 1
+            log.warning(
+                "circuit %s -> %s not recorded for the dashboard (%s: %s); the next "
+                "transition writes the row again",
+                transition.service,
+                transition.new.value,
+                type(error).__name__,
+                str(error).splitlines()[0][:200] if str(error) else "",
+            )
+
+
+def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
+    return CircuitRow(
+        agent=transition.service,
+        instance=instance,
+        state=CircuitState(transition.new.value),
+        since=transition.since,
+        consecutive_failures=transition.consecutive_failures,
+        retry_at=transition.retry_at,
+        updated_at=now,
+    )
+
+
+class _RuntimeTable:
+    """The circuits partition of the installed Runtime's supervision table, one client per
+    Runtime. It never builds a Runtime: a transition outside any handler (a test driving a
+    breaker) must not build one from the environment as a side effect."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._for: tuple[Runtime, CircuitTable, Table] | None = None
+
+    def __call__(self) -> CircuitTable | None:
+        rt = runtime_module.installed()
+        if rt is None or not isinstance(rt.store, OrderStateStore):
+            return None
+        with self._lock:
+            if self._for is None or self._for[0] is not rt:
+                if self._for is not None:
+                    self._for[2].close()
+                service = clients.table_service(rt.settings.storage)
+                table = service.get_table_client(rt.settings.supervision_table, owns_service=True)
+                self._for = (rt, CircuitTable(table), table)
+            return self._for[1]
+
+
+reporter = CircuitReporter(_RuntimeTable(), circuits.instance_id())
+"""The process's reporter (tests flush it)."""
+
+
+def report_transition(transition: Transition) -> None:
+    """What the process-wide breakers do on each transition: the row (on the reporter's
+    thread), and the metric; neither for a transition heard after a later one."""
+    if reporter.submit(transition):
+        metrics.record_circuit_state(transition.service, transition.new.value)
+
+
+_registry = BreakerRegistry(on_transition=report_transition)
 
 
 def breaker_for(service: str) -> CircuitBreaker:

@@ -137,6 +137,11 @@ def current() -> Runtime:
         return _current
 
 
+def installed() -> Runtime | None:
+    """The process-wide Runtime if one was built or installed; never builds one."""
+    return _current
+
+
 def install(runtime: Runtime | None) -> Runtime | None:
     """Replace the process-wide Runtime (the local host and tests); returns the previous one."""
     global _current

@@ -27,6 +27,11 @@ browsers refreshing every few seconds cost one read per part per period and inst
   (:meth:`Operations.list_alerts`, a point read per order named).
 - **Dead letters** (every ``DEAD_LETTERS_TTL``): one peek per queue
   (:meth:`Operations.dead_letter_summary`).
+- **Circuits** (every ``CIRCUITS_TTL``): one query of the ``circuits`` partition of the
+  supervision table, where each agent instance writes its breaker's state on each transition
+  (:mod:`core.circuits`): per agent, the worst current state across instances, since when, and
+  the rows that say nothing current (stale). Rows not written for a day are deleted, a few per
+  read.
 
 Alerts and dead letters are read on another thread: a summary answers with their last copy
 (``{"pending": true}`` before the first) and never waits for Service Bus.
@@ -50,8 +55,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
-from core import clients
+from core import circuits, clients
 from core.active_index import ActiveRow
+from core.agents import AGENT_NAMES
+from core.circuits import CircuitTable
 from core.error_index import ErrorRow
 from core.order import Order, StepState
 from core.order_listing import SUMMARY_COLUMNS
@@ -71,6 +78,7 @@ FINISHED_TTL: Final = 10.0
 SUPERVISOR_TTL: Final = 5.0
 ALERTS_TTL: Final = 5.0
 DEAD_LETTERS_TTL: Final = 15.0
+CIRCUITS_TTL: Final = 5.0
 
 INDEX_PAGE: Final = 1000
 MAX_INDEX_PAGES: Final = 20
@@ -94,8 +102,11 @@ IN_FLIGHT_STATES: Final = (
     ProcessState.COMPENSATING,
 )
 CIRCUITS_NOTE: Final = (
-    "The operator API does not report the agents' circuit breakers (each agent instance keeps "
-    "its own); a step put off by an open circuit shows as 'deferred' on its order's timeline."
+    "Each agent instance keeps its own breaker and records it here when it changes state: the "
+    "worst state of the instances that report one. Stale: open or half-open with no call since "
+    f"its retry time plus {int(circuits.STALE_GRACE.total_seconds() // 60)} minutes (no "
+    "traffic, or the instance is gone). A step put off by an open circuit shows as 'deferred' "
+    "on its order's timeline."
 )
 
 
@@ -132,6 +143,7 @@ class Summary:
         self._slow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dash-slow")
         self._slow_lock = threading.Lock()
         self._table: tuple[Operations, Table] | None = None
+        self._circuit_table: tuple[Operations, Table] | None = None
         self._own: Operations | None = None
         self._closed = False
 
@@ -140,8 +152,9 @@ class Summary:
         self._closed = True
         self._pool.shutdown(wait=wait, cancel_futures=True)
         self._slow.shutdown(wait=wait, cancel_futures=True)
-        if self._table is not None:
-            self._table[1].close()
+        for held in (self._table, self._circuit_table):
+            if held is not None:
+                held[1].close()
         if self._own is not None:
             self._own.close()
 
@@ -180,6 +193,7 @@ class Summary:
             supervisor = self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ops))
             alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ops))
             dead = self._background("dead_letters", DEAD_LETTERS_TTL, lambda: _dead_letters(ops))
+            circuit_view = self._part("circuits", CIRCUITS_TTL, lambda: self._circuits(ops, now))
             self._remember(now, active, errors, supervisor)
             return {
                 "generated_at": _iso(now),
@@ -193,7 +207,7 @@ class Summary:
                 "supervisor": supervisor,
                 "alerts": alerts,
                 "dead_letters": dead,
-                "circuits": None,
+                "circuits": circuit_view,
                 "circuits_note": CIRCUITS_NOTE,
                 "history": list(self._history),
             }
@@ -354,6 +368,34 @@ class Summary:
             service = clients.table_service(ops.rt.settings.storage)
             self._table = (ops, service.get_table_client(ops.rt.settings.orders_table))
         return self._table[1]
+
+    def _circuits(self, ops: Operations, now: datetime) -> dict[str, Any]:
+        if self._circuit_table is None or self._circuit_table[0] is not ops:
+            if self._circuit_table is not None:
+                self._circuit_table[1].close()
+            service = clients.table_service(ops.rt.settings.storage)
+            table = service.get_table_client(ops.rt.settings.supervision_table, owns_service=True)
+            self._circuit_table = (ops, table)
+        store = CircuitTable(self._circuit_table[1])
+        read = store.read()
+        if read.unreadable:
+            log.warning("dashboard summary: %d circuit rows are unreadable", read.unreadable)
+        reaped = 0
+        gone = [row for row in read.rows if circuits.expired(row, now)]
+        if gone:
+            try:
+                reaped = store.reap(gone[: circuits.REAP_PER_READ])
+            except Exception:  # housekeeping: the overview does not depend on it
+                log.warning(
+                    "dashboard summary: deleting expired circuit rows failed", exc_info=True
+                )
+        return {
+            "agents": [agent.as_dict() for agent in circuits.overview(read.rows, now, AGENT_NAMES)],
+            "rows": len(read.rows),
+            "unreadable": read.unreadable,
+            "partial": read.partial,
+            "reaped": reaped,
+        }
 
     def _read_orders(self, ops: Operations, order_ids: Sequence[str]) -> dict[str, Order]:
         """Point reads of ``order_ids`` on a few threads; missing orders are left out."""

@@ -1031,15 +1031,17 @@ def show_alerts(page: Any, screen: Console) -> None:
 @app.command()
 def ack(
     sequence_number: int,
+    reason: Reason = "",
     operator: Operator = OPERATOR,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
-    """Acknowledge (remove) an alert by its sequence number, recorded in the order's timeline."""
+    """Acknowledge (remove) an alert by its sequence number, recorded with --reason in the
+    order's timeline."""
     screen = output(json_out, wide)
     with operations(workdir) as ops:
-        done = ops.acknowledge_alert(sequence_number, operator=operator)
+        done = ops.acknowledge_alert(sequence_number, operator=operator, reason=reason)
     emit(done, show_ack, screen)
 
 
@@ -1493,13 +1495,21 @@ def dead_letters(
     all_: Annotated[bool, typer.Option("--all", help="replay or purge every dead letter")] = False,
     dry_run: DryRun = False,
     yes: Yes = False,
+    reason: Annotated[
+        str,
+        typer.Option(
+            help="why (required to replay or purge): recorded in the timeline of the order "
+            "each names and in the dead-letter log"
+        ),
+    ] = "",
     operator: Operator = OPERATOR,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Count dead letters per queue, show one queue's dead letters, or replay or purge them
-    (recorded in the timeline of the order each names; asks to confirm unless --yes)."""
+    (recorded with --reason in the timeline of the order each names and in the dead-letter
+    log; asks to confirm unless --yes)."""
     screen = output(json_out, wide)
     words = words or []
     action = words[0] if words and words[0] in ("replay", "purge") else None
@@ -1507,7 +1517,9 @@ def dead_letters(
         raise fail("to act on dead letters: dead-letters replay|purge QUEUE [SEQ]... [--all]", 2)
     with operations(workdir) as ops:
         if action is not None:
-            settle_dead_letters(ops, action, words[1:], all_, dry_run, yes, operator, screen)
+            settle_dead_letters(
+                ops, action, words[1:], all_, dry_run, yes, operator, reason, screen
+            )
             return
         if not words:
             emit(ops.dead_letter_summary(), show_dead_letter_counts, screen)
@@ -1518,7 +1530,7 @@ def dead_letters(
 
 def settle_dead_letters(
     ops: OperatorBackend, action: str, words: list[str], everything: bool, dry_run: bool, yes: bool,
-    operator: str, screen: Console,
+    operator: str, reason: str, screen: Console,
 ) -> None:  # fmt: skip
     """Say what a replay or purge would do; unless a dry run, confirm, then do it to those."""
     if not words:
@@ -1538,7 +1550,7 @@ def settle_dead_letters(
     if not MODE.json:
         views.show_dead_letter_action(preview, screen, MODE.wide)
     confirm(f"{action} these {len(ready)} dead letter(s)?", yes)
-    done = act(queue, operator=operator, sequence_numbers=ready)
+    done = act(queue, operator=operator, sequence_numbers=ready, reason=reason)
     emit(done, views.show_dead_letter_action, screen, MODE.wide)
 
 

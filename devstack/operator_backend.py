@@ -58,7 +58,9 @@ class OperatorBackend(Protocol):
 
     def list_alerts(self, *, limit: int, open_only: bool = False) -> AlertPage: ...
 
-    def acknowledge_alert(self, sequence_number: int, *, operator: str) -> AckView: ...
+    def acknowledge_alert(
+        self, sequence_number: int, *, operator: str, reason: str | None = None
+    ) -> AckView: ...
 
     def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView: ...
 
@@ -110,6 +112,7 @@ class OperatorBackend(Protocol):
         sequence_numbers: Sequence[int] | None = None,
         everything: bool = False,
         dry_run: bool = False,
+        reason: str | None = None,
     ) -> DeadLetterActionView: ...
 
     def purge_dead_letters(
@@ -120,6 +123,7 @@ class OperatorBackend(Protocol):
         sequence_numbers: Sequence[int] | None = None,
         everything: bool = False,
         dry_run: bool = False,
+        reason: str | None = None,
     ) -> DeadLetterActionView: ...
 
     def health(self) -> HealthView: ...

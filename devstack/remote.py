@@ -245,8 +245,11 @@ class RemoteOperations:
         params = {"limit": limit, "continuation": continuation, "open": open_only}
         return self._get(AlertPage, "alerts", params)
 
-    def acknowledge_alert(self, sequence_number: int, *, operator: str) -> AckView:
-        return self._post(AckView, path("alerts", sequence_number, "ack"), {})
+    def acknowledge_alert(
+        self, sequence_number: int, *, operator: str, reason: str | None = None
+    ) -> AckView:
+        body = {"reason": reason} if reason else {}
+        return self._post(AckView, path("alerts", sequence_number, "ack"), body)
 
     # ---------------------------------------------------------------------- dead letters
 
@@ -268,8 +271,9 @@ class RemoteOperations:
         everything: bool = False,
         dry_run: bool = False,
         limit: int = 100,
+        reason: str | None = None,
     ) -> DeadLetterActionView:
-        return self._settle("replay", queue, sequence_numbers, everything, dry_run, limit)
+        return self._settle("replay", queue, sequence_numbers, everything, dry_run, limit, reason)
 
     def purge_dead_letters(
         self,
@@ -280,15 +284,18 @@ class RemoteOperations:
         everything: bool = False,
         dry_run: bool = False,
         limit: int = 100,
+        reason: str | None = None,
     ) -> DeadLetterActionView:
-        return self._settle("purge", queue, sequence_numbers, everything, dry_run, limit)
+        return self._settle("purge", queue, sequence_numbers, everything, dry_run, limit, reason)
 
     def _settle(
         self, kind: str, queue: str, sequence_numbers: Sequence[int] | None, everything: bool,
-        dry_run: bool, limit: int,
+        dry_run: bool, limit: int, reason: str | None = None,
     ) -> DeadLetterActionView:  # fmt: skip
         body = {"sequence_numbers": list(sequence_numbers) if sequence_numbers else None,
                 "all": everything, "dry_run": dry_run, "limit": limit}  # fmt: skip
+        if reason:
+            body["reason"] = reason
         return self._post(DeadLetterActionView, path("dead-letters", queue, kind), body)
 
     # ---------------------------------------------------------------------------- health

@@ -171,8 +171,10 @@ def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
 def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
     def ack(ops: Operations) -> BaseModel:
-        _json_body(req, AckRequest)  # refuses a malformed body, as before
-        return ops.acknowledge_alert(_sequence_param(req), operator=_operator(req))
+        body = _json_body(req, AckRequest)
+        return ops.acknowledge_alert(
+            _sequence_param(req), operator=_operator(req), reason=body.reason or ""
+        )
 
     return _respond(ack)
 
@@ -338,6 +340,7 @@ def _dead_letters(
         everything=body.all,
         dry_run=body.dry_run,
         limit=body.limit,
+        reason=body.reason,
     )
 
 

@@ -95,6 +95,11 @@ class AckRequest(BaseModel):
         max_length=128,
         description="Ignored: who acknowledges is the signed-in caller",
     )
+    reason: str | None = Field(
+        default=None,
+        description="Why (required): recorded in the order's timeline when the alert names one",
+        max_length=1024,
+    )
 
 
 class OrderSummary(_Model):
@@ -396,6 +401,12 @@ class DeadLetterActionRequest(BaseModel):
     )
     all: bool = Field(default=False, description="Every dead letter of the queue (up to `limit`)")
     dry_run: bool = Field(default=False, description="Only say what would be done")
+    reason: str | None = Field(
+        default=None,
+        description="Why (required unless dry_run): recorded in the timeline of each order a "
+        "message names, and in the dead-letter log",
+        max_length=1024,
+    )
     limit: int = Field(default=100, ge=1, le=100, description="Dead letters examined at most")
 
 
@@ -429,6 +440,11 @@ class DeadLetterActionView(_Model):
     dry_run: bool
     items: list[DeadLetterOutcome]
     more: bool = Field(description="More dead letters were left unexamined: call again")
+    recorded_in_log: bool = Field(
+        default=False,
+        description="The action (who, why, each message's outcome) is in the dead-letter log; "
+        "false for a dry run, or if the log could not be written (the action stands)",
+    )
 
 
 class BucketView(_Model):

@@ -308,7 +308,7 @@ def _paths() -> dict[str, Any]:
         "/alerts/{sequence_number}/ack": {
             "post": {
                 "operationId": "acknowledgeAlert",
-                "summary": "Acknowledge an alert: remove it from the queue, record who did",
+                "summary": "Acknowledge an alert: remove it from the queue, record who did and why",
                 "tags": ["alerts"],
                 "parameters": [_SEQUENCE],
                 "requestBody": {
@@ -477,7 +477,9 @@ def _dead_letter_action(action: str, summary: str, description: str) -> dict[str
             "operationId": f"{action}DeadLetters",
             "summary": summary,
             "description": description + " Name the dead letters by sequence number, or "
-            "`all`; `dry_run` says what would be done.",
+            "`all`; `dry_run` says what would be done. Say why (`reason`, required unless "
+            "`dry_run`): it is recorded in the timeline of each order a message names and in "
+            "the dead-letter log.",
             "tags": ["dead letters"],
             "parameters": [_QUEUE],
             "requestBody": _body(models.DeadLetterActionRequest),

@@ -9,7 +9,10 @@ returns a pydantic model (``model_dump(mode="json")`` gives the JSON both front 
     ops.resubmit(page.items[0].order_id, operator="alice@example.com", reason="card updated")
 
 Actions (resubmit, cancel, restart, acknowledge, dead-letter replay and purge) name the
-operator; the timeline records them as ``operator:<name>``. Bulk resubmit and cancel
+operator and say why (``reason``); the timeline records them as ``operator:<name>`` with the
+reason. A dead-letter replay or purge is also written, whole, to the dead-letter log
+(:mod:`operator_api.dead_letter_log`): that is where an action on messages that name no order
+is recorded. Bulk resubmit and cancel
 (:mod:`operator_api.bulk`) act on the orders a filter selects, one by one.
 
 Orders are listed by state with filters and a sort (:mod:`core.order_listing`: what each costs);
@@ -59,7 +62,7 @@ from core.retention import PURGEABLE_STATES, ack_detail
 from core.runtime import Runtime
 from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord
 from core.states import ProcessState
-from operator_api import alert_resolution, bulk, dead_letters, filters
+from operator_api import alert_resolution, bulk, dead_letter_log, dead_letters, filters
 from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from operator_api.models import (
     AckView,
@@ -558,10 +561,14 @@ class Operations:
         except ids.InvalidId:
             return None
 
-    def acknowledge_alert(self, sequence_number: int, *, operator: str) -> AckView:
-        """Remove an alert from the queue and record who acknowledged it."""
+    def acknowledge_alert(
+        self, sequence_number: int, *, operator: str, reason: str | None = None
+    ) -> AckView:
+        """Remove an alert from the queue and record who acknowledged it, and why (``reason``
+        is required: None or blank is refused, saying so)."""
         sequence = _sequence(sequence_number)
         actor = operator_actor(operator)
+        why = _reason(reason)
         view = _alert_view(self._find_alert(sequence))
         if not self._queues.complete(self._queue("alerts"), sequence, max_scan=MAX_ACK_SCAN):
             raise Conflict(
@@ -570,8 +577,8 @@ class Operations:
                 "right now. Try again in a moment.",
             )
         order_id = _alert_order(view)
-        recorded = order_id is not None and self._record_ack(order_id, sequence, view, actor)
-        audit.info("%s acknowledged alert %d (order %s)", actor, sequence, order_id or "-")
+        recorded = order_id is not None and self._record_ack(order_id, sequence, view, actor, why)
+        audit.info("%s acknowledged alert %d (order %s): %s", actor, sequence, order_id or "-", why)
         return AckView(
             sequence_number=sequence,
             message_id=view.message_id,
@@ -589,11 +596,14 @@ class Operations:
             )
         return found[0]
 
-    def _record_ack(self, order_id: str, sequence: int, view: AlertView, actor: str) -> bool:
+    def _record_ack(
+        self, order_id: str, sequence: int, view: AlertView, actor: str, why: str
+    ) -> bool:
         alert = view.alert or {}
-        # core.retention reads the reason back: a terminal alert acknowledged resolves an Error.
+        # core.retention reads the alert's reason back from the start of the detail (a terminal
+        # alert acknowledged resolves an Error): the operator's reason goes after it.
         detail = ack_detail(sequence, alert.get("severity"), alert.get("reason"))
-        return self._annotate(order_id, actor, "alert_acknowledged", detail)
+        return self._annotate(order_id, actor, "alert_acknowledged", f"{detail}: {why}")
 
     def _annotate(self, order_id: str, actor: str, event: str, detail: str) -> bool:
         """Record ``event`` in the order's timeline; False if it is gone or kept changing."""
@@ -615,8 +625,11 @@ class Operations:
         """How many dead letters each of the app's queues holds (counted up to ``limit``)."""
         _check_limit(limit, MAX_LIMIT)
         counts = []
-        for role, entity in self.rt.settings.queues.items():
-            seen = self._queues.peek(entity, from_sequence=1, limit=limit + 1, dead_letter=True)
+        queues = self.rt.settings.queues
+        peeked = self._queues.peek_each(
+            queues.values(), from_sequence=1, limit=limit + 1, dead_letter=True
+        )
+        for (role, entity), seen in zip(queues.items(), peeked, strict=True):
             counts.append(
                 DeadLetterCount(
                     queue=role, entity=entity, count=min(len(seen), limit), more=len(seen) > limit
@@ -649,10 +662,14 @@ class Operations:
         everything: bool = False,
         dry_run: bool = False,
         limit: int = 100,
+        reason: str | None = None,
     ) -> DeadLetterActionView:
         """Send dead letters back to their queue as first sent, then remove them from the
-        dead letters (see :mod:`operator_api.dead_letters` for what is refused, and why)."""
-        return self._settle("replay", queue, operator, sequence_numbers, everything, dry_run, limit)
+        dead letters (see :mod:`operator_api.dead_letters` for what is refused, and why).
+        ``reason`` is required unless ``dry_run``."""
+        return self._settle(
+            "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+        )
 
     def purge_dead_letters(
         self,
@@ -663,9 +680,12 @@ class Operations:
         everything: bool = False,
         dry_run: bool = False,
         limit: int = 100,
+        reason: str | None = None,
     ) -> DeadLetterActionView:
-        """Remove dead letters for good."""
-        return self._settle("purge", queue, operator, sequence_numbers, everything, dry_run, limit)
+        """Remove dead letters for good. ``reason`` is required unless ``dry_run``."""
+        return self._settle(
+            "purge", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+        )
 
     def _settle(
         self,
@@ -676,6 +696,7 @@ class Operations:
         everything: bool,
         dry_run: bool,
         limit: int,
+        reason: str | None,
     ) -> DeadLetterActionView:
         entity = self._queue(queue)
         actor = operator_actor(operator)
@@ -685,6 +706,7 @@ class Operations:
         _check_limit(limit, dead_letters.MAX_SELECTED)
         if not isinstance(dry_run, bool):
             raise InvalidRequest("invalid_request", "dry_run must be true or false")
+        why = "" if dry_run and not reason else _reason(reason)
         settler = dead_letters.Settler(
             kind=kind,
             role=queue,
@@ -705,23 +727,45 @@ class Operations:
             more = self._queues.settle_dead_letters(
                 entity, settler.act, max_scan=scan, enough=settler.enough
             )
-        items = [self._recorded(o, actor, kind, entity) for o in settler.outcomes.values()]
-        audit.info("%s %s dead letters of %s: %d", actor, kind, entity, len(items))
+        items = [self._recorded(o, actor, kind, entity, why) for o in settler.outcomes.values()]
+        items = sorted(items + settler.missing(), key=lambda o: o.sequence_number)
+        audit.info("%s %s dead letters of %s: %d: %s", actor, kind, entity, len(items), why)
+        logged = not dry_run and self._log_dead_letters(actor, kind, queue, why, items)
         return DeadLetterActionView(
             action=kind,
             queue=queue,
             entity=entity,
             dry_run=dry_run,
-            items=sorted(items + settler.missing(), key=lambda o: o.sequence_number),
+            items=items,
             more=more and wanted is None,
+            recorded_in_log=logged,
         )
 
+    def _log_dead_letters(
+        self, actor: str, kind: str, queue: str, why: str, items: list[DeadLetterOutcome]
+    ) -> bool:
+        """Write the action to the dead-letter log; False (and a warning) if it cannot be: the
+        messages are settled already, so the action stands and the answer says so."""
+        entity = dead_letter_log.to_entity(self.rt.clock(), actor, kind, queue, why, items)
+        try:
+            dead_letter_log.DeadLetterLog(self._history()).record(entity)  # type: ignore[arg-type]
+        except Exception:
+            log.warning("%s %s of %s not written to the dead-letter log", actor, kind, queue,
+                        exc_info=True)  # fmt: skip
+            return False
+        return True
+
+    def dead_letter_log(self, *, limit: int = 20) -> list[dead_letter_log.LoggedAction]:
+        """The latest dead-letter replays and purges, newest first."""
+        _check_limit(limit, dead_letter_log.MAX_RECENT)
+        return dead_letter_log.DeadLetterLog(self._history()).recent(limit)  # type: ignore[arg-type]
+
     def _recorded(
-        self, outcome: DeadLetterOutcome, actor: str, kind: str, entity: str
+        self, outcome: DeadLetterOutcome, actor: str, kind: str, entity: str, why: str
     ) -> DeadLetterOutcome:
         if outcome.order_id is None or outcome.outcome not in ("replayed", "purged"):
             return outcome
-        detail = f"{entity} dead letter {outcome.sequence_number} ({outcome.message_id})"
+        detail = f"{entity} dead letter {outcome.sequence_number} ({outcome.message_id}): {why}"
         recorded = self._annotate(outcome.order_id, actor, f"dead_letter_{outcome.outcome}", detail)
         return outcome.model_copy(update={"recorded_in_timeline": recorded})
 

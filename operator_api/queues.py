@@ -19,14 +19,25 @@ locked until the scan ends, then abandoned: they stay where they were, and a sca
 one twice. Dead letters are not dead-lettered again, so abandoning them only raises their
 delivery count.
 
-The SDK's clients are not thread-safe; one lock serialises this object's use of its client.
+Peeks (listings, counts, finding an alert) reuse one receiver per queue and sub-queue, kept
+open: opening a receiver's link costs about half a second on the development broker and closing
+it as much again, while a peek on an open link takes milliseconds, so opening one per peek made
+``GET /api/dead-letters`` (a peek of each of seven queues, one after the other) take seven
+seconds. Each kept receiver has a lock of its own (a receiver is not thread-safe), so peeks of
+different queues run at once, and :meth:`QueueTools.peek_each` opens the links of several queues
+in parallel before peeking them.
+A peek that fails on a kept receiver (its link closed while idle) is retried once on a new one.
+Receiving (acknowledging, settling dead letters) opens a receiver of its own per call, one call
+at a time, apart from the peeks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Final
 
@@ -40,6 +51,9 @@ from azure.servicebus import (
 )
 from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 
+PEEK_THREADS: Final = 8
+MAX_PEEK_RECEIVERS: Final = 32
+"""Receivers kept open for peeks (the app has seven queues, each with its dead letters)."""
 RECEIVE_BATCH: Final = 50
 RECEIVE_WAIT_SECONDS: Final = 1.0
 DEAD_LETTER_PROPERTIES: Final = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
@@ -49,21 +63,103 @@ Send = Callable[[ServiceBusMessage], None]
 """Sends one message to the queue whose dead letters are being settled."""
 
 
+_PeekKey = tuple[str, bool]
+
+
+class _Kept:
+    """A receiver kept open for peeks, and the lock that gives it to one thread at a time."""
+
+    def __init__(self, receiver: ServiceBusReceiver) -> None:
+        self.receiver = receiver
+        self.lock = threading.Lock()
+        self.opened = False
+
+    def open(self) -> None:
+        """Open its link now (a peek would open it anyway: a failure here is left to it)."""
+        with self.lock:
+            if not self.opened:
+                with contextlib.suppress(ServiceBusError):
+                    self.receiver.__enter__()
+                    self.opened = True
+
+    def close(self) -> None:
+        with self.lock, contextlib.suppress(Exception):  # closing: nothing left to do with it
+            self.receiver.close()
+
+
 class QueueTools:
     def __init__(self, client_factory: Callable[[], ServiceBusClient]) -> None:
         self._factory = client_factory
         self._client: ServiceBusClient | None = None
+        self._client_lock = threading.Lock()
         self._lock = threading.Lock()
+        """Receiving (ack, settle): one call at a time."""
+        self._kept: OrderedDict[_PeekKey, _Kept] = OrderedDict()
 
     def peek(
         self, queue: str, *, from_sequence: int, limit: int, dead_letter: bool = False
     ) -> list[ServiceBusReceivedMessage]:
         """Up to ``limit`` messages with sequence number >= ``from_sequence``, not locked."""
-        sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
-        with self._lock, self._receiver(queue, sub_queue) as receiver:
-            return list(
-                receiver.peek_messages(max_message_count=limit, sequence_number=from_sequence)
+        key = (queue, dead_letter)
+        for attempt in range(2):
+            kept = self._peeker(queue, dead_letter)
+            try:
+                with kept.lock:
+                    kept.opened = True  # a peek opens the link if it is not open
+                    return list(
+                        kept.receiver.peek_messages(
+                            max_message_count=limit, sequence_number=from_sequence
+                        )
+                    )
+            except ServiceBusError:
+                self._forget(key, kept)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def peek_each(
+        self, queues: Collection[str], *, from_sequence: int, limit: int, dead_letter: bool = False
+    ) -> list[list[ServiceBusReceivedMessage]]:
+        """:meth:`peek` of each queue. Opening a receiver's link is what takes time, so the
+        links not open yet are opened in parallel first; the peeks then take milliseconds
+        each."""
+        kept = [self._peeker(queue, dead_letter) for queue in queues]
+        closed = [k for k in kept if not k.opened]
+        if len(closed) > 1:
+            with ThreadPoolExecutor(min(PEEK_THREADS, len(closed)), "peek-open") as pool:
+                list(pool.map(_Kept.open, closed))
+        return [
+            self.peek(queue, from_sequence=from_sequence, limit=limit, dead_letter=dead_letter)
+            for queue in queues
+        ]
+
+    def _peeker(self, queue: str, dead_letter: bool) -> _Kept:
+        key = (queue, dead_letter)
+        with self._client_lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept
+            sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
+            kept = _Kept(self._client_locked().get_queue_receiver(queue, sub_queue=sub_queue))
+            self._kept[key] = kept
+            evicted = (
+                self._kept.popitem(last=False)[1] if len(self._kept) > MAX_PEEK_RECEIVERS else None
             )
+        if evicted is not None:
+            evicted.close()
+        return kept
+
+    def _forget(self, key: _PeekKey, kept: _Kept) -> None:
+        with self._client_lock:
+            if self._kept.get(key) is kept:
+                del self._kept[key]
+        kept.close()
+
+    def _client_locked(self) -> ServiceBusClient:
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
 
     def complete(self, queue: str, sequence_number: int, *, max_scan: int) -> bool:
         """Complete the message ``sequence_number`` (see the module docstring); False if not
@@ -109,17 +205,24 @@ class QueueTools:
                     opened.close()
 
     def _receiver(self, queue: str, sub_queue: ServiceBusSubQueue | None) -> ServiceBusReceiver:
-        if self._client is None:
-            self._client = self._factory()
-        return self._client.get_queue_receiver(
-            queue, sub_queue=sub_queue, max_wait_time=RECEIVE_WAIT_SECONDS
-        )
+        with self._client_lock:
+            return self._client_locked().get_queue_receiver(
+                queue, sub_queue=sub_queue, max_wait_time=RECEIVE_WAIT_SECONDS
+            )
 
     def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        """Close the kept receivers (in parallel: each takes about as long as opening one),
+        then the client."""
+        with self._lock, self._client_lock:
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+            client, self._client = self._client, None
+        if len(kept) > 1:
+            with ThreadPoolExecutor(max_workers=min(PEEK_THREADS, len(kept))) as pool:
+                list(pool.map(_Kept.close, kept))
+        elif kept:
+            kept[0].close()
+        if client is not None:
+            client.close()
 
     def __enter__(self) -> QueueTools:
         return self

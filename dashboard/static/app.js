@@ -26,7 +26,7 @@
     ["id", "Order id"],
   ];
   const QUEUE_ROLES_NOTE = "Dead letters are listed per queue role.";
-  const app = { me: null, schema: null, dispose: null, steps: new Set(), renderId: 0 };
+  const app = { me: null, dispose: null, steps: new Set(), renderId: 0 };
 
   // ------------------------------------------------------------------------------ helpers
 
@@ -192,24 +192,6 @@
       stopped = true;
       if (timer) clearTimeout(timer);
     };
-  }
-
-  async function schema() {
-    if (app.schema === null) {
-      try {
-        app.schema = (await api("openapi.json")).data || {};
-      } catch {
-        app.schema = {};
-      }
-    }
-    return app.schema;
-  }
-
-  /** Whether the API records a reason for requests of this body model (its OpenAPI schema). */
-  async function takesReason(model) {
-    const doc = await schema();
-    const found = (((doc.components || {}).schemas || {})[model] || {}).properties || {};
-    return Object.prototype.hasOwnProperty.call(found, "reason");
   }
 
   // ------------------------------------------------------------------------------- dialog
@@ -451,7 +433,31 @@
         h("p", { class: "muted small" }, "Compensations now: " + num(((s.in_flight || {}).by_state || {}).Compensating) + ". Causes read for the latest " + num(errors.causes_read) + " Error orders.")),
       h("div", { class: "panel grow" }, h("h2", {}, "Dead letters by queue"),
         unknown(dead) ? h("p", { class: "muted" }, failed(dead) || "") : h("table", {}, h("tbody", {}, deadRows))),
-      h("div", { class: "panel grow" }, h("h2", {}, "Agents' circuits"), h("p", { class: "muted", "data-testid": "circuits" }, s.circuits_note || "")));
+      h("div", { class: "panel grow" }, h("h2", {}, "Agents' circuits"), circuitsPanel(s.circuits),
+        h("p", { class: "muted small", "data-testid": "circuits" }, s.circuits_note || "")));
+  }
+
+  function circuitsPanel(part) {
+    if (unknown(part)) return h("p", { class: "muted", "data-testid": "circuits-error" }, failed(part) || "reading…");
+    const rows = (part.agents || []).map((a) => {
+      const shown = a.state || "closed";
+      const counts = Object.keys(a.by_state || {}).sort().map((k) => a.by_state[k] + " " + k).join(", ");
+      const detail = a.state === null
+        ? "no transition reported"
+        : a.state === "open"
+          ? "retry " + (a.retry_at ? ago(a.retry_at) : "—") + " · " + a.consecutive_failures + " failures"
+          : counts;
+      return h("tr", { "data-testid": "circuit-row", "data-agent": a.agent, "data-state": shown },
+        h("td", {}, a.agent),
+        h("td", {}, badge(shown)),
+        h("td", { title: a.since || "" }, a.since ? ago(a.since) : "—"),
+        h("td", { class: "num" }, num(a.instances)),
+        h("td", { class: "num" }, a.stale ? a.stale + " stale" : "—"),
+        h("td", { class: "muted small" }, detail));
+    });
+    return h("table", { "data-testid": "circuits-table" },
+      h("thead", {}, h("tr", {}, ["Agent", "State", "Since", "Instances", "Stale", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows));
   }
 
   // ------------------------------------------------------------------------------- orders
@@ -803,20 +809,16 @@
   }
 
   async function acknowledge(a, reload) {
-    const recordsReason = await takesReason("AckRequest");
     const alert = a.alert || {};
     const answer = await ask({
       title: "Acknowledge alert " + a.sequence_number,
-      body: [h("p", {}, "The alert leaves the alerts queue" + (alert.order_id ? " and the acknowledgement is recorded in order " + alert.order_id + "'s timeline." : ".")),
+      body: [h("p", {}, "The alert leaves the alerts queue" + (alert.order_id ? " and the acknowledgement, with your reason, is recorded in order " + alert.order_id + "'s timeline." : "; the acknowledgement and your reason go to the audit log.")),
         h("p", { class: "muted small" }, (alert.reason || "") + ": " + (alert.detail || ""))],
-      reason: recordsReason ? true : false,
-      note: recordsReason ? null : "This API version records who acknowledged and when, not a reason.",
       confirm: "Acknowledge",
     });
     if (!answer) return;
     try {
-      const body = recordsReason ? { reason: answer.reason } : {};
-      const done = (await api("alerts/" + a.sequence_number + "/ack", { method: "POST", body: body })).data;
+      const done = (await api("alerts/" + a.sequence_number + "/ack", { method: "POST", body: { reason: answer.reason } })).data;
       notify("ok", "alert " + done.sequence_number + " acknowledged by " + done.acknowledged_by + (done.recorded_in_timeline ? "; recorded in " + done.order_id + "'s timeline" : ""));
       await reload();
     } catch (error) {
@@ -903,22 +905,20 @@
       notify("bad", kind + ": " + describe(error));
       return;
     }
-    const recordsReason = await takesReason("DeadLetterActionRequest");
     const list = h("div", { class: "preview" }, h("table", { "data-testid": "dead-letter-preview" }, h("tbody", {}, preview.items.map((o) =>
       h("tr", {}, h("td", { class: "num" }, o.sequence_number), h("td", {}, badge(o.outcome)), h("td", { class: "mono small" }, o.order_id || ""), h("td", {}, o.detail || ""))))));
     const answer = await ask({
       title: (kind === "replay" ? "Replay " : "Purge ") + preview.items.length + " dead letter(s) of " + queue,
       body: [h("p", {}, kind === "replay"
         ? "Each is sent back to its queue as first sent (same body, MessageId and properties), then removed from the dead letters. Refused ones stay."
-        : "Each is removed for good."), list],
-      reason: recordsReason ? true : false,
-      note: recordsReason ? null : "This API version records who acted on each order's timeline, not a reason.",
+        : "Each is removed for good."), list,
+        h("p", { class: "muted small" }, "Who acted and why is recorded in the timeline of each order a message names, and in the dead-letter log.")],
       confirm: kind === "replay" ? "Replay" : "Purge",
       danger: kind === "purge",
     });
     if (!answer) return;
     try {
-      const body = Object.assign({}, which, recordsReason ? { reason: answer.reason } : {});
+      const body = Object.assign({}, which, { reason: answer.reason });
       const done = (await api("dead-letters/" + encodeURIComponent(queue) + "/" + kind, { method: "POST", body: body })).data;
       unselect();
       const counts = {};

@@ -1,6 +1,8 @@
 """The dashboard in Chromium against the local stack: every view loads, orders filter, an
 order's timeline shows its attempts, an Error order is resubmitted and finishes, an alert is
-acknowledged, dead letters are replayed and purged, stored markup stays text.
+acknowledged, dead letters are replayed and purged (each action asking for a reason, recorded
+on the order's timeline or in the dead-letter log), stored markup stays text, and an agent's
+circuit opened through the fake services' fault control shows in the overview.
 
 The tests share one stack and scenario per process (conftest.py). Each test that changes
 something changes its own order; the others count what is there when they run, so they pass in
@@ -10,11 +12,19 @@ any order, and on any pytest-xdist worker.
 from __future__ import annotations
 
 import re
+import time
+from datetime import timedelta
 
+import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from agent import circuit
+from agent.circuit import BreakerState, breaker_for, reset_breakers
+from agent.handler import remote_client
+from core.messages import utc_now
 from core.states import ProcessState
+from operator_api.operations import Operations
 from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, Stack, api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -48,6 +58,10 @@ def test_overview_shows_states_throughput_and_health(page: Page, stack: Stack, s
     for chart in ("chart-throughput", "chart-latency", "chart-history"):
         expect(page.get_by_test_id(chart).locator("canvas")).to_have_count(1)
     expect(page.get_by_test_id("circuits")).to_contain_text("circuit")
+    circuits = page.get_by_test_id("circuit-row")
+    expect(circuits).to_have_count(3, timeout=SLOW)  # one per agent of the catalog
+    for agent in ("inventory", "payment", "shipping"):
+        expect(page.locator(f'[data-testid=circuit-row][data-agent="{agent}"]')).to_be_visible()
     shoot(page, "overview")
 
 
@@ -151,6 +165,10 @@ def test_acknowledge_an_alert(page: Page, stack: Stack, shoot):
     target = page.locator(f'[data-testid=alert-row][data-order-id="{order_id}"]')
     expect(target).to_contain_text("open")
     target.get_by_test_id("ack").click()
+    page.get_by_test_id("confirm").click()  # no reason yet: the dialog insists on one
+    expect(page.get_by_test_id("reason")).to_be_focused()
+    expect(target).to_have_count(1)
+    page.get_by_test_id("reason").fill("customer told, <i>refund</i> done")
     page.get_by_test_id("confirm").click()
     expect(page.locator(".notice.ok")).to_contain_text(f"recorded in {order_id}", timeout=SLOW)
     expect(target).to_have_count(0)
@@ -158,6 +176,10 @@ def test_acknowledge_an_alert(page: Page, stack: Stack, shoot):
     timeline = api(stack, f"orders/{order_id}")["timeline"]
     acks = [t for t in timeline if t["event"] == "alert_acknowledged"]
     assert [t["actor"] for t in acks] == [f"operator:{OPERATOR}"]
+    assert acks[0]["detail"].endswith(": customer told, <i>refund</i> done")
+    open_view(page, stack, f"order/{order_id}")
+    acked = page.locator('[data-testid=timeline-row][data-event="alert_acknowledged"]')
+    expect(acked).to_contain_text("customer told, <i>refund</i> done")  # text, not markup
 
 
 def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
@@ -180,6 +202,9 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     submission.get_by_test_id("select-dead-letter").check()
     page.get_by_test_id("replay-selected").click()
     expect(page.get_by_test_id("dead-letter-preview")).to_contain_text("refused", timeout=SLOW)
+    page.get_by_test_id("confirm").click()  # no reason yet: the dialog insists on one
+    expect(page.get_by_test_id("reason")).to_be_focused()
+    page.get_by_test_id("reason").fill("intake fixed")
     page.get_by_test_id("confirm").click()
     # First sent less than 10 minutes ago: duplicate detection would drop a copy, so it stays.
     expect(page.locator(".notice.bad")).to_contain_text("1 refused", timeout=SLOW)
@@ -189,11 +214,20 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     garbage.get_by_test_id("select-dead-letter").check()
     page.get_by_test_id("purge-selected").click()
     expect(page.get_by_test_id("dead-letter-preview")).to_contain_text("would_purge", timeout=SLOW)
+    page.get_by_test_id("reason").fill("not JSON: nothing to salvage")
     page.get_by_test_id("confirm").click()
     expect(page.locator(".notice.ok")).to_contain_text("1 purged", timeout=SLOW)
     expect(garbage).to_have_count(0, timeout=SLOW)
     expect(submission).to_have_count(1)
     stack.scenario.dead_letters.remove("not-json")  # the overview counts what is left
+    # The purged message names no order: the dead-letter log holds who purged it, and why.
+    ops = Operations(stack.rt)
+    try:
+        logged = {(e.action, e.reason, e.actor) for e in ops.dead_letter_log(limit=10)}
+    finally:
+        ops.close()
+    assert ("purge", "not JSON: nothing to salvage", f"operator:{OPERATOR}") in logged
+    assert ("replay", "intake fixed", f"operator:{OPERATOR}") in logged
 
 
 def test_supervisor_and_health(page: Page, stack: Stack, shoot):
@@ -201,3 +235,40 @@ def test_supervisor_and_health(page: Page, stack: Stack, shoot):
     expect(page.get_by_test_id("supervisor-facts")).to_contain_text("Recovery bound")
     expect(page.get_by_test_id("health")).to_contain_text("servicebus", timeout=SLOW)
     shoot(page, "supervisor")
+
+
+def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack: Stack, shoot):
+    """The payment service fails every call (the fakes' fault control); the payment agent's
+    client, the one its function uses, calls it until its breaker opens; the breaker records the
+    transition and the overview shows it. Then the service is clean again and the circuit
+    closes. No order is involved: the others' counts stay as they are."""
+    fault = stack.fakes.base_url + "/_fault"
+    failing = {"profile": {"services": {"payment": {"transient_rate": 1.0}}}, "source": "test"}
+    assert httpx.post(fault, json=failing, timeout=5).status_code == 200
+    try:
+        client = remote_client(stack.rt, "payment")
+        deadline = time.monotonic() + 60
+        n = 0
+        while breaker_for("payment").state is not BreakerState.OPEN:
+            assert time.monotonic() < deadline, "the payment circuit did not open"
+            n += 1
+            client.call(
+                "charge",
+                {"order_id": f"circuit-probe-{n}", "amount": 1},
+                f"circuit-probe-{n}",
+                utc_now() + timedelta(seconds=5),
+            )
+        assert circuit.reporter.flush(timeout=30)
+        open_view(page, stack, "overview")
+        payment = page.locator('[data-testid=circuit-row][data-agent="payment"]')
+        expect(payment).to_have_attribute("data-state", "open", timeout=SLOW)
+        expect(payment).to_contain_text("failures")
+        inventory = page.locator('[data-testid=circuit-row][data-agent="inventory"]')
+        expect(inventory).not_to_have_attribute("data-state", "open")
+        shoot(page, "overview-circuit-open")
+    finally:
+        clean = {"profile": {}, "source": "clean"}
+        assert httpx.post(fault, json=clean, timeout=5).status_code == 200
+        reset_breakers()  # the service is back: close it now rather than wait for a trial
+        circuit.reporter.flush(timeout=30)
+    expect(payment).to_have_attribute("data-state", "closed", timeout=SLOW)

@@ -73,7 +73,11 @@ def test_a_summary_reads_the_window_not_the_history(filled):
     assert sum(b["processed"] for b in finished["buckets"]) == RECENT
     assert finished["p50_s"] is not None and finished["retries"] == 0
     assert snapshot["in_flight"]["total"] == 0 and snapshot["errors"]["total"] == 0
-    # The active index, the Error index, the Processed window, the Supervisor's roster: one
-    # request each (alerts and dead letters are Service Bus peeks, read in the background).
-    assert sum(cost.values()) == 4, cost
+    # The active index, the Error index, the Processed window, the Supervisor's roster, the
+    # agents' circuit rows: one request each (alerts and dead letters are Service Bus peeks,
+    # read in the background).
+    assert sum(cost.values()) == 5, cost
+    circuits = snapshot["circuits"]
+    assert [a["agent"] for a in circuits["agents"]] == ["inventory", "payment", "shipping"]
+    assert (circuits["rows"], circuits["partial"], circuits["reaped"]) == (0, False, 0)
     assert elapsed < 10, f"the summary took {elapsed:.1f} s over {HISTORY} orders"

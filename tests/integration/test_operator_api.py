@@ -17,6 +17,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from core import runtime
 from core.messages import encode
 from core.op_counts import COUNTS
+from core.retention import acked_reason
 from core.states import ProcessState
 from operator_api import functions as api
 from scheduler.intake import handle_submission
@@ -437,9 +438,26 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     status, peeked = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
     assert (status, peeked) == (200, alert_b)
 
+    # No reason: refused, and the alert stays.
+    for body in ({}, {"reason": "   "}):
+        status, refused = call(
+            handlers,
+            "operator_ack_alert",
+            route={"sequence_number": seq_b},
+            body=body,
+            caller="ann",
+        )
+        assert (status, refused["error"]["code"]) == (400, "invalid_reason"), refused
+        assert "reason is required" in refused["error"]["message"]
+    assert call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})[0] == 200
+
     # B first: everything received ahead of it (A included) is deferred, not abandoned...
     status, ack = call(
-        handlers, "operator_ack_alert", route={"sequence_number": seq_b}, body={}, caller="ann"
+        handlers,
+        "operator_ack_alert",
+        route={"sequence_number": seq_b},
+        body={"reason": "customer called, new card on file"},
+        caller="ann",
     )
     assert status == 200
     assert (ack["order_id"], ack["acknowledged_by"], ack["recorded_in_timeline"]) == (
@@ -450,7 +468,11 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     status, gone = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
     assert (status, gone["error"]["code"]) == (404, "alert_not_found")
     status, again = call(
-        handlers, "operator_ack_alert", route={"sequence_number": seq_b}, body={}, caller="ann"
+        handlers,
+        "operator_ack_alert",
+        route={"sequence_number": seq_b},
+        body={"reason": "r"},
+        caller="ann",
     )
     assert (status, again["error"]["code"]) == (404, "alert_not_found")
 
@@ -458,7 +480,11 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     assert find_alert(handlers, first) == alert_a
     seq_a = str(alert_a["sequence_number"])
     status, ack = call(
-        handlers, "operator_ack_alert", route={"sequence_number": seq_a}, body={}, caller="ann"
+        handlers,
+        "operator_ack_alert",
+        route={"sequence_number": seq_a},
+        body={"reason": "seen"},
+        caller="ann",
     )
     assert status == 200 and ack["order_id"] == first
     with pytest.raises(AssertionError):
@@ -466,6 +492,10 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     acked = [t for t in installed.store.get_timeline(first) if t.event == "alert_acknowledged"]
     assert [t.actor for t in acked] == ["operator:ann"]
     assert acked[0].to_state is ProcessState.ERROR, "acknowledging changes nothing else"
+    assert acked[0].detail.endswith("acknowledged: seen")
+    assert acked_reason(acked[0]) == "step_declined"  # retention still reads the alert's reason
+    [acked_b] = [t for t in installed.store.get_timeline(second) if t.event == "alert_acknowledged"]
+    assert acked_b.detail.endswith(": customer called, new card on file")
 
 
 # ----------------------------------------------------------------------------- dead letters
@@ -572,7 +602,11 @@ def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     resolved, unresolved = declined_order(rt, reader, fakes), declined_order(rt, reader, fakes)
     seq = str(find_alert(handlers, resolved)["sequence_number"])
     status, _ = call(
-        handlers, "operator_ack_alert", route={"sequence_number": seq}, body={}, caller="ann"
+        handlers,
+        "operator_ack_alert",
+        route={"sequence_number": seq},
+        body={"reason": "done"},
+        caller="ann",
     )
     assert status == 200
     in_flight = new_order()

@@ -21,6 +21,7 @@ from core.runtime import Runtime
 from core.settings import Settings
 from core.states import ProcessState
 from operator_api import functions as api
+from operator_api.errors import InvalidRequest
 from operator_api.operations import Operations
 from scheduler.intake import handle_submission
 from tests.integration.test_operator_api import call, declined_order, find_alert
@@ -418,7 +419,9 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
     strict = Operations(rt)  # this app's queues' window: 10 minutes
     try:
         number = dead_letter_number(ops, "commands", original.message_id)
-        early = strict.replay_dead_letters("commands", operator="ann", sequence_numbers=[number])
+        early = strict.replay_dead_letters(
+            "commands", operator="ann", sequence_numbers=[number], reason="retry it"
+        )
         assert [(i.outcome, i.sequence_number) for i in early.items] == [("refused", number)]
         assert "duplicate detection" in early.items[0].detail
         time.sleep(REPLAY_WINDOW.total_seconds() + 0.2)
@@ -426,8 +429,13 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
         dry = ops.replay_dead_letters(
             "commands", operator="ann", sequence_numbers=[number], dry_run=True
         )
-        assert [i.outcome for i in dry.items] == ["would_replay"]
-        done = ops.replay_dead_letters("commands", operator="ann", sequence_numbers=[number])
+        assert [i.outcome for i in dry.items] == ["would_replay"] and not dry.recorded_in_log
+        with pytest.raises(InvalidRequest, match="reason is required"):
+            ops.replay_dead_letters("commands", operator="ann", sequence_numbers=[number])
+        done = ops.replay_dead_letters(
+            "commands", operator="ann", sequence_numbers=[number], reason="the bug is fixed"
+        )
+        assert done.recorded_in_log
         [item] = done.items
         assert (item.outcome, item.order_id, item.recorded_in_timeline) == (
             "replayed",
@@ -454,6 +462,7 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
     last = rt.store.get_timeline(order.order_id)[-1]
     assert (last.event, last.actor) == ("dead_letter_replayed", "operator:ann")
     assert original.message_id in last.detail
+    assert last.detail.endswith(": the bug is fixed")
 
 
 def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt, servicebus):
@@ -481,7 +490,9 @@ def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt
     ops = Operations(rt, duplicate_window=timedelta(0))
     try:
         numbers = [dead_letter_number(ops, "commands", m.message_id) for m in (unsigned, altered)]
-        refused = ops.replay_dead_letters("commands", operator="ann", sequence_numbers=numbers)
+        refused = ops.replay_dead_letters(
+            "commands", operator="ann", sequence_numbers=numbers, reason="try"
+        )
         assert [i.outcome for i in refused.items] == ["refused", "refused"]
         assert "unsigned" in refused.items[0].detail
         assert "bad_signature" in refused.items[1].detail
@@ -489,11 +500,23 @@ def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt
         still = {i.sequence_number for i in ops.list_dead_letters("commands", limit=100).items}
         assert set(numbers) <= still, "refused ones stay"
 
-        purged = ops.purge_dead_letters("commands", operator="ann", sequence_numbers=numbers)
+        purged = ops.purge_dead_letters(
+            "commands", operator="ann", sequence_numbers=numbers, reason="forged: <b>drop</b>"
+        )
         assert [i.outcome for i in purged.items] == ["purged", "purged"]
+        # They name no trusted order: the dead-letter log is where the action is recorded.
+        assert purged.recorded_in_log
+        [logged, *_] = ops.dead_letter_log(limit=5)
+        assert (logged.actor, logged.action, logged.queue) == ("operator:ann", "purge", "commands")
+        assert logged.reason == "forged: <b>drop</b>"
+        assert [(o["sequence_number"], o["outcome"], o["order_id"]) for o in logged.outcomes] == [
+            (n, "purged", None) for n in sorted(numbers)
+        ]
         left = {i.sequence_number for i in ops.list_dead_letters("commands", limit=100).items}
         assert not set(numbers) & left
-        gone = ops.purge_dead_letters("commands", operator="ann", sequence_numbers=numbers)
+        gone = ops.purge_dead_letters(
+            "commands", operator="ann", sequence_numbers=numbers, reason="again"
+        )
         assert [i.outcome for i in gone.items] == ["not_found", "not_found"]
         assert [e.event for e in rt.store.get_timeline(order.order_id)] == ["created"]
     finally:
@@ -505,7 +528,7 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
         handlers,
         "operator_replay_dead_letters",
         route={"queue": "shipping"},
-        body={"all": True},
+        body={"all": True, "reason": "clean up"},
         caller="ann",
     )
     assert status == 200, done
@@ -518,6 +541,23 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
         handlers, "operator_purge_dead_letters", route={"queue": "shipping"}, body={}, caller="ann"
     )
     assert (status, vague["error"]["code"]) == (400, "invalid_selection")
+    for body in ({"all": True}, {"all": True, "reason": " "}):
+        status, unexplained = call(
+            handlers,
+            "operator_purge_dead_letters",
+            route={"queue": "shipping"},
+            body=body,
+            caller="ann",
+        )
+        assert (status, unexplained["error"]["code"]) == (400, "invalid_reason"), unexplained
+    status, dry = call(
+        handlers,
+        "operator_purge_dead_letters",
+        route={"queue": "shipping"},
+        body={"all": True, "dry_run": True},
+        caller="ann",
+    )
+    assert status == 200 and dry["recorded_in_log"] is False, "a dry run needs no reason"
     status, unknown = call(
         handlers,
         "operator_purge_dead_letters",

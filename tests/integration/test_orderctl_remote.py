@@ -196,7 +196,9 @@ def test_alerts_open_then_ack(orderctl, rt, reader, fakes, servicebus):
     [alert] = [i for i in page["items"] if (i["alert"] or {}).get("order_id") == order_id]
     assert alert["resolution"] == "open" and page["open_only"] is True
 
-    done = orderctl.json("ack", str(alert["sequence_number"]))
+    unexplained = orderctl("ack", str(alert["sequence_number"]))
+    assert unexplained.exit_code == 2 and "(invalid_reason)" in unexplained.stderr
+    done = orderctl.json("ack", str(alert["sequence_number"]), "--reason", "refund issued")
     assert done["order_id"] == order_id and done["recorded_in_timeline"] is True
     assert done["acknowledged_by"] == orderctl.actor
     left = orderctl.json("alerts", "--open", "--limit", "100")
@@ -259,7 +261,9 @@ def test_dead_letters_listed_replay_refused_then_purged(orderctl, rt, servicebus
     assert [i["outcome"] for i in early["items"]] == ["refused"]
     assert "duplicate detection" in early["items"][0]["detail"]
 
-    purged = orderctl.json("dead-letters", "purge", "orders", number, "--yes")
+    purged = orderctl.json(
+        "dead-letters", "purge", "orders", number, "--yes", "--reason", "malformed test message"
+    )
     assert [i["outcome"] for i in purged["items"]] == ["purged"]
     left = orderctl.json("dead-letters", "orders")
     assert message.message_id not in {i["message_id"] for i in left["items"]}

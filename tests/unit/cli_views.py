@@ -156,7 +156,7 @@ class Ops:
             }
         )  # fmt: skip
 
-    def acknowledge_alert(self, sequence_number, *, operator) -> AckView:
+    def acknowledge_alert(self, sequence_number, *, operator, reason=None) -> AckView:
         return AckView(
             sequence_number=sequence_number, message_id=self.s, order_id="order-7",
             acknowledged_by=self.s, recorded_in_timeline=True,

@@ -271,12 +271,12 @@ def test_a_replay_says_what_it_would_do_then_asks(recording):
     assert "would_replay" in refused.stdout
 
     recording.calls.clear()
-    done = invoke("dead-letters", "purge", "orders", "1", "--yes", "--json")
+    done = invoke("dead-letters", "purge", "orders", "1", "--yes", "--json", "--reason", "not JSON")
     assert done.exit_code == 0, done.output
     validate("dead-letters", json.loads(done.stdout))
     (_, preview), (_, acted) = recording.calls
     assert preview["sequence_numbers"] == [1] and preview["dry_run"] is True
-    assert acted == {"operator": cli.OPERATOR, "sequence_numbers": [1]}
+    assert acted == {"operator": cli.OPERATOR, "sequence_numbers": [1], "reason": "not JSON"}
 
 
 # -------------------------------------------------------------------- alerts and health

@@ -1,0 +1,118 @@
+"""The dead-letter log: every replay and purge an operator ran, who ran it, why, and what became
+of each message, including messages that name no order (or none that can be trusted), whose
+action no order timeline can hold.
+
+One row per action that was not a dry run, in a partition of the orders table (no extra table
+to deploy, like the purge log, :mod:`core.purge_log`): PartitionKey ``~deadletters`` (no order
+id starts with ``~``, see :mod:`core.ids`), RowKey ``<inverted milliseconds>.<action id>`` so a
+query of the partition lists the newest first, with ``At``, ``Actor``, ``Action``, ``Queue``,
+``Reason`` and ``Outcomes`` (JSON: sequence number, message id, order id, outcome). A few rows
+a day at most: operators act by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from azure.data.tables import UpdateMode
+
+from core.state_models import utc
+from core.tablestorage import Table
+from operator_api.models import DeadLetterOutcome
+
+PARTITION: Final = "~deadletters"
+MAX_RECENT: Final = 100
+MAX_OUTCOMES_CHARS: Final = 30_000
+"""Table Storage holds 32 K characters in a string property: a longer list is cut, and says so."""
+_INVERT_MS: Final = 10**13
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedAction:
+    at: datetime
+    actor: str
+    action: str
+    queue: str
+    reason: str
+    outcomes: list[dict[str, Any]]
+    truncated: bool
+
+
+def row_key(at: datetime, action_id: str) -> str:
+    millis = int(utc(at).timestamp() * 1000)
+    return f"{_INVERT_MS - millis:013d}.{action_id}"
+
+
+def to_entity(
+    at: datetime,
+    actor: str,
+    action: str,
+    queue: str,
+    reason: str,
+    outcomes: Sequence[DeadLetterOutcome],
+) -> dict[str, Any]:
+    listed = [
+        {
+            "sequence_number": o.sequence_number,
+            "message_id": o.message_id,
+            "order_id": o.order_id,
+            "outcome": o.outcome,
+        }
+        for o in outcomes
+    ]
+    text = json.dumps(listed, separators=(",", ":"))
+    truncated = False
+    while len(text) > MAX_OUTCOMES_CHARS and listed:
+        listed = listed[: len(listed) // 2]
+        text = json.dumps(listed, separators=(",", ":"))
+        truncated = True
+    return {
+        "PartitionKey": PARTITION,
+        "RowKey": row_key(at, uuid.uuid4().hex[:12]),
+        "At": utc(at),
+        "Actor": actor,
+        "Action": action,
+        "Queue": queue,
+        "Reason": reason,
+        "Outcomes": text,
+        "Truncated": truncated,
+    }
+
+
+def from_entity(entity: dict[str, Any]) -> LoggedAction:
+    return LoggedAction(
+        at=utc(entity["At"]),
+        actor=str(entity["Actor"]),
+        action=str(entity["Action"]),
+        queue=str(entity["Queue"]),
+        reason=str(entity.get("Reason") or ""),
+        outcomes=list(json.loads(str(entity.get("Outcomes") or "[]"))),
+        truncated=bool(entity.get("Truncated")),
+    )
+
+
+class DeadLetterLog:
+    """The ``~deadletters`` partition of the orders table."""
+
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def record(self, entity: dict[str, Any]) -> None:
+        self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def recent(self, limit: int = 20) -> list[LoggedAction]:
+        """The newest ``limit`` actions first (at most ``MAX_RECENT``)."""
+        limit = max(1, min(limit, MAX_RECENT))
+        pages = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=limit
+        ).by_page()
+        found: list[LoggedAction] = []
+        for page in pages:
+            found.extend(from_entity(entity) for entity in page)
+            break
+        return found[:limit]

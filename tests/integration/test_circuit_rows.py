@@ -1,0 +1,127 @@
+"""The agents' circuit rows in the supervision table (core.circuits), against Azurite: written
+by the process-wide breakers on each transition, read (and reaped) by the dashboard's summary,
+and invisible to the Supervisor's roster that shares the table."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+
+from agent import circuit
+from agent.circuit import breaker_for, reset_breakers
+from core import circuits, runtime
+from core.circuits import CircuitRow, CircuitState, CircuitTable
+from core.messages import utc_now
+from core.tablestorage import TableService
+from dashboard.summary import Summary
+from operator_api.operations import Operations
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def table(rt):
+    rt.store.ensure_tables()
+    service = TableService.from_connection_string(rt.settings.storage.connection_string)
+    client = service.get_table_client(rt.settings.supervision_table, owns_service=True)
+    yield CircuitTable(client)
+    client.close()
+
+
+def test_rows_are_written_read_and_reaped_by_etag(rt, table):
+    now = utc_now()
+    old = CircuitRow(
+        agent="payment",
+        instance="gone.1",
+        state=CircuitState.OPEN,
+        since=now - timedelta(days=2),
+        consecutive_failures=5,
+        retry_at=now - timedelta(days=2) + timedelta(seconds=30),
+        updated_at=now - timedelta(days=2),
+    )
+    live = dataclasses.replace(old, instance="live.2", since=now, updated_at=now, retry_at=None,
+                               state=CircuitState.CLOSED, consecutive_failures=0)  # fmt: skip
+    table.record(old)
+    table.record(live)
+    read = table.read()
+    assert {r.instance for r in read.rows} == {"gone.1", "live.2"}
+    assert (read.unreadable, read.partial, read.requests) == (0, False, 1)
+    stored_old = next(r for r in read.rows if r.instance == "gone.1")
+    assert stored_old.retry_at == old.retry_at and stored_old.etag
+
+    # The Supervisor's roster shares the table and never sees these rows.
+    roster = rt.store.supervision.read()
+    assert roster.members == () and all(b.etag is None for b in roster.buckets)
+
+    # Rewritten since it was read: the reaper leaves it.
+    table.record(dataclasses.replace(old, updated_at=now))
+    assert table.reap([stored_old]) == 0
+    fresh = next(r for r in table.read().rows if r.instance == "gone.1")
+    assert table.reap([fresh]) == 1
+    assert {r.instance for r in table.read().rows} == {"live.2"}
+
+
+def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
+    previous = runtime.install(rt)
+    ops = Operations(rt)
+    summary = Summary(lambda: ops)
+    try:
+        reset_breakers()
+        breaker = breaker_for("payment")
+        for _ in range(breaker.settings.failure_threshold):
+            assert breaker.acquire()
+            breaker.record_failure()
+        assert circuit.reporter.flush(timeout=10)
+        [written] = [r for r in table.read().rows if r.agent == "payment"]
+        assert written.instance == circuits.instance_id()
+        assert (written.state, written.consecutive_failures) == (
+            CircuitState.OPEN,
+            breaker.settings.failure_threshold,
+        )
+        assert written.retry_at is not None and written.retry_at > written.since
+
+        view = summary.snapshot()["circuits"]
+        payment = next(a for a in view["agents"] if a["agent"] == "payment")
+        assert (payment["state"], payment["instances"], payment["stale"]) == ("open", 1, 0)
+        inventory = next(a for a in view["agents"] if a["agent"] == "inventory")
+        assert inventory["state"] is None  # never changed state in this process
+
+        reset_breakers()  # the operator's reset is a transition like any other
+        assert circuit.reporter.flush(timeout=10)
+        [closed] = [r for r in table.read().rows if r.agent == "payment"]
+        assert closed.state is CircuitState.CLOSED and closed.consecutive_failures == 0
+    finally:
+        reset_breakers()
+        circuit.reporter.flush(timeout=10)
+        summary.close()
+        ops.close()
+        runtime.install(previous)
+
+
+def test_an_unreachable_table_never_fails_the_call(rt, caplog):
+    broken = dataclasses.replace(rt, store=rt.store)
+    broken.settings = dataclasses.replace(
+        rt.settings,
+        storage=dataclasses.replace(
+            rt.settings.storage,
+            connection_string=rt.settings.storage.connection_string.replace(
+                "127.0.0.1:", "127.0.0.1:1"
+            ),
+        ),
+    )
+    previous = runtime.install(broken)
+    try:
+        reset_breakers()
+        breaker = breaker_for("shipping")
+        for _ in range(breaker.settings.failure_threshold):
+            assert breaker.acquire()
+            breaker.record_failure()  # returns at once: the write is on the reporter's thread
+        assert not breaker.acquire()
+        assert circuit.reporter.flush(timeout=60)
+        assert "not recorded for the dashboard" in caplog.text
+    finally:
+        runtime.install(previous)
+        reset_breakers()
+        circuit.reporter.flush(timeout=60)
