@@ -6,6 +6,7 @@ orderctl down          stop a stack started with `up --detach` (or any `up`), by
 orderctl ps            the stack's processes, addresses and restarts
 orderctl submit        send an OrderSubmitted message to the orders queue (--wait: until done)
 orderctl status ID     an order's state, steps and timeline (--watch: follow it live)
+orderctl trace ID      an order's spans across every queue hop, with durations (`up --telemetry`)
 orderctl orders STATE  orders in a state (Processed too), filtered, sorted, paged
 orderctl alerts        operator alerts and whether each is resolved (--open); ack SEQ
 orderctl resubmit, cancel, restart    operator actions on one order, or on a filter (bulk)
@@ -67,6 +68,9 @@ from devstack.cli_output import (
     MigrateView,
     StackView,
     SubmitView,
+    TraceSpanView,
+    TraceTreeView,
+    TraceView,
     WorkflowDiffView,
     WorkflowStepView,
     WorkflowsView,
@@ -85,7 +89,14 @@ from devstack.remote_config import (
     resolve,
 )
 from devstack.stack import processes
-from devstack.stack.local_stack import DEFAULT_WORKDIR, LocalStack, StackInfo
+from devstack.stack.local_stack import (
+    DEFAULT_WORKDIR,
+    TELEMETRY_SETTING,
+    TELEMETRY_SUBDIR,
+    LocalStack,
+    StackInfo,
+    telemetry_dir,
+)
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
 from operator_api.errors import OperatorError
 
@@ -349,6 +360,25 @@ def running_stack(workdir: Path) -> StackInfo:
 
 
 Hosts = Annotated[int, typer.Option(min=1, max=8, help="function host processes")]
+Telemetry = Annotated[
+    bool,
+    typer.Option(
+        "--telemetry",
+        help="the hosts write spans and metrics to files (`orderctl trace ID` reads them), in "
+        "WORKDIR/telemetry unless --telemetry-dir says where",
+    ),
+]
+TelemetryDir = Annotated[
+    Path | None,
+    typer.Option(metavar="DIR", help="write the telemetry files here (implies --telemetry)"),
+]
+
+
+def telemetry_path(workdir: Path, on: bool, directory: Path | None) -> Path | None:
+    """Where a stack started now writes its telemetry: None when off."""
+    if directory is not None:
+        return directory.resolve()
+    return (workdir / TELEMETRY_SUBDIR).resolve() if on else None
 
 
 @app.command()
@@ -372,13 +402,16 @@ def up(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="run in the background; stop with `down`")
     ] = False,
+    telemetry: Telemetry = False,
+    telemetry_dir: TelemetryDir = None,
     json_out: Json = False,
     wide: Wide = False,
     workdir: Workdir = DEFAULT_WORKDIR,
     supervise: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
     """Start the local stack and keep it running: a process that dies is restarted (with
-    backoff) at the same address. Ctrl-C stops it; with --detach, `orderctl down` does."""
+    backoff) at the same address. Ctrl-C stops it; with --detach, `orderctl down` does.
+    With --telemetry the hosts write spans and metrics to files: `orderctl trace ID`."""
     screen = output(json_out, wide)
     MODE.debug = MODE.debug or supervise  # a detached supervisor's log gets every detail
     check_installed()
@@ -397,7 +430,12 @@ def up(
             "use it, or stop it with `orderctl down`",
             2,
         )
-    stack_args = {"hosts": hosts, "concurrency": concurrency, "profile": profile}
+    stack_args = {
+        "hosts": hosts,
+        "concurrency": concurrency,
+        "profile": profile,
+        "telemetry": telemetry_path(workdir, telemetry, telemetry_dir),
+    }
     if detach:
         start_detached(workdir, api_port, screen, **stack_args)
         return
@@ -454,13 +492,15 @@ def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> Non
 
 def start_detached(
     workdir: Path, api_port: int, screen: Console, *, hosts: int, concurrency: int | None,
-    profile: str,
+    profile: str, telemetry: Path | None,
 ) -> None:  # fmt: skip
     """Start `orderctl up --supervise` in the background, wait until its stack is ready."""
     argv = [sys.executable, "-m", "devstack.cli", "up", "--supervise", "--workdir", str(workdir)]
     argv += ["--hosts", str(hosts), "--profile", profile, "--api-port", str(api_port)]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
+    if telemetry is not None:
+        argv += ["--telemetry-dir", str(telemetry)]
     log = workdir / SUPERVISOR_LOG
     workdir.mkdir(parents=True, exist_ok=True)
     notes = err_console if MODE.json else screen
@@ -580,6 +620,7 @@ def stack_view(info: StackInfo, workdir: Path, *, already_running: bool = False)
         supervisor_pid=info.supervisor_pid,
         api_url=info.api_url,
         persistent=info.persistent,
+        telemetry_dir=info.settings.get(TELEMETRY_SETTING, ""),
         already_running=already_running,
         components=[
             ComponentView(
@@ -630,6 +671,14 @@ def show_stack(view: StackView, screen: Console) -> None:
         dashboard = join_url(view.api_url, "dashboard")
         screen.print(Text.assemble("operator HTTP API: ", (printable(openapi), "bold")))
         screen.print(Text.assemble("dashboard:         ", (printable(dashboard), "bold")))
+    if view.telemetry_dir:
+        screen.print(
+            Text.assemble(
+                "telemetry:         ",
+                (printable(view.telemetry_dir), "bold"),
+                " (spans and metrics; `orderctl trace ORDER-ID`)",
+            )
+        )
     kept = "kept across restarts" if view.persistent else "in memory"
     screen.print(
         Text(
@@ -678,7 +727,8 @@ def submit(
         raise fail(f"the order is not valid: {validation_problems(error)}", 2) from None
     except ValueError as error:
         raise fail(f"the order is not valid: {error}", 2) from None
-    send_orders(info.settings, [order])
+    with client_span(info, order.order_id):
+        send_orders(info.settings, [order])
     view = SubmitView(
         order_id=order.order_id,
         workflow=order.workflow,
@@ -760,6 +810,29 @@ def show_submitted(view: SubmitView, screen: Console) -> None:
             printable(view.currency), ")",
         )
     )  # fmt: skip
+
+
+@contextmanager
+def client_span(info: StackInfo, order_id: str) -> Iterator[None]:
+    """With the stack's telemetry on, send inside a CLIENT span written to its files: the
+    order's trace then starts here, at the submission (the message carries its context)."""
+    directory = info.settings.get(TELEMETRY_SETTING, "").strip()
+    if not directory:
+        yield
+        return
+    from opentelemetry.trace import SpanKind
+
+    from core.telemetry import file_providers
+
+    tracer_provider, meter_provider = file_providers(Path(directory), "orderctl")
+    attributes = {"order.id": order_id, "messaging.destination.name": "orders"}
+    try:
+        tracer = tracer_provider.get_tracer("orderctl")
+        with tracer.start_as_current_span("submit", kind=SpanKind.CLIENT, attributes=attributes):
+            yield
+    finally:
+        tracer_provider.shutdown()  # written now: `orderctl trace` may run next
+        meter_provider.shutdown()
 
 
 @contextmanager
@@ -1644,6 +1717,179 @@ def health(json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAUL
         raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------------------------- traces
+
+
+@app.command("trace")
+def trace_order(
+    order_id: Annotated[str, typer.Argument(help="the order whose spans to show")],
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir",
+            metavar="DIR",
+            help="the telemetry files' directory [default: the stack's, WORKDIR/telemetry]",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: Json = False,
+    wide: Wide = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """Print an order's spans as a tree, from its submission or intake to its last reply,
+    across every queue hop, with durations. Reads the files `orderctl up --telemetry` (or
+    `demo --telemetry`) has the hosts write; spans reach them within a few seconds."""
+    from core.ids import InvalidId, validate_order_id
+    from core.trace_files import build_traces, read_spans
+
+    screen = output(json_out, wide)
+    try:
+        validate_order_id(order_id)
+    except InvalidId as error:
+        raise fail(f"not an order id: {error}", 2) from None
+    if directory is None:
+        directory = telemetry_dir(workdir.resolve(), StackInfo.read(workdir.resolve()))
+    if not directory.is_dir():
+        raise fail(
+            f"no telemetry directory {directory}: start the stack with `orderctl up "
+            "--telemetry` (or `orderctl demo --telemetry`), run the order, then trace it; "
+            "or name the directory with --dir",
+            2,
+        )
+    spans = read_spans(directory, order_id)
+    if not spans:
+        raise fail(
+            f"no spans for order {order_id} in {directory}: it ran without telemetry, or its "
+            "spans are not written yet (hosts write them every 2 s). Telemetry is on for a "
+            "stack started with `orderctl up --telemetry`",
+            2,
+        )
+    view = trace_view(order_id, directory, build_traces(spans))
+    emit(view, show_trace, screen)
+
+
+def trace_view(order_id: str, directory: Path, traces: list[Any]) -> TraceView:
+    from core.trace_files import origin
+
+    def span_view(node: Any, start: Any) -> TraceSpanView:
+        return TraceSpanView(
+            name=node.name,
+            kind=node.kind,
+            role=node.span.role,
+            start=node.start,
+            offset_ms=round((node.start - start).total_seconds() * 1000, 3),
+            duration_ms=round(node.duration.total_seconds() * 1000, 3),
+            status=node.span.status,
+            attributes=dict(node.attributes),
+            orphan=node.orphan,
+            children=[span_view(child, start) for child in node.children],
+        )
+
+    first = traces[0].start
+    return TraceView(
+        order_id=order_id,
+        directory=str(directory),
+        span_count=sum(1 for t in traces for root in t.roots for _ in root.walk()),
+        traces=[
+            TraceTreeView(
+                trace_id=found.trace_id,
+                start=found.start,
+                offset_ms=round((found.start - first).total_seconds() * 1000, 3),
+                duration_ms=round((found.end - found.start).total_seconds() * 1000, 3),
+                why="" if n == 0 else origin(found),
+                spans=[span_view(root, found.start) for root in found.roots],
+            )
+            for n, found in enumerate(traces)
+        ],
+    )
+
+
+def show_trace(view: TraceView, screen: Console) -> None:
+    from rich.tree import Tree
+
+    many = len(view.traces) > 1
+    screen.print(
+        Text.assemble(
+            "order ", (printable(view.order_id), "bold"), f": {view.span_count} spans",
+            f" in {len(view.traces)} traces" if many else "", f" (from {view.directory})",
+        )
+    )  # fmt: skip
+    if many:
+        screen.print(
+            Text(
+                "its hops are in several traces, in time order below: each says why it is "
+                "not part of the first",
+                style="dim",
+            )
+        )
+    for n, found in enumerate(view.traces):
+        head = Text.assemble(
+            (f"trace {found.trace_id}", "bold"),
+            f"  {duration_text(found.duration_ms)}",
+            (f"  +{found.offset_ms / 1000:.3f} s after the first" if n else "", "dim"),
+        )
+        screen.print()
+        screen.print(head)
+        if found.why:
+            screen.print(Text(f"why a trace of its own: {printable(found.why)}", style="yellow"))
+        for root in found.spans:
+            tree = Tree(span_label(root), guide_style="dim")
+            add_spans(tree, span_children(root))
+            screen.print(tree)
+
+
+def span_children(span: TraceSpanView) -> list[TraceSpanView]:
+    """What hangs under ``span`` as printed: an invocation's app span (same name) is folded
+    into its line, so its children are the invocation's."""
+    inner = app_span(span)
+    if inner is None:
+        return span.children
+    others = [c for c in span.children if c is not inner]
+    return sorted(others + inner.children, key=lambda c: c.offset_ms)
+
+
+def app_span(span: TraceSpanView) -> TraceSpanView | None:
+    """The app's span under a host's invocation span (core.telemetry.consuming), if any."""
+    if span.kind not in ("CONSUMER", "SERVER"):
+        return None
+    return next((c for c in span.children if c.name == span.name and c.kind == "INTERNAL"), None)
+
+
+def add_spans(tree: Any, spans: list[TraceSpanView]) -> None:
+    for span in spans:
+        add_spans(tree.add(span_label(span)), span_children(span))
+
+
+def span_label(span: TraceSpanView) -> Text:
+    inner = app_span(span)
+    shown = inner or span
+    parts: list[Any] = [
+        (f"+{span.offset_ms / 1000:.3f} s ", "dim"),
+        (printable(span.name), "bold"),
+        "  ",
+        (duration_text(shown.duration_ms), "cyan"),
+    ]
+    if inner is not None:
+        parts.append((f" (invocation {duration_text(span.duration_ms)})", "dim"))
+    else:
+        parts.append((f" {span.kind.lower()}", "dim"))
+    queue = shown.attributes.get("messaging.destination.name")
+    if queue:
+        parts.append(f"  queue {printable(str(queue))}")
+    if span.role and span.role != "host":
+        parts.append((f"  [{printable(span.role)}]", "dim"))
+    failed = next((s for s in (span, shown) if s.status == "ERROR"), None)
+    if failed is not None:
+        parts.append(("  failed", "bold red"))
+    if span.orphan:
+        parts.append(("  (its parent span was not found)", "yellow"))
+    return Text.assemble(*parts)
+
+
+def duration_text(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+
+
 @app.command()
 def demo(
     orders: Annotated[int, typer.Option(min=1, max=100_000)] = 40,
@@ -1674,10 +1920,13 @@ def demo(
             "then goes to stderr)",
         ),
     ] = None,
+    telemetry: Telemetry = False,
+    telemetry_dir: TelemetryDir = None,
     workdir: Workdir = DEFAULT_WORKDIR,
 ) -> None:
     """Submit orders under a fault profile, show live progress, then a summary. On a running
-    stack, --profile changes its faults for the demo (said, and set back afterwards)."""
+    stack, --profile changes its faults for the demo (said, and set back afterwards).
+    --telemetry: a stack the demo starts writes spans and metrics (`orderctl trace ID`)."""
     from devstack.demo import Demo
 
     to_stdout = json_out == "-"
@@ -1697,6 +1946,7 @@ def demo(
             workdir=workdir,
             rate=rate,
             console=err_console if to_stdout else console,
+            telemetry=telemetry_path(workdir.resolve(), telemetry, telemetry_dir),
         ).run()
     except (ServiceStartError, OSError) as error:
         raise fail(str(error)) from None

@@ -12,6 +12,7 @@ below for what only the CLI does. :func:`shapes` maps each command to its shape(
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -42,6 +43,10 @@ class StackView(_Shape):
     )
     already_running: bool = Field(
         default=False, description="`up` found this stack running and started nothing"
+    )
+    telemetry_dir: str = Field(
+        default="",
+        description="Where the hosts write spans and metrics (`up --telemetry`); empty: off",
     )
     components: list[ComponentView]
 
@@ -135,6 +140,40 @@ class MigrateView(_Shape):
     refused: dict[str, int]
 
 
+class TraceSpanView(_Shape):
+    name: str
+    kind: str = Field(description="CLIENT, SERVER, CONSUMER, PRODUCER or INTERNAL")
+    role: str = Field(description="The process that wrote it: host, orderctl")
+    start: datetime
+    offset_ms: float = Field(description="Milliseconds after its trace's first span started")
+    duration_ms: float
+    status: str = Field(description="UNSET, OK or ERROR")
+    attributes: dict[str, Any] = Field(description="As recorded: order.id, queue, ...")
+    orphan: bool = Field(description="Its parent span is not in the files")
+    children: list[TraceSpanView]
+
+
+class TraceTreeView(_Shape):
+    trace_id: str
+    start: datetime
+    offset_ms: float = Field(description="Milliseconds after the order's first trace started")
+    duration_ms: float = Field(description="From its first span's start to its last span's end")
+    why: str = Field(
+        description="For a trace other than the first: why those hops are a trace of their own"
+    )
+    spans: list[TraceSpanView] = Field(description="Its root spans, each with its children")
+
+
+class TraceView(_Shape):
+    """`trace ID`: the order's spans from the local telemetry files, one tree per trace, in
+    time order."""
+
+    order_id: str
+    directory: str
+    span_count: int
+    traces: list[TraceTreeView]
+
+
 class ErrorView(_Shape):
     """On failure, with ``--json``: one document on stdout (and the one-line error on
     stderr); the exit code is not 0."""
@@ -175,6 +214,7 @@ def shapes() -> dict[str, tuple[Any, ...]]:
         "ps": (StackView,),
         "submit": (SubmitView,),
         "status": (OrderDetail, WatchView),
+        "trace": (TraceView,),
         "orders": (OrderPage,),
         "alerts": (AlertPage,),
         "ack": (AckView,),

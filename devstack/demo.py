@@ -204,8 +204,12 @@ class Demo:
         workdir: Path,
         rate: float = 0.0,
         console: Console,
+        telemetry: Path | None = None,
     ) -> None:
+        """``telemetry``: a stack the demo starts writes spans and metrics there
+        (`orderctl trace`); a running stack keeps its own setting."""
         self.count = orders
+        self.telemetry = telemetry
         self.asked_profile = profile
         self.profile = profile or DEFAULT_PROFILE
         self._restore: dict | None = None
@@ -232,11 +236,20 @@ class Demo:
                 concurrency=self.concurrency,
                 profile=self.profile,
                 overrides=QUICK_SETTINGS if self.quick else {},
+                telemetry=self.telemetry,
             )
             info = own.start(progress=lambda step: self.say(f"… {step}", "dim"))
+            if self.telemetry is not None:
+                self.say(f"telemetry: spans and metrics in {own.telemetry}", "dim")
             self._own_stack = True
         else:
             self.say(f"using the running stack in {self.workdir}")
+            if self.telemetry is not None and not info.settings.get("TELEMETRY_DIR"):
+                self.say(
+                    "telemetry stays off: the running stack was started without it "
+                    "(`orderctl down`, then `orderctl up --telemetry`)",
+                    "yellow",
+                )
             self._choose_profile(info)
         if info.api_url:
             self.say(f"watch it live: {join_url(info.api_url, 'dashboard')}", "bold")

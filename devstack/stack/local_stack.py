@@ -2,7 +2,9 @@
 
 `LocalStack.start()` brings each up, waits until it answers, creates the tables the settings
 name, and writes `<workdir>/stack.json` (settings, ports, PIDs) so that `orderctl submit`,
-`status` and `demo` find a running stack. `stop()` stops everything it started, by PID.
+`status` and `demo` find a running stack. With ``telemetry``, the hosts write their spans and
+metrics to files in that directory (the TELEMETRY_DIR setting, core.telemetry), which `orderctl
+trace` reads. `stop()` stops everything it started, by PID.
 The queues are the broker's entity config, the same file the infra tests compare with Bicep.
 
 Every address is chosen once, at the first start, and kept: :meth:`LocalStack.restart` brings a
@@ -34,6 +36,8 @@ from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
 EXAMPLE_SETTINGS = processes.REPO_ROOT / "local.settings.json.example"
 STATE_FILE = "stack.json"
 DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
+TELEMETRY_SETTING = "TELEMETRY_DIR"  # core.telemetry.TELEMETRY_DIR_SETTING
+TELEMETRY_SUBDIR = "telemetry"
 # Receivers per queue trigger and host. host.json's 16 suits Azure; locally 6 triggers x 16
 # AMQP connections per host only slow the start and compete for the same two cores.
 DEFAULT_CONCURRENCY = 4
@@ -103,10 +107,12 @@ class LocalStack:
         overrides: dict[str, str] | None = None,
         api_port: int = 0,
         persist: bool = False,
+        telemetry: Path | None = None,
     ) -> None:
         """``api_port``: where host 0 serves the operator HTTP API: this port, or the next free
         one above it if it is taken (0: any free port). ``persist``: Azurite and the broker keep
-        their data on disk for the stack's life (see the module's docstring)."""
+        their data on disk for the stack's life (see the module's docstring). ``telemetry``:
+        the directory the hosts write spans and metrics to (:func:`telemetry_dir`); None: off."""
         self.workdir = Path(workdir)
         self.hosts = hosts
         self.concurrency = concurrency
@@ -115,6 +121,7 @@ class LocalStack:
         self.overrides = overrides or {}
         self.api_port = api_port
         self.persist = persist
+        self.telemetry = Path(telemetry).resolve() if telemetry is not None else None
         self._azurite: AzuriteProcess | None = None
         self._broker: BrokerProcess | None = None
         self._children: dict[str, subprocess.Popen] = {}
@@ -156,6 +163,9 @@ class LocalStack:
             "AzureWebJobsStorage": account.connection_string,
         }
         settings |= {agent.url_setting: f"{fakes_url}/{agent.name}" for agent in AGENTS}
+        if self.telemetry is not None:
+            self.telemetry.mkdir(parents=True, exist_ok=True)
+            settings[TELEMETRY_SETTING] = str(self.telemetry)
         settings |= self.overrides
         progress("creating tables")
         self._create_tables(settings)
@@ -336,6 +346,13 @@ class LocalStack:
             self._azurite.stop()
             self._azurite = None
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
+
+
+def telemetry_dir(workdir: Path, info: StackInfo | None = None) -> Path:
+    """Where a stack's telemetry files are: its TELEMETRY_DIR setting when it has one, else
+    the default, ``<workdir>/telemetry`` (what `orderctl up --telemetry` uses)."""
+    configured = (info.settings.get(TELEMETRY_SETTING) if info is not None else None) or ""
+    return Path(configured) if configured.strip() else Path(workdir) / TELEMETRY_SUBDIR
 
 
 def _read(path: Path) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from devstack.cli import app
+from devstack.cli_output import validate
 from devstack.orders import build_order, parse_item
+from devstack.stack.local_stack import StackInfo
 
 runner = CliRunner()
 
@@ -262,3 +267,185 @@ def test_workflow_diff_of_a_version_not_carried_is_a_one_line_error():
     result = runner.invoke(app, ["workflow-diff", "order@1", "order@9"])
     assert result.exit_code == 2
     assert "no workflow 'order@9'" in result.stderr
+
+
+# ------------------------------------------------------------------- trace, --telemetry
+
+
+def span_line(span_id, parent=None, *, name, start_ms, ms, trace="a" * 32, kind="INTERNAL",
+              order_id=None, queue=None, status="UNSET", role="host"):  # fmt: skip
+    attributes = {}
+    if order_id:
+        attributes["order.id"] = order_id
+    if queue:
+        attributes["messaging.destination.name"] = queue
+    start = 1_800_000_000_000_000_000 + start_ms * 1_000_000
+    return json.dumps(
+        {
+            "trace_id": trace,
+            "span_id": span_id,
+            "parent_id": parent,
+            "name": name,
+            "kind": kind,
+            "start_ns": start,
+            "end_ns": start + int(ms * 1_000_000),
+            "status": status,
+            "attributes": attributes,
+            "role": role,
+        }
+    )
+
+
+def write_spans(directory, *lines):
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "spans-host-1.jsonl").open("a") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+ONE_HOP = (
+    span_line("s1", name="submit", start_ms=0, ms=3, kind="CLIENT", order_id="ORD-9",
+              role="orderctl"),
+    span_line("i1", "s1", name="scheduler_intake", start_ms=5, ms=9, kind="CONSUMER"),
+    span_line("a1", "i1", name="scheduler_intake", start_ms=6, ms=7, order_id="ORD-9",
+              queue="orders"),
+    span_line("i2", "a1", name="reserve_agent", start_ms=20, ms=1500, kind="CONSUMER"),
+    span_line("a2", "i2", name="reserve_agent", start_ms=21, ms=1400, order_id="ORD-9",
+              queue="inventory-requests", status="ERROR"),
+)  # fmt: skip
+
+
+def test_trace_prints_one_tree_with_hops_folded_and_durations(tmp_path):
+    telemetry = tmp_path / "telemetry"
+    write_spans(telemetry, *ONE_HOP, span_line("x", name="other", start_ms=1, ms=1, order_id="B"))
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path), "--wide")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "order ORD-9: 5 spans" in out and "several traces" not in out
+    lines = [line for line in out.splitlines() if "+0." in line or "+1." in line]
+    assert [line.split("s ", 1)[1].split()[0] for line in lines] == [
+        "submit",
+        "scheduler_intake",
+        "reserve_agent",
+    ]
+    assert "7.0 ms (invocation 9.0 ms)" in out and "queue orders" in out
+    assert "1.40 s (invocation 1.50 s)" in out and "failed" in out
+    assert "[orderctl]" in out
+    assert "other" not in out
+
+
+def test_trace_explains_why_hops_are_in_another_trace(tmp_path):
+    later = (
+        span_line("t", name="supervisor_tick", start_ms=9000, ms=30, trace="b" * 32),
+        span_line("c", "t", name="scheduler_commands", start_ms=9010, ms=5, trace="b" * 32,
+                  order_id="ORD-9"),
+        span_line("t2", "t", name="sweep other", start_ms=9011, ms=5, trace="b" * 32,
+                  order_id="ORD-OTHER"),
+    )  # fmt: skip
+    write_spans(tmp_path / "telemetry", *later, *ONE_HOP)
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path), "--wide")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "7 spans in 2 traces" in out
+    assert out.index("trace " + "a" * 32) < out.index("trace " + "b" * 32)
+    assert "why a trace of its own: the Supervisor's timer tick recovered the order" in out
+    assert "ORD-OTHER" not in out and "sweep other" not in out
+
+
+def test_trace_json_is_its_documented_shape(tmp_path):
+    write_spans(tmp_path / "t", *ONE_HOP)
+    result = run("trace", "ORD-9", "--dir", str(tmp_path / "t"), "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    view = validate("trace", document)
+    assert view.model_dump(mode="json") == document
+    (only,) = view.traces
+    (root,) = only.spans
+    assert (root.name, root.kind, root.duration_ms) == ("submit", "CLIENT", 3.0)
+    assert root.children[0].children[0].attributes == {
+        "order.id": "ORD-9",
+        "messaging.destination.name": "orders",
+    }
+
+
+def test_trace_prints_stored_text_as_text_not_markup(tmp_path):
+    hostile = span_line("h", name="[bold red]x[/]\x1b[2J", start_ms=0, ms=1, order_id="ORD-9",
+                        queue="[link=http://evil]q[/link]")  # fmt: skip
+    write_spans(tmp_path / "telemetry", hostile)
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path), "--wide")
+    assert result.exit_code == 0, result.output
+    assert "[bold red]x[/]" in result.stdout and "\x1b[2J" not in result.stdout
+    assert "[link=http://evil]q[/link]" in result.stdout
+
+
+def test_trace_refuses_a_bad_order_id(tmp_path):
+    result = run("trace", "ORD 9; rm", "--workdir", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: not an order id")
+
+
+def test_trace_without_telemetry_files_says_how_to_turn_them_on(tmp_path):
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path))
+    assert result.exit_code == 2
+    assert "no telemetry directory" in result.stderr and "orderctl up --telemetry" in result.stderr
+    (tmp_path / "telemetry").mkdir()
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path))
+    assert result.exit_code == 2
+    assert "no spans for order ORD-9" in result.stderr
+    assert "orderctl up --telemetry" in result.stderr
+
+
+def test_trace_reads_the_directory_the_stack_recorded(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    write_spans(elsewhere, *ONE_HOP)
+    StackInfo(settings={"TELEMETRY_DIR": str(elsewhere)}, fakes_url="").save(
+        tmp_path / "stack.json"
+    )
+    result = run("trace", "ORD-9", "--workdir", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["directory"] == str(elsewhere)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], None),
+        (["--telemetry"], "WORKDIR/telemetry"),
+        (["--telemetry-dir", "somewhere"], "somewhere"),
+        (["--telemetry", "--telemetry-dir", "somewhere"], "somewhere"),
+    ],
+)
+def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, args, expected):
+    import devstack.cli as cli
+
+    made: list[dict] = []
+
+    class Stack:
+        def __init__(self, workdir, **kwargs):
+            made.append(kwargs)
+
+    monkeypatch.setattr(cli, "check_installed", lambda: None)
+    monkeypatch.setattr(cli, "LocalStack", Stack)
+    monkeypatch.setattr(cli, "run_supervised", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    result = run("up", *args, "--workdir", str(tmp_path / "wd"))
+    assert result.exit_code == 0, result.output
+    (kwargs,) = made
+    if expected is None:
+        assert kwargs["telemetry"] is None
+    elif expected.startswith("WORKDIR"):
+        assert kwargs["telemetry"] == tmp_path / "wd" / "telemetry"
+    else:
+        assert kwargs["telemetry"] == tmp_path / expected
+
+
+def test_the_stack_hands_its_hosts_the_telemetry_setting(tmp_path):
+    from core.telemetry import TELEMETRY_DIR_SETTING
+    from devstack.stack.local_stack import TELEMETRY_SETTING, LocalStack, telemetry_dir
+
+    assert TELEMETRY_SETTING == TELEMETRY_DIR_SETTING
+    stack = LocalStack(tmp_path, telemetry=tmp_path / "t")
+    assert stack.telemetry == (tmp_path / "t").resolve()
+    assert LocalStack(tmp_path).telemetry is None
+    assert telemetry_dir(tmp_path) == tmp_path / "telemetry"
+    info = StackInfo(settings={"TELEMETRY_DIR": "/x"}, fakes_url="")
+    assert telemetry_dir(tmp_path, info) == Path("/x")

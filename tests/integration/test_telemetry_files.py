@@ -1,0 +1,190 @@
+"""Local telemetry end to end: the app in a real host process with TELEMETRY_DIR set, a
+three-step order submitted with `orderctl submit`, then `orderctl trace` prints one tree from
+the submission through intake, every agent and every reply, with durations; the metrics file
+holds the order's metrics.
+
+The host is a separate process (`python -m devstack.host`, as `orderctl up` starts it), so the
+files are written by the exporters the app installs itself (core.telemetry.configure), flushed
+periodically and at exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from core.agents import AGENTS
+from core.state_models import OrderNotFound
+from core.states import ProcessState
+from devstack.cli import app
+from devstack.cli_output import validate
+from devstack.stack import processes
+from devstack.stack.local_stack import StackInfo, base_settings
+from devstack.stack.processes import REPO_ROOT
+from tests.support.app import make_runtime
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner()
+AGENT_FUNCTIONS = [agent.function_name for agent in AGENTS]
+
+
+def cli(*args: str) -> Any:
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def stack(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Path, Any]]:
+    """The app in one host process writing telemetry to ``<workdir>/telemetry``, recorded in
+    ``<workdir>/stack.json`` as `orderctl up --telemetry` records it."""
+    rt = make_runtime(env, "test")  # creates the tables
+    workdir = tmp_path / "stack"
+    workdir.mkdir()
+    values = (
+        base_settings()
+        | env
+        | {
+            "AzureWebJobsStorage": azurite.connection_string,
+            "TELEMETRY_DIR": str(workdir / "telemetry"),
+        }
+    )
+    settings = workdir / "local.settings.json"
+    settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
+    argv = [
+        sys.executable, "-m", "devstack.host", "--settings", str(settings),
+        "--concurrency", "2", "--http-port", "-1",
+    ]  # fmt: skip
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("APPLICATIONINSIGHTS_CONNECTION_STRING", "TELEMETRY_DIR")
+    }
+    environ |= {"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    log = workdir / "host-0.log"
+    host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
+    try:
+        wait_until(lambda: "host started" in log.read_text(), 60, "the host to start")
+        StackInfo(settings=values, fakes_url="", pids={"host-0": host.pid}).save(
+            workdir / "stack.json"
+        )
+        yield workdir, rt
+    finally:
+        host.send_signal(signal.SIGTERM)
+        try:
+            host.wait(timeout=20)
+        finally:
+            processes.stop(host)
+            rt.close()
+
+
+def state(rt: Any, order_id: str) -> ProcessState | None:
+    try:
+        return rt.store.load(order_id).state
+    except OrderNotFound:
+        return None
+
+
+def names(spans: list[Any]) -> list[str]:
+    return [n for span in spans for n in [span.name, *names(span.children)]]
+
+
+def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
+    workdir, rt = stack
+    order_id = f"ORD-TRACE-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+    assert submitted.exit_code == 0, submitted.output
+    wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 60, "Processed")
+
+    expected = ["scheduler_intake", *AGENT_FUNCTIONS, "scheduler_replies"]
+
+    def whole() -> bool:
+        result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+        if result.exit_code != 0:
+            return False
+        view = validate("trace", json.loads(result.stdout))
+        found = names([span for t in view.traces for span in t.spans])
+        return found.count("scheduler_replies") >= 2 * 3 and all(n in found for n in expected)
+
+    wait_until(whole, 30, "every hop's spans in the files")  # written every 2 s
+
+    result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+    view = validate("trace", json.loads(result.stdout))
+    assert len(view.traces) == 1, [t.why for t in view.traces]
+    (root,) = view.traces[0].spans
+    assert (root.name, root.kind, root.role) == ("submit", "CLIENT", "orderctl")
+    found = names([root])
+    # Each hop: the host's invocation span and the app's span inside it.
+    assert found.count("scheduler_intake") == 2
+    for function in AGENT_FUNCTIONS:
+        assert found.count(function) == 2, found
+    assert found.count("scheduler_replies") == 2 * 3
+
+    def hops(span: Any, depth: int = 0) -> list[tuple[int, str]]:
+        inner = [c for c in span.children if c.name == span.name and c.kind == "INTERNAL"]
+        here = [(depth, span.name)] if span.kind == "CONSUMER" else []
+        below = [c for c in span.children if c not in inner]
+        below += [c for i in inner for c in i.children]
+        return here + [h for c in below for h in hops(c, depth + 1)]
+
+    chain = [name for _, name in hops(root)]
+    first, second, third = AGENT_FUNCTIONS
+    assert chain == [
+        "scheduler_intake",
+        first,
+        "scheduler_replies",
+        second,
+        "scheduler_replies",
+        third,
+        "scheduler_replies",
+    ], "each hop is a child of the previous one, across every queue"
+
+    printed = cli("trace", order_id, "--workdir", str(workdir), "--wide")
+    assert printed.exit_code == 0, printed.output
+    lines = printed.stdout.splitlines()
+    assert f"order {order_id}: " in lines[0] and "traces" not in lines[0]
+    for function in ["scheduler_intake", *AGENT_FUNCTIONS]:
+        (line,) = [x for x in lines if f" {function} " in x]
+        assert " ms (invocation " in line or " s (invocation " in line, line
+    assert len([x for x in lines if " scheduler_replies " in x]) == 3
+
+
+def test_the_host_writes_the_order_metrics(stack) -> None:
+    workdir, rt = stack
+    order_id = f"ORD-METRICS-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+    assert submitted.exit_code == 0, submitted.output
+    wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 60, "Processed")
+
+    def lines() -> list[dict]:
+        return [
+            json.loads(line)
+            for path in (workdir / "telemetry").glob("metrics-host-*.jsonl")
+            for line in path.read_text().splitlines()
+        ]
+
+    def recorded(name: str) -> float:
+        return sum(r.get("value", r.get("count", 0)) for r in lines() if r["name"] == name)
+
+    wait_until(lambda: recorded("orders.finished") >= 1, 20, "the metrics flush (every 5 s)")
+    assert recorded("orders.started") >= 1
+    durations = [r for r in lines() if r["name"] == "step.duration"]
+    steps = {r["attributes"]["step"] for r in durations}
+    assert len(steps) == 3, durations
+    assert all(r["type"] == "histogram" and r["unit"] == "s" for r in durations)
+    assert any(r["name"] == "supervisor.tick.duration" for r in lines())
