@@ -9,7 +9,8 @@
 // tests/infra checks this template offline against the code: every app setting the code reads
 // is set below and nothing else is, queue and table names agree with the Service Bus and
 // storage modules, devstack/servicebus/Config.json and local.settings.json.example, only the
-// allowed roles are granted, and the Supervisor alerts query the metrics the code emits.
+// allowed roles are granted, the Supervisor alerts query the metrics the code emits, and the
+// workbook charts exactly the metrics the code defines.
 
 targetScope = 'subscription'
 
@@ -229,6 +230,18 @@ module monitoring 'app/monitoring.bicep' = {
   }
 }
 
+// The operators' charts in Azure: the dashboard overview's, from the metrics the app exports.
+module workbook 'app/workbook.bicep' = {
+  name: 'workbook'
+  scope: rg
+  params: {
+    appInsightsName: monitoring.outputs.appInsightsName
+    location: location
+    tags: tags
+    displayName: 'Orders (${environmentName})'
+  }
+}
+
 // Every app setting the code reads (core/settings.py, the %NAME% binding expressions and the
 // `ServiceBusConnection` trigger connection). The Functions host's own settings
 // (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
@@ -363,3 +376,5 @@ output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
 output AZURE_FUNCTION_APP_URL string = 'https://${api.outputs.defaultHostName}/api/'
 output DASHBOARD_URL string = 'https://${api.outputs.defaultHostName}/api/dashboard'
 output AUTH_ENABLED bool = api.outputs.authEnabled
+// The workbook in the portal (docs/deploy.md, Workbook).
+output WORKBOOK_URL string = '${environment().portal}/#@${tenant().tenantId}/resource${workbook.outputs.id}'

@@ -9,9 +9,11 @@ and prove that they fail.
 What the code reads and emits comes from the code itself (:func:`code_facts`): the settings
 module is run against a recording environment, the bindings come from indexing ``function_app``
 the way the Functions host does, the Supervisor's metrics from recording one tick's metrics
-with an in-memory OpenTelemetry reader, and what each function does to queues, tables, blob
-containers and secrets from reading its code (:mod:`tests.infra.code_access`), which
-:func:`check_data_roles` holds against the role assignments of the app's identity.
+with an in-memory OpenTelemetry reader, the metric names the workbook must chart from
+``core.metrics.NAMES`` and ``supervisor.metrics.NAMES``, and what each function does to queues,
+tables, blob containers and secrets from reading its code (:mod:`tests.infra.code_access`),
+which :func:`check_data_roles` holds against the role assignments of the app's identity. The
+workbook's JSON and the KQL of its charts are read by :mod:`tests.infra.workbook`.
 
 pycep renders a string literal and an identifier alike (``'orders'`` and ``orders`` both become
 ``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
@@ -34,7 +36,7 @@ from typing import Any
 
 from pycep import BicepParser
 
-from tests.infra import code_access
+from tests.infra import code_access, workbook
 from tests.infra.code_access import Access, CodeAccess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -367,6 +369,8 @@ class CodeFacts:
     (:mod:`tests.infra.code_access`), its trigger's receives included."""
     http_auth_levels: Mapping[str, str] = field(default_factory=dict, compare=False)
     """HTTP-triggered function -> the ``authLevel`` of its trigger, as indexed."""
+    metric_names: frozenset[str] = frozenset()
+    """Every metric the code defines: ``core.metrics.NAMES | supervisor.metrics.NAMES``."""
 
     @property
     def storage_name_settings(self) -> dict[str, str]:
@@ -521,6 +525,30 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
     return json.loads(result.stdout)
 
 
+_METRIC_NAMES_SCRIPT = """
+import json, sys
+from core.metrics import NAMES as orders
+from supervisor.metrics import NAMES as supervisor
+json.dump(sorted(orders | supervisor), sys.stdout)
+"""
+
+
+def metric_names_defined(root: Path = REPO_ROOT) -> frozenset[str]:
+    """``core.metrics.NAMES | supervisor.metrics.NAMES`` of the code under ``root``, read in a
+    fresh interpreter (like the other facts: nothing is imported into the test process)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _METRIC_NAMES_SCRIPT],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise CheckError(f"reading the metric names failed:\n{result.stderr[-2000:]}")
+    return frozenset(json.loads(result.stdout))
+
+
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     from core.settings import QUEUE_SETTINGS
 
@@ -553,6 +581,7 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
             if a.kind == "receive" and a.resource[0] == "setting" and a.where != TRIGGER
         ),
         metrics=metrics_recorded_by_a_tick(root),
+        metric_names=metric_names_defined(root),
         access=access,
         http_auth_levels={
             function[SOURCE_KEY]["function"]: str(binding.get("authLevel", "")).lower()
@@ -1965,6 +1994,242 @@ def _tests_not_empty(infra: Infra, bicep: BicepFile, condition: Any, name: Any) 
     )
 
 
+# ------------------------------------------------------------------------- workbook
+
+WORKBOOK_TYPE = "Microsoft.Insights/workbooks"
+COMPONENT_TYPE = "Microsoft.Insights/components"
+ROLE_ASSIGNMENT_TYPE = "Microsoft.Authorization/roleAssignments"
+WORKBOOK_EXPECTED: Mapping[str, str] = {
+    "kind": "shared",  # the only kind API 2023-06-01 takes: visible to all who may read it
+    "category": "workbook",  # listed among the workbooks (not a troubleshooting guide or a gallery)
+}
+_CHANGING_FUNCTIONS: Mapping[str, str] = {"new_guid": "newGuid", "utc_now": "utcNow"}
+"""Functions whose value changes on every deployment (pycep's name -> Bicep's)."""
+_SERIALIZED_DATA_SHAPE = (
+    "string(union(json(loadTextContent('<file>.json')), { fallbackResourceIds: "
+    "[<component>.id] })): the JSON file is the workbook, and the fallback makes it query the "
+    "component when it is opened with no resource in context (its own page, a link, a pin)"
+)
+
+
+@_checked
+def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
+    """The operators' workbook: one ``Microsoft.Insights/workbooks`` resource that main.bicep
+    always deploys, shared, named by a deterministic guid(), on the Application Insights
+    component the function app exports its telemetry to (``sourceId`` and any
+    ``fallbackResourceIds``), its content a JSON file next to its module (``loadTextContent``)
+    that holds up (:func:`tests.infra.workbook.problems`: its charts read Application Insights
+    tables, name only metrics the code defines, and chart every one of them); no identity, and
+    no role assignment on it or in its module (it needs none)."""
+    infra = Infra.load(layout)
+    found = list(infra.resources(WORKBOOK_TYPE))
+    if len(found) != 1:
+        return [f"expected one {WORKBOOK_TYPE} (the operators' workbook), found {len(found)}"]
+    bicep, symbol, resource = found[0]
+    where = f"{infra.rel(bicep.path)}: {symbol}"
+    problems = []
+    if (why := _deployment_problem(infra, bicep)) is not None:
+        problems.append(why)
+    if {"condition", "loop_type"} & set(resource.get("config") or {}):
+        problems.append(f"{where}: must be declared unconditionally, once")
+    body = _body(resource)
+    props = body.get("properties") or {}
+    for key, expected in WORKBOOK_EXPECTED.items():
+        actual = (body if key == "kind" else props).get(key)
+        if actual != expected:
+            problems.append(f"{where}: {key} is {actual!r}, must be {expected!r}")
+    problems += _workbook_name_problems(infra, bicep, where, body.get("name"))
+    if not body.get("location"):
+        problems.append(f"{where}: no location (required by API {resource.get('api_version')})")
+    if not props.get("displayName"):
+        problems.append(f"{where}: no properties.displayName (the name the portal shows)")
+    if body.get("identity") or props.get("storageUri"):
+        problems.append(
+            f"{where}: declares an identity or storageUri (bring-your-own storage); the "
+            "workbook needs neither"
+        )
+    component = _component_of(infra, bicep, props.get("sourceId"))
+    if component is None:
+        problems.append(
+            f"{where}: sourceId must be the id of the Application Insights component "
+            f"(<component>.id of a {COMPONENT_TYPE} in {infra.rel(bicep.path)}), not "
+            f"{_short(props.get('sourceId'))}"
+        )
+    else:
+        problems += _same_component_problems(infra, bicep, where, component)
+    document_path, shape_problems = _serialized_data(infra, bicep, where, props, component)
+    problems += shape_problems
+    if document_path is not None:
+        rel = infra.rel(document_path)
+        try:
+            document = json.loads(document_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            problems.append(f"{rel}, the workbook's content, cannot be read: {exc.strerror}")
+        except ValueError as exc:
+            problems.append(f"{rel} does not parse as JSON: {exc}")
+        else:
+            problems += workbook.problems(document, facts.metric_names, rel)
+            if isinstance(document, dict) and "fallbackResourceIds" in document:
+                problems.append(
+                    f"{rel}: holds fallbackResourceIds (a copy from the portal?); leave them "
+                    f"out, {infra.rel(bicep.path)} sets them to the component it deploys with"
+                )
+    problems += _workbook_role_problems(infra, bicep)
+    return problems
+
+
+def _deployment_problem(infra: Infra, bicep: BicepFile) -> str | None:
+    """None if every deployment of main.bicep deploys ``bicep`` (itself, or through
+    unconditional module declarations), else what is wrong."""
+    if bicep is infra.main:
+        return None
+    callers = list(infra.callers(bicep))
+    if not callers:
+        return (
+            f"{infra.rel(bicep.path)} is not deployed by infra/main.bicep: no module "
+            "declaration names it"
+        )
+    for caller, config in callers:
+        if {"condition", "loop_type"} & set(config):
+            continue
+        if _deployment_problem(infra, caller) is None:
+            return None
+    return (
+        f"{infra.rel(bicep.path)} is not always deployed by infra/main.bicep: only through a "
+        "condition, a loop, or a file main.bicep does not deploy"
+    )
+
+
+def _workbook_name_problems(infra: Infra, bicep: BicepFile, where: str, name: Any) -> list[str]:
+    function = name.get("function") if isinstance(name, dict) else None
+    if not isinstance(function, dict) or function.get("type") != "guid":
+        return [
+            f"{where}: name must be guid(...) of stable values (a workbook's name is a GUID; "
+            f"deriving it makes a redeployment update the same workbook), not {_short(name)}"
+        ]
+    called = _functions_called(infra, bicep, name)
+    changing = sorted(bicep_name for f, bicep_name in _CHANGING_FUNCTIONS.items() if f in called)
+    if changing:
+        return [
+            f"{where}: name depends on {'(), '.join(changing)}(): every deployment would add "
+            "another workbook"
+        ]
+    return []
+
+
+def _functions_called(infra: Infra, bicep: BicepFile, expr: Any, depth: int = 0) -> set[str]:
+    """Function types an expression calls, through variables and parameter defaults."""
+    if depth > 20:
+        return set()
+    found: set[str] = set()
+    if isinstance(expr, str):
+        if expr in bicep.variables:
+            return _functions_called(infra, bicep, bicep.variables[expr]["value"], depth + 1)
+        if expr in bicep.params:
+            origin, passed = parameter_origin(infra, bicep, expr)
+            if origin is not bicep or passed != expr:
+                return _functions_called(infra, origin, passed, depth + 1)
+            return _functions_called(infra, bicep, bicep.params[expr].get("default"), depth + 1)
+        return found
+    if isinstance(expr, dict):
+        function = expr.get("function")
+        if isinstance(function, dict) and isinstance(function.get("type"), str):
+            found.add(function["type"])
+        for value in expr.values():
+            found |= _functions_called(infra, bicep, value, depth + 1)
+    elif isinstance(expr, list):
+        for value in expr:
+            found |= _functions_called(infra, bicep, value, depth + 1)
+    return found
+
+
+def _component_of(infra: Infra, bicep: BicepFile, expr: Any) -> str | None:
+    """The symbol of the Application Insights component ``expr`` is the id of (``X.id``)."""
+    symbol = _accessed_symbol(expr)
+    resource = bicep.resources.get(symbol) if symbol else None
+    if resource is None or resource.get("type") != COMPONENT_TYPE or _last_name(expr) != "id":
+        return None
+    return symbol
+
+
+def _component_origin(infra: Infra, bicep: BicepFile, symbol: str) -> str:
+    """Where a component's name comes from (``monitoring.outputs.appInsightsName``)."""
+    return _origin_text(infra, bicep, _body(bicep.resources[symbol]).get("name"))
+
+
+def _same_component_problems(
+    infra: Infra, bicep: BicepFile, where: str, component: str
+) -> list[str]:
+    site_file, site, _ = infra.one_resource("Microsoft.Web/sites")
+    app_components = {
+        _component_origin(infra, site_file, symbol)
+        for symbol, resource in site_file.resources.items()
+        if resource.get("type") == COMPONENT_TYPE
+    }
+    origin = _component_origin(infra, bicep, component)
+    if origin in app_components:
+        return []
+    return [
+        f"{where}: reads the component named by {origin}, but the function app {site} exports "
+        f"its telemetry to {' or '.join(sorted(app_components)) or 'no component'}"
+    ]
+
+
+def _serialized_data(
+    infra: Infra, bicep: BicepFile, where: str, props: dict[str, Any], component: str | None
+) -> tuple[Path | None, list[str]]:
+    """(the JSON file serializedData loads, problems with its expression)."""
+    expr = props.get("serializedData")
+    wrong = [f"{where}: serializedData must be {_SERIALIZED_DATA_SHAPE}; not {_short(expr)}"]
+
+    def call(value: Any, type_: str) -> dict[str, Any]:
+        function = value.get("function") if isinstance(value, dict) else None
+        if isinstance(function, dict) and function.get("type") == type_:
+            return function.get("parameters") or {}
+        return {}
+
+    parts = list(call(call(expr, "string").get("value_to_convert"), "union").values())
+    if len(parts) != 2 or not isinstance(parts[1], dict):
+        return None, wrong
+    file = call(call(parts[0], "json").get("arg_1"), "load_text_content").get("file_path")
+    extra = {_unquote(key): value for key, value in parts[1].items()}
+    fallback = extra.get("fallbackResourceIds")
+    if (
+        not isinstance(file, str)
+        or not file.endswith(".json")
+        or set(extra) != {"fallbackResourceIds"}
+    ):
+        return None, wrong
+    problems = []
+    if not isinstance(fallback, list) or not fallback:
+        problems.append(f"{where}: fallbackResourceIds must list the sourceId component's id")
+    for value in fallback if isinstance(fallback, list) else []:
+        if component is None or _component_of(infra, bicep, value) != component:
+            problems.append(
+                f"{where}: fallbackResourceIds must be the sourceId component's id, not "
+                f"{_short(value)}"
+            )
+    return bicep.path.parent / file, problems
+
+
+def _workbook_role_problems(infra: Infra, bicep: BicepFile) -> list[str]:
+    problems = []
+    for owner, symbol, resource in infra.resources(ROLE_ASSIGNMENT_TYPE):
+        scope = _body(resource).get("scope")
+        target = owner.resources.get(scope) if isinstance(scope, str) else None
+        if owner is bicep:
+            problems.append(
+                f"{infra.rel(owner.path)}: {symbol} grants a role in the workbook module; the "
+                "workbook needs none (operators are given read access: docs/deploy.md, Workbook)"
+            )
+        elif target is not None and target.get("type") == WORKBOOK_TYPE:
+            problems.append(
+                f"{infra.rel(owner.path)}: {symbol} grants a role on a workbook; grant operators "
+                "their read access outside the templates (docs/deploy.md, Workbook)"
+            )
+    return problems
+
+
 def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
     """Every check by name, each taking only a Layout (code facts bound in)."""
     return {
@@ -1986,6 +2251,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "parameters": check_parameters,
         "outputs": check_outputs,
         "authentication": lambda layout: check_authentication(layout, facts),
+        "workbook": lambda layout: check_workbook(layout, facts),
     }
 
 

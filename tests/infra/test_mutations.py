@@ -801,6 +801,208 @@ MUTATIONS += [
     ),
 ]
 
+# The operators' workbook: deployed, on the app's component, from its JSON file, charting exactly
+# the metrics the code defines, with no role of its own.
+WORKBOOK = "infra/app/workbook.bicep"
+WORKBOOK_JSON = "infra/app/workbook.json"
+
+
+def both(*edits: Callable[[str], str]) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        for one in edits:
+            text = one(text)
+        return text
+
+    return edit
+
+
+MUTATIONS += [
+    Mutation(
+        "workbook module dropped from main.bicep",
+        MAIN,
+        both(
+            sub(r"(?s)module workbook 'app/workbook\.bicep' = \{.*?\n\}\n", ""),
+            sub(r"output WORKBOOK_URL [^\n]*\n", ""),
+        ),
+        "workbook",
+        "infra/app/workbook.bicep is not deployed by infra/main.bicep",
+    ),
+    Mutation(
+        "workbook deployed only on a condition",
+        MAIN,
+        replace(
+            "module workbook 'app/workbook.bicep' = {",
+            "module workbook 'app/workbook.bicep' = if (!empty(principalId)) {",
+        ),
+        "workbook",
+        "infra/app/workbook.bicep is not always deployed by infra/main.bicep",
+    ),
+    Mutation(
+        "a metric misspelled in a chart",
+        WORKBOOK_JSON,
+        replace('\\"orders.finished\\"', '\\"orders.finish\\"'),
+        "workbook",
+        "queries metric 'orders.finish', which the code does not define",
+    ),
+    Mutation(
+        "a metric misspelled in a chart leaves it uncharted",
+        WORKBOOK_JSON,
+        replace('\\"orders.finished\\"', '\\"orders.finish\\"'),
+        "workbook",
+        "metric 'orders.finished' is defined by the code but no chart queries it",
+    ),
+    Mutation(
+        "a chart of a metric's name prefix",
+        WORKBOOK_JSON,
+        replace(
+            'where name in (\\"supervisor.rows_read\\", \\"supervisor.recovered\\", '
+            '\\"supervisor.buckets_unfinished\\")',
+            'where name startswith \\"supervisor.\\"',
+        ),
+        "workbook",
+        "compares name with startswith",
+    ),
+    Mutation(
+        "a chart reads a table Application Insights does not have",
+        WORKBOOK_JSON,
+        replace(
+            '"query": "requests\\n| make-series Invocations',
+            '"query": "request\\n| make-series Invocations',
+        ),
+        "workbook",
+        "reads 'request', which is not an Application Insights table",
+    ),
+    Mutation(
+        "a chart bound to a time range that is not declared",
+        WORKBOOK_JSON,
+        replace('"timeContextFromParameter": "TimeRange"', '"timeContextFromParameter": "Range"'),
+        "workbook",
+        "timeContextFromParameter is 'Range', must name a time range parameter",
+    ),
+    Mutation(
+        "the workbook JSON no longer parses",
+        WORKBOOK_JSON,
+        lambda text: text.rstrip()[:-1],
+        "workbook",
+        "infra/app/workbook.json does not parse as JSON",
+    ),
+    Mutation(
+        "workbook content from a file that is not there",
+        WORKBOOK,
+        replace("loadTextContent('workbook.json')", "loadTextContent('dashboard.json')"),
+        "workbook",
+        "infra/app/dashboard.json, the workbook's content, cannot be read",
+    ),
+    Mutation(
+        "workbook content inline instead of the JSON file",
+        WORKBOOK,
+        sub(r"(?s)serializedData: string\(.*?\}\)\)\n", "serializedData: '{}'\n"),
+        "workbook",
+        "serializedData must be string(union(json(loadTextContent('<file>.json'))",
+    ),
+    Mutation(
+        "workbook content without the fallback to the component",
+        WORKBOOK,
+        sub(
+            r"(?s)serializedData: string\(.*?\}\)\)\n",
+            "serializedData: loadTextContent('workbook.json')\n",
+        ),
+        "workbook",
+        "the fallback makes it query the component when it is opened with no resource",
+    ),
+    Mutation(
+        "the workbook JSON pasted back with the portal's fallback ids",
+        WORKBOOK_JSON,
+        replace(
+            '"version": "Notebook/1.0",',
+            '"version": "Notebook/1.0",\n  "fallbackResourceIds": ["/subscriptions/x"],',
+        ),
+        "workbook",
+        "holds fallbackResourceIds (a copy from the portal?)",
+    ),
+    Mutation(
+        "workbook not on the Application Insights component",
+        WORKBOOK,
+        replace("sourceId: appInsights.id", "sourceId: 'Azure Monitor'"),
+        "workbook",
+        "sourceId must be the id of the Application Insights component",
+    ),
+    Mutation(
+        "workbook on another component than the app's",
+        MAIN,
+        replace(
+            "    appInsightsName: monitoring.outputs.appInsightsName\n    location: location\n"
+            "    tags: tags\n    displayName:",
+            "    appInsightsName: 'appi-elsewhere'\n    location: location\n"
+            "    tags: tags\n    displayName:",
+        ),
+        "workbook",
+        "reads the component named by appi-elsewhere, but the function app",
+    ),
+    Mutation(
+        "workbook falls back to another resource",
+        WORKBOOK,
+        replace(
+            "fallbackResourceIds: [\n        appInsights.id", "fallbackResourceIds: [\n        'x'"
+        ),
+        "workbook",
+        "fallbackResourceIds must be the sourceId component's id",
+    ),
+    Mutation(
+        "workbook named by a fixed string",
+        WORKBOOK,
+        replace("name: guid(appInsights.id, 'orders-workbook')", "name: 'orders-workbook'"),
+        "workbook",
+        "name must be guid(...) of stable values",
+    ),
+    Mutation(
+        "workbook named by a new GUID on every deployment",
+        WORKBOOK,
+        both(
+            replace("name: guid(appInsights.id, 'orders-workbook')", "name: guid(seed)"),
+            replace(
+                "param displayName string\n",
+                "param displayName string\nparam seed string = newGuid()\n",
+            ),
+        ),
+        "workbook",
+        "name depends on newGuid(): every deployment would add another workbook",
+    ),
+    Mutation(
+        "workbook kind changed",
+        WORKBOOK,
+        replace("kind: 'shared'", "kind: 'user'"),
+        "workbook",
+        "kind is 'user', must be 'shared'",
+    ),
+    Mutation(
+        "workbook category changed",
+        WORKBOOK,
+        replace("category: 'workbook'", "category: 'tsg'"),
+        "workbook",
+        "category is 'tsg', must be 'workbook'",
+    ),
+    Mutation(
+        "a role granted on the workbook",
+        WORKBOOK,
+        replace(
+            "output id string = workbook.id",
+            "resource reader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {\n"
+            "  name: guid(workbook.id, 'readers')\n"
+            "  scope: workbook\n"
+            "  properties: {\n"
+            "    roleDefinitionId: subscriptionResourceId("
+            "'Microsoft.Authorization/roleDefinitions', '3913510d-42f4-4e42-8a64-420c390055eb')\n"
+            "    principalId: '00000000-0000-0000-0000-000000000000'\n"
+            "  }\n"
+            "}\n\n"
+            "output id string = workbook.id",
+        ),
+        "workbook",
+        "reader grants a role in the workbook module; the workbook needs none",
+    ),
+]
+
 # Consistent edits (every place changed together) must pass: the checks catch drift, not change.
 CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
     "queue renamed everywhere": [
@@ -884,6 +1086,35 @@ def test_an_http_function_without_a_key_fails_the_authentication_check(layout, f
         layout, dataclasses.replace(facts, http_auth_levels=levels)
     )
     assert any("HTTP function dashboard_page has authLevel" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("added", "removed", "expect"),
+    [
+        (
+            {"orders.compensated"},
+            set(),
+            "metric 'orders.compensated' is defined by the code but no chart queries it",
+        ),
+        (set(), {"step.retries"}, "queries metric 'step.retries', which the code does not define"),
+        (set(), {"supervisor.lag"}, "queries metric 'supervisor.lag', which the code does not"),
+    ],
+)
+def test_a_metric_added_or_dropped_in_the_code_fails_the_workbook_check(
+    layout, facts, added, removed, expect
+):
+    """The code side of the workbook: a new metric needs a chart, a chart needs its metric."""
+    names = (facts.metric_names | added) - removed
+    problems = checks.check_workbook(layout, dataclasses.replace(facts, metric_names=names))
+    assert any(expect in problem for problem in problems), problems
+
+
+def test_a_metric_renamed_in_the_code_and_the_workbook_passes(repo_copy, facts):
+    old, new = "step.retries", "step.redispatched"
+    apply(repo_copy, WORKBOOK_JSON, replace(f'\\"{old}\\"', f'\\"{new}\\"', count=-1))
+    renamed = (facts.metric_names - {old}) | {new}
+    problems = checks.check_workbook(repo_copy, dataclasses.replace(facts, metric_names=renamed))
+    assert not problems, problems
 
 
 @pytest.mark.parametrize("edits", CONSISTENT_EDITS.values(), ids=CONSISTENT_EDITS.keys())
