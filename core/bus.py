@@ -82,7 +82,8 @@ class Bus:
             self._forget(queue, sender)
             raise
         COUNTS.add("servicebus.send")
-        log.debug("sent %s to %s", message_id_for(message), queue)
+        if log.isEnabledFor(logging.DEBUG):  # the MessageId is a hash: not built for nothing
+            log.debug("sent %s to %s", message_id_for(message), queue)
 
     def prepare(
         self, queue: str, message: MessageBase, scheduled_at: datetime | None = None

@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -64,7 +63,7 @@ def write_stats(host: LocalHost, path: Path) -> None:
     document = {
         "pid": os.getpid(),
         "updated_utc": datetime.now(UTC).isoformat(),
-        "functions": {name: asdict(stats) for name, stats in host.stats().items()},
+        "functions": {name: stats.as_dict() for name, stats in host.stats().items()},
         "operations": COUNTS.snapshot(),
     }
     temporary = path.with_name(path.name + ".tmp")

@@ -23,27 +23,42 @@ class FunctionStats:
     lock_lost_on_settle: int = 0  # complete/abandon refused with MessageLockLostError
     lock_lost: int = 0  # messages with either of the two above, each counted once
 
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTERS}
+
+
+COUNTERS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FunctionStats))
+
 
 class StatsCounter:
-    """Thread-safe counters for one function."""
+    """Thread-safe counters for one function.
+
+    Plain integers under a lock, updated twice per message: a frozen dataclass rebuilt on
+    every update cost a measurable share of the host's CPU (docs/performance.md).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._stats = FunctionStats()
+        self._counts = dict.fromkeys(COUNTERS, 0)
 
     def add(self, **deltas: int) -> None:
+        unknown = deltas.keys() - self._counts.keys()
+        if unknown:
+            raise TypeError(f"unknown counter(s) {sorted(unknown)}: one of {', '.join(COUNTERS)}")
         with self._lock:
-            current = self._stats
-            self._stats = dataclasses.replace(
-                current, **{key: getattr(current, key) + value for key, value in deltas.items()}
-            )
+            for key, value in deltas.items():
+                self._counts[key] += value
 
     def started(self) -> None:
-        self.add(invocations=1, in_flight=1)
+        with self._lock:
+            self._counts["invocations"] += 1
+            self._counts["in_flight"] += 1
 
     def finished(self, ok: bool) -> None:
-        self.add(in_flight=-1, successes=int(ok), failures=int(not ok))
+        with self._lock:
+            self._counts["in_flight"] -= 1
+            self._counts["successes" if ok else "failures"] += 1
 
     def snapshot(self) -> FunctionStats:
         with self._lock:
-            return self._stats
+            return FunctionStats(**self._counts)

@@ -1,14 +1,17 @@
-"""The local host's simulated cold starts and the identity its HTTP server passes on."""
+"""The local host's simulated cold starts, the identity its HTTP server passes on, and its
+per-function counters."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import asdict
 
 import pytest
 
 from devstack.host.cold_start import ColdStarts, parse_cold_starts
 from devstack.host.http_server import HttpServer
 from devstack.host.settings import HostConfigError
+from devstack.host.stats import FunctionStats, StatsCounter
 
 FUNCTIONS = ("inventory_agent", "payment_agent", "scheduler_replies")
 
@@ -88,3 +91,33 @@ def test_without_a_configured_principal_nobody_is_signed_in():
         assert local._authenticated({"X-MS-CLIENT-PRINCIPAL-NAME": "mallory"}) == {}
     finally:
         local._server.server_close()  # never started: nothing to shut down
+
+
+# ---------------------------------------------------------------- per-function counters
+
+
+def test_counters_from_many_threads_add_up():
+    stats = StatsCounter()
+
+    def work(ok: bool) -> None:
+        for _ in range(500):
+            stats.started()
+            stats.add(redelivered=1)
+            stats.finished(ok)
+
+    threads = [threading.Thread(target=work, args=(n % 2 == 0,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    snapshot = stats.snapshot()
+    assert (snapshot.invocations, snapshot.successes, snapshot.failures) == (4000, 2000, 2000)
+    assert snapshot.in_flight == 0 and snapshot.redelivered == 4000
+    assert snapshot.as_dict() == asdict(snapshot)
+
+
+def test_an_unknown_counter_is_refused_and_nothing_is_counted():
+    stats = StatsCounter()
+    with pytest.raises(TypeError, match=r"unknown counter.*'lock_lsot'"):
+        stats.add(redelivered=1, lock_lsot=1)
+    assert stats.snapshot() == FunctionStats()
