@@ -288,15 +288,16 @@ def effects_after_tombstone(
     )
 
 
-def host_invocations(workdir: Path, function: str) -> int:
-    """How often every host of the stack has run `function` so far."""
+def host_invocations(workdir: Path, function: str, *, counted: str = "invocations") -> int:
+    """How often every host of the stack has run `function` so far (``counted``: a field of
+    the hosts' function stats, e.g. ``successes`` for the runs that returned)."""
     total = 0
     for path in workdir.glob("host-*.stats.json"):
         try:
             stats = json.loads(path.read_text()).get("functions", {}).get(function, {})
         except (OSError, ValueError):
             continue
-        total += int(stats.get("invocations", 0))
+        total += int(stats.get(counted, 0))
     return total
 
 
