@@ -26,6 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -36,7 +37,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 
-from core import metrics, resume
+from core import metrics, resume, telemetry
 from core.lifecycle import (
     DEFAULT_FLUSH_GRACE,
     Context,
@@ -138,7 +139,12 @@ def earliest_due(rt: Runtime, now: datetime) -> datetime:
 
 
 def handle(
-    rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], *, actor: str
+    rt: Runtime,
+    order_id: str,
+    event: Event | Callable[[Order], Event],
+    *,
+    actor: str,
+    span: str | None = None,
 ) -> tuple[Order, Decision]:
     """Load the order, decide on ``event``, carry the decision out; again on a lost race.
 
@@ -149,6 +155,9 @@ def handle(
 
     A reply that carries the order's snapshot is first decided on it, without a read
     (:func:`_on_snapshot`).
+
+    ``span``: decide and carry out in a span of that name in the order's trace
+    (:func:`core.telemetry.continuing`), for work that did not arrive in it (operator actions).
     """
     if isinstance(event, Replied):
         known = resume.restore(event.response.resume, order_id)
@@ -157,17 +166,25 @@ def handle(
             return done
     for _ in range(MAX_CONFLICT_RETRIES):
         order = rt.store.load(order_id)
-        try:
-            ctx = context(rt, order.workflow, actor)
-        except UnknownWorkflow as missing:
-            raise park(rt, order, missing, actor) from None
-        happened = event(order) if callable(event) else event
-        decision = decide(order, happened, ctx)
-        try:
-            return carry_out(rt, order, decision, happened), decision
-        except ConcurrencyConflict:
-            log.info("order %s changed while deciding; reading it again", order_id)
+        with in_order_trace(span, order, actor):
+            try:
+                ctx = context(rt, order.workflow, actor)
+            except UnknownWorkflow as missing:
+                raise park(rt, order, missing, actor) from None
+            happened = event(order) if callable(event) else event
+            decision = decide(order, happened, ctx)
+            try:
+                return carry_out(rt, order, decision, happened), decision
+            except ConcurrencyConflict:
+                log.info("order %s changed while deciding; reading it again", order_id)
     raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
+
+
+def in_order_trace(span: str | None, order: Order, actor: str) -> AbstractContextManager[object]:
+    """A span named ``span`` in ``order``'s trace, or nothing when ``span`` is None."""
+    if span is None:
+        return nullcontext()
+    return telemetry.continuing(span, order.order_id, order.trace_parent, {"order.actor": actor})
 
 
 def _on_snapshot(

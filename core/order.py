@@ -9,6 +9,7 @@ until they are known to be delivered. Nothing here does I/O or imports an SDK.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -108,6 +109,10 @@ class Order:
     """StatusUpdates issued so far; the next one gets this sequence number."""
     outbox: tuple[Outgoing, ...] = ()
     timeline_seq: int = 0
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the span that created the order (intake's), so that work on
+    the order started elsewhere (the Supervisor's timer, an operator) continues its trace.
+    Always valid (:func:`valid_trace_parent`) or None."""
     etag: str = ""
     write_id: str = ""
 
@@ -120,6 +125,32 @@ class Order:
     def with_step(self, name: str, **changes: object) -> Order:
         steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
         return replace(self, steps=steps)
+
+
+TRACE_PARENT_CHARS: Final = 55
+_TRACE_PARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", re.ASCII)
+
+
+def valid_trace_parent(value: object) -> str | None:
+    """``value`` if it is a W3C ``traceparent`` this app may store and continue, else None.
+
+    Strict, as for anything that comes from outside (message properties, a stored row): version
+    ``00`` only, lowercase hex, exactly 55 characters, neither id all zeros (the W3C invalid
+    ids). A malformed one is dropped, never repaired.
+    """
+    if not isinstance(value, str) or len(value) != TRACE_PARENT_CHARS:
+        return None
+    match = _TRACE_PARENT.fullmatch(value)
+    if match is None or int(match.group(1), 16) == 0 or int(match.group(2), 16) == 0:
+        return None
+    return value
+
+
+def trace_id_of(trace_parent: str | None) -> str | None:
+    """The 32-hex-digit trace id of a valid ``traceparent`` (Application Insights' operation
+    id), else None."""
+    valid = valid_trace_parent(trace_parent)
+    return None if valid is None else valid[3:35]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,10 @@ properties], "e": process row}``. The process row is the Table entity the state 
 with the store's own reader (:func:`core.state_models.order_from_entity`), so a restored order
 equals what a point read of that version of the row returns: the same normalisation (clipped
 texts, absent values), and no second copy of the row's schema to drift from the store's. A
-three-step order's is 2.7-3.9 KB (tests/integration/test_resume_snapshots.py); it is not
-compressed (zlib would shrink it to about a third, for CPU on every send and reply; Service
-Bus counts a message in 64 KiB chunks either way).
+three-step order's is 2.7-4.0 KB (tests/integration/test_resume_snapshots.py; 96 characters
+of it the traceparent stored at intake); it is not compressed (zlib would shrink it to about
+a third, for CPU on every send and reply; Service Bus counts a message in 64 KiB chunks either
+way).
 
 The snapshot holds the order's outbox, and with it the request it travels in (never a
 snapshot: ``resume`` is attached at send time and never stored). Messages between the app's

@@ -13,9 +13,10 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
     ``ProcessState``, ``FailureCount``, plus ``Workflow``, ``Attempt``, ``Generation``,
     ``CurrentStep``, ``CurrentOperation``, ``ReplyTo``, ``LastError``, ``NextAttemptAt``,
     ``CreatedAt``, ``UpdatedAt``, ``TimelineSeq``, ``WriteId``, ``CompensationCause``,
-    ``CompensationReason``, ``StatusSeq``; and JSON (split like ``Payload``): ``AgentPayload``
-    (what agents are told), ``Steps`` (each step's state, generation, attempts, result, error)
-    and ``Outbox`` (the messages the last write implied, until known delivered).
+    ``CompensationReason``, ``StatusSeq``, ``TraceParent`` (the W3C traceparent of the span that
+    created the order; a malformed one reads as none); and JSON (split like ``Payload``):
+    ``AgentPayload`` (what agents are told), ``Steps`` (each step's state, generation, attempts,
+    result, error) and ``Outbox`` (the messages the last write implied, until known delivered).
 ``timeline-<seq, 8 digits>``
     Append-only: ``Seq``, ``At``, ``Actor``, ``Event``, ``FromState``, ``ToState``, ``Step``,
     ``Attempt``, ``Detail``.
@@ -35,7 +36,14 @@ from azure.data.tables import EntityProperty
 
 from core import ids
 from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
-from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.order import (
+    Order,
+    Outgoing,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+    valid_trace_parent,
+)
 from core.states import ProcessState
 from core.tablestorage import Entity, Table
 
@@ -183,6 +191,7 @@ def order_entity(order: Order) -> dict[str, Any]:
         "CompensationCause": order.compensation_cause,
         "CompensationReason": _clip(order.compensation_reason),
         "StatusSeq": order.status_seq,
+        "TraceParent": valid_trace_parent(order.trace_parent),
     }
     put_json(entity, "AgentPayload", _dumps(order.payload))
     put_json(entity, "Steps", _dumps([step_json(step) for step in order.steps]))
@@ -217,6 +226,7 @@ def order_from_entity(entity: Mapping[str, Any], etag: str) -> Order:
                 outgoing_of(item) for item in json.loads(get_json(entity, "Outbox") or "[]")
             ),
             timeline_seq=_int(entity.get("TimelineSeq")),
+            trace_parent=valid_trace_parent(entity.get("TraceParent")),
             etag=etag,
             write_id=entity.get("WriteId", ""),
         )

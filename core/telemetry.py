@@ -32,6 +32,16 @@ are ``bytes``, the way the SDK writes them (it adds these properties only when a
 by ``bytes`` key, so ``str`` keys would give the AMQP map duplicate keys). ``extract`` accepts
 ``str`` or ``bytes`` keys and values (the SDK delivers ``bytes``; the Functions host and the
 local host deliver ``str``).
+
+**One order, one trace.** Intake stores the ``traceparent`` of its span on the order
+(:func:`current_trace_parent`, ``Order.trace_parent``). Work on the order that no message of
+the order started - the Supervisor's recovery (a timer carries no context) and operator actions
+(an HTTP request, a CLI) - runs in :func:`continuing`: a span parented on that stored context,
+so what it sends continues the order's trace, and linked to the span that asked for it (the
+tick, the request), so that one stays navigable too. Parented rather than only linked because
+Application Insights groups a transaction by its operation id (the trace id): a linked span in
+a trace of its own would be a separate transaction that Transaction search on the order's
+operation id does not show.
 """
 
 from __future__ import annotations
@@ -47,8 +57,10 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from core.order import valid_trace_parent
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 TELEMETRY_DIR_SETTING = "TELEMETRY_DIR"
@@ -262,3 +274,57 @@ def consuming(message: Any, name: str, queue: str) -> Iterator[Span]:
         )
     with span as current:
         yield current
+
+
+def trace_parent_of(context: SpanContext) -> str | None:
+    """``context`` as a W3C ``traceparent`` (version 00), or None for an invalid context."""
+    if not context.is_valid:
+        return None
+    text = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    return valid_trace_parent(text)
+
+
+def current_trace_parent() -> str | None:
+    """The ``traceparent`` of the current span (intake's, when it creates an order)."""
+    return trace_parent_of(trace.get_current_span().get_span_context())
+
+
+def span_context_of(trace_parent: str | None) -> SpanContext | None:
+    """The remote span context a stored ``traceparent`` names; None unless it is valid
+    (:func:`core.order.valid_trace_parent`)."""
+    valid = valid_trace_parent(trace_parent)
+    if valid is None:
+        return None
+    _, trace_id, span_id, flags = valid.split("-")
+    return SpanContext(
+        trace_id=int(trace_id, 16),
+        span_id=int(span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(flags, 16)),
+    )
+
+
+@contextmanager
+def continuing(
+    name: str,
+    order_id: str,
+    trace_parent: str | None,
+    attributes: Mapping[str, str] | None = None,
+) -> Iterator[Span]:
+    """A span for work on order ``order_id`` that did not arrive in the order's trace: parented
+    on ``trace_parent`` (the order's, as stored) and linked to the current span (module
+    docstring). Already in that trace, or with no valid ``trace_parent`` (an order created
+    before it was recorded), it is an ordinary child of the current span."""
+    attrs = {**(attributes or {}), "order.id": order_id}
+    origin = span_context_of(trace_parent)
+    current = trace.get_current_span().get_span_context()
+    if origin is None or (current.is_valid and current.trace_id == origin.trace_id):
+        span = tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+    else:
+        parent = trace.set_span_in_context(NonRecordingSpan(origin))
+        links = [Link(current)] if current.is_valid else None
+        span = tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.INTERNAL, attributes=attrs, links=links
+        )
+    with span as started:
+        yield started

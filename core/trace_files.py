@@ -9,7 +9,8 @@ This module imports the OpenTelemetry SDK; the app imports it only when it write
 
 Reading is pure but for the directory listing: :func:`read_spans` finds one order's spans,
 :func:`build_traces` arranges any set of spans into trees by parent, one per trace, in time
-order. ``orderctl trace`` prints them; the dashboard can read the same.
+order. ``orderctl trace`` prints them; the dashboard's trace panel shows the same
+(:mod:`dashboard.traces`).
 
 **Which spans are the order's.** The app's span of every hop carries ``order.id``
 (:func:`core.telemetry.consuming`). The order's spans are those, their ancestors (the client's
@@ -385,11 +386,15 @@ def origin(found: Trace) -> str:
         )
     if root.name == "supervisor_tick":
         return (
-            "the Supervisor's timer tick recovered the order (a retry, a resend or an undo); "
-            "a timer carries no trace context, so what the tick sends starts a trace of its own"
+            "the Supervisor's timer tick recovered the order (a retry, a resend or an undo) "
+            "without the order's trace context: the order records none (created before "
+            "orders recorded it, or without tracing), so what the tick sent starts a trace"
         )
     if root.kind == "SERVER":
-        return f"an HTTP request ({root.name}) started it: an operator action on the order"
+        return (
+            f"an HTTP request ({root.name}) started it: an operator action on an order that "
+            "records no trace context (created before orders recorded it, or without tracing)"
+        )
     queue = root.attributes.get("messaging.destination.name") or next(
         (
             c.attributes.get("messaging.destination.name")

@@ -1,6 +1,7 @@
 """The dashboard's HTTP-triggered functions: the page, its assets, its overview summary, and who
-the caller is. Everything else the page shows or does goes through the operator API
-(``/api/orders``, ``/api/alerts``, ...) from the browser.
+the caller is, and an order's spans from the local telemetry files (:mod:`dashboard.traces`).
+Everything else the page shows or does goes through the operator API (``/api/orders``,
+``/api/alerts``, ...) from the browser.
 
 Access is the operator API's: every function has its ``auth_level`` (``FUNCTION``), so in Azure
 the Functions host answers 401 without a function or host key before any code here runs; open
@@ -28,7 +29,8 @@ from typing import Any, Final
 
 import azure.functions as func
 
-from dashboard import assets
+from core import ids
+from dashboard import assets, traces
 from dashboard.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 from operator_api.functions import AUTH, PRINCIPAL_HEADER, operations
 
@@ -121,6 +123,26 @@ def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
     except Exception:
         log.exception("dashboard summary failed")
         return _error(500, "internal", "the summary failed on our side; it is logged")
+    return _json(200, body)
+
+
+@bp.route(route="dashboard/orders/{order_id}/trace", methods=["GET"], auth_level=AUTH)
+def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
+    """The order's span trees from the TELEMETRY_DIR files; without that setting (Azure),
+    ``local: false`` and where to look instead (:mod:`dashboard.traces`)."""
+    try:
+        order_id = ids.validate_order_id(req.route_params.get("order_id"))
+    except ids.InvalidId as exc:
+        return _error(400, "invalid_order_id", str(exc))
+    try:
+        body = traces.order_trace(order_id, traces.telemetry_dir(os.environ))
+    except OSError as exc:
+        log.warning("dashboard trace of %s: cannot read the telemetry files: %s", order_id, exc)
+        return _error(
+            503,
+            "telemetry_unreadable",
+            f"the telemetry files cannot be read ({type(exc).__name__}); check TELEMETRY_DIR",
+        )
     return _json(200, body)
 
 

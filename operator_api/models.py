@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from core.order import Order, StepRecord, TimelineEntry
+from core.order import Order, StepRecord, TimelineEntry, trace_id_of
 from core.state_models import OrderRecord
 from operator_api.step_activity import StepActivity, step_activity
 from scheduler.control import Action, Outcome
@@ -276,6 +276,13 @@ class OrderDetail(_Model):
     timeline_continuation: int | None = Field(
         description="Pass as `timeline_after` for more timeline entries; null at the end"
     )
+    trace_id: str | None = Field(
+        default=None,
+        description="The order's trace id (32 hex digits; null if the order records none): "
+        "every hop, recovery and operator action of the order is in that trace. Search it as "
+        "the operation id in Application Insights; locally, `orderctl trace ORDER-ID`",
+        pattern=r"^[0-9a-f]{32}$",
+    )
 
     @classmethod
     def of(
@@ -297,6 +304,7 @@ class OrderDetail(_Model):
             steps=[StepView.of(s, activity.get(s.name)) for s in order.steps],
             timeline=[TimelineView.of(t) for t in timeline],
             timeline_continuation=timeline[-1].seq if more and timeline else None,
+            trace_id=trace_id_of(order.process.trace_parent),
         )
 
 

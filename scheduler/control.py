@@ -14,6 +14,10 @@ Resubmit (an Error order): if undos are left (compensation incomplete), the comp
 resumes, same Generation, so each undo keeps its idempotency key. Otherwise the order resumes at
 its first step that has not succeeded, with Generation + 1 (new idempotency keys); completed
 steps are not redone.
+
+Each action runs in a span in the order's trace (``operator_cancel``, ...), linked to the
+request or message that asked for it, so the messages it sends continue the order's trace
+(:func:`core.telemetry.continuing`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class ActionResult:
 
 def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Cancel an order in flight (see the module docstring)."""
-    order, decision = _act(rt, order_id, Cancel(actor, reason), actor)
+    order, decision = _act(rt, order_id, Cancel(actor, reason), actor, "cancel")
     outcome: Outcome = "failed" if order.state is ProcessState.ERROR else "compensating"
     return _result(order, "cancel", outcome, actor, decision.entry.detail if decision.entry else "")
 
@@ -66,7 +70,7 @@ def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionRe
         delivered = not rt.store.index.has(order.order_id, order.generation)
         return Resubmit(actor, reason, outbox_delivered=delivered)
 
-    order, decision = _act(rt, order_id, event, actor)
+    order, decision = _act(rt, order_id, event, actor, "resubmit")
     outcome: Outcome = (
         "compensation_resumed" if order.state is ProcessState.COMPENSATING else "resubmitted"
     )
@@ -82,16 +86,20 @@ def restart(rt: Runtime, order_id: str, *, step: str, actor: str, reason: str) -
         delivered = not rt.store.index.has(order.order_id, order.generation)
         return Restart(actor, reason, step, outbox_delivered=delivered)
 
-    order, decision = _act(rt, order_id, event, actor)
+    order, decision = _act(rt, order_id, event, actor, "restart")
     detail = decision.entry.detail if decision.entry else ""
     return _result(order, "restart", "restarted", actor, detail)
 
 
 def _act(
-    rt: Runtime, order_id: str, event: Event | Callable[[Order], Event], actor: str
+    rt: Runtime,
+    order_id: str,
+    event: Event | Callable[[Order], Event],
+    actor: str,
+    action: Action,
 ) -> tuple[Order, Decision]:
     try:
-        return apply.handle(rt, order_id, event, actor=actor)
+        return apply.handle(rt, order_id, event, actor=actor, span=f"operator_{action}")
     except OrderNotFound:
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:

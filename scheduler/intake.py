@@ -6,13 +6,17 @@ its outbox; the sends follow. A redelivered submission finds the order and sends
 owes; the same id with a different payload is rejected and reported, never merged. An order
 whose ``reply_to`` names one of the app's own queues is refused before anything is stored
 (status messages injected into, say, the agent-response queue would be read as replies).
+
+The order records the ``traceparent`` of the span it was created in, so the work the
+Supervisor and operators do on it later continues its trace (:func:`core.telemetry.continuing`).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
-from core import apply, lifecycle, metrics
+from core import apply, lifecycle, metrics, telemetry
 from core.messages import BadMessage, OperatorAlert, OrderSubmitted, excerpt, parse_message
 from core.runtime import Runtime
 from core.settings import Settings
@@ -70,9 +74,8 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
         return
     decision = lifecycle.submit(order, ctx)
     assert decision.order is not None and decision.entry is not None
-    result = rt.store.create(
-        order, decision.order, decision.entry, due=apply.due(rt, decision.order)
-    )
+    created = replace(decision.order, trace_parent=telemetry.current_trace_parent())
+    result = rt.store.create(order, created, decision.entry, due=apply.due(rt, created))
     if not isinstance(result, AlreadyExists):
         metrics.order_started(order.workflow)
         apply.send(rt, result, decision.send)

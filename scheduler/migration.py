@@ -71,7 +71,7 @@ def _one(
         if report.dry_run:
             decide(order, event, apply.context(rt, order.workflow, event.actor))
         else:
-            apply.handle(rt, order_id, event, actor=event.actor)
+            apply.handle(rt, order_id, event, actor=event.actor, span="operator_migrate")
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

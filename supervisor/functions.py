@@ -1,6 +1,8 @@
 """The Supervisor as a timer-triggered function (schedule from the SUPERVISOR_SCHEDULE setting).
 
-Each tick is one span; the retry and compensation messages it sends carry its trace context.
+Each tick is one span. What it writes or sends for an order runs in a ``supervisor_recover``
+span in that order's trace, linked to the tick (supervisor/tick.py), so the retry and
+compensation messages continue the order's trace.
 Any number of instances may tick at once: they share the work through per-bucket leases
 (:mod:`supervisor.leases`).
 """

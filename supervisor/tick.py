@@ -10,6 +10,9 @@ delayed retry, resent what it owes, or compensated at the failure threshold; a f
 whose row is still there owes its final messages, which are sent again before the row goes.
 Then the row is moved up to the order's next due time. The Supervisor never calls remote
 services and knows no business rules: it hands orders back, asks agents to undo, and reports.
+What it writes or sends for an order runs in a ``supervisor_recover`` span in that order's trace,
+linked to the tick (:func:`core.telemetry.continuing`); a look that changes nothing stays in the
+tick's span.
 
 Work that survives the worker (:mod:`supervisor.leases`):
 
@@ -55,6 +58,7 @@ log = logging.getLogger("supervisor.tick")
 PAGE_SIZE = 500
 """Due rows taken per bucket and tick; the rest are first in line next tick."""
 CLAIM_ATTEMPTS = 3
+RECOVER_SPAN = "supervisor_recover"
 _OUTCOMES = {"released": "retried", "compensation_started": "compensating", "error": "failed"}
 
 
@@ -213,7 +217,9 @@ def _inspect(row: ActiveRow, rt: Runtime) -> str:
         return "parked"
     swept = Swept()
     decision = decide(order, swept, ctx)
-    after = apply.carry_out(rt, order, decision, swept)
+    acts = decision.order is not None or bool(decision.send)
+    with apply.in_order_trace(RECOVER_SPAN if acts else None, order, ctx.actor):
+        after = apply.carry_out(rt, order, decision, swept)
     if not decision.finished:
         # The row was due, the order may not be (the row is kept early): move the row up. If
         # the write above moved it already, the row's ETag changed and this does nothing.

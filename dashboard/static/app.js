@@ -585,12 +585,31 @@
     const head = h("div");
     const ganttHolder = h("div", { class: "panel" });
     const stepsHolder = h("div", { class: "panel" });
+    const traceHolder = h("div", { class: "panel", "data-testid": "trace-panel" });
     const timelineHolder = h("div", { class: "panel" });
     const submittedHolder = h("div", { class: "panel" });
-    append(root, head, ganttHolder, stepsHolder, timelineHolder, submittedHolder);
+    append(root, head, ganttHolder, stepsHolder, traceHolder, timelineHolder, submittedHolder);
     const controller = new AbortController();
     let detail = null;
     let stopped = false;
+    let spans = null;
+    let spansAt = 0;
+    let spansLoading = false;
+
+    async function loadTrace(force) {
+      if (spansLoading || stopped || (!force && Date.now() - spansAt < 3000)) return;
+      spansLoading = true;
+      try {
+        spans = (await api("dashboard/orders/" + encodeURIComponent(orderId) + "/trace", { signal: controller.signal })).data;
+      } catch (error) {
+        const text = describe(error);
+        spans = text ? { failed: text } : spans;
+      } finally {
+        spansAt = Date.now();
+        spansLoading = false;
+      }
+      if (detail && !stopped) renderTrace(traceHolder, detail, spans, () => loadTrace(true));
+    }
 
     async function loadAll() {
       let page = (await api("orders/" + encodeURIComponent(orderId) + "?timeline_limit=1000", { signal: controller.signal })).data;
@@ -608,6 +627,8 @@
       renderOrderHead(head, detail, refreshNow);
       renderGantt(ganttHolder, detail);
       renderSteps(stepsHolder, detail);
+      renderTrace(traceHolder, detail, spans, () => loadTrace(true));
+      loadTrace(false);
       renderTimeline(timelineHolder, detail.timeline);
       clear(submittedHolder);
       append(submittedHolder, h("h2", {}, "As submitted"), h("pre", { "data-testid": "submitted" }, JSON.stringify(detail.submitted, null, 2)));
@@ -740,6 +761,63 @@
         [["succeeded", "request answered"], ["retry", "failed or deferred attempt"], ["declined", "declined or cancelled"], ["undo", "undo (compensation)"], ["running", "in flight"], ["wait", "waiting to retry"], ["operator", "operator action"], ["supervisor", "Supervisor action"]]
           .map((l) => h("span", {}, h("span", { class: "swatch " + l[0] }), l[1])),
         h("span", {}, "span " + window.Gantt.seconds(span) + " · " + model.bars.length + " requests")));
+  }
+
+  // The order's spans (dashboard/traces.py): a collapsible tree per trace, each span with its
+  // duration and a bar placed on the trace's time axis. Names and attributes are text.
+  function renderTrace(root, detail, data, reload) {
+    clear(root);
+    const traceId = detail.trace_id || detail.order.trace_id || null;
+    append(root,
+      h("div", { class: "toolbar" }, h("h2", {}, "Trace"), h("span", { class: "spacer" }),
+        h("button", { type: "button", "data-testid": "trace-refresh", onclick: reload }, "Refresh")),
+      h("p", {}, "Trace id ", h("span", { class: "mono", "data-testid": "trace-id" }, traceId || "not recorded on the order")));
+    if (!data) {
+      append(root, h("p", { class: "muted" }, "Loading the spans…"));
+      return;
+    }
+    if (data.failed) {
+      append(root, h("p", { class: "error-text", "data-testid": "trace-hint" }, "The spans could not be read: " + data.failed));
+      return;
+    }
+    if (!data.local) {
+      append(root, h("p", { "data-testid": "trace-hint" }, traceId
+        ? "Search " + traceId + " as the operation id in Application Insights (Transaction search): intake, every agent and reply, the Supervisor's recovery and operator actions are all in that one trace."
+        : data.hint));
+      return;
+    }
+    if (data.hint) append(root, h("p", { class: "muted", "data-testid": "trace-hint" }, data.hint));
+    if (data.truncated) append(root, h("p", { class: "muted small" }, "The first " + countSpans(data.traces) + " of " + data.span_count + " spans; `orderctl trace " + detail.order.order_id + "` prints them all."));
+    for (const t of data.traces) {
+      const total = Math.max(t.duration_ms, 0.001);
+      append(root, h("div", { class: "trace", "data-testid": "trace-tree", "data-trace-id": t.trace_id },
+        h("div", { class: "muted small" }, "trace ", h("span", { class: "mono" }, t.trace_id), " · " + dur(t.duration_ms / 1000) + (t.why ? " · a trace of its own: " + t.why : "")),
+        h("ul", { class: "trace-tree" }, t.spans.map((s) => traceSpan(s, total)))));
+    }
+  }
+
+  function countSpans(traces) {
+    let n = 0;
+    const walk = (s) => { n += 1; s.children.forEach(walk); };
+    traces.forEach((t) => t.spans.forEach(walk));
+    return n;
+  }
+
+  function traceSpan(s, total) {
+    const fill = h("span", { class: "trace-fill" + (s.status === "ERROR" ? " error" : "") });
+    fill.style.left = Math.min(100, (100 * s.offset_ms) / total).toFixed(2) + "%";
+    fill.style.width = Math.max(0.4, Math.min(100, (100 * s.duration_ms) / total)).toFixed(2) + "%";
+    const attributes = Object.keys(s.attributes || {}).map((k) => k + " = " + JSON.stringify(s.attributes[k])).join("\n");
+    const row = [
+      h("span", { class: "trace-label" }, h("span", { class: "mono", "data-testid": "trace-span-name" }, s.name), " ",
+        h("span", { class: "muted small" }, String(s.kind || "").toLowerCase() + " · " + (s.role || "?") + (s.orphan ? " · parent not in the files" : "") + (s.status === "ERROR" ? " · failed" + (s.status_description ? ": " + s.status_description : "") : ""))),
+      h("span", { class: "num small", "data-testid": "trace-span-duration" }, dur(s.duration_ms / 1000)),
+      h("span", { class: "trace-bar" }, fill),
+    ];
+    if (!s.children.length) return h("li", { "data-testid": "trace-span" }, h("div", { class: "trace-row leaf", title: attributes }, row));
+    return h("li", { "data-testid": "trace-span" },
+      h("details", { open: true }, h("summary", { class: "trace-summary", title: attributes }, h("span", { class: "trace-row" }, row)),
+        h("ul", { class: "trace-tree" }, s.children.map((c) => traceSpan(c, total)))));
   }
 
   function renderSteps(root, detail) {

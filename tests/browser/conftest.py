@@ -12,7 +12,8 @@ what is there when they run, so the tests pass in any order and on any worker.
 
 - ``processed``: orders that went straight through;
 - ``retried``: one order whose shipping call hung past its run budget: released, retried by the
-  Scheduler after a delay, then Processed;
+  Scheduler after a delay, then Processed; submitted with a ``traceparent`` (:data:`SUBMITTER`),
+  so it records a trace id;
 - ``declined_first``: declined by inventory, nothing to undo: Error (a test resubmits it);
 - ``compensated`` and ``to_acknowledge``: declined by payment after inventory succeeded: the
   reservation is undone, then Error (a test acknowledges the alert of the second);
@@ -36,6 +37,7 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from opentelemetry import trace
 
 from agent.circuit import reset_breakers
 from core import runtime
@@ -56,6 +58,11 @@ OPERATOR = "ops@example.com"
 ARTIFACTS = Path(os.environ.get("BROWSER_ARTIFACTS") or REPO_ROOT / "test-artifacts")
 SCREENSHOTS = ARTIFACTS / "screenshots"
 TERMINAL = (ProcessState.PROCESSED, ProcessState.ERROR)
+SUBMITTER = trace.SpanContext(
+    0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+    trace_flags=trace.TraceFlags(1),
+)  # fmt: skip
+"""The trace context the ``retried`` order is submitted with (a submitter that traces)."""
 HOSTILE_MARKUP = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
 
@@ -255,7 +262,8 @@ def _run_scenario(stack: Stack) -> None:
     fakes.set_profile({"services": {"shipping": {"hang_rate": 1.0, "hang_seconds": 4}}})
     retried = new_order()
     scenario.retried = retried.order_id
-    rt.bus.send(queue, retried)
+    with trace.use_span(trace.NonRecordingSpan(SUBMITTER)):
+        rt.bus.send(queue, retried)  # with a submitter's traceparent: the order records a trace
     _wait_for_event(stack, retried.order_id, "released", 30)
     fakes.set_profile(None)  # from now on every service is clean: a resubmit goes through
     _wait(stack, [retried.order_id], 30)

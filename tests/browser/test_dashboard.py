@@ -25,7 +25,7 @@ from agent.handler import remote_client
 from core.messages import utc_now
 from core.states import ProcessState
 from operator_api.operations import Operations
-from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, Stack, api
+from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, SUBMITTER, Stack, api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
 expect.set_options(timeout=10_000)
@@ -130,6 +130,7 @@ def test_order_timeline_shows_attempts_retries_and_undo(page: Page, stack: Stack
     expect(bars).to_have_count(4)
     expect(page.locator('[data-testid=timeline-row][data-event="released"]')).to_have_count(1)
     expect(page.get_by_test_id("step-row").nth(2)).to_contain_text("timed_out")
+    expect(page.get_by_test_id("trace-hint")).to_contain_text(f"{SUBMITTER.trace_id:032x}")
     shoot(page, "order-timeline", full_page=False)  # the order, its timeline and steps
 
 
@@ -272,3 +273,74 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
         reset_breakers()  # the service is back: close it now rather than wait for a trial
         circuit.reporter.flush(timeout=30)
     expect(payment).to_have_attribute("data-state", "closed", timeout=SLOW)
+
+
+def test_an_orders_trace_panel_shows_its_hops_or_where_to_find_them(
+    page: Page, stack: Stack, shoot, tmp_path, monkeypatch
+):
+    """In Azure (no TELEMETRY_DIR) the panel names the order's trace id and says to search it in
+    Application Insights; locally it shows the spans from the telemetry files as a collapsible
+    tree with durations, hostile text as text."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from core import trace_files
+    from tests.browser.conftest import _wait
+    from tests.support.pattern import new_order
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    submitter = trace.SpanContext(
+        int(trace_id, 16), 0x00F067AA0BA902B7, is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+    order = new_order()
+    with trace.use_span(trace.NonRecordingSpan(submitter)):
+        stack.rt.bus.send(stack.rt.settings.queue("orders"), order)  # carries its traceparent
+    _wait(stack, [order.order_id], 60)
+    assert api(stack, f"orders/{order.order_id}")["trace_id"] == trace_id
+
+    page.goto(f"{stack.dashboard}#/order/{order.order_id}")
+    panel = page.get_by_test_id("trace-panel")
+    expect(panel.get_by_test_id("trace-id")).to_have_text(trace_id)
+    expect(panel.get_by_test_id("trace-hint")).to_contain_text("Application Insights")
+    expect(panel.get_by_test_id("trace-hint")).to_contain_text(trace_id)
+    expect(panel.get_by_test_id("trace-span")).to_have_count(0)
+
+    # Locally: the spans the app writes to TELEMETRY_DIR, through the app's own file exporter.
+    monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path))
+    provider = TracerProvider()
+    path = tmp_path / trace_files.file_name("spans", "host", 1)
+    provider.add_span_processor(SimpleSpanProcessor(trace_files.FileSpanExporter(path, "host", 1)))
+    tracer = provider.get_tracer("orders")
+    ids = {"order.id": order.order_id}
+    with trace.use_span(trace.NonRecordingSpan(submitter)):
+        with tracer.start_as_current_span("scheduler_intake", attributes=ids):
+            with tracer.start_as_current_span("inventory_agent", attributes=ids):
+                with tracer.start_as_current_span("scheduler_replies", attributes=ids):
+                    time.sleep(0.02)
+            hostile = {**ids, "note": HOSTILE_MARKUP}
+            with tracer.start_as_current_span("supervisor_recover", attributes=hostile):
+                with tracer.start_as_current_span(HOSTILE_MARKUP, attributes=ids):
+                    pass
+    provider.shutdown()
+
+    panel.get_by_test_id("trace-refresh").click()
+    names = panel.get_by_test_id("trace-span-name")
+    expect(names).to_have_text(
+        ["scheduler_intake", "inventory_agent", "scheduler_replies", "supervisor_recover",
+         HOSTILE_MARKUP]
+    )  # fmt: skip
+    expect(panel.get_by_test_id("trace-tree")).to_have_count(1)
+    expect(panel.get_by_test_id("trace-tree")).to_have_attribute("data-trace-id", trace_id)
+    durations = panel.get_by_test_id("trace-span-duration").all_inner_texts()
+    assert all(re.fullmatch(r"[0-9.]+ (ms|s)", d) for d in durations), durations
+    assert page.evaluate("window.__pwned") is None  # the markup stayed text
+    shoot(page, "order-trace", full_page=True)
+
+    recover = panel.locator("summary", has=page.get_by_text("supervisor_recover", exact=True))
+    recover.click()  # collapse: its child is hidden, the rest stays
+    expect(panel.get_by_text(HOSTILE_MARKUP, exact=True)).to_be_hidden()
+    expect(panel.get_by_text("scheduler_replies", exact=True)).to_be_visible()
+
+    bad = httpx.get(stack.url + "dashboard/orders/%20bad%3Cid%3E/trace", timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_order_id"

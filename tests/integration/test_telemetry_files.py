@@ -188,3 +188,113 @@ def test_the_host_writes_the_order_metrics(stack) -> None:
     assert len(steps) == 3, durations
     assert all(r["type"] == "histogram" and r["unit"] == "s" for r in durations)
     assert any(r["name"] == "supervisor.tick.duration" for r in lines())
+
+
+def test_an_order_the_supervisor_recovers_is_still_one_tree(
+    env: dict[str, str], azurite, tmp_path: Path
+) -> None:
+    """The first agent is not running when the order arrives: its request waits past
+    CompleteBy, the Supervisor (a timer: no trace context) releases the order and sends its
+    retry. Then the agent starts in a second host. `orderctl trace` prints one tree, with the
+    Supervisor's recovery in it as a child of intake, and every hop after it below."""
+    rt = make_runtime(env, "test")
+    workdir = tmp_path / "stack"
+    workdir.mkdir()
+    values = (
+        base_settings()
+        | env
+        | {
+            "AzureWebJobsStorage": azurite.connection_string,
+            "TELEMETRY_DIR": str(workdir / "telemetry"),
+            "FAILURE_THRESHOLD": "10",  # time enough to start the second host
+        }
+    )
+    settings = workdir / "local.settings.json"
+    settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
+    first, *others = AGENT_FUNCTIONS
+    core = ["scheduler_intake", "scheduler_replies", "scheduler_commands", "supervisor"]
+    hosts: list[Any] = []
+    try:
+        hosts.append(_host(workdir, settings, [*core, *others], "host-0"))
+        StackInfo(settings=values, fakes_url="", pids={"host-0": hosts[0].pid}).save(
+            workdir / "stack.json"
+        )
+        order_id = f"ORD-RECOVER-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+        assert submitted.exit_code == 0, submitted.output
+
+        def released_by_supervisor() -> bool:
+            return any(
+                e.event == "released" and e.actor.startswith("supervisor")
+                for e in rt.store.get_timeline(order_id)
+            )
+
+        wait_until(released_by_supervisor, 60, "the Supervisor to release the order")
+        hosts.append(_host(workdir, settings, [first], "host-1"))
+        wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 90, "Processed")
+
+        def complete() -> bool:
+            result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+            if result.exit_code != 0:
+                return False
+            view = validate("trace", json.loads(result.stdout))
+            found = names([span for t in view.traces for span in t.spans])
+            return "supervisor_recover" in found and found.count("scheduler_replies") >= 2 * 3
+
+        wait_until(complete, 30, "every hop's spans in the files")
+        view = validate(
+            "trace", json.loads(cli("trace", order_id, "--workdir", str(workdir), "--json").stdout)
+        )
+    finally:
+        for host in reversed(hosts):
+            host.send_signal(signal.SIGTERM)
+            try:
+                host.wait(timeout=20)
+            finally:
+                processes.stop(host)
+        rt.close()
+
+    assert len(view.traces) == 1, [t.why for t in view.traces]
+    (root,) = view.traces[0].spans
+    assert (root.name, root.role) == ("submit", "orderctl")
+
+    def find(span: Any, name: str) -> list[Any]:
+        here = [span] if span.name == name else []
+        return here + [s for c in span.children for s in find(c, name)]
+
+    (intake,) = [s for s in find(root, "scheduler_intake") if s.kind == "INTERNAL"]
+    recoveries = find(root, "supervisor_recover")
+    assert recoveries, names([root])
+    assert all(r in intake.children for r in recoveries), "recovery hangs under intake"
+    assert all(r.attributes["order.id"] == order_id for r in recoveries)
+    after = names(recoveries)
+    assert "scheduler_commands" in after, after  # the retry it sent, handled in the same trace
+    assert first in after and after.count("scheduler_replies") >= 2 * 3, after
+
+    printed = cli("trace", order_id, "--workdir", str(workdir))
+    assert printed.exit_code == 0, printed.output
+    assert "traces" not in printed.stdout.splitlines()[0]
+    assert " supervisor_recover " in printed.stdout
+    print(printed.stdout)  # with -s: the tree docs/telemetry.md shows
+
+
+def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
+    """A host process running only ``functions``, started (its log says so)."""
+    argv = [
+        sys.executable, "-m", "devstack.host", "--settings", str(settings),
+        "--concurrency", "2", "--http-port", "-1", "--functions", ",".join(functions),
+    ]  # fmt: skip
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("APPLICATIONINSIGHTS_CONNECTION_STRING", "TELEMETRY_DIR")
+    }
+    environ |= {"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    log = workdir / f"{name}.log"
+    host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
+    try:
+        wait_until(lambda: "host started" in log.read_text(), 60, f"{name} to start")
+    except BaseException:
+        processes.stop(host)
+        raise
+    return host

@@ -86,6 +86,7 @@ DASHBOARD_FUNCTIONS = {
     "dashboard_vendor",
     "dashboard_summary",
     "dashboard_me",
+    "dashboard_order_trace",
 }
 
 

@@ -197,8 +197,12 @@ def rich_order() -> Order:
         status_seq=5,
         outbox=every_message_outbox(),
         timeline_seq=12,
+        trace_parent=TRACE_PARENT,
         updated_at=T0 + timedelta(seconds=9),
     )
+
+
+TRACE_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def utf16_bytes(value: str) -> int:
@@ -208,6 +212,33 @@ def utf16_bytes(value: str) -> int:
 def as_read(entity: dict[str, Any]) -> dict[str, Any]:
     """What the Table returns: None properties are not stored."""
     return {key: value for key, value in entity.items() if value is not None}
+
+
+# --------------------------------------------------------------------------- trace parent
+
+
+class TestTraceParent:
+    def test_it_round_trips_as_one_property(self):
+        entity = order_entity(rich_order())
+        assert entity["TraceParent"] == TRACE_PARENT
+        assert order_from_entity(as_read(entity), "etag").trace_parent == TRACE_PARENT
+
+    def test_an_order_without_one_stores_no_property(self):
+        entity = as_read(order_entity(created()))
+        assert "TraceParent" not in entity
+        assert order_from_entity(entity, "etag").trace_parent is None
+
+    @pytest.mark.parametrize(
+        "stored",
+        [TRACE_PARENT.upper(), TRACE_PARENT + "-x", "x" * 70_000, "", 17, "01" + TRACE_PARENT[2:]],
+    )
+    def test_a_malformed_one_is_neither_written_nor_read(self, stored):
+        forged = dataclasses.replace(rich_order(), trace_parent=stored)
+        assert "TraceParent" not in as_read(order_entity(forged))
+        entity = as_read(order_entity(rich_order())) | {"TraceParent": stored}
+        order = order_from_entity(entity, "etag")
+        assert order.trace_parent is None  # dropped, and the order is still readable
+        assert order.order_id == "o-1"
 
 
 # ------------------------------------------------------------------------------- row keys
