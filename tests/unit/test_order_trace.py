@@ -50,6 +50,7 @@ def provider() -> Iterator[TracerProvider]:
         trace.set_tracer_provider(installed)
     installed.add_span_processor(SimpleSpanProcessor(_EXPORTER))
     yield installed
+    _EXPORTER.shutdown()  # spans later tests in this process create are no longer kept
 
 
 @pytest.fixture

@@ -31,16 +31,16 @@ _EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[TracerProvider]:
-    """The process's tracer provider, exporting to memory (a provider can be set only once)."""
+    """The process's SDK tracer provider (installed if none is: a provider can be set only
+    once, and another module of this worker may have set it), exporting to this module's
+    exporter too."""
     current = trace.get_tracer_provider()
-    if isinstance(current, TracerProvider):
-        yield current
-        return
-    installed = TracerProvider()
+    installed = current if isinstance(current, TracerProvider) else TracerProvider()
+    if installed is not current:
+        trace.set_tracer_provider(installed)
     installed.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    trace.set_tracer_provider(installed)
     yield installed
-    installed.shutdown()  # spans later tests in this process create are no longer kept
+    _EXPORTER.shutdown()  # spans later tests in this process create are no longer kept
 
 
 @pytest.fixture
