@@ -11,6 +11,7 @@ orderctl orders STATE  orders in a state (Processed too), filtered, sorted, page
 orderctl alerts        operator alerts and whether each is resolved (--open); ack SEQ
 orderctl resubmit, cancel, restart    operator actions on one order, or on a filter (bulk)
 orderctl dead-letters  dead letters per queue; replay or purge them
+orderctl dead-letter-log   the dead-letter replays and purges operators ran, and why
 orderctl fault         the fake services' fault profile on the running stack; decline the next N
 orderctl health        whether the app's settings, table and Service Bus work
 orderctl demo          submit orders under a fault profile and watch the pattern cope
@@ -1647,6 +1648,21 @@ def show_dead_letters(page: Any, screen: Console) -> None:
             text(body, width=80, wide=MODE.wide),
         )
     screen.print(table)
+
+
+@app.command("dead-letter-log")
+def dead_letter_log(
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    json_out: Json = False,
+    wide: Wide = False,
+    workdir: Workdir = DEFAULT_WORKDIR,
+) -> None:
+    """List the dead-letter replays and purges operators ran (when, who, the queue, why, and
+    what became of each message), newest first."""
+    screen = output(json_out, wide)
+    with operations(workdir) as ops:
+        view = ops.dead_letter_log(limit=limit)
+    emit(view, views.show_dead_letter_log, screen, MODE.wide)
 
 
 @app.command()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         ArchivedOrderView,
         BulkView,
         DeadLetterActionView,
+        DeadLetterLogView,
         DeadLetterPage,
         DeadLetterSummary,
         HealthView,
@@ -125,6 +126,8 @@ class OperatorBackend(Protocol):
         dry_run: bool = False,
         reason: str | None = None,
     ) -> DeadLetterActionView: ...
+
+    def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView: ...
 
     def health(self) -> HealthView: ...
 

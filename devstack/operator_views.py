@@ -1,5 +1,6 @@
 """How `orderctl` shows the operator views to people: steps with what they went through, an
-order's changes as it is followed, bulk actions, dead-letter actions, faults and health.
+order's changes as it is followed, bulk actions, dead-letter actions and their log, faults and
+health.
 
 Stored data (reasons, details, ids, operator names, message ids) goes through
 :func:`devstack.plain_text.text`: printed as text, never as markup, control characters escaped.
@@ -155,6 +156,35 @@ def show_dead_letter_action(view: Any, screen: Console, wide: bool) -> None:
     screen.print(table)
     if view.more:
         screen.print(text("more dead letters are left: run it again"))
+
+
+def outcome_counts(counts: dict[str, int]) -> str:
+    """``{"purged": 2, "refused": 1}`` as ``2 purged, 1 refused``."""
+    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "none"
+
+
+def show_dead_letter_log(view: Any, screen: Console, wide: bool) -> None:
+    if not view.actions:
+        screen.print(text("no dead-letter replay or purge is recorded"))
+        return
+    table = Table(title="dead-letter log")
+    for name in ("at", "by", "action", "queue", "messages", "outcomes"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("reason", ratio=1)
+    for entry in view.actions:
+        listed = f"{entry.messages}+" if entry.truncated else str(entry.messages)
+        table.add_row(
+            f"{entry.at:%Y-%m-%d %H:%M:%S}",
+            text(entry.actor, width=30, wide=wide),
+            text(entry.action),
+            text(entry.queue),
+            listed,
+            text(outcome_counts(entry.counts), width=40, wide=wide),
+            text(entry.reason, width=80, wide=wide),
+        )
+    screen.print(table)
+    if any(entry.truncated for entry in view.actions):
+        screen.print(text("+: more messages than the log could store; their outcomes are cut"))
 
 
 def show_fault(view: FaultView, screen: Console) -> None:

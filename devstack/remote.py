@@ -45,6 +45,7 @@ from operator_api.models import (
     ArchivedOrderView,
     BulkView,
     DeadLetterActionView,
+    DeadLetterLogView,
     DeadLetterPage,
     DeadLetterSummary,
     HealthView,
@@ -287,6 +288,9 @@ class RemoteOperations:
         reason: str | None = None,
     ) -> DeadLetterActionView:
         return self._settle("purge", queue, sequence_numbers, everything, dry_run, limit, reason)
+
+    def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
+        return self._get(DeadLetterLogView, "dead-letter-log", {"limit": limit})
 
     def _settle(
         self, kind: str, queue: str, sequence_numbers: Sequence[int] | None, everything: bool,

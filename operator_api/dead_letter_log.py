@@ -13,7 +13,9 @@ a day at most: operators act by hand.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +25,9 @@ from azure.data.tables import UpdateMode
 
 from core.state_models import utc
 from core.tablestorage import Table
-from operator_api.models import DeadLetterOutcome
+from operator_api.models import DeadLetterLogEntry, DeadLetterOutcome, LoggedDeadLetter
+
+log = logging.getLogger("operator_api.dead_letter_log")
 
 PARTITION: Final = "~deadletters"
 MAX_RECENT: Final = 100
@@ -85,14 +89,43 @@ def to_entity(
 
 
 def from_entity(entity: dict[str, Any]) -> LoggedAction:
+    """A stored row; raises KeyError, TypeError or ValueError when its columns are not there.
+    A list of outcomes that does not read is left out and the action says ``truncated``."""
+    try:
+        outcomes = json.loads(str(entity.get("Outcomes") or "[]"))
+    except ValueError:
+        outcomes = None
+    readable = isinstance(outcomes, list)
     return LoggedAction(
         at=utc(entity["At"]),
         actor=str(entity["Actor"]),
         action=str(entity["Action"]),
         queue=str(entity["Queue"]),
         reason=str(entity.get("Reason") or ""),
-        outcomes=list(json.loads(str(entity.get("Outcomes") or "[]"))),
-        truncated=bool(entity.get("Truncated")),
+        outcomes=outcomes if isinstance(outcomes, list) else [],
+        truncated=bool(entity.get("Truncated")) or not readable,
+    )
+
+
+def to_view(logged: LoggedAction) -> DeadLetterLogEntry:
+    """The API's view of one logged action, with its messages counted by outcome; a message's
+    outcome that does not read is left out, and the action says ``truncated``."""
+    outcomes: list[LoggedDeadLetter] = []
+    for stored in logged.outcomes:
+        try:
+            outcomes.append(LoggedDeadLetter.model_validate(stored))
+        except ValueError:
+            continue
+    return DeadLetterLogEntry(
+        at=logged.at,
+        actor=logged.actor,
+        action=logged.action,
+        queue=logged.queue,
+        reason=logged.reason,
+        messages=len(outcomes),
+        counts=dict(Counter(o.outcome for o in outcomes)),
+        outcomes=outcomes,
+        truncated=logged.truncated or len(outcomes) < len(logged.outcomes),
     )
 
 
@@ -113,6 +146,10 @@ class DeadLetterLog:
         ).by_page()
         found: list[LoggedAction] = []
         for page in pages:
-            found.extend(from_entity(entity) for entity in page)
+            for entity in page:
+                try:
+                    found.append(from_entity(entity))
+                except (KeyError, TypeError, ValueError):  # one damaged row hides no other
+                    log.warning("dead-letter log row %r is damaged; left out", entity.get("RowKey"))
             break
         return found[:limit]

@@ -208,6 +208,11 @@ def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
     return _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
 
 
+@bp.route(route="dead-letter-log", methods=["GET"], auth_level=AUTH)
+def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
+    return _respond(lambda ops: ops.dead_letter_log(limit=_int_param(req, "limit", 20)))
+
+
 # ------------------------------------------------------------------------------ supervisor
 
 

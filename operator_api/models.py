@@ -455,6 +455,37 @@ class DeadLetterActionView(_Model):
     )
 
 
+class LoggedDeadLetter(_Model):
+    """One message of a logged dead-letter action, and what became of it."""
+
+    sequence_number: int
+    message_id: str | None
+    order_id: str | None = Field(description="The order the message names, if trusted")
+    outcome: str = Field(description="replayed, purged, refused, not_found or failed")
+
+
+class DeadLetterLogEntry(_Model):
+    """One dead-letter replay or purge an operator ran (never a dry run)."""
+
+    at: datetime
+    actor: str = Field(description="Who acted: operator:<name>")
+    action: str = Field(description="replay or purge")
+    queue: str = Field(description="The queue role (orders, responses, ...)")
+    reason: str = Field(description="Why, as the operator wrote it")
+    messages: int = Field(description="Messages listed in `outcomes`")
+    counts: dict[str, int] = Field(description="Messages listed, by outcome")
+    outcomes: list[LoggedDeadLetter]
+    truncated: bool = Field(
+        description="The list of messages was too long to store whole: `outcomes` holds a part"
+    )
+
+
+class DeadLetterLogView(_Model):
+    actions: list[DeadLetterLogEntry] = Field(
+        description="Dead-letter replays and purges, newest first"
+    )
+
+
 class BucketView(_Model):
     bucket: int
     holder: str | None = Field(description="The instance whose lease is current, if any")

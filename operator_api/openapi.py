@@ -15,7 +15,7 @@ from pydantic.json_schema import models_json_schema
 from core.ids import ID_MAX_LENGTH
 from core.order_listing import LISTABLE_STATES, MAX_LIMIT, SORTS
 from core.settings import QUEUE_SETTINGS
-from operator_api import models
+from operator_api import dead_letter_log, models
 
 VERSION: Final = "1.0.0"
 _REF: Final = "#/components/schemas/{model}"
@@ -41,6 +41,7 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     models.BulkView,
     models.DeadLetterActionRequest,
     models.DeadLetterActionView,
+    models.DeadLetterLogView,
     models.HealthView,
     models.ErrorBody,
 )
@@ -360,6 +361,33 @@ def _paths() -> dict[str, Any]:
             "Remove dead letters for good",
             "Recorded in the timeline of the order a trusted message names.",
         ),
+        "/dead-letter-log": {
+            "get": {
+                "operationId": "deadLetterLog",
+                "summary": "Dead-letter replays and purges operators ran, newest first",
+                "description": "One entry per replay or purge that was not a dry run: when, "
+                "who, the queue, the reason given, and each message's sequence number, "
+                "MessageId, order (when one can be trusted) and outcome. Actions on messages "
+                "that name no order are recorded only here.",
+                "tags": ["dead letters"],
+                "parameters": [
+                    _query(
+                        "limit",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": dead_letter_log.MAX_RECENT,
+                            "default": 20,
+                        },
+                        "Actions to show",
+                    )
+                ],
+                "responses": {
+                    "200": _json(models.DeadLetterLogView, "The actions"),
+                    **_errors(400),
+                },
+            }
+        },
         "/health": {
             "get": {
                 "operationId": "health",

@@ -75,6 +75,7 @@ from operator_api.models import (
     BulkView,
     DeadLetterActionView,
     DeadLetterCount,
+    DeadLetterLogView,
     DeadLetterOutcome,
     DeadLetterPage,
     DeadLetterSummary,
@@ -755,10 +756,12 @@ class Operations:
             return False
         return True
 
-    def dead_letter_log(self, *, limit: int = 20) -> list[dead_letter_log.LoggedAction]:
-        """The latest dead-letter replays and purges, newest first."""
+    def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
+        """The latest dead-letter replays and purges (who, when, why, each message's outcome),
+        newest first."""
         _check_limit(limit, dead_letter_log.MAX_RECENT)
-        return dead_letter_log.DeadLetterLog(self._history()).recent(limit)  # type: ignore[arg-type]
+        logged = dead_letter_log.DeadLetterLog(self._history()).recent(limit)  # type: ignore[arg-type]
+        return DeadLetterLogView(actions=[dead_letter_log.to_view(a) for a in logged])
 
     def _recorded(
         self, outcome: DeadLetterOutcome, actor: str, kind: str, entity: str, why: str

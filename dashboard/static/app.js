@@ -26,6 +26,8 @@
     ["id", "Order id"],
   ];
   const QUEUE_ROLES_NOTE = "Dead letters are listed per queue role.";
+  const LOG_LIMIT = 20;
+  const LOG_REFRESH_MS = 15000;
   const app = { me: null, dispose: null, steps: new Set(), renderId: 0 };
 
   // ------------------------------------------------------------------------------ helpers
@@ -910,10 +912,12 @@
     if (!queue) {
       const holder = h("div", { class: "table-wrap" }, h("div", { class: "empty" }, "Counting the dead letters of every queue…"));
       const stamp = h("p", { class: "muted small" });
-      append(root, h("h1", {}, "Dead letters"), h("p", { class: "muted" }, QUEUE_ROLES_NOTE), holder, stamp);
+      const log = deadLetterLog();
+      append(root, h("h1", {}, "Dead letters"), h("p", { class: "muted" }, QUEUE_ROLES_NOTE), holder, stamp, log.panel);
+      const stopLog = every(LOG_REFRESH_MS, log.load);
       // The counts come from the overview's summary, which peeks every queue in the background
       // at most every 15 s however many pages ask (GET /api/dead-letters peeks them all now).
-      return every(REFRESH_MS, async () => {
+      const stopCounts = every(REFRESH_MS, async () => {
         const dead = (await api("dashboard/summary")).data.dead_letters || {};
         if (unknown(dead)) {
           stamp.textContent = failed(dead) || "";
@@ -927,6 +931,10 @@
             h("td", {}, hashLink("#/dead-letters/" + encodeURIComponent(q.queue), q.queue)), h("td", { class: "mono" }, q.entity),
             h("td", { class: "num" }, q.count + (q.more ? "+" : "")))))));
       });
+      return () => {
+        stopCounts();
+        stopLog();
+      };
     }
     const holder = h("div", { class: "table-wrap" });
     const pager = h("div", { class: "pager" });
@@ -941,8 +949,9 @@
       actionButton("Purge selected…", () => act("purge", false), { class: "danger", "data-testid": "purge-selected" }),
       actionButton("Replay all…", () => act("replay", true), { "data-testid": "replay-all" }),
       actionButton("Purge all…", () => act("purge", true), { class: "danger", "data-testid": "purge-all" }));
+    const log = deadLetterLog();
     append(root, h("div", { class: "toolbar" }, h("h1", {}, "Dead letters: ", h("span", { class: "mono" }, queue)), h("span", { class: "spacer" }), buttons),
-      h("p", {}, hashLink("#/dead-letters", "« all queues")), holder, pager);
+      h("p", {}, hashLink("#/dead-letters", "« all queues")), holder, pager, log.panel);
 
     async function load() {
       const page = (await api("dead-letters/" + encodeURIComponent(queue) + query({ limit: 50, continuation: params.c }))).data;
@@ -966,8 +975,47 @@
       clear(pager);
       if (params.c) append(pager, hashLink("#/dead-letters/" + encodeURIComponent(queue), "« First page"));
       if (page.continuation) append(pager, hashLink("#/dead-letters/" + encodeURIComponent(queue) + query({ c: page.continuation }), "Next page »"));
+      await log.load();
     }
     return every(15000, load);
+  }
+
+  /**
+   * The latest replays and purges of every queue (GET /api/dead-letter-log: one read of one
+   * table partition): when, who, what, why, and what became of the messages. Stored text
+   * (the reason, the operator's name) is set as text. A failure to read it is said in the
+   * panel: the dead letters above are still usable.
+   */
+  function deadLetterLog() {
+    const holder = h("div", { class: "table-wrap" }, h("div", { class: "empty" }, "Reading the dead-letter log…"));
+    const panel = h("section", { "data-testid": "dead-letter-log" },
+      h("h2", {}, "Latest replays and purges"),
+      h("p", { class: "muted small" }, "From the dead-letter log: every replay and purge that was not a dry run, newest first (the latest " + LOG_LIMIT + ")."),
+      holder);
+    async function load() {
+      let log;
+      try {
+        log = (await api("dead-letter-log" + query({ limit: LOG_LIMIT }))).data;
+      } catch (error) {
+        clear(holder);
+        append(holder, h("div", { class: "empty error-text" }, "dead-letter log unavailable: " + describe(error)));
+        return;
+      }
+      clear(holder);
+      if (!log.actions.length) {
+        append(holder, h("div", { class: "empty", "data-testid": "no-dead-letter-actions" }, "No dead letter has been replayed or purged."));
+        return;
+      }
+      append(holder, h("table", {},
+        h("thead", {}, h("tr", {}, ["When", "By", "Action", "Queue", "Reason", "Messages", "Outcomes"].map((t) => h("th", { class: t === "Messages" ? "num" : null }, t)))),
+        h("tbody", {}, log.actions.map((a) => h("tr", { "data-testid": "dead-letter-action" },
+          timeCell(a.at), h("td", { class: "mono small" }, a.actor), h("td", {}, a.action),
+          h("td", {}, hashLink("#/dead-letters/" + encodeURIComponent(a.queue), a.queue)),
+          h("td", { class: "reason" }, a.reason),
+          h("td", { class: "num", title: a.truncated ? "more messages than the log could store" : null }, a.messages + (a.truncated ? "+" : "")),
+          h("td", {}, Object.keys(a.counts).sort().map((k) => h("span", { class: "outcome" }, a.counts[k] + " ", badge(k)))))))));
+    }
+    return { panel: panel, load: load };
   }
 
   async function deadLetterAction(queue, kind, sequences, unselect, reload) {

@@ -215,7 +215,8 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     garbage.get_by_test_id("select-dead-letter").check()
     page.get_by_test_id("purge-selected").click()
     expect(page.get_by_test_id("dead-letter-preview")).to_contain_text("would_purge", timeout=SLOW)
-    page.get_by_test_id("reason").fill("not JSON: nothing to salvage")
+    why = f"not JSON: nothing to salvage {HOSTILE_MARKUP}"
+    page.get_by_test_id("reason").fill(why)
     page.get_by_test_id("confirm").click()
     expect(page.locator(".notice.ok")).to_contain_text("1 purged", timeout=SLOW)
     expect(garbage).to_have_count(0, timeout=SLOW)
@@ -224,11 +225,23 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     # The purged message names no order: the dead-letter log holds who purged it, and why.
     ops = Operations(stack.rt)
     try:
-        logged = {(e.action, e.reason, e.actor) for e in ops.dead_letter_log(limit=10)}
+        logged = {(e.action, e.reason, e.actor) for e in ops.dead_letter_log(limit=10).actions}
     finally:
         ops.close()
-    assert ("purge", "not JSON: nothing to salvage", f"operator:{OPERATOR}") in logged
+    assert ("purge", why, f"operator:{OPERATOR}") in logged
     assert ("replay", "intake fixed", f"operator:{OPERATOR}") in logged
+    # And the dead letters views show it, under the dead letters, as text.
+    actions = page.get_by_test_id("dead-letter-log").get_by_test_id("dead-letter-action")
+    purge = actions.filter(has_text="not JSON: nothing to salvage")
+    expect(purge).to_contain_text(why, timeout=SLOW)
+    expect(purge).to_contain_text(f"operator:{OPERATOR}")
+    expect(purge).to_contain_text("1 purged")
+    expect(actions.filter(has_text="intake fixed")).to_contain_text("1 refused")
+    expect(page.get_by_test_id("dead-letter-log").locator("img, script")).to_have_count(0)
+    open_view(page, stack, "dead-letters")
+    expect(page.get_by_test_id("dead-letter-queues")).to_be_visible(timeout=SLOW)
+    expect(actions.filter(has_text="not JSON: nothing to salvage")).to_contain_text("orders")
+    assert page.evaluate("window.__pwned") is None
 
 
 def test_supervisor_and_health(page: Page, stack: Stack, shoot):

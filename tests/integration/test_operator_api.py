@@ -8,6 +8,7 @@ import importlib
 import json
 import re
 import sys
+import time
 from collections.abc import Callable
 
 import azure.functions as func
@@ -354,6 +355,9 @@ def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
             404,
             "unknown_queue",
         ),
+        ("operator_dead_letter_log", {"limit": "0"}, {}, None, 400, "invalid_limit"),
+        ("operator_dead_letter_log", {"limit": "101"}, {}, None, 400, "invalid_limit"),
+        ("operator_dead_letter_log", {"limit": "ten"}, {}, None, 400, "invalid_request"),
         (
             "operator_list_dead_letters",
             {"limit": "101"},
@@ -526,6 +530,79 @@ def test_dead_letters_per_queue(installed, handlers, servicebus):
     _, summary = call(handlers, "operator_dead_letter_summary")
     counts = {q["queue"]: q["count"] for q in summary["queues"]}
     assert counts["orders"] >= 1
+
+
+def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) -> int:
+    """Put a message on the orders dead-letter queue; its sequence number there."""
+    orders = queue(rt, "orders")  # nothing consumes it in these tests: handlers are called
+    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        with client.get_queue_sender(orders) as sender:
+            sender.send_messages(ServiceBusMessage(body, message_id=message_id))
+        with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
+            for message in receiver.receive_messages(max_message_count=10, max_wait_time=5):
+                receiver.dead_letter_message(message, reason="SchemaInvalid")
+    _, page = call(handlers, "operator_list_dead_letters", route={"queue": "orders"},
+                   params={"limit": "100"})  # fmt: skip
+    [number] = [i["sequence_number"] for i in page["items"] if i["message_id"] == message_id]
+    return number
+
+
+def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
+    installed, handlers, servicebus, unique_name
+):
+    rt = installed
+    message_id = unique_name("poison")
+    number = dead_letter(rt, handlers, servicebus, b"{not json", message_id)
+    status, empty = call(handlers, "operator_dead_letter_log")
+    assert (status, empty) == (200, {"actions": []})
+
+    act = {"sequence_numbers": [number], "reason": "intake fixed"}
+    status, dry = call(
+        handlers, "operator_replay_dead_letters", route={"queue": "orders"},
+        body=act | {"dry_run": True}, caller="ann",
+    )  # fmt: skip
+    assert status == 200 and not dry["recorded_in_log"]
+    status, replayed = call(
+        handlers, "operator_replay_dead_letters", route={"queue": "orders"}, body=act, caller="ann"
+    )
+    # First sent less than 10 minutes ago: a replay would be dropped as a duplicate. Refused,
+    # and the refusal is logged all the same.
+    assert status == 200 and [i["outcome"] for i in replayed["items"]] == ["refused"]
+    rt.clock.advance(1)  # type: ignore[attr-defined]
+    reason = "not JSON: <b>drop</b> [red]it[/]"
+    status, purged = call(
+        handlers, "operator_purge_dead_letters", route={"queue": "orders"},
+        body={"sequence_numbers": [number], "reason": reason}, caller="bob",
+    )  # fmt: skip
+    assert status == 200 and purged["recorded_in_log"]
+
+    status, log = call(handlers, "operator_dead_letter_log", params={"limit": "5"})
+    assert status == 200, log
+    newest, oldest = log["actions"]  # the dry run is not logged
+    assert (newest["actor"], newest["action"], newest["queue"], newest["reason"]) == (
+        "operator:bob", "purge", "orders", reason
+    )  # fmt: skip
+    assert (newest["messages"], newest["counts"], newest["truncated"]) == (1, {"purged": 1}, False)
+    assert newest["outcomes"] == [
+        {"sequence_number": number, "message_id": message_id, "order_id": None,
+         "outcome": "purged"}
+    ]  # fmt: skip
+    assert (oldest["actor"], oldest["action"], oldest["reason"]) == (
+        "operator:ann", "replay", "intake fixed"
+    )  # fmt: skip
+    assert oldest["counts"] == {"refused": 1} and oldest["at"] < newest["at"]
+    COUNTS.reset()
+    started = time.perf_counter()
+    _, one = call(handlers, "operator_dead_letter_log", params={"limit": "1"})
+    took = time.perf_counter() - started
+    assert one["actions"] == [newest]
+    print(f"dead-letter log, 1 of 2 actions: {took * 1000:.1f} ms, {COUNTS.snapshot()}")
+    assert COUNTS.snapshot() == {"table.get": 1}, "one query of one partition"
+    COUNTS.reset()
+    status, refused = call(handlers, "operator_dead_letter_log", params={"limit": "500"})
+    assert (status, refused["error"]["code"]) == (400, "invalid_limit")
+    assert "from 1 to 100" in refused["error"]["message"]
+    assert not COUNTS.snapshot(), "refused before I/O"
 
 
 # ---------------------------------------------------------------------------------- openapi

@@ -506,12 +506,14 @@ def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt
         assert [i.outcome for i in purged.items] == ["purged", "purged"]
         # They name no trusted order: the dead-letter log is where the action is recorded.
         assert purged.recorded_in_log
-        [logged, *_] = ops.dead_letter_log(limit=5)
+        [logged, refusal] = ops.dead_letter_log(limit=5).actions
         assert (logged.actor, logged.action, logged.queue) == ("operator:ann", "purge", "commands")
         assert logged.reason == "forged: <b>drop</b>"
-        assert [(o["sequence_number"], o["outcome"], o["order_id"]) for o in logged.outcomes] == [
+        assert [(o.sequence_number, o.outcome, o.order_id) for o in logged.outcomes] == [
             (n, "purged", None) for n in sorted(numbers)
         ]
+        assert (logged.messages, logged.counts) == (2, {"purged": 2})
+        assert (refusal.action, refusal.reason, refusal.counts) == ("replay", "try", {"refused": 2})
         left = {i.sequence_number for i in ops.list_dead_letters("commands", limit=100).items}
         assert not set(numbers) & left
         gone = ops.purge_dead_letters(

@@ -31,6 +31,7 @@ from devstack.cli_output import validate
 from devstack.host import LocalHost
 from devstack.stack.local_stack import STATE_FILE, base_settings
 from operator_api import functions as api
+from operator_api.operations import Operations
 from scheduler.intake import handle_submission
 from tests.support.pattern import new_order, queue, run_agent_step
 
@@ -264,9 +265,20 @@ def test_dead_letters_listed_replay_refused_then_purged(orderctl, rt, servicebus
     purged = orderctl.json(
         "dead-letters", "purge", "orders", number, "--yes", "--reason", "malformed test message"
     )
-    assert [i["outcome"] for i in purged["items"]] == ["purged"]
+    assert [i["outcome"] for i in purged["items"]] == ["purged"] and purged["recorded_in_log"]
     left = orderctl.json("dead-letters", "orders")
     assert message.message_id not in {i["message_id"] for i in left["items"]}
+
+    # The dry run is not logged; the purge is, with who ran it and why.
+    [logged] = orderctl.json("dead-letter-log", "--limit", "5")["actions"]
+    assert (logged["actor"], logged["action"], logged["queue"], logged["reason"]) == (
+        orderctl.actor, "purge", "orders", "malformed test message"
+    )  # fmt: skip
+    assert logged["counts"] == {"purged": 1}
+    assert [o["message_id"] for o in logged["outcomes"]] == [message.message_id]
+    table = orderctl("dead-letter-log", "--wide")
+    assert table.exit_code == 0, table.output
+    assert "malformed test message" in table.stdout and "1 purged" in table.stdout
 
 
 def test_health_and_supervisor(orderctl):
@@ -284,6 +296,11 @@ def test_health_and_supervisor(orderctl):
 
 def test_both_backends_print_the_same_documents(both, rt, reader, fakes):
     order_id = declined(rt, reader, fakes)
+    ops = Operations(rt)
+    try:  # a purge of a dead letter that is not there is logged all the same
+        ops.purge_dead_letters("orders", operator="ann", sequence_numbers=[10**12], reason="x")
+    finally:
+        ops.close()
     reads = [
         ("status", order_id),
         ("orders", "Error", "--text", order_id),
@@ -293,14 +310,17 @@ def test_both_backends_print_the_same_documents(both, rt, reader, fakes):
         ("health",),
         ("supervisor",),
         ("purges",),
+        ("dead-letter-log",),
     ]
     for args in reads:
         local, remote = (both[b].json(*args) for b in BACKENDS)
         assert shape(local) == shape(remote), args
-        if args[0] in ("status", "orders", "dead-letters"):
+        if args[0] in ("status", "orders", "dead-letters", "dead-letter-log"):
             assert local == remote, args
         if args == ("dead-letters",):
             assert "orders" in {q["queue"] for q in remote["queues"]}
+        if args == ("dead-letter-log",):
+            assert [a["counts"] for a in remote["actions"]] == [{"not_found": 1}]
     people = [both[b]("status", order_id).stdout for b in BACKENDS]
     assert people[0] == people[1], "the same table for people"
 

@@ -16,6 +16,7 @@ from operator_api.models import (
     ArchivedOrderView,
     BulkView,
     DeadLetterActionView,
+    DeadLetterLogView,
     DeadLetterPage,
     DeadLetterSummary,
     HealthView,
@@ -131,6 +132,19 @@ class Ops:
              "items": [{"sequence_number": 1, "message_id": self.s, "order_id": "order-7",
                         "outcome": outcome, "detail": self.s,
                         "recorded_in_timeline": not dry_run}]}
+        )  # fmt: skip
+
+    def dead_letter_log(self, *, limit) -> DeadLetterLogView:
+        s = self.s
+        return DeadLetterLogView.model_validate(
+            {"actions": [
+                {"at": AT, "actor": s, "action": "purge", "queue": "orders", "reason": s,
+                 "messages": 2, "counts": {"purged": 1, "refused": 1}, "truncated": True,
+                 "outcomes": [
+                     {"sequence_number": 1, "message_id": s, "order_id": None,
+                      "outcome": "purged"},
+                     {"sequence_number": 2, "message_id": None, "order_id": "order-7",
+                      "outcome": "refused"}]}]}
         )  # fmt: skip
 
     def health(self) -> HealthView:

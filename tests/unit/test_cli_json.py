@@ -67,6 +67,8 @@ OPERATOR_COMMANDS = [
     ("supervisor", []),
     ("purge", ["--older-than", "7"]),
     ("purges", []),
+    ("dead-letter-log", []),
+    ("dead-letter-log", ["--limit", "5"]),
     ("archived", ["order-7"]),
     ("dead-letters", []),
     ("dead-letters", ["orders"]),

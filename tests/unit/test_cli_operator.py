@@ -411,3 +411,37 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay_and_asks_nothing(recor
     assert result.exit_code == 0, result.output
     assert "no dead letters in text: nothing to replay" in result.stdout
     assert "?" not in result.stderr
+
+
+# --------------------------------------------------------------------- dead-letter log
+
+
+def test_the_dead_letter_log_shows_stored_text_as_text(monkeypatch):
+    stored = "[bold red]drop[/] :smile: esc\x1b[31m"
+    use_ops(monkeypatch, stored, width=400)
+    result = invoke("dead-letter-log", "--wide")
+    assert result.exit_code == 0, result.output
+    assert "[bold red]drop[/] :smile: esc\\x1b[31m" in result.stdout  # the reason, as written
+    assert "\x1b" not in result.stdout
+    assert "1 purged, 1 refused" in result.stdout and "2+" in result.stdout
+    assert "outcomes are cut" in result.stdout
+
+
+def test_the_dead_letter_log_asks_for_the_limit_and_says_when_it_is_empty(monkeypatch):
+    asked: list[int] = []
+
+    class Empty(Ops):
+        def dead_letter_log(self, *, limit):
+            asked.append(limit)
+            return super().dead_letter_log(limit=limit).model_copy(update={"actions": []})
+
+    @contextmanager
+    def operations(workdir):
+        yield Empty("x")
+
+    monkeypatch.setattr(cli, "operations", operations)
+    result = invoke("dead-letter-log", "--limit", "7")
+    assert result.exit_code == 0, result.output
+    assert asked == [7] and "no dead-letter replay or purge is recorded" in result.stdout
+    refused = invoke("dead-letter-log", "--limit", "101")
+    assert refused.exit_code == 2 and asked == [7]

@@ -75,6 +75,7 @@ OPERATOR_API_FUNCTIONS = {
     "operator_bulk_cancel",
     "operator_replay_dead_letters",
     "operator_purge_dead_letters",
+    "operator_dead_letter_log",
     "operator_health",
 }
 
@@ -100,6 +101,38 @@ def test_every_http_function_requires_a_function_key(bindings):
     assert set(http) == OPERATOR_API_FUNCTIONS | DASHBOARD_FUNCTIONS
     for name, binding in http.items():
         assert binding["authLevel"] == "FUNCTION", f"{name} must need a function key"
+
+
+def overlap(a: str, b: str) -> bool:
+    """One URL could match both routes: as many segments, each equal or a parameter."""
+    left, right = a.split("/"), b.split("/")
+    return len(left) == len(right) and all(
+        x == y or x.startswith("{") or y.startswith("{") for x, y in zip(left, right, strict=True)
+    )
+
+
+def test_overlap_sees_a_parameter_matching_a_literal():
+    assert overlap("dead-letters/{queue}", "dead-letters/log")
+    assert not overlap("dead-letters/{queue}", "dead-letter-log")
+    assert not overlap("orders/{order_id}", "orders/{order_id}/watch")
+
+
+def test_no_url_could_reach_two_http_functions(bindings):
+    routes = [
+        (name, method, binding["route"])
+        for name, function_bindings in bindings.items()
+        for binding in function_bindings
+        if binding["type"] == "httpTrigger"
+        for method in binding["methods"]
+    ]
+    clashes = [
+        (a, b)
+        for i, (a, method_a, route_a) in enumerate(routes)
+        for b, method_b, route_b in routes[i + 1 :]
+        if method_a == method_b and overlap(route_a, route_b)
+    ]
+    assert clashes == []
+    assert ("operator_dead_letter_log", "GET", "dead-letter-log") in routes
 
 
 def test_service_bus_triggers_name_declared_queues_through_settings(bindings):
