@@ -480,8 +480,13 @@ def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
     """The function.json documents the host indexes, from a fresh interpreter (the FunctionApp
     object allows one get_functions() call, and nothing leaks into the test process), each
     with where its user function is defined (:data:`SOURCE_KEY`)."""
+    return _fresh_json(_INDEX_SCRIPT, root, "indexing function_app")
+
+
+def _fresh_json(script: str, root: Path, what: str) -> Any:
+    """What ``script`` prints as JSON, run by a fresh interpreter in ``root``."""
     result = subprocess.run(
-        [sys.executable, "-c", _INDEX_SCRIPT],
+        [sys.executable, "-c", script],
         cwd=root,
         capture_output=True,
         text=True,
@@ -489,7 +494,7 @@ def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
         check=False,
     )
     if result.returncode != 0:
-        raise CheckError(f"indexing function_app failed:\n{result.stderr[-2000:]}")
+        raise CheckError(f"{what} failed:\n{result.stderr[-2000:]}")
     return json.loads(result.stdout)
 
 
@@ -512,17 +517,7 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
     """Metric name -> data type of what ``record_tick`` records for one (empty) Supervisor tick,
     read with an in-memory OpenTelemetry reader in a fresh interpreter (the global meter
     provider is set once per process)."""
-    result = subprocess.run(
-        [sys.executable, "-c", _METRICS_SCRIPT],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise CheckError(f"recording the Supervisor's metrics failed:\n{result.stderr[-2000:]}")
-    return json.loads(result.stdout)
+    return _fresh_json(_METRICS_SCRIPT, root, "recording the Supervisor's metrics")
 
 
 _METRIC_NAMES_SCRIPT = """
@@ -536,17 +531,7 @@ json.dump(sorted(orders | supervisor), sys.stdout)
 def metric_names_defined(root: Path = REPO_ROOT) -> frozenset[str]:
     """``core.metrics.NAMES | supervisor.metrics.NAMES`` of the code under ``root``, read in a
     fresh interpreter (like the other facts: nothing is imported into the test process)."""
-    result = subprocess.run(
-        [sys.executable, "-c", _METRIC_NAMES_SCRIPT],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise CheckError(f"reading the metric names failed:\n{result.stderr[-2000:]}")
-    return frozenset(json.loads(result.stdout))
+    return frozenset(_fresh_json(_METRIC_NAMES_SCRIPT, root, "reading the metric names"))
 
 
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:

@@ -16,7 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
@@ -30,6 +29,7 @@ from core.states import ProcessState
 from scheduler import control
 from scheduler.intake import handle_submission
 from supervisor.tick import RECOVER_SPAN, run_tick
+from tests.support.spans import recording
 from tests.support.world import QUEUES
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -42,15 +42,8 @@ _EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[TracerProvider]:
-    """The process's SDK tracer provider (installed if none is: a provider is set only once),
-    with this module's in-memory exporter added."""
-    current = trace.get_tracer_provider()
-    installed = current if isinstance(current, TracerProvider) else TracerProvider()
-    if installed is not current:
-        trace.set_tracer_provider(installed)
-    installed.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    yield installed
-    _EXPORTER.shutdown()  # spans later tests in this process create are no longer kept
+    with recording(_EXPORTER) as installed:
+        yield installed
 
 
 @pytest.fixture

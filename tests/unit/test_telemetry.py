@@ -14,7 +14,6 @@ import pytest
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -25,22 +24,15 @@ from core.messages import OrderSubmitted
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger, TimerTrigger, Trigger
 from devstack.host.invoke import Invoker, worker_telemetry
 from devstack.host.ncrontab import NcrontabSchedule
+from tests.support.spans import recording
 
 _EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[TracerProvider]:
-    """The process's SDK tracer provider (installed if none is: a provider can be set only
-    once, and another module of this worker may have set it), exporting to this module's
-    exporter too."""
-    current = trace.get_tracer_provider()
-    installed = current if isinstance(current, TracerProvider) else TracerProvider()
-    if installed is not current:
-        trace.set_tracer_provider(installed)
-    installed.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    yield installed
-    _EXPORTER.shutdown()  # spans later tests in this process create are no longer kept
+    with recording(_EXPORTER) as installed:
+        yield installed
 
 
 @pytest.fixture
