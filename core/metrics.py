@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
@@ -42,6 +42,17 @@ NAMES: Final[frozenset[str]] = frozenset(
     {ORDERS_STARTED, ORDERS_FINISHED, ORDERS_FAILED, STEP_DURATION, STEP_RETRIES, CIRCUIT_STATE}
 )
 """Every instrument this module records (supervisor.metrics.NAMES has the Supervisor's)."""
+
+ATTRIBUTES: Final[Mapping[str, frozenset[str]]] = {
+    ORDERS_STARTED: frozenset({"workflow"}),
+    ORDERS_FINISHED: frozenset({"workflow"}),
+    ORDERS_FAILED: frozenset({"workflow", "reason"}),
+    STEP_DURATION: frozenset({"step", "outcome", "operation"}),
+    STEP_RETRIES: frozenset({"step", "cause"}),
+    CIRCUIT_STATE: frozenset({"agent"}),
+}
+"""The attributes each instrument is recorded with (customDimensions in Application Insights,
+where the workbook reads them)."""
 
 CIRCUIT_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 """The value ``agent.circuit.state`` takes for each breaker state (agent.circuit)."""

@@ -7,6 +7,7 @@ long the most overdue order had been due when a tick found it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from opentelemetry import metrics
@@ -23,6 +24,8 @@ NAMES: Final[frozenset[str]] = frozenset(
     }
 )
 """Every instrument this module records (core.metrics.NAMES has the orders' own)."""
+ATTRIBUTES: Final[Mapping[str, frozenset[str]]] = {name: frozenset() for name in NAMES}
+"""Each instrument's attributes: none (one series per app)."""
 
 meter = metrics.get_meter("orders.supervisor")
 _rows_read = meter.create_counter(

@@ -371,6 +371,9 @@ class CodeFacts:
     """HTTP-triggered function -> the ``authLevel`` of its trigger, as indexed."""
     metric_names: frozenset[str] = frozenset()
     """Every metric the code defines: ``core.metrics.NAMES | supervisor.metrics.NAMES``."""
+    metric_attributes: Mapping[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    """Metric -> the attributes it is recorded with (``core.metrics.ATTRIBUTES``,
+    ``supervisor.metrics.ATTRIBUTES``)."""
 
     @property
     def storage_name_settings(self) -> dict[str, str]:
@@ -522,16 +525,21 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
 
 _METRIC_NAMES_SCRIPT = """
 import json, sys
-from core.metrics import NAMES as orders
-from supervisor.metrics import NAMES as supervisor
-json.dump(sorted(orders | supervisor), sys.stdout)
+from core.metrics import ATTRIBUTES as orders_attributes, NAMES as orders
+from supervisor.metrics import ATTRIBUTES as supervisor_attributes, NAMES as supervisor
+attributes = {**orders_attributes, **supervisor_attributes}
+json.dump({"names": sorted(orders | supervisor),
+           "attributes": {name: sorted(keys) for name, keys in attributes.items()}}, sys.stdout)
 """
 
 
-def metric_names_defined(root: Path = REPO_ROOT) -> frozenset[str]:
-    """``core.metrics.NAMES | supervisor.metrics.NAMES`` of the code under ``root``, read in a
-    fresh interpreter (like the other facts: nothing is imported into the test process)."""
-    return frozenset(_fresh_json(_METRIC_NAMES_SCRIPT, root, "reading the metric names"))
+def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """``core.metrics.NAMES | supervisor.metrics.NAMES`` of the code under ``root``, and each
+    one's attributes, read in a fresh interpreter (like the other facts: nothing is imported
+    into the test process)."""
+    found = _fresh_json(_METRIC_NAMES_SCRIPT, root, "reading the metric names")
+    attributes = {name: frozenset(keys) for name, keys in found["attributes"].items()}
+    return frozenset(found["names"]), attributes
 
 
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
@@ -543,6 +551,7 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
     trigger_queues: set[str] = set()
     functions = indexed_functions(root)
     access = code_access_of(root, functions)
+    metric_names, metric_attributes = metrics_defined(root)
     for function in functions:
         for binding in function["bindings"]:
             for value in binding.values():
@@ -566,7 +575,8 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
             if a.kind == "receive" and a.resource[0] == "setting" and a.where != TRIGGER
         ),
         metrics=metrics_recorded_by_a_tick(root),
-        metric_names=metric_names_defined(root),
+        metric_names=metric_names,
+        metric_attributes=metric_attributes,
         access=access,
         http_auth_levels={
             function[SOURCE_KEY]["function"]: str(binding.get("authLevel", "")).lower()
@@ -2053,7 +2063,9 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
         except ValueError as exc:
             problems.append(f"{rel} does not parse as JSON: {exc}")
         else:
-            problems += workbook.problems(document, facts.metric_names, rel)
+            problems += workbook.problems(
+                document, facts.metric_names, rel, facts.metric_attributes
+            )
             if isinstance(document, dict) and "fallbackResourceIds" in document:
                 problems.append(
                     f"{rel}: holds fallbackResourceIds (a copy from the portal?); leave them "

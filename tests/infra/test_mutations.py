@@ -845,6 +845,13 @@ MUTATIONS += [
         "queries metric 'orders.finish', which the code does not define",
     ),
     Mutation(
+        "a chart reads an attribute its metric is not recorded with",
+        WORKBOOK_JSON,
+        replace("customDimensions.reason", "customDimensions.cause"),
+        "workbook",
+        "reads customDimensions.cause, but 'orders.failed' is recorded with",
+    ),
+    Mutation(
         "a metric misspelled in a chart leaves it uncharted",
         WORKBOOK_JSON,
         replace('\\"orders.finished\\"', '\\"orders.finish\\"'),

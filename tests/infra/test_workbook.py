@@ -102,6 +102,14 @@ def test_placeholders_are_read_with_their_format():
     }
 
 
+def test_dimensions_are_read_by_member_or_by_index():
+    kql = read_kql(
+        'customMetrics | extend a = tostring(customDimensions.step), b = customDimensions["cause"]'
+        " | where tostring(customDimensions['agent']) != '' | project customDimensions"
+    )
+    assert kql.dimensions == {"step", "cause", "agent"}
+
+
 # ---------------------------------------------------------------------------- document
 
 DEFINED = frozenset({"orders.started", "step.duration"})
@@ -151,6 +159,27 @@ GOOD = document(
 
 def test_a_good_document_has_no_problem():
     assert workbook.problems(GOOD, DEFINED, "wb.json") == []
+
+
+def test_a_chart_reads_only_the_attributes_its_metrics_are_recorded_with():
+    attributes = {"orders.started": frozenset({"workflow"}), "step.duration": frozenset()}
+    by_workflow = document(
+        chart(
+            "orders",
+            'customMetrics | where name == "orders.started" '
+            "| summarize sum(value) by tostring(customDimensions.workflow)",
+        ),
+        chart("steps", 'customMetrics | where name == "step.duration" | summarize max(valueMax)'),
+    )
+    assert workbook.problems(by_workflow, DEFINED, "wb.json", attributes) == []
+    by_reason = copy.deepcopy(by_workflow)
+    by_reason["items"][1]["content"]["query"] = by_reason["items"][1]["content"]["query"].replace(
+        "customDimensions.workflow", "customDimensions.reason"
+    )
+    assert workbook.problems(by_reason, DEFINED, "wb.json", attributes) == [
+        "wb.json: chart 'orders': reads customDimensions.reason, but 'orders.started' is "
+        "recorded with ['workflow'] (core.metrics.ATTRIBUTES, supervisor.metrics.ATTRIBUTES)"
+    ]
 
 
 def test_charts_inside_groups_count():

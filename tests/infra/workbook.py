@@ -128,6 +128,8 @@ class Kql:
     """Operators other than ``==``/``in`` that ``name`` is compared with."""
     placeholders: frozenset[tuple[str, str | None]]
     """Workbook parameters it uses: (name, format), e.g. ``("TimeRange", "grain")``."""
+    dimensions: frozenset[str] = frozenset()
+    """The metrics' attributes it reads: ``customDimensions.x`` or ``customDimensions["x"]``."""
 
     @property
     def sources(self) -> frozenset[str]:
@@ -143,7 +145,29 @@ def read_kql(query: str) -> Kql:
         (inner.partition(":")[0], inner.partition(":")[2] or None)
         for inner in (t.text[1:-1] for t in toks if t.kind == "placeholder")
     )
-    return Kql(frozenset(tables), frozenset(lets), frozenset(metrics), fuzzy, placeholders)
+    return Kql(
+        frozenset(tables),
+        frozenset(lets),
+        frozenset(metrics),
+        fuzzy,
+        placeholders,
+        frozenset(_dimensions(toks)),
+    )
+
+
+def _dimensions(toks: list[Token]) -> set[str]:
+    found: set[str] = set()
+    for i, token in enumerate(toks):
+        if token.kind != "ident" or token.text != "customDimensions":
+            continue
+        after, key = _at(toks, i + 1), _at(toks, i + 2)
+        if after is None or key is None:
+            continue
+        if after.text == "." and key.kind == "ident":
+            found.add(key.text)
+        elif after.text == "[" and key.kind == "string":
+            found.add(_string_value(key))
+    return found
 
 
 def _at(toks: list[Token], i: int) -> Token | None:
@@ -304,9 +328,15 @@ def charts(document: Mapping[str, Any]) -> list[Chart]:
     return found
 
 
-def problems(document: Any, defined_metrics: frozenset[str], where: str) -> list[str]:
+def problems(
+    document: Any,
+    defined_metrics: frozenset[str],
+    where: str,
+    attributes: Mapping[str, frozenset[str]] | None = None,
+) -> list[str]:
     """What is wrong with a workbook document that should chart exactly ``defined_metrics``
-    from the Application Insights component it is deployed with."""
+    from the Application Insights component it is deployed with; with ``attributes`` (metric
+    -> what it is recorded with), a chart may read only its metrics' attributes."""
     if not isinstance(document, dict):
         return [f"{where}: not a JSON object"]
     found = []
@@ -325,6 +355,7 @@ def problems(document: Any, defined_metrics: frozenset[str], where: str) -> list
         found.append(f"{where}: no query item (type {QUERY_ITEM}): the workbook charts nothing")
     for chart in all_charts:
         found += _chart_problems(chart, declared, time_ranges, defined_metrics, f"{where}")
+        found += _dimension_problems(chart, attributes or {}, f"{where}: chart {chart.name!r}")
         charted |= chart.kql.metrics
     if not defined_metrics:
         found.append(
@@ -336,6 +367,23 @@ def problems(document: Any, defined_metrics: frozenset[str], where: str) -> list
             f"{where}: metric {metric!r} is defined by the code but no chart queries it "
             f'(add a chart that keeps it with name == "{metric}")'
         )
+    return found
+
+
+def _dimension_problems(
+    chart: Chart, attributes: Mapping[str, frozenset[str]], at: str
+) -> list[str]:
+    """Each ``customDimensions`` key the chart reads, against every metric it keeps that the
+    code declares attributes for (a metric it does not know is reported elsewhere)."""
+    found = []
+    for dimension in sorted(chart.kql.dimensions):
+        for metric in sorted(chart.kql.metrics & attributes.keys()):
+            if dimension not in attributes[metric]:
+                found.append(
+                    f"{at}: reads customDimensions.{dimension}, but {metric!r} is recorded "
+                    f"with {sorted(attributes[metric]) or 'no attributes'} "
+                    "(core.metrics.ATTRIBUTES, supervisor.metrics.ATTRIBUTES)"
+                )
     return found
 
 

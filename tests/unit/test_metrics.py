@@ -246,6 +246,23 @@ def test_circuit_state_is_a_gauge_per_agent(reader) -> None:
         metrics.record_circuit_state("payment", "ajar")
 
 
+def test_every_instrument_is_recorded_with_the_attributes_it_declares(reader) -> None:
+    """ATTRIBUTES is what the workbook's charts may read as customDimensions (tests/infra)."""
+    for order_id, fault in (("ORD-1", "transient"), ("ORD-2", "decline")):
+        world = World()
+        world.submit(order_id)
+        (request,) = agent_requests(world)
+        world.deliver(request, fault)
+        world.drain()
+    metrics.record_circuit_state("payment", "open")
+    found = points(reader)
+    assert set(found) == metrics.NAMES
+    for name, series in found.items():
+        for key in series:
+            assert {attribute for attribute, _ in key} == metrics.ATTRIBUTES[name], name
+    assert set(supervisor_metrics.ATTRIBUTES) == supervisor_metrics.NAMES
+
+
 def test_workflow_attribute_drops_the_version() -> None:
     assert metrics.workflow_name("order@2") == "order"
     assert metrics.workflow_name("single_step") == "single_step"
