@@ -34,6 +34,12 @@ BrokerFactory = Callable[..., BrokerProcess]
 T = TypeVar("T")
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (``@pytest.mark.anyio``) run on asyncio, as the Functions Python worker."""
+    return "asyncio"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
