@@ -1,6 +1,7 @@
-"""Table Storage over plain HTTP: see :mod:`core.tablestorage.client`."""
+"""Table Storage over plain HTTP: see :mod:`core.tablestorage.client` (its asyncio twin, which
+it is generated from: :mod:`core.tablestorage.aio`)."""
 
-from core.tablestorage.client import Sent, Table, TableService
-from core.tablestorage.odata import Entity
+from core.tablestorage.client import Paged, Pages, Sent, Table, TableService
+from core.tablestorage.odata import Entity, Page
 
-__all__ = ["Entity", "Sent", "Table", "TableService"]
+__all__ = ["Entity", "Page", "Paged", "Pages", "Sent", "Table", "TableService"]

@@ -1,3 +1,4 @@
+# Generated from core/tablestorage/aio/client.py by devstack.unasync: edit that, not this.
 """A lean Table Storage client: the part of azure-data-tables' ``TableClient`` the app uses,
 over a small HTTP/1.1 connection pool (:mod:`core.tablestorage.http11`), with the SDK's
 entity types and errors.
@@ -15,15 +16,20 @@ SDK's ``raw_request_hook`` reports it. Transient failures (connection errors, 40
 retried three times with exponential backoff; a retried write that had committed answers 409 or
 412 the second time, which the store already resolves (core.state_store: its WriteId). A kept-
 alive connection that the server closed as it was taken is retried at once, without backoff.
+
+Written once, async, in core/tablestorage/aio/client.py (on the asyncio pool of
+core.tablestorage.aio.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
+generated from it (``python -m devstack.unasync``). Every method that makes a request is
+``async`` there; queries are async iterators (``async for``), their pages lists. An Entra token
+is renewed off the request path (core.tablestorage.auth.BearerToken), so the event loop waits
+for one only on the first request.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
@@ -31,6 +37,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 from azure.core import MatchConditions
 from azure.core.exceptions import (
+    AzureError,
     ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
@@ -38,12 +45,12 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceRequestError,
 )
-from azure.core.paging import ItemPaged
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from core import primitives as time  # the backoff waits with time.sleep (tests patch it)
 from core.tablestorage import batch, odata
 from core.tablestorage.auth import Auth, BearerToken, parse_connection_string
-from core.tablestorage.http11 import Answer, ConnectionPool, Headers, TransportError
+from core.tablestorage.http11 import Answer, ConnectionPool, Headers, Sent, TransportError
 
 API_VERSION: Final = "2019-02-02"
 """The first version that accepts Entra tokens; the one azure-data-tables 12 sends."""
@@ -55,16 +62,6 @@ CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 30.0
 _TIMEOUTS: Final = {"timeout": httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S).as_dict()}
 _MINIMAL: Final = "application/json;odata=minimalmetadata"
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One HTTP attempt, as the request hook sees it."""
-
-    method: str
-    url: str
-    batch_urls: tuple[str, ...] = field(default=())
-    """The operations' URLs, for a transaction."""
 
 
 RequestHook = Callable[[Sent], None]
@@ -105,7 +102,7 @@ class HttpxSender:
 
 class TableService:
     """The account's table endpoint: builds :class:`Table` clients sharing one HTTP pool.
-    Safe to use from several threads."""
+    Safe to use from several tasks of one event loop (the sync twin: from several threads)."""
 
     def __init__(
         self,
@@ -250,7 +247,8 @@ class Table:
         self, partition_key: str, row_key: str, *, select: Sequence[str] | None = None
     ) -> odata.Entity:
         params = {"$select": ",".join(select)} if select else None
-        answer = self.service.request("GET", self._entity(partition_key, row_key), params=params)
+        path = self._entity(partition_key, row_key)
+        answer = self.service.request("GET", path, params=params)
         raise_for(answer, f"reading {partition_key}/{row_key} of {self.table_name}")
         entity = odata.decode(answer.json())
         entity.metadata.setdefault("etag", answer.headers.get("etag"))
@@ -369,41 +367,95 @@ class Table:
         parameters: Mapping[str, Any] | None = None,
         select: Sequence[str] | None = None,
         results_per_page: int | None = None,
-    ) -> ItemPaged[odata.Entity]:
+    ) -> Paged:
         """Rows matching ``query_filter`` (each ``@name`` replaced by its value from ``parameters``
-        as OData literals), paged; ``.by_page(continuation_token)`` resumes a listing."""
+        as OData literals), paged; ``.by_page(continuation_token)`` resumes a listing. No request
+        until the rows are walked."""
         params = {"$filter": odata.substitute(query_filter, parameters)}
         return self._paged(params, select, results_per_page)
 
     def list_entities(
         self, *, select: Sequence[str] | None = None, results_per_page: int | None = None
-    ) -> ItemPaged[odata.Entity]:
+    ) -> Paged:
         return self._paged({}, select, results_per_page)
 
     def _paged(
         self, params: dict[str, str], select: Sequence[str] | None, per_page: int | None
-    ) -> ItemPaged[odata.Entity]:
+    ) -> Paged:
         if select:
             params["$select"] = ",".join(select)
         if per_page:
             params["$top"] = str(per_page)
-        path = f"{quote(self.table_name, safe='')}()"
+        return Paged(self, params)
 
-        def get_next(token: dict[str, str] | None) -> Answer:
-            page = dict(params)
-            if token:
-                page["NextPartitionKey"] = token["PartitionKey"]
-                if token.get("RowKey"):
-                    page["NextRowKey"] = token["RowKey"]
-            answer = self.service.request("GET", path, params=page)
-            raise_for(answer, f"querying {self.table_name}")
-            return answer
 
-        def extract(answer: Answer) -> tuple[dict[str, str] | None, Iterator[Any]]:
-            rows = [odata.decode(row) for row in answer.json().get("value", [])]
-            return _continuation(answer.headers), iter(rows)
+class Paged:
+    """A query's rows, read a page (one request) at a time as they are walked, as azure-core's
+    ``ItemPaged`` reads them: walk the rows, or :meth:`by_page` for the pages."""
 
-        return ItemPaged(get_next, extract)
+    def __init__(self, table: Table, params: dict[str, str]) -> None:
+        self._table = table
+        self._params = params
+        self._pages: Pages | None = None
+        self._rows: Iterator[odata.Entity] = iter(())
+
+    def by_page(self, continuation_token: dict[str, str] | None = None) -> Pages:
+        """The pages from the start, or from where ``continuation_token`` (a page iterator's
+        ``continuation_token``) says the listing stopped."""
+        return Pages(self._table, self._params, continuation_token)
+
+    def __iter__(self) -> Paged:
+        return self
+
+    def __next__(self) -> odata.Entity:
+        while True:
+            row = next(self._rows, None)
+            if row is not None:
+                return row
+            if self._pages is None:
+                self._pages = self.by_page()
+            page = self._pages.__next__()
+            self._rows = iter(page)
+
+
+class Pages:
+    """The pages of a query (each an :class:`odata.Page`, a list of rows), one request each, as
+    azure-core's page iterator: ``continuation_token`` is where the next page starts, None once
+    the last has been read. An error says on its ``continuation_token`` where the failed page
+    started (as azure-core's do)."""
+
+    def __init__(
+        self, table: Table, params: dict[str, str], continuation_token: dict[str, str] | None
+    ) -> None:
+        self._table = table
+        self._params = params
+        self.continuation_token = continuation_token
+        self._asked = False
+
+    def __iter__(self) -> Pages:
+        return self
+
+    def __next__(self) -> odata.Page:
+        token = self.continuation_token
+        if token is None and self._asked:
+            raise StopIteration
+        page = dict(self._params)
+        if token:
+            page["NextPartitionKey"] = token["PartitionKey"]
+            if token.get("RowKey"):
+                page["NextRowKey"] = token["RowKey"]
+        table = self._table
+        try:
+            answer = table.service.request(
+                "GET", f"{quote(table.table_name, safe='')}()", params=page
+            )
+            raise_for(answer, f"querying {table.table_name}")
+        except AzureError as error:
+            error.continuation_token = token
+            raise
+        self._asked = True
+        self.continuation_token = _continuation(answer.headers)
+        return odata.Page(odata.decode(row) for row in answer.json().get("value", []))
 
 
 def _check_transaction(operations: Sequence[Operation]) -> None:

@@ -15,6 +15,10 @@ while idle, is not reused. Every failure (refused, reset, timed out, closed earl
 raises :class:`TransportError`; ``reused`` on it says the connection had served an earlier
 request and the failure came before any byte of the answer, the signature of a server that
 closed a kept-alive connection at the moment it was taken.
+
+The asyncio twin (:mod:`core.tablestorage.aio.http11`) owns its sockets the same way and shares
+everything here that does no I/O: the answer types, the errors, the request's fields and the
+h11 bookkeeping of one exchange (:class:`Exchange`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -34,7 +39,8 @@ import h11
 
 MAX_HEAD_BYTES: Final = 16_384
 """The largest status line plus headers accepted (the Table service sends about 1 KiB)."""
-_READ: Final = 65_536
+READ_BYTES: Final = 65_536
+"""The most bytes given to h11 at once: a head past MAX_HEAD_BYTES is refused as it arrives."""
 _KEEP_ALIVE_MARGIN_S: Final = 1.0
 
 
@@ -44,6 +50,16 @@ class TransportError(Exception):
     def __init__(self, message: str, *, reused: bool = False) -> None:
         super().__init__(message)
         self.reused = reused
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One HTTP attempt, as the Table client's request hook sees it."""
+
+    method: str
+    url: str
+    batch_urls: tuple[str, ...] = field(default=())
+    """The operations' URLs, for a transaction."""
 
 
 class Headers(dict[str, str]):
@@ -84,18 +100,106 @@ class Answer:
         return f"<Answer {self.status_code} {self.reason_phrase}>"
 
 
+class Exchange:
+    """One request and its answer on a connection's h11 state, without I/O: :meth:`start` gives
+    the bytes to send, then :meth:`advance` says whether the answer is whole, each time after
+    the bytes received are given to :meth:`feed` (``b""``: the server closed its end), and
+    :meth:`finish` gives the answer. Shared by the socket and the asyncio connections."""
+
+    __slots__ = ("answering", "content", "ended", "protocol", "response")
+
+    def __init__(self, protocol: h11.Connection) -> None:
+        self.protocol = protocol
+        self.response: h11.Response | None = None
+        self.content: list[bytes] = []
+        self.ended = False  # the server closed its end
+        self.answering = False  # a byte of the answer has arrived
+
+    def start(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+    ) -> bytes:
+        protocol = self.protocol
+        try:
+            data = protocol.send(h11.Request(method=method, target=target, headers=headers))
+            if body:
+                data += protocol.send(h11.Data(data=body))
+            data += protocol.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as error:
+            raise TransportError(f"cannot send this request: {error}") from None
+        assert data is not None  # h11 returns bytes for every event but ConnectionClosed
+        return data
+
+    def feed(self, received: bytes) -> None:
+        self.ended = not received
+        self.answering = self.answering or not self.ended
+        self.protocol.receive_data(received)
+
+    def advance(self) -> bool:
+        """Read the events received so far: True once the answer is whole, False when more
+        bytes are needed. Raises :class:`Closed` or :class:`TransportError`."""
+        while True:
+            try:
+                event = self.protocol.next_event()
+            except h11.RemoteProtocolError as error:
+                if self.ended:
+                    raise Closed from None  # before the answer was whole
+                raise TransportError(f"malformed answer: {error}") from None
+            if event is h11.NEED_DATA:
+                return False
+            if isinstance(event, h11.Response):
+                self.response = event
+            elif isinstance(event, h11.Data):
+                self.content.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return True
+            elif isinstance(event, h11.ConnectionClosed):
+                raise Closed
+
+    def finish(self) -> tuple[Answer, bool]:
+        """The whole answer, and whether the connection may serve another request (if so, h11
+        is ready for it)."""
+        protocol, response = self.protocol, self.response
+        assert response is not None  # h11 ends a message only after its head
+        reusable = protocol.our_state is h11.DONE and protocol.their_state is h11.DONE
+        if reusable:
+            protocol.start_next_cycle()
+        answer_headers = Headers()
+        for name, value in response.headers:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            previous = dict.get(answer_headers, key)
+            dict.__setitem__(
+                answer_headers, key, text if previous is None else f"{previous}, {text}"
+            )
+        answer = Answer(
+            response.status_code,
+            response.reason.decode("latin-1"),
+            answer_headers,
+            b"".join(self.content),
+        )
+        return answer, reusable
+
+
+def new_protocol() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+
 class _Connection:
     """One socket and its HTTP/1.1 state (h11)."""
 
-    __slots__ = ("answering", "idle_since", "keep_alive_s", "protocol", "served", "sock")
+    __slots__ = ("current", "idle_since", "keep_alive_s", "protocol", "served", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.protocol = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.protocol = new_protocol()
         self.served = 0  # answers read whole from this connection
-        self.answering = False  # a byte of the current answer has arrived
+        self.current: Exchange | None = None
         self.idle_since = 0.0
         self.keep_alive_s: float | None = None
+
+    @property
+    def answering(self) -> bool:
+        """A byte of the current answer has arrived."""
+        return self.current is not None and self.current.answering
 
     def usable(self, now: float) -> bool:
         """Still worth reusing: within the server's keep-alive time, and quiet (a readable
@@ -115,61 +219,16 @@ class _Connection:
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
     ) -> tuple[Answer, bool]:
         """Send one request and read its whole answer: (the answer, reusable afterwards)."""
-        self.answering = False
-        protocol = self.protocol
-        try:
-            data = protocol.send(h11.Request(method=method, target=target, headers=headers))
-            if body:
-                data += protocol.send(h11.Data(data=body))
-            data += protocol.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as error:
-            raise TransportError(f"cannot send this request: {error}") from None
-        self.sock.sendall(data)
-        response: h11.Response | None = None
-        content: list[bytes] = []
-        ended = False  # the server closed its end
-        while True:
-            try:
-                event = protocol.next_event()
-            except h11.RemoteProtocolError as error:
-                if ended:
-                    raise _Closed from None  # before the answer was whole
-                raise TransportError(f"malformed answer: {error}") from None
-            if event is h11.NEED_DATA:
-                received = self.sock.recv(_READ)
-                ended = not received
-                self.answering = self.answering or not ended
-                protocol.receive_data(received)
-            elif isinstance(event, h11.Response):
-                response = event
-            elif isinstance(event, h11.Data):
-                content.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise _Closed
-        assert response is not None  # h11 ends a message only after its head
-        reusable = protocol.our_state is h11.DONE and protocol.their_state is h11.DONE
-        if reusable:
-            protocol.start_next_cycle()
-        answer_headers = Headers()
-        for name, value in response.headers:
-            key, text = name.decode("latin-1"), value.decode("latin-1")
-            previous = dict.get(answer_headers, key)
-            dict.__setitem__(
-                answer_headers, key, text if previous is None else f"{previous}, {text}"
-            )
-        self.keep_alive_s = _keep_alive_s(answer_headers.get("keep-alive"))
-        answer = Answer(
-            response.status_code,
-            response.reason.decode("latin-1"),
-            answer_headers,
-            b"".join(content),
-        )
+        exchange = self.current = Exchange(self.protocol)
+        self.sock.sendall(exchange.start(method, target, headers, body))
+        while not exchange.advance():
+            exchange.feed(self.sock.recv(READ_BYTES))
+        answer, reusable = exchange.finish()
+        self.keep_alive_s = keep_alive_s(answer.headers.get("keep-alive"))
         return answer, reusable
 
 
-class _Closed(Exception):
+class Closed(Exception):
     """The server closed the connection."""
 
 
@@ -184,7 +243,7 @@ def _readable(sock: socket.socket) -> bool:
     return bool(readable)
 
 
-def _keep_alive_s(text: str | None) -> float | None:
+def keep_alive_s(text: str | None) -> float | None:
     """How long the server keeps an idle connection (``Keep-Alive: timeout=5``), less a margin
     so that it is not taken just as the server closes it; None when the server does not say."""
     if not text:
@@ -200,6 +259,37 @@ def _keep_alive_s(text: str | None) -> float | None:
     return None
 
 
+def parse_origin(origin: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, Host header) of ``http[s]://host[:port]``; ValueError otherwise."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) origin: {origin!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    default_port = port == (443 if parts.scheme == "https" else 80)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return parts.scheme, parts.hostname, port, host if default_port else f"{host}:{port}"
+
+
+def tls_context(scheme: str, given: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """The context an https origin is verified with: ``given``, or httpx's default."""
+    if scheme != "https" or given is not None:
+        return given
+    import httpx  # the same trust store as the rest of the app's HTTPS calls
+
+    return httpx.create_ssl_context()
+
+
+def request_fields(
+    host_header: str, method: str, headers: Mapping[str, str], body: bytes | None
+) -> list[tuple[str, str]]:
+    """The request's header fields: Host, ``headers``, and the body's length when it has one
+    (or when the method expects one: a POST without a body says 0)."""
+    fields = [("Host", host_header), *headers.items()]
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        fields.append(("Content-Length", str(len(body or b""))))
+    return fields
+
+
 class ConnectionPool:
     """Kept-alive connections to one origin (``http[s]://host[:port]``). Thread-safe."""
 
@@ -212,22 +302,10 @@ class ConnectionPool:
         read_timeout: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        parts = urlsplit(origin)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) origin: {origin!r}")
-        self.scheme = parts.scheme
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.scheme == "https" else 80)
-        default_port = self.port == (443 if self.scheme == "https" else 80)
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = host if default_port else f"{host}:{self.port}"
+        self.scheme, self.host, self.port, self._host_header = parse_origin(origin)
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._ssl = ssl_context
-        if self.scheme == "https" and self._ssl is None:
-            import httpx  # the same trust store as the rest of the app's HTTPS calls
-
-            self._ssl = httpx.create_ssl_context()
+        self._ssl = tls_context(self.scheme, ssl_context)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._idle: list[_Connection] = []
@@ -237,9 +315,7 @@ class ConnectionPool:
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> Answer:
         """Send ``method target`` (the path and query, encoded) and read the whole answer."""
-        fields = [("Host", self._host_header), *headers.items()]
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            fields.append(("Content-Length", str(len(body or b""))))
+        fields = request_fields(self._host_header, method, headers, body)
         if not self._slots.acquire(timeout=self._read_timeout):
             raise TransportError(f"no connection to {self.host} free within {self._read_timeout} s")
         try:
@@ -247,9 +323,9 @@ class ConnectionPool:
             reused = connection.served > 0
             try:
                 answer, reusable = connection.exchange(method, target, fields, body)
-            except (OSError, _Closed, TransportError) as error:
+            except (OSError, Closed, TransportError) as error:
                 connection.close()
-                raise _failure(error, method, target, reused and not connection.answering) from None
+                raise failure(error, method, target, reused and not connection.answering) from None
             connection.served += 1
             if reusable:
                 self._give_back(connection)
@@ -303,8 +379,8 @@ class ConnectionPool:
             connection.close()
 
 
-def _failure(error: BaseException, method: str, target: str, reused: bool) -> TransportError:
-    if isinstance(error, _Closed):
+def failure(error: BaseException, method: str, target: str, reused: bool) -> TransportError:
+    if isinstance(error, Closed):
         what = "the server closed the connection before answering in full"
     elif isinstance(error, TimeoutError | socket.timeout):
         what = "no answer within the read timeout"

@@ -1,0 +1,247 @@
+"""core.tablestorage.aio against Azurite, on its asyncio connection pool: rows written here read
+the same through azure-data-tables and the sync twin; conditional writes fail with the SDK's
+errors (409, 412 on a stale ETag, 404); transactions commit all or nothing; queries page across
+continuations and resume; concurrent requests share the pool; and each request is reported to
+the request hook exactly as the sync client reports it. Run with ``-W error::RuntimeWarning``
+so a coroutine left un-awaited fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
+
+from core.op_counts import OperationCounts
+from core.tablestorage import Sent
+from core.tablestorage import TableService as SyncService
+from core.tablestorage.aio import Page, Table, TableService
+from tests.integration.test_tablestorage import ROW, if_not_modified
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+@pytest.fixture
+def names(unique_name) -> str:
+    return unique_name("leanaio")
+
+
+@pytest.fixture
+def sent() -> list[Sent]:
+    return []
+
+
+@pytest.fixture
+async def ours(azurite, names, sent) -> AsyncIterator[Table]:
+    async with TableService.from_connection_string(
+        azurite.connection_string, request_hook=sent.append
+    ) as service:
+        await service.create_table_if_not_exists(names)
+        await service.create_table_if_not_exists(names)  # twice: already there is fine
+        yield service.get_table_client(names)
+        await service.delete_table(names)
+        await service.delete_table(names)  # twice: already gone is fine
+
+
+@pytest.fixture
+def sdk(azurite, names, ours) -> Iterator[TableClient]:
+    with TableServiceClient.from_connection_string(azurite.connection_string) as service:
+        yield service.get_table_client(names)
+
+
+@pytest.fixture
+def twin(azurite, names, ours) -> Iterator[Table]:
+    """The sync client on the same table."""
+    with SyncService.from_connection_string(azurite.connection_string) as service:
+        yield service.get_table_client(names)  # type: ignore[misc]
+
+
+async def test_rows_written_here_read_the_same_through_the_sdk_and_the_sync_twin(
+    ours: Table, sdk: TableClient, twin
+) -> None:
+    written = await ours.create_entity(ROW)
+    theirs = sdk.get_entity(ROW["PartitionKey"], ROW["RowKey"])
+    assert dict(theirs) == ROW and theirs.metadata["etag"] == written["etag"]
+    assert twin.get_entity(ROW["PartitionKey"], ROW["RowKey"]).metadata["etag"] == written["etag"]
+
+
+async def test_rows_written_by_the_sdk_read_the_same_here(ours: Table, sdk: TableClient) -> None:
+    sdk.create_entity(ROW)
+    mine = await ours.get_entity(ROW["PartitionKey"], ROW["RowKey"])
+    assert dict(mine) == ROW
+    assert mine.metadata["etag"] == sdk.get_entity(ROW["PartitionKey"], "process").metadata["etag"]
+    assert mine.metadata["timestamp"].tzinfo is not None
+    selected = await ours.get_entity(ROW["PartitionKey"], "process", select=["S"])
+    assert dict(selected) == {"S": ROW["S"]}
+
+
+async def test_conditional_writes_and_their_errors(ours: Table) -> None:
+    pk = ROW["PartitionKey"]
+    etag = (await ours.create_entity(ROW))["etag"]
+    with pytest.raises(ResourceExistsError) as exists:
+        await ours.create_entity(ROW)
+    assert (exists.value.status_code, exists.value.error_code) == (409, "EntityAlreadyExists")
+    newer = (
+        await ours.update_entity(
+            {**ROW, "S": "v2"},
+            mode=UpdateMode.REPLACE,
+            etag=etag,
+            match_condition=MatchConditions.IfNotModified,
+        )
+    )["etag"]
+    with pytest.raises(ResourceModifiedError) as stale:  # the ETag read before v2
+        await ours.update_entity(
+            {**ROW, "S": "v3"}, etag=etag, match_condition=MatchConditions.IfNotModified
+        )
+    assert (stale.value.status_code, stale.value.error_code) == (
+        412,
+        "UpdateConditionNotSatisfied",
+    )
+    await ours.update_entity({"PartitionKey": pk, "RowKey": "process", "X": 1})  # merge
+    merged = await ours.get_entity(pk, "process")
+    assert (merged["S"], merged["X"]) == ("v2", 1)
+    replaced = await ours.upsert_entity(
+        {"PartitionKey": pk, "RowKey": "process", "Y": 2}, mode=UpdateMode.REPLACE
+    )
+    assert dict(await ours.get_entity(pk, "process")) == {
+        "PartitionKey": pk,
+        "RowKey": "process",
+        "Y": 2,
+    }
+    with pytest.raises(ResourceModifiedError):
+        await ours.delete_entity(
+            pk, "process", etag=newer, match_condition=MatchConditions.IfNotModified
+        )
+    await ours.delete_entity(
+        pk, "process", etag=replaced["etag"], match_condition=MatchConditions.IfNotModified
+    )
+    await ours.delete_entity(pk, "process")  # already gone
+    with pytest.raises(ResourceNotFoundError) as missing:
+        await ours.get_entity(pk, "process")
+    assert (missing.value.status_code, missing.value.error_code) == (404, "ResourceNotFound")
+    with pytest.raises(ResourceNotFoundError):  # 404 on a conditional update of no row
+        await ours.update_entity(
+            {"PartitionKey": pk, "RowKey": "none"},
+            etag=etag,
+            match_condition=MatchConditions.IfNotModified,
+        )
+
+
+async def test_transactions_are_all_or_nothing(ours: Table, sent: list[Sent]) -> None:
+    pk = ROW["PartitionKey"]
+    row = {"PartitionKey": pk, "RowKey": "t0"}
+    etag = (await ours.submit_transaction([("create", ROW), ("create", row)]))[0]["etag"]
+    with pytest.raises(TableTransactionError) as conflict:
+        await ours.submit_transaction(
+            [("create", {"PartitionKey": pk, "RowKey": "t1"}), ("create", row)]
+        )
+    assert (conflict.value.status_code, conflict.value.error_code) == (409, "EntityAlreadyExists")
+    assert conflict.value.index == 1
+    with pytest.raises(ResourceNotFoundError):
+        await ours.get_entity(pk, "t1")  # the first operation did not happen either
+
+    stale = if_not_modified("W/\"datetime'2000-01-01T00%3A00%3A00Z'\"")
+    with pytest.raises(TableTransactionError) as lost:
+        await ours.submit_transaction([("update", {**ROW, "S": "x"}, stale), ("delete", row)])
+    assert lost.value.status_code == 412
+    assert (await ours.get_entity(pk, "t0"))["RowKey"] == "t0"  # not deleted
+
+    sent.clear()
+    done = await ours.submit_transaction(
+        [
+            ("update", {**ROW, "S": "y"}, if_not_modified(etag)),
+            ("upsert", {"PartitionKey": pk, "RowKey": "t2"}),
+            ("delete", row),
+        ]
+    )
+    assert [(s.method, len(s.batch_urls)) for s in sent] == [("POST", 3)]
+    assert done[0]["etag"] == (await ours.get_entity(pk, "process")).metadata["etag"]
+    rows = ours.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
+    assert {r["RowKey"] async for r in rows} == {"process", "t2"}
+
+
+async def test_queries_page_across_continuations_and_resume(ours: Table, sent) -> None:
+    await asyncio.gather(
+        *(
+            ours.upsert_entity({"PartitionKey": "q", "RowKey": f"r{i:03}", "I": i})
+            for i in range(25)
+        )
+    )
+    await ours.upsert_entity({"PartitionKey": "other", "RowKey": "x", "I": 99})
+    query = "PartitionKey eq @pk and I ge @low"
+    sent.clear()
+    pages = ours.query_entities(query, parameters={"pk": "q", "low": 3}, results_per_page=10)
+    pager = pages.by_page()
+    first = await pager.__anext__()
+    assert isinstance(first, Page) and [row["I"] for row in first] == list(range(3, 13))
+    assert pager.continuation_token is not None and len(sent) == 1
+    resumed = ours.query_entities(query, parameters={"pk": "q", "low": 3}, results_per_page=10)
+    rest = [
+        row["I"] async for page in resumed.by_page(pager.continuation_token) async for row in page
+    ]
+    assert rest == list(range(13, 25)) and len(sent) == 3  # two more pages: 13-22, 23-24
+    sent.clear()
+    everything = [row async for row in ours.list_entities(select=["I"], results_per_page=7)]
+    assert len(everything) == 26 and len(sent) == 4  # 7 + 7 + 7 + 5
+    assert all(set(row) == {"I"} for row in everything)
+    hostile = {"pk": "x' or PartitionKey ne '"}
+    assert [r async for r in ours.query_entities("PartitionKey eq @pk", parameters=hostile)] == []
+
+
+async def test_concurrent_requests_share_the_pool(azurite, names, ours: Table) -> None:
+    pk = "c"
+    async with TableService.from_connection_string(
+        azurite.connection_string, max_connections=4
+    ) as service:
+        table = service.get_table_client(names)
+        await asyncio.gather(
+            *(table.create_entity({"PartitionKey": pk, "RowKey": str(i)}) for i in range(40))
+        )
+        rows = await asyncio.gather(*(table.get_entity(pk, str(i)) for i in range(40)))
+        assert [row["RowKey"] for row in rows] == [str(i) for i in range(40)]
+        pool = service._http
+        assert len(pool._idle) <= 4  # type: ignore[union-attr]
+
+
+async def test_each_request_is_counted_as_the_sync_client_counts_it(azurite, names, ours) -> None:
+    """The same operations through both twins: the same counts in core.op_counts."""
+
+    async def work_async(table: Table) -> None:
+        await table.create_entity({"PartitionKey": "n", "RowKey": "a"})
+        await table.upsert_entity({"PartitionKey": "n", "RowKey": "b"})
+        await table.get_entity("n", "a")
+        with pytest.raises(ResourceNotFoundError):
+            await table.get_entity("n", "none")
+        await table.submit_transaction([("delete", {"PartitionKey": "n", "RowKey": "a"})])
+        assert len([r async for r in table.query_entities("PartitionKey eq 'n'")]) == 1
+        await table.delete_entity("n", "b")
+
+    def work_sync(table) -> None:
+        table.create_entity({"PartitionKey": "n", "RowKey": "a"})
+        table.upsert_entity({"PartitionKey": "n", "RowKey": "b"})
+        table.get_entity("n", "a")
+        with pytest.raises(ResourceNotFoundError):
+            table.get_entity("n", "none")
+        table.submit_transaction([("delete", {"PartitionKey": "n", "RowKey": "a"})])
+        assert len(list(table.query_entities("PartitionKey eq 'n'"))) == 1
+        table.delete_entity("n", "b")
+
+    async_counts, sync_counts = OperationCounts(), OperationCounts()
+    async with TableService.from_connection_string(
+        azurite.connection_string, request_hook=async_counts.request_hook("table")
+    ) as service:
+        await work_async(service.get_table_client(names))
+    with SyncService.from_connection_string(
+        azurite.connection_string, request_hook=sync_counts.request_hook("table")
+    ) as sync_service:
+        work_sync(sync_service.get_table_client(names))
+    assert async_counts.snapshot() == sync_counts.snapshot()
+    assert async_counts.snapshot() == {
+        "table.delete": 1,
+        "table.get": 3,  # two point reads (one a 404) and one page
+        "table.patch": 1,  # the upsert (a merge)
+        "table.post": 2,  # the insert and the transaction
+    }
