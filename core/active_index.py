@@ -1,3 +1,4 @@
+# Generated from core/aio/active_index.py by devstack.unasync: edit that, not this.
 """The active-order index: which orders are in flight, at a cost that ignores finished ones.
 
 The Supervisor must look at every order in flight on every tick, and at nothing else, so that
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -47,34 +47,15 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
+from core.index_rows import DEFAULT_GRACE, bucket_partition, index_partition, index_row_key
+from core.index_rows import INDEX_BUCKETS as INDEX_BUCKETS  # re-exported
 from core.order import Order
-from core.state_models import (
-    ActivePage,
-    ActiveRow,
-    CorruptOrderState,
-    delete_unchanged,
-    etag_of,
-    utc,
-)
+from core.state_models import ActivePage, ActiveRow, CorruptOrderState, etag_of, utc
 from core.tablestorage import Entity, Table
 
-INDEX_BUCKETS: Final = 16
-DEFAULT_GRACE: Final = timedelta(minutes=15)
 MAX_PAGE: Final = 1000  # the most rows one Table query response holds
 
 _log = logging.getLogger(__name__)
-
-
-def index_partition(order_id: str) -> str:
-    return bucket_partition(zlib.crc32(order_id.encode("ascii")) % INDEX_BUCKETS)
-
-
-def bucket_partition(bucket: int) -> str:
-    return f"a{bucket:02d}"
-
-
-def index_row_key(order_id: str, generation: int) -> str:
-    return f"{order_id}.{generation}"
 
 
 class ActiveOrderIndex:
@@ -193,13 +174,11 @@ class ActiveOrderIndex:
         entities = self._table.list_entities(results_per_page=limit)
         # The Tables SDK's continuation tokens are dicts, whatever ItemPaged's hints say.
         pages = entities.by_page(continuation_token=token)  # type: ignore[arg-type]
-        try:
-            page = next(pages)
-        except StopIteration:
-            return ActivePage(rows=(), continuation=None)
-        rows = tuple(_active_row(entity) for entity in page)
-        next_token = pages.continuation_token  # type: ignore[attr-defined]
-        return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
+        for page in pages:  # the first page only
+            rows = tuple([_active_row(entity) for entity in page])
+            next_token = pages.continuation_token  # type: ignore[attr-defined]
+            return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
+        return ActivePage(rows=(), continuation=None)
 
     def page_after(
         self, limit: int, *, after: tuple[str, str] | None = None
@@ -225,7 +204,7 @@ class ActiveOrderIndex:
         # The service may answer a query with an empty page and a continuation token; only a
         # page with rows gives a key to resume after.
         for page in pages:
-            rows = tuple(_active_row(entity) for entity in page)
+            rows = tuple([_active_row(entity) for entity in page])
             if rows:
                 return rows, pages.continuation_token is not None  # type: ignore[attr-defined]
         return (), False
@@ -245,6 +224,19 @@ class ActiveOrderIndex:
         if live or utc(self._clock()) - row.written_at < grace:
             return False
         return delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
+
+
+def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
+    """Delete a row only if it is still the version read (ETag). False if it changed since;
+    True once it is gone (the Table client does not tell a row deleted now from one gone
+    already)."""
+    try:
+        table.delete_entity(
+            partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
+        )
+    except ResourceModifiedError:
+        return False
+    return True
 
 
 def _active_row(entity: Entity) -> ActiveRow:

@@ -1,3 +1,4 @@
+# Generated from core/aio/error_index.py by devstack.unasync: edit that, not this.
 """The Error index: which orders are in Error, listable without scanning the order history.
 
 Operators list Error orders to repair them. The orders table cannot answer "which orders are in
@@ -20,15 +21,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 
+from core.active_index import delete_unchanged
+from core.index_rows import ErrorRow, ErrorRowPage
 from core.order import Order
-from core.state_models import CorruptOrderState, delete_unchanged, etag_of, utc
+from core.state_models import CorruptOrderState, etag_of, utc
 from core.states import ProcessState
 from core.tablestorage import Entity, Table
 
@@ -41,22 +43,6 @@ _log = logging.getLogger(__name__)
 
 def error_row_key(order_id: str, generation: int) -> str:
     return f"{order_id}.{generation}"
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorRow:
-    order_id: str
-    generation: int
-    written_at: datetime
-    row_key: str
-    etag: str
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorRowPage:
-    rows: tuple[ErrorRow, ...]
-    last_key: str | None
-    """RowKey to continue after (None: the index ended with this page)."""
 
 
 class ErrorOrderIndex:
@@ -113,7 +99,7 @@ class ErrorOrderIndex:
         )
         pages = query.by_page()
         for page in pages:  # skip empty pages the service may send with a continuation
-            rows = tuple(_error_row(entity) for entity in page)
+            rows = tuple([_error_row(entity) for entity in page])
             if rows:
                 more = pages.continuation_token is not None  # type: ignore[attr-defined]
                 return ErrorRowPage(rows=rows, last_key=rows[-1].row_key if more else None)

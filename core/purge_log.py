@@ -1,3 +1,4 @@
+# Generated from core/aio/purge_log.py by devstack.unasync: edit that, not this.
 """The record of purge runs, so that operators can find later what was purged, when and by whom.
 
 One row per run that changed something or was asked for by an operator (dry runs included), in
@@ -12,21 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
 from azure.data.tables import UpdateMode
 
+from core.purge_runs import MAX_RECENT, PURGE_PARTITION, run_row_key
+from core.purge_runs import MemoryPurgeLog as MemoryPurgeLog  # re-exported
 from core.state_models import CorruptOrderState, utc
 from core.tablestorage import Table
-
-PURGE_PARTITION: Final = "~purge"
-MAX_RECENT: Final = 100
-_INVERT_MS: Final = 10**13  # past the year 2286 in milliseconds since the epoch
-
-
-def run_row_key(at: datetime, run_id: str) -> str:
-    millis = int(utc(at).timestamp() * 1000)
-    return f"{_INVERT_MS - millis:013d}.{run_id}"
 
 
 class PurgeLog:
@@ -64,18 +58,3 @@ class PurgeLog:
             if len(reports) >= limit:
                 break
         return reports
-
-
-class MemoryPurgeLog:
-    """:class:`PurgeLog` in memory (core.memory's store uses it)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[str, dict[str, Any]] = {}
-
-    def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:
-        self._rows[run_row_key(at, run_id)] = json.loads(json.dumps(report, default=str))
-
-    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
-        if not 1 <= limit <= MAX_RECENT:
-            raise ValueError(f"limit must be from 1 to {MAX_RECENT}")
-        return [self._rows[key] for key in sorted(self._rows)[:limit]]

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError
 from azure.data.tables import EntityProperty
 
 from core import ids
@@ -45,7 +43,7 @@ from core.order import (
     valid_trace_parent,
 )
 from core.states import ProcessState
-from core.tablestorage import Entity, Table
+from core.tablestorage import Entity
 
 DETAILS_ROW: Final = "details"
 PROCESS_ROW: Final = "process"
@@ -109,18 +107,6 @@ def etag_of(entity: Entity) -> str:
     if not etag:
         raise CorruptOrderState(f"row {entity.get('RowKey')} came back without an ETag")
     return str(etag)
-
-
-def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
-    """Delete a row only if it is still the version read (ETag). False if it changed since;
-    True once it is gone (the SDK does not tell a row deleted now from one already gone)."""
-    try:
-        table.delete_entity(
-            partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
-        )
-    except ResourceModifiedError:
-        return False
-    return True
 
 
 def timeline_row_key(seq: int) -> str:

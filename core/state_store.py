@@ -1,3 +1,4 @@
+# Generated from core/aio/state_store.py by devstack.unasync: edit that, not this.
 """Order state in Azure Table Storage: one partition per order, one entity per order's state.
 
 Layout: see :mod:`core.state_models`. The rules that keep it correct:
@@ -474,11 +475,10 @@ class OrderStateStore:
         self._orders.submit_transaction(operations)
 
     def _partition(self, order_id: str) -> list[Any]:
-        return list(
-            self._orders.query_entities(
-                "PartitionKey eq @pk", parameters={"pk": order_id}, results_per_page=1000
-            )
+        query = self._orders.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": order_id}, results_per_page=1000
         )
+        return [row for row in query]
 
     # ------------------------------------------------------------------------------ index
 
@@ -491,7 +491,8 @@ class OrderStateStore:
         continuation = None
         while True:
             page = self.list_active(1000, continuation=continuation)
-            yield from page.rows
+            for row in page.rows:  # noqa: UP028, RUF100 (an async generator has no yield from)
+                yield row
             continuation = page.continuation
             if continuation is None:
                 return
