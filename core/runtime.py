@@ -1,17 +1,17 @@
+# Generated from core/aio/runtime.py by devstack.unasync: edit that, not this.
 """What a handler needs to do its work, built once per process from the app settings.
 
 Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
-same code; `current()` builds the process-wide one lazily on first use.
+same code; `current()` builds the process-wide one lazily on first use. Written once, async,
+in core/aio/runtime.py (asyncio clients, and a process-wide Runtime of its own); the sync
+core/runtime.py is generated from it (``python -m devstack.unasync``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +21,7 @@ import httpx
 
 from core import clients
 from core.bus import Bus
+from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
 from core.settings import Settings
 from core.state_store import OrderStateStore
@@ -33,12 +34,6 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 STATUS_SENDERS = 64
 """Reply-queue senders kept open per process (each holds an AMQP link)."""
-
-
-def new_instance_id(role: str = "app") -> str:
-    """Who acts, as recorded in LockedBy and the timeline: host, process and a random part."""
-    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-.")[:40] or "host"
-    return f"{role}@{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -65,6 +60,7 @@ class Runtime:
             active_table=settings.active_table,
             supervision_table=settings.supervision_table,
             clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
+            owns_service=True,  # the service is the store's alone: close() closes its pool
         )
         # The app's own messages are signed; status updates to submitters' queues are not.
         bus = Bus(lambda: clients.servicebus_client(settings.servicebus), keyring=settings.keyring)

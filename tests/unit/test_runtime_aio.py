@@ -1,0 +1,381 @@
+"""The async Runtime (core.aio.runtime) and clients (core.aio.clients), without a broker: what
+``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
+and the credentials the asyncio clients authenticate with. The broker round trips are in
+tests/integration/test_bus_aio.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from azure.core.credentials import AccessToken
+from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+from azure.servicebus import ServiceBusClient as SyncServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
+
+import core.bus
+import core.clients
+import core.runtime
+import core.state_store
+import core.tablestorage
+from core import blobs, instance_ids, servicebus_messages, signing
+from core.aio import bus, clients, runtime
+from core.aio import state_store as aio_state_store
+from core.credentials.aio import ThreadedCredential
+from core.messages import OperatorAlert, StatusUpdate, message_id_for
+from core.settings import Connection, Settings
+from core.tablestorage import auth
+from core.tablestorage.aio import TableService
+from tests.support.app import EXAMPLE_SETTINGS
+
+pytestmark = pytest.mark.anyio
+
+SERVICEBUS = (
+    "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=RootManageSharedAccessKey;"
+    "SharedAccessKey=unit;UseDevelopmentEmulator=true"
+)
+
+
+def app_env() -> dict[str, str]:
+    return {
+        **EXAMPLE_SETTINGS,
+        "ServiceBusConnection": SERVICEBUS,
+        signing.SIGNING_KEYS_SETTING: signing.new_key_text("unit"),
+    }
+
+
+def settings() -> Settings:
+    return Settings.from_env(app_env())
+
+
+def alert(order_id: str = "o-aio-alert") -> OperatorAlert:
+    return OperatorAlert(
+        order_id=order_id,
+        severity="error",
+        reason="step_failed",
+        detail="the payment service refused",
+        source="scheduler:unit",
+    )
+
+
+class FakeSender:
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.sent: list[Any] = []
+        self.closed = False
+
+    async def send_messages(self, message: Any) -> None:
+        self.sent.append(message)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeClient:
+    def __init__(self, conn: Connection, options: dict[str, Any]) -> None:
+        self.conn = conn
+        self.options = options
+        self.senders: list[FakeSender] = []
+        self.closed = False
+
+    def get_queue_sender(self, queue: str) -> FakeSender:
+        self.senders.append(FakeSender(queue))
+        return self.senders[-1]
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
+    """The Service Bus clients core.aio.clients builds, faked (no broker), in order."""
+    built: list[FakeClient] = []
+
+    def servicebus_client(conn: Connection, **options: Any) -> FakeClient:
+        built.append(FakeClient(conn, options))
+        return built[-1]
+
+    monkeypatch.setattr(clients, "servicebus_client", servicebus_client)
+    return built
+
+
+@pytest.fixture
+def closed_services(monkeypatch: pytest.MonkeyPatch) -> list[TableService]:
+    """The async Table services closed during the test."""
+    closed: list[TableService] = []
+    close = TableService.close
+
+    async def recording_close(self: TableService) -> None:
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(TableService, "close", recording_close)
+    return closed
+
+
+@pytest.fixture
+def rt() -> Iterator[runtime.Runtime]:
+    yield runtime.Runtime.from_settings(settings())
+
+
+async def test_from_settings_builds_the_async_store_and_bus_and_opens_nothing(
+    rt: runtime.Runtime, made: list[FakeClient]
+) -> None:
+    assert isinstance(rt.store, aio_state_store.OrderStateStore)
+    assert not isinstance(rt.store, core.state_store.OrderStateStore)
+    assert isinstance(rt.store._service, TableService)
+    assert isinstance(rt.bus, bus.Bus) and not isinstance(rt.bus, core.bus.Bus)
+    assert rt.workflows == rt.settings.workflows()
+    assert made == [] and rt._http is None and rt._status_bus is None
+    await rt.close()
+
+
+def test_the_sync_twin_builds_sync_clients() -> None:
+    sync = core.runtime.Runtime.from_settings(settings())
+    try:
+        assert isinstance(sync.store, core.state_store.OrderStateStore)
+        assert isinstance(sync.store._service, core.tablestorage.TableService)
+        assert isinstance(sync.bus, core.bus.Bus)
+        assert isinstance(sync.http, httpx.Client)
+    finally:
+        sync.close()
+    assert sync.http.is_closed
+
+
+async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
+    rt: runtime.Runtime, made: list[FakeClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    raised = alert()
+    with caplog.at_level(logging.WARNING, logger="runtime"):
+        await rt.alert(raised)
+    assert "operator alert (error) for o-aio-alert: step_failed" in caplog.text
+    (client,) = made
+    assert client.conn == rt.settings.servicebus and client.options == {}
+    (sender,) = client.senders
+    assert sender.queue == rt.settings.queue("alerts") == "operator-alerts"
+    (message,) = sender.sent
+    assert message.subject == "OperatorAlert"
+    assert message.message_id == message_id_for(raised)
+    assert message.correlation_id == "o-aio-alert"
+    verdict = signing.verify(
+        rt.settings.keyring,
+        signing.signature_of(message.application_properties),
+        queue="operator-alerts",
+        message_id=message.message_id,
+        body=b"".join(message.body),
+    )
+    assert isinstance(verdict, signing.Verified)
+    await rt.alert(alert("o-aio-alert-2"))
+    assert len(made) == 1 and len(sender.sent) == 2  # one client, one sender, reused
+    await rt.close()
+
+
+async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
+    rt: runtime.Runtime, made: list[FakeClient]
+) -> None:
+    status_bus = rt.status_bus()
+    assert isinstance(status_bus, bus.Bus) and status_bus is not rt.bus
+    assert rt.status_bus() is status_bus
+    assert status_bus._max_senders == runtime.STATUS_SENDERS
+    update = StatusUpdate(order_id="o-aio-status", sequence=0, state="Pending")
+    await status_bus.send("reply-here", update)
+    (client,) = made
+    assert client.options == {"retry_total": 1, "retry_backoff_factor": 0.2}
+    (message,) = client.senders[0].sent
+    assert signing.signature_of(message.application_properties) is None
+    await rt.close()
+    assert client.closed and client.senders[0].closed
+
+
+async def test_http_is_one_async_client_opened_on_first_use(rt: runtime.Runtime) -> None:
+    assert rt._http is None
+    http = rt.http
+    assert isinstance(http, httpx.AsyncClient)
+    assert rt.http is http
+    await rt.close()
+    assert http.is_closed
+
+
+async def test_close_closes_both_buses_the_store_and_the_http_client(
+    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+) -> None:
+    await rt.alert(alert())
+    await rt.status_bus().send(
+        "reply-here", StatusUpdate(order_id="o-aio-close", sequence=0, state="Pending")
+    )
+    http = rt.http
+    await rt.close()
+    assert [c.closed for c in made] == [True, True]
+    assert all(s.closed for c in made for s in c.senders)
+    assert closed_services == [rt.store._service]
+    assert http.is_closed
+
+
+async def test_close_of_a_runtime_that_opened_nothing(
+    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+) -> None:
+    await rt.close()
+    assert made == [] and closed_services == [rt.store._service]
+
+
+async def test_the_process_wide_runtime_is_apart_from_the_sync_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in app_env().items():
+        monkeypatch.setenv(name, value)
+    previous = runtime.install(None)
+    sync_before = core.runtime.installed()
+    try:
+        assert runtime.installed() is None
+        built = runtime.current()
+        assert isinstance(built, runtime.Runtime) and runtime.current() is built
+        assert runtime.installed() is built
+        assert core.runtime.installed() is sync_before
+        assert runtime.install(None) is built
+        await built.close()
+    finally:
+        runtime.install(previous)
+
+
+def test_pure_helpers_have_one_identity() -> None:
+    assert bus.to_servicebus_message is core.bus.to_servicebus_message
+    assert bus.to_servicebus_message is servicebus_messages.to_servicebus_message
+    assert runtime.new_instance_id is core.runtime.new_instance_id
+    assert runtime.new_instance_id is instance_ids.new_instance_id
+    assert clients.blob_service is core.clients.blob_service is blobs.blob_service
+    assert runtime.STATUS_SENDERS == core.runtime.STATUS_SENDERS
+
+
+class SlowSender(FakeSender):
+    """Records how many sends overlap; ``stuck`` sends never finish."""
+
+    def __init__(self, queue: str, stuck: bool = False) -> None:
+        super().__init__(queue)
+        self.stuck = stuck
+        self.active = 0
+        self.most = 0
+        self.started = asyncio.Event()
+
+    async def send_messages(self, message: Any) -> None:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        self.started.set()
+        try:
+            await asyncio.sleep(3600 if self.stuck else 0.01)
+            self.sent.append(message)
+        finally:
+            self.active -= 1
+
+
+class SlowClient(FakeClient):
+    def __init__(self, stuck: int = 0) -> None:
+        super().__init__(Connection("sb"), {})
+        self.stuck = stuck
+
+    def get_queue_sender(self, queue: str) -> SlowSender:
+        self.senders.append(SlowSender(queue, stuck=len(self.senders) < self.stuck))
+        return self.senders[-1]  # type: ignore[return-value]
+
+
+async def test_concurrent_sends_on_one_sender_take_turns() -> None:
+    client = SlowClient()
+    status_bus = bus.Bus(lambda: client)  # type: ignore[arg-type,return-value]
+    updates = [StatusUpdate(order_id="o-turns", sequence=n, state="Pending") for n in range(8)]
+    await asyncio.gather(*(status_bus.send("q", u) for u in updates))
+    (sender,) = client.senders
+    assert len(sender.sent) == 8 and sender.most == 1
+    await status_bus.close()
+
+
+async def test_a_cancelled_send_forgets_its_sender() -> None:
+    client = SlowClient(stuck=1)
+    status_bus = bus.Bus(lambda: client)  # type: ignore[arg-type,return-value]
+    update = StatusUpdate(order_id="o-cancel", sequence=0, state="Pending")
+    task = asyncio.create_task(status_bus.send("q", update))
+    while not client.senders:
+        await asyncio.sleep(0)
+    await client.senders[0].started.wait()  # type: ignore[attr-defined]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.senders[0].closed
+    await status_bus.send("q", update)
+    assert len(client.senders) == 2 and client.senders[1].sent
+    await status_bus.close()
+
+
+# -- clients and credentials ---------------------------------------------------------------
+
+MANAGED = Connection("ServiceBusConnection", endpoint="sb-x.servicebus.windows.net", client_id="1")
+
+
+async def test_servicebus_client_from_a_connection_string_is_the_asyncio_client() -> None:
+    client = clients.servicebus_client(Connection("sb", connection_string=SERVICEBUS))
+    assert isinstance(client, ServiceBusClient)
+    await client.close()
+
+
+async def test_servicebus_client_with_a_managed_identity_gets_an_async_credential() -> None:
+    client = clients.servicebus_client(MANAGED, retry_total=1)
+    try:
+        assert isinstance(client, ServiceBusClient)
+        credential = client._credential
+        assert isinstance(credential, ThreadedCredential)
+        assert isinstance(credential.credential, ManagedIdentityCredential)
+    finally:
+        await client.close()
+    sync = core.clients.servicebus_client(MANAGED)
+    try:
+        assert isinstance(sync, SyncServiceBusClient)
+        assert isinstance(sync._credential, ManagedIdentityCredential)
+    finally:
+        sync.close()
+
+
+def test_without_a_client_id_the_credential_is_the_default_chain() -> None:
+    conn = Connection("ServiceBusConnection", endpoint="sb-x.servicebus.windows.net")
+    sync = core.clients.servicebus_client(conn)
+    try:
+        assert isinstance(sync._credential, DefaultAzureCredential)
+    finally:
+        sync.close()
+
+
+async def test_the_table_service_takes_the_sync_credential_its_bearer_token_renews() -> None:
+    conn = Connection("StateStorage", endpoint="https://st.table.core.windows.net", client_id="1")
+    service = clients.table_service(conn)
+    try:
+        assert isinstance(service, TableService)
+        assert isinstance(service._auth, auth.BearerToken)
+        assert isinstance(service._auth._credential, ManagedIdentityCredential)
+    finally:
+        await service.close()
+
+
+class SyncCredential:
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.closed_in: int | None = None
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+        self.threads.append(threading.get_ident())
+        return AccessToken(f"token for {' '.join(scopes)} {kwargs}", 4102444800)
+
+    def close(self) -> None:
+        self.closed_in = threading.get_ident()
+
+
+async def test_a_threaded_credential_gets_tokens_off_the_event_loop() -> None:
+    sync = SyncCredential()
+    async with ThreadedCredential(sync) as credential:
+        token = await credential.get_token("https://servicebus.azure.net/.default", tenant_id="t")
+    assert token == AccessToken(
+        "token for https://servicebus.azure.net/.default {'tenant_id': 't'}", 4102444800
+    )
+    assert sync.threads and threading.get_ident() not in sync.threads
+    assert sync.closed_in is not None and sync.closed_in != threading.get_ident()
