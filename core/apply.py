@@ -1,3 +1,4 @@
+# Generated from core/aio/apply.py by devstack.unasync: edit that, not this.
 """The imperative shell around :mod:`core.lifecycle`: load, decide, write once, send.
 
 Every trigger that moves an order goes through :func:`handle` (or :func:`carry_out` when it has
@@ -18,77 +19,46 @@ Status updates go to the submitter's own reply queue. That queue is outside the 
 queue that cannot be sent to at all (missing, disabled, no permission) never holds up the order;
 it is logged, alerted once per queue for :data:`FAILURE_MEMORY`, and skipped for that long. Any
 other failure is a failure like any send's (the outbox sends it again).
+
+What must keep one identity in both forms (:class:`Busy`, :class:`Parked`, the constants, the
+pure helpers, the reply-queue failure memory) is defined in :mod:`core.apply_common` and
+re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final
-
-from azure.servicebus.exceptions import (
-    MessagingEntityDisabledError,
-    MessagingEntityNotFoundError,
-    ServiceBusAuthenticationError,
-    ServiceBusAuthorizationError,
-)
+from typing import TYPE_CHECKING
 
 from core import metrics, resume, telemetry
-from core.lifecycle import (
-    DEFAULT_FLUSH_GRACE,
-    Context,
-    Decision,
-    Event,
-    Replied,
-    decide,
-    due_at,
+from core.apply_common import (
+    FAILURE_MEMORY,
+    MAX_CONFLICT_RETRIES,
+    UNREACHABLE_QUEUE,
+    Busy,
+    Parked,
+    _failures,
+    _index_due,
+    _writes_beside,
+    context,
 )
-from core.messages import AgentRequest, MessageBase, OperatorAlert, OrderSubmitted
+from core.apply_common import PARKED_RECHECK as PARKED_RECHECK  # re-exported: apply.X
+from core.apply_common import due as due
+from core.apply_common import earliest_due as earliest_due
+from core.apply_common import forget_failures as forget_failures
+from core.apply_common import new_order_ref as new_order_ref
+from core.lifecycle import Decision, Event, Replied, decide
+from core.messages import AgentRequest, MessageBase, OperatorAlert
 from core.order import Order, Outgoing
 from core.state_models import ConcurrencyConflict
-from core.states import ProcessState
-from core.workflows import UnknownWorkflow, workflow_ref
+from core.workflows import UnknownWorkflow
 
 if TYPE_CHECKING:
     from core.runtime import Runtime
 
 log = logging.getLogger("apply")
-
-MAX_CONFLICT_RETRIES: Final = 5
-FAILURE_MEMORY: Final = timedelta(minutes=5)
-_MAX_REMEMBERED: Final = 1024
-UNREACHABLE_QUEUE: Final = (
-    MessagingEntityNotFoundError,
-    MessagingEntityDisabledError,
-    ServiceBusAuthorizationError,
-    # The development broker refuses an undeclared entity as an authentication failure.
-    ServiceBusAuthenticationError,
-)
-"""Errors that say the reply queue cannot be sent to at all (missing, disabled, forbidden).
-Any other error propagates: the triggering message comes again and the outbox is resent."""
-
-
-class Busy(Exception):
-    """The order kept changing under us; the caller's message will come again."""
-
-
-class Parked(Exception):
-    """The order is on a workflow version this deployment does not carry. Nothing was decided
-    or written; an alert says which version is missing (:func:`park`)."""
-
-
-PARKED_RECHECK: Final = timedelta(minutes=15)
-"""How often the Supervisor looks at a parked order again (and repeats its alert)."""
-
-
-def new_order_ref(rt: Runtime, submitted: OrderSubmitted) -> str:
-    """The workflow version a new order runs: the one it asks for, else the current one."""
-    name = submitted.workflow
-    return workflow_ref(name, submitted.workflow_version or rt.settings.current_version(name))
 
 
 def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Parked:
@@ -109,33 +79,6 @@ def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Pa
         )
     )
     return Parked(detail)
-
-
-def context(rt: Runtime, workflow: str, actor: str) -> Context:
-    """What a decision on an order of ``workflow`` (a reference, ``order@2``) may know, taken
-    from the runtime now. Raises UnknownWorkflow for a version this deployment lacks."""
-    return Context(
-        workflow=rt.workflow(workflow),
-        now=rt.clock(),
-        actor=actor,
-        jitter=rt.rng.random(),
-        stale_after=rt.settings.pending_stale_after,
-    )
-
-
-def due(rt: Runtime, order: Order) -> datetime:
-    """When the Supervisor must next look at ``order`` (see core.lifecycle.due_at)."""
-    return due_at(order, rt.settings.pending_stale_after, DEFAULT_FLUSH_GRACE)
-
-
-def earliest_due(rt: Runtime, now: datetime) -> datetime:
-    """The soonest an order written at ``now`` or later can be due (:func:`due`).
-
-    An index row whose order is not there yet (a create or resubmit may be on its way) is kept
-    no later than this, so the order that follows is never found late.
-    """
-    budgets = [s.deadline_budget for flow in rt.workflows.values() for s in flow.steps]
-    return now + min(DEFAULT_FLUSH_GRACE, rt.settings.pending_stale_after / 2, *budgets)
 
 
 def handle(
@@ -208,16 +151,6 @@ def _on_snapshot(
         return None
 
 
-def _writes_beside(rt: Runtime, before: Order, after: Order) -> bool:
-    """Whether writing ``after`` over ``before`` first writes an index row: the order's
-    active-index row moved earlier, or its Error-index row on entering Error. Neither is undone
-    cleanly when the order write then loses: the moved row may end up later than the order,
-    and the Error row written over one the winner wrote is deleted with ours."""
-    if _index_due(rt, before, after) is not None:
-        return True
-    return after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
-
-
 def carry_out(rt: Runtime, before: Order, decision: Decision, event: Event | None = None) -> Order:
     """Write the decision's order (if any), send its messages, and once a finished order owes
     nothing, remove its active-index row. ``event``: what was decided on, for the metrics the
@@ -238,24 +171,6 @@ def carry_out(rt: Runtime, before: Order, decision: Decision, event: Event | Non
     if decision.note:
         log.debug("order %s: %s", after.order_id, decision.note)
     return after
-
-
-def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
-    """The due time to write to the order's index row before writing ``after``, if any.
-
-    The row must never be later than the order's due time (core.active_index): an order back
-    in flight gets its row, and one whose due time moves earlier moves its row first. A due
-    time that moves later leaves the row early; the Supervisor moves it up when it finds it.
-    """
-    if after.state.terminal:
-        return None
-    due_after = due(rt, after)
-    if before.state.terminal or due_after < due(rt, before):
-        return due_after
-    if before.workflow != after.workflow:
-        # A migration: the row records the version too (core.versions counts it).
-        return min(due_after, due(rt, before))
-    return None
 
 
 def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
@@ -303,42 +218,3 @@ def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
                 raised_at=now,
             ),
         )
-
-
-class _FailureMemory:
-    """Reply queues that failed recently, process-wide, bounded."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[datetime, str]] = OrderedDict()
-
-    def get(self, queue: str, now: datetime) -> str | None:
-        key = queue.casefold()
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if now - entry[0] > FAILURE_MEMORY:
-                del self._entries[key]
-                return None
-            return entry[1]
-
-    def put(self, queue: str, failure: str, now: datetime) -> None:
-        key = queue.casefold()
-        with self._lock:
-            self._entries[key] = (now, failure)
-            self._entries.move_to_end(key)
-            while len(self._entries) > _MAX_REMEMBERED:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-
-_failures = _FailureMemory()
-
-
-def forget_failures() -> None:
-    """Forget remembered reply-queue failures (tests; an operator after fixing a queue)."""
-    _failures.clear()

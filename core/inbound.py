@@ -1,3 +1,4 @@
+# Generated from core/aio/inbound.py by devstack.unasync: edit that, not this.
 """The door of the internal queues: a message is handled only if the app signed it.
 
 The agent request queues, the reply queue and the command queue carry only messages the app

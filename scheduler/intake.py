@@ -1,3 +1,4 @@
+# Generated from scheduler/aio/intake.py by devstack.unasync: edit that, not this.
 """Intake: an OrderSubmitted message becomes an order, created and dispatched in one write.
 
 The order's details, its state (already claimed for the first step) and its first timeline row

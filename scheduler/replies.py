@@ -1,3 +1,4 @@
+# Generated from scheduler/aio/replies.py by devstack.unasync: edit that, not this.
 """Agent replies: the lifecycle decides what a reply means (:mod:`core.lifecycle`).
 
 A reply is matched to its step by the idempotency key it answers, not by attempt: a definitive

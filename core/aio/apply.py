@@ -1,0 +1,221 @@
+"""The imperative shell around :mod:`core.lifecycle`: load, decide, write once, send.
+
+Every trigger that moves an order goes through :func:`handle` (or :func:`carry_out` when it has
+the order in hand): one point read, one pure decision, at most one ETag-conditional write, then
+the decision's messages in order. A lost race (412) re-reads and decides again. A send that
+fails raises, so the triggering message is redelivered and the outbox, still on the record, is
+sent again; duplicate detection drops what did go out.
+
+**No read for an answer.** Each AgentRequest leaves with a snapshot of the order as stored
+when it was sent (:mod:`core.resume`, attached in :func:`send`), and its agent echoes it in
+the reply. :func:`handle` decides on that snapshot first and writes on condition
+of its ETag, so the write lands only if the order is still exactly what the decision saw; a
+412 (it moved on) falls back to the read. A decision that writes nothing proves nothing about
+the snapshot, and one that must first write an index row (the order's active row moved earlier,
+its Error row) would leave that row wrong if the snapshot was stale: both are made on a read.
+
+Status updates go to the submitter's own reply queue. That queue is outside the app's control: a
+queue that cannot be sent to at all (missing, disabled, no permission) never holds up the order;
+it is logged, alerted once per queue for :data:`FAILURE_MEMORY`, and skipped for that long. Any
+other failure is a failure like any send's (the outbox sends it again).
+
+What must keep one identity in both forms (:class:`Busy`, :class:`Parked`, the constants, the
+pure helpers, the reply-queue failure memory) is defined in :mod:`core.apply_common` and
+re-exported here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+from core import metrics, resume, telemetry
+from core.apply_common import (
+    FAILURE_MEMORY,
+    MAX_CONFLICT_RETRIES,
+    UNREACHABLE_QUEUE,
+    Busy,
+    Parked,
+    _failures,
+    _index_due,
+    _writes_beside,
+    context,
+)
+from core.apply_common import PARKED_RECHECK as PARKED_RECHECK  # re-exported: apply.X
+from core.apply_common import due as due
+from core.apply_common import earliest_due as earliest_due
+from core.apply_common import forget_failures as forget_failures
+from core.apply_common import new_order_ref as new_order_ref
+from core.lifecycle import Decision, Event, Replied, decide
+from core.messages import AgentRequest, MessageBase, OperatorAlert
+from core.order import Order, Outgoing
+from core.state_models import ConcurrencyConflict
+from core.workflows import UnknownWorkflow
+
+if TYPE_CHECKING:
+    from core.aio.runtime import Runtime
+
+log = logging.getLogger("apply")
+
+
+async def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Parked:
+    """Alert that ``order`` waits for its workflow version to be deployed again; the alert's
+    text is fixed, so repeats within the duplicate-detection window are one alert."""
+    detail = (
+        f"order {order.order_id} runs workflow {order.workflow!r}, which this deployment does "
+        f"not carry ({missing}). It is parked, unchanged: deploy a package that carries that "
+        "version again (see docs/versioning.md), and it goes on where it stopped."
+    )
+    await rt.alert(
+        OperatorAlert(
+            order_id=order.order_id,
+            severity="error",
+            reason="workflow_version_missing",
+            detail=detail,
+            source=source,
+        )
+    )
+    return Parked(detail)
+
+
+async def handle(
+    rt: Runtime,
+    order_id: str,
+    event: Event | Callable[[Order], Event],
+    *,
+    actor: str,
+    span: str | None = None,
+) -> tuple[Order, Decision]:
+    """Load the order, decide on ``event``, carry the decision out; again on a lost race.
+
+    ``event`` may be a function of the order (an operator action that must look first).
+    Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`,
+    :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
+    :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
+
+    A reply that carries the order's snapshot is first decided on it, without a read
+    (:func:`_on_snapshot`).
+
+    ``span``: decide and carry out in a span of that name in the order's trace
+    (:func:`core.telemetry.continuing`), for work that did not arrive in it (operator actions).
+    """
+    if isinstance(event, Replied):
+        known = resume.restore(event.response.resume, order_id)
+        done = None if known is None else await _on_snapshot(rt, known, event, actor)
+        if done is not None:
+            return done
+    for _ in range(MAX_CONFLICT_RETRIES):
+        order = await rt.store.load(order_id)
+        with in_order_trace(span, order, actor):
+            try:
+                ctx = context(rt, order.workflow, actor)
+            except UnknownWorkflow as missing:
+                raise await park(rt, order, missing, actor) from None
+            happened = event(order) if callable(event) else event
+            decision = decide(order, happened, ctx)
+            try:
+                return await carry_out(rt, order, decision, happened), decision
+            except ConcurrencyConflict:
+                log.info("order %s changed while deciding; reading it again", order_id)
+    raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
+
+
+def in_order_trace(span: str | None, order: Order, actor: str) -> AbstractContextManager[object]:
+    """A span named ``span`` in ``order``'s trace, or nothing when ``span`` is None."""
+    if span is None:
+        return nullcontext()
+    return telemetry.continuing(span, order.order_id, order.trace_parent, {"order.actor": actor})
+
+
+async def _on_snapshot(
+    rt: Runtime, known: Order, event: Replied, actor: str
+) -> tuple[Order, Decision] | None:
+    """Decide on ``known`` and write on condition of its ETag; None when that settles nothing
+    and the order must be read: the write lost (the order is no longer ``known``), there is no
+    write to prove ``known`` current, or the write needs rows written before it on the
+    strength of a state that may be stale (:func:`_writes_beside`)."""
+    try:
+        ctx = context(rt, known.workflow, actor)
+    except UnknownWorkflow:
+        return None  # the order may have moved to a version that is deployed
+    decision = decide(known, event, ctx)
+    if decision.order is None or _writes_beside(rt, known, decision.order):
+        return None
+    try:
+        return await carry_out(rt, known, decision, event), decision
+    except ConcurrencyConflict:
+        log.info("order %s changed since its snapshot was sent; reading it", known.order_id)
+        return None
+
+
+async def carry_out(
+    rt: Runtime, before: Order, decision: Decision, event: Event | None = None
+) -> Order:
+    """Write the decision's order (if any), send its messages, and once a finished order owes
+    nothing, remove its active-index row. ``event``: what was decided on, for the metrics the
+    committed write records (:func:`core.metrics.observe`)."""
+    after = before
+    if decision.order is not None:
+        assert decision.entry is not None
+        after = await rt.store.save(
+            before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
+        )
+        if metrics.enabled():  # only once the write won; nothing to build when metrics are off
+            metrics.record_transition(
+                before, after, decision.entry, event, rt.workflow(before.workflow)
+            )
+    await send(rt, after, decision.send)
+    if decision.finished:
+        await rt.store.index.discard(after.order_id, after.generation)
+    if decision.note:
+        log.debug("order %s: %s", after.order_id, decision.note)
+    return after
+
+
+async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
+    """Send ``outgoing`` (owed by ``order``, as stored: with its ETag). Each AgentRequest
+    leaves with the snapshot of ``order`` (:mod:`core.resume`)."""
+    now = rt.clock()
+    snapshot: str | None = None
+    for item in outgoing:
+        if item.to == "reply":
+            if order.reply_to is not None:
+                await _send_status(rt, order.reply_to, item.message)
+            continue
+        message = item.message
+        if isinstance(message, AgentRequest) and order.etag:
+            if snapshot is None:
+                snapshot = resume.snapshot(order)
+            message = message.model_copy(update={"resume": snapshot})
+        due = item.not_before if item.not_before is not None and item.not_before > now else None
+        await rt.bus.send(rt.settings.queue(item.to), message, scheduled_at=due)
+
+
+async def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
+    now = rt.clock()
+    if _failures.get(queue, now) is not None:
+        return
+    try:
+        await rt.status_bus().send(queue, message)
+    except UNREACHABLE_QUEUE as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+        _failures.put(queue, failure, now)
+        log.warning("status reply to %s failed: %s", queue, failure)
+        order_id = getattr(message, "order_id", None)
+        await rt.bus.send(
+            rt.settings.queue("alerts"),
+            OperatorAlert(
+                order_id=order_id,
+                severity="warning",
+                reason="reply_queue_unavailable",
+                detail=(
+                    f"status replies to {queue!r} failed ({failure}) and are skipped for "
+                    f"{FAILURE_MEMORY.total_seconds():.0f} s. Orders carry on without them; tell "
+                    "the submitter to create the queue or grant this app Send on it."
+                ),
+                source=rt.actor("scheduler"),
+                raised_at=now,
+            ),
+        )

@@ -1,0 +1,1 @@
+"""The Scheduler's async I/O shell (intake, replies); the sync twins are generated from it."""

@@ -1,0 +1,43 @@
+"""Agent replies: the lifecycle decides what a reply means (:mod:`core.lifecycle`).
+
+A reply is matched to its step by the idempotency key it answers, not by attempt: a definitive
+answer for the step in flight is applied whichever attempt carried it; one for a step no longer
+in flight is recorded when it says an effect happened (or never will). A reply that echoes its
+request's snapshot of the order is applied without reading the order (core.resume, core.apply).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from core.aio import apply
+from core.aio.runtime import Runtime
+from core.lifecycle import Replied
+from core.messages import AgentResponse, BadMessage, OperatorAlert, parse_message
+from core.state_models import OrderNotFound
+
+log = logging.getLogger("scheduler.replies")
+
+
+async def handle_response(body: bytes | str, rt: Runtime) -> None:
+    try:
+        response = parse_message(body, AgentResponse)
+    except BadMessage as bad:
+        await rt.alert(bad.to_alert(source=rt.actor("replies")))
+        return
+    try:
+        await apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
+    except apply.Parked:
+        # Dropping the reply loses nothing: once the version is back, the step's deadline
+        # passes and its retry gets the same answer under the same idempotency key.
+        log.warning("reply for parked order %s dropped", response.order_id)
+    except OrderNotFound:
+        await rt.alert(
+            OperatorAlert(
+                order_id=response.order_id,
+                severity="warning",
+                reason="reply_for_unknown_order",
+                detail=f"a {response.outcome} reply for step {response.step} names no order",
+                source=rt.actor("replies"),
+            )
+        )
