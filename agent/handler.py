@@ -1,3 +1,4 @@
+# Generated from agent/aio/handler.py by devstack.unasync: edit that, not this.
 """The Agent: carry one step of one order to its remote service and report back.
 
 Every answer is an AgentResponse on the response queue, naming the request's idempotency key
@@ -24,12 +25,12 @@ service did apply the operation.
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING
 
 from agent.circuit import breaker_for
-from agent.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from agent.outcomes import DeadlinePassed, Deferred, Failed
 from agent.remote_client import RemoteServiceClient
+from agent.responses import response_for
 from core.messages import (
     AgentRequest,
     AgentResponse,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which 
     from core.runtime import Runtime
 
 log = logging.getLogger("agent")
-_ERROR_CODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # AgentResponse.error_code
 
 
 def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
@@ -122,45 +122,6 @@ def _reply(rt: Runtime, response: AgentResponse) -> None:
         # The snapshot only spares the Scheduler a read; the answer must get through.
         log.warning("reply for %s too large with its snapshot; sent without", response.order_id)
         rt.bus.send(rt.settings.queue("responses"), response.model_copy(update={"resume": None}))
-
-
-def response_for(
-    request: AgentRequest, outcome: Succeeded | NothingToUndo | Failed | Deferred
-) -> AgentResponse:
-    """The AgentResponse that reports ``outcome`` for ``request``, echoing its ``resume``
-    unread (the order's snapshot is the Scheduler's business, :mod:`core.resume`)."""
-    common = {
-        "order_id": request.order_id,
-        "step": request.step,
-        "operation": request.operation,
-        "attempt": request.attempt,
-        "idempotency_key": request.idempotency_key,
-        "resume": request.resume,
-    }
-    match outcome:
-        case Succeeded(result=result):
-            return AgentResponse(**common, outcome="succeeded", result=result)
-        case NothingToUndo(result=result):
-            return AgentResponse(**common, outcome="nothing_to_undo", result=result)
-        case Failed(code=code, message=message, transient=transient):
-            return AgentResponse(
-                **common,
-                outcome="failed",
-                transient=transient,
-                error_code=_error_code(code),
-                error_message=message,
-            )
-        case Deferred(retry_at=retry_at):
-            return AgentResponse(**common, outcome="deferred", retry_at=retry_at)
-    raise TypeError(f"no response for {type(outcome).__name__}")
-
-
-def _error_code(code: str) -> str:
-    """The service's error code, made fit for AgentResponse (a real service may send any text)."""
-    if _ERROR_CODE.match(code):
-        return code
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64]
-    return cleaned if cleaned else "remote_error"
 
 
 def remote_client(rt: Runtime, service: str) -> RemoteServiceClient:

@@ -46,6 +46,7 @@ def sources() -> list[str]:
     )
     return sorted(p for p in found if not p.endswith("/__init__.py") and p not in HAND_WRITTEN)
 
+
 NAMES: dict[str, str] = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
@@ -64,6 +65,7 @@ NAMES: dict[str, str] = {
     "handle_async_request": "handle_request",
     "aclose": "close",
     "aread": "read",
+    "aiter_bytes": "iter_bytes",
 }
 """Async names and the sync names that take their place (whole NAME tokens only)."""
 
@@ -71,10 +73,7 @@ _DROPPED_KEYWORDS = frozenset({"async", "await"})
 
 
 def header(source: str) -> str:
-    return (
-        f"# Generated from {source} by `python -m devstack.unasync`: edit that file, "
-        "not this one.\n"
-    )
+    return f"# Generated from {source} by devstack.unasync: edit that, not this.\n"
 
 
 def target_of(source: str) -> str:
@@ -136,23 +135,25 @@ def _between(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> 
 
 
 def generate(source: str) -> str:
-    """The sync module ``source`` generates: header, text, imports sorted as ruff sorts them
-    (dropping ``.aio`` can make two imports of one module)."""
+    """The sync module ``source`` generates: header and text, its imports sorted and the whole
+    formatted as ruff does (dropping ``.aio`` can make two imports of one module, dropping
+    ``await`` can leave a call that fits on one line)."""
     text = (ROOT / source).read_text()
     synced = header(source) + unasync_text(text)
-    return _ruff_sorted(synced, target_of(source))
+    target = str(ROOT / target_of(source))
+    sorted_ = _ruff(
+        ["check", "--quiet", "--select", "I", "--fix-only", "--exit-zero"], synced, target
+    )
+    return _ruff(["format", "--quiet"], sorted_, target)
 
 
-def _ruff_sorted(text: str, filename: str) -> str:
+def _ruff(command: list[str], text: str, filename: str) -> str:
     done = subprocess.run(
-        [
-            sys.executable, "-m", "ruff", "check", "--quiet", "--select", "I", "--fix-only",
-            "--exit-zero", "--stdin-filename", str(ROOT / filename), "-",
-        ],
+        [sys.executable, "-m", "ruff", *command, "--stdin-filename", filename, "-"],
         input=text, capture_output=True, text=True, cwd=ROOT, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"ruff could not sort the imports of {filename}: {done.stderr}")
+        raise RuntimeError(f"ruff {command[0]} failed on {filename}: {done.stderr}")
     return done.stdout
 
 
