@@ -33,9 +33,11 @@ from datetime import UTC, datetime, timedelta
 
 from core import circuits, clients, metrics
 from core import runtime as runtime_module
+from core import state_store as state_store_module
+from core.aio import runtime as runtime_aio
+from core.aio import state_store as state_store_aio
 from core.circuits import CircuitRow, CircuitState, CircuitTable
 from core.runtime import Runtime
-from core.state_store import OrderStateStore
 from core.tablestorage import Table
 
 log = logging.getLogger(__name__)
@@ -369,6 +371,9 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
     )
 
 
+_TABLE_STORES = (state_store_module.OrderStateStore, state_store_aio.OrderStateStore)
+
+
 class _RuntimeTable:
     """The circuits partition of the installed Runtime's supervision table, one client per
     Runtime. It never builds a Runtime: a transition outside any handler (a test driving a
@@ -376,11 +381,12 @@ class _RuntimeTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._for: tuple[Runtime, CircuitTable, Table] | None = None
+        self._for: tuple[Runtime | runtime_aio.Runtime, CircuitTable, Table] | None = None
 
     def __call__(self) -> CircuitTable | None:
-        rt = runtime_module.installed()
-        if rt is None or not isinstance(rt.store, OrderStateStore):
+        # The agents run on the async Runtime; only its settings are used here, on this thread.
+        rt = runtime_aio.installed() or runtime_module.installed()
+        if rt is None or not isinstance(rt.store, _TABLE_STORES):
             return None
         with self._lock:
             if self._for is None or self._for[0] is not rt:

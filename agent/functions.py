@@ -1,35 +1,40 @@
 """One Service Bus-triggered agent function per agent of the catalog (:mod:`core.agents`).
 
-Each request is handled in a span parented on the trace context it carries (core.telemetry),
-and only if the app signed it for this agent's queue (core.inbound).
+Agents are on the hot path: ``async def`` on the async shell (``agent.aio``, ``core.aio``), one
+event loop per worker. Each request is handled in a span parented on the trace context it
+carries (core.telemetry), and only if the app signed it for this agent's queue (core.inbound).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import azure.functions as func
 
-from agent.handler import handle_request
-from core import inbound, runtime
+from agent.aio.handler import handle_request
 from core.agents import AGENTS, Agent
-from core.runtime import Runtime
+from core.aio import inbound, runtime
+from core.aio.runtime import Runtime
 from core.telemetry import consuming
 
 bp = func.Blueprint()
 
 
-def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> None:
+async def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> None:
     """What the trigger does with one message, given the Runtime."""
     with consuming(msg, agent.function_name, rt.settings.queue(agent.name)):
-        body = inbound.trusted_body(rt, inbound.Delivery.of(msg), agent.name, f"agent-{agent.name}")
+        delivery = inbound.Delivery.of(msg)
+        body = await inbound.trusted_body(rt, delivery, agent.name, f"agent-{agent.name}")
         if body is not None:
-            handle_request(body, agent.name, rt)
+            await handle_request(body, agent.name, rt)
 
 
-def _agent_function(agent: Agent) -> Callable[[func.ServiceBusMessage], None]:
-    def run(msg: func.ServiceBusMessage) -> None:
-        on_request(msg, agent, runtime.current())
+def _agent_function(
+    agent: Agent,
+) -> Callable[[func.ServiceBusMessage], Coroutine[Any, Any, None]]:
+    async def run(msg: func.ServiceBusMessage) -> None:
+        await on_request(msg, agent, runtime.current())
 
     run.__name__ = run.__qualname__ = agent.function_name
     return run

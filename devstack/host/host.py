@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -36,6 +36,7 @@ from devstack.host.timer_runner import TimerRunner
 log = logging.getLogger("devstack.host")
 
 STRAGGLER_GRACE_S = 1.0  # after the deadline: time for idle receiver threads to close and end
+AT_STOP_TIMEOUT_S = 5.0  # each at_stop() close
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class LocalHost:
                     function.name, function.trigger.connection, self.settings
                 )
         self._stats = {function.name: StatsCounter() for function in self._functions}
+        self._at_stop: list[Callable[[], Awaitable[object]]] = []
         self._runners: list[ServiceBusRunner | TimerRunner] = []
         self._invoker = Invoker(
             ColdStarts(
@@ -204,6 +206,12 @@ class LocalHost:
             return TimerRunner(function, invoker=self._invoker, stats=self._stats[function.name])
         return None
 
+    def at_stop(self, close: Callable[[], Awaitable[object]]) -> None:
+        """Await ``close()`` on the async functions' event loop when the host stops, after the
+        last run and before the loop ends: for what an in-process host's async functions opened
+        on it (a test's async Runtime). A worker process in Azure just ends."""
+        self._at_stop.append(close)
+
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop receiving and ticking; let runs in progress finish until ``timeout`` seconds.
 
@@ -239,6 +247,11 @@ class LocalHost:
         stragglers = [thread.name for thread in threads if thread.is_alive()]
         if self._clients is not None:
             self._clients.close()
+        for close in self._at_stop:
+            try:
+                self._invoker.run(close(), timeout=AT_STOP_TIMEOUT_S)
+            except Exception as exc:  # a client that fails to close loses nothing
+                log.warning("closing %r on the functions' loop failed: %s", close, exc)
         self._invoker.close()
         if stragglers:
             log.warning(

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -203,6 +203,12 @@ class Invoker:
         finally:
             span.end()
 
+    def run(self, awaitable: Awaitable[Any], timeout: float) -> Any:
+        """Await ``awaitable`` on the async functions' loop, from another thread."""
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop()).result(
+            timeout
+        )
+
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
@@ -237,10 +243,10 @@ class Invoker:
                 loop.close()
 
 
-async def _awaited(awaitable: Any, context: otel_context.Context) -> Any:
+async def _awaited(awaitable: Any, context: otel_context.Context | None = None) -> Any:
     """Await on the loop thread in the caller's OpenTelemetry context (the worker attaches the
     invocation's context in the task that runs an async function)."""
-    token = otel_context.attach(context)
+    token = otel_context.attach(context if context is not None else otel_context.get_current())
     try:
         return await awaitable
     finally:

@@ -49,7 +49,7 @@ from devstack.fakes.remote_services import FakeServices
 from devstack.host import LocalHost
 from devstack.stack.processes import REPO_ROOT
 from tests.support import broker as broker_support
-from tests.support.app import app_settings, make_runtime
+from tests.support.app import app_settings, install_async_twin, make_runtime
 from tests.support.broker import ServiceBusNamespace
 from tests.support.names import unique_name
 from tests.support.pattern import new_order
@@ -179,6 +179,7 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     host = LocalHost(
         importlib.import_module("function_app"), settings=env, host_json="host.json", http_port=0
     )
+    install_async_twin(rt, host)
     host.start()
     stack = Stack(rt, host, fakes, namespace, scenario)
     try:

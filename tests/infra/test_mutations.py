@@ -1146,8 +1146,8 @@ class CodeMutation:
 
 def first_line_of(function: str, code: str) -> Callable[[str], str]:
     """Insert ``code`` (one statement per line, no indentation) as the first statements of
-    ``def function(...)``."""
-    pattern = rf"(\n(?P<indent>[ ]*)def {function}\((?:[^()]|\([^()]*\))*\)[^:\n]*:\n)"
+    ``def function(...)`` or ``async def function(...)``."""
+    pattern = rf"(\n(?P<indent>[ ]*)(?:async )?def {function}\((?:[^()]|\([^()]*\))*\)[^:\n]*:\n)"
 
     def edit(text: str) -> str:
         match = re.search(pattern, text)
@@ -1162,14 +1162,14 @@ def first_line_of(function: str, code: str) -> Callable[[str], str]:
 CODE_MUTATIONS = [
     CodeMutation(
         "an agent reads a secret of its own from Key Vault",
-        "agent/handler.py",
+        "agent/aio/handler.py",
         first_line_of(
             "handle_request",
             "from azure.keyvault.secrets import SecretClient\n"
             'SecretClient("https://v.vault.azure.net", credential=None).get_secret("pay-key")',
         ),
         "data_roles",
-        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/handler.py",
+        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/aio/handler.py",
     ),
     CodeMutation(
         "the operator API peeks a queue the app has no Receiver on",

@@ -23,7 +23,7 @@ from core.states import ProcessState
 from devstack.host import LocalHost
 from devstack.host.cold_start import COLD_START_SETTING
 from scheduler.intake import handle_submission
-from tests.support.app import make_runtime
+from tests.support.app import install_async_twin, make_runtime
 from tests.support.pattern import effects, new_order
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,7 @@ def hosted(cold_env):
         concurrency_override=1,
         functions=FUNCTIONS,
     )
+    install_async_twin(rt, host)
     host.start()
     try:
         yield rt, host

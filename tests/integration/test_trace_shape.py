@@ -34,7 +34,7 @@ from core import runtime, telemetry
 from core.state_models import OrderNotFound
 from core.states import ProcessState
 from devstack.host import LocalHost
-from tests.support.app import make_runtime
+from tests.support.app import install_async_twin, make_runtime
 from tests.support.pattern import new_order
 
 pytestmark = pytest.mark.integration
@@ -96,6 +96,7 @@ def hosted(env, spans):
         concurrency_override=1,
         functions=[function for function, _ in HOPS],
     )
+    install_async_twin(rt, host)
     host.start()
     try:
         yield rt

@@ -30,7 +30,7 @@ from core.states import ProcessState
 from devstack.host.servicebus_runner import to_function_message
 from scheduler.functions import on_command, on_reply
 from scheduler.intake import handle_submission
-from tests.support.app import QueueReader, make_runtime
+from tests.support.app import AsyncTriggers, QueueReader, make_runtime
 from tests.support.pattern import effects, new_order, queue
 
 AGENT = {agent.name: agent for agent in AGENTS}
@@ -94,19 +94,29 @@ def table_requests() -> int:
     return sum(n for kind, n in COUNTS.snapshot().items() if kind.startswith("table."))
 
 
-def deliver_genuine_step(rt, reader: QueueReader, order_id: str, service: str) -> None:
-    on_request(
-        to_function_message(take_for(reader, queue(rt, service), order_id)), AGENT[service], rt
+def deliver_genuine_step(
+    rt, triggers: AsyncTriggers, reader: QueueReader, order_id: str, service: str
+) -> None:
+    triggers.run(
+        on_request(
+            to_function_message(take_for(reader, queue(rt, service), order_id)),
+            AGENT[service],
+            triggers.rt,
+        )
     )
-    on_reply(to_function_message(take_for(reader, queue(rt, "responses"), order_id)), rt)
+    triggers.run(
+        on_reply(
+            to_function_message(take_for(reader, queue(rt, "responses"), order_id)), triggers.rt
+        )
+    )
 
 
 @pytest.fixture
-def at_payment(rt, reader, fakes):
+def at_payment(rt, triggers, reader, fakes):
     """An order whose inventory step went through the signed path; its payment request waits."""
     order = new_order()
     handle_submission(encode(order), rt)
-    deliver_genuine_step(rt, reader, order.order_id, "inventory")
+    deliver_genuine_step(rt, triggers, reader, order.order_id, "inventory")
     request = take_for(reader, queue(rt, "payment"), order.order_id)
     assert rt.store.load(order.order_id).current_step == "charge_payment"
     return order.order_id, request
@@ -118,7 +128,9 @@ def forged_reply(request: ServiceBusReceivedMessage, **outcome: Any) -> bytes:
     return encode(AgentResponse(**(fields | outcome)))
 
 
-def test_a_request_for_an_order_that_does_not_exist_calls_no_service(rt, reader, fakes, sender):
+def test_a_request_for_an_order_that_does_not_exist_calls_no_service(
+    rt, triggers, reader, fakes, sender
+):
     order_id = f"o-ghost-{uuid.uuid4().hex[:8]}"
     forged = AgentRequest(
         order_id=order_id,
@@ -133,7 +145,11 @@ def test_a_request_for_an_order_that_does_not_exist_calls_no_service(rt, reader,
     payment = queue(rt, "payment")
     message_id = forge(sender, payment, encode(forged))
     before = table_requests()
-    on_request(to_function_message(take(reader, payment, message_id)), AGENT["payment"], rt)
+    triggers.run(
+        on_request(
+            to_function_message(take(reader, payment, message_id)), AGENT["payment"], triggers.rt
+        )
+    )
     assert table_requests() == before
     assert effects(fakes, order_id) == []
     assert reader.take(queue(rt, "responses"), order_id, wait=1.0) is None
@@ -143,25 +159,25 @@ def test_a_request_for_an_order_that_does_not_exist_calls_no_service(rt, reader,
     assert f"for order '{order_id}'" in alert["detail"]
 
 
-def test_a_forged_success_reply_marks_nothing_done(rt, reader, fakes, sender, at_payment):
+def test_a_forged_success_reply_marks_nothing_done(rt, triggers, reader, fakes, sender, at_payment):
     order_id, request = at_payment
     responses = queue(rt, "responses")
     before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
     message_id = forge(sender, responses, forged_reply(request, outcome="succeeded"))
-    on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    triggers.run(on_reply(to_function_message(take(reader, responses, message_id)), triggers.rt))
     assert snapshot(rt, order_id) == before
     assert effects(fakes, order_id) == ledger
     assert reader.take(queue(rt, "shipping"), order_id, wait=1.0) is None
     only_alert_for(rt, reader, responses, message_id, "unsigned")
     # The genuine request is still in flight and carries the order on: nothing was skipped.
-    on_request(to_function_message(request), AGENT["payment"], rt)
-    on_reply(to_function_message(take_for(reader, responses, order_id)), rt)
-    deliver_genuine_step(rt, reader, order_id, "shipping")
+    triggers.run(on_request(to_function_message(request), AGENT["payment"], triggers.rt))
+    triggers.run(on_reply(to_function_message(take_for(reader, responses, order_id)), triggers.rt))
+    deliver_genuine_step(rt, triggers, reader, order_id, "shipping")
     assert rt.store.load(order_id).state is ProcessState.PROCESSED
     assert [e[0] for e in effects(fakes, order_id)] == ["inventory", "payment", "shipping"]
 
 
-def test_a_forged_decline_fails_nothing(rt, reader, fakes, sender, at_payment):
+def test_a_forged_decline_fails_nothing(rt, triggers, reader, fakes, sender, at_payment):
     order_id, _request = at_payment
     responses = queue(rt, "responses")
     before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
@@ -169,7 +185,7 @@ def test_a_forged_decline_fails_nothing(rt, reader, fakes, sender, at_payment):
     # Signed, but with a key the app does not have: as unknown as no signature.
     outsider = "v1.k1." + "A" * 43
     message_id = forge(sender, responses, body, signature=outsider)
-    on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    triggers.run(on_reply(to_function_message(take(reader, responses, message_id)), triggers.rt))
     assert snapshot(rt, order_id) == before
     assert rt.store.load(order_id).state is ProcessState.PROCESSING
     assert effects(fakes, order_id) == ledger
@@ -198,18 +214,24 @@ def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender,
     assert "'SchedulerCommand'" in alert["detail"]
 
 
-def test_an_empty_body_on_an_agent_queue_is_reported(rt, reader, fakes, sender):
+def test_an_empty_body_on_an_agent_queue_is_reported(rt, triggers, reader, fakes, sender):
     inventory = queue(rt, "inventory")
     message_id = forge(sender, inventory, b"")
     ledger = len(fakes.ledger())
-    on_request(to_function_message(take(reader, inventory, message_id)), AGENT["inventory"], rt)
+    triggers.run(
+        on_request(
+            to_function_message(take(reader, inventory, message_id)),
+            AGENT["inventory"],
+            triggers.rt,
+        )
+    )
     assert len(fakes.ledger()) == ledger
     alert = only_alert_for(rt, reader, inventory, message_id, "unsigned")
     assert "body is empty" in alert["detail"]
 
 
 def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
-    rt, reader, fakes, sender, at_payment
+    rt, triggers, reader, fakes, sender, at_payment
 ):
     """The signature covers the queue: the app's own signed request is no use elsewhere."""
     order_id, request = at_payment
@@ -227,8 +249,12 @@ def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
             )
         )
     ledger = effects(fakes, order_id)
-    on_request(
-        to_function_message(take(reader, shipping, request.message_id)), AGENT["shipping"], rt
+    triggers.run(
+        on_request(
+            to_function_message(take(reader, shipping, request.message_id)),
+            AGENT["shipping"],
+            triggers.rt,
+        )
     )
     assert effects(fakes, order_id) == ledger
     only_alert_for(rt, reader, shipping, request.message_id, "bad_signature")
@@ -240,16 +266,19 @@ def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader
     on_old = make_runtime(env | {SIGNING_KEYS_SETTING: old}, "old")
     rotating = make_runtime(env | {SIGNING_KEYS_SETTING: f"{new},{old}"}, "rotating")
     on_new = make_runtime(env | {SIGNING_KEYS_SETTING: new}, "new")
+    rotating_side, on_new_side = AsyncTriggers(rotating), AsyncTriggers(on_new)
     try:
         order = new_order()
         handle_submission(encode(order), on_old)  # the request is signed with the old key
         inventory = queue(on_old, "inventory")
         request = take_for(reader, inventory, order.order_id)
         assert (request.application_properties or {})[b"signature"].startswith(b"v1.old.")
-        on_request(to_function_message(request), AGENT["inventory"], rotating)
+        rotating_side.run(
+            on_request(to_function_message(request), AGENT["inventory"], rotating_side.rt)
+        )
         reply = take_for(reader, queue(on_old, "responses"), order.order_id)
         assert (reply.application_properties or {})[b"signature"].startswith(b"v1.new.")
-        on_reply(to_function_message(reply), rotating)
+        rotating_side.run(on_reply(to_function_message(reply), rotating_side.rt))
         assert rotating.store.load(order.order_id).current_step == "charge_payment"
         payment_request = take_for(reader, queue(on_old, "payment"), order.order_id)
         assert (payment_request.application_properties or {})[b"signature"].startswith(b"v1.new.")
@@ -257,8 +286,14 @@ def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader
         responses = queue(on_old, "responses")
         # An instance that holds only the new key accepts the newest signatures (the request
         # is taken at once: its run budget counts from the claim in these tests).
-        on_request(to_function_message(payment_request), AGENT["payment"], on_new)
-        on_reply(to_function_message(take_for(reader, responses, order.order_id)), on_new)
+        on_new_side.run(
+            on_request(to_function_message(payment_request), AGENT["payment"], on_new_side.rt)
+        )
+        on_new_side.run(
+            on_reply(
+                to_function_message(take_for(reader, responses, order.order_id)), on_new_side.rt
+            )
+        )
         assert on_new.store.load(order.order_id).current_step == "create_shipment"
         # ... and refuses by name what an instance still on the retired key signs (another
         # attempt's MessageId: duplicate detection would drop a copy of the genuine reply's).
@@ -277,10 +312,12 @@ def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader
             stale.close()
         stale_reply = take_for(reader, responses, order.order_id)
         before = snapshot(on_new, order.order_id)
-        on_reply(to_function_message(stale_reply), on_new)
+        on_new_side.run(on_reply(to_function_message(stale_reply), on_new_side.rt))
         assert snapshot(on_new, order.order_id) == before
         only_alert_for(on_new, reader, responses, stale_reply.message_id, "unknown_key")
 
     finally:
+        for side in (rotating_side, on_new_side):
+            side.close()
         for runtime in (on_old, rotating, on_new):
             runtime.close()

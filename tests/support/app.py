@@ -8,19 +8,24 @@ takes the next message for a given order, discarding leftovers of earlier tests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
+from core.aio import runtime as runtime_aio
 from core.messages import utc_now
 from core.runtime import Runtime, new_instance_id
 from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
 from core.signing import SIGNING_KEYS_SETTING, new_key_text
+
+if TYPE_CHECKING:
+    from devstack.host.host import LocalHost
 
 EXAMPLE_SETTINGS = json.loads(
     (Path(__file__).resolve().parents[2] / "local.settings.json.example").read_text()
@@ -77,6 +82,47 @@ def make_runtime(env: dict[str, str], role: str = "app", clock: Clock | None = N
     )
     runtime.store.ensure_tables()
     return runtime
+
+
+T = TypeVar("T")
+
+
+class AsyncTriggers:
+    """The async triggers' side of a sync test: an async twin of ``rt`` (same settings,
+    instance id and clock) and one event loop kept across calls, as the Functions worker keeps
+    one (the twin's clients belong to it)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._runner = asyncio.Runner()
+        self.rt = runtime_aio.Runtime.from_settings(
+            rt.settings, instance_id=rt.instance_id, clock=rt.clock
+        )
+
+    def run(self, call: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(call)
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self.rt.close())
+        finally:
+            self._runner.close()
+
+
+def install_async_twin(rt: Runtime, host: LocalHost) -> runtime_aio.Runtime:
+    """Make the async twin of ``rt`` the process's async Runtime, for the async functions of an
+    in-process ``host`` (the hot path's triggers); when the host stops, the twin is closed on
+    the functions' loop and the previous async Runtime put back."""
+    twin = runtime_aio.Runtime.from_settings(
+        rt.settings, instance_id=rt.instance_id, clock=rt.clock
+    )
+    previous = runtime_aio.install(twin)
+
+    async def close() -> None:
+        runtime_aio.install(previous)
+        await twin.close()
+
+    host.at_stop(close)
+    return twin
 
 
 def _order_of(message: ServiceBusReceivedMessage) -> object:
