@@ -21,6 +21,7 @@ import httpx
 
 from core import clients
 from core.bus import Bus
+from core.http_transport import PooledTransport, proxied_by_env
 from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
 from core.settings import Settings
@@ -68,10 +69,13 @@ class Runtime:
 
     @property
     def http(self) -> httpx.Client:
-        """The HTTP connection pool the agents share, opened on first use."""
+        """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
+        h11 pools (the http_transport module), or, when the environment names a proxy, over
+        httpx's own transport (httpx honours the proxy only on that one)."""
         with self._status_lock:
             if self._http is None:
-                self._http = httpx.Client(http2=False)
+                transport = None if proxied_by_env() else PooledTransport()
+                self._http = httpx.Client(http2=False, transport=transport)
             return self._http
 
     def actor(self, role: str) -> str:

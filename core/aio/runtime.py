@@ -20,6 +20,7 @@ import httpx
 
 from core.aio import clients
 from core.aio.bus import Bus
+from core.aio.http_transport import PooledAsyncTransport, proxied_by_env
 from core.aio.state_store import OrderStateStore
 from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
@@ -67,10 +68,13 @@ class Runtime:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The HTTP connection pool the agents share, opened on first use."""
+        """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
+        h11 pools (the http_transport module), or, when the environment names a proxy, over
+        httpx's own transport (httpx honours the proxy only on that one)."""
         with self._status_lock:
             if self._http is None:
-                self._http = httpx.AsyncClient(http2=False)
+                transport = None if proxied_by_env() else PooledAsyncTransport()
+                self._http = httpx.AsyncClient(http2=False, transport=transport)
             return self._http
 
     def actor(self, role: str) -> str:

@@ -30,9 +30,9 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 import h11
@@ -44,12 +44,23 @@ READ_BYTES: Final = 65_536
 _KEEP_ALIVE_MARGIN_S: Final = 1.0
 
 
+Failure = Literal[
+    "connect", "connect_timeout", "pool_timeout", "timeout", "closed", "protocol", "send",
+    "too_large", "pool_closed", "io",
+]  # fmt: skip
+"""What went wrong, for a caller that maps failures to its own errors (core.http_transport):
+cannot connect (or not in time), no connection free in time, no whole answer in time, the
+server closed the connection early, a malformed answer, a request h11 cannot send, an answer
+longer than the caller's limit, the pool closed, another socket error."""
+
+
 class TransportError(Exception):
     """The exchange failed before a whole answer was read."""
 
-    def __init__(self, message: str, *, reused: bool = False) -> None:
+    def __init__(self, message: str, *, reused: bool = False, kind: Failure = "io") -> None:
         super().__init__(message)
         self.reused = reused
+        self.kind: Failure = kind
 
 
 @dataclass(frozen=True)
@@ -106,12 +117,14 @@ class Exchange:
     the bytes received are given to :meth:`feed` (``b""``: the server closed its end), and
     :meth:`finish` gives the answer. Shared by the socket and the asyncio connections."""
 
-    __slots__ = ("answering", "content", "ended", "protocol", "response")
+    __slots__ = ("answering", "content", "ended", "max_body_bytes", "protocol", "response", "size")
 
-    def __init__(self, protocol: h11.Connection) -> None:
+    def __init__(self, protocol: h11.Connection, max_body_bytes: int | None = None) -> None:
         self.protocol = protocol
         self.response: h11.Response | None = None
         self.content: list[bytes] = []
+        self.size = 0  # bytes of the answer's body so far
+        self.max_body_bytes = max_body_bytes  # a longer body fails the exchange
         self.ended = False  # the server closed its end
         self.answering = False  # a byte of the answer has arrived
 
@@ -125,7 +138,7 @@ class Exchange:
                 data += protocol.send(h11.Data(data=body))
             data += protocol.send(h11.EndOfMessage())
         except h11.LocalProtocolError as error:
-            raise TransportError(f"cannot send this request: {error}") from None
+            raise TransportError(f"cannot send this request: {error}", kind="send") from None
         assert data is not None  # h11 returns bytes for every event but ConnectionClosed
         return data
 
@@ -143,12 +156,17 @@ class Exchange:
             except h11.RemoteProtocolError as error:
                 if self.ended:
                     raise Closed from None  # before the answer was whole
-                raise TransportError(f"malformed answer: {error}") from None
+                raise TransportError(f"malformed answer: {error}", kind="protocol") from None
             if event is h11.NEED_DATA:
                 return False
             if isinstance(event, h11.Response):
                 self.response = event
             elif isinstance(event, h11.Data):
+                self.size += len(event.data)
+                if self.max_body_bytes is not None and self.size > self.max_body_bytes:
+                    raise TransportError(
+                        f"answer exceeds {self.max_body_bytes} bytes", kind="too_large"
+                    )
                 self.content.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return True
@@ -216,10 +234,15 @@ class _Connection:
             self.sock.close()
 
     def exchange(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        max_body_bytes: int | None = None,
     ) -> tuple[Answer, bool]:
         """Send one request and read its whole answer: (the answer, reusable afterwards)."""
-        exchange = self.current = Exchange(self.protocol)
+        exchange = self.current = Exchange(self.protocol, max_body_bytes)
         self.sock.sendall(exchange.start(method, target, headers, body))
         while not exchange.advance():
             exchange.feed(self.sock.recv(READ_BYTES))
@@ -280,11 +303,16 @@ def tls_context(scheme: str, given: ssl.SSLContext | None) -> ssl.SSLContext | N
 
 
 def request_fields(
-    host_header: str, method: str, headers: Mapping[str, str], body: bytes | None
+    host_header: str,
+    method: str,
+    headers: Mapping[str, str] | Sequence[tuple[str, str]],
+    body: bytes | None,
 ) -> list[tuple[str, str]]:
-    """The request's header fields: Host, ``headers``, and the body's length when it has one
-    (or when the method expects one: a POST without a body says 0)."""
-    fields = [("Host", host_header), *headers.items()]
+    """The request's header fields: Host, ``headers`` (a mapping, or pairs in order, which may
+    repeat a name), and the body's length when it has one (or when the method expects one: a
+    POST without a body says 0)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    fields = [("Host", host_header), *pairs]
     if body is not None or method in ("POST", "PUT", "PATCH"):
         fields.append(("Content-Length", str(len(body or b""))))
     return fields
@@ -312,17 +340,35 @@ class ConnectionPool:
         self._closed = False
 
     def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]],
+        body: bytes | None = None,
+        *,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        max_body_bytes: int | None = None,
     ) -> Answer:
-        """Send ``method target`` (the path and query, encoded) and read the whole answer."""
+        """Send ``method target`` (the path and query, encoded) and read the whole answer.
+
+        ``connect_timeout``, ``read_timeout``: this request's, instead of the pool's;
+        ``max_body_bytes``: a longer answer fails (``kind="too_large"``) rather than being
+        buffered whole. ``headers`` must not include Host or Content-Length: the pool sets them.
+        """
         fields = request_fields(self._host_header, method, headers, body)
-        if not self._slots.acquire(timeout=self._read_timeout):
-            raise TransportError(f"no connection to {self.host} free within {self._read_timeout} s")
+        read_s = self._read_timeout if read_timeout is None else read_timeout
+        if not self._slots.acquire(timeout=read_s):
+            raise TransportError(
+                f"no connection to {self.host} free within {read_s} s", kind="pool_timeout"
+            )
         try:
-            connection = self._take()
+            connection = self._take(connect_timeout)
             reused = connection.served > 0
             try:
-                answer, reusable = connection.exchange(method, target, fields, body)
+                if connection.sock.gettimeout() != read_s:
+                    connection.sock.settimeout(read_s)
+                answer, reusable = connection.exchange(method, target, fields, body, max_body_bytes)
             except (OSError, Closed, TransportError) as error:
                 connection.close()
                 raise failure(error, method, target, reused and not connection.answering) from None
@@ -335,23 +381,24 @@ class ConnectionPool:
         finally:
             self._slots.release()
 
-    def _take(self) -> _Connection:
+    def _take(self, connect_timeout: float | None = None) -> _Connection:
         now = time.monotonic()
         with self._lock:
             if self._closed:
-                raise TransportError("the connection pool is closed")
+                raise TransportError("the connection pool is closed", kind="pool_closed")
             while self._idle:
                 connection = self._idle.pop()
                 if connection.usable(now):
                     return connection
                 connection.close()
-        return self._connect()
+        return self._connect(connect_timeout)
 
-    def _connect(self) -> _Connection:
+    def _connect(self, connect_timeout: float | None = None) -> _Connection:
+        timeout = self._connect_timeout if connect_timeout is None else connect_timeout
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as error:
-            raise TransportError(f"cannot connect to {self.host}:{self.port}: {error}") from None
+            raise connect_failure(self.host, self.port, error) from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
@@ -359,7 +406,7 @@ class ConnectionPool:
             sock.settimeout(self._read_timeout)
         except OSError as error:
             sock.close()
-            raise TransportError(f"cannot connect to {self.host}:{self.port}: {error}") from None
+            raise connect_failure(self.host, self.port, error) from None
         return _Connection(sock)
 
     def _give_back(self, connection: _Connection) -> None:
@@ -380,10 +427,23 @@ class ConnectionPool:
 
 
 def failure(error: BaseException, method: str, target: str, reused: bool) -> TransportError:
+    kind: Failure = "io"
     if isinstance(error, Closed):
-        what = "the server closed the connection before answering in full"
+        what, kind = "the server closed the connection before answering in full", "closed"
     elif isinstance(error, TimeoutError | socket.timeout):
-        what = "no answer within the read timeout"
+        what, kind = "no answer within the read timeout", "timeout"
     else:
         what = str(error) or type(error).__name__
-    return TransportError(f"{method} {target.split('?', 1)[0]}: {what}", reused=reused)
+        if isinstance(error, TransportError):
+            kind = error.kind
+    return TransportError(f"{method} {target.split('?', 1)[0]}: {what}", reused=reused, kind=kind)
+
+
+def connect_failure(host: str, port: int, error: OSError) -> TransportError:
+    """The error for a connection not made: refused, unreachable, TLS refused, timed out."""
+    timed_out = isinstance(error, TimeoutError | socket.timeout)
+    reason = str(error) or "timed out"
+    return TransportError(
+        f"cannot connect to {host}:{port}: {reason}",
+        kind="connect_timeout" if timed_out else "connect",
+    )

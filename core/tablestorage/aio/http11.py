@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from core.tablestorage.http11 import (
     MAX_HEAD_BYTES,
@@ -37,6 +37,7 @@ from core.tablestorage.http11 import (
     Headers,
     Sent,
     TransportError,
+    connect_failure,
     failure,
     keep_alive_s,
     new_protocol,
@@ -141,10 +142,15 @@ class _Connection:
             self.transport.abort()
 
     async def exchange(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        max_body_bytes: int | None = None,
     ) -> tuple[Answer, bool]:
         """Send one request and read its whole answer: (the answer, reusable afterwards)."""
-        exchange = self.current = Exchange(self.protocol)
+        exchange = self.current = Exchange(self.protocol, max_body_bytes)
         self.transport.write(exchange.start(method, target, headers, body))
         while not exchange.advance():
             exchange.feed(await self.socket.read())
@@ -176,24 +182,40 @@ class ConnectionPool:
         self._closed = False
 
     async def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]],
+        body: bytes | None = None,
+        *,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        max_body_bytes: int | None = None,
     ) -> Answer:
-        """Send ``method target`` (the path and query, encoded) and read the whole answer."""
+        """Send ``method target`` (the path and query, encoded) and read the whole answer.
+
+        ``connect_timeout``, ``read_timeout``: this request's, instead of the pool's;
+        ``max_body_bytes``: a longer answer fails (``kind="too_large"``) rather than being
+        buffered whole. ``headers`` must not include Host or Content-Length: the pool sets them.
+        """
         fields = request_fields(self._host_header, method, headers, body)
+        read_s = self._read_timeout if read_timeout is None else read_timeout
         slots = self._bind()
         try:
-            async with asyncio.timeout(self._read_timeout):
+            async with asyncio.timeout(read_s):
                 await slots.acquire()
         except TimeoutError:
             raise TransportError(
-                f"no connection to {self.host} free within {self._read_timeout} s"
+                f"no connection to {self.host} free within {read_s} s", kind="pool_timeout"
             ) from None
         try:
-            connection = await self._take()
+            connection = await self._take(connect_timeout)
             reused = connection.served > 0
             try:
-                async with asyncio.timeout(self._read_timeout):
-                    answer, reusable = await connection.exchange(method, target, fields, body)
+                async with asyncio.timeout(read_s):
+                    answer, reusable = await connection.exchange(
+                        method, target, fields, body, max_body_bytes
+                    )
             except (OSError, Closed, TransportError) as error:  # TimeoutError is an OSError
                 connection.close()
                 raise failure(error, method, target, reused and not connection.answering) from None
@@ -221,21 +243,22 @@ class ConnectionPool:
             self._loop = loop
         return self._slots
 
-    async def _take(self) -> _Connection:
+    async def _take(self, connect_timeout: float | None = None) -> _Connection:
         if self._closed:
-            raise TransportError("the connection pool is closed")
+            raise TransportError("the connection pool is closed", kind="pool_closed")
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
             if connection.usable(now):
                 return connection
             connection.close()
-        return await self._connect()
+        return await self._connect(connect_timeout)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, connect_timeout: float | None = None) -> _Connection:
         loop = asyncio.get_running_loop()
+        timeout = self._connect_timeout if connect_timeout is None else connect_timeout
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            async with asyncio.timeout(timeout):
                 transport, socket = await loop.create_connection(
                     _Socket,
                     self.host,
@@ -244,8 +267,7 @@ class ConnectionPool:
                     server_hostname=self.host if self._ssl is not None else None,
                 )
         except OSError as error:  # refused, unreachable, TLS refused, timed out
-            reason = str(error) or "timed out"
-            raise TransportError(f"cannot connect to {self.host}:{self.port}: {reason}") from None
+            raise connect_failure(self.host, self.port, error) from None
         assert isinstance(transport, asyncio.Transport)
         return _Connection(transport, socket, loop)
 
