@@ -565,8 +565,10 @@ def _decode_object(raw: bytes, expected: str) -> dict[str, Any]:
         raise bad("body is not acceptable JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise bad(f"body is a JSON {_json_kind(data)}; expected an object ({expected})")
+    # Strict UTF-8 cannot carry a surrogate: only a \u escape can, so only then encode again.
     try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        if "\\u" in text:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise bad(
             "body is not acceptable JSON: a string has an unpaired surrogate escape"
