@@ -2,13 +2,13 @@
 
 Why: against the local fake services, a POST through ``httpx.Client`` with its own transport
 (httpcore) cost about 0.40 ms of CPU (async: 0.90 ms, of which httpcore and anyio 0.71 ms); the
-h11 pools of :mod:`core.tablestorage.http11` do the same exchange for about half of that. The
+h11 pools of :mod:`core.http11` do the same exchange for about half of that. The
 agents keep httpx's client API (``rt.http.stream(...)``, ``httpx.Timeout``, httpx errors, and
 ``httpx.MockTransport`` in tests); only what carries a request changes.
 
 :class:`PooledTransport` (sync; its asyncio twin is
 :class:`core.aio.http_transport.PooledAsyncTransport`, hand-written too) keeps one
-:class:`~core.tablestorage.http11.ConnectionPool` per origin (scheme, host, port), created on
+:class:`~core.http11.ConnectionPool` per origin (scheme, host, port), created on
 first use, at most :data:`MAX_ORIGINS` (the oldest is closed past that; agents have three).
 Per request:
 
@@ -22,7 +22,7 @@ Per request:
   longer one fails with ``httpx.ReadError`` and its connection is closed, so a hostile server
   cannot make the process buffer an unbounded answer. The remote client's own bound
   (``policy.max_response_bytes``, 1 MiB by default) stays the one that normally applies;
-- the pool's :class:`~core.tablestorage.http11.TransportError` becomes the httpx error httpx's
+- the pool's :class:`~core.http11.TransportError` becomes the httpx error httpx's
   own transport would raise (:data:`ERRORS`): ``ConnectError``/``ConnectTimeout``,
   ``PoolTimeout``, ``ReadTimeout``, ``RemoteProtocolError`` (closed early, malformed),
   ``LocalProtocolError``, ``ReadError``. A kept-alive connection the server closed as it was
@@ -45,7 +45,7 @@ from typing import Final
 
 import httpx
 
-from core.tablestorage.http11 import Answer, ConnectionPool, Failure, TransportError
+from core.http11 import Answer, ConnectionPool, Failure, TransportError
 
 __all__ = ["MAX_BODY_BYTES", "MAX_ORIGINS", "PooledTransport", "proxied_by_env"]
 
@@ -132,7 +132,7 @@ def response(answer: Answer, request: httpx.Request) -> httpx.Response:
 
 
 class PooledTransport(httpx.BaseTransport):
-    """httpx requests over :class:`core.tablestorage.http11.ConnectionPool`s, one per origin.
+    """httpx requests over :class:`core.http11.ConnectionPool`s, one per origin.
     Thread-safe."""
 
     def __init__(

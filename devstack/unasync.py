@@ -31,7 +31,7 @@ PACKAGES: tuple[str, ...] = ("core", "agent", "scheduler")
 """Where ``aio`` packages are looked for."""
 
 HAND_WRITTEN: frozenset[str] = frozenset(
-    {"core/aio/primitives.py", "core/aio/http_transport.py", "core/tablestorage/aio/http11.py"}
+    {"core/aio/primitives.py", "core/aio/http_transport.py", "core/aio/http11.py"}
 )
 """Modules under ``aio`` written in both forms by hand (what waits, and the socket I/O)."""
 

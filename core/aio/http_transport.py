@@ -1,5 +1,5 @@
 """The asyncio twin of :mod:`core.http_transport`: an httpx async transport over the asyncio
-h11 pools (:mod:`core.tablestorage.aio.http11`), for the agents' ``httpx.AsyncClient``.
+h11 pools (:mod:`core.aio.http11`), for the agents' ``httpx.AsyncClient``.
 
 Hand-written in both forms (listed in ``devstack.unasync.HAND_WRITTEN``; ``NAMES`` maps
 :class:`PooledAsyncTransport` to :class:`~core.http_transport.PooledTransport` in generated
@@ -15,6 +15,7 @@ import ssl
 
 import httpx
 
+from core.aio.http11 import ConnectionPool, TransportError
 from core.http_transport import (
     MAX_BODY_BYTES,
     MAX_ORIGINS,
@@ -28,13 +29,12 @@ from core.http_transport import (
     response,
     timeouts,
 )
-from core.tablestorage.aio.http11 import ConnectionPool, TransportError
 
 __all__ = ["MAX_BODY_BYTES", "MAX_ORIGINS", "PooledAsyncTransport", "proxied_by_env"]
 
 
 class PooledAsyncTransport(httpx.AsyncBaseTransport):
-    """httpx requests over :class:`core.tablestorage.aio.http11.ConnectionPool`s, one per
+    """httpx requests over :class:`core.aio.http11.ConnectionPool`s, one per
     origin, on the event loop that runs them."""
 
     def __init__(

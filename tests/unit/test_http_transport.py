@@ -225,7 +225,7 @@ def test_one_pool_per_origin_the_oldest_closed_past_the_bound(server: tuple[str,
 def test_errors_map_every_kind() -> None:
     from typing import get_args
 
-    from core.tablestorage.http11 import Failure
+    from core.http11 import Failure
 
     assert set(http_transport.ERRORS) == set(get_args(Failure))
 

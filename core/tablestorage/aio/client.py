@@ -1,5 +1,5 @@
 """A lean Table Storage client: the part of azure-data-tables' ``TableClient`` the app uses,
-over a small HTTP/1.1 connection pool (:mod:`core.tablestorage.http11`), with the SDK's
+over a small HTTP/1.1 connection pool (:mod:`core.http11`), with the SDK's
 entity types and errors.
 
 Why not the SDK: measured on this machine against Azurite, one transaction of two
@@ -17,7 +17,7 @@ retried three times with exponential backoff; a retried write that had committed
 alive connection that the server closed as it was taken is retried at once, without backoff.
 
 Written once, async, in core/tablestorage/aio/client.py (on the asyncio pool of
-core.tablestorage.aio.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
+core.aio.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
 generated from it (``python -m devstack.unasync``). Every method that makes a request is
 ``async`` there; queries are async iterators (``async for``), their pages lists. An Entra token
 is renewed off the request path (core.tablestorage.auth.BearerToken), so the event loop waits
@@ -47,8 +47,8 @@ from azure.core.exceptions import (
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from core.aio import primitives as time  # the backoff waits with time.sleep (tests patch it)
+from core.aio.http11 import Answer, ConnectionPool, Headers, Sent, TransportError
 from core.tablestorage import batch, odata
-from core.tablestorage.aio.http11 import Answer, ConnectionPool, Headers, Sent, TransportError
 from core.tablestorage.auth import Auth, BearerToken, parse_connection_string
 
 API_VERSION: Final = "2019-02-02"

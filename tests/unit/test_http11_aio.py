@@ -1,4 +1,4 @@
-"""core.tablestorage.aio.http11 against a real asyncio server, started in the test, that answers
+"""core.aio.http11 against a real asyncio server, started in the test, that answers
 as scripted: framing (Content-Length, chunked, to the end of the connection), kept-alive reuse,
 connections the server closes or writes to while idle, timeouts, cancellation, malformed
 answers, TLS; and the async Table client on it (the closed kept-alive connection retried at
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from core.tablestorage import http11
+from core import http11
+from core.aio.http11 import ConnectionPool, TransportError
 from core.tablestorage.aio import client
 from core.tablestorage.aio.client import TableService
-from core.tablestorage.aio.http11 import ConnectionPool, TransportError
-from tests.unit.test_tablestorage_http11 import certificate  # noqa: F401 (a fixture)
+from tests.unit.test_http11 import certificate  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -108,7 +108,7 @@ async def settle() -> None:
 
 
 async def test_the_sync_module_shares_its_pure_parts() -> None:
-    from core.tablestorage.aio import http11 as aio_http11
+    from core.aio import http11 as aio_http11
 
     assert aio_http11.Answer is http11.Answer and aio_http11.Headers is http11.Headers
     assert aio_http11.TransportError is http11.TransportError and aio_http11.Sent is http11.Sent

@@ -1,4 +1,4 @@
-"""core.tablestorage.http11 against a real socket server that answers as scripted: framing
+"""core.http11 against a real socket server that answers as scripted: framing
 (Content-Length, chunked, to the end of the connection), kept-alive reuse, connections the
 server closes, timeouts and malformed answers."""
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from core.http11 import ConnectionPool, TransportError
 from core.tablestorage import client
 from core.tablestorage.client import TableService
-from core.tablestorage.http11 import ConnectionPool, TransportError
 
 # What the server does with one request on one connection: the bytes to write back, and
 # whether to close the connection afterwards. None: close without answering.

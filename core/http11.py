@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 connection pool for one origin: what the Table client needs.
+"""A small HTTP/1.1 connection pool for one origin: what the Table client and the agents'
+HTTP transport (core.http_transport) need.
 
 Why not httpx here: measured against Azurite on this machine, a Table request through httpx's
 transport costs about 0.5 ms of client CPU, most of it in httpcore's pool, locks and trace
@@ -16,7 +17,7 @@ raises :class:`TransportError`; ``reused`` on it says the connection had served 
 request and the failure came before any byte of the answer, the signature of a server that
 closed a kept-alive connection at the moment it was taken.
 
-The asyncio twin (:mod:`core.tablestorage.aio.http11`) owns its sockets the same way and shares
+The asyncio twin (:mod:`core.aio.http11`) owns its sockets the same way and shares
 everything here that does no I/O: the answer types, the errors, the request's fields and the
 h11 bookkeeping of one exchange (:class:`Exchange`).
 """

@@ -1,10 +1,11 @@
-"""The asyncio twin of :mod:`core.tablestorage.http11`: one origin's kept-alive HTTP/1.1
-connections, for the async Table client (:mod:`core.tablestorage.aio.client`).
+"""The asyncio twin of :mod:`core.http11`: one origin's kept-alive HTTP/1.1 connections, for
+the async Table client (:mod:`core.tablestorage.aio.client`) and the agents' async HTTP
+transport (:mod:`core.aio.http_transport`).
 
 Hand-written in both forms (``devstack.unasync`` leaves it alone): this is where the sockets
 are. Everything that does no I/O is the sync module's: the answer types, the errors, the
 request's fields, the origin, the trust store, and the h11 bookkeeping of one exchange
-(:class:`~core.tablestorage.http11.Exchange`), so both read and frame answers alike.
+(:class:`~core.http11.Exchange`), so both read and frame answers alike.
 
 It behaves as the sync pool: at most ``max_connections`` requests at once; an idle connection
 is taken last in, first out, unless it has been idle past the server's ``Keep-Alive: timeout``
@@ -28,7 +29,7 @@ import ssl
 import time
 from collections.abc import Mapping, Sequence
 
-from core.tablestorage.http11 import (
+from core.http11 import (
     MAX_HEAD_BYTES,
     READ_BYTES,
     Answer,
