@@ -1,139 +1,34 @@
-"""An httpx transport over the project's h11 connection pools, for the agents' remote calls.
-
-Why: against the local fake services, a POST through ``httpx.Client`` with its own transport
-(httpcore) cost about 0.40 ms of CPU (async: 0.90 ms, of which httpcore and anyio 0.71 ms); the
-h11 pools of :mod:`core.http11` do the same exchange for about half of that. The
-agents keep httpx's client API (``rt.http.stream(...)``, ``httpx.Timeout``, httpx errors, and
-``httpx.MockTransport`` in tests); only what carries a request changes.
-
-:class:`PooledTransport` (sync; its asyncio twin is
-:class:`core.aio.http_transport.PooledAsyncTransport`, hand-written too) keeps one
-:class:`~core.http11.ConnectionPool` per origin (scheme, host, port), created on
-first use, at most :data:`MAX_ORIGINS` (the oldest is closed past that; agents have three).
-Per request:
-
-- the target is ``request.url.raw_path`` (path and query, as encoded);
-- the headers are httpx's but Host, Content-Length and Transfer-Encoding, which the pool sets
-  itself (the body is read whole and sent with its length);
-- ``request.extensions["timeout"]``: ``connect`` bounds connecting, ``read`` the exchange (the
-  sync pool: each socket read and write; the async pool: the whole exchange) and the wait for a
-  free connection; a timeout httpx leaves unset (None) is the pool's own (5 s, 30 s);
-- the answer is buffered whole, at most ``max_body_bytes`` (default :data:`MAX_BODY_BYTES`): a
-  longer one fails with ``httpx.ReadError`` and its connection is closed, so a hostile server
-  cannot make the process buffer an unbounded answer. The remote client's own bound
-  (``policy.max_response_bytes``, 1 MiB by default) stays the one that normally applies;
-- the pool's :class:`~core.http11.TransportError` becomes the httpx error httpx's
-  own transport would raise (:data:`ERRORS`): ``ConnectError``/``ConnectTimeout``,
-  ``PoolTimeout``, ``ReadTimeout``, ``RemoteProtocolError`` (closed early, malformed),
-  ``LocalProtocolError``, ``ReadError``. A kept-alive connection the server closed as it was
-  taken (``reused``) is retried once on a new connection when the request may be replayed (an
-  idempotent method, or an ``Idempotency-Key``), as the Table client does.
-
-Proxies: httpx 0.28 mounts proxy transports from ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``
-only when no ``transport=`` is given (``allow_env_proxies = trust_env and transport is None``
-in ``httpx/_client.py``), and these pools do not speak to proxies. So the Runtime uses this
-transport only when :func:`proxied_by_env` is False; behind a proxy it keeps httpx's own
-transport, which honours the proxy (and ``NO_PROXY``) as before.
+# Generated from core/aio/http_transport.py by devstack.unasync: edit that, not this.
+"""An httpx transport over the project's h11 connection pools, for the agents' remote calls
+(what it does per request, and why: :mod:`core.httpx_exchange`). Written once, async; its sync
+twin :class:`core.http_transport.PooledTransport` is generated (``devstack.unasync``).
 """
 
 from __future__ import annotations
 
 import ssl
 import threading
-import urllib.request
-from typing import Final
 
 import httpx
 
-from core.http11 import Answer, ConnectionPool, Failure, TransportError
-
-__all__ = ["MAX_BODY_BYTES", "MAX_ORIGINS", "PooledTransport", "proxied_by_env"]
-
-MAX_BODY_BYTES: Final = 16 * 1024 * 1024
-"""The longest answer a transport buffers, unless told otherwise."""
-MAX_ORIGINS: Final = 16
-"""Pools kept at once; the oldest is closed past that."""
-
-ERRORS: Final[dict[Failure, type[httpx.TransportError]]] = {
-    "connect": httpx.ConnectError,
-    "connect_timeout": httpx.ConnectTimeout,
-    "pool_timeout": httpx.PoolTimeout,
-    "timeout": httpx.ReadTimeout,
-    "closed": httpx.RemoteProtocolError,
-    "protocol": httpx.RemoteProtocolError,
-    "send": httpx.LocalProtocolError,
-    "too_large": httpx.ReadError,
-    "pool_closed": httpx.ConnectError,
-    "io": httpx.ReadError,
-}
-"""The httpx error each kind of pool failure becomes."""
-
-_NOT_SENT: Final = frozenset({b"host", b"content-length", b"transfer-encoding"})
-_REPLAYABLE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-_HTTP11: Final = b"HTTP/1.1"
-
-Origin = tuple[str, bytes, int | None]
-
-
-def proxied_by_env() -> bool:
-    """Whether the environment names an HTTP(S) proxy that httpx would use (the variables
-    httpx reads: ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, any case)."""
-    proxies = urllib.request.getproxies()
-    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
-
-
-def origin_key(url: httpx.URL) -> Origin:
-    if url.scheme not in ("http", "https"):
-        raise httpx.UnsupportedProtocol(f"not an http(s) URL: {url.scheme!r}")
-    return url.scheme, url.raw_host, url.port
-
-
-def origin_text(url: httpx.URL) -> str:
-    """``scheme://host[:port]`` (IPv6 hosts bracketed), as the pools take it."""
-    return f"{url.scheme}://{url.netloc.decode('ascii')}"
-
-
-def fields(request: httpx.Request) -> list[tuple[str, str]]:
-    """The request's headers but those the pool sets itself, in order, repeats kept."""
-    return [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in request.headers.raw
-        if name.lower() not in _NOT_SENT
-    ]
-
-
-def timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
-    """(connect, read) of the request's ``timeout`` extension; None: the pool's own."""
-    given = request.extensions.get("timeout") or {}
-    return given.get("connect"), given.get("read")
-
-
-def replayable(request: httpx.Request) -> bool:
-    return request.method in _REPLAYABLE_METHODS or "idempotency-key" in request.headers
-
-
-def httpx_error(error: TransportError, request: httpx.Request) -> httpx.TransportError:
-    return ERRORS.get(error.kind, httpx.ReadError)(str(error), request=request)
-
-
-def response(answer: Answer, request: httpx.Request) -> httpx.Response:
-    """The answer as httpx's transports give one: the client decodes (Content-Encoding) and
-    reads the body from the stream."""
-    return httpx.Response(
-        answer.status_code,
-        headers=list(answer.headers.items()),
-        stream=httpx.ByteStream(answer.content),
-        request=request,
-        extensions={
-            "http_version": _HTTP11,
-            "reason_phrase": answer.reason_phrase.encode("latin-1"),
-        },
-    )
+from core.http11 import ConnectionPool, TransportError
+from core.httpx_exchange import (
+    MAX_BODY_BYTES,
+    MAX_ORIGINS,
+    Origin,
+    fields,
+    httpx_error,
+    origin_key,
+    origin_text,
+    replayable,
+    response,
+    timeouts,
+)
 
 
 class PooledTransport(httpx.BaseTransport):
-    """httpx requests over :class:`core.http11.ConnectionPool`s, one per origin.
-    Thread-safe."""
+    """httpx requests over h11 connection pools (core.http11's, or their asyncio twins here),
+    one per origin. Safe to share between tasks, and the sync twin between threads."""
 
     def __init__(
         self,
@@ -155,7 +50,7 @@ class PooledTransport(httpx.BaseTransport):
         self._read_timeout = read_timeout
         self._ssl = ssl_context
         self._pools: dict[Origin, ConnectionPool] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # never held across an await
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         pool = self._pool(request.url)

@@ -21,7 +21,8 @@ import httpx
 
 from core import clients
 from core.bus import Bus
-from core.http_transport import PooledTransport, proxied_by_env
+from core.http_transport import PooledTransport
+from core.httpx_exchange import proxied_by_env
 from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
 from core.settings import Settings
@@ -70,7 +71,7 @@ class Runtime:
     @property
     def http(self) -> httpx.Client:
         """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
-        h11 pools (the http_transport module), or, when the environment names a proxy, over
+        h11 pools (core.aio.http_transport), or, when the environment names a proxy, over
         httpx's own transport (httpx honours the proxy only on that one)."""
         with self._status_lock:
             if self._http is None:

@@ -30,9 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES: tuple[str, ...] = ("core", "agent", "scheduler")
 """Where ``aio`` packages are looked for."""
 
-HAND_WRITTEN: frozenset[str] = frozenset(
-    {"core/aio/primitives.py", "core/aio/http_transport.py", "core/aio/http11.py"}
-)
+HAND_WRITTEN: frozenset[str] = frozenset({"core/aio/primitives.py", "core/aio/http11.py"})
 """Modules under ``aio`` written in both forms by hand (what waits, and the socket I/O)."""
 
 

@@ -1,22 +1,17 @@
-"""The asyncio twin of :mod:`core.http_transport`: an httpx async transport over the asyncio
-h11 pools (:mod:`core.aio.http11`), for the agents' ``httpx.AsyncClient``.
-
-Hand-written in both forms (listed in ``devstack.unasync.HAND_WRITTEN``; ``NAMES`` maps
-:class:`PooledAsyncTransport` to :class:`~core.http_transport.PooledTransport` in generated
-modules). Everything that does no I/O is the sync module's: what a request sends, the timeouts
-it takes, the answer as an ``httpx.Response``, the errors, :func:`proxied_by_env`; read its
-docstring for the behaviour (and why proxies keep httpx's own transport). The one difference is
-the pools': ``read`` bounds the whole exchange here, not each socket read.
+"""An httpx transport over the project's h11 connection pools, for the agents' remote calls
+(what it does per request, and why: :mod:`core.httpx_exchange`). Written once, async; its sync
+twin :class:`core.http_transport.PooledTransport` is generated (``devstack.unasync``).
 """
 
 from __future__ import annotations
 
 import ssl
+import threading
 
 import httpx
 
 from core.aio.http11 import ConnectionPool, TransportError
-from core.http_transport import (
+from core.httpx_exchange import (
     MAX_BODY_BYTES,
     MAX_ORIGINS,
     Origin,
@@ -24,18 +19,15 @@ from core.http_transport import (
     httpx_error,
     origin_key,
     origin_text,
-    proxied_by_env,
     replayable,
     response,
     timeouts,
 )
 
-__all__ = ["MAX_BODY_BYTES", "MAX_ORIGINS", "PooledAsyncTransport", "proxied_by_env"]
-
 
 class PooledAsyncTransport(httpx.AsyncBaseTransport):
-    """httpx requests over :class:`core.aio.http11.ConnectionPool`s, one per
-    origin, on the event loop that runs them."""
+    """httpx requests over h11 connection pools (core.http11's, or their asyncio twins here),
+    one per origin. Safe to share between tasks, and the sync twin between threads."""
 
     def __init__(
         self,
@@ -57,6 +49,7 @@ class PooledAsyncTransport(httpx.AsyncBaseTransport):
         self._read_timeout = read_timeout
         self._ssl = ssl_context
         self._pools: dict[Origin, ConnectionPool] = {}
+        self._lock = threading.Lock()  # never held across an await
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         pool = await self._pool(request.url)
@@ -87,19 +80,26 @@ class PooledAsyncTransport(httpx.AsyncBaseTransport):
         pool = self._pools.get(key)
         if pool is not None:
             return pool
-        pool = self._pools[key] = ConnectionPool(
-            origin_text(url),
-            max_connections=self._max_connections,
-            connect_timeout=self._connect_timeout,
-            read_timeout=self._read_timeout,
-            ssl_context=self._ssl,
-        )
-        while len(self._pools) > self._max_origins:
-            # its requests under way finish; their connections then close
-            await self._pools.pop(next(iter(self._pools))).close()
+        evicted: list[ConnectionPool] = []
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = ConnectionPool(
+                    origin_text(url),
+                    max_connections=self._max_connections,
+                    connect_timeout=self._connect_timeout,
+                    read_timeout=self._read_timeout,
+                    ssl_context=self._ssl,
+                )
+                self._pools[key] = pool
+                while len(self._pools) > self._max_origins:
+                    evicted.append(self._pools.pop(next(iter(self._pools))))
+        for old in evicted:  # its requests under way finish; their connections then close
+            await old.close()
         return pool
 
     async def aclose(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             await pool.close()

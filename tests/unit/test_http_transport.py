@@ -22,8 +22,7 @@ import httpx
 import pytest
 
 import core.runtime
-from core import http_transport
-from core.aio import http_transport as aio_http_transport
+from core import httpx_exchange
 from core.aio import runtime as aio_runtime
 from core.aio.http_transport import PooledAsyncTransport
 from core.http_transport import PooledTransport
@@ -214,12 +213,12 @@ def test_one_pool_per_origin_the_oldest_closed_past_the_bound(server: tuple[str,
         first = c.get(f"{url}/a").request
         other = url.replace("127.0.0.1", "localhost")
         assert c.get(f"{other}/b").status_code == 200
-        assert list(transport._pools) == [http_transport.origin_key(httpx.URL(other))]
+        assert list(transport._pools) == [httpx_exchange.origin_key(httpx.URL(other))]
         assert c.get(f"{url}/c").status_code == 200  # a new pool for the first origin
-        assert http_transport.origin_text(first.url) == url
+        assert httpx_exchange.origin_text(first.url) == url
     assert transport._pools == {}
     with pytest.raises(httpx.UnsupportedProtocol):
-        http_transport.origin_key(httpx.URL("ftp://example.com/x"))
+        httpx_exchange.origin_key(httpx.URL("ftp://example.com/x"))
 
 
 def test_errors_map_every_kind() -> None:
@@ -227,7 +226,7 @@ def test_errors_map_every_kind() -> None:
 
     from core.http11 import Failure
 
-    assert set(http_transport.ERRORS) == set(get_args(Failure))
+    assert set(httpx_exchange.ERRORS) == set(get_args(Failure))
 
 
 # --- async ------------------------------------------------------------------------------------
@@ -354,7 +353,7 @@ async def test_the_runtime_client_runs_on_the_pools_unless_a_proxy_is_set(
     sync.close()
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
-    assert aio_http_transport.proxied_by_env()
+    assert httpx_exchange.proxied_by_env()
     proxied = aio_runtime.Runtime.from_settings(settings)
     assert isinstance(proxied.http._transport, httpx.AsyncHTTPTransport)
     assert any(t is not None for t in proxied.http._mounts.values())  # httpx mounted the proxy
