@@ -67,6 +67,10 @@ class ColdStarts:
         self._locks = {name: threading.Lock() for name in delays}
         self._sleep = sleep
 
+    def applies(self, function: str) -> bool:
+        """Whether ``function`` has a cold start (paid or not): only then may :meth:`wait` block."""
+        return function in self._locks
+
     def wait(self, function: str) -> float:
         """Pay ``function``'s cold start if it has not been paid; the seconds waited here."""
         lock = self._locks.get(function)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from azure.servicebus import AutoLockRenewer
+from azure.servicebus.aio import AutoLockRenewer
 
 from devstack.host.cold_start import COLD_START_SETTING, ColdStarts, parse_cold_starts
 from devstack.host.http_server import HttpServer
@@ -35,7 +35,7 @@ from devstack.host.timer_runner import TimerRunner
 
 log = logging.getLogger("devstack.host")
 
-STRAGGLER_GRACE_S = 1.0  # after the deadline: time for idle receiver threads to close and end
+STRAGGLER_GRACE_S = 1.0  # after the deadline: time for idle receivers to close and end
 AT_STOP_TIMEOUT_S = 5.0  # each at_stop() close
 
 
@@ -154,7 +154,7 @@ class LocalHost:
         self._clients = ClientPool()
         self._renewer = AutoLockRenewer(
             max_lock_renewal_duration=self.options.max_auto_lock_renewal_duration
-        )
+        )  # used on the functions' loop only, as are the clients
         try:
             if self.http_port is not None and any(
                 isinstance(f.trigger, HttpTrigger) for f in self._functions
@@ -229,29 +229,21 @@ class LocalHost:
             self.http.stop()
         for runner in self._runners:
             runner.request_stop()
-        threads = [thread for runner in self._runners for thread in runner.threads]
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        for runner in self._runners:
+            runner.wait(max(0.0, deadline - time.monotonic()))
         servicebus_runners = [r for r in self._runners if isinstance(r, ServiceBusRunner)]
         for runner in servicebus_runners:
             runner.close_receivers()
         for runner in servicebus_runners:
-            runner.abandon_in_flight()
-        if self._renewer is not None:
-            self._renewer.close()
+            runner.abandon_in_flight(timeout=AT_STOP_TIMEOUT_S)
+        self._on_loop(self._renewer.close() if self._renewer is not None else None, "renewer")
         grace = time.monotonic() + STRAGGLER_GRACE_S
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join(max(0.0, grace - time.monotonic()))
-        stragglers = [thread.name for thread in threads if thread.is_alive()]
-        if self._clients is not None:
-            self._clients.close()
+        for runner in self._runners:
+            runner.wait(max(0.0, grace - time.monotonic()))
+        stragglers = [name for runner in self._runners for name in runner.running()]
+        self._on_loop(self._clients.close() if self._clients is not None else None, "clients")
         for close in self._at_stop:
-            try:
-                self._invoker.run(close(), timeout=AT_STOP_TIMEOUT_S)
-            except Exception as exc:  # a client that fails to close loses nothing
-                log.warning("closing %r on the functions' loop failed: %s", close, exc)
+            self._on_loop(close(), repr(close))
         self._invoker.close()
         if stragglers:
             log.warning(
@@ -262,6 +254,15 @@ class LocalHost:
             self._state = "stopped-late" if stragglers else "stopped"
         log.info("host stopped")
         return not stragglers
+
+    def _on_loop(self, closing: Awaitable[object] | None, what: str) -> None:
+        """Await a close on the functions' loop, from stop; a failure to close loses nothing."""
+        if closing is None:
+            return
+        try:
+            self._invoker.run(closing, timeout=AT_STOP_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("closing %s on the functions' loop failed: %s", what, exc)
 
     def __enter__(self) -> LocalHost:
         return self.start()

@@ -158,16 +158,41 @@ class Invoker:
         self.cold_starts.wait(function.name)
         invocation_id = str(uuid.uuid4())
         with self._invocation(function, invocation_id, trace) as span:
-            kwargs = {function.trigger_param: trigger_value}
-            if function.wants_context:
-                kwargs["context"] = LocalContext(function, invocation_id, span, trace)
-            result = function.user_function(**kwargs)
+            result = function.user_function(
+                **self._arguments(function, trigger_value, trace, span, invocation_id)
+            )
             if inspect.isawaitable(result):
                 future: Future[Any] = asyncio.run_coroutine_threadsafe(
                     _awaited(result, otel_context.get_current()), self._event_loop()
                 )
                 result = future.result()
             return result
+
+    async def call_async(
+        self, function: IndexedFunction, trigger_value: Any, trace: Mapping[str, Any] | None = None
+    ) -> Any:
+        """:meth:`call` for a coroutine function, awaited on the loop it is called on (this
+        invoker's): how the Python worker runs an async function, with no thread hop."""
+        if self.cold_starts.applies(function.name):
+            await asyncio.to_thread(self.cold_starts.wait, function.name)
+        invocation_id = str(uuid.uuid4())
+        with self._invocation(function, invocation_id, trace) as span:
+            return await function.user_function(
+                **self._arguments(function, trigger_value, trace, span, invocation_id)
+            )
+
+    @staticmethod
+    def _arguments(
+        function: IndexedFunction,
+        trigger_value: Any,
+        trace: Mapping[str, Any] | None,
+        span: Span | None,
+        invocation_id: str,
+    ) -> dict[str, Any]:
+        kwargs = {function.trigger_param: trigger_value}
+        if function.wants_context:
+            kwargs["context"] = LocalContext(function, invocation_id, span, trace)
+        return kwargs
 
     @contextmanager
     def _invocation(
@@ -205,9 +230,11 @@ class Invoker:
 
     def run(self, awaitable: Awaitable[Any], timeout: float) -> Any:
         """Await ``awaitable`` on the async functions' loop, from another thread."""
-        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop()).result(
-            timeout
-        )
+        return self.submit(awaitable).result(timeout)
+
+    def submit(self, awaitable: Awaitable[Any]) -> Future[Any]:
+        """Start awaiting ``awaitable`` on the async functions' loop, from another thread."""
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop())
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:

@@ -1,13 +1,14 @@
 """Service Bus queue triggers: peek-lock receive, invoke, settle, renew the lock meanwhile.
 
-Per function, N receiver threads (``maxConcurrentCalls``), each with its own
-``ServiceBusReceiver`` over the one ``ServiceBusClient`` of its connection. Each thread takes
-one message at a time: invoke the function, then complete on return or abandon on exception;
-the queue's MaxDeliveryCount dead-letters a message abandoned too often. An ``AutoLockRenewer``
-keeps the lock while the function runs, for up to ``maxAutoLockRenewalDuration``.
-
-Every call on a receiver (receive, settle, renew, abandon at shutdown) holds that receiver's
-slot lock, so the worker thread, the renewer and ``stop`` never use one receiver at once.
+Receiving and settling run on the host's event loop (the one its async functions run on), with
+the asyncio Service Bus client: per function, N receivers (``maxConcurrentCalls``), each a
+coroutine that takes one message at a time, invokes the function, then completes it on return
+or abandons it on exception; the queue's MaxDeliveryCount dead-letters a message abandoned too
+often. That is the shape of Azure's pair: the Functions host receives and settles, and the
+Python worker awaits an async function on its loop, so no invocation changes thread. A sync
+function runs on a thread of its receiver's own, as the worker runs sync functions on its
+thread pool. An ``AutoLockRenewer`` keeps the lock while the function runs, for up to
+``maxAutoLockRenewalDuration``.
 
 Lock loss is counted per function (``FunctionStats``): a renewal that stopped before the message
 was settled, a settlement refused with ``MessageLockLostError`` (``lock_lost`` counts each such
@@ -18,21 +19,20 @@ after a connection error (a restarted broker, say).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
+import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
-from azure.servicebus import (
-    AutoLockRenewer,
-    ServiceBusClient,
-    ServiceBusReceivedMessage,
-    ServiceBusReceiveMode,
-    ServiceBusReceiver,
-)
+from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
@@ -45,15 +45,16 @@ from devstack.host.stats import StatsCounter
 log = logging.getLogger("devstack.host.servicebus")
 
 # Longest a receive waits for a message, plus at most one socket read (SOCKET_TIMEOUT_S):
-# bounds how long stop() waits for idle slots.
+# bounds how long stop() waits for idle receivers.
 RECEIVE_WAIT_S = 1.0
-# How long the AMQP client's socket reads block. The SDK's 0.2 s woke each idle receiver five
+# How long the AMQP client's socket reads wait. The SDK's 0.2 s woke each idle receiver five
 # times a second (2 % of a core per host with nothing to do); data wakes a read at once.
 SOCKET_TIMEOUT_S = 0.5
 RECONNECT_BACKOFF_S = (1.0, 30.0)
 # Receivers being opened at once, per host. Each open is a connection plus a CBS handshake
 # (about a second); dozens at once overwhelm the development broker and time out.
 MAX_CONCURRENT_OPENS = 8
+STOP_POLL_S = 0.2  # how often a reconnect backoff looks whether stop was requested
 
 
 # -- connections ---------------------------------------------------------------------------
@@ -101,46 +102,39 @@ def resolve_connection(function: str, setting: str, settings: Mapping[str, str])
 
 
 class ClientPool:
-    """One ``ServiceBusClient`` per connection, shared by every receiver on it."""
+    """One asyncio ``ServiceBusClient`` per connection, shared by every receiver on it. Used on
+    the host's event loop only."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._clients: dict[Connection, ServiceBusClient] = {}
-        self._opening = threading.BoundedSemaphore(MAX_CONCURRENT_OPENS)
+        self._opening = asyncio.Semaphore(MAX_CONCURRENT_OPENS)
 
-    def open_receiver(
-        self, connection: Connection, queue: str, prefetch: int, stopping: threading.Event
-    ) -> ServiceBusReceiver | None:
-        """An open PEEK_LOCK receiver on ``queue``, or None when ``stopping`` is set first."""
-        while not self._opening.acquire(timeout=0.2):
-            if stopping.is_set():
-                return None
-        try:
-            if stopping.is_set():
-                return None
-            with self._lock:  # the client's handler bookkeeping is not thread-safe
-                client = self._clients.get(connection)
-                if client is None:
-                    client = self._clients[connection] = _make_client(connection)
-                receiver = client.get_queue_receiver(
-                    queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch
-                )
+    async def open_receiver(
+        self, connection: Connection, queue_name: str, prefetch: int
+    ) -> ServiceBusReceiver:
+        """An open PEEK_LOCK receiver on ``queue_name``."""
+        async with self._opening:
+            client = self._clients.get(connection)
+            if client is None:
+                client = self._clients[connection] = _make_client(connection)
+            receiver = client.get_queue_receiver(
+                queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch
+            )
             try:
-                receiver.__enter__()  # opens the link now (the SDK would on the first receive)
+                await (
+                    receiver.__aenter__()
+                )  # opens the link now (the SDK would on the first receive)
             except BaseException:
-                receiver.close()
+                await receiver.close()
                 raise
             return receiver
-        finally:
-            self._opening.release()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close every client, and with it every receiver it opened."""
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
+        clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             try:
-                client.close()
+                await client.close()
             except Exception:
                 log.warning("closing a Service Bus client failed", exc_info=True)
 
@@ -152,6 +146,8 @@ def _make_client(connection: Connection) -> ServiceBusClient:
         )
     from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
+    from core.credentials.aio import ThreadedCredential
+
     credential: Any
     if connection.credential == "managedidentity":
         credential = ManagedIdentityCredential(client_id=connection.client_id)
@@ -159,7 +155,9 @@ def _make_client(connection: Connection) -> ServiceBusClient:
         credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
     assert connection.fully_qualified_namespace is not None
     return ServiceBusClient(
-        connection.fully_qualified_namespace, credential, socket_timeout=SOCKET_TIMEOUT_S
+        connection.fully_qualified_namespace,
+        ThreadedCredential(credential),  # azure.identity.aio would need aiohttp
+        socket_timeout=SOCKET_TIMEOUT_S,
     )
 
 
@@ -239,47 +237,84 @@ def trigger_value(trigger: ServiceBusTrigger, message: FunctionMessage) -> Any:
 # -- the runner ----------------------------------------------------------------------------
 
 
+class _SyncCalls:
+    """A daemon thread that runs one receiver's sync function calls, one at a time.
+
+    Daemon, so that a run still going past the host's stop deadline is left to end on its own
+    and never holds up the process's exit (a pool's threads would be joined at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self.busy = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        future: Future[Any] = Future()
+        self._calls.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            self.busy = True
+            try:
+                future.set_result(fn())
+            except BaseException as error:
+                future.set_exception(error)
+            finally:
+                self.busy = False
+
+    def close(self) -> None:
+        """End the thread once its call in progress, if any, has returned."""
+        self._calls.put(None)
+        if not self.busy:
+            self.thread.join(1.0)
+
+
 class _Slot:
-    """One receiver thread: its receiver, the message it is working on, and their lock."""
+    """One receiver: its receiver, the message it is working on, and how it stands at stop."""
 
     def __init__(self, runner: ServiceBusRunner, index: int) -> None:
         self.runner = runner
-        self.lock = threading.Lock()
+        self.name = f"host-sb-{runner.function.name}-{index}"
         self.receiver: ServiceBusReceiver | None = None
         self.in_flight: ServiceBusReceivedMessage | None = None
-        self.settled_at_stop = False  # stop abandoned in_flight: do not run or settle it
-        self.closed = False  # stop's deadline has passed: receive nothing more
-        self.thread = threading.Thread(
-            target=self.run, name=f"host-sb-{runner.function.name}-{index}", daemon=True
-        )
+        self.settled_at_stop = False  # stop abandoned in_flight: do not settle it again
+        self.running = False  # the function is running
+        self.not_receiving = asyncio.Event()  # cleared while a receive is in progress
+        self.not_receiving.set()
+        self._sync_calls: _SyncCalls | None = None
 
     # Called by the AutoLockRenewer (this object stands in for the receiver there).
-    def renew_message_lock(self, message: ServiceBusReceivedMessage) -> Any:
-        with self.lock:
-            if self.in_flight is not message or self.receiver is None:
-                return None  # settled meanwhile; the renewer sees that and stops
-            COUNTS.add("servicebus.renew_lock")
-            return self.receiver.renew_message_lock(message)
+    async def renew_message_lock(self, message: ServiceBusReceivedMessage) -> Any:
+        if self.in_flight is not message or self.receiver is None:
+            return None  # settled meanwhile; the renewer sees that and stops
+        COUNTS.add("servicebus.renew_lock")
+        return await self.receiver.renew_message_lock(message)
 
-    def run(self) -> None:
+    async def run(self) -> None:
         runner = self.runner
         backoff = RECONNECT_BACKOFF_S[0]
         try:
-            while not runner.stopping.is_set():
+            while not runner.stopping.is_set() and not runner.closed:
                 try:
-                    if self.receiver is None and not self._open_receiver():
-                        break
-                    with self.lock:
-                        if self.closed or self.receiver is None:
-                            break
-                        messages = self.receiver.receive_messages(
+                    if self.receiver is None:
+                        self.receiver = await runner.clients.open_receiver(
+                            runner.connection, runner.trigger.queue_name, runner.prefetch
+                        )
+                        continue  # stop may have come while it opened
+                    self.not_receiving.clear()
+                    try:
+                        messages = await self.receiver.receive_messages(
                             max_message_count=1, max_wait_time=RECEIVE_WAIT_S
                         )
-                        # In flight from now on, so that stop can abandon it at its deadline.
-                        self.in_flight = messages[0] if messages else None
-                        if messages:
-                            COUNTS.add("servicebus.receive")
-                        self.settled_at_stop = False
+                    finally:
+                        self.not_receiving.set()
                     backoff = RECONNECT_BACKOFF_S[0]
                 except Exception as error:  # the SDK raises more than ServiceBusError
                     if runner.stopping.is_set():
@@ -288,134 +323,122 @@ class _Slot:
                         "%s: receiving from %s failed (%r); reconnecting in %.0f s",
                         runner.function.name, runner.trigger.queue_name, error, backoff,
                     )  # fmt: skip
-                    self._close_receiver()
-                    runner.stopping.wait(backoff)
+                    await self._close_receiver()
+                    await runner.wait_for_stop(backoff)
                     backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
                     continue
                 for message in messages:
-                    self.process(message)
+                    COUNTS.add("servicebus.receive")
+                    await self.process(message)
         finally:
-            self._close_receiver()
+            if self._sync_calls is not None:
+                self._sync_calls.close()
+            await self._close_receiver()
 
-    def _open_receiver(self) -> bool:
-        """Open this slot's receiver (outside the slot lock: it takes a while)."""
+    async def process(self, message: ServiceBusReceivedMessage) -> None:
         runner = self.runner
-        receiver = runner.clients.open_receiver(
-            runner.connection, runner.trigger.queue_name, runner.prefetch, runner.stopping
-        )
-        if receiver is None:
-            return False
-        with self.lock:
-            if not self.closed:
-                self.receiver = receiver
-                return True
-        receiver.close()
-        return False
-
-    def process(self, message: ServiceBusReceivedMessage) -> None:
-        self.runner.hold_lock(message)
+        self.in_flight, self.settled_at_stop = message, False
+        if runner.closed:  # received as stop's deadline passed: not run
+            await self.abandon_at_stop()
+            return
+        runner.hold_lock(message)
         try:
-            self._process(message)
-        finally:
-            self.runner.forget_lock(message)
-
-    def _process(self, message: ServiceBusReceivedMessage) -> None:
-        runner = self.runner
-        name = runner.function.name
-        with self.lock:
-            if self.settled_at_stop:
-                self.in_flight = None
-                return  # received just before stop's deadline and abandoned there: not run
-            try:
-                # 00:00:00 turns renewal off, as in Azure. The slot stands in for the
-                # receiver, so that renewals take the slot lock.
-                if runner.max_lock_renewal > 0:
+            # 00:00:00 turns renewal off, as in Azure. The slot stands in for the receiver, so
+            # that a renewal after the message is settled is not sent.
+            if runner.max_lock_renewal > 0:
+                try:
                     runner.renewer.register(
                         self,  # type: ignore[arg-type]
                         message,
                         max_lock_renewal_duration=runner.max_lock_renewal,
                         on_lock_renew_failure=runner.on_lock_renew_failure,
                     )
-            except ServiceBusError as error:
-                log.warning("%s: lock renewal not available: %s", name, error)
-        runner.stats.started()
+                except ServiceBusError as error:
+                    log.warning("%s: lock renewal not available: %s", runner.function.name, error)
+            runner.stats.started()
+            ok = await self._invoke(message)
+            try:
+                await self._settle(message, ok)
+            finally:
+                runner.stats.finished(ok)  # after settling: a counted success is completed
+        finally:
+            runner.forget_lock(message)
+
+    async def _invoke(self, message: ServiceBusReceivedMessage) -> bool:
+        runner = self.runner
+        self.running = True
         try:
             converted = to_function_message(message)
-            runner.invoker.call(
-                runner.function,
-                trigger_value(runner.trigger, converted),
-                trace=converted.application_properties,
-            )
-            ok = True
+            value = trigger_value(runner.trigger, converted)
+            trace = converted.application_properties
+            if runner.is_async:
+                await runner.invoker.call_async(runner.function, value, trace=trace)
+            else:
+                if self._sync_calls is None:
+                    self._sync_calls = _SyncCalls(self.name)
+                await self._sync_calls.call(
+                    functools.partial(runner.invoker.call, runner.function, value, trace=trace)
+                )
+            return True
         except Exception:
-            ok = False
             log.exception(
                 "%s failed on message %s (delivery count %s); abandoning it",
-                name, message.message_id, _delivery_count(message),
+                runner.function.name, message.message_id, _delivery_count(message),
             )  # fmt: skip
-        try:
-            self._settle(message, ok)
+            return False
         finally:
-            runner.stats.finished(ok)  # after settling: a counted success is completed
+            self.running = False
 
-    def _settle(self, message: ServiceBusReceivedMessage, ok: bool) -> None:
+    async def _settle(self, message: ServiceBusReceivedMessage, ok: bool) -> None:
         name = self.runner.function.name
-        with self.lock:
-            self.in_flight = None
-            if self.settled_at_stop:
-                log.warning(
-                    "%s: message %s finished after the host's stop deadline; it was abandoned "
-                    "then and is not settled again", name, message.message_id,
-                )  # fmt: skip
-                return
-            try:
-                assert self.receiver is not None
-                if ok:
-                    self.receiver.complete_message(message)
-                else:
-                    self.receiver.abandon_message(message)
-                COUNTS.add("servicebus.complete" if ok else "servicebus.abandon")
-            except (ServiceBusError, OSError) as error:
-                self.runner.stats.add(settle_errors=1)
-                if isinstance(error, MessageLockLostError):
-                    self.runner.lock_lost(message, on_settle=True)
-                log.warning(
-                    "%s: could not %s message %s (%s); the broker will deliver it again",
-                    name, "complete" if ok else "abandon", message.message_id, error,
-                )  # fmt: skip
+        self.in_flight = None
+        if self.settled_at_stop:
+            log.warning(
+                "%s: message %s finished after the host's stop deadline; it was abandoned "
+                "then and is not settled again", name, message.message_id,
+            )  # fmt: skip
+            return
+        try:
+            assert self.receiver is not None
+            if ok:
+                await self.receiver.complete_message(message)
+            else:
+                await self.receiver.abandon_message(message)
+            COUNTS.add("servicebus.complete" if ok else "servicebus.abandon")
+        except (ServiceBusError, OSError) as error:
+            self.runner.stats.add(settle_errors=1)
+            if isinstance(error, MessageLockLostError):
+                self.runner.lock_lost(message, on_settle=True)
+            log.warning(
+                "%s: could not %s message %s (%s); the broker will deliver it again",
+                name, "complete" if ok else "abandon", message.message_id, error,
+            )  # fmt: skip
 
-    def close(self) -> None:
-        """Receive no more (waits for a receive in progress: ``RECEIVE_WAIT_S`` and one socket
-        read at most)."""
-        with self.lock:
-            self.closed = True
-
-    def abandon_at_stop(self) -> bool:
+    async def abandon_at_stop(self) -> bool:
         """Stop's deadline has passed: abandon the message still in hand, if any."""
-        with self.lock:
-            self.closed = True
-            message = self.in_flight
-            if message is None or self.settled_at_stop or self.receiver is None:
-                return False
-            self.settled_at_stop = True
-            try:
-                self.receiver.abandon_message(message)
-            except (ServiceBusError, OSError) as error:
-                log.warning("%s: abandon at stop failed: %s", self.runner.function.name, error)
-            return True
+        message = self.in_flight
+        if message is None or self.settled_at_stop or self.receiver is None:
+            return False
+        self.settled_at_stop = True
+        try:
+            await self.receiver.abandon_message(message)
+        except (ServiceBusError, OSError) as error:
+            log.warning("%s: abandon at stop failed: %s", self.runner.function.name, error)
+        return True
 
-    def _close_receiver(self) -> None:
-        with self.lock:
-            receiver, self.receiver = self.receiver, None
+    async def _close_receiver(self) -> None:
+        receiver, self.receiver = self.receiver, None
         if receiver is not None:
             try:
-                receiver.close()
+                await receiver.close()
             except Exception:
                 log.debug("closing a receiver failed", exc_info=True)
 
 
 class ServiceBusRunner:
-    """Drives one Service Bus queue trigger with ``concurrency`` receiver threads."""
+    """Drives one Service Bus queue trigger with ``concurrency`` receivers on the host's loop.
+
+    Its methods are called from the host's thread; what they do runs on the loop."""
 
     def __init__(
         self,
@@ -433,6 +456,7 @@ class ServiceBusRunner:
         assert isinstance(function.trigger, ServiceBusTrigger)
         self.function = function
         self.trigger: ServiceBusTrigger = function.trigger
+        self.is_async = asyncio.iscoroutinefunction(function.user_function)
         self.connection = connection
         self.clients = clients
         self.renewer = renewer
@@ -441,32 +465,66 @@ class ServiceBusRunner:
         self.prefetch = prefetch
         self.max_lock_renewal = max_lock_renewal
         self.stopping = threading.Event()
+        self.closed = False  # stop's deadline has passed: receive nothing more
         self._held: dict[str, bool] = {}  # lock token of each message in hand -> lost yet?
-        self._held_lock = threading.Lock()
         self._slots = [_Slot(self, i) for i in range(concurrency)]
-
-    @property
-    def threads(self) -> list[threading.Thread]:
-        return [slot.thread for slot in self._slots]
+        self._served: Future[Any] | None = None
 
     def start(self) -> None:
-        for slot in self._slots:
-            slot.thread.start()
+        self._served = self.invoker.submit(self._serve())
+
+    async def _serve(self) -> None:
+        await asyncio.gather(*(slot.run() for slot in self._slots))
 
     def request_stop(self) -> None:
         self.stopping.set()
 
+    async def wait_for_stop(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if stop is requested meanwhile."""
+        for _ in range(max(1, round(seconds / STOP_POLL_S))):
+            if self.stopping.is_set():
+                return
+            await asyncio.sleep(min(seconds, STOP_POLL_S))
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every receiver has ended; False if some still run after ``timeout``."""
+        if self._served is None:
+            return True
+        try:
+            self._served.result(timeout)
+        except TimeoutError:
+            return False
+        except BaseException:  # cancelled at the loop's close, or failed: ended either way
+            pass
+        return True
+
+    def running(self) -> list[str]:
+        """The receivers whose function is still running."""
+        return [slot.name for slot in self._slots if slot.running]
+
     def close_receivers(self) -> None:
-        """Stop's deadline: no receiver of this function receives again.
+        """Stop's deadline: no receiver of this function receives again; returns once no
+        receive is in progress (``RECEIVE_WAIT_S`` and one socket read at most).
 
         Done for every function before any message is abandoned, so an abandoned message
         cannot be picked up again by another receiver of this host that is still receiving.
         """
-        for slot in self._slots:
-            slot.close()
+        self.closed = True
 
-    def abandon_in_flight(self) -> int:
-        abandoned = sum(slot.abandon_at_stop() for slot in self._slots)
+        async def receives_ended() -> None:
+            await asyncio.gather(*(slot.not_receiving.wait() for slot in self._slots))
+
+        try:
+            self.invoker.run(receives_ended(), RECEIVE_WAIT_S + SOCKET_TIMEOUT_S + 1.0)
+        except TimeoutError:
+            log.warning("%s: a receive still had not returned at stop", self.function.name)
+
+    def abandon_in_flight(self, timeout: float) -> int:
+        async def abandon() -> int:
+            results = await asyncio.gather(*(slot.abandon_at_stop() for slot in self._slots))
+            return sum(results)
+
+        abandoned = self.invoker.run(abandon(), timeout)
         if abandoned:
             self.stats.add(abandoned_on_stop=abandoned)
             log.warning(
@@ -475,7 +533,7 @@ class ServiceBusRunner:
             )  # fmt: skip
         return abandoned
 
-    def on_lock_renew_failure(self, message: Any, error: Exception | None) -> None:
+    async def on_lock_renew_failure(self, message: Any, error: Exception | None) -> None:
         """The renewer gave up on a message it was renewing: the renewal was refused or failed
         (``error``), or the lock expired before it could renew (no error)."""
         self.lock_lost(message, on_settle=False)
@@ -487,8 +545,7 @@ class ServiceBusRunner:
 
     def hold_lock(self, message: ServiceBusReceivedMessage) -> None:
         """A message is in hand until :meth:`forget_lock`; count it if it is a redelivery."""
-        with self._held_lock:
-            self._held[str(message.lock_token)] = False
+        self._held[str(message.lock_token)] = False
         if (message.delivery_count or 0) > 0:  # the SDK's count is 0-based
             self.stats.add(redelivered=1)
 
@@ -496,10 +553,9 @@ class ServiceBusRunner:
         """Count a lock-loss symptom of a message in hand; ``lock_lost`` counts each message
         once. A renewer that finds the lock expired after the message was settled is ignored."""
         token = str(message.lock_token)
-        with self._held_lock:
-            if token not in self._held:
-                return
-            first, self._held[token] = not self._held[token], True
+        if token not in self._held:
+            return
+        first, self._held[token] = not self._held[token], True
         if on_settle:
             self.stats.add(lock_lost_on_settle=1, lock_lost=int(first))
         else:
@@ -507,5 +563,4 @@ class ServiceBusRunner:
 
     def forget_lock(self, message: ServiceBusReceivedMessage) -> None:
         """The message is settled, or its settlement failed: it is out of hand."""
-        with self._held_lock:
-            self._held.pop(str(message.lock_token), None)
+        self._held.pop(str(message.lock_token), None)

@@ -65,9 +65,14 @@ class TimerRunner:
             target=self._run, name=f"host-timer-{function.name}", daemon=True
         )
 
-    @property
-    def threads(self) -> list[threading.Thread]:
-        return [self.thread]
+    def wait(self, timeout: float) -> bool:
+        """Wait until the timer's thread has ended; False if it still runs after ``timeout``."""
+        if self.thread.ident is not None:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def running(self) -> list[str]:
+        return [self.thread.name] if self.thread.is_alive() else []
 
     def start(self) -> None:
         self.thread.start()

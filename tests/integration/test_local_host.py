@@ -107,14 +107,18 @@ def no_leaked_threads() -> Iterator[None]:
 def make_host(
     servicebus: ServiceBusNamespace, no_leaked_threads: None
 ) -> Iterator[Callable[..., tuple[LocalHost, types.ModuleType]]]:
-    """``make_host(queue_logical_name, **LocalHost kwargs)`` -> (unstarted host, app module)."""
+    """``make_host(queue, async_queue, **LocalHost kwargs)`` -> (unstarted host, app module);
+    the queues are logical names from host_config.json."""
     hosts: list[LocalHost] = []
 
-    def factory(queue: str = "host-basic", **kwargs: Any) -> tuple[LocalHost, types.ModuleType]:
+    def factory(
+        queue: str = "host-basic", async_queue: str = "host-async", **kwargs: Any
+    ) -> tuple[LocalHost, types.ModuleType]:
         module = load_app_module()
         settings = {
             "ServiceBusConnection": servicebus.connection_string,
             "HOST_TEST_QUEUE": servicebus.queue(queue),
+            "HOST_TEST_ASYNC_QUEUE": servicebus.queue(async_queue),
             "HOST_TEST_SCHEDULE": EVERY_SECOND,
         }
         kwargs.setdefault("host_json", None)
@@ -226,6 +230,42 @@ def test_stop_abandons_runs_still_going_at_the_deadline(make_host, servicebus):
     assert host.stats()["on_message"].settle_errors == 0
 
 
+def test_async_function_is_awaited_on_the_loop_and_no_thread_receives(make_host, servicebus):
+    queue = servicebus.queue("host-async")
+    host, app = make_host(concurrency_override=2, functions=["on_message_async"])
+    send(servicebus, queue, "sleep:0.3", "sleep:0.3", "a")
+    host.start()
+    wait_until(lambda: len(app.RECORDS) == 3, 20, "three async runs")
+    assert {r["thread"] for r in app.RECORDS} == {"host-async-loop"}
+    assert host_threads() == ["host-async-loop"]  # receiving and settling are coroutines there
+    runs = sorted((r["started"], r["ended"]) for r in app.RECORDS if r["body"] == "sleep:0.3")
+    assert runs[1][0] < runs[0][1], "two receivers: the two sleeps overlap on the one loop"
+    assert host.stop(timeout=5) is True
+    assert host.stats()["on_message_async"].successes == 3
+    assert drain(servicebus, queue) == []
+
+
+def test_async_run_past_the_deadline_is_abandoned_and_not_settled_again(make_host, servicebus):
+    queue = servicebus.queue("host-async-abandon")
+    host, app = make_host(
+        async_queue="host-async-abandon", concurrency_override=2, functions=["on_message_async"]
+    )
+    send(servicebus, queue, "wait")
+    host.start()
+    wait_until(lambda: app.STARTED == ["wait"], 20, "the run to start")
+    assert host.stop(timeout=0.5) is False
+    assert host.stats()["on_message_async"].abandoned_on_stop == 1
+    assert host.stats()["on_message_async"].settle_errors == 0
+    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        with client.get_queue_receiver(queue) as receiver:
+            (again,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert str(again) == "wait"
+            # Abandoned once: no other receiver of the host picked it up after the abandon.
+            assert again.delivery_count == 1
+            receiver.complete_message(again)
+    assert host_threads() == []
+
+
 # -- timer triggers ------------------------------------------------------------------------
 
 
@@ -322,6 +362,7 @@ def test_two_host_processes_share_one_queue(servicebus, tmp_path):
                 "Values": {
                     "ServiceBusConnection": servicebus.connection_string,
                     "HOST_TEST_QUEUE": queue,
+                    "HOST_TEST_ASYNC_QUEUE": servicebus.queue("host-async"),
                     "HOST_TEST_SCHEDULE": EVERY_SECOND,
                     "HOST_TEST_RECORD_FILE": str(records),
                 },

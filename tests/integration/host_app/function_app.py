@@ -3,6 +3,7 @@
 ``on_message`` (queue ``%HOST_TEST_QUEUE%``) notes the body in ``STARTED``, acts on it
 (``fail...`` raises, ``sleep:<seconds>`` sleeps, ``wait`` blocks until ``RELEASE`` is set),
 then records the delivery in ``RECORDS``, whether it raised or not.
+``on_message_async`` (queue ``%HOST_TEST_ASYNC_QUEUE%``) is the same as a coroutine function.
 ``on_timer`` (schedule ``%HOST_TEST_SCHEDULE%``) records each run and sleeps ``TIMER_SLEEP``.
 ``on_startup`` runs once at startup (its schedule is yearly).
 
@@ -13,6 +14,7 @@ delivery is also appended there as a JSON line (for hosts running as separate pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -72,6 +74,34 @@ def on_message(msg: func.ServiceBusMessage) -> None:
                 "started": started,
                 "ended": time.monotonic(),
                 "pid": os.getpid(),
+                "thread": threading.current_thread().name,
+            }
+        )
+
+
+@bp.service_bus_queue_trigger(
+    arg_name="msg", queue_name="%HOST_TEST_ASYNC_QUEUE%", connection="ServiceBusConnection"
+)
+async def on_message_async(msg: func.ServiceBusMessage) -> None:
+    body = msg.get_body().decode("utf-8")
+    STARTED.append(body)
+    started = time.monotonic()
+    try:
+        if body.startswith("fail"):
+            raise RuntimeError(f"asked to fail: {body}")
+        if body.startswith("sleep:"):
+            await asyncio.sleep(float(body.split(":", 1)[1]))
+        if body == "wait":
+            while not RELEASE.is_set() and time.monotonic() - started < 30:
+                await asyncio.sleep(0.02)
+    finally:
+        _record(
+            {
+                "body": body,
+                "message_id": msg.message_id,
+                "delivery_count": msg.delivery_count,
+                "started": started,
+                "ended": time.monotonic(),
                 "thread": threading.current_thread().name,
             }
         )
