@@ -4,7 +4,7 @@ transport (:mod:`core.aio.http_transport`).
 
 Hand-written in both forms (``devstack.unasync`` leaves it alone): this is where the sockets
 are. Everything that does no I/O is the sync module's: the answer types, the errors, the
-request's fields, the origin, the trust store, and the h11 bookkeeping of one exchange
+request's fields, the origin, the trust store, and the parsing of one exchange
 (:class:`~core.http11.Exchange`), so both read and frame answers alike.
 
 It behaves as the sync pool: at most ``max_connections`` requests at once; an idle connection
@@ -41,7 +41,6 @@ from core.http11 import (
     connect_failure,
     failure,
     keep_alive_s,
-    new_protocol,
     parse_origin,
     request_fields,
     tls_context,
@@ -106,11 +105,10 @@ class _Socket(asyncio.Protocol):
 
 
 class _Connection:
-    """One transport and its HTTP/1.1 state (h11)."""
+    """One transport, kept alive."""
 
     __slots__ = (
-        "current", "idle_since", "keep_alive_s", "loop", "protocol", "served", "socket",
-        "transport",
+        "current", "idle_since", "keep_alive_s", "loop", "served", "socket", "transport",
     )  # fmt: skip
 
     def __init__(
@@ -119,7 +117,6 @@ class _Connection:
         self.transport = transport
         self.socket = socket
         self.loop = loop
-        self.protocol = new_protocol()
         self.served = 0  # answers read whole from this connection
         self.current: Exchange | None = None
         self.idle_since = 0.0
@@ -151,7 +148,7 @@ class _Connection:
         max_body_bytes: int | None = None,
     ) -> tuple[Answer, bool]:
         """Send one request and read its whole answer: (the answer, reusable afterwards)."""
-        exchange = self.current = Exchange(self.protocol, max_body_bytes)
+        exchange = self.current = Exchange(max_body_bytes)
         self.transport.write(exchange.start(method, target, headers, body))
         while not exchange.advance():
             exchange.feed(await self.socket.read())
