@@ -1,9 +1,9 @@
-"""How an httpx request travels over the project's h11 connection pools, and its answer back:
+"""How an httpx request travels over the project's HTTP/1.1 connection pools, and its answer back:
 what the agents' transports (core.aio.http_transport and its generated sync twin) share.
 
 Why: against the local fake services, a POST through ``httpx.Client`` with its own transport
 (httpcore) cost about 0.40 ms of CPU (async: 0.90 ms, of which httpcore and anyio 0.71 ms); the
-h11 pools of :mod:`core.http11` do the same exchange for about half of that. The
+HTTP/1.1 pools of :mod:`core.http11` do the same exchange for about half of that. The
 agents keep httpx's client API (``rt.http.stream(...)``, ``httpx.Timeout``, httpx errors, and
 ``httpx.MockTransport`` in tests); only what carries a request changes.
 

@@ -71,7 +71,7 @@ class Runtime:
     @property
     def http(self) -> httpx.Client:
         """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
-        h11 pools (core.aio.http_transport), or, when the environment names a proxy, over
+        HTTP/1.1 pools (core.aio.http_transport), or, when the environment names a proxy, over
         httpx's own transport (httpx honours the proxy only on that one)."""
         with self._status_lock:
             if self._http is None:

@@ -1,4 +1,4 @@
-"""An httpx transport over the project's h11 connection pools, for the agents' remote calls
+"""An httpx transport over the project's HTTP/1.1 connection pools, for the agents' remote calls
 (what it does per request, and why: :mod:`core.httpx_exchange`). Written once, async; its sync
 twin :class:`core.http_transport.PooledTransport` is generated (``devstack.unasync``).
 """
@@ -26,7 +26,7 @@ from core.httpx_exchange import (
 
 
 class PooledAsyncTransport(httpx.AsyncBaseTransport):
-    """httpx requests over h11 connection pools (core.http11's, or their asyncio twins here),
+    """httpx requests over HTTP/1.1 connection pools (core.http11's, or their asyncio twins here),
     one per origin. Safe to share between tasks, and the sync twin between threads."""
 
     def __init__(
