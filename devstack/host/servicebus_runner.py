@@ -20,6 +20,7 @@ after a connection error (a restarted broker, say).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -237,6 +238,10 @@ def trigger_value(trigger: ServiceBusTrigger, message: FunctionMessage) -> Any:
 # -- the runner ----------------------------------------------------------------------------
 
 
+_Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+"""A sync call for a receiver's thread: the call, and the loop and future that await it."""
+
+
 class _SyncCalls:
     """A daemon thread that runs one receiver's sync function calls, one at a time.
 
@@ -244,36 +249,44 @@ class _SyncCalls:
     and never holds up the process's exit (a pool's threads would be joined at exit)."""
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self.busy = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     async def call(self, fn: Callable[[], Any]) -> Any:
-        future: Future[Any] = Future()
-        self._calls.put((fn, future))
-        return await asyncio.wrap_future(future)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._calls.put((fn, loop, done))
+        return await done
 
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
+            fn, loop, done = item
             self.busy = True
             try:
-                future.set_result(fn())
-            except BaseException as error:
-                future.set_exception(error)
+                result, error = fn(), None
+            except BaseException as failure:
+                result, error = None, failure
             finally:
                 self.busy = False
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits now
+                loop.call_soon_threadsafe(_resolve, done, result, error)
 
     def close(self) -> None:
         """End the thread once its call in progress, if any, has returned."""
         self._calls.put(None)
         if not self.busy:
             self.thread.join(1.0)
+
+
+def _resolve(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 class _Slot:
