@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import queue
@@ -469,7 +470,7 @@ class ServiceBusRunner:
         assert isinstance(function.trigger, ServiceBusTrigger)
         self.function = function
         self.trigger: ServiceBusTrigger = function.trigger
-        self.is_async = asyncio.iscoroutinefunction(function.user_function)
+        self.is_async = inspect.iscoroutinefunction(function.user_function)
         self.connection = connection
         self.clients = clients
         self.renewer = renewer
