@@ -216,9 +216,10 @@ class LocalHost:
         """Stop receiving and ticking; let runs in progress finish until ``timeout`` seconds.
 
         Messages whose function is still running at the deadline are abandoned (the broker
-        delivers them again); their threads are left to end on their own and do not settle.
-        Returns True when every run finished in time. Takes at most ``timeout`` plus about
-        two seconds (a receive in progress, closing the connections).
+        delivers them again); those runs settle nothing: a sync function's thread is left to
+        end on its own, an async function is cancelled when the loop closes. Returns True when
+        every run finished in time. Takes at most ``timeout`` plus a few seconds (a receive in
+        progress, the lock renewals' last wake-up, closing the connections).
         """
         with self._lock:
             if self._state != "running":
