@@ -123,9 +123,8 @@ class ClientPool:
                 queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch
             )
             try:
-                await (
-                    receiver.__aenter__()
-                )  # opens the link now (the SDK would on the first receive)
+                # Opens the link now; the SDK would on the first receive.
+                await receiver.__aenter__()
             except BaseException:
                 await receiver.close()
                 raise
