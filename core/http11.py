@@ -15,8 +15,10 @@ kept-alive connections, at most ``max_connections`` at once. A connection idle l
 server's ``Keep-Alive: timeout`` (less a margin), or one the server has closed or written to
 while idle, is not reused. Every failure (refused, reset, timed out, closed early, malformed)
 raises :class:`TransportError`; ``reused`` on it says the connection had served an earlier
-request and the failure came before any byte of the answer, the signature of a server that
-closed a kept-alive connection at the moment it was taken.
+request and the server closed or reset it before any byte of the answer, the signature of a
+server that closed a kept-alive connection at the moment it was taken. A timeout is never
+``reused``: the server may be processing the request, and it must not be sent again unless it
+is idempotent (:func:`may_resend`).
 
 The asyncio twin (:mod:`core.aio.http11`) owns its sockets the same way and shares
 everything here that does no I/O: the answer types, the errors, the request's fields and the
@@ -511,6 +513,11 @@ class ConnectionPool:
 
 
 def failure(error: BaseException, method: str, target: str, reused: bool) -> TransportError:
+    """The error for an exchange that failed. ``reused``: the connection had served an earlier
+    request and no byte of this answer had arrived. It stays set on the error only when the
+    server closed or reset the connection, the signature of a kept-alive connection closed as
+    it was taken; never after a timeout, when the server may be processing the request."""
+    stale = reused and isinstance(error, Closed | ConnectionResetError | BrokenPipeError)
     kind: Failure = "io"
     if isinstance(error, Closed):
         what, kind = "the server closed the connection before answering in full", "closed"
@@ -520,7 +527,21 @@ def failure(error: BaseException, method: str, target: str, reused: bool) -> Tra
         what = str(error) or type(error).__name__
         if isinstance(error, TransportError):
             kind = error.kind
-    return TransportError(f"{method} {target.split('?', 1)[0]}: {what}", reused=reused, kind=kind)
+    return TransportError(f"{method} {target.split('?', 1)[0]}: {what}", reused=stale, kind=kind)
+
+
+NOT_SENT: Final[frozenset[Failure]] = frozenset({"connect", "connect_timeout", "pool_timeout"})
+"""Failures before any byte of the request left: resending it is always safe."""
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+"""Methods whose repetition has the effect of one request (RFC 9110 9.2.2; azure-core's retry
+policy resends only these after a read failure)."""
+
+
+def may_resend(method: str, error: TransportError) -> bool:
+    """Whether a request that failed with ``error`` may be sent again: it never left, its
+    kept-alive connection was closed as it was taken, or its method is idempotent. A POST or
+    MERGE that timed out or lost its connection after it was sent may have been applied."""
+    return error.kind in NOT_SENT or error.reused or method.upper() in IDEMPOTENT
 
 
 def connect_failure(host: str, port: int, error: OSError) -> TransportError:

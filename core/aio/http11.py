@@ -35,18 +35,23 @@ from core.http11 import (
     Answer,
     Closed,
     Exchange,
+    Failure,
     Headers,
     Sent,
     TransportError,
     connect_failure,
     failure,
     keep_alive_s,
+    may_resend,
     parse_origin,
     request_fields,
     tls_context,
 )
 
-__all__ = ["MAX_HEAD_BYTES", "Answer", "ConnectionPool", "Headers", "Sent", "TransportError"]
+__all__ = [
+    "MAX_HEAD_BYTES", "Answer", "ConnectionPool", "Failure", "Headers", "Sent", "TransportError",
+    "may_resend",
+]  # fmt: skip
 
 
 class _Socket(asyncio.Protocol):

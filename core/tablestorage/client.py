@@ -48,7 +48,15 @@ from azure.core.exceptions import (
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from core import primitives as time  # the backoff waits with time.sleep (tests patch it)
-from core.http11 import Answer, ConnectionPool, Headers, Sent, TransportError
+from core.http11 import (
+    Answer,
+    ConnectionPool,
+    Failure,
+    Headers,
+    Sent,
+    TransportError,
+    may_resend,
+)
 from core.tablestorage import batch, odata
 from core.tablestorage.auth import Auth, BearerToken, parse_connection_string
 
@@ -62,6 +70,11 @@ CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 30.0
 _TIMEOUTS: Final = {"timeout": httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S).as_dict()}
 _MINIMAL: Final = "application/json;odata=minimalmetadata"
+_HTTPX_NOT_SENT: Final[dict[type[httpx.TransportError], Failure]] = {
+    httpx.ConnectError: "connect",
+    httpx.ConnectTimeout: "connect_timeout",
+    httpx.PoolTimeout: "pool_timeout",
+}
 
 
 RequestHook = Callable[[Sent], None]
@@ -87,7 +100,8 @@ class HttpxSender:
             content = answer.read()
             answer.close()
         except httpx.TransportError as exc:
-            raise TransportError(f"{method} {target.split('?', 1)[0]}: {exc}") from exc
+            kind = _HTTPX_NOT_SENT.get(type(exc), "io")
+            raise TransportError(f"{method} {target.split('?', 1)[0]}: {exc}", kind=kind) from exc
         received = Headers()
         for name, value in answer.headers.multi_items():
             previous = dict.get(received, name.lower())
@@ -194,7 +208,7 @@ class TableService:
             try:
                 answer = self._http.request(verb, target, sent_headers, content)
             except TransportError as exc:
-                if attempt == RETRIES:
+                if attempt == RETRIES or not may_resend(verb, exc):
                     raise ServiceRequestError(f"{verb} {url} failed: {exc}") from exc
                 if exc.reused:
                     continue  # a kept-alive connection closed as it was taken: not an outage
