@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from core import circuits, clients, metrics
+from core import runtime as runtime_aio
 from core import runtime as runtime_module
+from core import state_store as state_store_aio
 from core import state_store as state_store_module
-from core.aio import runtime as runtime_aio
-from core.aio import state_store as state_store_aio
 from core.circuits import CircuitRow, CircuitState, CircuitTable
 from core.runtime import Runtime
 from core.tablestorage import Table

@@ -12,10 +12,10 @@ from typing import Any
 
 import azure.functions as func
 
-from agent.aio.handler import handle_request
+from agent.handler import handle_request
+from core import inbound, runtime
 from core.agents import AGENTS, Agent
-from core.aio import inbound, runtime
-from core.aio.runtime import Runtime
+from core.runtime import Runtime
 from core.telemetry import consuming
 
 bp = func.Blueprint()

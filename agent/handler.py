@@ -1,4 +1,3 @@
-# Generated from agent/aio/handler.py by devstack.unasync: edit that, not this.
 """The Agent: carry one step of one order to its remote service and report back.
 
 Every answer is an AgentResponse on the response queue, naming the request's idempotency key
@@ -46,11 +45,11 @@ if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which 
 log = logging.getLogger("agent")
 
 
-def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
+async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
     try:
         request = parse_message(body, AgentRequest)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
+        await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -63,7 +62,7 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
         )
         return
     try:
-        outcome = remote_client(rt, service).call(
+        outcome = await remote_client(rt, service).call(
             request.action,
             request.payload,
             request.idempotency_key,
@@ -71,7 +70,7 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             undoes=request.undoes,
         )
     except ValueError as exc:  # arguments no retry could fix: a malformed request
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=request.order_id,
                 severity="error",
@@ -110,18 +109,20 @@ def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             outcome.retry_at.isoformat(),
             outcome.last_error,
         )
-    _reply(rt, response_for(request, outcome))
+    await _reply(rt, response_for(request, outcome))
 
 
-def _reply(rt: Runtime, response: AgentResponse) -> None:
+async def _reply(rt: Runtime, response: AgentResponse) -> None:
     try:
-        rt.bus.send(rt.settings.queue("responses"), response)
+        await rt.bus.send(rt.settings.queue("responses"), response)
     except MessageTooLarge:
         if response.resume is None:
             raise
         # The snapshot only spares the Scheduler a read; the answer must get through.
         log.warning("reply for %s too large with its snapshot; sent without", response.order_id)
-        rt.bus.send(rt.settings.queue("responses"), response.model_copy(update={"resume": None}))
+        await rt.bus.send(
+            rt.settings.queue("responses"), response.model_copy(update={"resume": None})
+        )
 
 
 def remote_client(rt: Runtime, service: str) -> RemoteServiceClient:

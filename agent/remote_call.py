@@ -1,6 +1,6 @@
 """What both forms of the remote client share: its policy, its rules and its per-call state.
 
-``agent.remote_client`` is generated from ``agent.aio.remote_client`` (devstack.unasync), so
+``agent.remote_client`` is generated from ``agent.remote_client`` (devstack.unasync), so
 everything here would otherwise exist twice, once per form: one ``RetryPolicy`` class, one set
 of constants and one set of the failures that end an attempt. The underscored names are the
 client's internals, kept under the names it has always used; ``agent.remote_client`` imports

@@ -1,4 +1,3 @@
-# Generated from agent/aio/remote_client.py by devstack.unasync: edit that, not this.
 """The agent's call to its remote service: retries with backoff, a circuit breaker, a deadline.
 
 One ``call`` POSTs ``{base_url}/{operation}`` with a JSON body and an ``Idempotency-Key`` header
@@ -21,6 +20,7 @@ effect, which is ``NothingToUndo`` (docs/remote-service-contract.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     RetryError,
-    Retrying,
     retry_if_exception_type,
     wait_exponential,
 )
@@ -56,7 +56,6 @@ from agent.remote_call import (
     _TransientFailure,
     _utc_now,
 )
-from core import primitives
 
 log = logging.getLogger("agent.remote_client")  # one logger for both forms
 
@@ -69,12 +68,12 @@ class RemoteServiceClient:
         self,
         service: str,
         base_url: str,
-        http: httpx.Client,
+        http: httpx.AsyncClient,
         breaker: CircuitBreaker | None = None,
         *,
         policy: RetryPolicy | None = None,
         now: Callable[[], datetime] = _utc_now,
-        sleep: Callable[[float], Any] = primitives.sleep,  # awaited in the async form
+        sleep: Callable[[float], Any] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         url = httpx.URL(base_url)
@@ -92,7 +91,7 @@ class RemoteServiceClient:
             multiplier=self.policy.backoff_initial, max=self.policy.backoff_max
         )
 
-    def call(
+    async def call(
         self,
         operation: str,
         payload: Mapping[str, Any],
@@ -127,12 +126,12 @@ class RemoteServiceClient:
             fields[UNDOES_FIELD] = undoes
         body = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
         state = _CallState(operation, idempotency_key, complete_by, undoes)
-        outcome = self._run(state, body)
+        outcome = await self._run(state, body)
         self._log_outcome(state, outcome)
         return outcome
 
-    def _run(self, state: _CallState, body: bytes) -> CallOutcome:
-        retrying = Retrying(
+    async def _run(self, state: _CallState, body: bytes) -> CallOutcome:
+        retrying = AsyncRetrying(
             sleep=self._sleep,
             stop=lambda rs: self._should_stop(state, rs),
             wait=self._wait,
@@ -140,7 +139,7 @@ class RemoteServiceClient:
             reraise=False,
         )
         try:
-            return retrying(self._attempt, state, body)
+            return await retrying(self._attempt, state, body)
         except RetryError as stopped:
             failure = stopped.last_attempt.exception()
             if not isinstance(failure, _TransientFailure):  # only these are retried
@@ -186,7 +185,7 @@ class RemoteServiceClient:
             return failure.retry_after
         return self._rng.uniform(0.0, self._backoff(rs))
 
-    def _attempt(self, state: _CallState, body: bytes) -> CallOutcome:
+    async def _attempt(self, state: _CallState, body: bytes) -> CallOutcome:
         left = self._time_left(state.complete_by)
         if left < self.policy.min_attempt_time:
             raise _NoTimeLeft
@@ -196,7 +195,7 @@ class RemoteServiceClient:
         timeout = min(self.policy.attempt_timeout, left)
         started = time.monotonic()
         try:
-            outcome = self._exchange(state, body, timeout)
+            outcome = await self._exchange(state, body, timeout)
         except _TransientFailure as failure:
             self.breaker.record_failure()
             state.last_error = str(failure)
@@ -217,7 +216,7 @@ class RemoteServiceClient:
         self._log_attempt(state, timeout, started, result)
         return outcome
 
-    def _exchange(
+    async def _exchange(
         self, state: _CallState, body: bytes, timeout: float
     ) -> Succeeded | NothingToUndo | Failed:
         url = f"{self.base_url}/{state.operation}"
@@ -228,10 +227,10 @@ class RemoteServiceClient:
         }
         attempt_deadline = self._now() + timedelta(seconds=timeout)
         try:
-            with self._http.stream(
+            async with self._http.stream(
                 "POST", url, content=body, headers=headers, timeout=httpx.Timeout(timeout)
             ) as response:
-                data = self._read_body(response, attempt_deadline)
+                data = await self._read_body(response, attempt_deadline)
         except httpx.TimeoutException as exc:
             detail = _describe(exc, f"no answer in {timeout:.3f}s")
             raise _TransientFailure("timeout", detail) from exc
@@ -247,11 +246,11 @@ class RemoteServiceClient:
             raise _TransientFailure(code, message, retry_after)
         return Failed(code, message, transient=False, attempts=state.attempts)
 
-    def _read_body(self, response: httpx.Response, attempt_deadline: datetime) -> bytes:
+    async def _read_body(self, response: httpx.Response, attempt_deadline: datetime) -> bytes:
         """Read the body, bounded in size and in total time (httpx bounds each read only)."""
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_bytes():
+        async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > self.policy.max_response_bytes:
                 raise _TransientFailure(

@@ -1,5 +1,5 @@
 """The AgentResponse that reports a remote call's outcome: pure, shared by both forms of the
-Agent (``agent.handler`` is generated from ``agent.aio.handler``, devstack.unasync), which
+Agent (``agent.handler`` is generated from ``agent.handler``, devstack.unasync), which
 import :func:`response_for` from here."""
 
 from __future__ import annotations

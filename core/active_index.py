@@ -1,4 +1,3 @@
-# Generated from core/aio/active_index.py by devstack.unasync: edit that, not this.
 """The active-order index: which orders are in flight, at a cost that ignores finished ones.
 
 The Supervisor must look at every order in flight on every tick, and at nothing else, so that
@@ -65,7 +64,7 @@ class ActiveOrderIndex:
         self._table = table
         self._clock = clock
 
-    def put(
+    async def put(
         self, order_id: str, generation: int, workflow: str, due: datetime | None = None
     ) -> None:
         """Write (or refresh) the row of an order generation, due at ``due``.
@@ -74,9 +73,9 @@ class ActiveOrderIndex:
         reads the order on its next tick and moves the row up to the order's due time.
         """
         row = self._row(order_id, generation, workflow, due)
-        self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
+        await self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
 
-    def add(
+    async def add(
         self, order_id: str, generation: int, workflow: str, due: datetime | None = None
     ) -> bool:
         """Insert the row unless it exists; True if this call created it.
@@ -86,16 +85,16 @@ class ActiveOrderIndex:
         remove it.
         """
         try:
-            self._table.create_entity(self._row(order_id, generation, workflow, due))
+            await self._table.create_entity(self._row(order_id, generation, workflow, due))
         except ResourceExistsError:
             return False
         return True
 
-    def postpone(self, row: ActiveRow, due: datetime) -> bool:
+    async def postpone(self, row: ActiveRow, due: datetime) -> bool:
         """Move ``row``'s due time to ``due`` unless the row changed since it was read (an
         earlier due time written meanwhile must win); True if moved."""
         try:
-            self._table.update_entity(
+            await self._table.update_entity(
                 {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
                 mode=UpdateMode.MERGE,
                 etag=row.etag,
@@ -105,7 +104,7 @@ class ActiveOrderIndex:
             return False
         return True
 
-    def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
+    async def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
         """Up to ``limit`` rows of one bucket due at or before ``now``, earliest first.
 
         One query (more only when the service splits its answer into pages). Rows past
@@ -117,7 +116,7 @@ class ActiveOrderIndex:
             results_per_page=min(limit, MAX_PAGE),
         )
         rows: list[ActiveRow] = []
-        for entity in query:
+        async for entity in query:
             rows.append(_active_row(entity))
             if len(rows) >= limit:
                 break
@@ -137,14 +136,14 @@ class ActiveOrderIndex:
             "DueAt": now if due is None else utc(due),
         }
 
-    def discard(self, order_id: str, generation: int) -> None:
+    async def discard(self, order_id: str, generation: int) -> None:
         """Delete the row of an order generation that has ended; failures are only logged.
 
         The order's own transition has committed by now and :meth:`reap` removes whatever is
         left behind, so a failure here must not make the caller retry that transition.
         """
         try:
-            self._table.delete_entity(
+            await self._table.delete_entity(
                 index_partition(order_id), index_row_key(order_id, generation)
             )
         except HttpResponseError as exc:
@@ -154,15 +153,17 @@ class ActiveOrderIndex:
                 exc,
             )
 
-    def has(self, order_id: str, generation: int) -> bool:
+    async def has(self, order_id: str, generation: int) -> bool:
         """Whether the row of an order generation exists (one point read)."""
         try:
-            self._table.get_entity(index_partition(order_id), index_row_key(order_id, generation))
+            await self._table.get_entity(
+                index_partition(order_id), index_row_key(order_id, generation)
+            )
         except ResourceNotFoundError:
             return False
         return True
 
-    def list(self, limit: int = MAX_PAGE, *, continuation: str | None = None) -> ActivePage:
+    async def list(self, limit: int = MAX_PAGE, *, continuation: str | None = None) -> ActivePage:
         """One page of at most ``limit`` rows, and where to go on (None: that was the last).
 
         One request per page. The Supervisor point-reads each listed order's process row, so a
@@ -174,13 +175,13 @@ class ActiveOrderIndex:
         entities = self._table.list_entities(results_per_page=limit)
         # The Tables SDK's continuation tokens are dicts, whatever ItemPaged's hints say.
         pages = entities.by_page(continuation_token=token)  # type: ignore[arg-type]
-        for page in pages:  # the first page only
-            rows = tuple([_active_row(entity) for entity in page])
+        async for page in pages:  # the first page only
+            rows = tuple([_active_row(entity) async for entity in page])
             next_token = pages.continuation_token  # type: ignore[attr-defined]
             return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
         return ActivePage(rows=(), continuation=None)
 
-    def page_after(
+    async def page_after(
         self, limit: int, *, after: tuple[str, str] | None = None
     ) -> tuple[tuple[ActiveRow, ...], bool]:
         """Up to ``limit`` rows after the key ``after`` (PartitionKey, RowKey), in key order.
@@ -203,13 +204,13 @@ class ActiveOrderIndex:
         pages = entities.by_page()
         # The service may answer a query with an empty page and a continuation token; only a
         # page with rows gives a key to resume after.
-        for page in pages:
-            rows = tuple([_active_row(entity) for entity in page])
+        async for page in pages:
+            rows = tuple([_active_row(entity) async for entity in page])
             if rows:
                 return rows, pages.continuation_token is not None  # type: ignore[attr-defined]
         return (), False
 
-    def reap(
+    async def reap(
         self, row: ActiveRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
         """Delete ``row`` if it is garbage: its order is missing or at a later generation.
@@ -223,15 +224,15 @@ class ActiveOrderIndex:
         live = process is not None and process.generation == row.generation
         if live or utc(self._clock()) - row.written_at < grace:
             return False
-        return delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
+        return await delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
 
 
-def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
+async def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
     """Delete a row only if it is still the version read (ETag). False if it changed since;
     True once it is gone (the Table client does not tell a row deleted now from one gone
     already)."""
     try:
-        table.delete_entity(
+        await table.delete_entity(
             partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
         )
     except ResourceModifiedError:

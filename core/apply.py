@@ -1,4 +1,3 @@
-# Generated from core/aio/apply.py by devstack.unasync: edit that, not this.
 """The imperative shell around :mod:`core.lifecycle`: load, decide, write once, send.
 
 Every trigger that moves an order goes through :func:`handle` (or :func:`carry_out` when it has
@@ -61,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("apply")
 
 
-def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Parked:
+async def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Parked:
     """Alert that ``order`` waits for its workflow version to be deployed again; the alert's
     text is fixed, so repeats within the duplicate-detection window are one alert."""
     detail = (
@@ -69,7 +68,7 @@ def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Pa
         f"not carry ({missing}). It is parked, unchanged: deploy a package that carries that "
         "version again (see docs/versioning.md), and it goes on where it stopped."
     )
-    rt.alert(
+    await rt.alert(
         OperatorAlert(
             order_id=order.order_id,
             severity="error",
@@ -81,7 +80,7 @@ def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str) -> Pa
     return Parked(detail)
 
 
-def handle(
+async def handle(
     rt: Runtime,
     order_id: str,
     event: Event | Callable[[Order], Event],
@@ -104,20 +103,20 @@ def handle(
     """
     if isinstance(event, Replied):
         known = resume.restore(event.response.resume, order_id)
-        done = None if known is None else _on_snapshot(rt, known, event, actor)
+        done = None if known is None else await _on_snapshot(rt, known, event, actor)
         if done is not None:
             return done
     for _ in range(MAX_CONFLICT_RETRIES):
-        order = rt.store.load(order_id)
+        order = await rt.store.load(order_id)
         with in_order_trace(span, order, actor):
             try:
                 ctx = context(rt, order.workflow, actor)
             except UnknownWorkflow as missing:
-                raise park(rt, order, missing, actor) from None
+                raise await park(rt, order, missing, actor) from None
             happened = event(order) if callable(event) else event
             decision = decide(order, happened, ctx)
             try:
-                return carry_out(rt, order, decision, happened), decision
+                return await carry_out(rt, order, decision, happened), decision
             except ConcurrencyConflict:
                 log.info("order %s changed while deciding; reading it again", order_id)
     raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")
@@ -130,7 +129,7 @@ def in_order_trace(span: str | None, order: Order, actor: str) -> AbstractContex
     return telemetry.continuing(span, order.order_id, order.trace_parent, {"order.actor": actor})
 
 
-def _on_snapshot(
+async def _on_snapshot(
     rt: Runtime, known: Order, event: Replied, actor: str
 ) -> tuple[Order, Decision] | None:
     """Decide on ``known`` and write on condition of its ETag; None when that settles nothing
@@ -145,35 +144,37 @@ def _on_snapshot(
     if decision.order is None or _writes_beside(rt, known, decision.order):
         return None
     try:
-        return carry_out(rt, known, decision, event), decision
+        return await carry_out(rt, known, decision, event), decision
     except ConcurrencyConflict:
         log.info("order %s changed since its snapshot was sent; reading it", known.order_id)
         return None
 
 
-def carry_out(rt: Runtime, before: Order, decision: Decision, event: Event | None = None) -> Order:
+async def carry_out(
+    rt: Runtime, before: Order, decision: Decision, event: Event | None = None
+) -> Order:
     """Write the decision's order (if any), send its messages, and once a finished order owes
     nothing, remove its active-index row. ``event``: what was decided on, for the metrics the
     committed write records (:func:`core.metrics.observe`)."""
     after = before
     if decision.order is not None:
         assert decision.entry is not None
-        after = rt.store.save(
+        after = await rt.store.save(
             before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
         )
         if metrics.enabled():  # only once the write won; nothing to build when metrics are off
             metrics.record_transition(
                 before, after, decision.entry, event, rt.workflow(before.workflow)
             )
-    send(rt, after, decision.send)
+    await send(rt, after, decision.send)
     if decision.finished:
-        rt.store.index.discard(after.order_id, after.generation)
+        await rt.store.index.discard(after.order_id, after.generation)
     if decision.note:
         log.debug("order %s: %s", after.order_id, decision.note)
     return after
 
 
-def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
+async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
     """Send ``outgoing`` (owed by ``order``, as stored: with its ETag). Each AgentRequest
     leaves with the snapshot of ``order`` (:mod:`core.resume`)."""
     now = rt.clock()
@@ -181,7 +182,7 @@ def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
     for item in outgoing:
         if item.to == "reply":
             if order.reply_to is not None:
-                _send_status(rt, order.reply_to, item.message)
+                await _send_status(rt, order.reply_to, item.message)
             continue
         message = item.message
         if isinstance(message, AgentRequest) and order.etag:
@@ -189,21 +190,21 @@ def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
                 snapshot = resume.snapshot(order)
             message = message.model_copy(update={"resume": snapshot})
         due = item.not_before if item.not_before is not None and item.not_before > now else None
-        rt.bus.send(rt.settings.queue(item.to), message, scheduled_at=due)
+        await rt.bus.send(rt.settings.queue(item.to), message, scheduled_at=due)
 
 
-def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
+async def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
     now = rt.clock()
     if _failures.get(queue, now) is not None:
         return
     try:
-        rt.status_bus().send(queue, message)
+        await rt.status_bus().send(queue, message)
     except UNREACHABLE_QUEUE as exc:
         failure = f"{type(exc).__name__}: {exc}"
         _failures.put(queue, failure, now)
         log.warning("status reply to %s failed: %s", queue, failure)
         order_id = getattr(message, "order_id", None)
-        rt.bus.send(
+        await rt.bus.send(
             rt.settings.queue("alerts"),
             OperatorAlert(
                 order_id=order_id,

@@ -1,6 +1,6 @@
-"""What :mod:`core.apply` and :mod:`core.aio.apply` share, defined once (plain, no I/O).
+"""What :mod:`core.apply` and :mod:`core.apply` share, defined once (plain, no I/O).
 
-``core.apply`` is generated from ``core.aio.apply`` (devstack.unasync), so whatever either
+``core.apply`` is generated from ``core.apply`` (devstack.unasync), so whatever either
 defines exists twice. What must have ONE identity lives here and both import it (``core.apply``
 re-exports it, so ``apply.Busy`` and the rest keep working): the exceptions callers catch
 (:class:`Busy`, :class:`Parked`), the constants, the pure helpers every decision uses, and the
@@ -68,7 +68,7 @@ class Parked(Exception):
 
 class Decides(Protocol):
     """What the pure helpers read of a runtime: ``core.runtime.Runtime`` and
-    ``core.aio.runtime.Runtime`` both are one."""
+    ``core.runtime.Runtime`` both are one."""
 
     settings: Settings
     workflows: Mapping[str, Workflow]

@@ -1,7 +1,7 @@
 """The state storage account's blob service (the purge's archive), built from Settings.
 
 Only the purge uses it, synchronously, so it has no asyncio twin: core.clients and its async
-source core.aio.clients both import it from here (``clients.blob_service`` keeps working).
+source core.clients both import it from here (``clients.blob_service`` keeps working).
 """
 
 from __future__ import annotations

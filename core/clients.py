@@ -1,4 +1,3 @@
-# Generated from core/aio/clients.py by devstack.unasync: edit that, not this.
 """Clients built from Settings: managed identity in Azure, connection strings locally.
 
 Table Storage goes through core.tablestorage (the SDK's request preparation was most of an
@@ -13,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
 
 from core.blobs import blob_service
 from core.credentials import credential

@@ -1,4 +1,3 @@
-# Generated from core/aio/error_index.py by devstack.unasync: edit that, not this.
 """The Error index: which orders are in Error, listable without scanning the order history.
 
 Operators list Error orders to repair them. The orders table cannot answer "which orders are in
@@ -52,12 +51,12 @@ class ErrorOrderIndex:
         self._table = table
         self._clock = clock
 
-    def put(self, order_id: str, generation: int) -> str | None:
+    async def put(self, order_id: str, generation: int) -> str | None:
         """Write the row of an order generation about to enter Error, if it has none; its ETag,
         or None when the row was there already (another writer entering Error, or an earlier
         try): that row is not this writer's to delete if its order write then loses."""
         try:
-            metadata = self._table.create_entity(
+            metadata = await self._table.create_entity(
                 {
                     "PartitionKey": ERROR_PARTITION,
                     "RowKey": error_row_key(order_id, generation),
@@ -70,7 +69,7 @@ class ErrorOrderIndex:
             return None
         return str(metadata.get("etag", ""))
 
-    def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
+    async def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
         """Delete a row (only if unchanged since ``etag``, when given); failures are logged.
 
         Whatever this leaves behind is verified away by listings and reaped there.
@@ -78,17 +77,17 @@ class ErrorOrderIndex:
         key = error_row_key(order_id, generation)
         try:
             if etag:
-                self._table.delete_entity(
+                await self._table.delete_entity(
                     ERROR_PARTITION, key, etag=etag, match_condition=MatchConditions.IfNotModified
                 )
             else:
-                self._table.delete_entity(ERROR_PARTITION, key)
+                await self._table.delete_entity(ERROR_PARTITION, key)
         except ResourceModifiedError:
             pass
         except HttpResponseError as exc:
             _log.warning("could not delete error index row %s (reaped later): %s", key, exc)
 
-    def page(self, limit: int, *, after: str | None = None) -> ErrorRowPage:
+    async def page(self, limit: int, *, after: str | None = None) -> ErrorRowPage:
         """Up to ``limit`` rows with RowKey > ``after``, in key order: one request."""
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be from 1 to {MAX_PAGE}")
@@ -98,14 +97,14 @@ class ErrorOrderIndex:
             results_per_page=limit,
         )
         pages = query.by_page()
-        for page in pages:  # skip empty pages the service may send with a continuation
-            rows = tuple([_error_row(entity) for entity in page])
+        async for page in pages:  # skip empty pages the service may send with a continuation
+            rows = tuple([_error_row(entity) async for entity in page])
             if rows:
                 more = pages.continuation_token is not None  # type: ignore[attr-defined]
                 return ErrorRowPage(rows=rows, last_key=rows[-1].row_key if more else None)
         return ErrorRowPage(rows=(), last_key=None)
 
-    def reap(
+    async def reap(
         self, row: ErrorRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
         """Delete ``row`` if its order generation is not in Error (and the row is old enough)."""
@@ -116,7 +115,7 @@ class ErrorOrderIndex:
         )
         if live or utc(self._clock()) - row.written_at < grace:
             return False
-        return delete_unchanged(self._table, ERROR_PARTITION, row.row_key, row.etag)
+        return await delete_unchanged(self._table, ERROR_PARTITION, row.row_key, row.etag)
 
 
 def _error_row(entity: Entity) -> ErrorRow:

@@ -1,4 +1,3 @@
-# Generated from core/aio/http_transport.py by devstack.unasync: edit that, not this.
 """An httpx transport over the project's HTTP/1.1 connection pools, for the agents' remote calls
 (what it does per request, and why: :mod:`core.httpx_exchange`). Written once, async; its sync
 twin :class:`core.http_transport.PooledTransport` is generated (``devstack.unasync``).
@@ -26,7 +25,7 @@ from core.httpx_exchange import (
 )
 
 
-class PooledTransport(httpx.BaseTransport):
+class PooledAsyncTransport(httpx.AsyncBaseTransport):
     """httpx requests over HTTP/1.1 connection pools (core.http11's, or their asyncio twins here),
     one per origin. Safe to share between tasks, and the sync twin between threads."""
 
@@ -52,15 +51,15 @@ class PooledTransport(httpx.BaseTransport):
         self._pools: dict[Origin, ConnectionPool] = {}
         self._lock = threading.Lock()  # never held across an await
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        pool = self._pool(request.url)
-        body = request.read()
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = await self._pool(request.url)
+        body = await request.aread()
         connect_s, read_s = timeouts(request)
         method, target = request.method, request.url.raw_path.decode("ascii")
         sent = fields(request)
         for attempt in (0, 1):
             try:
-                answer = pool.request(
+                answer = await pool.request(
                     method,
                     target,
                     sent,
@@ -76,7 +75,7 @@ class PooledTransport(httpx.BaseTransport):
             return response(answer, request)
         raise AssertionError("unreachable")
 
-    def _pool(self, url: httpx.URL) -> ConnectionPool:
+    async def _pool(self, url: httpx.URL) -> ConnectionPool:
         key = origin_key(url)
         pool = self._pools.get(key)
         if pool is not None:
@@ -96,11 +95,11 @@ class PooledTransport(httpx.BaseTransport):
                 while len(self._pools) > self._max_origins:
                     evicted.append(self._pools.pop(next(iter(self._pools))))
         for old in evicted:  # its requests under way finish; their connections then close
-            old.close()
+            await old.close()
         return pool
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
-            pool.close()
+            await pool.close()

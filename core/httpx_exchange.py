@@ -1,5 +1,5 @@
 """How an httpx request travels over the project's HTTP/1.1 connection pools, and its answer back:
-what the agents' transports (core.aio.http_transport and its generated sync twin) share.
+what the agents' transports (core.http_transport and its generated sync twin) share.
 
 Why: against the local fake services, a POST through ``httpx.Client`` with its own transport
 (httpcore) cost about 0.40 ms of CPU (async: 0.90 ms, of which httpcore and anyio 0.71 ms); the
@@ -7,7 +7,7 @@ HTTP/1.1 pools of :mod:`core.http11` do the same exchange for about half of that
 agents keep httpx's client API (``rt.http.stream(...)``, ``httpx.Timeout``, httpx errors, and
 ``httpx.MockTransport`` in tests); only what carries a request changes.
 
-:class:`core.aio.http_transport.PooledAsyncTransport` (its sync twin, generated,
+:class:`core.http_transport.PooledAsyncTransport` (its sync twin, generated,
 :class:`core.http_transport.PooledTransport`) keeps one
 :class:`~core.http11.ConnectionPool` per origin (scheme, host, port), created on
 first use, at most :data:`MAX_ORIGINS` (the oldest is closed past that; agents have three).

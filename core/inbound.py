@@ -1,4 +1,3 @@
-# Generated from core/aio/inbound.py by devstack.unasync: edit that, not this.
 """The door of the internal queues: a message is handled only if the app signed it.
 
 The agent request queues, the reply queue and the command queue carry only messages the app
@@ -91,11 +90,11 @@ def _claims(body: bytes) -> str:
     return f"It claims to be {repr(kind)[:40]} for order {repr(order)[:80]}. "
 
 
-def trusted_body(rt: Runtime, delivery: Delivery, role: str, source: str) -> bytes | None:
+async def trusted_body(rt: Runtime, delivery: Delivery, role: str, source: str) -> bytes | None:
     """The body to handle, or None after alerting when the app did not sign it for this queue."""
     queue = rt.settings.queue(role)
     rejected = check(rt.settings.keyring, queue, delivery)
     if rejected is None:
         return delivery.body
-    rt.alert(untrusted_alert(queue, delivery, rejected, rt.actor(source)))
+    await rt.alert(untrusted_alert(queue, delivery, rejected, rt.actor(source)))
     return None

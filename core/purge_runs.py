@@ -1,6 +1,6 @@
 """Keys of the record of purge runs (:mod:`core.purge_log`), and that record in memory.
 
-Pure, and imported by both the async :mod:`core.aio.purge_log` and its generated sync twin, so
+Pure, and imported by both the async :mod:`core.purge_log` and its generated sync twin, so
 each name here has one identity; :mod:`core.purge_log` imports them back
 (``core.purge_log.MemoryPurgeLog`` keeps working).
 """

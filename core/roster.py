@@ -3,7 +3,7 @@
 The model of the ``supervision`` table's rows (:mod:`core.supervision` reads and writes them,
 and its module docstring describes them), the roster in memory (:class:`MemorySupervision`,
 with the Table store's ETag rules), the recovery bound and the Supervisor's lag. Pure, and
-imported by both the async :mod:`core.aio.supervision` and its generated sync twin, so each
+imported by both the async :mod:`core.supervision` and its generated sync twin, so each
 name here has one identity; :mod:`core.supervision` imports them back (``core.supervision.
 BucketLease`` and the others keep working).
 """

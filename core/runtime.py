@@ -1,4 +1,3 @@
-# Generated from core/aio/runtime.py by devstack.unasync: edit that, not this.
 """What a handler needs to do its work, built once per process from the app settings.
 
 Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
@@ -21,7 +20,7 @@ import httpx
 
 from core import clients
 from core.bus import Bus
-from core.http_transport import PooledTransport
+from core.http_transport import PooledAsyncTransport
 from core.httpx_exchange import proxied_by_env
 from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
@@ -47,7 +46,7 @@ class Runtime:
     instance_id: str = field(default_factory=new_instance_id)
     clock: Callable[[], datetime] = utc_now
     rng: random.Random = field(default_factory=random.Random)
-    _http: httpx.Client | None = None
+    _http: httpx.AsyncClient | None = None
     agent_clients: dict[str, Any] = field(default_factory=dict)
     """Remote-service clients the agents built on this runtime (see agent.handler)."""
     _status_bus: Bus | None = None
@@ -69,14 +68,14 @@ class Runtime:
         return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
 
     @property
-    def http(self) -> httpx.Client:
+    def http(self) -> httpx.AsyncClient:
         """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
-        HTTP/1.1 pools (core.aio.http_transport), or, when the environment names a proxy, over
+        HTTP/1.1 pools (core.http_transport), or, when the environment names a proxy, over
         httpx's own transport (httpx honours the proxy only on that one)."""
         with self._status_lock:
             if self._http is None:
-                transport = None if proxied_by_env() else PooledTransport()
-                self._http = httpx.Client(http2=False, transport=transport)
+                transport = None if proxied_by_env() else PooledAsyncTransport()
+                self._http = httpx.AsyncClient(http2=False, transport=transport)
             return self._http
 
     def actor(self, role: str) -> str:
@@ -87,7 +86,7 @@ class Runtime:
         :class:`core.workflows.UnknownWorkflow` if this deployment does not carry it."""
         return resolve(self.workflows, ref)
 
-    def alert(self, alert: OperatorAlert) -> None:
+    async def alert(self, alert: OperatorAlert) -> None:
         log.warning(
             "operator alert (%s) for %s: %s — %s",
             alert.severity,
@@ -95,7 +94,7 @@ class Runtime:
             alert.reason,
             alert.detail,
         )
-        self.bus.send(self.settings.queue("alerts"), alert)
+        await self.bus.send(self.settings.queue("alerts"), alert)
 
     def status_bus(self) -> Bus:
         """The sender to submitters' reply queues, apart from the app's own messaging.
@@ -115,13 +114,13 @@ class Runtime:
                 )
             return self._status_bus
 
-    def close(self) -> None:
-        self.bus.close()
+    async def close(self) -> None:
+        await self.bus.close()
         if self._status_bus is not None:
-            self._status_bus.close()
-        self.store.close()
+            await self._status_bus.close()
+        await self.store.close()
         if self._http is not None:
-            self._http.close()
+            await self._http.aclose()
 
 
 _current: Runtime | None = None

@@ -1,4 +1,3 @@
-# Generated from core/aio/state_store.py by devstack.unasync: edit that, not this.
 """Order state in Azure Table Storage: one partition per order, one entity per order's state.
 
 Layout: see :mod:`core.state_models`. The rules that keep it correct:
@@ -34,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Self
@@ -142,31 +141,31 @@ class OrderStateStore:
     def active_table(self) -> str:
         return self._active_name
 
-    def ensure_tables(self) -> None:
+    async def ensure_tables(self) -> None:
         for name in (self._orders_name, self._active_name, self._supervision_name):
-            self._service.create_table_if_not_exists(name)
+            await self._service.create_table_if_not_exists(name)
 
-    def close(self) -> None:
-        self._orders.close()
-        self._active.close()
-        self._supervision.close()
+    async def close(self) -> None:
+        await self._orders.close()
+        await self._active.close()
+        await self._supervision.close()
         if self._owns_service:
-            self._service.close()
+            await self._service.close()
 
-    def __enter__(self) -> Self:
+    async def __aenter__(self) -> Self:
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.close()
 
     # ----------------------------------------------------------------------------- create
 
-    def create(
+    async def create(
         self,
         submitted: OrderSubmitted,
         order: Order,
@@ -186,19 +185,19 @@ class OrderStateStore:
             ("create", order_entity(order)),
             ("create", timeline_entity(order_id, entry)),
         ]
-        added = self.index.add(order_id, order.generation, order.workflow, due)
+        added = await self.index.add(order_id, order.generation, order.workflow, due)
         try:
-            results = self._orders.submit_transaction(operations)
+            results = await self._orders.submit_transaction(operations)
         except TableTransactionError as exc:
             if not _entity_exists(exc):
                 raise
-            return self._existing(order_id, payload_hash, remove_index_row=added)
+            return await self._existing(order_id, payload_hash, remove_index_row=added)
         return dataclasses.replace(order, etag=results[1]["etag"])
 
-    def _existing(
+    async def _existing(
         self, order_id: str, payload_hash: str, *, remove_index_row: bool
     ) -> AlreadyExists:
-        rows = {row["RowKey"]: row for row in self._details_and_process(order_id)}
+        rows = {row["RowKey"]: row for row in await self._details_and_process(order_id)}
         details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
         if details is None or process is None:
             raise CorruptOrderState(
@@ -208,31 +207,31 @@ class OrderStateStore:
         order = order_from_entity(process, etag_of(process))
         if remove_index_row and (order.state.terminal or order.generation != 1):
             # This create just added the generation-1 index row of an order long past it.
-            self.index.discard(order_id, 1)
+            await self.index.discard(order_id, 1)
         existing_hash = details.get("PayloadHash", "")
         return AlreadyExists(existing_hash == payload_hash, existing_hash, order)
 
     # ------------------------------------------------------------------------------ reads
 
-    def load(self, order_id: str) -> Order:
+    async def load(self, order_id: str) -> Order:
         """The order's state: one point read of its ``process`` row (with its ETag)."""
         order_id = ids.validate_order_id(order_id)
         try:
-            entity = self._orders.get_entity(order_id, PROCESS_ROW)
+            entity = await self._orders.get_entity(order_id, PROCESS_ROW)
         except ResourceNotFoundError:
             raise OrderNotFound(order_id) from None
         return order_from_entity(entity, etag_of(entity))
 
-    def find(self, order_id: str) -> Order | None:
+    async def find(self, order_id: str) -> Order | None:
         try:
-            return self.load(order_id)
+            return await self.load(order_id)
         except OrderNotFound:
             return None
 
-    def get_order(self, order_id: str) -> OrderRecord:
+    async def get_order(self, order_id: str) -> OrderRecord:
         """What was submitted and the order's state, for operators (two point reads)."""
         order_id = ids.validate_order_id(order_id)
-        rows = {row["RowKey"]: row for row in self._details_and_process(order_id)}
+        rows = {row["RowKey"]: row for row in await self._details_and_process(order_id)}
         if not rows:
             raise OrderNotFound(order_id)
         details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
@@ -248,17 +247,17 @@ class OrderStateStore:
             process=order_from_entity(process, etag_of(process)),
         )
 
-    def _details_and_process(self, order_id: str) -> list[Any]:
+    async def _details_and_process(self, order_id: str) -> list[Any]:
         """The order's details and process rows (those that exist): two point reads. A
         partition query would do it in one request, but Azurite answers any query by scanning
         the whole table, and a duplicate submission is on the hot path."""
         rows = []
         for row_key in (DETAILS_ROW, PROCESS_ROW):
             with contextlib.suppress(ResourceNotFoundError):
-                rows.append(self._orders.get_entity(order_id, row_key))
+                rows.append(await self._orders.get_entity(order_id, row_key))
         return rows
 
-    def get_timeline(
+    async def get_timeline(
         self, order_id: str, *, after_seq: int = -1, limit: int = 1000
     ) -> list[TimelineEntry]:
         """Timeline rows with ``seq > after_seq``, oldest first, at most ``limit``."""
@@ -272,7 +271,7 @@ class OrderStateStore:
             parameters={"pk": order_id, "low": low, "high": TIMELINE_END},
             results_per_page=min(limit, 1000),
         )
-        for row in query:
+        async for row in query:
             entries.append(timeline_from_entity(row))
             if len(entries) >= limit:
                 break
@@ -280,7 +279,7 @@ class OrderStateStore:
 
     # ----------------------------------------------------------------------------- writes
 
-    def save(
+    async def save(
         self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
     ) -> Order:
         """Replace ``before`` with ``after`` and append ``entry``: one batch, conditional on
@@ -307,22 +306,24 @@ class OrderStateStore:
             ("create", timeline_entity(before.order_id, entry)),
         ]
         if due is not None or (before.state.terminal and after.state.in_flight):
-            self.index.put(after.order_id, after.generation, after.workflow, due)
+            await self.index.put(after.order_id, after.generation, after.workflow, due)
         entering_error = (
             after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
         )
-        error_row = self.errors.put(after.order_id, after.generation) if entering_error else None
+        error_row = (
+            await self.errors.put(after.order_id, after.generation) if entering_error else None
+        )
         try:
-            saved = self._submit(before, after, operations)
+            saved = await self._submit(before, after, operations)
         except (ConcurrencyConflict, OrderNotFound):
             if error_row is not None:
-                self.errors.discard(after.order_id, after.generation, etag=error_row)
+                await self.errors.discard(after.order_id, after.generation, etag=error_row)
             raise
         if before.state is ProcessState.ERROR and after.state is not ProcessState.ERROR:
-            self.errors.discard(before.order_id, before.generation)
+            await self.errors.discard(before.order_id, before.generation)
         return saved
 
-    def annotate(self, order: Order, *, actor: str, event: str, detail: str = "") -> Order:
+    async def annotate(self, order: Order, *, actor: str, event: str, detail: str = "") -> Order:
         """Record something about an order without changing it (an operator acknowledging an
         alert): one conditional write of the same state and a timeline row."""
         now = utc(self._clock())
@@ -338,11 +339,13 @@ class OrderStateStore:
             attempt=order.attempt,
             detail=detail,
         )
-        return self.save(order, after, entry)
+        return await self.save(order, after, entry)
 
-    def _submit(self, before: Order, after: Order, operations: list[tuple[Any, ...]]) -> Order:
+    async def _submit(
+        self, before: Order, after: Order, operations: list[tuple[Any, ...]]
+    ) -> Order:
         try:
-            results = self._orders.submit_transaction(operations)
+            results = await self._orders.submit_transaction(operations)
         except TableTransactionError as exc:
             if exc.status_code == 404:
                 raise OrderNotFound(before.order_id) from None
@@ -350,7 +353,7 @@ class OrderStateStore:
                 raise
             # 412: the process row changed; 409: our timeline row exists. Either way someone
             # else wrote - unless that someone was an SDK retry of this very batch.
-            stored = self.find(before.order_id)
+            stored = await self.find(before.order_id)
             if stored is not None and stored.write_id == after.write_id:
                 return stored
             raise ConcurrencyConflict(
@@ -362,13 +365,13 @@ class OrderStateStore:
 
     # ------------------------------------------------------------------------------ purge
 
-    def purge_candidates(
+    async def purge_candidates(
         self,
         before: datetime,
         states: Iterable[ProcessState] = PURGEABLE_STATES,
         *,
         page_size: int = 1000,
-    ) -> Iterator[Candidate]:
+    ) -> AsyncIterator[Candidate]:
         """Process rows in one of ``states`` last changed before ``before``, and the markers of
         interrupted purges: a scan of the orders table (one request per page the service
         answers), reading four properties per row."""
@@ -387,7 +390,7 @@ class OrderStateStore:
             select=["PartitionKey", "RowKey", "ProcessState", "UpdatedAt"],
             results_per_page=page_size,
         )
-        for entity in query:
+        async for entity in query:
             if entity["RowKey"] == PURGE_MARKER_ROW:
                 yield Candidate(entity["PartitionKey"], None, None, interrupted=True)
             else:
@@ -397,11 +400,11 @@ class OrderStateStore:
                     updated_at=utc(entity["UpdatedAt"]),
                 )
 
-    def snapshot(self, order_id: str) -> OrderSnapshot | None:
+    async def snapshot(self, order_id: str) -> OrderSnapshot | None:
         """Every row of an order (one partition query); None if it has no process row (gone,
         or its purge was interrupted: see :meth:`finish_purge`)."""
         order_id = ids.validate_order_id(order_id)
-        rows = {row["RowKey"]: row for row in self._partition(order_id)}
+        rows = {row["RowKey"]: row for row in await self._partition(order_id)}
         details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
         if process is None or PURGE_MARKER_ROW in rows:
             return None
@@ -422,7 +425,7 @@ class OrderStateStore:
             other_rows=tuple(others),
         )
 
-    def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
+    async def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
         """Delete every row of the order in ``snapshot`` if its process row is unchanged.
 
         One transaction when the order has at most 100 rows; otherwise the first transaction
@@ -444,64 +447,68 @@ class OrderStateStore:
             }
             first.append(("create", marker))
         try:
-            self._orders.submit_transaction(first)
+            await self._orders.submit_transaction(first)
         except TableTransactionError as exc:
             if exc.status_code not in (404, 409, 412):
                 raise
-            return DeleteOutcome.GONE if self.find(order_id) is None else DeleteOutcome.CHANGED
+            return (
+                DeleteOutcome.GONE if await self.find(order_id) is None else DeleteOutcome.CHANGED
+            )
         if not plan.atomic:
             for rows in plan.middle:
-                self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
-            self._delete_last(order_id, plan.last)
+                await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
+            await self._delete_last(order_id, plan.last)
         return DeleteOutcome.PURGED
 
-    def finish_purge(self, order_id: str) -> bool:
+    async def finish_purge(self, order_id: str) -> bool:
         """Delete what an interrupted purge left (its marker says the process row is gone);
         False if there is nothing to finish."""
         order_id = ids.validate_order_id(order_id)
-        keys = sorted(row["RowKey"] for row in self._partition(order_id))
+        keys = sorted(row["RowKey"] for row in await self._partition(order_id))
         if PURGE_MARKER_ROW not in keys or PROCESS_ROW in keys:
             return False
         rest = [k for k in keys if k not in (DETAILS_ROW, PURGE_MARKER_ROW)]
         while len(rest) > MAX_BATCH - 2:
             batch, rest = rest[:MAX_BATCH], rest[MAX_BATCH:]
-            self._orders.submit_transaction([("delete", _key(order_id, r)) for r in batch])
-        self._delete_last(order_id, (*rest, *([DETAILS_ROW] if DETAILS_ROW in keys else [])))
+            await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in batch])
+        await self._delete_last(order_id, (*rest, *([DETAILS_ROW] if DETAILS_ROW in keys else [])))
         return True
 
-    def _delete_last(self, order_id: str, rows: Iterable[str]) -> None:
+    async def _delete_last(self, order_id: str, rows: Iterable[str]) -> None:
         operations = [("delete", _key(order_id, r)) for r in rows]
         operations.append(("delete", _key(order_id, PURGE_MARKER_ROW)))
-        self._orders.submit_transaction(operations)
+        await self._orders.submit_transaction(operations)
 
-    def _partition(self, order_id: str) -> list[Any]:
+    async def _partition(self, order_id: str) -> list[Any]:
         query = self._orders.query_entities(
             "PartitionKey eq @pk", parameters={"pk": order_id}, results_per_page=1000
         )
-        return [row for row in query]
+        return [row async for row in query]
 
     # ------------------------------------------------------------------------------ index
 
-    def list_active(self, limit: int = 1000, *, continuation: str | None = None) -> ActivePage:
+    async def list_active(
+        self, limit: int = 1000, *, continuation: str | None = None
+    ) -> ActivePage:
         """One page of the active-order index (see :meth:`ActiveOrderIndex.list`)."""
-        return self.index.list(limit, continuation=continuation)
+        return await self.index.list(limit, continuation=continuation)
 
-    def all_active(self) -> Iterator[ActiveRow]:
+    async def all_active(self) -> AsyncIterator[ActiveRow]:
         """Every row of the active-order index, one request per page of 1,000."""
         continuation = None
         while True:
-            page = self.list_active(1000, continuation=continuation)
+            page = await self.list_active(1000, continuation=continuation)
             for row in page.rows:  # noqa: UP028, RUF100 (an async generator has no yield from)
                 yield row
             continuation = page.continuation
             if continuation is None:
                 return
 
-    def reap_active(
+    async def reap_active(
         self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
         """Delete an index row that is garbage (see :meth:`ActiveOrderIndex.reap`)."""
-        return self.index.reap(row, order, grace=grace)
+        return await self.index.reap(row, order, grace=grace)
 
 
 def _key(partition_key: str, row_key: str) -> dict[str, Any]:

@@ -1,4 +1,3 @@
-# Generated from core/aio/supervision.py by devstack.unasync: edit that, not this.
 """Who sweeps which bucket of the active-order index, and when each bucket was last swept.
 
 Several Supervisor instances share the index's buckets through per-bucket leases held in one
@@ -74,13 +73,13 @@ class SupervisionTable:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def read(self) -> Roster:
+    async def read(self) -> Roster:
         entities = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=1000
         )
-        return roster_from_entities([entity for entity in entities])
+        return roster_from_entities([entity async for entity in entities])
 
-    def claim(
+    async def claim(
         self,
         member: Member,
         hold: Sequence[BucketLease],
@@ -113,13 +112,13 @@ class SupervisionTable:
                 )
             )
         try:
-            results = self._table.submit_transaction(operations)  # type: ignore[arg-type]
+            results = await self._table.submit_transaction(operations)  # type: ignore[arg-type]
         except TableTransactionError as exc:
             raise ConcurrencyConflict("supervisor roster", str(exc.message)) from exc
         etags = [str(r.get("etag")) for r in results[1 : 1 + len(changed)]]
         return {lease.bucket: etag for lease, etag in zip(changed, etags, strict=True)}
 
-    def checkpoint(
+    async def checkpoint(
         self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
     ) -> int:
         """Record finished sweeps, and write ``others`` as they are (leases extended or given
@@ -130,15 +129,15 @@ class SupervisionTable:
         if not rows:
             return 0
         try:
-            self._table.submit_transaction([_write(lease) for lease in rows])
+            await self._table.submit_transaction([_write(lease) for lease in rows])
             return len(rows)
         except TableTransactionError:
             # A bucket was taken over since the claim: record the others one by one.
-            return sum([self._write_unless_changed(lease) for lease in rows])
+            return sum([await self._write_unless_changed(lease) for lease in rows])
 
-    def _write_unless_changed(self, lease: BucketLease) -> bool:
+    async def _write_unless_changed(self, lease: BucketLease) -> bool:
         try:
-            self._table.update_entity(
+            await self._table.update_entity(
                 _lease_entity(lease),
                 mode=UpdateMode.REPLACE,
                 etag=lease.etag,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import azure.functions as func
 
 from core import inbound, runtime
-from core.aio import inbound as inbound_aio
-from core.aio import runtime as runtime_aio
+from core import inbound as inbound_aio
+from core import runtime as runtime_aio
 from core.telemetry import consuming
-from scheduler.aio.intake import handle_submission
-from scheduler.aio.replies import handle_response
 from scheduler.commands import handle_command
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
 
 bp = func.Blueprint()
 

@@ -1,4 +1,3 @@
-# Generated from scheduler/aio/intake.py by devstack.unasync: edit that, not this.
 """Intake: an OrderSubmitted message becomes an order, created and dispatched in one write.
 
 The order's details, its state (already claimed for the first step) and its first timeline row
@@ -33,15 +32,15 @@ def is_app_queue(settings: Settings, name: str) -> bool:
     return any(folded == queue.casefold() for queue in settings.queues.values())
 
 
-def handle_submission(body: bytes | str, rt: Runtime) -> None:
+async def handle_submission(body: bytes | str, rt: Runtime) -> None:
     actor = rt.actor("intake")
     try:
         order = parse_message(body, OrderSubmitted)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=actor))
+        await rt.alert(bad.to_alert(source=actor))
         return
     if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=order.order_id,
                 severity="error",
@@ -58,7 +57,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
     try:
         ctx = apply.context(rt, apply.new_order_ref(rt, order), rt.actor("scheduler"))
     except UnknownWorkflow as missing:
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=order.order_id,
                 severity="error",
@@ -76,13 +75,13 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
     decision = lifecycle.submit(order, ctx)
     assert decision.order is not None and decision.entry is not None
     created = replace(decision.order, trace_parent=telemetry.current_trace_parent())
-    result = rt.store.create(order, created, decision.entry, due=apply.due(rt, created))
+    result = await rt.store.create(order, created, decision.entry, due=apply.due(rt, created))
     if not isinstance(result, AlreadyExists):
         metrics.order_started(order.workflow)
-        apply.send(rt, result, decision.send)
+        await apply.send(rt, result, decision.send)
         return
     if not result.same_payload:
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=order.order_id,
                 severity="error",
@@ -102,6 +101,6 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
     try:
         ctx = apply.context(rt, result.order.workflow, rt.actor("scheduler"))
     except UnknownWorkflow as missing:
-        apply.park(rt, result.order, missing, actor)
+        await apply.park(rt, result.order, missing, actor)
         return
-    apply.carry_out(rt, result.order, lifecycle.decide(result.order, lifecycle.Resent(), ctx))
+    await apply.carry_out(rt, result.order, lifecycle.decide(result.order, lifecycle.Resent(), ctx))

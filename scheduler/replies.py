@@ -1,4 +1,3 @@
-# Generated from scheduler/aio/replies.py by devstack.unasync: edit that, not this.
 """Agent replies: the lifecycle decides what a reply means (:mod:`core.lifecycle`).
 
 A reply is matched to its step by the idempotency key it answers, not by attempt: a definitive
@@ -20,20 +19,20 @@ from core.state_models import OrderNotFound
 log = logging.getLogger("scheduler.replies")
 
 
-def handle_response(body: bytes | str, rt: Runtime) -> None:
+async def handle_response(body: bytes | str, rt: Runtime) -> None:
     try:
         response = parse_message(body, AgentResponse)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=rt.actor("replies")))
+        await rt.alert(bad.to_alert(source=rt.actor("replies")))
         return
     try:
-        apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
+        await apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
     except apply.Parked:
         # Dropping the reply loses nothing: once the version is back, the step's deadline
         # passes and its retry gets the same answer under the same idempotency key.
         log.warning("reply for parked order %s dropped", response.order_id)
     except OrderNotFound:
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=response.order_id,
                 severity="warning",

@@ -1,5 +1,4 @@
-"""Table Storage over plain HTTP: see :mod:`core.tablestorage.client` (its asyncio twin, which
-it is generated from: :mod:`core.tablestorage.aio`)."""
+"""Table Storage over plain HTTP: see :mod:`core.tablestorage.client`."""
 
 from core.tablestorage.client import Paged, Pages, Sent, Table, TableService
 from core.tablestorage.odata import Entity, Page

@@ -1,4 +1,3 @@
-# Generated from core/tablestorage/aio/client.py by devstack.unasync: edit that, not this.
 """A lean Table Storage client: the part of azure-data-tables' ``TableClient`` the app uses,
 over a small HTTP/1.1 connection pool (:mod:`core.http11`), with the SDK's
 entity types and errors.
@@ -18,7 +17,7 @@ retried three times with exponential backoff; a retried write that had committed
 alive connection that the server closed as it was taken is retried at once, without backoff.
 
 Written once, async, in core/tablestorage/aio/client.py (on the asyncio pool of
-core.aio.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
+core.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
 generated from it (``python -m devstack.unasync``). Every method that makes a request is
 ``async`` there; queries are async iterators (``async for``), their pages lists. An Entra token
 is renewed off the request path (core.tablestorage.auth.BearerToken), so the event loop waits
@@ -27,6 +26,7 @@ for one only on the first request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,7 +47,6 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from core import primitives as time  # the backoff waits with time.sleep (tests patch it)
 from core.http11 import (
     Answer,
     ConnectionPool,
@@ -85,20 +84,20 @@ class HttpxSender:
     """Requests through an httpx transport instead of the connection pool: for tests
     (``httpx.MockTransport``) and for whoever needs what httpx adds."""
 
-    def __init__(self, transport: httpx.BaseTransport, origin: str) -> None:
+    def __init__(self, transport: httpx.AsyncBaseTransport, origin: str) -> None:
         self._transport = transport
         self._origin = origin
 
-    def request(
+    async def request(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> Answer:
         request = httpx.Request(
             method, self._origin + target, content=body, headers=headers, extensions=_TIMEOUTS
         )
         try:
-            answer = self._transport.handle_request(request)
-            content = answer.read()
-            answer.close()
+            answer = await self._transport.handle_async_request(request)
+            content = await answer.aread()
+            await answer.aclose()
         except httpx.TransportError as exc:
             kind = _HTTPX_NOT_SENT.get(type(exc), "io")
             raise TransportError(f"{method} {target.split('?', 1)[0]}: {exc}", kind=kind) from exc
@@ -110,8 +109,8 @@ class HttpxSender:
             )
         return Answer(answer.status_code, answer.reason_phrase, received, content)
 
-    def close(self) -> None:
-        self._transport.close()
+    async def close(self) -> None:
+        await self._transport.aclose()
 
 
 class TableService:
@@ -125,7 +124,7 @@ class TableService:
         *,
         request_hook: RequestHook | None = None,
         max_connections: int = 64,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         parts = urlsplit(self.endpoint)
@@ -159,30 +158,30 @@ class TableService:
         (a caller that keeps only the table)."""
         return Table(self, table_name, owns_service=owns_service)
 
-    def create_table_if_not_exists(self, table_name: str) -> None:
-        answer = self.request("POST", "Tables", body={"TableName": table_name})
+    async def create_table_if_not_exists(self, table_name: str) -> None:
+        answer = await self.request("POST", "Tables", body={"TableName": table_name})
         if answer.status_code == 409:
             return
         raise_for(answer, f"creating table {table_name}")
 
-    def delete_table(self, table_name: str) -> None:
-        answer = self.request("DELETE", f"Tables('{quote(table_name, safe='')}')")
+    async def delete_table(self, table_name: str) -> None:
+        answer = await self.request("DELETE", f"Tables('{quote(table_name, safe='')}')")
         if answer.status_code != 404:
             raise_for(answer, f"deleting table {table_name}")
 
-    def close(self) -> None:
-        self._http.close()
+    async def close(self) -> None:
+        await self._http.close()
 
-    def __enter__(self) -> TableService:
+    async def __aenter__(self) -> TableService:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     def url(self, path: str) -> str:
         return f"{self.endpoint}/{path}"
 
-    def request(
+    async def request(
         self,
         verb: str,
         path: str,
@@ -206,7 +205,7 @@ class TableService:
             if self._hook is not None:
                 self._hook(Sent(verb, url, tuple(batch_urls)))
             try:
-                answer = self._http.request(verb, target, sent_headers, content)
+                answer = await self._http.request(verb, target, sent_headers, content)
             except TransportError as exc:
                 if attempt == RETRIES or not may_resend(verb, exc):
                     raise ServiceRequestError(f"{verb} {url} failed: {exc}") from exc
@@ -215,7 +214,7 @@ class TableService:
             else:
                 if answer.status_code not in RETRY_STATUS or attempt == RETRIES:
                     return answer
-            time.sleep(BACKOFF_S * 2**attempt * (0.5 + random.random()))
+            await asyncio.sleep(BACKOFF_S * 2**attempt * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
     def _headers(
@@ -244,32 +243,32 @@ class Table:
         self.table_name = table_name
         self._owns_service = owns_service
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """The HTTP pool belongs to the service: closed here only if this table owns it."""
         if self._owns_service:
-            self.service.close()
+            await self.service.close()
 
-    def __enter__(self) -> Table:
+    async def __aenter__(self) -> Table:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     # --------------------------------------------------------------------------- entities
 
-    def get_entity(
+    async def get_entity(
         self, partition_key: str, row_key: str, *, select: Sequence[str] | None = None
     ) -> odata.Entity:
         params = {"$select": ",".join(select)} if select else None
         path = self._entity(partition_key, row_key)
-        answer = self.service.request("GET", path, params=params)
+        answer = await self.service.request("GET", path, params=params)
         raise_for(answer, f"reading {partition_key}/{row_key} of {self.table_name}")
         entity = odata.decode(answer.json())
         entity.metadata.setdefault("etag", answer.headers.get("etag"))
         return entity
 
-    def create_entity(self, entity: Mapping[str, Any]) -> dict[str, Any]:
-        answer = self.service.request(
+    async def create_entity(self, entity: Mapping[str, Any]) -> dict[str, Any]:
+        answer = await self.service.request(
             "POST",
             quote(self.table_name, safe=""),
             body=odata.encode(entity),
@@ -278,12 +277,12 @@ class Table:
         raise_for(answer, f"inserting into {self.table_name}")
         return _metadata(answer.headers)
 
-    def upsert_entity(
+    async def upsert_entity(
         self, entity: Mapping[str, Any], mode: UpdateMode = UpdateMode.MERGE
     ) -> dict[str, Any]:
-        return self._write(entity, mode, if_match=None)
+        return await self._write(entity, mode, if_match=None)
 
-    def update_entity(
+    async def update_entity(
         self,
         entity: Mapping[str, Any],
         mode: UpdateMode = UpdateMode.MERGE,
@@ -291,9 +290,9 @@ class Table:
         etag: str | None = None,
         match_condition: MatchConditions = MatchConditions.Unconditionally,
     ) -> dict[str, Any]:
-        return self._write(entity, mode, if_match=_if_match(etag, match_condition))
+        return await self._write(entity, mode, if_match=_if_match(etag, match_condition))
 
-    def delete_entity(
+    async def delete_entity(
         self,
         partition_key: str,
         row_key: str,
@@ -302,7 +301,7 @@ class Table:
         match_condition: MatchConditions = MatchConditions.Unconditionally,
     ) -> None:
         """Delete a row; a row already gone is not an error (as in the SDK)."""
-        answer = self.service.request(
+        answer = await self.service.request(
             "DELETE",
             self._entity(partition_key, row_key),
             headers={"If-Match": _if_match(etag, match_condition)},
@@ -310,9 +309,11 @@ class Table:
         if answer.status_code != 404:
             raise_for(answer, f"deleting {partition_key}/{row_key} of {self.table_name}")
 
-    def _write(self, entity: Mapping[str, Any], mode: UpdateMode, *, if_match: str | None) -> dict:
+    async def _write(
+        self, entity: Mapping[str, Any], mode: UpdateMode, *, if_match: str | None
+    ) -> dict:
         headers = {} if if_match is None else {"If-Match": if_match}
-        answer = self.service.request(
+        answer = await self.service.request(
             _verb(mode),
             self._entity(entity["PartitionKey"], entity["RowKey"]),
             body=odata.encode(entity),
@@ -326,7 +327,7 @@ class Table:
 
     # ----------------------------------------------------------------------- transactions
 
-    def submit_transaction(self, operations: Iterable[Operation]) -> list[dict[str, Any]]:
+    async def submit_transaction(self, operations: Iterable[Operation]) -> list[dict[str, Any]]:
         """Apply ``operations`` (the SDK's tuples: ``("create", entity)``, ``("update", entity,
         {"mode": …, "etag": …, "match_condition": …})``, ``("upsert", …)``, ``("delete",
         entity)``) all or none; each answer's metadata (its ``etag``) in order. Raises
@@ -337,7 +338,7 @@ class Table:
         _check_transaction(operations)
         ops = [self._operation(op) for op in operations]
         boundary, content = batch.build(ops)
-        answer = self.service.request(
+        answer = await self.service.request(
             "POST",
             "$batch",
             content=content,
@@ -418,17 +419,17 @@ class Paged:
         ``continuation_token``) says the listing stopped."""
         return Pages(self._table, self._params, continuation_token)
 
-    def __iter__(self) -> Paged:
+    def __aiter__(self) -> Paged:
         return self
 
-    def __next__(self) -> odata.Entity:
+    async def __anext__(self) -> odata.Entity:
         while True:
             row = next(self._rows, None)
             if row is not None:
                 return row
             if self._pages is None:
                 self._pages = self.by_page()
-            page = self._pages.__next__()
+            page = await self._pages.__anext__()
             self._rows = iter(page)
 
 
@@ -446,13 +447,13 @@ class Pages:
         self.continuation_token = continuation_token
         self._asked = False
 
-    def __iter__(self) -> Pages:
+    def __aiter__(self) -> Pages:
         return self
 
-    def __next__(self) -> odata.Page:
+    async def __anext__(self) -> odata.Page:
         token = self.continuation_token
         if token is None and self._asked:
-            raise StopIteration
+            raise StopAsyncIteration
         page = dict(self._params)
         if token:
             page["NextPartitionKey"] = token["PartitionKey"]
@@ -460,7 +461,7 @@ class Pages:
                 page["NextRowKey"] = token["RowKey"]
         table = self._table
         try:
-            answer = table.service.request(
+            answer = await table.service.request(
                 "GET", f"{quote(table.table_name, safe='')}()", params=page
             )
             raise_for(answer, f"querying {table.table_name}")

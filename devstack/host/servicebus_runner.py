@@ -147,7 +147,7 @@ def _make_client(connection: Connection) -> ServiceBusClient:
         )
     from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
-    from core.credentials.aio import ThreadedCredential
+    from core.credentials import ThreadedCredential
 
     credential: Any
     if connection.credential == "managedidentity":

@@ -26,7 +26,7 @@ How the code is read (a small abstract interpreter over ``ast``):
   is not followed further. Each method called on a client is classified as read or write (send
   or receive); a method the tables below do not classify is reported, never guessed.
 - The app sends its messages through :meth:`core.bus.Bus.send` or its async source
-  :meth:`core.aio.bus.Bus.send` (:data:`SEND_PRIMITIVES`): a
+  :meth:`core.bus.Bus.send` (:data:`SEND_PRIMITIVES`): a
   call to it is a send to the queue its ``queue`` argument names, and its internals (a cache of
   SDK senders by queue name) are not followed.
 """
@@ -53,7 +53,7 @@ APP_ENTRY = "function_app"
 SEND_PRIMITIVES: Mapping[str, str] = {
     # function key -> the parameter naming the queue it sends to
     "core.bus.Bus.send": "queue",
-    "core.aio.bus.Bus.send": "queue",
+    "core.bus.Bus.send": "queue",
 }
 
 # Azure client kinds: the SDK classes the code may import, by kind.

@@ -1,6 +1,6 @@
-"""The async Bus (core.aio.bus) against the development Service Bus broker.
+"""The async Bus (core.bus) against the development Service Bus broker.
 
-What core.bus does for the Supervisor and the tools, core.aio.bus does for the hot path on one
+What core.bus does for the Supervisor and the tools, core.bus does for the hot path on one
 event loop: each message arrives with its MessageId, CorrelationId, Subject, schema_version and
 signature; a scheduled one is held until its time; one sender per queue is reused, a sender
 whose send failed is closed and forgotten, the least recently used one is closed past
@@ -22,8 +22,7 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
 from core import signing
-from core.aio.bus import Bus
-from core.aio.runtime import Runtime
+from core.bus import Bus
 from core.messages import (
     MessageBase,
     OperatorAlert,
@@ -34,6 +33,7 @@ from core.messages import (
     parse_message,
     utc_now,
 )
+from core.runtime import Runtime
 from core.settings import Settings
 from tests.support.app import app_settings
 from tests.support.azurite import StorageAccount

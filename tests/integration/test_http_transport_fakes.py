@@ -1,7 +1,7 @@
 """The remote client over core.http_transport against the real fake-services server: every test
 of tests/integration/test_remote_client_http.py again, its ``http`` client on
 :class:`~core.http_transport.PooledTransport` (faults, hangs, Retry-After, an unreachable
-service), and the async remote client on :class:`~core.aio.http_transport.PooledAsyncTransport`
+service), and the async remote client on :class:`~core.http_transport.PooledAsyncTransport`
 through transient faults and a hang."""
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from agent.aio.remote_client import RemoteServiceClient as AsyncRemoteServiceClient
 from agent.circuit import BreakerSettings, CircuitBreaker
 from agent.outcomes import DeadlinePassed, Succeeded
-from core.aio.http_transport import PooledAsyncTransport
-from core.http_transport import PooledTransport
+from agent.remote_client import RemoteServiceClient as AsyncRemoteServiceClient
+from core.http_transport import PooledAsyncTransport, PooledTransport
 from devstack.fakes.remote_services import FakeServices
 from tests.integration.test_remote_client_http import *  # noqa: F403 (its tests run here too)
 from tests.integration.test_remote_client_http import FAST

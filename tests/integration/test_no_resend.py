@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from core.aio.http_transport import PooledAsyncTransport
-from core.tablestorage.aio import client as table_client
-from core.tablestorage.aio.client import TableService
+from core.http_transport import PooledAsyncTransport
+from core.tablestorage import client as table_client
+from core.tablestorage.client import TableService
 from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
 
 pytestmark = pytest.mark.anyio

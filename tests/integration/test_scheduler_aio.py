@@ -1,5 +1,5 @@
-"""The Scheduler's async shell (core.aio.apply, core.aio.inbound, scheduler.aio.intake and
-scheduler.aio.replies) against Azurite and the development Service Bus broker.
+"""The Scheduler's async shell (core.apply, core.inbound, scheduler.intake and
+scheduler.replies) against Azurite and the development Service Bus broker.
 
 The sync twins are generated from these modules (devstack.unasync), so the existing tests prove
 the rules once on the sync side. What is proven here is the async side for real, awaited on one
@@ -27,27 +27,26 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
 
+from core import apply, inbound, resume
 from core import apply as sync_apply
+from core import clients as aio_clients
 from core import clients as sync_clients
 from core import inbound as sync_inbound
-from core import resume
-from core.aio import apply, inbound
-from core.aio import clients as aio_clients
-from core.aio.bus import Bus
-from core.aio.runtime import Runtime
 from core.apply_common import Busy, Parked, forget_failures
+from core.bus import Bus
 from core.instance_ids import new_instance_id
 from core.lifecycle import Replied
 from core.messages import AgentRequest, AgentResponse, MessageBase, encode, parse_message
 from core.op_counts import OperationCounts
 from core.order import Order
+from core.runtime import Runtime
 from core.settings import Settings
 from core.states import ProcessState
 from devstack.host.servicebus_runner import to_function_message
 from scheduler import intake as sync_intake
 from scheduler import replies as sync_replies
-from scheduler.aio.intake import handle_submission
-from scheduler.aio.replies import handle_response
+from scheduler.intake import handle_submission
+from scheduler.replies import handle_response
 from tests.support.app import QueueReader, make_runtime
 from tests.support.pattern import alerts_for, new_order
 
@@ -59,7 +58,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 @pytest.fixture
 def counts(monkeypatch) -> OperationCounts:
-    """Table requests of the async runtime (its clients report to core.aio.clients.COUNTS)."""
+    """Table requests of the async runtime (its clients report to core.clients.COUNTS)."""
     recorder = OperationCounts()
     monkeypatch.setattr(aio_clients, "COUNTS", recorder)
     return recorder

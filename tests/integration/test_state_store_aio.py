@@ -1,4 +1,4 @@
-"""The async order state store (core.aio.state_store) and its tables, against Azurite.
+"""The async order state store (core.state_store) and its tables, against Azurite.
 
 The hot path awaits the same store the Supervisor and the tools call synchronously: the sync
 module is generated from this async one (devstack.unasync), so tests/integration/
@@ -24,16 +24,13 @@ from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableTransactionError
 
 from core import lifecycle
-from core.active_index import index_partition
-from core.aio import state_store as aio_store_module
-from core.aio.active_index import ActiveOrderIndex
-from core.aio.error_index import ErrorOrderIndex
-from core.aio.purge_log import PurgeLog
-from core.aio.state_store import OrderStateStore as AioStore
-from core.aio.supervision import SupervisionTable
+from core import state_store as aio_store_module
+from core.active_index import ActiveOrderIndex, index_partition
+from core.error_index import ErrorOrderIndex
 from core.index_rows import INDEX_BUCKETS, ErrorRow
 from core.op_counts import OperationCounts
 from core.order import Order
+from core.purge_log import PurgeLog
 from core.retention import DeleteOutcome
 from core.roster import BucketLease, Member, Sweep
 from core.state_models import (
@@ -43,10 +40,12 @@ from core.state_models import (
     OrderNotFound,
 )
 from core.state_store import PURGE_MARKER_ROW
+from core.state_store import OrderStateStore as AioStore
 from core.state_store import OrderStateStore as SyncStore
 from core.states import ProcessState
+from core.supervision import SupervisionTable
+from core.tablestorage import TableService as AioService
 from core.tablestorage import TableService as SyncService
-from core.tablestorage.aio import TableService as AioService
 from tests.integration.test_state_store import (
     RESUBMIT,
     T0,

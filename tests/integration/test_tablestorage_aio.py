@@ -1,4 +1,4 @@
-"""core.tablestorage.aio against Azurite, on its asyncio connection pool: rows written here read
+"""core.tablestorage against Azurite, on its asyncio connection pool: rows written here read
 the same through azure-data-tables and the sync twin; conditional writes fail with the SDK's
 errors (409, 412 on a stale ETag, 404); transactions commit all or nothing; queries page across
 continuations and resume; concurrent requests share the pool; and each request is reported to
@@ -16,9 +16,8 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from core.op_counts import OperationCounts
-from core.tablestorage import Sent
+from core.tablestorage import Page, Sent, Table, TableService
 from core.tablestorage import TableService as SyncService
-from core.tablestorage.aio import Page, Table, TableService
 from tests.integration.test_tablestorage import ROW, if_not_modified
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

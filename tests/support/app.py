@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
-from core.aio import runtime as runtime_aio
+from core import runtime as runtime_aio
 from core.messages import utc_now
 from core.runtime import Runtime, new_instance_id
 from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings

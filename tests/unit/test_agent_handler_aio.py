@@ -1,8 +1,8 @@
-"""The async Agent (agent.aio.handler), the source of agent.handler: the AgentResponse it sends
+"""The async Agent (agent.handler), the source of agent.handler: the AgentResponse it sends
 for each outcome of the remote call, what it sends nothing for, and what it alerts.
 
 The remote service is an httpx.MockTransport behind an ``httpx.AsyncClient`` and the runtime an
-async stand-in holding only what the agent uses of core.aio.runtime.Runtime (it records what
+async stand-in holding only what the agent uses of core.runtime.Runtime (it records what
 the bus sends); each response sent is encoded and parsed back, so it is a valid message.
 """
 
@@ -19,11 +19,11 @@ import anyio
 import httpx
 import pytest
 
-from agent.aio import handler
-from agent.aio.handler import handle_request, remote_client
-from agent.aio.remote_client import RemoteServiceClient
+from agent import handler
 from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from agent.handler import handle_request, remote_client
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
+from agent.remote_client import RemoteServiceClient
 from core.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RESUME_CHARS,
@@ -83,7 +83,7 @@ class Bus:
 
 
 class Runtime:
-    """What handle_request uses of core.aio.runtime.Runtime, and no more."""
+    """What handle_request uses of core.runtime.Runtime, and no more."""
 
     def __init__(self, service: Service, **breaker: Any):
         self.clock_ = Clock()

@@ -1,4 +1,4 @@
-"""core.aio.http11 against a real asyncio server, started in the test, that answers
+"""core.http11 against a real asyncio server, started in the test, that answers
 as scripted: framing (Content-Length, chunked, to the end of the connection), kept-alive reuse,
 connections the server closes or writes to while idle, timeouts, cancellation, malformed
 answers, TLS; and the async Table client on it (the closed kept-alive connection retried at
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from core import http11
-from core.aio.http11 import ConnectionPool, TransportError
-from core.tablestorage.aio import client
-from core.tablestorage.aio.client import TableService
+from core.http11 import ConnectionPool, TransportError
+from core.tablestorage import client
+from core.tablestorage.client import TableService
 from tests.unit.test_http11 import certificate  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""core.http_transport.PooledTransport and core.aio.http_transport.PooledAsyncTransport under
+"""core.http_transport.PooledTransport and core.http_transport.PooledAsyncTransport under
 httpx's clients, against a real local HTTP/1.1 server (a thread per connection): a JSON answer,
 the headers sent once each, the Idempotency-Key, kept-alive reuse, Retry-After, gzip decoded by
 the client, timeouts, a refused connection, an oversized answer, a kept-alive connection closed
@@ -23,9 +23,8 @@ import pytest
 
 import core.runtime
 from core import httpx_exchange
-from core.aio import runtime as aio_runtime
-from core.aio.http_transport import PooledAsyncTransport
-from core.http_transport import PooledTransport
+from core import runtime as aio_runtime
+from core.http_transport import PooledAsyncTransport, PooledTransport
 from core.settings import Settings
 from tests.unit.test_runtime_aio import app_env
 

@@ -1,4 +1,4 @@
-"""The async RemoteServiceClient (agent.aio.remote_client), the source of agent.remote_client.
+"""The async RemoteServiceClient (agent.remote_client), the source of agent.remote_client.
 
 Against httpx.MockTransport on a fake clock (no sockets, no real sleeps) it must do what the
 sync client does (tests/unit/test_remote_client.py), case for case, and the two forms must agree
@@ -24,11 +24,11 @@ import httpx
 import pytest
 
 from agent import remote_client as sync_client
-from agent.aio.remote_client import RemoteServiceClient
 from agent.circuit import BreakerSettings, BreakerState, CircuitBreaker
 from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
-from core.aio import primitives
+from agent.remote_client import RemoteServiceClient
+from core import primitives
 from devstack.fakes.remote_services import FakeServices
 
 pytestmark = pytest.mark.anyio

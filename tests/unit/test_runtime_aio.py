@@ -1,4 +1,4 @@
-"""The async Runtime (core.aio.runtime) and clients (core.aio.clients), without a broker: what
+"""The async Runtime (core.runtime) and clients (core.clients), without a broker: what
 ``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
 and the credentials the asyncio clients authenticate with. The broker round trips are in
 tests/integration/test_bus_aio.py."""
@@ -23,14 +23,12 @@ import core.clients
 import core.runtime
 import core.state_store
 import core.tablestorage
-from core import blobs, instance_ids, servicebus_messages, signing
-from core.aio import bus, clients, runtime
-from core.aio import state_store as aio_state_store
-from core.credentials.aio import ThreadedCredential
+from core import blobs, bus, clients, instance_ids, runtime, servicebus_messages, signing
+from core import state_store as aio_state_store
+from core.credentials import ThreadedCredential
 from core.messages import OperatorAlert, StatusUpdate, message_id_for
 from core.settings import Connection, Settings
-from core.tablestorage import auth
-from core.tablestorage.aio import TableService
+from core.tablestorage import TableService, auth
 from tests.support.app import EXAMPLE_SETTINGS
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +91,7 @@ class FakeClient:
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
-    """The Service Bus clients core.aio.clients builds, faked (no broker), in order."""
+    """The Service Bus clients core.clients builds, faked (no broker), in order."""
     built: list[FakeClient] = []
 
     def servicebus_client(conn: Connection, **options: Any) -> FakeClient:

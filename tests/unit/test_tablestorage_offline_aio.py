@@ -1,4 +1,4 @@
-"""core.tablestorage.aio without a server (httpx.MockTransport stands in for the service, as in
+"""core.tablestorage without a server (httpx.MockTransport stands in for the service, as in
 test_tablestorage_offline.py): the async client's retries, errors, transactions and pages; that
 it sends exactly the requests the sync twin sends, each reported once to the request hook; the
 pages both twins hand out; and the Entra token renewed off the request path."""
@@ -28,9 +28,8 @@ from azure.core.exceptions import (
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from core import tablestorage
-from core.tablestorage import Sent, auth, odata
+from core.tablestorage import Sent, TableService, auth, client, odata
 from core.tablestorage import client as sync_client
-from core.tablestorage.aio import TableService, client
 from core.tablestorage.auth import BearerToken
 
 pytestmark = pytest.mark.anyio

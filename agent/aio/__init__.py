@@ -1,2 +1,0 @@
-"""The Agent's async sources: agent.handler and agent.remote_client are generated from them
-(devstack.unasync)."""

@@ -1,1 +1,0 @@
-"""The Scheduler's async I/O shell (intake, replies); the sync twins are generated from it."""
