@@ -27,7 +27,7 @@ re-exported here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -83,14 +83,15 @@ async def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str)
 async def handle(
     rt: Runtime,
     order_id: str,
-    event: Event | Callable[[Order], Event],
+    event: Event | Callable[[Order], Awaitable[Event]],
     *,
     actor: str,
     span: str | None = None,
 ) -> tuple[Order, Decision]:
     """Load the order, decide on ``event``, carry the decision out; again on a lost race.
 
-    ``event`` may be a function of the order (an operator action that must look first).
+    ``event`` may be a coroutine function of the order (an operator action that must look
+    first).
     Raises :class:`core.state_models.OrderNotFound`, :class:`core.lifecycle.Refused`,
     :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
     :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
@@ -113,7 +114,7 @@ async def handle(
                 ctx = context(rt, order.workflow, actor)
             except UnknownWorkflow as missing:
                 raise await park(rt, order, missing, actor) from None
-            happened = event(order) if callable(event) else event
+            happened = await event(order) if callable(event) else event
             decision = decide(order, happened, ctx)
             try:
                 return await carry_out(rt, order, decision, happened), decision

@@ -20,15 +20,15 @@ from scheduler import control
 log = logging.getLogger("scheduler.commands")
 
 
-def handle_command(body: bytes | str, rt: Runtime) -> None:
+async def handle_command(body: bytes | str, rt: Runtime) -> None:
     try:
         command = parse_message(body, SchedulerCommand)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=rt.actor("commands")))
+        await rt.alert(bad.to_alert(source=rt.actor("commands")))
         return
     if command.command == "retry":
         try:
-            apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))
+            await apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))
         except OrderNotFound:
             log.warning("retry command for unknown order %s dropped", command.order_id)
         except apply.Parked:
@@ -36,9 +36,11 @@ def handle_command(body: bytes | str, rt: Runtime) -> None:
         return
     action = control.cancel if command.command == "cancel" else control.resubmit
     try:
-        result = action(rt, command.order_id, actor=command.requested_by, reason=command.reason)
+        result = await action(
+            rt, command.order_id, actor=command.requested_by, reason=command.reason
+        )
     except Refused as refused:
-        rt.alert(
+        await rt.alert(
             OperatorAlert(
                 order_id=command.order_id,
                 severity="warning",

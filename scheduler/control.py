@@ -23,7 +23,7 @@ request or message that asked for it, so the messages it sends continue the orde
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,23 +54,23 @@ class ActionResult:
     detail: str
 
 
-def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
+async def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Cancel an order in flight (see the module docstring)."""
-    order, decision = _act(rt, order_id, Cancel(actor, reason), actor, "cancel")
+    order, decision = await _act(rt, order_id, Cancel(actor, reason), actor, "cancel")
     outcome: Outcome = "failed" if order.state is ProcessState.ERROR else "compensating"
     return _result(order, "cancel", outcome, actor, decision.entry.detail if decision.entry else "")
 
 
-def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
+async def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Resubmit an Error order (see the module docstring)."""
 
-    def event(order: Order) -> Resubmit:
+    async def event(order: Order) -> Resubmit:
         # The Error order's alert and status are on its record until sent; its active-index row
         # is deleted only after they were, so its absence says they need no resending.
-        delivered = not rt.store.index.has(order.order_id, order.generation)
+        delivered = not await rt.store.index.has(order.order_id, order.generation)
         return Resubmit(actor, reason, outbox_delivered=delivered)
 
-    order, decision = _act(rt, order_id, event, actor, "resubmit")
+    order, decision = await _act(rt, order_id, event, actor, "resubmit")
     outcome: Outcome = (
         "compensation_resumed" if order.state is ProcessState.COMPENSATING else "resubmitted"
     )
@@ -79,27 +79,29 @@ def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionRe
     )
 
 
-def restart(rt: Runtime, order_id: str, *, step: str, actor: str, reason: str) -> ActionResult:
+async def restart(
+    rt: Runtime, order_id: str, *, step: str, actor: str, reason: str
+) -> ActionResult:
     """Restart an Error order from ``step`` (see the module docstring)."""
 
-    def event(order: Order) -> Restart:
-        delivered = not rt.store.index.has(order.order_id, order.generation)
+    async def event(order: Order) -> Restart:
+        delivered = not await rt.store.index.has(order.order_id, order.generation)
         return Restart(actor, reason, step, outbox_delivered=delivered)
 
-    order, decision = _act(rt, order_id, event, actor, "restart")
+    order, decision = await _act(rt, order_id, event, actor, "restart")
     detail = decision.entry.detail if decision.entry else ""
     return _result(order, "restart", "restarted", actor, detail)
 
 
-def _act(
+async def _act(
     rt: Runtime,
     order_id: str,
-    event: Event | Callable[[Order], Event],
+    event: Event | Callable[[Order], Awaitable[Event]],
     actor: str,
     action: Action,
 ) -> tuple[Order, Decision]:
     try:
-        return apply.handle(rt, order_id, event, actor=actor, span=f"operator_{action}")
+        return await apply.handle(rt, order_id, event, actor=actor, span=f"operator_{action}")
     except OrderNotFound:
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:

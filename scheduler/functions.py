@@ -1,8 +1,6 @@
 """The Scheduler's Service Bus triggers: submissions, agent replies and commands.
 
-Submissions and replies are the hot path: ``async def`` on the async shell (``core.aio``,
-``scheduler.aio``), one event loop per worker. Commands (operator actions) are rare and run
-on the sync twin of the same code. Each message is handled in a span parented on the trace
+Every trigger is ``async def``: the Python worker awaits it on its event loop. Each message is handled in a span parented on the trace
 context it carries (core.telemetry). Replies and commands are internal: they are handled only
 if the app signed them for their queue (core.inbound). Submissions come from outside and are
 validated, not signed.
@@ -13,8 +11,6 @@ from __future__ import annotations
 import azure.functions as func
 
 from core import inbound, runtime
-from core import inbound as inbound_aio
-from core import runtime as runtime_aio
 from core.telemetry import consuming
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
@@ -25,36 +21,36 @@ bp = func.Blueprint()
 _TRIGGER = {"connection": "ServiceBusConnection", "arg_name": "msg"}
 
 
-async def on_submission(msg: func.ServiceBusMessage, rt: runtime_aio.Runtime) -> None:
+async def on_submission(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
     with consuming(msg, "scheduler_intake", rt.settings.queue("orders")):
         await handle_submission(msg.get_body(), rt)
 
 
-async def on_reply(msg: func.ServiceBusMessage, rt: runtime_aio.Runtime) -> None:
+async def on_reply(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
     with consuming(msg, "scheduler_replies", rt.settings.queue("responses")):
-        delivery = inbound_aio.Delivery.of(msg)
-        body = await inbound_aio.trusted_body(rt, delivery, "responses", "replies")
+        delivery = inbound.Delivery.of(msg)
+        body = await inbound.trusted_body(rt, delivery, "responses", "replies")
         if body is not None:
             await handle_response(body, rt)
 
 
-def on_command(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
+async def on_command(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
     with consuming(msg, "scheduler_commands", rt.settings.queue("commands")):
-        body = inbound.trusted_body(rt, inbound.Delivery.of(msg), "commands", "commands")
+        body = await inbound.trusted_body(rt, inbound.Delivery.of(msg), "commands", "commands")
         if body is not None:
-            handle_command(body, rt)
+            await handle_command(body, rt)
 
 
 @bp.service_bus_queue_trigger(queue_name="%ORDERS_QUEUE%", **_TRIGGER)
 async def scheduler_intake(msg: func.ServiceBusMessage) -> None:
-    await on_submission(msg, runtime_aio.current())
+    await on_submission(msg, runtime.current())
 
 
 @bp.service_bus_queue_trigger(queue_name="%AGENT_RESPONSES_QUEUE%", **_TRIGGER)
 async def scheduler_replies(msg: func.ServiceBusMessage) -> None:
-    await on_reply(msg, runtime_aio.current())
+    await on_reply(msg, runtime.current())
 
 
 @bp.service_bus_queue_trigger(queue_name="%SCHEDULER_COMMANDS_QUEUE%", **_TRIGGER)
-def scheduler_commands(msg: func.ServiceBusMessage) -> None:
-    on_command(msg, runtime.current())
+async def scheduler_commands(msg: func.ServiceBusMessage) -> None:
+    await on_command(msg, runtime.current())

@@ -32,7 +32,7 @@ class MigrationReport:
     """Orders left on their version, by reason."""
 
 
-def migrate(
+async def migrate(
     rt: Runtime,
     from_ref: str,
     to_ref: str,
@@ -49,13 +49,13 @@ def migrate(
         raise ValueError(str(missing)) from None
     report = MigrationReport(source.ref, target.ref, dry_run)
     event = Migrate(target, actor, reason)
-    for row in rt.store.all_active():
+    async for row in rt.store.all_active():
         if canonical(row.workflow) == source.ref:
-            _one(rt, row.order_id, row.generation, source.ref, event, report)
+            await _one(rt, row.order_id, row.generation, source.ref, event, report)
     return report
 
 
-def _one(
+async def _one(
     rt: Runtime,
     order_id: str,
     generation: int,
@@ -63,7 +63,7 @@ def _one(
     event: Migrate,
     report: MigrationReport,
 ) -> None:
-    order = rt.store.find(order_id)
+    order = await rt.store.find(order_id)
     if order is None or order.generation != generation or canonical(order.workflow) != source:
         return
     report.examined += 1
@@ -71,7 +71,7 @@ def _one(
         if report.dry_run:
             decide(order, event, apply.context(rt, order.workflow, event.actor))
         else:
-            apply.handle(rt, order_id, event, actor=event.actor, span="operator_migrate")
+            await apply.handle(rt, order_id, event, actor=event.actor, span="operator_migrate")
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

@@ -19,10 +19,10 @@ bp = func.Blueprint()
 
 
 @bp.timer_trigger(arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False)
-def supervisor(timer: func.TimerRequest) -> None:
+async def supervisor(timer: func.TimerRequest) -> None:
     rt = runtime.current()
     with tracer.start_as_current_span("supervisor_tick") as span:
-        report = run_tick(rt)
+        report = await run_tick(rt)
         span.set_attributes(
             {
                 "supervisor.buckets_held": report.held,

@@ -29,12 +29,11 @@ Work that survives the worker (:mod:`supervisor.leases`):
 
 from __future__ import annotations
 
-import contextvars
+import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -62,21 +61,20 @@ RECOVER_SPAN = "supervisor_recover"
 _OUTCOMES = {"released": "retried", "compensation_started": "compensating", "error": "failed"}
 
 
-def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
+async def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     started = time.monotonic()
     budget = rt.settings.supervisor_budget.total_seconds() if budget_s is None else budget_s
     deadline = started + budget
     report = TickReport()
     claimed_at = rt.clock()
-    plan = _claim(rt)
+    plan = await _claim(rt)
     report.held = len(plan.hold)
     sweeps: list[Sweep] = []
     if plan.hold:
-        workers = rt.settings.supervisor_concurrency
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
-            found = list(_map_here(pool, lambda lease: _due(rt, lease), plan.hold))
-            sweeps = _sweep(rt, pool, found, deadline, report)
-        _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
+        limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
+        found = await _gather(limit, lambda lease: _due(rt, lease), plan.hold)
+        sweeps = await _sweep(rt, limit, found, deadline, report)
+        await _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
     report.swept = len(sweeps)
     report.duration_s = round(time.monotonic() - started, 3)
     record_tick(report)
@@ -85,13 +83,13 @@ def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     return report
 
 
-def _claim(rt: Runtime) -> leases.Plan:
+async def _claim(rt: Runtime) -> leases.Plan:
     """This tick's buckets, each with the ETag of its claimed lease. After lost races (another
     instance claimed at the same moment), a claim that only renews what this one holds."""
     for attempt in range(CLAIM_ATTEMPTS):
         now = rt.clock()
         plan = leases.plan(
-            rt.store.supervision.read(),
+            await rt.store.supervision.read(),
             rt.instance_id,
             now,
             rt.settings.supervisor_claim,
@@ -99,7 +97,7 @@ def _claim(rt: Runtime) -> leases.Plan:
             take=attempt < CLAIM_ATTEMPTS - 1,
         )
         try:
-            etags = rt.store.supervision.claim(plan.member, plan.hold, (), plan.reap)
+            etags = await rt.store.supervision.claim(plan.member, plan.hold, (), plan.reap)
         except ConcurrencyConflict:
             continue  # read the roster again
         return dataclasses.replace(
@@ -110,7 +108,7 @@ def _claim(rt: Runtime) -> leases.Plan:
     return leases.Plan(member=plan.member, hold=(), release=(), reap=())
 
 
-def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: datetime) -> None:
+async def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: datetime) -> None:
     """Extend the leases of what was held to ``until`` (the next tick renews them), give up the
     surplus, and record the buckets swept, in one write."""
     now = rt.clock()
@@ -122,7 +120,7 @@ def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: datetime)
         return dataclasses.replace(lease, until=until)
 
     swept = {s.lease.bucket for s in sweeps}
-    rt.store.supervision.checkpoint(
+    await rt.store.supervision.checkpoint(
         [dataclasses.replace(s, lease=closed(s.lease)) for s in sweeps],
         rt.instance_id,
         others=[closed(b) for b in plan.hold if b.bucket not in swept],
@@ -136,14 +134,14 @@ class _Found:
     rows: tuple[ActiveRow, ...]
 
 
-def _due(rt: Runtime, lease: BucketLease) -> _Found:
+async def _due(rt: Runtime, lease: BucketLease) -> _Found:
     now = rt.clock()
-    return _Found(lease, now, rt.store.index.due(lease.bucket, now, PAGE_SIZE))
+    return _Found(lease, now, await rt.store.index.due(lease.bucket, now, PAGE_SIZE))
 
 
-def _sweep(
+async def _sweep(
     rt: Runtime,
-    pool: ThreadPoolExecutor,
+    limit: asyncio.Semaphore,
     found: list[_Found],
     deadline: float,
     report: TickReport,
@@ -159,7 +157,7 @@ def _sweep(
     report.due += len(rows)
     if rows:
         report.lag_s = rows[0][0].total_seconds()
-    outcomes = _map_here(pool, lambda item: _handle(rt, item[2], deadline), rows)
+    outcomes = await _gather(limit, lambda item: _handle(rt, item[2], deadline), rows)
     left = [len(f.rows) for f in found]
     for (_, n, _row), outcome in zip(rows, outcomes, strict=True):
         if outcome is None:
@@ -179,13 +177,13 @@ def _lag(found: _Found) -> float:
     return max(((found.at - row.due_at).total_seconds() for row in found.rows), default=0.0)
 
 
-def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
+async def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
     """What became of ``row``: None if the budget was spent first, else the outcome counted in
     the report ("" for none)."""
     if time.monotonic() >= deadline:
         return None
     try:
-        return _inspect(row, rt)
+        return await _inspect(row, rt)
     except ConcurrencyConflict:
         return "conflicts"  # the order moved on while we looked: nothing to recover
     except CorruptOrderState as exc:
@@ -198,39 +196,46 @@ def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
         return "errors"
 
 
-def _inspect(row: ActiveRow, rt: Runtime) -> str:
-    order = rt.store.find(row.order_id)
+async def _inspect(row: ActiveRow, rt: Runtime) -> str:
+    order = await rt.store.find(row.order_id)
     if order is None or order.generation != row.generation:
-        if rt.store.reap_active(row, order):
+        if await rt.store.reap_active(row, order):
             return "reaped"
         else:
             # Young garbage, or a create on its way: look again before that order could be
             # due, and reap it once it is old enough.
             recheck = apply.earliest_due(rt, rt.clock())
-            rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
+            await rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
         return ""
     try:
         ctx = apply.context(rt, order.workflow, rt.actor("supervisor"))
     except UnknownWorkflow as missing:
-        apply.park(rt, order, missing, rt.actor("supervisor"))
-        rt.store.index.postpone(row, rt.clock() + apply.PARKED_RECHECK)
+        await apply.park(rt, order, missing, rt.actor("supervisor"))
+        await rt.store.index.postpone(row, rt.clock() + apply.PARKED_RECHECK)
         return "parked"
     swept = Swept()
     decision = decide(order, swept, ctx)
     acts = decision.order is not None or bool(decision.send)
     with apply.in_order_trace(RECOVER_SPAN if acts else None, order, ctx.actor):
-        after = apply.carry_out(rt, order, decision, swept)
+        after = await apply.carry_out(rt, order, decision, swept)
     if not decision.finished:
         # The row was due, the order may not be (the row is kept early): move the row up. If
         # the write above moved it already, the row's ETag changed and this does nothing.
-        rt.store.index.postpone(row, apply.due(rt, after))
+        await rt.store.index.postpone(row, apply.due(rt, after))
     if decision.entry is not None:
         return _OUTCOMES.get(decision.entry.event, "")
     return "flushed" if decision.finished and decision.order is None else ""
 
 
-def _map_here(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-    """``pool.map``, each call in a copy of the calling thread's context: the commands and
-    alerts a sweep sends stay in the tick's trace instead of each starting a new one."""
-    calls = [(contextvars.copy_context(), item) for item in items]
-    return pool.map(lambda call: call[0].run(fn, call[1]), calls)
+async def _gather(
+    limit: asyncio.Semaphore, fn: Callable[[T], Awaitable[R]], items: Iterable[T]
+) -> list[R]:
+    """``fn`` of each item, at most ``limit`` at once, results in order. Each runs in a task
+    with a copy of the tick's context, so the commands and alerts a sweep sends stay in the
+    tick's trace instead of each starting a new one."""
+
+    async def one(item: T) -> R:
+        async with limit:
+            return await fn(item)
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
