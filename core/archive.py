@@ -25,14 +25,15 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Final, Protocol
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
-from azure.storage.blob import BlobBlock, ContainerClient
+from azure.storage.blob import BlobBlock
+from azure.storage.blob.aio import ContainerClient
 
 from core import ids
 from core.messages import OrderSubmitted
@@ -64,13 +65,13 @@ class ArchivedOrder:
 
 
 class Archive(Protocol):
-    """What the purge and the readers need; :class:`BlobArchive` and core.memory's twin."""
+    """What the purge and the readers need: :class:`BlobArchive`, and core.memory's in memory."""
 
-    def append(self, day: date, records: Sequence[ArchivedOrder]) -> str: ...
+    async def append(self, day: date, records: Sequence[ArchivedOrder]) -> str: ...
 
-    def lines(self, blob: str) -> Iterator[bytes]: ...
+    def lines(self, blob: str) -> AsyncIterator[bytes]: ...
 
-    def blobs(self, day: date | None = None) -> list[str]: ...
+    async def blobs(self, day: date | None = None) -> list[str]: ...
 
 
 def blob_name(day: date, part: int = 0) -> str:
@@ -85,14 +86,16 @@ def day_prefix(day: date) -> str:
 # -------------------------------------------------------------------------------- reading
 
 
-def find(archive: Archive, order_id: str, *, day: date | None = None) -> ArchivedOrder | None:
+async def find(archive: Archive, order_id: str, *, day: date | None = None) -> ArchivedOrder | None:
     """The archived copy of ``order_id`` (de-duplicated), searching the day blobs newest
     first (only ``day``'s when given); None if it is not archived."""
-    copies = find_all(archive, order_id, day=day)
+    copies = await find_all(archive, order_id, day=day)
     return latest(copies)[0] if copies else None
 
 
-def find_all(archive: Archive, order_id: str, *, day: date | None = None) -> list[ArchivedOrder]:
+async def find_all(
+    archive: Archive, order_id: str, *, day: date | None = None
+) -> list[ArchivedOrder]:
     """Every copy of ``order_id`` in the newest blob that holds it (not de-duplicated).
 
     A later copy is always archived on the same day or later, so the newest blob holding the
@@ -101,16 +104,18 @@ def find_all(archive: Archive, order_id: str, *, day: date | None = None) -> lis
     order_id = ids.validate_order_id(order_id)
     # encode() writes order_id first: a line of another order is skipped without parsing it.
     head = b"{" + json.dumps({"order_id": order_id}, separators=(",", ":"))[1:-1].encode() + b","
-    for blob in sorted(archive.blobs(day), key=_blob_order, reverse=True):
-        copies = [decode(line) for line in archive.lines(blob) if line.startswith(head)]
+    for blob in sorted(await archive.blobs(day), key=_blob_order, reverse=True):
+        copies = [decode(line) async for line in archive.lines(blob) if line.startswith(head)]
         if copies:
             return copies
     return []
 
 
-def read_day(archive: Archive, day: date) -> list[ArchivedOrder]:
+async def read_day(archive: Archive, day: date) -> list[ArchivedOrder]:
     """The orders archived on ``day``, one per order id (de-duplicated), in archive order."""
-    records = [decode(line) for blob in archive.blobs(day) for line in archive.lines(blob)]
+    records = [
+        decode(line) for blob in await archive.blobs(day) async for line in archive.lines(blob)
+    ]
     return latest(records)
 
 
@@ -146,35 +151,37 @@ class BlobArchive:
         self._owner = owner
         """The BlobServiceClient the container client came from, closed with it."""
 
-    def close(self) -> None:
-        self._container.close()
+    async def close(self) -> None:
+        await self._container.close()
         if self._owner is not None:
-            self._owner.close()
+            await self._owner.close()
 
     @property
     def container(self) -> str:
         return self._container.container_name
 
-    def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
+    async def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
         """Append ``records`` to ``day``'s blob as one block; returns the blob's name."""
         data = b"".join(encode(record) for record in records)
         part = 0
         for _ in range(_COMMIT_ATTEMPTS):
             name = blob_name(day, part)
             blob = self._container.get_blob_client(name)
-            etag, committed = self._committed(name)
+            etag, committed = await self._committed(name)
             if len(committed) >= MAX_BLOCKS_PER_BLOB:
                 part += 1
                 continue
             block_id = base64.b64encode(uuid.uuid4().hex.encode()).decode()
             try:
-                blob.stage_block(block_id, data, length=len(data))
+                await blob.stage_block(block_id, data, length=len(data))
                 condition: dict[str, Any] = (
                     {"etag": etag, "match_condition": MatchConditions.IfNotModified}
                     if etag
                     else {"match_condition": MatchConditions.IfMissing}
                 )
-                blob.commit_block_list([*committed, BlobBlock(block_id=block_id)], **condition)
+                await blob.commit_block_list(
+                    [*committed, BlobBlock(block_id=block_id)], **condition
+                )
             except ResourceModifiedError:
                 continue  # another purge appended first: restage against its list
             except HttpResponseError as exc:
@@ -187,33 +194,34 @@ class BlobArchive:
             f"({_COMMIT_ATTEMPTS} attempts); nothing was deleted, the next run tries again"
         )
 
-    def _committed(self, name: str) -> tuple[str | None, list[BlobBlock]]:
+    async def _committed(self, name: str) -> tuple[str | None, list[BlobBlock]]:
         blob = self._container.get_blob_client(name)
         try:
-            etag = blob.get_blob_properties().etag
+            etag = (await blob.get_blob_properties()).etag
         except ResourceNotFoundError:
-            self._ensure_container()
+            await self._ensure_container()
             return None, []
-        committed, _ = blob.get_block_list("committed")
+        committed, _ = await blob.get_block_list("committed")
         return etag, [BlobBlock(block_id=b.id) for b in committed]
 
-    def _ensure_container(self) -> None:
+    async def _ensure_container(self) -> None:
         try:
-            self._container.create_container()
+            await self._container.create_container()
         except HttpResponseError as exc:
             if exc.status_code != 409:  # ContainerAlreadyExists
                 raise
 
-    def lines(self, blob: str) -> Iterator[bytes]:
-        data = self._container.get_blob_client(blob).download_blob().readall()
+    async def lines(self, blob: str) -> AsyncIterator[bytes]:
+        download = await self._container.get_blob_client(blob).download_blob()
+        data = await download.readall()
         for line in data.splitlines():
             if line.strip():
                 yield line
 
-    def blobs(self, day: date | None = None) -> list[str]:
+    async def blobs(self, day: date | None = None) -> list[str]:
         prefix = day_prefix(day) if day is not None else None
         try:
-            return [b.name for b in self._container.list_blobs(name_starts_with=prefix)]
+            return [b.name async for b in self._container.list_blobs(name_starts_with=prefix)]
         except ResourceNotFoundError:
             return []  # no container yet: nothing was ever archived
 

@@ -1,11 +1,9 @@
 """Clients built from Settings: managed identity in Azure, connection strings locally.
 
 Table Storage goes through core.tablestorage (the SDK's request preparation was most of an
-order's CPU); Service Bus through its SDK. Every client reports its requests to
-core.op_counts.COUNTS. Clients are created once per
-process and reused (opening a Service Bus link costs about a second). The purge's blob
-service is core.blobs'. Written once, async, in core/aio/clients.py (asyncio clients); the sync
-core/clients.py is generated from it (``python -m devstack.unasync``).
+order's CPU); Service Bus and Blob Storage through their SDKs' asyncio clients. Every client
+reports its requests to core.op_counts.COUNTS. Clients are created once per process and reused
+(opening a Service Bus link costs about a second).
 """
 
 from __future__ import annotations
@@ -13,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from azure.servicebus.aio import ServiceBusClient
+from azure.storage.blob.aio import BlobServiceClient
 
-from core.blobs import blob_service
 from core.credentials import credential
 from core.op_counts import COUNTS
 from core.settings import Connection
 from core.tablestorage import TableService
-
-__all__ = ["blob_service", "servicebus_client", "table_service"]
 
 
 def table_service(conn: Connection) -> TableService:
@@ -37,3 +33,15 @@ def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:
         return ServiceBusClient.from_connection_string(conn.connection_string, **options)
     assert conn.endpoint is not None
     return ServiceBusClient(conn.endpoint, credential=credential(conn), **options)
+
+
+def blob_service(conn: Connection) -> BlobServiceClient:
+    """The state storage account's blob service (the purge's archive)."""
+    hook = COUNTS.request_hook("blob")
+    if conn.connection_string:
+        return BlobServiceClient.from_connection_string(
+            conn.connection_string, raw_request_hook=hook
+        )
+    if conn.blob_endpoint is None:
+        raise ValueError(f"{conn.name} names no blob service endpoint (__blobServiceUri)")
+    return BlobServiceClient(conn.blob_endpoint, credential=credential(conn), raw_request_hook=hook)

@@ -40,12 +40,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
-
-from azure.data.tables import TableClient
 
 from core.active_index import ActiveRow
 from core.error_index import ERROR_PARTITION, ErrorRow
@@ -53,6 +51,7 @@ from core.order import Order
 from core.state_models import PROCESS_ROW, etag_of, order_from_entity, utc
 from core.state_store import OrderStateStore
 from core.states import ProcessState
+from core.tablestorage import Table
 
 MAX_LIMIT: Final = 100
 MAX_SCAN: Final = 500
@@ -128,7 +127,7 @@ class OrderListing:
     """A sorted listing read fewer than all candidates: its order covers those it read."""
 
 
-def list_orders(
+async def list_orders(
     store: OrderStateStore,
     state: ProcessState,
     *,
@@ -137,7 +136,7 @@ def list_orders(
     limit: int = 50,
     cursor: str | None = None,
     max_scan: int = MAX_SCAN,
-    history: TableClient | None = None,
+    history: Table | None = None,
 ) -> OrderListing:
     """Up to ``limit`` orders now in ``state`` that ``where`` keeps, and where to go on.
 
@@ -149,13 +148,13 @@ def list_orders(
     if sort not in SORTS:
         raise ValueError(f"sort must be one of: {', '.join(SORTS)}")
     if sort == "index":
-        return _index_page(store, history, state, where, limit, cursor, max_scan)
-    return _sorted_page(store, history, state, where, sort, limit, cursor, max_scan)
+        return await _index_page(store, history, state, where, limit, cursor, max_scan)
+    return await _sorted_page(store, history, state, where, sort, limit, cursor, max_scan)
 
 
-def _index_page(
+async def _index_page(
     store: OrderStateStore,
-    history: TableClient | None,
+    history: Table | None,
     state: ProcessState,
     where: OrderFilter,
     limit: int,
@@ -164,7 +163,7 @@ def _index_page(
 ) -> OrderListing:
     scan = _Scan(store, history, state, where, decode_cursor(cursor, state), max_scan)
     found: list[Order] = []
-    for order in scan:
+    async for order in scan:
         if order is not None:
             found.append(order)
             if len(found) >= limit:
@@ -174,9 +173,9 @@ def _index_page(
     return OrderListing(state, tuple(found), next_cursor, scan.scanned)
 
 
-def _sorted_page(
+async def _sorted_page(
     store: OrderStateStore,
-    history: TableClient | None,
+    history: Table | None,
     state: ProcessState,
     where: OrderFilter,
     sort: str,
@@ -188,7 +187,8 @@ def _sorted_page(
     scan = _Scan(store, history, state, where, None, max_scan)
     key = _sort_key(sort)
     newest_first = sort.startswith("-")
-    ordered = sorted((o for o in scan if o is not None), key=key, reverse=newest_first)
+    read = [o async for o in scan if o is not None]
+    ordered = sorted(read, key=key, reverse=newest_first)
     if after is not None:
         ordered = [o for o in ordered if (key(o) < after if newest_first else key(o) > after)]
     page = ordered[:limit]
@@ -219,7 +219,7 @@ class _Scan:
     def __init__(
         self,
         store: OrderStateStore,
-        history: TableClient | None,
+        history: Table | None,
         state: ProcessState,
         where: OrderFilter,
         after: tuple[str, str] | None,
@@ -234,39 +234,41 @@ class _Scan:
         self.scanned = 0
         self.exhausted = False
 
-    def __iter__(self) -> Iterator[Order | None]:
+    def __aiter__(self) -> AsyncIterator[Order | None]:
         if self._state is ProcessState.PROCESSED:
             assert self._history is not None
             return self._history_rows(self._history)
         return self._index_rows()
 
-    def _index_rows(self) -> Iterator[Order | None]:
+    async def _index_rows(self) -> AsyncIterator[Order | None]:
         more = True
         while more and self.scanned < self._max_scan:
             size = min(FETCH, self._max_scan - self.scanned)
-            rows, more = _fetch(self._store, self._state, size, self.position)
+            rows, more = await _fetch(self._store, self._state, size, self.position)
             for position, row in enumerate(rows):
                 self.scanned += 1
                 self.position = _key(row)
                 self.exhausted = not more and position == len(rows) - 1
-                process = self._store.find(row.order_id)
+                process = await self._store.find(row.order_id)
                 if _matches(process, row, self._state):
                     assert process is not None
                     yield process if self._where.matches(process) else None
                     continue
                 if isinstance(row, ErrorRow):
-                    self._store.errors.reap(row, process)
+                    await self._store.errors.reap(row, process)
                 yield None
         self.exhausted = self.exhausted or not more
 
-    def _history_rows(self, history: TableClient) -> Iterator[Order | None]:
+    async def _history_rows(self, history: Table) -> AsyncIterator[Order | None]:
         condition, parameters = _history_query(self._state, self._where, self.position)
         pages = history.query_entities(
             condition, parameters=parameters, select=SUMMARY_COLUMNS, results_per_page=FETCH
         ).by_page()
-        for requests, page in enumerate(pages, start=1):
+        requests = 0
+        async for page in pages:
+            requests += 1
             rows = list(page)
-            token: Any = pages.continuation_token  # type: ignore[attr-defined]
+            token: Any = pages.continuation_token
             for position, entity in enumerate(rows):
                 self.scanned += 1
                 self.position = (entity["PartitionKey"], PROCESS_ROW)
@@ -313,13 +315,13 @@ def _resume_at(token: Any) -> tuple[str, str]:
     return (partition, "") if row <= PROCESS_ROW else (partition, PROCESS_ROW)
 
 
-def _fetch(
+async def _fetch(
     store: OrderStateStore, state: ProcessState, size: int, after: tuple[str, str] | None
 ) -> tuple[tuple[ActiveRow, ...] | tuple[ErrorRow, ...], bool]:
     if state is ProcessState.ERROR:
-        page = store.errors.page(size, after=after[1] if after else None)
+        page = await store.errors.page(size, after=after[1] if after else None)
         return page.rows, page.last_key is not None
-    return store.index.page_after(size, after=after)
+    return await store.index.page_after(size, after=after)
 
 
 def _key(row: ActiveRow | ErrorRow) -> tuple[str, str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
@@ -50,7 +50,7 @@ log = logging.getLogger("retention")
 
 
 class PurgeStore(Protocol):
-    """What the purge needs of a store (the Table store and core.memory's twin)."""
+    """What the purge needs of a store (the Table store, and core.memory's in memory)."""
 
     index: Any
     errors: Any
@@ -58,13 +58,13 @@ class PurgeStore(Protocol):
 
     def purge_candidates(
         self, before: datetime, states: Any = ..., *, page_size: int = ...
-    ) -> Iterator[Candidate]: ...
+    ) -> AsyncIterator[Candidate]: ...
 
-    def snapshot(self, order_id: str) -> OrderSnapshot | None: ...
+    async def snapshot(self, order_id: str) -> OrderSnapshot | None: ...
 
-    def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome: ...
+    async def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome: ...
 
-    def finish_purge(self, order_id: str) -> bool: ...
+    async def finish_purge(self, order_id: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class PurgeReport:
         )
 
 
-def run_purge(
+async def run_purge(
     store: PurgeStore,
     archive: Archive,
     request: PurgeRequest,
@@ -153,29 +153,29 @@ def run_purge(
     stop_at = None if request.budget is None else monotonic() + request.budget.total_seconds()
     candidates = store.purge_candidates(report.cutoff, request.states)
     chunk: list[OrderSnapshot] = []
-    for candidate in candidates:
+    async for candidate in candidates:
         if report.examined >= request.limit or (stop_at is not None and monotonic() > stop_at):
             report.more = True
             break
         if candidate.interrupted:
-            if not request.dry_run and store.finish_purge(candidate.order_id):
+            if not request.dry_run and await store.finish_purge(candidate.order_id):
                 report.interrupted_finished += 1
             continue
-        snapshot = _examine(store, candidate, request, now, report)
+        snapshot = await _examine(store, candidate, request, now, report)
         if snapshot is not None:
             chunk.append(snapshot)
         if len(chunk) >= CHUNK:
-            _archive_then_delete(store, archive, chunk, request, now, report)
+            await _archive_then_delete(store, archive, chunk, request, now, report)
             chunk = []
-    _archive_then_delete(store, archive, chunk, request, now, report)
+    await _archive_then_delete(store, archive, chunk, request, now, report)
     report.finished_at = utc(clock())
     if not request.dry_run:
-        store.purges.record(report.run_id, report.started_at, report.as_dict())
+        await store.purges.record(report.run_id, report.started_at, report.as_dict())
     log.info("%s", report.summary())
     return report
 
 
-def _examine(
+async def _examine(
     store: PurgeStore,
     candidate: Candidate,
     request: PurgeRequest,
@@ -184,7 +184,7 @@ def _examine(
 ) -> OrderSnapshot | None:
     """Read one candidate whole and decide; the snapshot if it is purgeable."""
     try:
-        snapshot = store.snapshot(candidate.order_id)
+        snapshot = await store.snapshot(candidate.order_id)
     except StoreError as exc:
         report.failed += 1
         log.warning("purge: order %s could not be read (left in place): %s", candidate, exc)
@@ -200,7 +200,7 @@ def _examine(
         now=now,
         older_than=request.older_than,
         states=request.states,
-        index_row=order.state.terminal and store.index.has(order.order_id, order.generation),
+        index_row=order.state.terminal and await store.index.has(order.order_id, order.generation),
     )
     if decided is not Verdict.PURGE:
         report.kept[decided.value] = report.kept.get(decided.value, 0) + 1
@@ -209,7 +209,7 @@ def _examine(
     return snapshot
 
 
-def _archive_then_delete(
+async def _archive_then_delete(
     store: PurgeStore,
     archive: Archive,
     chunk: list[OrderSnapshot],
@@ -231,17 +231,17 @@ def _archive_then_delete(
         )
         for s in chunk
     ]
-    blob = archive.append(now.date(), records)
+    blob = await archive.append(now.date(), records)
     report.archived += len(records)
     if blob not in report.blobs:
         report.blobs.append(blob)
     for snapshot in chunk:
-        outcome = store.purge(snapshot)
+        outcome = await store.purge(snapshot)
         order = snapshot.process
         if outcome is DeleteOutcome.PURGED:
             report.purged += 1
             if order.state is ProcessState.ERROR:
-                store.errors.discard(order.order_id, order.generation)
+                await store.errors.discard(order.order_id, order.generation)
         elif outcome is DeleteOutcome.CHANGED:
             report.skipped_changed += 1
             log.info("purge: order %s changed after it was read; left in place", order.order_id)

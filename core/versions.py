@@ -75,13 +75,13 @@ def check(in_use: Mapping[str, VersionUse], carried: Iterable[str]) -> tuple[boo
     )
 
 
-def versions_in_use(store: OrderStateStore) -> dict[str, VersionUse]:
+async def versions_in_use(store: OrderStateStore) -> dict[str, VersionUse]:
     """Read the active-order index and the Error index (see the module docstring for cost)."""
-    flight = [row.workflow for row in store.all_active()]
+    flight = [row.workflow async for row in store.all_active()]
     errors: list[str] = []
     cursor: str | None = None
     while True:
-        page = list_orders(store, ProcessState.ERROR, limit=MAX_LIMIT, cursor=cursor)
+        page = await list_orders(store, ProcessState.ERROR, limit=MAX_LIMIT, cursor=cursor)
         errors += [order.workflow for order in page.orders]
         cursor = page.cursor
         if cursor is None:

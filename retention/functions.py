@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from datetime import timedelta
 from typing import Final
 
@@ -32,32 +31,33 @@ RUN_BUDGET: Final = timedelta(minutes=8)
 bp = func.Blueprint()
 log = logging.getLogger("retention")
 
-_lock = threading.Lock()
 _archive: tuple[runtime.Runtime, BlobArchive] | None = None
 
 
-def archive_of(rt: runtime.Runtime) -> BlobArchive:
-    """The archive of the process-wide Runtime's settings (rebuilt if it is replaced)."""
+async def archive_of(rt: runtime.Runtime) -> BlobArchive:
+    """The archive of the process-wide Runtime's settings (rebuilt if it is replaced).
+
+    Its clients belong to the event loop of the Runtime's. The swap awaits nothing, so two
+    runs on the loop never both build one; the replaced archive is closed after it."""
     global _archive
-    with _lock:
-        if _archive is None or _archive[0] is not rt:
-            if _archive is not None:
-                _archive[1].close()
-            _archive = (rt, open_archive(rt.settings))
-        return _archive[1]
+    if _archive is None or _archive[0] is not rt:
+        previous, _archive = _archive, (rt, open_archive(rt.settings))
+        if previous is not None:
+            await previous[1].close()
+    return _archive[1]
 
 
 @bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
-def retention_purge(timer: func.TimerRequest) -> None:
+async def retention_purge(timer: func.TimerRequest) -> None:
     rt = runtime.current()
     days = rt.settings.retention_days
     if days == 0:
         log.info("retention purge is off (RETENTION_DAYS = 0)")
         return
     with tracer.start_as_current_span("retention_purge") as span:
-        report = run_purge(
+        report = await run_purge(
             rt.store,
-            archive_of(rt),
+            await archive_of(rt),
             PurgeRequest(
                 older_than=timedelta(days=days),
                 requested_by=rt.actor("retention"),
