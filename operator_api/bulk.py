@@ -41,7 +41,7 @@ def states_for(action: BulkAction, state: object) -> tuple[ProcessState, ...]:
     return (wanted,)
 
 
-def select(
+async def select(
     store: OrderStateStore,
     states: Sequence[ProcessState],
     where: OrderFilter,
@@ -53,7 +53,7 @@ def select(
     for state in states:
         cursor = None
         while True:
-            listing = list_orders(
+            listing = await list_orders(
                 store,
                 state,
                 where=where,

@@ -135,17 +135,17 @@ class DeadLetterLog:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def record(self, entity: dict[str, Any]) -> None:
-        self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+    async def record(self, entity: dict[str, Any]) -> None:
+        await self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
-    def recent(self, limit: int = 20) -> list[LoggedAction]:
+    async def recent(self, limit: int = 20) -> list[LoggedAction]:
         """The newest ``limit`` actions first (at most ``MAX_RECENT``)."""
         limit = max(1, min(limit, MAX_RECENT))
         pages = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=limit
         ).by_page()
         found: list[LoggedAction] = []
-        for page in pages:
+        async for page in pages:
             for entity in page:
                 try:
                     found.append(from_entity(entity))

@@ -96,7 +96,7 @@ class Settler:
         would: DeadLetterOutcomeKind = "would_replay" if self.kind == "replay" else "would_purge"
         self._note(message, "refused" if refusal else would, refusal or "")
 
-    def act(self, message: ServiceBusReceivedMessage, send: Send) -> bool:
+    async def act(self, message: ServiceBusReceivedMessage, send: Send) -> bool:
         """Settle one dead letter (received): True to complete it."""
         if not self._wanted(message):
             return False
@@ -108,7 +108,7 @@ class Settler:
             self._note(message, "refused", refusal)
             return False
         try:
-            send(replay_copy(message))
+            await send(replay_copy(message))
         except ServiceBusError as error:
             self._note(message, "failed", f"not sent back, it stays: {type(error).__name__}")
             return False

@@ -24,8 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 import azure.functions as func
@@ -58,28 +57,29 @@ _INTEGER: Final = re.compile(r"-?[0-9]{1,18}", re.ASCII)
 _NUMBER: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,3})?", re.ASCII)
 _BOOLEANS: Final = {"true": True, "1": True, "false": False, "0": False}
 
-_lock = threading.Lock()
 _ops: tuple[runtime.Runtime, Operations] | None = None
 
 
-def operations() -> Operations:
-    """The Operations of the process-wide Runtime (rebuilt if that Runtime is replaced)."""
+async def operations() -> Operations:
+    """The Operations of the process-wide Runtime (rebuilt if that Runtime is replaced).
+
+    Its clients belong to the event loop the functions run on. The swap awaits nothing, so
+    requests on the loop never build two; the Operations it replaces is closed after."""
     global _ops
     rt = runtime.current()
-    with _lock:
-        if _ops is None or _ops[0] is not rt:
-            if _ops is not None:
-                _ops[1].close()
-            _ops = (rt, Operations(rt))
-        return _ops[1]
+    if _ops is None or _ops[0] is not rt:
+        previous, _ops = _ops, (rt, Operations(rt))
+        if previous is not None:
+            await previous[1].close()
+    return _ops[1]
 
 
 # ---------------------------------------------------------------------------------- orders
 
 
 @bp.route(route="orders", methods=["GET"], auth_level=AUTH)
-def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.list_orders(
             _required_param(req, "state"),
             step=req.params.get("step"),
@@ -94,8 +94,8 @@ def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="orders/{order_id}", methods=["GET"], auth_level=AUTH)
-def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.show_order(
             req.route_params.get("order_id", ""),
             timeline_after=_int_param(req, "timeline_after", -1),
@@ -105,8 +105,8 @@ def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="orders/{order_id}/watch", methods=["GET"], auth_level=AUTH)
-def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.watch_order(
             req.route_params.get("order_id", ""),
             after_seq=_int_param(req, "after", -1),
@@ -116,45 +116,45 @@ def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="orders/{order_id}/restart", methods=["POST"], auth_level=AUTH)
-def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
-    def restart(ops: Operations) -> BaseModel:
+async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
+    async def restart(ops: Operations) -> BaseModel:
         body = _json_body(req, RestartRequest)
-        return ops.restart(
+        return await ops.restart(
             req.route_params.get("order_id", ""),
             step=body.step or "",
             operator=_operator(req),
             reason=body.reason or "",
         )
 
-    return _respond(restart, status=_action_status)
+    return await _respond(restart, status=_action_status)
 
 
 @bp.route(route="bulk/resubmit", methods=["POST"], auth_level=AUTH)
-def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _bulk(req, ops, "resubmit"))
+async def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _bulk(req, ops, "resubmit"))
 
 
 @bp.route(route="bulk/cancel", methods=["POST"], auth_level=AUTH)
-def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _bulk(req, ops, "cancel"))
+async def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _bulk(req, ops, "cancel"))
 
 
 @bp.route(route="orders/{order_id}/resubmit", methods=["POST"], auth_level=AUTH)
-def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _action(req, ops.resubmit), status=_action_status)
+async def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _action(req, ops.resubmit), status=_action_status)
 
 
 @bp.route(route="orders/{order_id}/cancel", methods=["POST"], auth_level=AUTH)
-def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _action(req, ops.cancel), status=_action_status)
+async def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _action(req, ops.cancel), status=_action_status)
 
 
 # ---------------------------------------------------------------------------------- alerts
 
 
 @bp.route(route="alerts", methods=["GET"], auth_level=AUTH)
-def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.list_alerts(
             limit=_int_param(req, "limit", 50),
             continuation=req.params.get("continuation"),
@@ -164,32 +164,32 @@ def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="alerts/{sequence_number}", methods=["GET"], auth_level=AUTH)
-def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: ops.peek_alert(_sequence_param(req)))
+async def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: ops.peek_alert(_sequence_param(req)))
 
 
 @bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
-def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
-    def ack(ops: Operations) -> BaseModel:
+async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
+    async def ack(ops: Operations) -> BaseModel:
         body = _json_body(req, AckRequest)
-        return ops.acknowledge_alert(
+        return await ops.acknowledge_alert(
             _sequence_param(req), operator=_operator(req), reason=body.reason or ""
         )
 
-    return _respond(ack)
+    return await _respond(ack)
 
 
 # ---------------------------------------------------------------------------- dead letters
 
 
 @bp.route(route="dead-letters", methods=["GET"], auth_level=AUTH)
-def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: ops.dead_letter_summary(limit=_int_param(req, "limit", 100)))
+async def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: ops.dead_letter_summary(limit=_int_param(req, "limit", 100)))
 
 
 @bp.route(route="dead-letters/{queue}", methods=["GET"], auth_level=AUTH)
-def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.list_dead_letters(
             req.route_params.get("queue", ""),
             limit=_int_param(req, "limit", 50),
@@ -199,36 +199,36 @@ def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="dead-letters/{queue}/replay", methods=["POST"], auth_level=AUTH)
-def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _dead_letters(req, ops, ops.replay_dead_letters))
+async def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _dead_letters(req, ops, ops.replay_dead_letters))
 
 
 @bp.route(route="dead-letters/{queue}/purge", methods=["POST"], auth_level=AUTH)
-def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
+async def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
 
 
 @bp.route(route="dead-letter-log", methods=["GET"], auth_level=AUTH)
-def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: ops.dead_letter_log(limit=_int_param(req, "limit", 20)))
+async def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: ops.dead_letter_log(limit=_int_param(req, "limit", 20)))
 
 
 # ------------------------------------------------------------------------------ supervisor
 
 
 @bp.route(route="supervisor", methods=["GET"], auth_level=AUTH)
-def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: ops.supervisor())
+async def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: ops.supervisor())
 
 
 # ----------------------------------------------------------------------------------- purge
 
 
 @bp.route(route="purge", methods=["POST"], auth_level=AUTH)
-def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
-    def purge(ops: Operations) -> BaseModel:
+async def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
+    async def purge(ops: Operations) -> BaseModel:
         body = _json_body(req, PurgeBody)
-        return ops.purge(
+        return await ops.purge(
             operator=_operator(req),
             state=body.state,
             older_than_days=body.older_than_days,
@@ -236,17 +236,17 @@ def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
             limit=body.limit,
         )
 
-    return _respond(purge)
+    return await _respond(purge)
 
 
 @bp.route(route="purge", methods=["GET"], auth_level=AUTH)
-def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(lambda ops: ops.purge_runs(limit=_int_param(req, "limit", 20)))
+async def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(lambda ops: ops.purge_runs(limit=_int_param(req, "limit", 20)))
 
 
 @bp.route(route="archive/{order_id}", methods=["GET"], auth_level=AUTH)
-def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
+async def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
+    return await _respond(
         lambda ops: ops.archived_order(
             req.route_params.get("order_id", ""), day=req.params.get("day")
         )
@@ -257,31 +257,31 @@ def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="health", methods=["GET"], auth_level=AUTH)
-def operator_health(req: func.HttpRequest) -> func.HttpResponse:
+async def operator_health(req: func.HttpRequest) -> func.HttpResponse:
     def healthy(result: BaseModel) -> int:
         return 200 if isinstance(result, HealthView) and result.status == "ok" else 503
 
-    return _respond(lambda ops: ops.health(), status=healthy)
+    return await _respond(lambda ops: ops.health(), status=healthy)
 
 
 # --------------------------------------------------------------------------------- openapi
 
 
 @bp.route(route="openapi.json", methods=["GET"], auth_level=AUTH)
-def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
+async def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
     return _json(200, openapi_document())
 
 
 # --------------------------------------------------------------------------------- helpers
 
 
-def _respond(
-    call: Callable[[Operations], BaseModel],
+async def _respond(
+    call: Callable[[Operations], Awaitable[BaseModel]],
     *,
     status: Callable[[BaseModel], int] = lambda _: 200,
 ) -> func.HttpResponse:
     try:
-        result = call(operations())
+        result = await call(await operations())
     except OperatorError as refused:
         return _json(refused.status, refused.to_json())
     except Exception:
@@ -308,18 +308,18 @@ def _json(status: int, body: Any) -> func.HttpResponse:
     )
 
 
-def _action(req: func.HttpRequest, act: Callable[..., BaseModel]) -> BaseModel:
+async def _action(req: func.HttpRequest, act: Callable[..., Awaitable[BaseModel]]) -> BaseModel:
     body = _json_body(req, ActionRequest)
-    return act(
+    return await act(
         req.route_params.get("order_id", ""),
         operator=_operator(req),
         reason=body.reason,
     )
 
 
-def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseModel:
+async def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseModel:
     body = _json_body(req, BulkRequest)
-    return ops.bulk(
+    return await ops.bulk(
         action,
         operator=_operator(req),
         reason=body.reason,
@@ -334,11 +334,11 @@ def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseMod
     )
 
 
-def _dead_letters(
-    req: func.HttpRequest, ops: Operations, act: Callable[..., BaseModel]
+async def _dead_letters(
+    req: func.HttpRequest, ops: Operations, act: Callable[..., Awaitable[BaseModel]]
 ) -> BaseModel:
     body = _json_body(req, DeadLetterActionRequest)
-    return act(
+    return await act(
         req.route_params.get("queue", ""),
         operator=_operator(req),
         sequence_numbers=body.sequence_numbers,

@@ -5,8 +5,8 @@ Each method takes plain Python values, validates them (a refusal is an
 returns a pydantic model (``model_dump(mode="json")`` gives the JSON both front ends show)::
 
     ops = Operations(Runtime.from_settings(Settings.from_env()))
-    page = ops.list_orders("Error", limit=20)
-    ops.resubmit(page.items[0].order_id, operator="alice@example.com", reason="card updated")
+    page = await ops.list_orders("Error", limit=20)
+    await ops.resubmit(page.items[0].order_id, operator="alice@example.com", reason="card updated")
 
 Actions (resubmit, cancel, restart, acknowledge, dead-letter replay and purge) name the
 operator and say why (``reason``); the timeline records them as ``operator:<name>`` with the
@@ -39,18 +39,18 @@ by :meth:`Operations.purge_runs`. Purged orders are read back from the archive b
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import date, timedelta
 from typing import Any, Final, Literal
 
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableClient
-from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage
+from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from core import archive, clients, ids, supervision
 from core.archive import ArchiveError, BlobArchive
@@ -62,6 +62,7 @@ from core.retention import PURGEABLE_STATES, ack_detail
 from core.runtime import Runtime
 from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord
 from core.states import ProcessState
+from core.tablestorage import Table
 from operator_api import alert_resolution, bulk, dead_letter_log, dead_letters, filters
 from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from operator_api.models import (
@@ -120,12 +121,12 @@ class Operations:
         *,
         servicebus: Callable[[], ServiceBusClient] | None = None,
         duplicate_window: timedelta = dead_letters.DUPLICATE_WINDOW,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.rt = rt
         self._duplicate_window = duplicate_window
         self._sleep = sleep
-        self._orders_table: TableClient | None = None
+        self._orders_table: Table | None = None
         conn = rt.settings.servicebus
         # Interactive use: one quick retry, then the operator sees the error and tries again.
         factory = servicebus or (
@@ -133,36 +134,36 @@ class Operations:
         )
         self._queues = QueueTools(factory)
         self._archive: archive.Archive | None = None
-        self._archive_lock = threading.Lock()
 
-    def close(self) -> None:
-        self._queues.close()
+    async def close(self) -> None:
+        await self._queues.close()
         if isinstance(self._archive, BlobArchive):
-            self._archive.close()
+            await self._archive.close()
         if self._orders_table is not None:
-            self._orders_table.close()
+            await self._orders_table.close()
 
-    def _history(self) -> TableClient:
-        """The orders table itself, for reads the state store has no index for."""
-        with self._archive_lock:
-            if self._orders_table is None:
-                service = clients.table_service(self.rt.settings.storage)
-                self._orders_table = service.get_table_client(self.rt.settings.orders_table)
-            return self._orders_table
+    def _history(self) -> Table:
+        """The orders table itself, for reads the state store has no index for (built on
+        first use; building awaits nothing, so calls on the event loop never build two)."""
+        if self._orders_table is None:
+            service = clients.table_service(self.rt.settings.storage)
+            self._orders_table = service.get_table_client(
+                self.rt.settings.orders_table, owns_service=True
+            )
+        return self._orders_table
 
     def _archive_store(self) -> archive.Archive:
-        with self._archive_lock:
-            if self._archive is None:
-                self._archive = open_archive(self.rt.settings)
-            return self._archive
+        if self._archive is None:
+            self._archive = open_archive(self.rt.settings)
+        return self._archive
 
     def use_archive(self, store: archive.Archive) -> None:
-        """Use ``store`` as the archive (tests, the in-memory twin)."""
+        """Use ``store`` as the archive (tests: core.memory's in memory)."""
         self._archive = store
 
     # ---------------------------------------------------------------------------- orders
 
-    def list_orders(
+    async def list_orders(
         self,
         state: str,
         *,
@@ -184,7 +185,7 @@ class Operations:
         chosen = self._criteria(step, older_than, newer_than, text)
         history = self._history() if wanted is ProcessState.PROCESSED else None
         try:
-            listing = list_orders(
+            listing = await list_orders(
                 self.rt.store,
                 wanted,
                 where=chosen.where,
@@ -215,10 +216,10 @@ class Operations:
             text=text,
         )
 
-    def supervisor(self) -> SupervisorView:
+    async def supervisor(self) -> SupervisorView:
         """The Supervisor's progress from its roster: lag, sweeps, leases and the bound."""
         now = self.rt.clock()
-        roster = self.rt.store.supervision.read()
+        roster = await self.rt.store.supervision.read()
         bound = supervision.recovery_bound(self.rt.settings)
         return SupervisorView(
             **supervision.lag(roster, now, bound).as_dict(),
@@ -237,7 +238,7 @@ class Operations:
             ],
         )
 
-    def show_order(
+    async def show_order(
         self, order_id: str, *, timeline_after: int = -1, timeline_limit: int = 200
     ) -> OrderDetail:
         """One order: its state, submitted details, steps (state, generation, attempts, and
@@ -249,22 +250,26 @@ class Operations:
             raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
         _check_limit(timeline_limit, MAX_TIMELINE_LIMIT, name="timeline_limit")
         try:
-            order = self.rt.store.get_order(order_id)
+            order = await self.rt.store.get_order(order_id)
         except OrderNotFound:
             raise NotFound("order_not_found", f"order {order_id} does not exist") from None
-        entries = self.rt.store.get_timeline(
+        entries = await self.rt.store.get_timeline(
             order_id, after_seq=timeline_after, limit=timeline_limit + 1
         )
         more = len(entries) > timeline_limit
         whole = timeline_after < 0 and not more
         history = (
-            entries if whole else self.rt.store.get_timeline(order_id, limit=MAX_TIMELINE_LIMIT)
+            entries
+            if whole
+            else await self.rt.store.get_timeline(order_id, limit=MAX_TIMELINE_LIMIT)
         )
         return OrderDetail.of(
             order, entries[:timeline_limit], more, history=history, now=self.rt.clock()
         )
 
-    def watch_order(self, order_id: str, *, after_seq: int = -1, wait_s: float = 20.0) -> WatchView:
+    async def watch_order(
+        self, order_id: str, *, after_seq: int = -1, wait_s: float = 20.0
+    ) -> WatchView:
         """The order once it has changed since its timeline entry ``after_seq`` (its new
         entries), or after ``wait_s`` seconds without a change; at once if it is finished.
         While it waits it reads the order every half second (one point read)."""
@@ -277,36 +282,36 @@ class Operations:
             raise InvalidRequest("invalid_wait", f"wait must be 0 to {MAX_WAIT_SECONDS:g} s")
         deadline = time.monotonic() + wait_s
         while True:
-            order = self.rt.store.find(order_id)
+            order = await self.rt.store.find(order_id)
             if order is None:
                 raise NotFound("order_not_found", f"order {order_id} does not exist")
             remaining = deadline - time.monotonic()
             if order.timeline_seq > after_seq or order.state.terminal or remaining <= 0:
                 break
-            self._sleep(min(WATCH_POLL_SECONDS, remaining))
-        detail = self.show_order(order_id, timeline_after=after_seq)
+            await self._sleep(min(WATCH_POLL_SECONDS, remaining))
+        detail = await self.show_order(order_id, timeline_after=after_seq)
         return WatchView(
             changed=bool(detail.timeline),
             terminal=ProcessState(detail.order.state).terminal,
             detail=detail,
         )
 
-    def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView:
+    async def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView:
         """Resubmit an Error order (resume at the failed step, or resume its compensation)."""
-        return self._act(control.resubmit, order_id, operator, reason)
+        return await self._act(control.resubmit, order_id, operator, reason)
 
-    def cancel(self, order_id: str, *, operator: str, reason: str) -> ActionView:
+    async def cancel(self, order_id: str, *, operator: str, reason: str) -> ActionView:
         """Cancel a Pending or Processing order: at once, undo every step that may have taken
         effect (the one in flight too), then Error "cancelled" (see :mod:`scheduler.control`)."""
-        return self._act(control.cancel, order_id, operator, reason)
+        return await self._act(control.cancel, order_id, operator, reason)
 
-    def restart(self, order_id: str, *, step: str, operator: str, reason: str) -> ActionView:
+    async def restart(self, order_id: str, *, step: str, operator: str, reason: str) -> ActionView:
         """Restart an Error order from ``step``: it and every later step are redone (next
         generation), even a kept result; the steps before it resume as a resubmit does."""
         act = functools.partial(control.restart, step=filters.step_name(step))
-        return self._act(act, order_id, operator, reason)
+        return await self._act(act, order_id, operator, reason)
 
-    def bulk(
+    async def bulk(
         self,
         action: bulk.BulkAction,
         *,
@@ -340,13 +345,13 @@ class Operations:
         _check_limit(limit, bulk.MAX_BULK)
         shown = chosen.shown | ({"state": str(state)} if state else {})
         if order_ids is None:
-            selected, more = bulk.select(self.rt.store, states, chosen.where, limit)
+            selected, more = await bulk.select(self.rt.store, states, chosen.where, limit)
             candidates: list[tuple[str, Order | None]] = [(o.order_id, o) for o in selected]
         else:
-            candidates = [(i, self.rt.store.find(i)) for i in bulk.named(order_ids)]
+            candidates = [(i, await self.rt.store.find(i)) for i in bulk.named(order_ids)]
             more = False
         items = [
-            self._bulk_item(action, order_id, order, states, chosen, actor, why, dry_run)
+            await self._bulk_item(action, order_id, order, states, chosen, actor, why, dry_run)
             for order_id, order in candidates
         ]
         return BulkView(
@@ -359,7 +364,7 @@ class Operations:
             more=more,
         )
 
-    def _bulk_item(
+    async def _bulk_item(
         self,
         action: bulk.BulkAction,
         order_id: str,
@@ -382,7 +387,7 @@ class Operations:
             )
         act = self.resubmit if action == "resubmit" else self.cancel
         try:
-            done = act(order_id, operator=actor, reason=reason)
+            done = await act(order_id, operator=actor, reason=reason)
         except OperatorError as refused:
             detail = f"{refused.message} ({refused.code})"
             return BulkItem(
@@ -396,9 +401,9 @@ class Operations:
             state=done.state,
         )
 
-    def _act(
+    async def _act(
         self,
-        action: Callable[..., control.ActionResult],
+        action: Callable[..., Awaitable[control.ActionResult]],
         order_id: str,
         operator: str,
         reason: str,
@@ -407,7 +412,7 @@ class Operations:
         actor = operator_actor(operator)
         reason = _reason(reason)
         try:
-            result = action(self.rt, order_id, actor=actor, reason=reason)
+            result = await action(self.rt, order_id, actor=actor, reason=reason)
         except control.Refused as refused:
             if refused.code == "not_found":
                 raise NotFound("order_not_found", refused.message) from None
@@ -430,7 +435,7 @@ class Operations:
 
     # ----------------------------------------------------------------------------- purge
 
-    def purge(
+    async def purge(
         self,
         *,
         operator: str,
@@ -458,7 +463,7 @@ class Operations:
         if not isinstance(dry_run, bool):
             raise InvalidRequest("invalid_request", "dry_run must be true or false")
         _check_limit(limit, MAX_PURGE_LIMIT)
-        report = run_purge(
+        report = await run_purge(
             self.rt.store,
             self._archive_store(),
             PurgeRequest(
@@ -474,20 +479,19 @@ class Operations:
         audit.info("%s", report.summary())
         return _purge_view(report)
 
-    def purge_runs(self, *, limit: int = 20) -> PurgeRunsView:
+    async def purge_runs(self, *, limit: int = 20) -> PurgeRunsView:
         """The latest recorded purge runs (timer and operators), newest first."""
         _check_limit(limit, MAX_LIMIT)
-        return PurgeRunsView(
-            runs=[PurgeView.model_validate(r) for r in self.rt.store.purges.recent(limit)]
-        )
+        runs = await self.rt.store.purges.recent(limit)
+        return PurgeRunsView(runs=[PurgeView.model_validate(r) for r in runs])
 
-    def archived_order(self, order_id: str, *, day: str | None = None) -> ArchivedOrderView:
+    async def archived_order(self, order_id: str, *, day: str | None = None) -> ArchivedOrderView:
         """A purged order read back from the archive (searching the newest days first, or
         only ``day``, YYYY-MM-DD)."""
         order_id = _order_id(order_id)
         on = _day(day)
         try:
-            copies = archive.find_all(self._archive_store(), order_id, day=on)
+            copies = await archive.find_all(self._archive_store(), order_id, day=on)
         except ArchiveError as exc:
             raise Conflict("archive_unreadable", str(exc)) from None
         if not copies:
@@ -506,7 +510,7 @@ class Operations:
 
     # ---------------------------------------------------------------------------- alerts
 
-    def list_alerts(
+    async def list_alerts(
         self, *, limit: int = 50, continuation: str | None = None, open_only: bool = False
     ) -> AlertPage:
         """Alerts in the alerts queue, oldest first, without taking them (peek), each with its
@@ -517,9 +521,9 @@ class Operations:
         if not isinstance(open_only, bool):
             raise InvalidRequest("invalid_request", "open must be true or false")
         start = _sequence_cursor(continuation)
-        messages = self._queues.peek(self._queue("alerts"), from_sequence=start, limit=limit)
+        messages = await self._queues.peek(self._queue("alerts"), from_sequence=start, limit=limit)
         more = len(messages) == limit
-        views = self._resolved([_alert_view(m) for m in messages])
+        views = await self._resolved([_alert_view(m) for m in messages])
         if open_only:
             views = [v for v in views if v.resolution in alert_resolution.STILL_OPEN]
         return AlertPage(
@@ -528,21 +532,24 @@ class Operations:
             open_only=open_only,
         )
 
-    def peek_alert(self, sequence_number: int) -> AlertView:
-        return self._resolved([_alert_view(self._find_alert(_sequence(sequence_number)))])[0]
+    async def peek_alert(self, sequence_number: int) -> AlertView:
+        found = await self._find_alert(_sequence(sequence_number))
+        return (await self._resolved([_alert_view(found)]))[0]
 
-    def _resolved(self, views: list[AlertView]) -> list[AlertView]:
+    async def _resolved(self, views: list[AlertView]) -> list[AlertView]:
         orders: dict[str, Order | None] = {}
         shown = []
         for view in views:
             alert = view.alert or {}
             order_id = _alert_order(view)
             if order_id is not None and order_id not in orders:
-                orders[order_id] = self._find_order(order_id)
+                orders[order_id] = await self._find_order(order_id)
             order = orders.get(order_id) if order_id else None
             after = alert_resolution.needs_timeline(alert, order)
             later = (
-                self.rt.store.get_timeline(order_id, after_seq=after, limit=MAX_TIMELINE_LIMIT)
+                await self.rt.store.get_timeline(
+                    order_id, after_seq=after, limit=MAX_TIMELINE_LIMIT
+                )
                 if after is not None and order_id
                 else []
             )
@@ -556,13 +563,13 @@ class Operations:
             )
         return shown
 
-    def _find_order(self, order_id: str) -> Order | None:
+    async def _find_order(self, order_id: str) -> Order | None:
         try:
-            return self.rt.store.find(order_id)
+            return await self.rt.store.find(order_id)
         except ids.InvalidId:
             return None
 
-    def acknowledge_alert(
+    async def acknowledge_alert(
         self, sequence_number: int, *, operator: str, reason: str | None = None
     ) -> AckView:
         """Remove an alert from the queue and record who acknowledged it, and why (``reason``
@@ -570,15 +577,18 @@ class Operations:
         sequence = _sequence(sequence_number)
         actor = operator_actor(operator)
         why = _reason(reason)
-        view = _alert_view(self._find_alert(sequence))
-        if not self._queues.complete(self._queue("alerts"), sequence, max_scan=MAX_ACK_SCAN):
+        view = _alert_view(await self._find_alert(sequence))
+        alerts = self._queue("alerts")
+        if not await self._queues.complete(alerts, sequence, max_scan=MAX_ACK_SCAN):
             raise Conflict(
                 "alert_busy",
                 f"alert {sequence} could not be taken: another operator may be acknowledging it "
                 "right now. Try again in a moment.",
             )
         order_id = _alert_order(view)
-        recorded = order_id is not None and self._record_ack(order_id, sequence, view, actor, why)
+        recorded = order_id is not None and await self._record_ack(
+            order_id, sequence, view, actor, why
+        )
         audit.info("%s acknowledged alert %d (order %s): %s", actor, sequence, order_id or "-", why)
         return AckView(
             sequence_number=sequence,
@@ -588,8 +598,8 @@ class Operations:
             recorded_in_timeline=recorded,
         )
 
-    def _find_alert(self, sequence: int) -> ServiceBusReceivedMessage:
-        found = self._queues.peek(self._queue("alerts"), from_sequence=sequence, limit=1)
+    async def _find_alert(self, sequence: int) -> ServiceBusReceivedMessage:
+        found = await self._queues.peek(self._queue("alerts"), from_sequence=sequence, limit=1)
         if not found or found[0].sequence_number != sequence:
             raise NotFound(
                 "alert_not_found",
@@ -597,23 +607,23 @@ class Operations:
             )
         return found[0]
 
-    def _record_ack(
+    async def _record_ack(
         self, order_id: str, sequence: int, view: AlertView, actor: str, why: str
     ) -> bool:
         alert = view.alert or {}
         # core.retention reads the alert's reason back from the start of the detail (a terminal
         # alert acknowledged resolves an Error): the operator's reason goes after it.
         detail = ack_detail(sequence, alert.get("severity"), alert.get("reason"))
-        return self._annotate(order_id, actor, "alert_acknowledged", f"{detail}: {why}")
+        return await self._annotate(order_id, actor, "alert_acknowledged", f"{detail}: {why}")
 
-    def _annotate(self, order_id: str, actor: str, event: str, detail: str) -> bool:
+    async def _annotate(self, order_id: str, actor: str, event: str, detail: str) -> bool:
         """Record ``event`` in the order's timeline; False if it is gone or kept changing."""
         for _ in range(_CONFLICT_RETRIES):
-            process = self.rt.store.find(order_id)
+            process = await self.rt.store.find(order_id)
             if process is None:
                 return False
             try:
-                self.rt.store.annotate(process, actor=actor, event=event, detail=detail)
+                await self.rt.store.annotate(process, actor=actor, event=event, detail=detail)
                 return True
             except ConcurrencyConflict:
                 continue
@@ -622,12 +632,12 @@ class Operations:
 
     # ------------------------------------------------------------------------ dead letters
 
-    def dead_letter_summary(self, *, limit: int = 100) -> DeadLetterSummary:
+    async def dead_letter_summary(self, *, limit: int = 100) -> DeadLetterSummary:
         """How many dead letters each of the app's queues holds (counted up to ``limit``)."""
         _check_limit(limit, MAX_LIMIT)
         counts = []
         queues = self.rt.settings.queues
-        peeked = self._queues.peek_each(
+        peeked = await self._queues.peek_each(
             queues.values(), from_sequence=1, limit=limit + 1, dead_letter=True
         )
         for (role, entity), seen in zip(queues.items(), peeked, strict=True):
@@ -638,14 +648,16 @@ class Operations:
             )
         return DeadLetterSummary(queues=counts)
 
-    def list_dead_letters(
+    async def list_dead_letters(
         self, queue: str, *, limit: int = 50, continuation: str | None = None
     ) -> DeadLetterPage:
         """The dead letters of one of the app's queues, oldest first (peek)."""
         entity = self._queue(queue)
         _check_limit(limit, MAX_LIMIT)
         start = _sequence_cursor(continuation)
-        messages = self._queues.peek(entity, from_sequence=start, limit=limit, dead_letter=True)
+        messages = await self._queues.peek(
+            entity, from_sequence=start, limit=limit, dead_letter=True
+        )
         more = len(messages) == limit
         return DeadLetterPage(
             queue=queue,
@@ -654,7 +666,7 @@ class Operations:
             continuation=str(messages[-1].sequence_number + 1) if more else None,
         )
 
-    def replay_dead_letters(
+    async def replay_dead_letters(
         self,
         queue: str,
         *,
@@ -668,11 +680,11 @@ class Operations:
         """Send dead letters back to their queue as first sent, then remove them from the
         dead letters (see :mod:`operator_api.dead_letters` for what is refused, and why).
         ``reason`` is required unless ``dry_run``."""
-        return self._settle(
+        return await self._settle(
             "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
         )
 
-    def purge_dead_letters(
+    async def purge_dead_letters(
         self,
         queue: str,
         *,
@@ -684,11 +696,11 @@ class Operations:
         reason: str | None = None,
     ) -> DeadLetterActionView:
         """Remove dead letters for good. ``reason`` is required unless ``dry_run``."""
-        return self._settle(
+        return await self._settle(
             "purge", queue, operator, sequence_numbers, everything, dry_run, limit, reason
         )
 
-    def _settle(
+    async def _settle(
         self,
         kind: dead_letters.Kind,
         queue: str,
@@ -720,18 +732,22 @@ class Operations:
         scan = limit if wanted is None else dead_letters.MAX_SCAN
         if dry_run:
             start = 1 if wanted is None else min(wanted)
-            seen = self._queues.peek(entity, from_sequence=start, limit=scan, dead_letter=True)
+            seen = await self._queues.peek(
+                entity, from_sequence=start, limit=scan, dead_letter=True
+            )
             for message in seen:
                 settler.consider(message)
             more = len(seen) == scan and not settler.enough()
         else:
-            more = self._queues.settle_dead_letters(
+            more = await self._queues.settle_dead_letters(
                 entity, settler.act, max_scan=scan, enough=settler.enough
             )
-        items = [self._recorded(o, actor, kind, entity, why) for o in settler.outcomes.values()]
+        items = [
+            await self._recorded(o, actor, kind, entity, why) for o in settler.outcomes.values()
+        ]
         items = sorted(items + settler.missing(), key=lambda o: o.sequence_number)
         audit.info("%s %s dead letters of %s: %d: %s", actor, kind, entity, len(items), why)
-        logged = not dry_run and self._log_dead_letters(actor, kind, queue, why, items)
+        logged = not dry_run and await self._log_dead_letters(actor, kind, queue, why, items)
         return DeadLetterActionView(
             action=kind,
             queue=queue,
@@ -742,39 +758,41 @@ class Operations:
             recorded_in_log=logged,
         )
 
-    def _log_dead_letters(
+    async def _log_dead_letters(
         self, actor: str, kind: str, queue: str, why: str, items: list[DeadLetterOutcome]
     ) -> bool:
         """Write the action to the dead-letter log; False (and a warning) if it cannot be: the
         messages are settled already, so the action stands and the answer says so."""
         entity = dead_letter_log.to_entity(self.rt.clock(), actor, kind, queue, why, items)
         try:
-            dead_letter_log.DeadLetterLog(self._history()).record(entity)  # type: ignore[arg-type]
+            await dead_letter_log.DeadLetterLog(self._history()).record(entity)
         except Exception:
             log.warning("%s %s of %s not written to the dead-letter log", actor, kind, queue,
                         exc_info=True)  # fmt: skip
             return False
         return True
 
-    def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
+    async def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
         """The latest dead-letter replays and purges (who, when, why, each message's outcome),
         newest first."""
         _check_limit(limit, dead_letter_log.MAX_RECENT)
-        logged = dead_letter_log.DeadLetterLog(self._history()).recent(limit)  # type: ignore[arg-type]
+        logged = await dead_letter_log.DeadLetterLog(self._history()).recent(limit)
         return DeadLetterLogView(actions=[dead_letter_log.to_view(a) for a in logged])
 
-    def _recorded(
+    async def _recorded(
         self, outcome: DeadLetterOutcome, actor: str, kind: str, entity: str, why: str
     ) -> DeadLetterOutcome:
         if outcome.order_id is None or outcome.outcome not in ("replayed", "purged"):
             return outcome
         detail = f"{entity} dead letter {outcome.sequence_number} ({outcome.message_id}): {why}"
-        recorded = self._annotate(outcome.order_id, actor, f"dead_letter_{outcome.outcome}", detail)
+        recorded = await self._annotate(
+            outcome.order_id, actor, f"dead_letter_{outcome.outcome}", detail
+        )
         return outcome.model_copy(update={"recorded_in_timeline": recorded})
 
     # ---------------------------------------------------------------------------- health
 
-    def health(self) -> HealthView:
+    async def health(self) -> HealthView:
         """Whether the app can work, cheaply: its settings loaded (it would not have started
         otherwise), the orders table answers (one point read of a row that never exists),
         Service Bus answers (one peek of the alerts queue)."""
@@ -787,24 +805,24 @@ class Operations:
                 f"workflows {', '.join(sorted(self.rt.workflows))}",
                 duration_ms=0.0,
             ),
-            _timed("table", self._table_check),
-            _timed("servicebus", self._bus_check),
+            await _timed("table", self._table_check),
+            await _timed("servicebus", self._bus_check),
         ]
         return HealthView(status="ok" if all(c.ok for c in checks) else "failing", checks=checks)
 
-    def _table_check(self) -> tuple[bool, str]:
+    async def _table_check(self) -> tuple[bool, str]:
         name = self.rt.settings.orders_table
         try:
-            self._history().get_entity("~health", "probe")
+            await self._history().get_entity("~health", "probe")
         except ResourceNotFoundError as missing:
             if getattr(missing, "error_code", None) == "TableNotFound":
                 return False, f"table {name} does not exist"
             return True, f"table {name} answers"
         return True, f"table {name} answers"
 
-    def _bus_check(self) -> tuple[bool, str]:
+    async def _bus_check(self) -> tuple[bool, str]:
         entity = self._queue("alerts")
-        self._queues.peek(entity, from_sequence=1, limit=1)
+        await self._queues.peek(entity, from_sequence=1, limit=1)
         return True, f"queue {entity} answers"
 
     def _queue(self, role: str) -> str:
@@ -895,10 +913,10 @@ def _sequence_cursor(value: str | None) -> int:
     return _sequence(int(value))
 
 
-def _timed(name: CheckName, check: Callable[[], tuple[bool, str]]) -> HealthCheck:
+async def _timed(name: CheckName, check: Callable[[], Awaitable[tuple[bool, str]]]) -> HealthCheck:
     started = time.perf_counter()
     try:
-        ok, detail = check()
+        ok, detail = await check()
     except Exception as error:  # any failure is the answer: the check says what it was
         first = (str(error).strip().splitlines() or [""])[0][:200]
         ok, detail = False, f"{type(error).__name__}: {first}"

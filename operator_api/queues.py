@@ -23,9 +23,9 @@ Peeks (listings, counts, finding an alert) reuse one receiver per queue and sub-
 open: opening a receiver's link costs about half a second on the development broker and closing
 it as much again, while a peek on an open link takes milliseconds, so opening one per peek made
 ``GET /api/dead-letters`` (a peek of each of seven queues, one after the other) take seven
-seconds. Each kept receiver has a lock of its own (a receiver is not thread-safe), so peeks of
-different queues run at once, and :meth:`QueueTools.peek_each` opens the links of several queues
-in parallel before peeking them.
+seconds. Each kept receiver has a lock of its own (a receiver takes one call at a time), so peeks
+of different queues run at once, and :meth:`QueueTools.peek_each` opens the links of several
+queues concurrently before peeking them.
 A peek that fails on a kept receiver (its link closed while idle) is retried once on a new one.
 Receiving (acknowledging, settling dead letters) opens a receiver of its own per call, one call
 at a time, apart from the peeks.
@@ -33,25 +33,19 @@ at a time, apart from the peeks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
 from typing import Any, Final
 
-from azure.servicebus import (
-    ServiceBusClient,
-    ServiceBusMessage,
-    ServiceBusReceivedMessage,
-    ServiceBusReceiver,
-    ServiceBusSender,
-    ServiceBusSubQueue,
-)
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 
-PEEK_THREADS: Final = 8
+LINKS_AT_ONCE: Final = 8
+"""Receivers' links opened (or closed) concurrently, at most."""
 MAX_PEEK_RECEIVERS: Final = 32
 """Receivers kept open for peeks (the app has seven queues, each with its dead letters)."""
 RECEIVE_BATCH: Final = 50
@@ -59,7 +53,7 @@ RECEIVE_WAIT_SECONDS: Final = 1.0
 DEAD_LETTER_PROPERTIES: Final = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
 """What Service Bus adds to a message it dead-letters: not part of the message sent."""
 
-Send = Callable[[ServiceBusMessage], None]
+Send = Callable[[ServiceBusMessage], Awaitable[None]]
 """Sends one message to the queue whose dead letters are being settled."""
 
 
@@ -67,117 +61,113 @@ _PeekKey = tuple[str, bool]
 
 
 class _Kept:
-    """A receiver kept open for peeks, and the lock that gives it to one thread at a time."""
+    """A receiver kept open for peeks, and the lock that gives it to one call at a time."""
 
     def __init__(self, receiver: ServiceBusReceiver) -> None:
         self.receiver = receiver
-        self.lock = threading.Lock()
+        self.lock = asyncio.Lock()
         self.opened = False
 
-    def open(self) -> None:
+    async def open(self) -> None:
         """Open its link now (a peek would open it anyway: a failure here is left to it)."""
-        with self.lock:
+        async with self.lock:
             if not self.opened:
                 with contextlib.suppress(ServiceBusError):
-                    self.receiver.__enter__()
+                    await self.receiver.__aenter__()
                     self.opened = True
 
-    def close(self) -> None:
-        with self.lock, contextlib.suppress(Exception):  # closing: nothing left to do with it
-            self.receiver.close()
+    async def close(self) -> None:
+        async with self.lock:
+            with contextlib.suppress(Exception):  # closing: nothing left to do with it
+                await self.receiver.close()
 
 
 class QueueTools:
     def __init__(self, client_factory: Callable[[], ServiceBusClient]) -> None:
         self._factory = client_factory
         self._client: ServiceBusClient | None = None
-        self._client_lock = threading.Lock()
-        self._lock = threading.Lock()
+        self._lock = asyncio.Lock()
         """Receiving (ack, settle): one call at a time."""
         self._kept: OrderedDict[_PeekKey, _Kept] = OrderedDict()
 
-    def peek(
+    async def peek(
         self, queue: str, *, from_sequence: int, limit: int, dead_letter: bool = False
     ) -> list[ServiceBusReceivedMessage]:
         """Up to ``limit`` messages with sequence number >= ``from_sequence``, not locked."""
         key = (queue, dead_letter)
         for attempt in range(2):
-            kept = self._peeker(queue, dead_letter)
+            kept = await self._peeker(queue, dead_letter)
             try:
-                with kept.lock:
+                async with kept.lock:
                     kept.opened = True  # a peek opens the link if it is not open
                     return list(
-                        kept.receiver.peek_messages(
+                        await kept.receiver.peek_messages(
                             max_message_count=limit, sequence_number=from_sequence
                         )
                     )
             except ServiceBusError:
-                self._forget(key, kept)
+                await self._forget(key, kept)
                 if attempt:
                     raise
         raise AssertionError("unreachable")
 
-    def peek_each(
+    async def peek_each(
         self, queues: Collection[str], *, from_sequence: int, limit: int, dead_letter: bool = False
     ) -> list[list[ServiceBusReceivedMessage]]:
         """:meth:`peek` of each queue. Opening a receiver's link is what takes time, so the
-        links not open yet are opened in parallel first; the peeks then take milliseconds
+        links not open yet are opened concurrently first; the peeks then take milliseconds
         each."""
-        kept = [self._peeker(queue, dead_letter) for queue in queues]
+        kept = [await self._peeker(queue, dead_letter) for queue in queues]
         closed = [k for k in kept if not k.opened]
         if len(closed) > 1:
-            with ThreadPoolExecutor(min(PEEK_THREADS, len(closed)), "peek-open") as pool:
-                list(pool.map(_Kept.open, closed))
+            await _each(_Kept.open, closed)
         return [
-            self.peek(queue, from_sequence=from_sequence, limit=limit, dead_letter=dead_letter)
+            await self.peek(
+                queue, from_sequence=from_sequence, limit=limit, dead_letter=dead_letter
+            )
             for queue in queues
         ]
 
-    def _peeker(self, queue: str, dead_letter: bool) -> _Kept:
+    async def _peeker(self, queue: str, dead_letter: bool) -> _Kept:
         key = (queue, dead_letter)
-        with self._client_lock:
-            kept = self._kept.get(key)
-            if kept is not None:
-                self._kept.move_to_end(key)
-                return kept
-            sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
-            kept = _Kept(self._client_locked().get_queue_receiver(queue, sub_queue=sub_queue))
-            self._kept[key] = kept
-            evicted = (
-                self._kept.popitem(last=False)[1] if len(self._kept) > MAX_PEEK_RECEIVERS else None
-            )
-        if evicted is not None:
-            evicted.close()
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            return kept
+        sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
+        kept = _Kept(self._opened_client().get_queue_receiver(queue, sub_queue=sub_queue))
+        self._kept[key] = kept
+        if len(self._kept) > MAX_PEEK_RECEIVERS:
+            await self._kept.popitem(last=False)[1].close()
         return kept
 
-    def _forget(self, key: _PeekKey, kept: _Kept) -> None:
-        with self._client_lock:
-            if self._kept.get(key) is kept:
-                del self._kept[key]
-        kept.close()
+    async def _forget(self, key: _PeekKey, kept: _Kept) -> None:
+        if self._kept.get(key) is kept:
+            del self._kept[key]
+        await kept.close()
 
-    def _client_locked(self) -> ServiceBusClient:
+    def _opened_client(self) -> ServiceBusClient:
         if self._client is None:
             self._client = self._factory()
         return self._client
 
-    def complete(self, queue: str, sequence_number: int, *, max_scan: int) -> bool:
+    async def complete(self, queue: str, sequence_number: int, *, max_scan: int) -> bool:
         """Complete the message ``sequence_number`` (see the module docstring); False if not
         found among the deferred messages or the first ``max_scan`` received."""
-        with self._lock, self._receiver(queue, None) as receiver:
+        async with self._lock, self._receiver(queue, None) as receiver:
             try:
-                deferred = receiver.receive_deferred_messages([sequence_number])
+                deferred = await receiver.receive_deferred_messages([sequence_number])
             except MessageNotFoundError:
                 deferred = []
             if deferred:
-                receiver.complete_message(deferred[0])
+                await receiver.complete_message(deferred[0])
                 return True
-            return _complete_from_head(receiver, sequence_number, max_scan)
+            return await _complete_from_head(receiver, sequence_number, max_scan)
 
-    def settle_dead_letters(
+    async def settle_dead_letters(
         self,
         queue: str,
-        act: Callable[[ServiceBusReceivedMessage, Send], bool],
+        act: Callable[[ServiceBusReceivedMessage, Send], Awaitable[bool]],
         *,
         max_scan: int,
         enough: Callable[[], bool] = lambda: False,
@@ -185,61 +175,68 @@ class QueueTools:
         """Receive up to ``max_scan`` dead letters of ``queue``, oldest first, and complete
         each one ``act`` returns True for (see the module docstring); stop early once
         ``enough()``. True if dead letters may be left unexamined."""
-        with self._lock, self._receiver(queue, ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        async with self._lock, self._receiver(queue, ServiceBusSubQueue.DEAD_LETTER) as receiver:
             sender: list[ServiceBusSender] = []
 
-            def send(message: ServiceBusMessage) -> None:
+            async def send(message: ServiceBusMessage) -> None:
                 if not sender:
-                    assert self._client is not None
-                    sender.append(self._client.get_queue_sender(queue))
-                sender[0].send_messages(message)
+                    sender.append(self._opened_client().get_queue_sender(queue))
+                await sender[0].send_messages(message)
 
             held: list[ServiceBusReceivedMessage] = []
             try:
-                return _settle(receiver, act, send, held, max_scan, enough)
+                return await _settle(receiver, act, send, held, max_scan, enough)
             finally:
                 for message in held:
                     with contextlib.suppress(ServiceBusError):  # its lock expires anyway
-                        receiver.abandon_message(message)
+                        await receiver.abandon_message(message)
                 for opened in sender:
-                    opened.close()
+                    await opened.close()
 
     def _receiver(self, queue: str, sub_queue: ServiceBusSubQueue | None) -> ServiceBusReceiver:
-        with self._client_lock:
-            return self._client_locked().get_queue_receiver(
-                queue, sub_queue=sub_queue, max_wait_time=RECEIVE_WAIT_SECONDS
-            )
+        return self._opened_client().get_queue_receiver(
+            queue, sub_queue=sub_queue, max_wait_time=RECEIVE_WAIT_SECONDS
+        )
 
-    def close(self) -> None:
-        """Close the kept receivers (in parallel: each takes about as long as opening one),
+    async def close(self) -> None:
+        """Close the kept receivers (concurrently: each takes about as long as opening one),
         then the client."""
-        with self._lock, self._client_lock:
+        async with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()
             client, self._client = self._client, None
-        if len(kept) > 1:
-            with ThreadPoolExecutor(max_workers=min(PEEK_THREADS, len(kept))) as pool:
-                list(pool.map(_Kept.close, kept))
-        elif kept:
-            kept[0].close()
+        await _each(_Kept.close, kept)
         if client is not None:
-            client.close()
+            await client.close()
 
-    def __enter__(self) -> QueueTools:
+    async def __aenter__(self) -> QueueTools:
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.close()
 
 
-def _complete_from_head(receiver: ServiceBusReceiver, sequence_number: int, max_scan: int) -> bool:
+async def _each(call: Callable[[_Kept], Awaitable[None]], kept: list[_Kept]) -> None:
+    """``call`` on each of ``kept``, at most ``LINKS_AT_ONCE`` at a time."""
+    limit = asyncio.Semaphore(LINKS_AT_ONCE)
+
+    async def one(receiver: _Kept) -> None:
+        async with limit:
+            await call(receiver)
+
+    await asyncio.gather(*(one(k) for k in kept))
+
+
+async def _complete_from_head(
+    receiver: ServiceBusReceiver, sequence_number: int, max_scan: int
+) -> bool:
     scanned = 0
     while scanned < max_scan:
-        batch = receiver.receive_messages(
+        batch = await receiver.receive_messages(
             max_message_count=min(RECEIVE_BATCH, max_scan - scanned),
             max_wait_time=RECEIVE_WAIT_SECONDS,
         )
@@ -249,18 +246,18 @@ def _complete_from_head(receiver: ServiceBusReceiver, sequence_number: int, max_
         for message in batch:
             scanned += 1
             if message.sequence_number == sequence_number:
-                receiver.complete_message(message)
+                await receiver.complete_message(message)
                 found = True
             else:
-                receiver.defer_message(message)
+                await receiver.defer_message(message)
         if found:
             return True
     return False
 
 
-def _settle(
+async def _settle(
     receiver: ServiceBusReceiver,
-    act: Callable[[ServiceBusReceivedMessage, Send], bool],
+    act: Callable[[ServiceBusReceivedMessage, Send], Awaitable[bool]],
     send: Send,
     held: list[ServiceBusReceivedMessage],
     max_scan: int,
@@ -268,7 +265,7 @@ def _settle(
 ) -> bool:
     scanned = 0
     while scanned < max_scan and not enough():
-        batch = receiver.receive_messages(
+        batch = await receiver.receive_messages(
             max_message_count=min(RECEIVE_BATCH, max_scan - scanned),
             max_wait_time=RECEIVE_WAIT_SECONDS,
         )
@@ -276,8 +273,8 @@ def _settle(
             return False
         for message in batch:
             scanned += 1
-            if act(message, send):
-                receiver.complete_message(message)
+            if await act(message, send):
+                await receiver.complete_message(message)
             else:
                 held.append(message)
     return not enough()
