@@ -18,13 +18,13 @@ text, never as HTML.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import logging
 import os
 import re
-import threading
 from typing import Any, Final
 
 import azure.functions as func
@@ -69,39 +69,37 @@ SECURITY_HEADERS: Final = {
 }
 _WINDOW: Final = re.compile(r"([0-9]{1,5})([sm]?)", re.ASCII)
 
-_lock = threading.Lock()
 _summary: Summary | None = None
 
 
 def summary() -> Summary:
     """The process's overview summary (one per process: its caches serve every browser)."""
     global _summary
-    with _lock:
-        if _summary is None:
-            _summary = Summary(operations)
-        return _summary
+    if _summary is None:
+        _summary = Summary(operations)
+    return _summary
 
 
 # ------------------------------------------------------------------------------------ pages
 
 
 @bp.route(route="dashboard", methods=["GET"], auth_level=AUTH)
-def dashboard_page(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_page(req: func.HttpRequest) -> func.HttpResponse:
     return _page("index.html", req)
 
 
 @bp.route(route="dashboard/api-docs", methods=["GET"], auth_level=AUTH)
-def dashboard_api_docs(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_api_docs(req: func.HttpRequest) -> func.HttpResponse:
     return _page("api-docs.html", req)
 
 
 @bp.route(route="dashboard/static/{name}", methods=["GET"], auth_level=AUTH)
-def dashboard_static(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_static(req: func.HttpRequest) -> func.HttpResponse:
     return _asset(assets.OWN, req, immutable=False)
 
 
 @bp.route(route="dashboard/vendor/{name}", methods=["GET"], auth_level=AUTH)
-def dashboard_vendor(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_vendor(req: func.HttpRequest) -> func.HttpResponse:
     return _asset(assets.VENDOR, req, immutable=True)
 
 
@@ -109,7 +107,7 @@ def dashboard_vendor(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="dashboard/summary", methods=["GET"], auth_level=AUTH)
-def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
     window = _window(req.params.get("window"))
     if window is None:
         return _error(
@@ -119,7 +117,7 @@ def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
             "e.g. 15m or 900 (seconds)",
         )
     try:
-        body = summary().snapshot(window)
+        body = await summary().snapshot(window)
     except Exception:
         log.exception("dashboard summary failed")
         return _error(500, "internal", "the summary failed on our side; it is logged")
@@ -127,7 +125,7 @@ def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="dashboard/orders/{order_id}/trace", methods=["GET"], auth_level=AUTH)
-def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
     """The order's span trees from the TELEMETRY_DIR files; without that setting (Azure),
     ``local: false`` and where to look instead (:mod:`dashboard.traces`)."""
     try:
@@ -135,7 +133,9 @@ def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
     except ids.InvalidId as exc:
         return _error(400, "invalid_order_id", str(exc))
     try:
-        body = traces.order_trace(order_id, traces.telemetry_dir(os.environ))
+        # Reading the files blocks: it runs on a worker thread, and the loop serves on.
+        directory = traces.telemetry_dir(os.environ)
+        body = await asyncio.to_thread(traces.order_trace, order_id, directory)
     except OSError as exc:
         log.warning("dashboard trace of %s: cannot read the telemetry files: %s", order_id, exc)
         return _error(
@@ -147,7 +147,7 @@ def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="dashboard/me", methods=["GET"], auth_level=AUTH)
-def dashboard_me(req: func.HttpRequest) -> func.HttpResponse:
+async def dashboard_me(req: func.HttpRequest) -> func.HttpResponse:
     return _json(200, caller(req.headers, auth_enabled=_auth_enabled()))
 
 

@@ -33,7 +33,7 @@ browsers refreshing every few seconds cost one read per part per period and inst
   the rows that say nothing current (stale). Rows not written for a day are deleted, a few per
   read.
 
-Alerts and dead letters are read on another thread: a summary answers with their last copy
+Alerts and dead letters are read in tasks of their own: a summary answers with their last copy
 (``{"pending": true}`` before the first) and never waits for Service Bus.
 
 Each part that fails (Service Bus unreachable, say) reports its error and leaves the others.
@@ -44,13 +44,12 @@ keeps its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
@@ -71,6 +70,8 @@ from operator_api.operations import Operations
 log = logging.getLogger("dashboard.summary")
 
 T = TypeVar("T")
+_Read = Callable[[], Awaitable[dict[str, Any]]]
+"""Reads one part of the summary."""
 
 ACTIVE_TTL: Final = 3.0
 ERROR_TTL: Final = 10.0
@@ -87,7 +88,8 @@ STATE_READS: Final = 100
 ERROR_READS: Final = 50
 FINISHED_PAGE: Final = 1000
 FINISHED_REQUESTS: Final = 5
-READ_THREADS: Final = 8
+READ_CONCURRENCY: Final = 8
+"""Point reads of orders in flight at once."""
 
 MIN_WINDOW_S: Final = 300
 MAX_WINDOW_S: Final = 3600
@@ -122,78 +124,82 @@ class Summary:
 
     ``operations`` returns the operator API's :class:`Operations`, whose Runtime the summary
     follows (the local host and tests replace it); ``monotonic`` and the Runtime's clock are
-    the time.
+    the time. One event loop uses it (its clients and background reads belong to that loop).
     """
 
     def __init__(
         self,
-        operations: Callable[[], Operations],
+        operations: Callable[[], Awaitable[Operations]],
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._operations = operations
         self._monotonic = monotonic
-        self._lock = threading.Lock()
+        self._lock = asyncio.Lock()
+        """One summary at a time: a second waits, then finds the parts the first read."""
         self._cache: dict[str, _Cached] = {}
         self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self._history_at = -math.inf
         self._since: datetime | None = None
         self._offset = 0
-        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dash")
-        self._slow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dash-slow")
-        self._slow_lock = threading.Lock()
+        self._background_reads: set[asyncio.Task[None]] = set()
         self._table: tuple[Operations, Table] | None = None
         self._circuit_table: tuple[Operations, Table] | None = None
         self._own: Operations | None = None
         self._closed = False
 
-    def close(self, *, wait: bool = False) -> None:
-        """Stop its threads (``wait``: let a read in progress finish first) and clients."""
+    async def close(self, *, wait: bool = False) -> None:
+        """Stop its background reads (``wait``: let those in progress finish first) and close
+        its clients."""
         self._closed = True
-        self._pool.shutdown(wait=wait, cancel_futures=True)
-        self._slow.shutdown(wait=wait, cancel_futures=True)
+        reads = list(self._background_reads)
+        if not wait:
+            for read in reads:
+                read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
         for held in (self._table, self._circuit_table):
             if held is not None:
-                held[1].close()
+                await held[1].close()
         if self._own is not None:
-            self._own.close()
+            await self._own.close()
 
     # ----------------------------------------------------------------------------- public
 
-    def snapshot(self, window_s: int = DEFAULT_WINDOW_S) -> dict[str, Any]:
+    async def snapshot(self, window_s: int = DEFAULT_WINDOW_S) -> dict[str, Any]:
         """The overview over the last ``window_s`` seconds (``MIN_WINDOW_S`` to
         ``MAX_WINDOW_S``), as JSON-ready data."""
         window_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, int(window_s)))
-        with self._lock:
-            shared = self._operations()
+        async with self._lock:
+            shared = await self._operations()
             if self._own is None or self._own.rt is not shared.rt:
                 # A new Runtime (the local host, tests): start afresh. The summary has an
                 # Operations of its own: Service Bus peeks take one at a time per Operations,
                 # and its background reads must not hold up the operator API's.
-                with self._slow_lock:
-                    self._cache.clear()
-                if self._own is not None:
-                    self._own.close()
-                self._own = Operations(shared.rt)
+                self._cache.clear()
+                previous, self._own = self._own, Operations(shared.rt)
+                if previous is not None:
+                    await previous.close()
                 self._history.clear()
                 self._since = None
             ops = self._own
             now = utc(ops.rt.clock())
             if self._since is None:
                 self._since = now
-            active = self._part("active", ACTIVE_TTL, lambda: self._active(ops, now))
-            errors = self._part(
+            active = await self._part("active", ACTIVE_TTL, lambda: self._active(ops, now))
+            errors = await self._part(
                 f"errors:{window_s}", ERROR_TTL, lambda: self._errors(ops, now, window_s)
             )
-            finished = self._part(
+            finished = await self._part(
                 f"finished:{window_s}",
                 FINISHED_TTL,
                 lambda: self._finished(ops, now, window_s),
             )
-            supervisor = self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ops))
+            supervisor = await self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ops))
             alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ops))
             dead = self._background("dead_letters", DEAD_LETTERS_TTL, lambda: _dead_letters(ops))
-            circuit_view = self._part("circuits", CIRCUITS_TTL, lambda: self._circuits(ops, now))
+            circuit_view = await self._part(
+                "circuits", CIRCUITS_TTL, lambda: self._circuits(ops, now)
+            )
             self._remember(now, active, errors, supervisor)
             return {
                 "generated_at": _iso(now),
@@ -214,36 +220,34 @@ class Summary:
 
     # ---------------------------------------------------------------------------- parts
 
-    def _part(self, name: str, ttl: float, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    async def _part(self, name: str, ttl: float, read: _Read) -> dict[str, Any]:
         """The part ``name``, read now if its copy is older than ``ttl`` seconds."""
         cached = self._cache.setdefault(name, _Cached())
         if self._monotonic() - cached.at >= ttl:
-            cached.value, cached.at = _timed(name, read), self._monotonic()
+            cached.value, cached.at = await _timed(name, read), self._monotonic()
         return cached.value
 
-    def _background(
-        self, name: str, ttl: float, read: Callable[[], dict[str, Any]]
-    ) -> dict[str, Any]:
-        """The part ``name`` as last read, reading it again on another thread when its copy is
-        older than ``ttl`` seconds: the Service Bus peeks behind alerts and dead letters take a
-        second or more each (a link per peek), and the overview must not wait for them."""
-        with self._slow_lock:
-            cached = self._cache.setdefault(name, _Cached())
-            if self._monotonic() - cached.at >= ttl and not cached.refreshing:
-                cached.refreshing = True
-                self._slow.submit(self._refresh, cached, name, read)
-            return cached.value if cached.value is not None else {"pending": True}
+    def _background(self, name: str, ttl: float, read: _Read) -> dict[str, Any]:
+        """The part ``name`` as last read, reading it again in a task of its own when its copy
+        is older than ``ttl`` seconds: the Service Bus peeks behind alerts and dead letters take
+        a second or more each (a link per peek), and the overview must not wait for them."""
+        cached = self._cache.setdefault(name, _Cached())
+        if self._monotonic() - cached.at >= ttl and not cached.refreshing:
+            cached.refreshing = True
+            task = asyncio.get_running_loop().create_task(self._refresh(cached, name, read))
+            self._background_reads.add(task)
+            task.add_done_callback(self._background_reads.discard)
+        return cached.value if cached.value is not None else {"pending": True}
 
-    def _refresh(self, cached: _Cached, name: str, read: Callable[[], dict[str, Any]]) -> None:
-        value = _timed(name, read, quiet=lambda: self._closed)
-        with self._slow_lock:
-            cached.value, cached.at, cached.refreshing = value, self._monotonic(), False
+    async def _refresh(self, cached: _Cached, name: str, read: _Read) -> None:
+        value = await _timed(name, read, quiet=lambda: self._closed)
+        cached.value, cached.at, cached.refreshing = value, self._monotonic(), False
 
-    def _active(self, ops: Operations, now: datetime) -> dict[str, Any]:
-        rows, partial = _all_pages(lambda token: _active_page(ops, token))
+    async def _active(self, ops: Operations, now: datetime) -> dict[str, Any]:
+        rows, partial = await _all_pages(lambda token: _active_page(ops, token))
         overdue = sum(1 for row in rows if row.due_at <= now)
         sample = self._rotating_sample(rows)
-        found = self._read_orders(ops, [row.order_id for row in sample])
+        found = await self._read_orders(ops, [row.order_id for row in sample])
         counts: Counter[str] = Counter()
         finishing = 0
         for row in sample:
@@ -275,12 +279,12 @@ class Summary:
         self._offset = start + STATE_READS
         return [rows[(start + i) % len(rows)] for i in range(STATE_READS)]
 
-    def _errors(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
-        rows, partial = _all_pages(lambda after: _error_page(ops, after))
+    async def _errors(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
+        rows, partial = await _all_pages(lambda after: _error_page(ops, after))
         since = now - timedelta(seconds=window_s)
         recent = sorted((r for r in rows if r.written_at >= since), key=lambda r: r.written_at)
         examined = recent[-ERROR_READS:]
-        found = self._read_orders(ops, [row.order_id for row in examined])
+        found = await self._read_orders(ops, [row.order_id for row in examined])
         causes: Counter[str] = Counter()
         for row in examined:
             order = found.get(row.order_id)
@@ -297,9 +301,9 @@ class Summary:
             "per_bucket": _bucket_counts((r.written_at for r in recent), now, bucket_s),
         }
 
-    def _finished(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
+    async def _finished(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
         since = now - timedelta(seconds=window_s)
-        orders, partial, requests = self._processed_since(ops, since)
+        orders, partial, requests = await self._processed_since(ops, since)
         bucket_s = window_s // BUCKETS
         first = now - timedelta(seconds=bucket_s * BUCKETS)
         buckets: list[list[Order]] = [[] for _ in range(BUCKETS)]
@@ -334,9 +338,11 @@ class Summary:
             "requests": requests,
         }
 
-    def _processed_since(self, ops: Operations, since: datetime) -> tuple[list[Order], bool, int]:
+    async def _processed_since(
+        self, ops: Operations, since: datetime
+    ) -> tuple[list[Order], bool, int]:
         pages = (
-            self._orders_table(ops)
+            (await self._orders_table(ops))
             .query_entities(
                 "RowKey eq @row and ProcessState eq @state and UpdatedAt ge @since",
                 parameters={
@@ -351,40 +357,38 @@ class Summary:
         )
         orders: list[Order] = []
         requests = 0
-        for page in pages:
+        async for page in pages:
             requests += 1
             orders.extend(order_from_entity(entity, etag_of(entity)) for entity in page)
-            if pages.continuation_token is None:  # type: ignore[attr-defined]
+            if pages.continuation_token is None:
                 return orders, False, requests
             if requests >= FINISHED_REQUESTS:
                 return orders, True, requests
         return orders, False, requests
 
-    def _orders_table(self, ops: Operations) -> Table:
+    async def _orders_table(self, ops: Operations) -> Table:
         """The orders table (Processed orders have no index), one client per Operations."""
         if self._table is None or self._table[0] is not ops:
-            if self._table is not None:
-                self._table[1].close()
-            service = clients.table_service(ops.rt.settings.storage)
-            self._table = (ops, service.get_table_client(ops.rt.settings.orders_table))
+            previous, self._table = self._table, (ops, _table(ops, ops.rt.settings.orders_table))
+            if previous is not None:
+                await previous[1].close()
         return self._table[1]
 
-    def _circuits(self, ops: Operations, now: datetime) -> dict[str, Any]:
+    async def _circuits(self, ops: Operations, now: datetime) -> dict[str, Any]:
         if self._circuit_table is None or self._circuit_table[0] is not ops:
-            if self._circuit_table is not None:
-                self._circuit_table[1].close()
-            service = clients.table_service(ops.rt.settings.storage)
-            table = service.get_table_client(ops.rt.settings.supervision_table, owns_service=True)
-            self._circuit_table = (ops, table)
+            previous = self._circuit_table
+            self._circuit_table = (ops, _table(ops, ops.rt.settings.supervision_table))
+            if previous is not None:
+                await previous[1].close()
         store = CircuitTable(self._circuit_table[1])
-        read = store.read()
+        read = await store.read()
         if read.unreadable:
             log.warning("dashboard summary: %d circuit rows are unreadable", read.unreadable)
         reaped = 0
         gone = [row for row in read.rows if circuits.expired(row, now)]
         if gone:
             try:
-                reaped = store.reap(gone[: circuits.REAP_PER_READ])
+                reaped = await store.reap(gone[: circuits.REAP_PER_READ])
             except Exception:  # housekeeping: the overview does not depend on it
                 log.warning(
                     "dashboard summary: deleting expired circuit rows failed", exc_info=True
@@ -397,11 +401,16 @@ class Summary:
             "reaped": reaped,
         }
 
-    def _read_orders(self, ops: Operations, order_ids: Sequence[str]) -> dict[str, Order]:
-        """Point reads of ``order_ids`` on a few threads; missing orders are left out."""
-        if not order_ids:
-            return {}
-        found = self._pool.map(ops.rt.store.find, order_ids)
+    async def _read_orders(self, ops: Operations, order_ids: Sequence[str]) -> dict[str, Order]:
+        """Point reads of ``order_ids``, ``READ_CONCURRENCY`` at a time; missing orders are
+        left out."""
+        reads = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def find(order_id: str) -> Order | None:
+            async with reads:
+                return await ops.rt.store.find(order_id)
+
+        found = await asyncio.gather(*(find(order_id) for order_id in order_ids))
         return {order.order_id: order for order in found if order is not None}
 
     def _remember(
@@ -428,14 +437,20 @@ class Summary:
 # ----------------------------------------------------------------------------- readers
 
 
-def _timed(
-    name: str, read: Callable[[], dict[str, Any]], *, quiet: Callable[[], bool] = lambda: False
+def _table(ops: Operations, name: str) -> Table:
+    """A client of table ``name`` with an HTTP pool of its own, closed with it."""
+    service = clients.table_service(ops.rt.settings.storage)
+    return service.get_table_client(name, owns_service=True)
+
+
+async def _timed(
+    name: str, read: _Read, *, quiet: Callable[[], bool] = lambda: False
 ) -> dict[str, Any]:
     """``read()`` with how long it took; a failure is reported in the part, not raised (and
     logged unless ``quiet()``: a summary being closed)."""
     started = time.perf_counter()
     try:
-        value = read()
+        value = await read()
     except Exception as error:  # one part failing must not blank the others
         if not quiet():
             log.warning("dashboard summary: %s failed", name, exc_info=True)
@@ -446,8 +461,8 @@ def _timed(
     return value
 
 
-def _all_pages(
-    read: Callable[[str | None], tuple[Sequence[T], str | None]],
+async def _all_pages(
+    read: Callable[[str | None], Awaitable[tuple[Sequence[T], str | None]]],
 ) -> tuple[list[T], bool]:
     """Every row of an index, one request per page, at most ``MAX_INDEX_PAGES`` pages, and
     whether rows were left unread. ``read(token)`` gives a page and where to go on (None:
@@ -455,25 +470,27 @@ def _all_pages(
     rows: list[T] = []
     token = None
     for _ in range(MAX_INDEX_PAGES):
-        page, token = read(token)
+        page, token = await read(token)
         rows.extend(page)
         if token is None:
             return rows, False
     return rows, True
 
 
-def _active_page(ops: Operations, token: str | None) -> tuple[Sequence[ActiveRow], str | None]:
-    page = ops.rt.store.list_active(INDEX_PAGE, continuation=token)
+async def _active_page(
+    ops: Operations, token: str | None
+) -> tuple[Sequence[ActiveRow], str | None]:
+    page = await ops.rt.store.list_active(INDEX_PAGE, continuation=token)
     return page.rows, page.continuation
 
 
-def _error_page(ops: Operations, after: str | None) -> tuple[Sequence[ErrorRow], str | None]:
-    page = ops.rt.store.errors.page(INDEX_PAGE, after=after)
+async def _error_page(ops: Operations, after: str | None) -> tuple[Sequence[ErrorRow], str | None]:
+    page = await ops.rt.store.errors.page(INDEX_PAGE, after=after)
     return page.rows, page.last_key
 
 
-def _supervisor(ops: Operations) -> dict[str, Any]:
-    view = ops.supervisor()
+async def _supervisor(ops: Operations) -> dict[str, Any]:
+    view = await ops.supervisor()
     return {
         "lag_s": view.lag_s,
         "oldest_sweep_s": view.oldest_sweep_s,
@@ -485,8 +502,8 @@ def _supervisor(ops: Operations) -> dict[str, Any]:
     }
 
 
-def _alerts(ops: Operations) -> dict[str, Any]:
-    page = ops.list_alerts(limit=100)
+async def _alerts(ops: Operations) -> dict[str, Any]:
+    page = await ops.list_alerts(limit=100)
     resolutions: Counter[str] = Counter(view.resolution for view in page.items)
     severities: Counter[str] = Counter(
         str((view.alert or {}).get("severity") or "unreadable")
@@ -503,8 +520,8 @@ def _alerts(ops: Operations) -> dict[str, Any]:
     }
 
 
-def _dead_letters(ops: Operations) -> dict[str, Any]:
-    summary = ops.dead_letter_summary(limit=100)
+async def _dead_letters(ops: Operations) -> dict[str, Any]:
+    summary = await ops.dead_letter_summary(limit=100)
     return {
         "total": sum(q.count for q in summary.queues),
         "more": any(q.more for q in summary.queues),
