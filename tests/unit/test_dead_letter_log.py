@@ -3,15 +3,18 @@ nothing else (the operator still sees every other action)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from operator_api.dead_letter_log import DeadLetterLog, from_entity, to_entity, to_view
 from operator_api.models import DeadLetterOutcome
+
+pytestmark = pytest.mark.anyio
 
 AT = datetime(2026, 11, 24, 7, 0, tzinfo=UTC)
 
@@ -36,7 +39,7 @@ class OnePage:
     def query_entities(self, *_: Any, **__: Any) -> OnePage:
         return self
 
-    def by_page(self) -> Iterator[list[dict[str, Any]]]:
+    async def by_page(self) -> AsyncIterator[list[dict[str, Any]]]:
         yield self.rows
 
 
@@ -68,9 +71,9 @@ def test_a_damaged_message_in_the_list_is_left_out_and_the_rest_kept() -> None:
     assert view.messages == 2 and view.truncated
 
 
-def test_a_damaged_row_hides_no_other_action() -> None:
+async def test_a_damaged_row_hides_no_other_action() -> None:
     newer = to_entity(AT, "ops@x", "purge", "orders", "newer", [outcome(1)])
     older = to_entity(AT - timedelta(hours=1), "ops@x", "replay", "orders", "older", [])
     damaged = {"PartitionKey": "~deadletters", "RowKey": "0", "Outcomes": "[]"}  # no At, Actor
-    found = DeadLetterLog(OnePage([newer, damaged, older])).recent(10)  # type: ignore[arg-type]
+    found = await DeadLetterLog(OnePage([newer, damaged, older])).recent(10)  # type: ignore[arg-type]
     assert [a.reason for a in found] == ["newer", "older"]

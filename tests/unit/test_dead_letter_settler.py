@@ -15,7 +15,9 @@ from azure.servicebus.exceptions import ServiceBusConnectionError
 from core import signing
 from operator_api.dead_letters import Settler, selection
 from operator_api.errors import InvalidRequest
-from operator_api.queues import properties_of, replay_copy
+from operator_api.queues import Send, properties_of, replay_copy
+
+pytestmark = pytest.mark.anyio
 
 KEYS = signing.parse_keyring(signing.new_key_text("k1"))
 QUEUE = "scheduler-commands"
@@ -60,10 +62,23 @@ def settler(kind: str = "replay", role: str = "commands", wanted=None) -> Settle
     )
 
 
-def test_a_signed_message_is_sent_back_whole_then_completed():
+def into(sent: list[ServiceBusMessage]) -> Send:
+    """A send that keeps what it is given."""
+
+    async def send(message: ServiceBusMessage) -> None:
+        sent.append(message)
+
+    return send
+
+
+async def dropped(message: ServiceBusMessage) -> None:
+    """A send that goes nowhere."""
+
+
+async def test_a_signed_message_is_sent_back_whole_then_completed():
     sent: list[ServiceBusMessage] = []
     s = settler()
-    assert s.act(signed(5), sent.append) is True
+    assert await s.act(signed(5), into(sent)) is True
     [copy] = sent
     assert (copy.message_id, b"".join(copy.body)) == ("m-1", BODY)
     assert copy.application_properties == {"signature": signed(5).application_properties[
@@ -103,44 +118,44 @@ def another_message_id() -> Received:
         (another_message_id, "bad_signature"),
     ],
 )
-def test_a_message_the_app_did_not_sign_is_refused_and_kept(make, problem):
+async def test_a_message_the_app_did_not_sign_is_refused_and_kept(make, problem):
     sent: list[ServiceBusMessage] = []
     s = settler()
-    assert s.act(make(), sent.append) is False
+    assert await s.act(make(), into(sent)) is False
     assert sent == []
     [outcome] = s.outcomes.values()
     assert outcome.outcome == "refused" and problem in outcome.detail
     assert outcome.order_id is None, "an untrusted body's order is not believed"
 
 
-def test_a_message_first_sent_inside_the_duplicate_window_is_refused_until_it_passes():
+async def test_a_message_first_sent_inside_the_duplicate_window_is_refused_until_it_passes():
     recent = signed(1, enqueued_time_utc=NOW - timedelta(minutes=9))
     s = settler()
-    assert s.act(recent, lambda m: None) is False
+    assert await s.act(recent, dropped) is False
     [outcome] = s.outcomes.values()
     assert outcome.outcome == "refused"
     assert "until 12:01:00 UTC (duplicate detection)" in outcome.detail
 
 
-def test_submissions_are_not_signed_and_are_replayed_as_they_are():
+async def test_submissions_are_not_signed_and_are_replayed_as_they_are():
     submission = Received(3, json.dumps({"order_id": "o-9"}).encode())
     s = settler(role="orders")
-    assert s.act(submission, lambda m: None) is True
+    assert await s.act(submission, dropped) is True
     assert [o.order_id for o in s.outcomes.values()] == ["o-9"]
 
 
-def test_a_failed_send_keeps_the_message():
-    def broken(message: ServiceBusMessage) -> None:
+async def test_a_failed_send_keeps_the_message():
+    async def broken(message: ServiceBusMessage) -> None:
         raise ServiceBusConnectionError(message="link detached")
 
     s = settler()
-    assert s.act(signed(1), broken) is False
+    assert await s.act(signed(1), broken) is False
     assert [o.outcome for o in s.outcomes.values()] == ["failed"]
 
 
-def test_purge_takes_anything_and_a_dry_run_only_says():
+async def test_purge_takes_anything_and_a_dry_run_only_says():
     s = settler(kind="purge")
-    assert s.act(Received(1), lambda m: None) is True
+    assert await s.act(Received(1), dropped) is True
     assert [o.outcome for o in s.outcomes.values()] == ["purged"]
     dry = settler()
     dry.consider(signed(1))
@@ -148,11 +163,11 @@ def test_purge_takes_anything_and_a_dry_run_only_says():
     assert [o.outcome for o in dry.outcomes.values()] == ["would_replay", "refused"]
 
 
-def test_only_the_named_dead_letters_are_taken_and_missing_ones_are_said():
+async def test_only_the_named_dead_letters_are_taken_and_missing_ones_are_said():
     s = settler(wanted=frozenset({2, 7}))
-    assert s.act(signed(1), lambda m: None) is False
+    assert await s.act(signed(1), dropped) is False
     assert not s.enough()
-    assert s.act(signed(2), lambda m: None) is True
+    assert await s.act(signed(2), dropped) is True
     assert [o.sequence_number for o in s.missing()] == [7]
     assert s.missing()[0].outcome == "not_found"
 

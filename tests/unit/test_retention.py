@@ -29,6 +29,8 @@ from core.retention import (
 from core.states import ProcessState
 from core.workflows import get_workflow
 
+pytestmark = pytest.mark.anyio
+
 NOW = datetime(2025, 9, 1, 3, 0, tzinfo=UTC)
 E = ProcessState.ERROR
 
@@ -186,20 +188,20 @@ def test_unreadable_lines_are_refused_with_the_reason():
         archive.decode(b"not json")
 
 
-def test_readers_keep_the_latest_copy_of_each_order():
+async def test_readers_keep_the_latest_copy_of_each_order():
     store = MemoryArchive()
     day = NOW.date()
     stale = archived("o-1", 2, NOW)
     newer = archived("o-1", 5, NOW + timedelta(hours=1))
-    store.append(day, [stale, archived("o-2", 1, NOW)])
-    store.append(day, [newer])
-    store.append(day, [dataclasses.replace(stale, archived_at=NOW + timedelta(hours=2))])
+    await store.append(day, [stale, archived("o-2", 1, NOW)])
+    await store.append(day, [newer])
+    await store.append(day, [dataclasses.replace(stale, archived_at=NOW + timedelta(hours=2))])
 
-    assert archive.find(store, "o-1") == newer
-    assert len(archive.find_all(store, "o-1")) == 3
-    assert {r.order_id: r.process.timeline_seq for r in archive.read_day(store, day)} == {
+    assert await archive.find(store, "o-1") == newer
+    assert len(await archive.find_all(store, "o-1")) == 3
+    assert {r.order_id: r.process.timeline_seq for r in await archive.read_day(store, day)} == {
         "o-1": 5,
         "o-2": 1,
     }
-    assert archive.find(store, "o-3") is None
-    assert archive.find(store, "o-1", day=day - timedelta(days=1)) is None
+    assert await archive.find(store, "o-3") is None
+    assert await archive.find(store, "o-1", day=day - timedelta(days=1)) is None
