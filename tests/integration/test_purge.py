@@ -1,4 +1,4 @@
-"""The retention purge against Azurite (Table store + Blob archive) and its in-memory twin.
+"""The retention purge against Azurite (Table store + Blob archive) and in memory (core.memory).
 
 What must hold: an order in flight is never touched; an order that changes between being read
 and being deleted is skipped untouched; a purged order can be read back from the archive; a dry
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import date, timedelta
 from typing import Any
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.storage.blob import BlobServiceClient
+from azure.storage.blob.aio import BlobServiceClient
 
 from core import archive
 from core.archive import ArchivedOrder, BlobArchive
@@ -39,7 +39,7 @@ from tests.integration.test_state_store import (
     to_processed,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 RETENTION = timedelta(days=30)
 LATER = timedelta(days=31)
@@ -53,25 +53,25 @@ class Backend:
     clock: Clock
     counts: OperationCounts
 
-    def purge(self, **changes: Any):
+    async def purge(self, **changes: Any):
         request = PurgeRequest(older_than=RETENTION, requested_by="operator:ann")
-        return run_purge(
+        return await run_purge(
             self.store, self.archive, dataclasses.replace(request, **changes), clock=self.clock
         )
 
-    def rows(self, order_id: str) -> list[str]:
+    async def rows(self, order_id: str) -> list[str]:
         """RowKeys left in the order's partition."""
         if isinstance(self.store, MemoryStore):
-            found = self.store.snapshot(order_id)
+            found = await self.store.snapshot(order_id)
             return [] if found is None else ["details", "process", *found.other_rows]
         table = self.store._orders
         query = table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
-        return sorted(row["RowKey"] for row in query)
+        return sorted([row["RowKey"] async for row in query])
 
-    def error_rows(self) -> set[str]:
+    async def error_rows(self) -> set[str]:
         if isinstance(self.store, MemoryStore):
             return {row.order_id for row in self.store.errors.rows()}
-        return {row.order_id for row in self.store.errors.page(1000).rows}
+        return {row.order_id for row in (await self.store.errors.page(1000)).rows}
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def counts() -> OperationCounts:
 
 
 @pytest.fixture
-def table_backend(azurite, unique_name, clock, counts) -> Iterator[Backend]:
+async def table_backend(azurite, unique_name, clock, counts) -> AsyncIterator[Backend]:
     tables = TableService.from_connection_string(
         azurite.connection_string, request_hook=counts.request_hook("table")
     )
@@ -97,15 +97,15 @@ def table_backend(azurite, unique_name, clock, counts) -> Iterator[Backend]:
     store = OrderStateStore(
         tables, orders_table=orders, active_table=active, supervision_table=supervision, clock=clock
     )
-    store.ensure_tables()
+    await store.ensure_tables()
     container = f"archive-{unique_name('c')}"
     yield Backend("table", store, BlobArchive(blobs.get_container_client(container)), clock, counts)
     for name in names:
-        tables.delete_table(name)
+        await tables.delete_table(name)
     with contextlib.suppress(ResourceNotFoundError):  # nothing was ever archived
-        blobs.delete_container(container)
-    tables.close()
-    blobs.close()
+        await blobs.delete_container(container)
+    await tables.close()
+    await blobs.close()
 
 
 @pytest.fixture(params=["memory", "table"])
@@ -115,22 +115,22 @@ def backend(request, clock, counts) -> Backend:
     return request.getfixturevalue("table_backend")
 
 
-def finished(backend: Backend, order: Order) -> Order:
+async def finished(backend: Backend, order: Order) -> Order:
     """What the shell does once a finished order's last messages are sent."""
-    backend.store.index.discard(order.order_id, order.generation)
+    await backend.store.index.discard(order.order_id, order.generation)
     return order
 
 
-def acknowledged(backend: Backend, order_id: str, reason: str = "step_declined") -> Order:
+async def acknowledged(backend: Backend, order_id: str, reason: str = "step_declined") -> Order:
     """An operator acknowledging the order's terminal alert (operator_api records it so)."""
-    order = backend.store.load(order_id)
-    return backend.store.annotate(
+    order = await backend.store.load(order_id)
+    return await backend.store.annotate(
         order, actor="operator:ann", event=ACK_EVENT, detail=ack_detail(41, "error", reason)
     )
 
 
-def snapshot_of(backend: Backend, order_id: str) -> OrderSnapshot:
-    found = backend.store.snapshot(order_id)
+async def snapshot_of(backend: Backend, order_id: str) -> OrderSnapshot:
+    found = await backend.store.snapshot(order_id)
     assert found is not None
     return found
 
@@ -147,63 +147,64 @@ def assert_archived_as(record: ArchivedOrder | None, before: OrderSnapshot) -> N
 # ------------------------------------------------------------------------------ the purge
 
 
-def test_purge_archives_finished_orders_then_deletes_them(backend):
+async def test_purge_archives_finished_orders_then_deletes_them(backend):
     store, clock = backend.store, backend.clock
-    finished(backend, to_processed(store, clock, "p-1"))
-    resolved = finished(backend, to_error(store, clock, "e-resolved"))
-    acknowledged(backend, resolved.order_id)
-    unresolved = finished(backend, to_error(store, clock, "e-open"))
-    other_alert = finished(backend, to_error(store, clock, "e-other"))
-    acknowledged(backend, other_alert.order_id, reason="duplicate_order_id")
-    owing = to_processed(store, clock, "p-owes")  # its index row is still there
-    before = {oid: snapshot_of(backend, oid) for oid in ("p-1", "e-resolved")}
+    await finished(backend, await to_processed(store, clock, "p-1"))
+    resolved = await finished(backend, await to_error(store, clock, "e-resolved"))
+    await acknowledged(backend, resolved.order_id)
+    unresolved = await finished(backend, await to_error(store, clock, "e-open"))
+    other_alert = await finished(backend, await to_error(store, clock, "e-other"))
+    await acknowledged(backend, other_alert.order_id, reason="duplicate_order_id")
+    owing = await to_processed(store, clock, "p-owes")  # its index row is still there
+    before = {oid: await snapshot_of(backend, oid) for oid in ("p-1", "e-resolved")}
 
     clock.advance(LATER)
-    report = backend.purge()
+    report = await backend.purge()
 
     assert (report.examined, report.purgeable, report.archived, report.purged) == (5, 2, 2, 2)
     assert report.kept == {"unresolved_error": 2, "owes_messages": 1}
     assert report.skipped_changed == report.failed == 0 and not report.more
     for order_id, snapshot in before.items():
         with pytest.raises(OrderNotFound):
-            store.load(order_id)
-        assert backend.rows(order_id) == []
-        assert_archived_as(archive.find(backend.archive, order_id), snapshot)
-    assert archive.find(backend.archive, unresolved.order_id) is None
+            await store.load(order_id)
+        assert await backend.rows(order_id) == []
+        assert_archived_as(await archive.find(backend.archive, order_id), snapshot)
+    assert await archive.find(backend.archive, unresolved.order_id) is None
     for kept in (unresolved, other_alert, owing):
-        assert store.load(kept.order_id).state.terminal
-    assert backend.error_rows() == {"e-open", "e-other"}, "a purged Error leaves no index row"
+        assert (await store.load(kept.order_id)).state.terminal
+    assert await backend.error_rows() == {"e-open", "e-other"}, "a purged Error leaves no index row"
     assert report.blobs == [archive.blob_name(clock().date())]
-    assert [run["run_id"] for run in store.purges.recent()] == [report.run_id]
-    assert store.purges.recent()[0]["purged"] == 2
+    assert [run["run_id"] for run in await store.purges.recent()] == [report.run_id]
+    assert (await store.purges.recent())[0]["purged"] == 2
 
 
-def test_orders_in_flight_and_recent_ones_are_never_touched(backend):
+async def test_orders_in_flight_and_recent_ones_are_never_touched(backend):
     store, clock = backend.store, backend.clock
-    in_flight = create(store, clock, "f-1")  # Processing, claimed for its first step
-    old_done = finished(backend, to_processed(store, clock, "p-old"))
+    in_flight = await create(store, clock, "f-1")  # Processing, claimed for its first step
+    old_done = await finished(backend, await to_processed(store, clock, "p-old"))
     clock.advance(timedelta(days=20))
-    recent = finished(backend, to_processed(store, clock, "p-new"))
+    recent = await finished(backend, await to_processed(store, clock, "p-new"))
     clock.advance(timedelta(days=15))  # in-flight and p-old unchanged for 35 days, p-new 15
 
-    report = backend.purge()
+    report = await backend.purge()
 
     assert (report.purged, report.kept) == (1, {})  # p-new is no candidate: too recent
-    assert store.load(in_flight.order_id) == in_flight, "not even its ETag moved"
-    assert store.load(recent.order_id) == recent
-    assert store.get_timeline(in_flight.order_id) == list(snapshot_of(backend, "f-1").timeline)
+    assert await store.load(in_flight.order_id) == in_flight, "not even its ETag moved"
+    assert await store.load(recent.order_id) == recent
+    timeline = (await snapshot_of(backend, "f-1")).timeline
+    assert await store.get_timeline(in_flight.order_id) == list(timeline)
     with pytest.raises(OrderNotFound):
-        store.load(old_done.order_id)
+        await store.load(old_done.order_id)
     # Asked for in-flight states outright, the store refuses.
     with pytest.raises(ValueError, match="only finished states"):
-        list(store.purge_candidates(clock(), [ProcessState.PROCESSING]))
+        [c async for c in store.purge_candidates(clock(), [ProcessState.PROCESSING])]
 
 
-def test_an_order_in_flight_again_is_kept_even_when_listed(backend):
+async def test_an_order_in_flight_again_is_kept_even_when_listed(backend):
     """Resubmitted between the scan and the read: read whole, it is in flight, so kept."""
     store, clock = backend.store, backend.clock
-    errored = finished(backend, to_error(store, clock, "e-1"))
-    acknowledged(backend, errored.order_id)
+    errored = await finished(backend, await to_error(store, clock, "e-1"))
+    await acknowledged(backend, errored.order_id)
     clock.advance(LATER)
 
     class ResubmitWhileListing:
@@ -213,27 +214,27 @@ def test_an_order_in_flight_again_is_kept_even_when_listed(backend):
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def purge_candidates(self, *args: Any, **kwargs: Any):
-            for candidate in self.inner.purge_candidates(*args, **kwargs):
-                current = self.inner.load(candidate.order_id)
-                move(self.inner, current, RESUBMIT, clock, actor="operator-ann")
+        async def purge_candidates(self, *args: Any, **kwargs: Any):
+            async for candidate in self.inner.purge_candidates(*args, **kwargs):
+                current = await self.inner.load(candidate.order_id)
+                await move(self.inner, current, RESUBMIT, clock, actor="operator-ann")
                 yield candidate
 
-    report = run_purge(
+    report = await run_purge(
         ResubmitWhileListing(store),
         backend.archive,
         PurgeRequest(older_than=RETENTION, requested_by="operator:ann"),
         clock=clock,
     )
     assert (report.examined, report.purged, report.kept) == (1, 0, {"in_flight": 1})
-    assert store.load("e-1").state is ProcessState.PROCESSING
-    assert archive.find(backend.archive, "e-1") is None
+    assert (await store.load("e-1")).state is ProcessState.PROCESSING
+    assert await archive.find(backend.archive, "e-1") is None
 
 
-def test_an_order_that_changes_between_reading_and_deleting_is_skipped(backend):
+async def test_an_order_that_changes_between_reading_and_deleting_is_skipped(backend):
     store, clock = backend.store, backend.clock
-    errored = finished(backend, to_error(store, clock, "e-1"))
-    acknowledged(backend, errored.order_id)
+    errored = await finished(backend, await to_error(store, clock, "e-1"))
+    await acknowledged(backend, errored.order_id)
     clock.advance(LATER)
 
     class AnnotatedWhileArchiving:
@@ -245,14 +246,14 @@ def test_an_order_that_changes_between_reading_and_deleting_is_skipped(backend):
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
-            name = self.inner.append(day, records)
+        async def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
+            name = await self.inner.append(day, records)
             for record in records:
-                current = store.load(record.order_id)
-                store.annotate(current, actor="operator:bob", event="note", detail="looked")
+                current = await store.load(record.order_id)
+                await store.annotate(current, actor="operator:bob", event="note", detail="looked")
             return name
 
-    report = run_purge(
+    report = await run_purge(
         store,
         AnnotatedWhileArchiving(backend.archive),
         PurgeRequest(older_than=RETENTION, requested_by="operator:ann"),
@@ -260,38 +261,38 @@ def test_an_order_that_changes_between_reading_and_deleting_is_skipped(backend):
     )
 
     assert (report.archived, report.purged, report.skipped_changed) == (1, 0, 1)
-    kept = store.load("e-1")
+    kept = await store.load("e-1")
     assert kept.state is ProcessState.ERROR
-    assert [e.event for e in store.get_timeline("e-1")][-2:] == [ACK_EVENT, "note"]
-    assert backend.error_rows() == {"e-1"}
+    assert [e.event for e in await store.get_timeline("e-1")][-2:] == [ACK_EVENT, "note"]
+    assert await backend.error_rows() == {"e-1"}
     # Its next purge archives the changed order; the reader shows that copy.
     clock.advance(LATER)
-    latest = snapshot_of(backend, "e-1")
-    assert backend.purge().purged == 1
-    assert_archived_as(archive.find(backend.archive, "e-1"), latest)
+    latest = await snapshot_of(backend, "e-1")
+    assert (await backend.purge()).purged == 1
+    assert_archived_as(await archive.find(backend.archive, "e-1"), latest)
 
 
-def test_a_dry_run_changes_nothing(backend):
+async def test_a_dry_run_changes_nothing(backend):
     store, clock = backend.store, backend.clock
-    done = finished(backend, to_processed(store, clock, "p-1"))
+    done = await finished(backend, await to_processed(store, clock, "p-1"))
     clock.advance(LATER)
 
-    report = backend.purge(dry_run=True)
+    report = await backend.purge(dry_run=True)
 
     assert (report.examined, report.purgeable, report.archived, report.purged) == (1, 1, 0, 0)
-    assert store.load("p-1") == done
-    assert backend.archive.blobs() == []
-    assert store.purges.recent() == [], "a dry run is only logged, not recorded"
+    assert await store.load("p-1") == done
+    assert await backend.archive.blobs() == []
+    assert await store.purges.recent() == [], "a dry run is only logged, not recorded"
 
 
 class Crash(Exception):
     """The process died here."""
 
 
-def test_a_crash_between_archive_and_delete_archives_twice_and_reads_back_once(backend):
+async def test_a_crash_between_archive_and_delete_archives_twice_and_reads_back_once(backend):
     store, clock = backend.store, backend.clock
-    finished(backend, to_processed(store, clock, "p-1"))
-    before = snapshot_of(backend, "p-1")
+    await finished(backend, await to_processed(store, clock, "p-1"))
+    before = await snapshot_of(backend, "p-1")
     clock.advance(LATER)
 
     class CrashOnDelete:
@@ -301,55 +302,56 @@ def test_a_crash_between_archive_and_delete_archives_twice_and_reads_back_once(b
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
+        async def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
             raise Crash
 
     with pytest.raises(Crash):
-        run_purge(
+        await run_purge(
             CrashOnDelete(store),
             backend.archive,
             PurgeRequest(older_than=RETENTION, requested_by="operator:ann"),
             clock=clock,
         )
-    assert store.load("p-1") == before.process, "archived, not deleted"
-    assert len(archive.find_all(backend.archive, "p-1")) == 1
+    assert await store.load("p-1") == before.process, "archived, not deleted"
+    assert len(await archive.find_all(backend.archive, "p-1")) == 1
 
     clock.advance(timedelta(hours=1))
-    report = backend.purge()
+    report = await backend.purge()
 
     assert (report.archived, report.purged) == (1, 1)
-    assert len(archive.find_all(backend.archive, "p-1")) == 2, "archived twice"
-    assert_archived_as(archive.find(backend.archive, "p-1"), before)
-    assert [r.order_id for r in archive.read_day(backend.archive, clock().date())] == ["p-1"]
+    assert len(await archive.find_all(backend.archive, "p-1")) == 2, "archived twice"
+    assert_archived_as(await archive.find(backend.archive, "p-1"), before)
+    day = await archive.read_day(backend.archive, clock().date())
+    assert [r.order_id for r in day] == ["p-1"]
     with pytest.raises(OrderNotFound):
-        store.load("p-1")
+        await store.load("p-1")
 
 
-def test_state_selects_processed_or_error(backend):
+async def test_state_selects_processed_or_error(backend):
     store, clock = backend.store, backend.clock
-    finished(backend, to_processed(store, clock, "p-1"))
-    finished(backend, to_error(store, clock, "e-1"))
-    acknowledged(backend, "e-1")
+    await finished(backend, await to_processed(store, clock, "p-1"))
+    await finished(backend, await to_error(store, clock, "e-1"))
+    await acknowledged(backend, "e-1")
     clock.advance(LATER)
 
-    only_errors = backend.purge(states=(ProcessState.ERROR,))
+    only_errors = await backend.purge(states=(ProcessState.ERROR,))
     assert (only_errors.examined, only_errors.purged) == (1, 1)
-    assert store.load("p-1").state is ProcessState.PROCESSED
-    assert backend.purge(states=(ProcessState.PROCESSED,)).purged == 1
+    assert (await store.load("p-1")).state is ProcessState.PROCESSED
+    assert (await backend.purge(states=(ProcessState.PROCESSED,))).purged == 1
 
 
 # ------------------------------------------------------------------- Table store only
 
 
-def test_purge_cost_in_requests(table_backend):
+async def test_purge_cost_in_requests(table_backend):
     backend = table_backend
     store, clock = backend.store, backend.clock
     for n in range(3):
-        finished(backend, to_processed(store, clock, f"p-{n}"))
+        await finished(backend, await to_processed(store, clock, f"p-{n}"))
     clock.advance(LATER)
     backend.counts.reset()
 
-    report = backend.purge()
+    report = await backend.purge()
 
     cost = backend.counts.snapshot()
     print("purge of 3 Processed orders:", cost)
@@ -362,57 +364,57 @@ def test_purge_cost_in_requests(table_backend):
     assert sum(v for k, v in cost.items() if k.startswith("blob.")) == 4
 
 
-def test_an_order_of_more_than_100_rows_is_purged_in_several_transactions(table_backend):
+async def test_an_order_of_more_than_100_rows_is_purged_in_several_transactions(table_backend):
     backend = table_backend
     store, clock = backend.store, backend.clock
-    order = to_processed(store, clock, "p-long")
+    order = await to_processed(store, clock, "p-long")
     for n in range(230):  # every annotation is a timeline row: 233 rows in all
-        order = store.annotate(order, actor="operator:ann", event="note", detail=str(n))
-    finished(backend, order)
-    before = snapshot_of(backend, "p-long")
-    assert len(backend.rows("p-long")) == 234
+        order = await store.annotate(order, actor="operator:ann", event="note", detail=str(n))
+    await finished(backend, order)
+    before = await snapshot_of(backend, "p-long")
+    assert len(await backend.rows("p-long")) == 234
     clock.advance(LATER)
 
-    assert backend.purge().purged == 1
+    assert (await backend.purge()).purged == 1
 
-    assert backend.rows("p-long") == []
-    assert_archived_as(archive.find(backend.archive, "p-long"), before)
+    assert await backend.rows("p-long") == []
+    assert_archived_as(await archive.find(backend.archive, "p-long"), before)
 
 
-def test_an_interrupted_multi_transaction_purge_is_finished_by_the_next_run(
+async def test_an_interrupted_multi_transaction_purge_is_finished_by_the_next_run(
     table_backend, monkeypatch
 ):
     backend = table_backend
     store, clock = backend.store, backend.clock
-    order = to_processed(store, clock, "p-long")
+    order = await to_processed(store, clock, "p-long")
     for n in range(150):
-        order = store.annotate(order, actor="operator:ann", event="note", detail=str(n))
-    finished(backend, order)
+        order = await store.annotate(order, actor="operator:ann", event="note", detail=str(n))
+    await finished(backend, order)
     clock.advance(LATER)
 
     table = store._orders
     submit = table.submit_transaction
     calls = []
 
-    def crash_after_the_first(operations: Any, **kwargs: Any) -> Any:
+    async def crash_after_the_first(operations: Any, **kwargs: Any) -> Any:
         calls.append(len(operations))
         if len(calls) > 1:
             raise Crash
-        return submit(operations, **kwargs)
+        return await submit(operations, **kwargs)
 
     monkeypatch.setattr(table, "submit_transaction", crash_after_the_first)
     with pytest.raises(Crash):
-        backend.purge()
+        await backend.purge()
     monkeypatch.setattr(table, "submit_transaction", submit)
 
-    left = backend.rows("p-long")
+    left = await backend.rows("p-long")
     assert PURGE_MARKER_ROW in left and "details" in left and "process" not in left
     with pytest.raises(OrderNotFound):
-        store.load("p-long")  # the first transaction decided: the order is gone
+        await store.load("p-long")  # the first transaction decided: the order is gone
     assert calls[0] == 100
 
-    report = backend.purge()
+    report = await backend.purge()
 
     assert (report.interrupted_finished, report.purged) == (1, 0)
-    assert backend.rows("p-long") == []
-    assert archive.find(backend.archive, "p-long") is not None
+    assert await backend.rows("p-long") == []
+    assert await archive.find(backend.archive, "p-long") is not None
