@@ -9,11 +9,12 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import azure.functions as func
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from core import runtime
 from core.messages import encode
@@ -28,10 +29,10 @@ from tests.support.pattern import (
     run_agent_step,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 HOSTILE_ID = "x' or PartitionKey ne '"
-Handler = Callable[[func.HttpRequest], func.HttpResponse]
+Handler = Callable[[func.HttpRequest], Awaitable[func.HttpResponse]]
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +48,14 @@ def handlers(app_functions) -> dict[str, Handler]:
 
 
 @pytest.fixture
-def installed(rt):
+async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    api.operations().close()
+    await (await api.operations()).close()
     runtime.install(previous)
 
 
-def call(
+async def call(
     handlers: dict[str, Handler],
     name: str,
     *,
@@ -77,36 +78,36 @@ def call(
         body=raw,
         headers=headers,
     )
-    response = handlers[name](request)
+    response = await handlers[name](request)
     assert response.mimetype == "application/json"
     return response.status_code, json.loads(response.get_body())
 
 
-def declined_order(rt, reader, fakes) -> str:
+async def declined_order(rt, reader, fakes) -> str:
     """An order in Error at once: its first step is declined (nothing to undo)."""
     order = new_order()
     fakes.set_profile({"services": {"inventory": {"decline_order_ids": [order.order_id]}}})
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    assert rt.store.load(order.order_id).state is ProcessState.ERROR
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    assert (await rt.store.load(order.order_id)).state is ProcessState.ERROR
     return order.order_id
 
 
 # ----------------------------------------------------------------------------------- orders
 
 
-def test_list_error_orders_page_by_page(installed, handlers, reader, fakes):
+async def test_list_error_orders_page_by_page(installed, handlers, reader, fakes):
     rt = installed
-    errored = {declined_order(rt, reader, fakes) for _ in range(3)}
+    errored = {await declined_order(rt, reader, fakes) for _ in range(3)}
     in_flight = new_order()
-    handle_submission(encode(in_flight), rt)  # claimed; its agent never answers
+    await handle_submission(encode(in_flight), rt)  # claimed; its agent never answers
 
     seen, pages, continuation = [], 0, None
     while True:
         params = {"state": "Error", "limit": "1"}
         if continuation is not None:
             params["continuation"] = continuation
-        status, page = call(handlers, "operator_list_orders", params=params)
+        status, page = await call(handlers, "operator_list_orders", params=params)
         assert status == 200 and len(page["items"]) <= 1
         seen += [item["order_id"] for item in page["items"]]
         pages += 1
@@ -116,22 +117,22 @@ def test_list_error_orders_page_by_page(installed, handlers, reader, fakes):
     assert set(seen) == errored and len(seen) == 3 and pages <= 4
 
     COUNTS.reset()
-    status, page = call(handlers, "operator_list_orders", params={"state": "error"})
+    status, page = await call(handlers, "operator_list_orders", params={"state": "error"})
     cost = COUNTS.snapshot()
     assert {i["order_id"] for i in page["items"]} == errored
     print("list 3 Error orders:", json.dumps(cost))
     assert cost == {"table.get": 4}, "one index query and one point read per order"
 
-    status, page = call(handlers, "operator_list_orders", params={"state": "processing"})
+    status, page = await call(handlers, "operator_list_orders", params={"state": "processing"})
     assert [i["order_id"] for i in page["items"]] == [in_flight.order_id]
     assert page["items"][0]["current_step"] == "reserve_inventory"
-    status, page = call(handlers, "operator_list_orders", params={"state": "Pending"})
+    status, page = await call(handlers, "operator_list_orders", params={"state": "Pending"})
     assert (status, page["items"]) == (200, [])
 
 
-def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader, fakes):
-    order_id = declined_order(installed, reader, fakes)
-    status, shown = call(handlers, "operator_show_order", route={"order_id": order_id})
+async def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader, fakes):
+    order_id = await declined_order(installed, reader, fakes)
+    status, shown = await call(handlers, "operator_show_order", route={"order_id": order_id})
     assert status == 200
     assert shown["order"]["state"] == "Error" and shown["submitted"]["order_id"] == order_id
     assert [(s["state"], s["generation"], s["attempt"]) for s in shown["steps"]] == [
@@ -144,14 +145,14 @@ def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader,
     assert [t["event"] for t in shown["timeline"]] == ["created", "error"]
     assert shown["timeline_continuation"] is None
 
-    _, first = call(
+    _, first = await call(
         handlers,
         "operator_show_order",
         route={"order_id": order_id},
         params={"timeline_limit": "1"},
     )
     assert [t["seq"] for t in first["timeline"]] == [0]
-    _, rest = call(
+    _, rest = await call(
         handlers,
         "operator_show_order",
         route={"order_id": order_id},
@@ -161,11 +162,11 @@ def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader,
     assert rest["timeline_continuation"] is None
 
 
-def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
+async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
     rt = installed
-    order_id = declined_order(rt, reader, fakes)
+    order_id = await declined_order(rt, reader, fakes)
     fakes.set_profile(None)
-    status, done = call(
+    status, done = await call(
         handlers,
         "operator_resubmit_order",
         route={"order_id": order_id},
@@ -178,7 +179,7 @@ def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
-    status, cancelled = call(
+    status, cancelled = await call(
         handlers,
         "operator_cancel_order",
         route={"order_id": order_id},
@@ -196,13 +197,13 @@ def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
     undo = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert undo["operation"] == "undo"
     assert undo["undoes"] == f"{order_id}:reserve_inventory:do:2"
-    timeline = installed.store.get_timeline(order_id)
+    timeline = await installed.store.get_timeline(order_id)
     assert [(t.event, t.actor) for t in timeline if t.actor.startswith("operator:")] == [
         ("resubmitted", "operator:ann@example.com"),
         ("compensation_started", "operator:bob"),
     ]
     assert "mallory" not in json.dumps([(t.actor, t.detail) for t in timeline])
-    _, shown = call(handlers, "operator_show_order", route={"order_id": order_id})
+    _, shown = await call(handlers, "operator_show_order", route={"order_id": order_id})
     assert shown["order"]["compensation_cause"] == "cancelled"
     assert "operator:bob" in shown["order"]["compensation_reason"]
     inventory = shown["steps"][0]
@@ -211,14 +212,14 @@ def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
         2,
         2,
     ), "the redone step counts its requests afresh: do, then undo"
-    status, again = call(
+    status, again = await call(
         handlers,
         "operator_cancel_order",
         route={"order_id": order_id},
         body={"operator": "bob", "reason": "twice"},
     )
     assert status == 409 and "already being undone" in again["error"]["message"]
-    status, refused = call(
+    status, refused = await call(
         handlers,
         "operator_resubmit_order",
         route={"order_id": order_id},
@@ -228,14 +229,14 @@ def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
     assert "only Error orders" in refused["error"]["message"]
 
 
-def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
+async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
     installed, handlers, reader, fakes
 ):
     rt = installed
-    order_id = declined_order(rt, reader, fakes)
-    before = rt.store.load(order_id)
+    order_id = await declined_order(rt, reader, fakes)
+    before = await rt.store.load(order_id)
     for name in ("operator_resubmit_order", "operator_cancel_order"):
-        status, refused = call(
+        status, refused = await call(
             handlers,
             name,
             route={"order_id": order_id},
@@ -244,7 +245,7 @@ def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
         )
         assert (status, refused["error"]["code"]) == (401, "not_signed_in")
         assert "X-MS-CLIENT-PRINCIPAL-NAME" in refused["error"]["message"]
-    after = rt.store.load(order_id)
+    after = await rt.store.load(order_id)
     assert (after.etag, after.state, after.generation) == (
         before.etag,
         before.state,
@@ -368,18 +369,20 @@ def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
         ),
     ],
 )
-def test_bad_requests_get_a_clear_4xx(installed, handlers, name, params, route, body, status, code):
+async def test_bad_requests_get_a_clear_4xx(
+    installed, handlers, name, params, route, body, status, code
+):
     COUNTS.reset()
-    got, answer = call(handlers, name, params=params, route=route, body=body)
+    got, answer = await call(handlers, name, params=params, route=route, body=body)
     assert (got, answer["error"]["code"]) == (status, code), answer
     assert set(answer) == {"error"} and answer["error"]["message"]
     if code in ("invalid_order_id", "invalid_json", "invalid_operator"):
         assert not any(k.startswith("table.") for k in COUNTS.snapshot()), "refused before I/O"
 
 
-def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(installed, handlers):
+async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(installed, handlers):
     COUNTS.reset()
-    status, answer = call(
+    status, answer = await call(
         handlers,
         "operator_cancel_order",
         route={"order_id": "o-1"},
@@ -390,23 +393,25 @@ def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(installed, ha
     assert not any(k.startswith("table.") for k in COUNTS.snapshot())
 
 
-def test_a_purge_without_a_signed_in_caller_is_refused(installed, handlers):
-    status, answer = call(handlers, "operator_purge", body={"dry_run": True}, caller=None)
+async def test_a_purge_without_a_signed_in_caller_is_refused(installed, handlers):
+    status, answer = await call(handlers, "operator_purge", body={"dry_run": True}, caller=None)
     assert (status, answer["error"]["code"]) == (401, "not_signed_in")
 
 
-def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installed, handlers):
-    status, answer = call(handlers, "operator_show_order", route={"order_id": HOSTILE_ID})
+async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installed, handlers):
+    status, answer = await call(handlers, "operator_show_order", route={"order_id": HOSTILE_ID})
     assert status == 400
     assert "order id" in answer["error"]["message"] and '"\'"' in answer["error"]["message"]
 
 
-def test_a_continuation_of_one_state_is_refused_for_another(installed, handlers, reader, fakes):
+async def test_a_continuation_of_one_state_is_refused_for_another(
+    installed, handlers, reader, fakes
+):
     for _ in range(2):
-        declined_order(installed, reader, fakes)
-    _, page = call(handlers, "operator_list_orders", params={"state": "Error", "limit": "1"})
+        await declined_order(installed, reader, fakes)
+    _, page = await call(handlers, "operator_list_orders", params={"state": "Error", "limit": "1"})
     assert page["continuation"]
-    status, answer = call(
+    status, answer = await call(
         handlers,
         "operator_list_orders",
         params={"state": "Pending", "continuation": page["continuation"]},
@@ -417,11 +422,11 @@ def test_a_continuation_of_one_state_is_refused_for_another(installed, handlers,
 # ----------------------------------------------------------------------------------- alerts
 
 
-def find_alert(handlers, order_id: str) -> dict:
+async def find_alert(handlers, order_id: str) -> dict:
     continuation = None
     while True:
         params = {"limit": "100"} | ({"continuation": continuation} if continuation else {})
-        status, page = call(handlers, "operator_list_alerts", params=params)
+        status, page = await call(handlers, "operator_list_alerts", params=params)
         assert status == 200
         for item in page["items"]:
             if (item["alert"] or {}).get("order_id") == order_id:
@@ -431,20 +436,20 @@ def find_alert(handlers, order_id: str) -> dict:
             raise AssertionError(f"no alert for {order_id}")
 
 
-def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, fakes):
-    first = declined_order(installed, reader, fakes)
-    second = declined_order(installed, reader, fakes)
-    alert_a, alert_b = find_alert(handlers, first), find_alert(handlers, second)
+async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, fakes):
+    first = await declined_order(installed, reader, fakes)
+    second = await declined_order(installed, reader, fakes)
+    alert_a, alert_b = await find_alert(handlers, first), await find_alert(handlers, second)
     assert alert_a["alert"]["reason"] == "step_declined"
     assert alert_b["sequence_number"] > alert_a["sequence_number"]
 
     seq_b = str(alert_b["sequence_number"])
-    status, peeked = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    status, peeked = await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
     assert (status, peeked) == (200, alert_b)
 
     # No reason: refused, and the alert stays.
     for body in ({}, {"reason": "   "}):
-        status, refused = call(
+        status, refused = await call(
             handlers,
             "operator_ack_alert",
             route={"sequence_number": seq_b},
@@ -453,10 +458,10 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
         )
         assert (status, refused["error"]["code"]) == (400, "invalid_reason"), refused
         assert "reason is required" in refused["error"]["message"]
-    assert call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})[0] == 200
+    assert (await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b}))[0] == 200
 
     # B first: everything received ahead of it (A included) is deferred, not abandoned...
-    status, ack = call(
+    status, ack = await call(
         handlers,
         "operator_ack_alert",
         route={"sequence_number": seq_b},
@@ -469,9 +474,9 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
         "operator:ann",
         True,
     )
-    status, gone = call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    status, gone = await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
     assert (status, gone["error"]["code"]) == (404, "alert_not_found")
-    status, again = call(
+    status, again = await call(
         handlers,
         "operator_ack_alert",
         route={"sequence_number": seq_b},
@@ -481,9 +486,9 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     assert (status, again["error"]["code"]) == (404, "alert_not_found")
 
     # ...so A is still listed, and acknowledged by its sequence number in one step.
-    assert find_alert(handlers, first) == alert_a
+    assert await find_alert(handlers, first) == alert_a
     seq_a = str(alert_a["sequence_number"])
-    status, ack = call(
+    status, ack = await call(
         handlers,
         "operator_ack_alert",
         route={"sequence_number": seq_a},
@@ -492,77 +497,81 @@ def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, 
     )
     assert status == 200 and ack["order_id"] == first
     with pytest.raises(AssertionError):
-        find_alert(handlers, first)
-    acked = [t for t in installed.store.get_timeline(first) if t.event == "alert_acknowledged"]
+        await find_alert(handlers, first)
+    acked = [
+        t for t in await installed.store.get_timeline(first) if t.event == "alert_acknowledged"
+    ]
     assert [t.actor for t in acked] == ["operator:ann"]
     assert acked[0].to_state is ProcessState.ERROR, "acknowledging changes nothing else"
     assert acked[0].detail.endswith("acknowledged: seen")
     assert acked_reason(acked[0]) == "step_declined"  # retention still reads the alert's reason
-    [acked_b] = [t for t in installed.store.get_timeline(second) if t.event == "alert_acknowledged"]
+    timeline = await installed.store.get_timeline(second)
+    [acked_b] = [t for t in timeline if t.event == "alert_acknowledged"]
     assert acked_b.detail.endswith(": customer called, new card on file")
 
 
 # ----------------------------------------------------------------------------- dead letters
 
 
-def test_dead_letters_per_queue(installed, handlers, servicebus):
+async def test_dead_letters_per_queue(installed, handlers, servicebus):
     rt = installed
-    status, summary = call(handlers, "operator_dead_letter_summary")
+    status, summary = await call(handlers, "operator_dead_letter_summary")
     assert status == 200
     assert {q["queue"] for q in summary["queues"]} == set(rt.settings.queues)
 
     orders = queue(rt, "orders")  # nothing consumes it in these tests: handlers are called
-    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
-        with client.get_queue_sender(orders) as sender:
-            sender.send_messages(ServiceBusMessage(b'{"type": "Nonsense"}', message_id="poison-1"))
-        with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
-            for message in receiver.receive_messages(max_message_count=10, max_wait_time=5):
-                receiver.dead_letter_message(
+    async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with client.get_queue_sender(orders) as sender:
+            poison = ServiceBusMessage(b'{"type": "Nonsense"}', message_id="poison-1")
+            await sender.send_messages(poison)
+        async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
+            for message in await receiver.receive_messages(max_message_count=10, max_wait_time=5):
+                await receiver.dead_letter_message(
                     message, reason="SchemaInvalid", error_description="type is not known"
                 )
 
-    status, page = call(handlers, "operator_list_dead_letters", route={"queue": "orders"})
+    status, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"})
     assert status == 200 and page["entity"] == orders
     poison = [item for item in page["items"] if item["message_id"] == "poison-1"]
     assert len(poison) == 1
     assert (poison[0]["reason"], poison[0]["description"]) == ("SchemaInvalid", "type is not known")
     assert poison[0]["body"] == {"type": "Nonsense"}
-    _, summary = call(handlers, "operator_dead_letter_summary")
+    _, summary = await call(handlers, "operator_dead_letter_summary")
     counts = {q["queue"]: q["count"] for q in summary["queues"]}
     assert counts["orders"] >= 1
 
 
-def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) -> int:
+async def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) -> int:
     """Put a message on the orders dead-letter queue; its sequence number there."""
     orders = queue(rt, "orders")  # nothing consumes it in these tests: handlers are called
-    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
-        with client.get_queue_sender(orders) as sender:
-            sender.send_messages(ServiceBusMessage(body, message_id=message_id))
-        with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
-            for message in receiver.receive_messages(max_message_count=10, max_wait_time=5):
-                receiver.dead_letter_message(message, reason="SchemaInvalid")
-    _, page = call(handlers, "operator_list_dead_letters", route={"queue": "orders"},
+    async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with client.get_queue_sender(orders) as sender:
+            await sender.send_messages(ServiceBusMessage(body, message_id=message_id))
+        async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
+            for message in await receiver.receive_messages(max_message_count=10, max_wait_time=5):
+                await receiver.dead_letter_message(message, reason="SchemaInvalid")
+    _, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"},
                    params={"limit": "100"})  # fmt: skip
     [number] = [i["sequence_number"] for i in page["items"] if i["message_id"] == message_id]
     return number
 
 
-def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
+async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     installed, handlers, servicebus, unique_name
 ):
     rt = installed
     message_id = unique_name("poison")
-    number = dead_letter(rt, handlers, servicebus, b"{not json", message_id)
-    status, empty = call(handlers, "operator_dead_letter_log")
+    number = await dead_letter(rt, handlers, servicebus, b"{not json", message_id)
+    status, empty = await call(handlers, "operator_dead_letter_log")
     assert (status, empty) == (200, {"actions": []})
 
     act = {"sequence_numbers": [number], "reason": "intake fixed"}
-    status, dry = call(
+    status, dry = await call(
         handlers, "operator_replay_dead_letters", route={"queue": "orders"},
         body=act | {"dry_run": True}, caller="ann",
     )  # fmt: skip
     assert status == 200 and not dry["recorded_in_log"]
-    status, replayed = call(
+    status, replayed = await call(
         handlers, "operator_replay_dead_letters", route={"queue": "orders"}, body=act, caller="ann"
     )
     # First sent less than 10 minutes ago: a replay would be dropped as a duplicate. Refused,
@@ -570,13 +579,13 @@ def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     assert status == 200 and [i["outcome"] for i in replayed["items"]] == ["refused"]
     rt.clock.advance(1)  # type: ignore[attr-defined]
     reason = "not JSON: <b>drop</b> [red]it[/]"
-    status, purged = call(
+    status, purged = await call(
         handlers, "operator_purge_dead_letters", route={"queue": "orders"},
         body={"sequence_numbers": [number], "reason": reason}, caller="bob",
     )  # fmt: skip
     assert status == 200 and purged["recorded_in_log"]
 
-    status, log = call(handlers, "operator_dead_letter_log", params={"limit": "5"})
+    status, log = await call(handlers, "operator_dead_letter_log", params={"limit": "5"})
     assert status == 200, log
     newest, oldest = log["actions"]  # the dry run is not logged
     assert (newest["actor"], newest["action"], newest["queue"], newest["reason"]) == (
@@ -593,13 +602,13 @@ def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     assert oldest["counts"] == {"refused": 1} and oldest["at"] < newest["at"]
     COUNTS.reset()
     started = time.perf_counter()
-    _, one = call(handlers, "operator_dead_letter_log", params={"limit": "1"})
+    _, one = await call(handlers, "operator_dead_letter_log", params={"limit": "1"})
     took = time.perf_counter() - started
     assert one["actions"] == [newest]
     print(f"dead-letter log, 1 of 2 actions: {took * 1000:.1f} ms, {COUNTS.snapshot()}")
     assert COUNTS.snapshot() == {"table.get": 1}, "one query of one partition"
     COUNTS.reset()
-    status, refused = call(handlers, "operator_dead_letter_log", params={"limit": "500"})
+    status, refused = await call(handlers, "operator_dead_letter_log", params={"limit": "500"})
     assert (status, refused["error"]["code"]) == (400, "invalid_limit")
     assert "from 1 to 100" in refused["error"]["message"]
     assert not COUNTS.snapshot(), "refused before I/O"
@@ -608,9 +617,9 @@ def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
 # ---------------------------------------------------------------------------------- openapi
 
 
-def test_the_openapi_document_describes_every_route(installed, handlers, app_functions):
+async def test_the_openapi_document_describes_every_route(installed, handlers, app_functions):
     """Every route of the operator API (the dashboard's pages and files are not part of it)."""
-    status, document = call(handlers, "operator_openapi")
+    status, document = await call(handlers, "operator_openapi")
     assert status == 200 and document["openapi"] == "3.1.0"
     routes = set()
     for function in app_functions:
@@ -629,11 +638,11 @@ def test_the_openapi_document_describes_every_route(installed, handlers, app_fun
     )
 
 
-def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers):
+async def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers):
     from supervisor.tick import run_tick
 
-    report = run_tick(installed)
-    status, view = call(handlers, "operator_supervisor")
+    report = await run_tick(installed)
+    status, view = await call(handlers, "operator_supervisor")
 
     assert status == 200
     assert len(view["buckets"]) == 16
@@ -661,24 +670,29 @@ DAY = 24 * 3600
         ({"olderThan": 3}, "invalid_request", "olderThan: Extra inputs are not permitted"),
     ],
 )
-def test_a_bad_purge_request_is_refused_with_what_to_fix(installed, handlers, body, code, message):
-    status, answer = call(handlers, "operator_purge", body=body, caller="ann")
+async def test_a_bad_purge_request_is_refused_with_what_to_fix(
+    installed, handlers, body, code, message
+):
+    status, answer = await call(handlers, "operator_purge", body=body, caller="ann")
     assert status == 400, answer
     assert answer["error"]["code"] == code
     assert message in answer["error"]["message"]
 
 
-def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
+async def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     installed, handlers, reader, fakes
 ):
     rt = installed
     done = new_order(workflow="single_step")
-    handle_submission(encode(done), rt)
-    run_agent_step(rt, reader, done.order_id, "inventory")
-    assert rt.store.load(done.order_id).state is ProcessState.PROCESSED
-    resolved, unresolved = declined_order(rt, reader, fakes), declined_order(rt, reader, fakes)
-    seq = str(find_alert(handlers, resolved)["sequence_number"])
-    status, _ = call(
+    await handle_submission(encode(done), rt)
+    await run_agent_step(rt, reader, done.order_id, "inventory")
+    assert (await rt.store.load(done.order_id)).state is ProcessState.PROCESSED
+    resolved, unresolved = (
+        await declined_order(rt, reader, fakes),
+        await declined_order(rt, reader, fakes),
+    )
+    seq = str((await find_alert(handlers, resolved))["sequence_number"])
+    status, _ = await call(
         handlers,
         "operator_ack_alert",
         route={"sequence_number": seq},
@@ -687,35 +701,35 @@ def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     )
     assert status == 200
     in_flight = new_order()
-    handle_submission(encode(in_flight), rt)
+    await handle_submission(encode(in_flight), rt)
     rt.clock.advance(31 * DAY)  # type: ignore[attr-defined]
 
-    status, dry = call(handlers, "operator_purge", body={"dry_run": True}, caller="ann")
+    status, dry = await call(handlers, "operator_purge", body={"dry_run": True}, caller="ann")
     assert status == 200, dry
     assert (dry["dry_run"], dry["purgeable"], dry["purged"], dry["archived"]) == (True, 2, 0, 0)
     assert dry["kept"] == {"unresolved_error": 1}
     assert dry["requested_by"] == "operator:ann" and dry["older_than_days"] == 30
 
-    status, run = call(handlers, "operator_purge", body={"state": "all"}, caller="ann")
+    status, run = await call(handlers, "operator_purge", body={"state": "all"}, caller="ann")
     assert status == 200, run
     assert (run["purged"], run["archived"], run["skipped_changed"]) == (2, 2, 0)
     for gone in (done.order_id, resolved):
-        status, answer = call(handlers, "operator_show_order", route={"order_id": gone})
+        status, answer = await call(handlers, "operator_show_order", route={"order_id": gone})
         assert (status, answer["error"]["code"]) == (404, "order_not_found")
-    assert rt.store.load(unresolved).state is ProcessState.ERROR
-    assert rt.store.load(in_flight.order_id).state is ProcessState.PROCESSING
+    assert (await rt.store.load(unresolved)).state is ProcessState.ERROR
+    assert (await rt.store.load(in_flight.order_id)).state is ProcessState.PROCESSING
 
-    status, runs = call(handlers, "operator_purge_runs")
+    status, runs = await call(handlers, "operator_purge_runs")
     assert status == 200
     assert [r["run_id"] for r in runs["runs"]] == [run["run_id"]], "dry runs are not recorded"
 
-    status, back = call(handlers, "operator_archived_order", route={"order_id": resolved})
+    status, back = await call(handlers, "operator_archived_order", route={"order_id": resolved})
     assert status == 200, back
     assert back["order"]["order"]["state"] == "Error" and back["copies"] == 1
     events = [t["event"] for t in back["order"]["timeline"]]
     assert events[-1] == "alert_acknowledged"
     assert back["run_id"] == run["run_id"]
-    status, back = call(
+    status, back = await call(
         handlers,
         "operator_archived_order",
         route={"order_id": done.order_id},
@@ -723,11 +737,13 @@ def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     )
     assert (status, back["order"]["submitted"]["order_id"]) == (200, done.order_id)
 
-    status, missing = call(handlers, "operator_archived_order", route={"order_id": unresolved})
+    status, missing = await call(
+        handlers, "operator_archived_order", route={"order_id": unresolved}
+    )
     assert (status, missing["error"]["code"]) == (404, "not_archived")
-    status, bad = call(handlers, "operator_archived_order", route={"order_id": HOSTILE_ID})
+    status, bad = await call(handlers, "operator_archived_order", route={"order_id": HOSTILE_ID})
     assert (status, bad["error"]["code"]) == (400, "invalid_order_id")
-    status, bad = call(
+    status, bad = await call(
         handlers, "operator_archived_order", route={"order_id": "o-1"}, params={"day": "2025-13-01"}
     )
     assert (status, bad["error"]["code"]) == (400, "invalid_day")
