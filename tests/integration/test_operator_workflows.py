@@ -5,6 +5,7 @@ signed message still verifies) and purged; health."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import sys
@@ -12,7 +13,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from core import inbound, runtime
 from core.messages import SchedulerCommand, encode
@@ -29,6 +31,7 @@ from tests.support.app import make_runtime
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
+    pytest.mark.anyio,
     pytest.mark.integration,
     pytest.mark.servicebus_config("tests/integration/replay_config.json"),
 ]
@@ -44,38 +47,38 @@ def handlers() -> dict:
 
 
 @pytest.fixture
-def installed(rt):
+async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    api.operations().close()
+    await (await api.operations()).close()
     runtime.install(previous)
 
 
 @pytest.fixture
-def ops(installed):
+async def ops(installed):
     operations = Operations(installed)
     yield operations
-    operations.close()
+    await operations.close()
 
 
-def processed_order(rt, reader, **fields) -> str:
+async def processed_order(rt, reader, **fields) -> str:
     order = new_order(workflow="single_step", **fields)
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
     return order.order_id
 
 
-def listed(handlers, **params) -> dict:
-    status, page = call(handlers, "operator_list_orders", params=params)
+async def listed(handlers, **params) -> dict:
+    status, page = await call(handlers, "operator_list_orders", params=params)
     assert status == 200, page
     return page
 
 
-def all_pages(handlers, **params) -> list[str]:
+async def all_pages(handlers, **params) -> list[str]:
     seen, continuation = [], None
     for _ in range(20):
-        page = listed(
+        page = await listed(
             handlers, **params, **({"continuation": continuation} if continuation else {})
         )
         seen += [item["order_id"] for item in page["items"]]
@@ -88,62 +91,65 @@ def all_pages(handlers, **params) -> list[str]:
 # ----------------------------------------------------------------------------------- orders
 
 
-def test_processed_orders_are_listed_filtered_sorted_and_paged(installed, handlers, reader):
+async def test_processed_orders_are_listed_filtered_sorted_and_paged(installed, handlers, reader):
     rt = installed
-    first = processed_order(rt, reader, order_id="o-alpha-1")
+    first = await processed_order(rt, reader, order_id="o-alpha-1")
     rt.clock.advance(2 * HOUR)  # type: ignore[attr-defined]
-    second = processed_order(rt, reader, order_id="o-beta-2")
+    second = await processed_order(rt, reader, order_id="o-beta-2")
     rt.clock.advance(60)  # type: ignore[attr-defined]
-    third = processed_order(rt, reader, order_id="o-beta-3")
+    third = await processed_order(rt, reader, order_id="o-beta-3")
     in_flight = new_order()
-    handle_submission(encode(in_flight), rt)
+    await handle_submission(encode(in_flight), rt)
 
     COUNTS.reset()
-    page = listed(handlers, state="processed")
+    page = await listed(handlers, state="processed")
     assert {i["order_id"] for i in page["items"]} == {first, second, third}
     assert page["continuation"] is None and page["state"] == "Processed"
     cost = COUNTS.snapshot()
     print("list 3 Processed orders:", json.dumps(cost))
     assert cost == {"table.get": 1}, "one query of the process rows, no point reads"
 
-    assert [i["order_id"] for i in listed(handlers, state="Processed", text="BETA")["items"]] in (
+    assert [
+        i["order_id"] for i in (await listed(handlers, state="Processed", text="BETA"))["items"]
+    ] in (
         [second, third],
         [third, second],
     )
-    old = listed(handlers, state="Processed", older_than="1h")
+    old = await listed(handlers, state="Processed", older_than="1h")
     assert [i["order_id"] for i in old["items"]] == [first]
     assert old["filters"] == {"older_than": "1h"}
-    recent = listed(handlers, state="Processed", newer_than="30m")
+    recent = await listed(handlers, state="Processed", newer_than="30m")
     assert {i["order_id"] for i in recent["items"]} == {second, third}
-    assert listed(handlers, state="Processed", step="charge_payment")["items"] == []
-    assert [i["order_id"] for i in listed(handlers, state="Processed", step="reserve_inventory")[
-        "items"
-    ]] != []  # fmt: skip
+    assert (await listed(handlers, state="Processed", step="charge_payment"))["items"] == []
+    by_step = await listed(handlers, state="Processed", step="reserve_inventory")
+    assert [i["order_id"] for i in by_step["items"]] != []
 
-    newest_first = all_pages(handlers, state="Processed", sort="-created", limit="1")
+    newest_first = await all_pages(handlers, state="Processed", sort="-created", limit="1")
     assert newest_first == [third, second, first]
-    assert all_pages(handlers, state="Processed", sort="id", limit="2") == sorted(
+    assert await all_pages(handlers, state="Processed", sort="id", limit="2") == sorted(
         [first, second, third]
     )
-    by_index = all_pages(handlers, state="Processed", limit="1")
+    by_index = await all_pages(handlers, state="Processed", limit="1")
     assert sorted(by_index) == sorted([first, second, third]) and len(by_index) == 3
 
 
-def test_in_flight_and_error_listings_filter_by_step_age_and_text(
+async def test_in_flight_and_error_listings_filter_by_step_age_and_text(
     installed, handlers, reader, fakes
 ):
     rt = installed
-    errored = declined_order(rt, reader, fakes)
+    errored = await declined_order(rt, reader, fakes)
     in_flight = new_order()
-    handle_submission(encode(in_flight), rt)
+    await handle_submission(encode(in_flight), rt)
 
-    page = listed(handlers, state="Error", text="OUT_OF_STOCK")
+    page = await listed(handlers, state="Error", text="OUT_OF_STOCK")
     assert [i["order_id"] for i in page["items"]] == [errored]
-    assert listed(handlers, state="Error", text="no such words")["items"] == []
-    assert listed(handlers, state="Error", step="charge_payment")["items"] == []
-    processing = listed(handlers, state="Processing", step="reserve_inventory", newer_than="5m")
+    assert (await listed(handlers, state="Error", text="no such words"))["items"] == []
+    assert (await listed(handlers, state="Error", step="charge_payment"))["items"] == []
+    processing = await listed(
+        handlers, state="Processing", step="reserve_inventory", newer_than="5m"
+    )
     assert [i["order_id"] for i in processing["items"]] == [in_flight.order_id]
-    assert listed(handlers, state="Processing", older_than="5m")["items"] == []
+    assert (await listed(handlers, state="Processing", older_than="5m"))["items"] == []
 
 
 @pytest.mark.parametrize(
@@ -157,17 +163,17 @@ def test_in_flight_and_error_listings_filter_by_step_age_and_text(
         ({"state": "Processed", "continuation": "bm90LWEtY3Vyc29y"}, "invalid_continuation"),
     ],
 )
-def test_bad_filters_are_refused_with_what_to_write(installed, handlers, params, code):
-    status, answer = call(handlers, "operator_list_orders", params=params)
+async def test_bad_filters_are_refused_with_what_to_write(installed, handlers, params, code):
+    status, answer = await call(handlers, "operator_list_orders", params=params)
     assert (status, answer["error"]["code"]) == (400, code), answer
 
 
-def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, reader):
+async def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, reader):
     for _ in range(2):
-        processed_order(installed, reader)
-    page = listed(handlers, state="Processed", sort="created", limit="1")
+        await processed_order(installed, reader)
+    page = await listed(handlers, state="Processed", sort="created", limit="1")
     assert page["continuation"]
-    status, answer = call(
+    status, answer = await call(
         handlers,
         "operator_list_orders",
         params={"state": "Processed", "sort": "-created", "continuation": page["continuation"]},
@@ -178,43 +184,47 @@ def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, reader
 # ------------------------------------------------------------------------------------ watch
 
 
-def test_watch_returns_each_change_and_ends_when_the_order_is_done(installed, handlers, reader):
+async def test_watch_returns_each_change_and_ends_when_the_order_is_done(
+    installed, handlers, reader
+):
     rt = installed
     order = new_order(workflow="single_step")
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     route = {"order_id": order.order_id}
 
-    status, first = call(handlers, "operator_watch_order", route=route, params={"wait": "5"})
+    status, first = await call(handlers, "operator_watch_order", route=route, params={"wait": "5"})
     assert status == 200 and first["changed"] and not first["terminal"]
     assert [t["event"] for t in first["detail"]["timeline"]] == ["created"]
 
     started = time.monotonic()
-    status, quiet = call(
+    status, quiet = await call(
         handlers, "operator_watch_order", route=route, params={"after": "0", "wait": "0.6"}
     )
     assert status == 200 and not quiet["changed"] and quiet["detail"]["timeline"] == []
     assert time.monotonic() - started >= 0.5, "it waited for a change"
 
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    status, done = call(handlers, "operator_watch_order", route=route, params={"after": "0"})
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    status, done = await call(handlers, "operator_watch_order", route=route, params={"after": "0"})
     assert done["changed"] and done["terminal"]
     assert [t["event"] for t in done["detail"]["timeline"]] == ["processed"]
     step = done["detail"]["steps"][0]
     assert step["requests"] == 1 and step["duration_s"] is not None and step["started_at"]
 
-    status, bad = call(handlers, "operator_watch_order", route=route, params={"wait": "61"})
+    status, bad = await call(handlers, "operator_watch_order", route=route, params={"wait": "61"})
     assert (status, bad["error"]["code"]) == (400, "invalid_wait")
-    status, missing = call(handlers, "operator_watch_order", route={"order_id": "o-none"})
+    status, missing = await call(handlers, "operator_watch_order", route={"order_id": "o-none"})
     assert (status, missing["error"]["code"]) == (404, "order_not_found")
 
 
-def test_the_order_view_shows_each_steps_failures_and_reasons(installed, handlers, reader, fakes):
+async def test_the_order_view_shows_each_steps_failures_and_reasons(
+    installed, handlers, reader, fakes
+):
     rt = installed
     order = new_order(workflow="single_step")
     fakes.set_profile({"default": {"fail_first_n": 1}})
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")  # a 503 the agent retried
-    status, shown = call(handlers, "operator_show_order", route={"order_id": order.order_id})
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")  # a 503 the agent retried
+    status, shown = await call(handlers, "operator_show_order", route={"order_id": order.order_id})
     assert status == 200
     step = shown["steps"][0]
     assert step["state"] == "Succeeded" and step["requests"] == 1 and step["failures"] == 0
@@ -224,21 +234,23 @@ def test_the_order_view_shows_each_steps_failures_and_reasons(installed, handler
 # ---------------------------------------------------------------------------------- restart
 
 
-def test_restart_from_a_step_over_http(installed, handlers, reader, fakes):
+async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes):
     rt = installed
-    order_id = declined_order(rt, reader, fakes)
+    order_id = await declined_order(rt, reader, fakes)
     fakes.set_profile(None)
     route = {"order_id": order_id}
 
-    status, unknown = call(
+    status, unknown = await call(
         handlers, "operator_restart_order", route=route, body={"step": "teleport", "reason": "r"}
     )
     assert (status, unknown["error"]["code"]) == (400, "unknown_step")
     assert "reserve_inventory, charge_payment, create_shipment" in unknown["error"]["message"]
-    status, nameless = call(handlers, "operator_restart_order", route=route, body={"reason": "r"})
+    status, nameless = await call(
+        handlers, "operator_restart_order", route=route, body={"reason": "r"}
+    )
     assert (status, nameless["error"]["code"]) == (400, "invalid_step")
 
-    status, done = call(
+    status, done = await call(
         handlers,
         "operator_restart_order",
         route=route,
@@ -248,13 +260,13 @@ def test_restart_from_a_step_over_http(installed, handlers, reader, fakes):
     assert status == 202, done
     assert (done["action"], done["outcome"], done["generation"]) == ("restart", "restarted", 2)
     assert done["step"] == "reserve_inventory", "reserve never succeeded: it is redone first"
-    last = rt.store.get_timeline(order_id)[-1]
+    last = (await rt.store.get_timeline(order_id))[-1]
     assert (last.event, last.actor) == ("restarted", "operator:ann")
     assert "restart from charge_payment" in last.detail
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
-    status, busy = call(
+    status, busy = await call(
         handlers,
         "operator_restart_order",
         route=route,
@@ -267,36 +279,40 @@ def test_restart_from_a_step_over_http(installed, handlers, reader, fakes):
 # ------------------------------------------------------------------------------------- bulk
 
 
-def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(installed, handlers, reader, fakes):
+async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
+    installed, handlers, reader, fakes
+):
     rt = installed
-    errored = sorted(declined_order(rt, reader, fakes) for _ in range(2))
+    errored = sorted([await declined_order(rt, reader, fakes) for _ in range(2)])
     fakes.set_profile(None)
     body = {"state": "Error", "text": "out_of_stock", "reason": "restocked"}
 
-    status, preview = call(handlers, "operator_bulk_resubmit", body=body | {"dry_run": True})
+    status, preview = await call(handlers, "operator_bulk_resubmit", body=body | {"dry_run": True})
     assert status == 200, preview
     assert sorted(i["order_id"] for i in preview["items"]) == errored
     assert {i["outcome"] for i in preview["items"]} == {"would_resubmit"}
     assert preview["acted"] == 0
-    assert all(rt.store.load(o).state is ProcessState.ERROR for o in errored)
+    assert all([(await rt.store.load(o)).state is ProcessState.ERROR for o in errored])
 
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
-    api.operations().resubmit(errored[0], operator="bob", reason="by hand")
-    status, done = call(
+    await (await api.operations()).resubmit(errored[0], operator="bob", reason="by hand")
+    status, done = await call(
         handlers, "operator_bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
     assert status == 200, done
     outcomes = {i["order_id"]: i["outcome"] for i in done["items"]}
     assert outcomes == {errored[0]: "skipped", errored[1]: "resubmitted"}
     assert done["acted"] == 1
-    last = rt.store.get_timeline(errored[1])[-1]
+    last = (await rt.store.get_timeline(errored[1]))[-1]
     assert (last.event, last.actor) == ("resubmitted", "operator:ann")
 
-    status, empty = call(handlers, "operator_bulk_resubmit", body={"reason": "r"})
+    status, empty = await call(handlers, "operator_bulk_resubmit", body={"reason": "r"})
     assert (status, empty["error"]["code"]) == (400, "empty_filter")
-    status, wrong = call(handlers, "operator_bulk_cancel", body={"state": "Error", "reason": "r"})
+    status, wrong = await call(
+        handlers, "operator_bulk_cancel", body={"state": "Error", "reason": "r"}
+    )
     assert (status, wrong["error"]["code"]) == (400, "invalid_state")
-    status, nothing = call(
+    status, nothing = await call(
         handlers,
         "operator_bulk_cancel",
         body={"state": "Pending", "text": "no order has this", "reason": "r"},
@@ -307,48 +323,50 @@ def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(installed, handl
 # ----------------------------------------------------------------------------------- alerts
 
 
-def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
+async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     installed, handlers, reader, fakes
 ):
     rt = installed
-    order_id = declined_order(rt, reader, fakes)
-    seq = str(find_alert(handlers, order_id)["sequence_number"])
-    _, alert = call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+    order_id = await declined_order(rt, reader, fakes)
+    seq = str((await find_alert(handlers, order_id))["sequence_number"])
+    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
-    api.operations().resubmit(order_id, operator="ann", reason="restocked")
-    _, alert = call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+    await (await api.operations()).resubmit(order_id, operator="ann", reason="restocked")
+    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
-    assert seq in open_alerts(handlers)
+    assert seq in await open_alerts(handlers)
 
     for service in ("inventory", "payment", "shipping"):
-        run_agent_step(rt, reader, order_id, service)
-    _, alert = call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+        await run_agent_step(rt, reader, order_id, service)
+    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert (alert["resolution"], alert["order_state"]) == ("resolved", "Processed")
-    assert seq not in open_alerts(handlers)
+    assert seq not in await open_alerts(handlers)
 
 
-def test_an_alert_whose_order_failed_again_is_superseded(installed, handlers, reader, fakes):
+async def test_an_alert_whose_order_failed_again_is_superseded(installed, handlers, reader, fakes):
     rt = installed
-    order_id = declined_order(rt, reader, fakes)  # still declined: the profile stays
-    first = str(find_alert(handlers, order_id)["sequence_number"])
-    api.operations().resubmit(order_id, operator="ann", reason="try again")
-    run_agent_step(rt, reader, order_id, "inventory")
-    assert rt.store.load(order_id).state is ProcessState.ERROR
-    alerts = [a for a in all_alerts(handlers) if (a["alert"] or {}).get("order_id") == order_id]
+    order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
+    first = str((await find_alert(handlers, order_id))["sequence_number"])
+    await (await api.operations()).resubmit(order_id, operator="ann", reason="try again")
+    await run_agent_step(rt, reader, order_id, "inventory")
+    assert (await rt.store.load(order_id)).state is ProcessState.ERROR
+    alerts = [
+        a for a in await all_alerts(handlers) if (a["alert"] or {}).get("order_id") == order_id
+    ]
     assert [(str(a["sequence_number"]), a["resolution"]) for a in alerts] == [
         (first, "superseded"),
         (str(alerts[1]["sequence_number"]), "open"),
     ]
-    assert first not in open_alerts(handlers)
+    assert first not in await open_alerts(handlers)
 
 
-def all_alerts(handlers, **params) -> list[dict]:
+async def all_alerts(handlers, **params) -> list[dict]:
     found, continuation = [], None
     while True:
         query = {"limit": "100"} | params | ({"continuation": continuation} if continuation else {})
-        status, page = call(handlers, "operator_list_alerts", params=query)
+        status, page = await call(handlers, "operator_list_alerts", params=query)
         assert status == 200
         found += page["items"]
         continuation = page["continuation"]
@@ -356,8 +374,8 @@ def all_alerts(handlers, **params) -> list[dict]:
             return found
 
 
-def open_alerts(handlers) -> set[str]:
-    return {str(a["sequence_number"]) for a in all_alerts(handlers, open="true")}
+async def open_alerts(handlers) -> set[str]:
+    return {str(a["sequence_number"]) for a in await all_alerts(handlers, open="true")}
 
 
 # ----------------------------------------------------------------------------- dead letters
@@ -373,37 +391,39 @@ def replay_env(env, servicebus):
 
 
 @pytest.fixture
-def replay_rt(replay_env, clock):
-    rt = make_runtime(replay_env, "scheduler", clock)
+async def replay_rt(replay_env, clock):
+    rt = await make_runtime(replay_env, "scheduler", clock)
     yield rt
-    rt.close()
+    await rt.close()
 
 
-def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -> None:
-    with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
-        with client.get_queue_sender(queue_name) as sender:
-            sender.send_messages(message)
-        with client.get_queue_receiver(queue_name, max_wait_time=5) as receiver:
-            while received := receiver.receive_messages(max_message_count=1, max_wait_time=5):
+async def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -> None:
+    async with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
+        async with client.get_queue_sender(queue_name) as sender:
+            await sender.send_messages(message)
+        async with client.get_queue_receiver(queue_name, max_wait_time=5) as receiver:
+            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
                 if received[0].message_id == message.message_id:
-                    receiver.dead_letter_message(received[0], reason="MaxDeliveryCountExceeded")
+                    await receiver.dead_letter_message(
+                        received[0], reason="MaxDeliveryCountExceeded"
+                    )
                     return
-                receiver.complete_message(received[0])  # a leftover of another test
+                await receiver.complete_message(received[0])  # a leftover of another test
     raise AssertionError(f"{message.message_id} was sent but never received")
 
 
-def dead_letter_number(ops: Operations, role: str, message_id: str) -> int:
-    page = ops.list_dead_letters(role, limit=100)
+async def dead_letter_number(ops: Operations, role: str, message_id: str) -> int:
+    page = await ops.list_dead_letters(role, limit=100)
     [found] = [i for i in page.items if i.message_id == message_id]
     return found.sequence_number
 
 
-def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifies(
+async def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifies(
     replay_rt, servicebus, reader
 ):
     rt = replay_rt
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     commands = queue(rt, "commands")
     command = SchedulerCommand(
         order_id=order.order_id,
@@ -414,25 +434,25 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
         requested_by="scheduler:test",
     )
     original = rt.bus.prepare(commands, command)
-    dead_letter(servicebus, commands, original)
+    await dead_letter(servicebus, commands, original)
     ops = Operations(rt, duplicate_window=REPLAY_WINDOW)
     strict = Operations(rt)  # this app's queues' window: 10 minutes
     try:
-        number = dead_letter_number(ops, "commands", original.message_id)
-        early = strict.replay_dead_letters(
+        number = await dead_letter_number(ops, "commands", original.message_id)
+        early = await strict.replay_dead_letters(
             "commands", operator="ann", sequence_numbers=[number], reason="retry it"
         )
         assert [(i.outcome, i.sequence_number) for i in early.items] == [("refused", number)]
         assert "duplicate detection" in early.items[0].detail
-        time.sleep(REPLAY_WINDOW.total_seconds() + 0.2)
+        await asyncio.sleep(REPLAY_WINDOW.total_seconds() + 0.2)
 
-        dry = ops.replay_dead_letters(
+        dry = await ops.replay_dead_letters(
             "commands", operator="ann", sequence_numbers=[number], dry_run=True
         )
         assert [i.outcome for i in dry.items] == ["would_replay"] and not dry.recorded_in_log
         with pytest.raises(InvalidRequest, match="reason is required"):
-            ops.replay_dead_letters("commands", operator="ann", sequence_numbers=[number])
-        done = ops.replay_dead_letters(
+            await ops.replay_dead_letters("commands", operator="ann", sequence_numbers=[number])
+        done = await ops.replay_dead_letters(
             "commands", operator="ann", sequence_numbers=[number], reason="the bug is fixed"
         )
         assert done.recorded_in_log
@@ -443,10 +463,12 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
             True,
         )
         assert not [
-            i for i in ops.list_dead_letters("commands").items if i.sequence_number == number
+            i
+            for i in (await ops.list_dead_letters("commands")).items
+            if i.sequence_number == number
         ]
     finally:
-        ops.close()
+        await ops.close()
 
     replayed = reader.take_message(commands, lambda m: m.message_id == original.message_id)
     assert replayed is not None
@@ -459,17 +481,17 @@ def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_verifie
     )
     assert inbound.check(rt.settings.keyring, commands, delivery) is None, "it still verifies"
     assert "DeadLetterReason" not in str(replayed.application_properties)
-    last = rt.store.get_timeline(order.order_id)[-1]
+    last = (await rt.store.get_timeline(order.order_id))[-1]
     assert (last.event, last.actor) == ("dead_letter_replayed", "operator:ann")
     assert original.message_id in last.detail
     assert last.detail.endswith(": the bug is fixed")
 
 
-def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt, servicebus):
+async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt, servicebus):
     rt = replay_rt
     commands = queue(rt, "commands")
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     command = SchedulerCommand(
         order_id=order.order_id,
         command="cancel",
@@ -486,27 +508,31 @@ def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt
         application_properties=dict(genuine.application_properties or {}),
     )
     for message in (unsigned, altered):
-        dead_letter(servicebus, commands, message)
+        await dead_letter(servicebus, commands, message)
     ops = Operations(rt, duplicate_window=timedelta(0))
     try:
-        numbers = [dead_letter_number(ops, "commands", m.message_id) for m in (unsigned, altered)]
-        refused = ops.replay_dead_letters(
+        numbers = [
+            await dead_letter_number(ops, "commands", m.message_id) for m in (unsigned, altered)
+        ]
+        refused = await ops.replay_dead_letters(
             "commands", operator="ann", sequence_numbers=numbers, reason="try"
         )
         assert [i.outcome for i in refused.items] == ["refused", "refused"]
         assert "unsigned" in refused.items[0].detail
         assert "bad_signature" in refused.items[1].detail
         assert all(i.order_id is None and not i.recorded_in_timeline for i in refused.items)
-        still = {i.sequence_number for i in ops.list_dead_letters("commands", limit=100).items}
+        still = {
+            i.sequence_number for i in (await ops.list_dead_letters("commands", limit=100)).items
+        }
         assert set(numbers) <= still, "refused ones stay"
 
-        purged = ops.purge_dead_letters(
+        purged = await ops.purge_dead_letters(
             "commands", operator="ann", sequence_numbers=numbers, reason="forged: <b>drop</b>"
         )
         assert [i.outcome for i in purged.items] == ["purged", "purged"]
         # They name no trusted order: the dead-letter log is where the action is recorded.
         assert purged.recorded_in_log
-        [logged, refusal] = ops.dead_letter_log(limit=5).actions
+        [logged, refusal] = (await ops.dead_letter_log(limit=5)).actions
         assert (logged.actor, logged.action, logged.queue) == ("operator:ann", "purge", "commands")
         assert logged.reason == "forged: <b>drop</b>"
         assert [(o.sequence_number, o.outcome, o.order_id) for o in logged.outcomes] == [
@@ -514,19 +540,21 @@ def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(replay_rt
         ]
         assert (logged.messages, logged.counts) == (2, {"purged": 2})
         assert (refusal.action, refusal.reason, refusal.counts) == ("replay", "try", {"refused": 2})
-        left = {i.sequence_number for i in ops.list_dead_letters("commands", limit=100).items}
+        left = {
+            i.sequence_number for i in (await ops.list_dead_letters("commands", limit=100)).items
+        }
         assert not set(numbers) & left
-        gone = ops.purge_dead_letters(
+        gone = await ops.purge_dead_letters(
             "commands", operator="ann", sequence_numbers=numbers, reason="again"
         )
         assert [i.outcome for i in gone.items] == ["not_found", "not_found"]
-        assert [e.event for e in rt.store.get_timeline(order.order_id)] == ["created"]
+        assert [e.event for e in await rt.store.get_timeline(order.order_id)] == ["created"]
     finally:
-        ops.close()
+        await ops.close()
 
 
-def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
-    status, done = call(
+async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
+    status, done = await call(
         handlers,
         "operator_replay_dead_letters",
         route={"queue": "shipping"},
@@ -539,12 +567,12 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
         False,
         queue(installed, "shipping"),
     )
-    status, vague = call(
+    status, vague = await call(
         handlers, "operator_purge_dead_letters", route={"queue": "shipping"}, body={}, caller="ann"
     )
     assert (status, vague["error"]["code"]) == (400, "invalid_selection")
     for body in ({"all": True}, {"all": True, "reason": " "}):
-        status, unexplained = call(
+        status, unexplained = await call(
             handlers,
             "operator_purge_dead_letters",
             route={"queue": "shipping"},
@@ -552,7 +580,7 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
             caller="ann",
         )
         assert (status, unexplained["error"]["code"]) == (400, "invalid_reason"), unexplained
-    status, dry = call(
+    status, dry = await call(
         handlers,
         "operator_purge_dead_letters",
         route={"queue": "shipping"},
@@ -560,7 +588,7 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
         caller="ann",
     )
     assert status == 200 and dry["recorded_in_log"] is False, "a dry run needs no reason"
-    status, unknown = call(
+    status, unknown = await call(
         handlers,
         "operator_purge_dead_letters",
         route={"queue": "nowhere"},
@@ -568,7 +596,7 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
         caller="ann",
     )
     assert (status, unknown["error"]["code"]) == (404, "unknown_queue")
-    status, nobody = call(
+    status, nobody = await call(
         handlers,
         "operator_replay_dead_letters",
         route={"queue": "shipping"},
@@ -581,8 +609,8 @@ def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
 # ----------------------------------------------------------------------------------- health
 
 
-def test_health_checks_the_table_and_the_bus(installed, handlers, env, unique_name):
-    status, health = call(handlers, "operator_health")
+async def test_health_checks_the_table_and_the_bus(installed, handlers, env, unique_name):
+    status, health = await call(handlers, "operator_health")
     assert status == 200, health
     assert health["status"] == "ok"
     assert [c["name"] for c in health["checks"]] == ["settings", "table", "servicebus"]
@@ -591,9 +619,9 @@ def test_health_checks_the_table_and_the_bus(installed, handlers, env, unique_na
     broken = Runtime.from_settings(Settings.from_env(env | {"ORDERS_TABLE": unique_name("nope")}))
     ops = Operations(broken)
     try:
-        view = ops.health()
+        view = await ops.health()
     finally:
-        ops.close()
-        broken.close()
+        await ops.close()
+        await broken.close()
     table = next(c for c in view.checks if c.name == "table")
     assert view.status == "failing" and not table.ok and "does not exist" in table.detail
