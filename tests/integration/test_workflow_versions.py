@@ -10,12 +10,13 @@ the deployment does not carry is parked with an alert, never guessed at.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiver
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from agent.handler import handle_request
 from core import versions
@@ -32,7 +33,7 @@ from supervisor.tick import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import new_order
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 ROLES = ("orders", "inventory", "payment", "shipping", "responses", "commands")
 V1_ORDERS = 100
@@ -57,40 +58,40 @@ class Pump:
         self.handled = 0
         self.crashes = 0
 
-    def close(self) -> None:
+    async def close(self) -> None:
         for receiver in self._receivers.values():
-            receiver.close()
-        self._client.close()
+            await receiver.close()
+        await self._client.close()
 
-    def round(self, rt: Runtime) -> int:
+    async def round(self, rt: Runtime) -> int:
         """Handle what is waiting on every queue once; how many messages were ours."""
         ours = 0
         for role, receiver in self._receivers.items():
             # The first receive opens the link, which takes longer than a poll.
             wait = 0.3 if role in self._opened else 5.0
             self._opened.add(role)
-            batch = receiver.receive_messages(max_message_count=50, max_wait_time=wait)
+            batch = await receiver.receive_messages(max_message_count=50, max_wait_time=wait)
             for n, message in enumerate(batch):
                 body = b"".join(message.body)
                 if f'"order_id":"{self.prefix}' not in body.decode("utf-8", "replace"):
-                    receiver.complete_message(message)
+                    await receiver.complete_message(message)
                     continue
                 try:
-                    handler(role)(body, rt)
+                    await handler(role)(body, rt)
                 except Crash:
                     # A dead host settles nothing: what it held comes back for the next one.
                     self.crashes += 1
                     for held in batch[n:]:
-                        receiver.abandon_message(held)
+                        await receiver.abandon_message(held)
                     self.handled += ours
                     return ours
-                receiver.complete_message(message)
+                await receiver.complete_message(message)
                 ours += 1
         self.handled += ours
         return ours
 
 
-def handler(role: str) -> Callable[[bytes, Runtime], None]:
+def handler(role: str) -> Callable[[bytes, Runtime], Awaitable[None]]:
     if role == "orders":
         return handle_submission
     if role == "responses":
@@ -106,31 +107,31 @@ def crash_after_writes(rt: Runtime, writes: int) -> None:
     save, send = rt.store.save, rt.bus.send
     left = [writes]
 
-    def counting_save(*args, **kwargs):  # type: ignore[no-untyped-def]
+    async def counting_save(*args, **kwargs):  # type: ignore[no-untyped-def]
         left[0] -= 1
-        return save(*args, **kwargs)
+        return await save(*args, **kwargs)
 
-    def dying_send(queue, message, **kwargs):  # type: ignore[no-untyped-def]
+    async def dying_send(queue, message, **kwargs):  # type: ignore[no-untyped-def]
         if left[0] <= 0:
             raise Crash(f"host killed before sending to {queue}")
-        return send(queue, message, **kwargs)
+        return await send(queue, message, **kwargs)
 
     rt.store.save = counting_save  # type: ignore[method-assign]
     rt.bus.send = dying_send  # type: ignore[method-assign]
 
 
 @pytest.fixture
-def hosts(env, clock, fakes) -> Iterator[tuple[Runtime, Runtime]]:  # type: ignore[no-untyped-def]
+async def hosts(env, clock, fakes) -> AsyncIterator[tuple[Runtime, Runtime]]:  # type: ignore[no-untyped-def]
     env |= {"STEP_TIMEOUT_SECONDS": "30"}  # a slow test machine must not expire steps
-    v1 = make_runtime(env | {"WORKFLOW_VERSIONS": "order=1"}, "v1", clock)
-    v2 = make_runtime(env | {"WORKFLOW_VERSIONS": "order=2"}, "v2", clock)
+    v1 = await make_runtime(env | {"WORKFLOW_VERSIONS": "order=1"}, "v1", clock)
+    v2 = await make_runtime(env | {"WORKFLOW_VERSIONS": "order=2"}, "v2", clock)
     yield v1, v2
-    v1.close()
-    v2.close()
+    await v1.close()
+    await v2.close()
 
 
 @pytest.mark.timeout(600)
-def test_orders_in_flight_finish_on_their_version_across_a_deploy(  # type: ignore[no-untyped-def]
+async def test_orders_in_flight_finish_on_their_version_across_a_deploy(  # type: ignore[no-untyped-def]
     hosts, servicebus, fakes, clock
 ):
     v1, v2 = hosts
@@ -141,21 +142,21 @@ def test_orders_in_flight_finish_on_their_version_across_a_deploy(  # type: igno
     fakes.set_profile({"services": {"shipping": {"decline_order_ids": declined}}})
     pump = Pump(servicebus.connection_string, v1, prefix)
     try:
-        pump.round(v1)  # open every link before the first deadline runs
+        await pump.round(v1)  # open every link before the first deadline runs
         for order_id in old:
-            handle_submission(encode(new_order(order_id=order_id)), v1)
+            await handle_submission(encode(new_order(order_id=order_id)), v1)
         while pump.handled < V1_ORDERS * 2:  # about half-way through version 1
-            pump.round(v1)
+            await pump.round(v1)
         crash_after_writes(v1, writes=3)  # the switch: a host dies mid-handler
         while pump.crashes == 0:
-            pump.round(v1)
+            await pump.round(v1)
         for order_id in new:  # the restarted hosts: version 2 is current
-            handle_submission(encode(new_order(order_id=order_id)), v2)
-        drain(pump, v2, [*old, *new], clock)
+            await handle_submission(encode(new_order(order_id=order_id)), v2)
+        await drain(pump, v2, [*old, *new], clock)
     finally:
-        pump.close()
+        await pump.close()
 
-    states = {o: v2.store.load(o) for o in [*old, *new]}
+    states = {o: await v2.store.load(o) for o in [*old, *new]}
     assert all(order.state.terminal for order in states.values()), Counter(
         order.state for order in states.values()
     )
@@ -184,15 +185,15 @@ def test_orders_in_flight_finish_on_their_version_across_a_deploy(  # type: igno
     assert pump.crashes == 1
 
 
-def drain(pump: Pump, rt: Runtime, order_ids: list[str], clock) -> None:  # type: ignore[no-untyped-def]
+async def drain(pump: Pump, rt: Runtime, order_ids: list[str], clock) -> None:  # type: ignore[no-untyped-def]
     """Deliver until every order is terminal; time moves on (and the Supervisor ticks) when
     nothing arrives, as a crash leaves an order to its deadline or its retry."""
     for _ in range(400):
-        if pump.round(rt) == 0:
-            if all(rt.store.load(o).state.terminal for o in order_ids):
+        if await pump.round(rt) == 0:
+            if all([(await rt.store.load(o)).state.terminal for o in order_ids]):
                 return
             clock.advance(30)
-            run_tick(rt)
+            await run_tick(rt)
     raise AssertionError("orders still in flight after 400 rounds")
 
 
@@ -204,40 +205,40 @@ def effects_by_order(ledger: list[dict], prefix: str) -> dict[str, Counter[str]]
     return found
 
 
-def test_an_order_of_a_version_not_carried_is_parked_with_an_alert(hosts, reader, clock):  # type: ignore[no-untyped-def]
+async def test_an_order_of_a_version_not_carried_is_parked_with_an_alert(hosts, reader, clock):  # type: ignore[no-untyped-def]
     v1, v2 = hosts
     submitted = new_order(workflow_version=2)
-    handle_submission(encode(submitted), v2)
-    stored = v2.store.load(submitted.order_id)
+    await handle_submission(encode(submitted), v2)
+    stored = await v2.store.load(submitted.order_id)
     assert stored.workflow == "order@2"
     # A deployment that dropped version 2 (v1 here, with order@2 taken out of its registry).
     v1.workflows = {ref: flow for ref, flow in v1.workflows.items() if ref != "order@2"}
     clock.advance(120)  # past the step's deadline: the Supervisor looks at it
-    report = run_tick(v1)
+    report = await run_tick(v1)
     assert report.parked == 1 and report.retried == 0
-    after = v1.store.load(submitted.order_id)
+    after = await v1.store.load(submitted.order_id)
     assert (after.etag, after.state, after.failure_count) == (stored.etag, stored.state, 0)
     alert = reader.expect(v1.settings.queue("alerts"), submitted.order_id)
     assert b"workflow_version_missing" in alert and b"order@2" in alert
     # Its index row waits PARKED_RECHECK before the next look: no alert every tick.
-    assert run_tick(v1).parked == 0
+    assert (await run_tick(v1)).parked == 0
 
 
-def test_a_submission_for_a_version_not_carried_is_refused_with_an_alert(hosts, reader):  # type: ignore[no-untyped-def]
+async def test_a_submission_for_a_version_not_carried_is_refused_with_an_alert(hosts, reader):  # type: ignore[no-untyped-def]
     v1, _ = hosts
     submitted = new_order(workflow_version=9)
-    handle_submission(encode(submitted), v1)
-    assert v1.store.find(submitted.order_id) is None
+    await handle_submission(encode(submitted), v1)
+    assert await v1.store.find(submitted.order_id) is None
     alert = reader.expect(v1.settings.queue("alerts"), submitted.order_id)
     assert b"unknown_workflow_version" in alert and b"order@9" in alert
 
 
-def test_the_deploy_check_refuses_to_drop_a_version_orders_need(hosts):  # type: ignore[no-untyped-def]
+async def test_the_deploy_check_refuses_to_drop_a_version_orders_need(hosts):  # type: ignore[no-untyped-def]
     v1, v2 = hosts
     for _ in range(3):
-        handle_submission(encode(new_order()), v1)
-    handle_submission(encode(new_order(workflow_version=2)), v2)
-    in_use = versions.versions_in_use(v1.store)
+        await handle_submission(encode(new_order()), v1)
+    await handle_submission(encode(new_order(workflow_version=2)), v2)
+    in_use = await versions.versions_in_use(v1.store)
     assert in_use["order@1"].in_flight == 3 and in_use["order@2"].in_flight == 1
     ok, message = versions.check(in_use, WORKFLOWS)
     assert ok, message
@@ -246,55 +247,61 @@ def test_the_deploy_check_refuses_to_drop_a_version_orders_need(hosts):  # type:
     assert "order@1: 3 in flight, 0 in Error" in message
 
 
-def test_the_predeploy_hook_exits_1_for_a_package_that_drops_a_needed_version(  # type: ignore[no-untyped-def]
+async def test_the_predeploy_hook_exits_1_for_a_package_that_drops_a_needed_version(  # type: ignore[no-untyped-def]
     hosts, env, monkeypatch, capsys
 ):
     v1, _ = hosts
-    handle_submission(encode(new_order()), v1)
+    await handle_submission(encode(new_order()), v1)
     hook_env = {
         "StateStorage": env["StateStorage"],
         "ORDERS_TABLE": env["ORDERS_TABLE"],
         "ACTIVE_ORDERS_TABLE": env["ACTIVE_ORDERS_TABLE"],
     }
-    assert workflows_check.main(hook_env) == 0
+    assert await hook(hook_env) == 0
     without_v1 = {ref: flow for ref, flow in WORKFLOWS.items() if ref != "order@1"}
     monkeypatch.setattr(workflows_check, "WORKFLOWS", without_v1)
-    assert workflows_check.main(hook_env) == 1
+    assert await hook(hook_env) == 1
     assert "order@1: 1 in flight" in capsys.readouterr().err
-    assert workflows_check.main(hook_env | {"SKIP_WORKFLOW_CHECK": "1"}) == 0
+    assert await hook(hook_env | {"SKIP_WORKFLOW_CHECK": "1"}) == 0
     fresh = hook_env | {"ORDERS_TABLE": "nosuchorders", "ACTIVE_ORDERS_TABLE": "nosuchactive"}
-    assert workflows_check.main(fresh) == 0  # a first deploy: nothing to keep
+    assert await hook(fresh) == 0  # a first deploy: nothing to keep
 
 
-def test_migrate_moves_the_orders_the_new_version_keeps_and_refuses_the_rest(  # type: ignore[no-untyped-def]
+async def hook(env: dict[str, str]) -> int:
+    """The predeploy hook run as azd runs it: a command of its own, with its own event loop
+    (a thread here, since the test's loop is running)."""
+    return await asyncio.to_thread(workflows_check.main, env)
+
+
+async def test_migrate_moves_the_orders_the_new_version_keeps_and_refuses_the_rest(  # type: ignore[no-untyped-def]
     hosts, reader
 ):
     v1, v2 = hosts
     at_reserve = [new_order() for _ in range(3)]
     for submitted in at_reserve:
-        handle_submission(encode(submitted), v1)
+        await handle_submission(encode(submitted), v1)
     charged = new_order()
-    handle_submission(encode(charged), v1)
+    await handle_submission(encode(charged), v1)
     inventory = v1.settings.queue("inventory")
-    handle_request(reader.expect(inventory, charged.order_id), "inventory", v1)
-    handle_response(reader.expect(v1.settings.queue("responses"), charged.order_id), v1)
-    assert v1.store.load(charged.order_id).current_step == "charge_payment"
+    await handle_request(reader.expect(inventory, charged.order_id), "inventory", v1)
+    await handle_response(reader.expect(v1.settings.queue("responses"), charged.order_id), v1)
+    assert (await v1.store.load(charged.order_id)).current_step == "charge_payment"
 
-    dry = migration.migrate(v2, "order@1", "order@2", actor="operator:ann", reason="switch")
+    dry = await migration.migrate(v2, "order@1", "order@2", actor="operator:ann", reason="switch")
     assert (dry.examined, dry.migrated, dry.dry_run) == (4, 3, True)
-    assert [v1.store.load(o.order_id).workflow for o in at_reserve] == ["order@1"] * 3
+    assert [(await v1.store.load(o.order_id)).workflow for o in at_reserve] == ["order@1"] * 3
 
-    done = migration.migrate(
+    done = await migration.migrate(
         v2, "order@1", "order@2", actor="operator:ann", reason="switch", dry_run=False
     )
     assert (done.examined, done.migrated) == (4, 3)
     [(why, count)] = done.refused.items()
     assert count == 1 and "does not keep order@1's step charge_payment" in why
     for submitted in at_reserve:
-        moved = v2.store.load(submitted.order_id)
+        moved = await v2.store.load(submitted.order_id)
         assert moved.workflow == "order@2" and len(moved.steps) == 4
-        events = [e.event for e in v2.store.get_timeline(submitted.order_id)]
+        events = [e.event for e in await v2.store.get_timeline(submitted.order_id)]
         assert events[-1] == "migrated"
-    assert v2.store.load(charged.order_id).workflow == "order@1"
-    in_use = versions.versions_in_use(v2.store)  # the index rows follow the migration
+    assert (await v2.store.load(charged.order_id)).workflow == "order@1"
+    in_use = await versions.versions_in_use(v2.store)  # the index rows follow the migration
     assert in_use["order@2"].in_flight >= 3
