@@ -23,24 +23,25 @@ what is there when they run, so the tests pass in any order and on any worker.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from opentelemetry import trace
 
 from agent.circuit import reset_breakers
-from core import runtime
 from core.apply import forget_failures
 from core.messages import encode
 from core.runtime import Runtime
@@ -49,7 +50,7 @@ from devstack.fakes.remote_services import FakeServices
 from devstack.host import LocalHost
 from devstack.stack.processes import REPO_ROOT
 from tests.support import broker as broker_support
-from tests.support.app import app_settings, install_async_twin, make_runtime
+from tests.support.app import app_settings, install_for_host, make_runtime
 from tests.support.broker import ServiceBusNamespace
 from tests.support.names import unique_name
 from tests.support.pattern import new_order
@@ -64,6 +65,7 @@ SUBMITTER = trace.SpanContext(
 )  # fmt: skip
 """The trace context the ``retried`` order is submitted with (a submitter that traces)."""
 HOSTILE_MARKUP = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+T = TypeVar("T")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,6 +115,34 @@ def chromium() -> Iterator[Any]:
 # ------------------------------------------------------------------------------- the stack
 
 
+class LoopThread:
+    """An event loop on a thread of its own, where the tests' Runtime lives and its reads run.
+
+    The tests are sync: Playwright's sync API holds the main thread's running loop, and the
+    app's functions run on the local host's loop. A Runtime's clients belong to the loop that
+    opened them, so the tests' Runtime keeps to this one."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="browser-tests-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, awaitable: Awaitable[T], timeout: float = 60.0) -> T:
+        """Await ``awaitable`` on this loop (in the caller's context: its current span too)."""
+
+        async def awaited() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(awaited(), self._loop).result(timeout)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
 @dataclass
 class Scenario:
     processed: list[str] = field(default_factory=list)
@@ -134,10 +164,16 @@ class Scenario:
 @dataclass
 class Stack:
     rt: Runtime
+    """The tests' own Runtime (on ``loop``; the host's functions have theirs)."""
+    loop: LoopThread
     host: LocalHost
     fakes: FakeServices
     namespace: ServiceBusNamespace
     scenario: Scenario
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` (a call of ``rt``) on the tests' loop."""
+        return self.loop.run(awaitable)
 
     @property
     def url(self) -> str:
@@ -149,7 +185,7 @@ class Stack:
         return self.url + "dashboard"
 
     def state(self, order_id: str) -> ProcessState | None:
-        order = self.rt.store.find(order_id)
+        order = self.run(self.rt.store.find(order_id))
         return None if order is None else order.state
 
     def count(self, state: ProcessState) -> int:
@@ -171,17 +207,18 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # run: the hung call of the retried order outruns that, no other call does.
     env["STEP_QUEUE_SECONDS"] = "10"
     env["STEP_TIMEOUT_SECONDS"] = "2"
-    rt = make_runtime(env, "browser")
-    previous = runtime.install(rt)
+    loop = LoopThread()
+    rt = loop.run(make_runtime(env, "browser"))
     scenario = Scenario()
     _dead_letters(namespace, scenario)
     sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
     host = LocalHost(
         importlib.import_module("function_app"), settings=env, host_json="host.json", http_port=0
     )
-    install_async_twin(rt, host)
+    host.at_stop(_close_operations)  # first: while the host's Runtime is still installed
+    install_for_host(rt, host)
     host.start()
-    stack = Stack(rt, host, fakes, namespace, scenario)
+    stack = Stack(rt, loop, host, fakes, namespace, scenario)
     try:
         # The overview reads alerts and dead letters in the background (a Service Bus peek per
         # queue, a second each on the development broker): start that while the scenario runs.
@@ -190,23 +227,23 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
     finally:
         host.stop(timeout=5)
-        _close_operations()
-        runtime.install(previous)
-        rt.close()
+        loop.run(rt.close())
+        loop.close()
         fakes.stop()
         assert namespace.broker is not None
         namespace.broker.stop()
 
 
-def _close_operations() -> None:
+async def _close_operations() -> None:
+    """Close, on the functions' loop, what the API and the overview opened there."""
     from dashboard import functions as dashboard
     from operator_api import functions as operator_api
 
-    operator_api.operations().close()  # the Operations of the Runtime this module installed
-    with dashboard._lock:
-        if dashboard._summary is not None:
-            dashboard._summary.close()
-            dashboard._summary = None
+    # The Operations of the Runtime this module installed for the host.
+    await (await operator_api.operations()).close()
+    if dashboard._summary is not None:
+        await dashboard._summary.close()
+        dashboard._summary = None
 
 
 def _dead_letters(namespace: ServiceBusNamespace, scenario: Scenario) -> None:
@@ -256,7 +293,7 @@ def _run_scenario(stack: Stack) -> None:
     scenario.processed = [o.order_id for o in orders]
     queue = rt.settings.queue("orders")
     for order in [*orders, declined_first, compensated, to_acknowledge]:
-        rt.bus.send(queue, order)
+        stack.run(rt.bus.send(queue, order))
     _wait(stack, [*scenario.processed, *scenario.errors], 60)
     # The shipping call of one order hangs past its run budget: the agent reports it timed out,
     # the step is released and the Scheduler retries it after a delay, and the retry succeeds.
@@ -264,7 +301,7 @@ def _run_scenario(stack: Stack) -> None:
     retried = new_order()
     scenario.retried = retried.order_id
     with trace.use_span(trace.NonRecordingSpan(SUBMITTER)):
-        rt.bus.send(queue, retried)  # with a submitter's traceparent: the order records a trace
+        stack.run(rt.bus.send(queue, retried))  # with a submitter's traceparent: a trace id
     _wait_for_event(stack, retried.order_id, "released", 30)
     fakes.set_profile(None)  # from now on every service is clean: a resubmit goes through
     _wait(stack, [retried.order_id], 30)
@@ -277,7 +314,7 @@ def _run_scenario(stack: Stack) -> None:
 def _wait_for_event(stack: Stack, order_id: str, event: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(e.event == event for e in stack.rt.store.get_timeline(order_id)):
+        if any(e.event == event for e in stack.run(stack.rt.store.get_timeline(order_id))):
             return
         time.sleep(0.2)
     raise AssertionError(f"{order_id}: no {event} within {timeout} s")

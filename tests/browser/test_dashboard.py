@@ -225,9 +225,10 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     # The purged message names no order: the dead-letter log holds who purged it, and why.
     ops = Operations(stack.rt)
     try:
-        logged = {(e.action, e.reason, e.actor) for e in ops.dead_letter_log(limit=10).actions}
+        actions = stack.run(ops.dead_letter_log(limit=10)).actions
     finally:
-        ops.close()
+        stack.run(ops.close())
+    logged = {(e.action, e.reason, e.actor) for e in actions}
     assert ("purge", why, f"operator:{OPERATOR}") in logged
     assert ("replay", "intake fixed", f"operator:{OPERATOR}") in logged
     # And the dead letters views show it, under the dead letters, as text.
@@ -266,13 +267,15 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
         while breaker_for("payment").state is not BreakerState.OPEN:
             assert time.monotonic() < deadline, "the payment circuit did not open"
             n += 1
-            client.call(
-                "charge",
-                {"order_id": f"circuit-probe-{n}", "amount": 1},
-                f"circuit-probe-{n}",
-                utc_now() + timedelta(seconds=5),
+            stack.run(
+                client.call(
+                    "charge",
+                    {"order_id": f"circuit-probe-{n}", "amount": 1},
+                    f"circuit-probe-{n}",
+                    utc_now() + timedelta(seconds=5),
+                )
             )
-        assert circuit.reporter.flush(timeout=30)
+        assert stack.run(circuit.reporter.flush(timeout=30))
         open_view(page, stack, "overview")
         payment = page.locator('[data-testid=circuit-row][data-agent="payment"]')
         expect(payment).to_have_attribute("data-state", "open", timeout=SLOW)
@@ -284,7 +287,7 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
         clean = {"profile": {}, "source": "clean"}
         assert httpx.post(fault, json=clean, timeout=5).status_code == 200
         reset_breakers()  # the service is back: close it now rather than wait for a trial
-        circuit.reporter.flush(timeout=30)
+        stack.run(circuit.reporter.flush(timeout=30))
     expect(payment).to_have_attribute("data-state", "closed", timeout=SLOW)
 
 
@@ -308,7 +311,7 @@ def test_an_orders_trace_panel_shows_its_hops_or_where_to_find_them(
     )
     order = new_order()
     with trace.use_span(trace.NonRecordingSpan(submitter)):
-        stack.rt.bus.send(stack.rt.settings.queue("orders"), order)  # carries its traceparent
+        stack.run(stack.rt.bus.send(stack.rt.settings.queue("orders"), order))  # traceparent too
     _wait(stack, [order.order_id], 60)
     assert api(stack, f"orders/{order.order_id}")["trace_id"] == trace_id
 

@@ -16,6 +16,8 @@ from core.order import Order
 from dashboard import assets, summary, vendor
 from dashboard import functions as dashboard
 
+pytestmark = pytest.mark.anyio
+
 
 def request(route: str, *, params=None, route_params=None, headers=None) -> func.HttpRequest:
     return func.HttpRequest(
@@ -28,8 +30,8 @@ def request(route: str, *, params=None, route_params=None, headers=None) -> func
     )
 
 
-def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
-    response = dashboard.dashboard_page(request("dashboard"))
+async def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
+    response = await dashboard.dashboard_page(request("dashboard"))
     html = response.get_body().decode()
     assert response.status_code == 200
     policy = response.headers["Content-Security-Policy"]
@@ -42,22 +44,23 @@ def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
     assert "<script>" not in html, "no inline script: the policy would refuse it"
 
 
-def test_the_function_key_is_passed_on_to_the_assets_and_never_unescaped():
+async def test_the_function_key_is_passed_on_to_the_assets_and_never_unescaped():
     key = "abcDEF123_-=="
-    html = dashboard.dashboard_page(request("dashboard", params={"code": key})).get_body().decode()
+    page = await dashboard.dashboard_page(request("dashboard", params={"code": key}))
+    html = page.get_body().decode()
     assert "app.js?v=" in html and "&amp;code=abcDEF123_-%3D%3D" in html
     hostile = '"><script>alert(1)</script>'
-    html = dashboard.dashboard_page(request("dashboard", params={"code": hostile})).get_body()
-    assert b"alert(1)" not in html and b"code=" not in html
+    page = await dashboard.dashboard_page(request("dashboard", params={"code": hostile}))
+    assert b"alert(1)" not in page.get_body() and b"code=" not in page.get_body()
 
 
-def test_assets_are_served_with_etags_gzip_and_nothing_else():
-    asset = dashboard.dashboard_vendor(
+async def test_assets_are_served_with_etags_gzip_and_nothing_else():
+    asset = await dashboard.dashboard_vendor(
         request("dashboard/vendor/x", route_params={"name": "uPlot.iife.min.js"})
     )
     assert asset.status_code == 200 and asset.mimetype == "text/javascript"
     etag = asset.headers["ETag"]
-    zipped = dashboard.dashboard_vendor(
+    zipped = await dashboard.dashboard_vendor(
         request(
             "dashboard/vendor/x",
             route_params={"name": "uPlot.iife.min.js"},
@@ -66,7 +69,7 @@ def test_assets_are_served_with_etags_gzip_and_nothing_else():
     )
     assert zipped.headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(zipped.get_body()) == asset.get_body()
-    unchanged = dashboard.dashboard_vendor(
+    unchanged = await dashboard.dashboard_vendor(
         request(
             "dashboard/vendor/x",
             route_params={"name": "uPlot.iife.min.js"},
@@ -75,13 +78,14 @@ def test_assets_are_served_with_etags_gzip_and_nothing_else():
     )
     assert unchanged.status_code == 304 and unchanged.get_body() == b""
     for name in ("../functions.py", "..", "VERSIONS.json", "app.js/../x", "", ".hidden.js"):
-        missing = dashboard.dashboard_vendor(
+        missing = await dashboard.dashboard_vendor(
             request("dashboard/vendor/x", route_params={"name": name})
         )
         assert missing.status_code == 404, name
-    assert dashboard.dashboard_static(
+    own = await dashboard.dashboard_static(
         request("dashboard/static/x", route_params={"name": "index.html"})
-    ).headers["ETag"]
+    )
+    assert own.headers["ETag"]
 
 
 def test_every_asset_reference_in_a_page_names_an_existing_asset():
@@ -145,8 +149,10 @@ def test_summary_window(value, seconds):
     assert dashboard._window(value) == seconds
 
 
-def test_a_bad_window_is_refused():
-    response = dashboard.dashboard_summary(request("dashboard/summary", params={"window": "1y"}))
+async def test_a_bad_window_is_refused():
+    response = await dashboard.dashboard_summary(
+        request("dashboard/summary", params={"window": "1y"})
+    )
     assert response.status_code == 400
     assert json.loads(response.get_body())["error"]["code"] == "invalid_window"
 

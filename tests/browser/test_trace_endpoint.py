@@ -17,14 +17,16 @@ from core import trace_files
 from dashboard import functions as dashboard
 from dashboard import traces
 
+pytestmark = pytest.mark.anyio
+
 ORIGIN = trace.SpanContext(
     0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
     trace_flags=trace.TraceFlags(1),
 )  # fmt: skip
 
 
-def call(order_id: str) -> func.HttpResponse:
-    return dashboard.dashboard_order_trace(
+async def call(order_id: str) -> func.HttpResponse:
+    return await dashboard.dashboard_order_trace(
         func.HttpRequest(
             method="GET",
             url=f"http://localhost/api/dashboard/orders/{order_id}/trace",
@@ -57,27 +59,27 @@ def write_spans(directory: Path, order_id: str, *, pid: int = 1) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", " o-1", "o/1", "<script>", "x" * 500])
-def test_a_bad_order_id_is_refused_before_anything_is_read(bad, monkeypatch, tmp_path):
+async def test_a_bad_order_id_is_refused_before_anything_is_read(bad, monkeypatch, tmp_path):
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path / "never-created"))
-    response = call(bad)
+    response = await call(bad)
     assert response.status_code == 400
     assert json.loads(response.get_body())["error"]["code"] == "invalid_order_id"
     assert not (tmp_path / "never-created").exists()
 
 
-def test_without_telemetry_files_it_says_where_to_look(monkeypatch):
+async def test_without_telemetry_files_it_says_where_to_look(monkeypatch):
     monkeypatch.delenv("TELEMETRY_DIR", raising=False)
-    response = call("o-1")
+    response = await call("o-1")
     body = json.loads(response.get_body())
     assert response.status_code == 200
     assert body["local"] is False and body["traces"] == []
     assert "Application Insights" in body["hint"] and "Transaction search" in body["hint"]
 
 
-def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch, tmp_path):
+async def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch, tmp_path):
     write_spans(tmp_path, "o-1")
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path))
-    response = call("o-1")
+    response = await call("o-1")
     assert response.status_code == 200 and response.headers["Cache-Control"] == "no-store"
     body = json.loads(response.get_body())
     assert body["local"] is True and body["span_count"] == 3 and not body["truncated"]
@@ -90,9 +92,9 @@ def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch, tmp_p
     assert root["attributes"] == {"order.id": "o-1"}
 
 
-def test_an_order_without_spans_yet_says_so(monkeypatch, tmp_path):
+async def test_an_order_without_spans_yet_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path / "not-yet"))
-    body = json.loads(call("o-1").get_body())
+    body = json.loads((await call("o-1")).get_body())
     assert body["local"] is True and body["traces"] == [] and "--telemetry" in body["hint"]
 
 
