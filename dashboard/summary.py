@@ -176,7 +176,8 @@ class Summary:
                 # Operations of its own: Service Bus peeks take one at a time per Operations,
                 # and its background reads must not hold up the operator API's.
                 self._cache.clear()
-                previous, self._own = self._own, Operations(shared.rt)
+                previous = self._own
+                self._own = Operations(shared.rt)
                 if previous is not None:
                     await previous.close()
                 self._history.clear()
@@ -369,7 +370,8 @@ class Summary:
     async def _orders_table(self, ops: Operations) -> Table:
         """The orders table (Processed orders have no index), one client per Operations."""
         if self._table is None or self._table[0] is not ops:
-            previous, self._table = self._table, (ops, _table(ops, ops.rt.settings.orders_table))
+            previous = self._table
+            self._table = (ops, _table(ops, ops.rt.settings.orders_table))
             if previous is not None:
                 await previous[1].close()
         return self._table[1]

@@ -68,7 +68,8 @@ async def operations() -> Operations:
     global _ops
     rt = runtime.current()
     if _ops is None or _ops[0] is not rt:
-        previous, _ops = _ops, (rt, Operations(rt))
+        previous = _ops
+        _ops = (rt, Operations(rt))
         if previous is not None:
             await previous[1].close()
     return _ops[1]

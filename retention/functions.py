@@ -41,7 +41,8 @@ async def archive_of(rt: runtime.Runtime) -> BlobArchive:
     runs on the loop never both build one; the replaced archive is closed after it."""
     global _archive
     if _archive is None or _archive[0] is not rt:
-        previous, _archive = _archive, (rt, open_archive(rt.settings))
+        previous = _archive
+        _archive = (rt, open_archive(rt.settings))
         if previous is not None:
             await previous[1].close()
     return _archive[1]
