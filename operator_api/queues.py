@@ -135,7 +135,7 @@ class QueueTools:
             self._kept.move_to_end(key)
             return kept
         sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
-        kept = _Kept(self._opened_client().get_queue_receiver(queue, sub_queue=sub_queue))
+        kept = _Kept(self._bus_client().get_queue_receiver(queue, sub_queue=sub_queue))
         self._kept[key] = kept
         if len(self._kept) > MAX_PEEK_RECEIVERS:
             await self._kept.popitem(last=False)[1].close()
@@ -146,7 +146,8 @@ class QueueTools:
             del self._kept[key]
         await kept.close()
 
-    def _opened_client(self) -> ServiceBusClient:
+    def _bus_client(self) -> ServiceBusClient:
+        """The client, built on first use."""
         if self._client is None:
             self._client = self._factory()
         return self._client
@@ -180,7 +181,7 @@ class QueueTools:
 
             async def send(message: ServiceBusMessage) -> None:
                 if not sender:
-                    sender.append(self._opened_client().get_queue_sender(queue))
+                    sender.append(self._bus_client().get_queue_sender(queue))
                 await sender[0].send_messages(message)
 
             held: list[ServiceBusReceivedMessage] = []
@@ -194,7 +195,7 @@ class QueueTools:
                     await opened.close()
 
     def _receiver(self, queue: str, sub_queue: ServiceBusSubQueue | None) -> ServiceBusReceiver:
-        return self._opened_client().get_queue_receiver(
+        return self._bus_client().get_queue_receiver(
             queue, sub_queue=sub_queue, max_wait_time=RECEIVE_WAIT_SECONDS
         )
 
