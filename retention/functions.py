@@ -37,8 +37,9 @@ _archive: tuple[runtime.Runtime, BlobArchive] | None = None
 async def archive_of(rt: runtime.Runtime) -> BlobArchive:
     """The archive of the process-wide Runtime's settings (rebuilt if it is replaced).
 
-    Its clients belong to the event loop of the Runtime's. The swap awaits nothing, so two
-    runs on the loop never both build one; the replaced archive is closed after it."""
+    Its clients belong to the event loop the functions run on, as the Runtime's do. Nothing is
+    awaited between the check and the swap, so two runs never both build one; the archive it
+    replaces is closed after."""
     global _archive
     if _archive is None or _archive[0] is not rt:
         previous = _archive
