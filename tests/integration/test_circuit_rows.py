@@ -77,7 +77,11 @@ async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table)
     await _written_nowhere()
     previous = runtime.install(rt)
     ops = Operations(rt)
-    summary = Summary(lambda: ops)
+
+    async def operations() -> Operations:
+        return ops
+
+    summary = Summary(operations)
     try:
         reset_breakers()
         breaker = breaker_for("payment")
