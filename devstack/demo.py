@@ -64,6 +64,7 @@ from devstack.observe import (
     FinishWatch,
     Ledger,
     TimelineTally,
+    any_active,
     duplicated_effects,
     effects_left_in_place,
     host_invocations,
@@ -472,7 +473,7 @@ class Demo:
         leaves the active-order index only after its outbox (its alert) was sent. Returns when
         they had (or the wait ended), as a time.time()."""
         deadline = time.monotonic() + SETTLE_SECONDS
-        while time.monotonic() < deadline and await _any_active(store, finished):
+        while time.monotonic() < deadline and await any_active(store, finished):
             await asyncio.sleep(0.2)
         return time.time()
 
@@ -556,14 +557,6 @@ class Demo:
             self.console.print(
                 Text.assemble((f"{problem}: ", "yellow"), printable("; ".join(cases)))
             )
-
-
-async def _any_active(store: OrderStateStore, order_ids: set[str]) -> bool:
-    """Whether one of ``order_ids`` is in the active-order index (read until one is found)."""
-    async for row in store.all_active():
-        if row.order_id in order_ids:
-            return True
-    return False
 
 
 @dataclass

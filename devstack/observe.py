@@ -163,6 +163,14 @@ class FinishWatch:
         return found
 
 
+async def any_active(store: OrderStateStore, order_ids: set[str]) -> bool:
+    """Whether one of ``order_ids`` is in the active-order index (read until one is found)."""
+    async for row in store.all_active():
+        if row.order_id in order_ids:
+            return True
+    return False
+
+
 async def alerted_orders(settings: dict[str, str]) -> set[str]:
     """Order ids named by the alerts waiting on the operator alert queue (peeked, not taken)."""
     queue = Settings.from_env(settings).queue("alerts")

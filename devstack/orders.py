@@ -93,4 +93,3 @@ def open_orders_table(settings: dict[str, str]) -> TableClient:
     config = Settings.from_env(settings)
     service = clients.table_service(config.storage)
     return service.get_table_client(config.orders_table, owns_service=True)
-
