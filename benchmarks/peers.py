@@ -508,7 +508,7 @@ class Session:
             assert self.dbos is not None
             if self.ours is not None:
                 self.ours.stop()  # nothing of ours runs while DBOS does
-            # A process of its own, waited for on a thread: the loop has nothing else to do.
+            # DBOS runs as a process of its own (no PR_SET_PDEATHSIG): waited for off the loop.
             result = await asyncio.to_thread(self.dbos.run, workflow, count, rate, mode, round_)
         else:
             assert self.ours is not None
