@@ -14,33 +14,35 @@ The caller reports each admitted call explicitly (``record_success`` / ``record_
 Each transition is reported to the breaker's listener, after its lock is released. The
 process-wide breakers (:func:`breaker_for`) report to :func:`report_transition`: it sets the
 ``agent.circuit.state`` metric and hands the new state to :class:`CircuitReporter`, which writes
-it to this instance's row of :mod:`core.circuits` on a thread of its own. Only transitions are
-reported, never calls, so the hot path gains no request; and the write is off the calling
-thread rather than on it with a short timeout, because a transition to open is exactly when
-things are slow, and the call that opened the circuit must answer ("retry after T") at once:
-a timeout, however short, would still be paid by that call whenever Table Storage is slow.
+it to this instance's row of :mod:`core.circuits` from a task of its own on the event loop.
+Only transitions are reported, never calls, so the hot path gains no request; and the write is
+off the calling path (fire and forget) rather than awaited on it with a short timeout, because
+a transition to open is exactly when things are slow, and the call that opened the circuit must
+answer ("retry after T") at once: a timeout, however short, would still be paid by that call
+whenever Table Storage is slow.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from core import circuits, clients, metrics
-from core import runtime as runtime_aio
-from core import runtime as runtime_module
-from core import state_store as state_store_aio
-from core import state_store as state_store_module
+from core import circuits, clients, metrics, runtime
 from core.circuits import CircuitRow, CircuitState, CircuitTable
 from core.runtime import Runtime
+from core.state_store import OrderStateStore
 from core.tablestorage import Table
 
 log = logging.getLogger(__name__)
+
+FLUSH_POLL_S = 0.02
+"""How often :meth:`CircuitReporter.flush` looks at a writer on another thread's loop."""
 
 
 class BreakerState(enum.StrEnum):
@@ -285,67 +287,101 @@ class BreakerRegistry:
 
 
 class CircuitReporter:
-    """Writes each breaker's latest state to this instance's row, on a thread of its own.
+    """Writes each breaker's latest state to this instance's row, from a task of its own on the
+    event loop the transition happened on.
 
     Only the latest state per breaker waits (a dict, so what waits is bounded by the number of
-    services, however many transitions happen during an outage of Table Storage); a write
-    that fails is logged and dropped: the next transition writes the row whole again.
-    ``table()`` gives where to write, or None for nowhere (an in-memory runtime).
+    services, however many transitions happen during an outage of Table Storage), and one
+    writer task at a time writes it; a write that fails is logged and dropped: the next
+    transition writes the row whole again. A transition told on a thread with no event loop
+    waits for the next one told on a loop, or for :meth:`flush`. ``table()`` gives where to
+    write, or None for nowhere (an in-memory runtime).
     """
 
-    def __init__(self, table: Callable[[], CircuitTable | None], instance: str) -> None:
+    def __init__(self, table: Callable[[], Awaitable[CircuitTable | None]], instance: str) -> None:
         self._table = table
         self._instance = instance
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # breakers are thread-safe: any thread may submit
         self._waiting: dict[str, Transition] = {}
         self._latest: dict[str, int] = {}
-        self._writing = False
-        self._thread: threading.Thread | None = None
+        self._writer: asyncio.Task[None] | None = None
         self.written = 0
         self.failed = 0
 
     def submit(self, transition: Transition) -> bool:
-        """Never blocks beyond a dict update; starts the writer thread on first use. False
+        """Never waits: a dict update, and the writer task started if none is at work. False
         (and nothing written) for a transition older than one already submitted for its
         service (two threads told of two transitions in the other order)."""
-        with self._cond:
+        with self._lock:
             if transition.seq and transition.seq <= self._latest.get(transition.service, 0):
                 return False
             self._latest[transition.service] = transition.seq
             self._waiting[transition.service] = transition
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="circuit-reporter", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-            return True
+        self._start_writer()
+        return True
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until nothing waits to be written (tests, and a host shutting down)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._waiting and not self._writing, timeout)
-
-    def _run(self) -> None:
+    async def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until nothing waits to be written (tests, and a host shutting down); False if
+        something still does after ``timeout`` seconds (the writer carries on)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._waiting))
+            self._start_writer()
+            with self._lock:
+                writer = self._writer
+                if not self._waiting and (writer is None or writer.done()):
+                    return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if writer is not None and writer.get_loop() is loop:
+                await asyncio.wait({writer}, timeout=remaining)
+            else:  # writing on another thread's loop: look again shortly
+                await asyncio.sleep(min(FLUSH_POLL_S, remaining))
+
+    def _start_writer(self) -> None:
+        """A writer task on this thread's running loop, unless one is at work (or nothing
+        waits, or this thread runs no loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        with self._lock:
+            writer = self._writer
+            at_work = writer is not None and not writer.done() and not writer.get_loop().is_closed()
+            if at_work or not self._waiting:
+                return
+            self._writer = loop.create_task(self._run(), name="circuit-reporter")
+
+    async def _run(self) -> None:
+        while True:
+            with self._lock:
                 batch, self._waiting = self._waiting, {}
-                self._writing = True
+                if not batch:
+                    if self._writer is asyncio.current_task():
+                        self._writer = None
+                    return
+            written: set[str] = set()
             try:
                 for transition in batch.values():
-                    self._write(transition)
-            finally:
-                with self._cond:
-                    self._writing = False
-                    self._cond.notify_all()
+                    await self._write(transition)
+                    written.add(transition.service)
+            except asyncio.CancelledError:  # the loop is closing: the next writer has them
+                self._put_back(batch, written)
+                raise
 
-    def _write(self, transition: Transition) -> None:
+    def _put_back(self, batch: dict[str, Transition], written: set[str]) -> None:
+        with self._lock:
+            for service, transition in batch.items():
+                if service not in written:
+                    self._waiting.setdefault(service, transition)
+
+    async def _write(self, transition: Transition) -> None:
         try:
-            table = self._table()
+            table = await self._table()
             if table is None:
                 return
-            table.record(row_of(transition, self._instance, _utc_now()))
+            await table.record(row_of(transition, self._instance, _utc_now()))
             self.written += 1
         except Exception as error:
             self.failed += 1
@@ -371,31 +407,44 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
     )
 
 
-_TABLE_STORES = (state_store_module.OrderStateStore, state_store_aio.OrderStateStore)
-
-
 class _RuntimeTable:
-    """The circuits partition of the installed Runtime's supervision table, one client per
-    Runtime. It never builds a Runtime: a transition outside any handler (a test driving a
-    breaker) must not build one from the environment as a side effect."""
+    """The circuits partition of the installed Runtime's supervision table: one client per
+    Runtime and event loop (a client's connections belong to the loop that opened them). It
+    never builds a Runtime: a transition outside any handler (a test driving a breaker) must
+    not build one from the environment as a side effect."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._for: tuple[Runtime | runtime_aio.Runtime, CircuitTable, Table] | None = None
+        self._for: tuple[Runtime, asyncio.AbstractEventLoop, CircuitTable, Table] | None = None
 
-    def __call__(self) -> CircuitTable | None:
-        # The agents run on the async Runtime; only its settings are used here, on this thread.
-        rt = runtime_aio.installed() or runtime_module.installed()
-        if rt is None or not isinstance(rt.store, _TABLE_STORES):
+    async def __call__(self) -> CircuitTable | None:
+        rt = runtime.installed()
+        if rt is None or not isinstance(rt.store, OrderStateStore):
             return None
+        loop = asyncio.get_running_loop()
         with self._lock:
-            if self._for is None or self._for[0] is not rt:
-                if self._for is not None:
-                    self._for[2].close()
-                service = clients.table_service(rt.settings.storage)
-                table = service.get_table_client(rt.settings.supervision_table, owns_service=True)
-                self._for = (rt, CircuitTable(table), table)
-            return self._for[1]
+            current = self._for
+            if current is not None and current[0] is rt and current[1] is loop:
+                return current[2]
+            service = clients.table_service(rt.settings.storage)
+            table = service.get_table_client(rt.settings.supervision_table, owns_service=True)
+            made = CircuitTable(table)
+            self._for = (rt, loop, made, table)
+        if current is not None:
+            await _close(current[3], current[1])
+        return made
+
+
+async def _close(table: Table, on: asyncio.AbstractEventLoop) -> None:
+    """Close a client no longer used, on the loop its connections belong to (none to close if
+    that loop has closed)."""
+    try:
+        if on is asyncio.get_running_loop():
+            await table.close()
+        elif not on.is_closed():
+            asyncio.run_coroutine_threadsafe(table.close(), on)
+    except Exception:
+        log.debug("closing a circuit table client failed", exc_info=True)
 
 
 reporter = CircuitReporter(_RuntimeTable(), circuits.instance_id())
@@ -403,8 +452,8 @@ reporter = CircuitReporter(_RuntimeTable(), circuits.instance_id())
 
 
 def report_transition(transition: Transition) -> None:
-    """What the process-wide breakers do on each transition: the row (on the reporter's
-    thread), and the metric; neither for a transition heard after a later one."""
+    """What the process-wide breakers do on each transition: the row (by the reporter's
+    task), and the metric; neither for a transition heard after a later one."""
     if reporter.submit(transition):
         metrics.record_circuit_state(transition.service, transition.new.value)
 

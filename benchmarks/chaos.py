@@ -43,6 +43,7 @@ first), and the Supervisor's ticks from the hosts' logs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import random
@@ -56,7 +57,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
 
 from core.messages import OrderSubmitted
 from core.order import TERMINAL_ALERT_REASONS, TimelineEntry
@@ -101,19 +102,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return asyncio.run(run(parse_args(argv)))
+
+
+async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     stack = LocalStack(
         workdir, hosts=args.hosts, profile=args.profile, seed=args.seed, overrides=QUICK_SETTINGS
     )
-    info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
+    info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
         orders = make_orders(args.orders, args.workflow)
         ids = {o.order_id for o in orders}
         store = open_store(info.settings)
         started = time.monotonic()
-        send_orders(info.settings, orders)
+        await send_orders(info.settings, orders)
         kills = 0
         # The first kill comes early, while the first orders are surely still in flight.
         next_kill = started + min(args.kill_min, 2.0)
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         sweeps = SweepWatch()
         host_locks = HostLockWatch(workdir)
         while pending and time.monotonic() - started < args.timeout:
-            sweeps.sample(store)
+            await sweeps.sample(store)
             host_locks.sample()
             if args.kill_max > 0 and time.monotonic() >= next_kill:
                 victim = rng.randrange(args.hosts)
@@ -131,14 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"… killed host {victim}; {len(pending)} orders to go", file=sys.stderr)
                 stack.restart_host(victim)
                 next_kill = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
-            pending = still_pending(store, pending)
+            pending = await still_pending(store, pending)
             finished_at = time.monotonic()
-            time.sleep(0.5)
-        sweeps.sample(store)
-        time.sleep(STATS_SETTLE_S)
+            await asyncio.sleep(0.5)
+        await sweeps.sample(store)
+        await asyncio.sleep(STATS_SETTLE_S)
         host_locks.sample()
         elapsed = finished_at - started
-        report = judge(info, store, ids, sweeps, workdir)
+        report = await judge(info, store, ids, sweeps, workdir)
         report = with_lock_loss(report, workdir, host_locks)
         report |= {
             "orders": args.orders,
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "elapsed_s": round(elapsed, 1),
             "orders_per_s": round(args.orders / elapsed, 2) if elapsed else None,
         }
-        store.close()
+        await store.close()
     finally:
         stack.stop()
     print(json.dumps(report, indent=2))
@@ -172,13 +176,13 @@ def make_orders(count: int, workflow: str) -> list[OrderSubmitted]:
     ]
 
 
-def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:
+async def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:
     """The orders of ``pending`` not yet finished (their index row is gone only once they are
     terminal and owe nothing; a point read confirms it)."""
-    active = {row.order_id for row in store.all_active()}
+    active = {row.order_id async for row in store.all_active()}
     left = set(pending)
     for order_id in [o for o in pending if o not in active][:200]:
-        order = store.find(order_id)
+        order = await store.find(order_id)
         if order is not None and order.state.terminal:
             left.discard(order_id)
     return left
@@ -255,8 +259,8 @@ class SweepWatch:
         self.by: dict[tuple[int, datetime], str] = {}
         self.max_lag = 0.0
 
-    def sample(self, store: OrderStateStore) -> None:
-        for lease in store.supervision.read().buckets:
+    async def sample(self, store: OrderStateStore) -> None:
+        for lease in (await store.supervision.read()).buckets:
             self.max_lag = max(self.max_lag, lease.lag_s)
             seen = self.swept[lease.bucket]
             if lease.swept_at is not None and (not seen or seen[-1] != lease.swept_at):
@@ -333,23 +337,25 @@ def with_lock_loss(report: dict, workdir: Path, host_locks: HostLockWatch) -> di
     return report
 
 
-def judge(info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workdir: Path) -> dict:  # type: ignore[no-untyped-def]
+async def judge(
+    info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workdir: Path
+) -> dict:  # type: ignore[no-untyped-def]
     """Every invariant, the Supervisor's sweeps as sampled, and its ticks from the host logs."""
-    report = check_invariants(info, store, ids)
+    report = await check_invariants(info, store, ids)
     report |= sweeps.report(Settings.from_env(info.settings))
     report["supervisor_ticks"] = tick_log_summary(workdir)
     return report
 
 
-def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]
+async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]
     settings = Settings.from_env(info.settings)
-    with open_orders_table(info.settings) as table:
-        timelines = observe.timelines(table, observe.common_prefix(ids))
+    async with open_orders_table(info.settings) as table:
+        timelines = await observe.timelines(table, observe.common_prefix(ids))
     bound = stall_bound(settings)
     recovery_limit = recovery_bound(settings).detection_s + RESTART_ALLOWANCE_S
-    ledger = observe.read_ledger(info.fakes_url)
-    alerts = terminal_alerts(info.settings)
-    statuses = drain_statuses(info.settings)
+    ledger = await observe.read_ledger(info.fakes_url)
+    alerts = await terminal_alerts(info.settings)
+    statuses = await drain_statuses(info.settings)
     states: Counter[str] = Counter()
     errors: set[str] = set()
     lost, stuck, wrong_alerts, spurious, incomplete = [], [], [], [], []
@@ -358,7 +364,7 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
     recoveries: list[float] = []
     effects = observe.forward_effects(ledger, ids)
     for order_id in sorted(ids):
-        order = store.find(order_id)
+        order = await store.find(order_id)
         if order is None:
             lost.append(order_id)
             continue
@@ -435,32 +441,32 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
     }
 
 
-def terminal_alerts(settings: dict[str, str]) -> Counter[str]:
+async def terminal_alerts(settings: dict[str, str]) -> Counter[str]:
     """Per order, the terminal alerts (one per entry into Error) on the alerts queue (peeked)."""
     found: Counter[str] = Counter()
-    for body in observe.peek_all(settings, Settings.from_env(settings).queue("alerts")):
+    async for body in observe.peek_all(settings, Settings.from_env(settings).queue("alerts")):
         alert = json.loads(body)
         if alert.get("order_id") and alert.get("reason") in TERMINAL_ALERT_REASONS:
             found[alert["order_id"]] += 1
     return found
 
 
-def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
+async def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
     """Receive every status update on the reply queue; per order, the sequences in arrival
     order. A resend of one already seen (after a crash, past duplicate detection) is skipped,
     as a receiver would."""
     seen: dict[str, list[int]] = defaultdict(list)
-    with (
+    async with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
         client.get_queue_receiver(REPLY_QUEUE, max_wait_time=2) as receiver,
     ):
-        while batch := receiver.receive_messages(max_message_count=250, max_wait_time=2):
+        while batch := await receiver.receive_messages(max_message_count=250, max_wait_time=2):
             for message in batch:
                 update = json.loads(b"".join(message.body))
                 sequences = seen[update["order_id"]]
                 if update["sequence"] not in sequences:
                     sequences.append(update["sequence"])
-                receiver.complete_message(message)
+                await receiver.complete_message(message)
     return seen
 
 

@@ -27,14 +27,13 @@ empty) and ``within_10_percent``. Exits 1 if an order of a measured phase did no
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,8 @@ from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
 
 POLL_S = 0.25
-FILL_THREADS = 6
+FILL_AT_ONCE = 6
+"""Fill transactions in flight at once (and the Table client's connections)."""
 TABLE_API_VERSION = "2019-02-02"
 
 
@@ -70,19 +70,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return asyncio.run(measure(parse_args(argv)))
+
+
+async def measure(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="history-"))
     stack = LocalStack(workdir, hosts=args.hosts, profile=args.profile, overrides=QUICK_SETTINGS)
-    info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
+    info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
         settings = Settings.from_env(info.settings)
         ref = workflow_ref(args.workflow, settings.current_version(args.workflow))
         workflow = resolve(settings.workflows(), ref)
         if args.warmup:
-            run_phase(info, workdir, "warmup", args.warmup, args)
-        empty = run_phase(info, workdir, "empty", args.orders, args)
-        fill = fill_history(info.settings, workflow, args.history)
-        full = run_phase(info, workdir, "full", args.orders, args)
+            await run_phase(info, workdir, "warmup", args.warmup, args)
+        empty = await run_phase(info, workdir, "empty", args.orders, args)
+        fill = await fill_history(info.settings, workflow, args.history)
+        full = await run_phase(info, workdir, "full", args.orders, args)
     finally:
         stack.stop()
     ratio = full["orders_per_s"] / empty["orders_per_s"] if empty["orders_per_s"] else None
@@ -107,29 +110,28 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------- load
 
 
-def run_phase(
+async def run_phase(
     info: StackInfo, workdir: Path, phase: str, count: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Submit ``count`` orders at ``args.rate``/s, wait for all to finish, report."""
     print(f"… {phase}: {count} orders at {args.rate:g}/s", file=sys.stderr)
     run = uuid.uuid4().hex[:6]
     orders = [new_order(f"{phase}-{run}-", n, args.workflow) for n in range(count)]
-    store = open_store(info.settings)
     ops_before, cpu_before = host_operations(workdir), process_cpu(info.pids)
     watch = FinishWatch([o.order_id for o in orders], reads_per_poll=200)
-    sender = threading.Thread(
-        target=send_orders, args=(info.settings, orders), kwargs={"rate": args.rate}
-    )
-    started = time.monotonic()
-    sender.start()
-    while watch.unfinished and time.monotonic() - started < args.timeout:
-        watch.poll(store)
-        time.sleep(POLL_S)
-    sender.join()
+    async with open_store(info.settings) as store:
+        started = time.monotonic()
+        sender = asyncio.create_task(send_orders(info.settings, orders, rate=args.rate))
+        try:
+            while watch.unfinished and time.monotonic() - started < args.timeout:
+                await watch.poll(store)
+                await asyncio.sleep(POLL_S)
+            await sender
+        finally:
+            sender.cancel()  # done by now, unless the watch failed: then stop sending
     ended = time.time()
     cpu_after = process_cpu(info.pids)
-    ops_after = host_operations_after(workdir, ended)
-    store.close()
+    ops_after = await host_operations_after(workdir, ended)
     return phase_report(watch.finals.values(), count) | {
         "operations_per_order": per_order(ops_before, ops_after, count),
         "cpu_ms_per_order": {
@@ -225,29 +227,34 @@ def success(decision: lifecycle.Decision) -> AgentResponse:
     )
 
 
-def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> dict[str, Any]:
-    """Write ``count`` finished orders, a day old, one batch transaction each."""
+async def fill_history(settings: dict[str, str], workflow: Workflow, count: int) -> dict[str, Any]:
+    """Write ``count`` finished orders, a day old, one batch transaction each, ``FILL_AT_ONCE``
+    at a time."""
     print(f"… fill: {count} finished orders", file=sys.stderr)
     config = Settings.from_env(settings)
     service = TableService.from_connection_string(
-        settings["StateStorage"], max_connections=FILL_THREADS
+        settings["StateStorage"], max_connections=FILL_AT_ONCE
     )
     table = service.get_table_client(config.orders_table)
     at = utc_now() - timedelta(days=1)
     run = uuid.uuid4().hex[:6]
+    batches = (
+        finished_rows(new_order(f"done-{run}-", n, workflow.name), workflow, at)
+        for n in range(count)
+    )
+
+    async def writer() -> int:
+        """Write the next batch until none is left (the writers share ``batches``)."""
+        rows = 0
+        for batch in batches:
+            rows += len(await table.submit_transaction([("create", row) for row in batch]))
+        return rows
+
     started = time.monotonic()
-    rows = 0
     try:
-        with ThreadPoolExecutor(FILL_THREADS) as pool:
-            batches = (
-                finished_rows(new_order(f"done-{run}-", n, workflow.name), workflow, at)
-                for n in range(count)
-            )
-            inserts = ([("create", row) for row in batch] for batch in batches)
-            for written in pool.map(table.submit_transaction, inserts):
-                rows += len(written)
+        rows = sum(await asyncio.gather(*(writer() for _ in range(FILL_AT_ONCE))))
     finally:
-        service.close()
+        await service.close()
     seconds = time.monotonic() - started
     return {
         "orders": count,

@@ -13,6 +13,7 @@ for T without counting a failure (core.lifecycle).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
@@ -42,29 +43,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return asyncio.run(run(parse_args(argv)))
+
+
+async def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="outage-"))
     stack = LocalStack(workdir, hosts=args.hosts, profile="clean", overrides=QUICK_SETTINGS)
-    info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
+    info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
         down = {"services": {args.service: {"transient_rate": 1.0}}}
-        httpx.post(f"{info.fakes_url}/_profile", json=down, timeout=10).raise_for_status()
+        await set_profile(info.fakes_url, down)
         orders = make_orders(args.orders, "order")
         ids = {o.order_id for o in orders}
         store = open_store(info.settings)
         started = time.monotonic()
-        send_orders(info.settings, orders)
+        await send_orders(info.settings, orders)
         print(f"… {args.service} is down for {args.outage_seconds:.0f} s", file=sys.stderr)
-        time.sleep(args.outage_seconds)
-        httpx.post(f"{info.fakes_url}/_profile", json={}, timeout=10).raise_for_status()
+        await asyncio.sleep(args.outage_seconds)
+        await set_profile(info.fakes_url, {})
         recovered = time.monotonic()
         print(f"… {args.service} is back", file=sys.stderr)
         pending = set(ids)
         while pending and time.monotonic() - started < args.timeout:
-            pending = still_pending(store, pending)
-            time.sleep(0.5)
+            pending = await still_pending(store, pending)
+            await asyncio.sleep(0.5)
         finished = time.monotonic()
-        report = check_invariants(info, store, ids)
+        report = await check_invariants(info, store, ids)
         processed = report["states"].get("Processed", 0)
         report |= {
             "orders": args.orders,
@@ -74,11 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             "retries": host_invocations(workdir, "scheduler_commands"),
             "all_processed": processed == args.orders,
         }
-        store.close()
+        await store.close()
     finally:
         stack.stop()
     print(json.dumps(report, indent=2))
     return 0 if report["invariants_hold"] and report["all_processed"] else 1
+
+
+async def set_profile(fakes_url: str, profile: dict) -> None:
+    """The fakes' fault profile (``{}``: clean)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        (await http.post(f"{fakes_url}/_profile", json=profile)).raise_for_status()
 
 
 if __name__ == "__main__":

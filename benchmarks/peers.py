@@ -41,6 +41,7 @@ read once the CPU has been read (a point read per order, after the measured wind
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -52,12 +53,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
@@ -70,7 +70,13 @@ from core.order import Order
 from core.settings import Settings
 from core.states import ProcessState
 from devstack.fakes.profiles import example_profile
-from devstack.observe import FinishWatch, host_invocations, host_operations_after, process_cpu
+from devstack.observe import (
+    FinishWatch,
+    any_active,
+    host_invocations,
+    host_operations_after,
+    process_cpu,
+)
 from devstack.orders import SEND_BATCH, open_store
 from devstack.stack import processes
 from devstack.stack.local_stack import LocalStack, StackInfo
@@ -275,12 +281,12 @@ class OursSide:
         self._stack: LocalStack | None = None
         self._info: StackInfo | None = None
 
-    def ensure_started(self) -> StackInfo:
+    async def ensure_started(self) -> StackInfo:
         if self._info is None:
             self._stack = LocalStack(
                 self.workdir, hosts=self.hosts, profile=example_profile(PROFILE)
             )
-            self._info = self._stack.start(progress=lambda step: self.say(f"ours: {step}"))
+            self._info = await self._stack.start(progress=lambda step: self.say(f"ours: {step}"))
         return self._info
 
     def stop(self) -> None:
@@ -288,20 +294,23 @@ class OursSide:
             self._stack.stop()
         self._stack, self._info = None, None
 
-    def run(self, workflow: str, count: int, rate: float, mode: Mode, round_: int) -> RunResult:
-        info = self.ensure_started()
+    async def run(
+        self, workflow: str, count: int, rate: float, mode: Mode, round_: int
+    ) -> RunResult:
+        info = await self.ensure_started()
         run = uuid.uuid4().hex[:6]
         if self.warmup:
-            self._finals(info, self._batch(info, workflow, self.warmup, 0.0, f"peers-warm-{run}-"))
+            warm = await self._batch(info, workflow, self.warmup, 0.0, f"peers-warm-{run}-")
+            await self._finals(info, warm)
         # The hosts rewrite their stats files every second: wait for fresh ones, or the
         # warm-up's last requests would be counted in this run.
-        ops_before = host_operations_after(self.workdir, time.time())
+        ops_before = await host_operations_after(self.workdir, time.time())
         calls_before = invocations(self.workdir)
         cpu_before = process_cpu(info.pids)
-        submitted = self._batch(info, workflow, count, rate, f"peers-{run}-")
+        submitted = await self._batch(info, workflow, count, rate, f"peers-{run}-")
         cpu_after = process_cpu(info.pids)
-        finals = self._finals(info, submitted)
-        ops_after = host_operations_after(self.workdir, time.time())
+        finals = await self._finals(info, submitted)
+        ops_after = await host_operations_after(self.workdir, time.time())
         calls = sum(invocations(self.workdir).values()) - sum(calls_before.values())
         when = {o.order_id: o.submitted_at.timestamp() for o in submitted}
         pairs = [(when[i], o.updated_at.timestamp()) for i, o in finals.items()]
@@ -326,7 +335,7 @@ class OursSide:
             **timing(pairs),
         )
 
-    def _batch(
+    async def _batch(
         self, info: StackInfo, workflow: str, count: int, rate: float, prefix: str
     ) -> list[OrderSubmitted]:
         """Send ``count`` orders (each built just before it is sent, so its ``submitted_at``
@@ -343,32 +352,32 @@ class OursSide:
                 yield order
 
         taken_before = host_invocations(self.workdir, "scheduler_intake", counted="successes")
-        store = open_store(info.settings)
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            sending: Future = pool.submit(submit, info.settings, orders(), rate)
-            try:
+        sending = asyncio.create_task(submit(info.settings, orders(), rate))
+        try:
+            async with open_store(info.settings) as store:
                 while time.monotonic() - started < self.timeout:
-                    time.sleep(POLL_S)
+                    await asyncio.sleep(POLL_S)
                     if sending.done() and sending.exception() is not None:
                         raise RuntimeError("sending orders failed") from sending.exception()
                     taken = host_invocations(self.workdir, "scheduler_intake", counted="successes")
                     if not sending.done() or taken - taken_before < count:
                         continue
-                    if not any(row.order_id in ours for row in store.all_active()):
+                    if not await any_active(store, ours):
                         break
-            finally:
-                store.close()
-            sending.result()
+            await sending
+        finally:
+            sending.cancel()  # done by now, unless the wait failed: then stop sending
         return submitted
 
-    def _finals(self, info: StackInfo, submitted: Sequence[OrderSubmitted]) -> dict[str, Order]:
+    async def _finals(
+        self, info: StackInfo, submitted: Sequence[OrderSubmitted]
+    ) -> dict[str, Order]:
         """Each order's final state, read once the batch is over. An order still running (a
         duplicate intake could end the wait early) is waited for, and said."""
         watch = FinishWatch([o.order_id for o in submitted], reads_per_poll=len(submitted))
-        store = open_store(info.settings)
-        try:
-            watch.poll(store)
+        async with open_store(info.settings) as store:
+            await watch.poll(store)
             if watch.unfinished:
                 self.say(
                     f"ours: {watch.unfinished} orders were still running when the batch's "
@@ -376,32 +385,30 @@ class OursSide:
                 )
             started = time.monotonic()
             while watch.unfinished and time.monotonic() - started < self.timeout:
-                time.sleep(POLL_S)
-                watch.poll(store)
-        finally:
-            store.close()
+                await asyncio.sleep(POLL_S)
+                await watch.poll(store)
         if watch.unfinished:
             self.say(f"ours: {watch.unfinished} of {len(submitted)} orders did not finish in time")
         return watch.finals
 
 
-def submit(settings: dict[str, str], orders: Iterator[OrderSubmitted], rate: float) -> None:
+async def submit(settings: dict[str, str], orders: Iterator[OrderSubmitted], rate: float) -> None:
     """Send orders to the orders queue as an application would: all at once (rate 0, in
     batches of SEND_BATCH) or one by one at ``rate`` per second. The pace starts once the
     link is open, so the first orders are not rushed out to catch up with its setup (as
     devstack.orders.send_orders, whose clock starts before the connection, does)."""
     queue = Settings.from_env(settings).queue("orders")
-    with ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client:
-        with client.get_queue_sender(queue) as sender:
-            sender.create_message_batch()  # opens the link
+    async with ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.create_message_batch()  # opens the link
             started = time.monotonic()
             if rate <= 0:
                 while chunk := list(itertools.islice(orders, SEND_BATCH)):
-                    sender.send_messages([to_servicebus_message(o) for o in chunk])
+                    await sender.send_messages([to_servicebus_message(o) for o in chunk])
                 return
             for n, order in enumerate(orders):
-                time.sleep(max(0.0, started + n / rate - time.monotonic()))
-                sender.send_messages(to_servicebus_message(order))
+                await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+                await sender.send_messages(to_servicebus_message(order))
 
 
 def invocations(workdir: Path) -> dict[str, int]:
@@ -480,19 +487,19 @@ class Session:
         self.dbos = dbos
         self.say = say
 
-    def run(self) -> list[RunResult]:
+    async def run(self) -> list[RunResult]:
         results: list[RunResult] = []
         for round_, workflow, side in slots(self.plan):
-            results.append(self._one(side, workflow, self.plan.orders, 0.0, "burst", round_))
+            results.append(await self._one(side, workflow, self.plan.orders, 0.0, "burst", round_))
         if self.plan.paced:
             bursts = list(results)
             for round_, workflow, side in slots(self.plan):
                 rate = paced_rate(self.plan, bursts, workflow)
                 count = self.plan.paced_orders
-                results.append(self._one(side, workflow, count, rate, "paced", round_))
+                results.append(await self._one(side, workflow, count, rate, "paced", round_))
         return results
 
-    def _one(
+    async def _one(
         self, side: Side, workflow: str, count: int, rate: float, mode: Mode, round_: int
     ) -> RunResult:
         pace = f"at {rate:g}/s" if rate else "at once"
@@ -501,10 +508,11 @@ class Session:
             assert self.dbos is not None
             if self.ours is not None:
                 self.ours.stop()  # nothing of ours runs while DBOS does
-            result = self.dbos.run(workflow, count, rate, mode, round_)
+            # DBOS runs as a process of its own (no PR_SET_PDEATHSIG): waited for off the loop.
+            result = await asyncio.to_thread(self.dbos.run, workflow, count, rate, mode, round_)
         else:
             assert self.ours is not None
-            result = self.ours.run(workflow, count, rate, mode, round_)
+            result = await self.ours.run(workflow, count, rate, mode, round_)
         self.say(
             f"  {result.workflows_per_s} workflows/s, p50 {result.latency_s.p50} s, "
             f"p99 {result.latency_s.p99} s, {result.cpu_ms_engine} ms CPU per workflow"
@@ -783,7 +791,7 @@ def main(
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="peers-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results, version = run_session(plan, workdir, dbos_venv, say, timeout)
+    results, version = asyncio.run(run_session(plan, workdir, dbos_venv, say, timeout))
     doc = report(results, plan, version)
     if save is not None:
         save.write_text(json.dumps(doc, indent=2) + "\n")
@@ -795,7 +803,7 @@ def main(
         raise typer.Exit(1)
 
 
-def run_session(
+async def run_session(
     plan: Plan, workdir: Path, venv: Path, say: Callable[[str], None], timeout: float
 ) -> tuple[list[RunResult], str | None]:
     version: str | None = None
@@ -803,7 +811,7 @@ def run_session(
     ours: OursSide | None = None
     try:
         if "dbos" in plan.sides:
-            python, version = dbos_python(venv, say)
+            python, version = await asyncio.to_thread(dbos_python, venv, say)
             dbos = DbosSide(
                 python,
                 workdir,
@@ -814,7 +822,7 @@ def run_session(
             dbos.start()
         if "ours" in plan.sides:
             ours = OursSide(workdir, hosts=plan.hosts, warmup=plan.warmup, timeout=timeout, say=say)
-        return Session(plan, ours, dbos, say).run(), version
+        return await Session(plan, ours, dbos, say).run(), version
     finally:
         if ours is not None:
             ours.stop()

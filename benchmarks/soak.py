@@ -3,7 +3,7 @@
     python -m benchmarks.soak [--orders 10000] [--rate 8] [--hosts 3]
                               [--kill-min 3 --kill-max 7] [--profile stress] [--seed 7]
 
-Orders are submitted at ``--rate`` per second (paced, in a background thread) through the fault
+Orders are submitted at ``--rate`` per second (paced, by a task beside the watch) through the fault
 profile while a function host other than host 0 is SIGKILLed and restarted every
 ``--kill-min``..``--kill-max`` seconds. Host 0 is never killed: it is the one whose memory is
 followed for the whole run. Every 5 s the resident memory (RSS, with child processes) of host
@@ -23,12 +23,12 @@ Exits 1 if an invariant fails or anything is left over.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -66,31 +66,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.hosts < 2:
         raise SystemExit("--hosts must be at least 2: host 0 is never killed")
+    return asyncio.run(run(args))
+
+
+async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))
     stack = LocalStack(
         workdir, hosts=args.hosts, profile=args.profile, seed=args.seed, overrides=QUICK_SETTINGS
     )
-    info = stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
+    info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     memory: dict[str, list[tuple[float, float]]] = defaultdict(list)
     try:
         orders = make_orders(args.orders, "order")
         ids = {o.order_id for o in orders}
         store = open_store(info.settings)
         started = time.monotonic()
-        sender = threading.Thread(
-            target=send_orders, args=(info.settings, orders), kwargs={"rate": args.rate}
-        )
-        sender.start()
+        sender = asyncio.create_task(send_orders(info.settings, orders, rate=args.rate))
         kills, next_kill, next_sample = 0, started + args.kill_min, started
         pending = set(ids)
         sweeps = SweepWatch()
-        while (pending or sender.is_alive()) and time.monotonic() - started < args.timeout:
+        while (pending or not sender.done()) and time.monotonic() - started < args.timeout:
             now = time.monotonic()
             if now >= next_sample:
                 for name in WATCHED:
                     memory[name].append((now - started, rss_mib(info.pids[name])))
-                sweeps.sample(store)
+                await sweeps.sample(store)
                 next_sample = now + SAMPLE_EVERY_S
             if now >= next_kill:
                 victim = rng.randrange(1, args.hosts)
@@ -98,16 +99,16 @@ def main(argv: list[str] | None = None) -> int:
                 stack.restart_host(victim)
                 kills += 1
                 next_kill = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
-            pending = still_pending(store, pending)
+            pending = await still_pending(store, pending)
             if len(pending) % 500 == 0 or not pending:
                 print(f"… {len(pending)} orders to go, {kills} kills", file=sys.stderr)
-            time.sleep(1.0)
+            await asyncio.sleep(1.0)
         finished = time.monotonic() - started
-        sender.join()
+        await sender
         for name in WATCHED:
             memory[name].append((finished, rss_mib(info.pids[name])))
-        report = judge(info, store, ids, sweeps, workdir)
-        report["leftovers"] = leftovers(store, ids, Settings.from_env(info.settings))
+        report = await judge(info, store, ids, sweeps, workdir)
+        report["leftovers"] = await leftovers(store, ids, Settings.from_env(info.settings))
         report["rss_mib"] = {name: summary(rss, args.warmup) for name, rss in memory.items()}
         report |= {
             "orders": args.orders,
@@ -122,21 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         report["invariants_hold"] = not any(report["invariants"].values()) and not any(
             report["leftovers"].values()
         )
-        store.close()
+        await store.close()
     finally:
         stack.stop()
     print(json.dumps(report, indent=2))
     return 0 if report["invariants_hold"] else 1
 
 
-def leftovers(store: OrderStateStore, ids: set[str], settings: Settings) -> dict[str, int]:
-    active = list(store.all_active())
+async def leftovers(store: OrderStateStore, ids: set[str], settings: Settings) -> dict[str, int]:
+    active = [row async for row in store.all_active()]
     stray_errors = 0
     after = None
     while True:
-        page = store.errors.page(1000, after=after)
+        page = await store.errors.page(1000, after=after)
         for row in page.rows:
-            order = store.find(row.order_id) if row.order_id in ids else None
+            order = await store.find(row.order_id) if row.order_id in ids else None
             if order is None or order.state is not ProcessState.ERROR:
                 stray_errors += 1
         if page.last_key is None:
@@ -146,7 +147,7 @@ def leftovers(store: OrderStateStore, ids: set[str], settings: Settings) -> dict
     # two more leases for the reaping itself.
     dead_for = settings.supervisor_lease * (REAP_AFTER_LEASES + 2)
     now = utc_now()
-    members = store.supervision.read().members
+    members = (await store.supervision.read()).members
     return {
         "active_index_rows": len(active),
         "error_index_rows_not_in_error": stray_errors,

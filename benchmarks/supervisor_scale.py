@@ -6,10 +6,11 @@
 For each instance count N, on fresh tables of one private in-memory Azurite (``--store memory``
 runs the same against one shared in-memory store instead, for a quick check of the logic):
 
-1. N Supervisor instances start, each a thread with its own :class:`core.runtime.Runtime`
-   (own ``instance_id``, own Table clients) over the same tables and one in-memory bus. Each
-   ticks on the schedule grid like the Functions timer: at every multiple of the period in
-   wall-clock UTC, skipping an occurrence while its previous tick still runs. A tick is the
+1. N Supervisor instances start, each a task on one event loop with its own
+   :class:`core.runtime.Runtime` (own ``instance_id``, own Table clients) over the same tables
+   and one in-memory bus. Each ticks on the schedule grid like the Functions timer: at every
+   multiple of the period in wall-clock UTC, skipping an occurrence while its previous tick
+   still runs. A tick is the
    real :func:`supervisor.tick.run_tick` with the period, lease and budget of
    ``supervisor_schedule = "*/<period> * * * * *"``.
 2. ``--orders`` orders are created in flight (as intake creates them), their CompleteBy
@@ -18,7 +19,7 @@ runs the same against one shared in-memory store instead, for a quick check of t
    Nobody answers them, so each is released for a retry by whichever Supervisor sweeps it.
 3. With ``--kill``, one instance dies in the middle of the window (not for N = 1: nobody would
    take over): the one holding the most buckets at its latest tick half a period before.
-   ``idle`` (default) simulates a SIGKILL between two ticks: the thread stops half a period
+   ``idle`` (default) simulates a SIGKILL between two ticks: the task stops half a period
    after a tick time, its leases are not released. ``mid-tick`` simulates one during a tick:
    its last tick claims its leases (for less than a period) and dies before sweeping and
    before the checkpoint that would extend them.
@@ -52,6 +53,8 @@ Reading the JSON (one document on stdout, times in seconds):
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextvars
 import dataclasses
 import json
 import logging
@@ -60,12 +63,10 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -92,6 +93,8 @@ from supervisor.tick import run_tick
 KillMode = Literal["idle", "mid-tick"]
 GAVE_UP = "supervisor roster kept changing"
 """What supervisor.tick logs when a tick lost every claim attempt (it sweeps nothing)."""
+TICKING: contextvars.ContextVar[str] = contextvars.ContextVar("ticking", default="")
+"""The instance whose task (and the tasks it starts) runs: the instances share one thread."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -109,7 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kill-mode", choices=("idle", "mid-tick"), default="idle")
     parser.add_argument("--warmup-periods", type=float, default=3.0)
     parser.add_argument("--window-periods", type=float, default=4.0)
-    parser.add_argument("--workers", type=int, default=8, help="threads creating/reading orders")
+    parser.add_argument("--workers", type=int, default=8, help="orders created or read at once")
     parser.add_argument("--store", choices=("azurite", "memory"), default="azurite")
     args = parser.parse_args(argv)
     if args.orders < 1 or args.period < 1 or args.window_periods <= 0:
@@ -134,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tick_log.addHandler(gave_up)
     tick_log.setLevel(logging.INFO)
     try:
-        runs = [run_one(n, args, connection, gave_up) for n in counts]
+        runs = [asyncio.run(run_one(n, args, connection, gave_up)) for n in counts]
     finally:
         tick_log.removeHandler(gave_up)
         tick_log.setLevel(level)
@@ -162,18 +165,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _GaveUpCounter(logging.Handler):
-    """Counts, per thread name, the ticks that gave up claiming (they sweep nothing)."""
+    """Counts, per instance (:data:`TICKING`), the ticks that gave up claiming (they sweep
+    nothing)."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
-        self.by_thread: Counter[str] = Counter()
+        self.by_instance: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith(GAVE_UP):
-            self.by_thread[record.threadName or ""] += 1
+            self.by_instance[TICKING.get()] += 1
         elif record.levelno >= logging.ERROR:
-            self.errors[record.threadName or ""] += 1
+            self.errors[TICKING.get()] += 1
 
 
 class CountingSupervision:
@@ -187,38 +191,34 @@ class CountingSupervision:
         self.checkpoints_lost = 0
         self.killed = False
         """Set to crash the next tick between its claim and its checkpoint (a SIGKILL)."""
-        self._lock = threading.Lock()
 
-    def read(self) -> Roster:
-        roster: Roster = self._inner.read()
+    async def read(self) -> Roster:
+        roster: Roster = await self._inner.read()
         return roster
 
-    def claim(
+    async def claim(
         self,
         member: Member,
         hold: Sequence[BucketLease],
         release: Sequence[BucketLease],
         reap: Sequence[Member] = (),
     ) -> dict[int, str]:
-        with self._lock:
-            self.claims += 1
+        self.claims += 1
         try:
-            etags: dict[int, str] = self._inner.claim(member, hold, release, reap)
+            etags: dict[int, str] = await self._inner.claim(member, hold, release, reap)
         except ConcurrencyConflict:
-            with self._lock:
-                self.conflicts += 1
+            self.conflicts += 1
             raise
         return etags
 
-    def checkpoint(
+    async def checkpoint(
         self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
     ) -> int:
         if self.killed:
             raise RuntimeError("killed mid-tick: the tick never reaches its checkpoint")
-        recorded: int = self._inner.checkpoint(sweeps, by, others=others)
-        with self._lock:
-            self.checkpoints += len(sweeps) + len(others)
-            self.checkpoints_lost += len(sweeps) + len(others) - recorded
+        recorded: int = await self._inner.checkpoint(sweeps, by, others=others)
+        self.checkpoints += len(sweeps) + len(others)
+        self.checkpoints_lost += len(sweeps) + len(others) - recorded
         return recorded
 
 
@@ -247,52 +247,55 @@ class TickRecord:
 
 @dataclass
 class Instance:
-    """One Supervisor instance: a thread ticking on the schedule grid."""
+    """One Supervisor instance: a task ticking on the schedule grid."""
 
     name: str
     rt: Runtime
     roster: CountingSupervision
     requests: OperationCounts | None
     period: float
-    stop: threading.Event
+    stop: asyncio.Event
     dies_at: float | None = None
     kill_mode: KillMode = "idle"
     ticks: list[TickRecord] = field(default_factory=list)
     skipped: int = 0
     died_at: float | None = None
-    thread: threading.Thread | None = None
+    task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self.thread.start()
+        self.task = asyncio.create_task(self._run(), name=self.name)
 
-    def _run(self) -> None:
+    async def _run(self) -> None:
+        TICKING.set(self.name)
         next_at = next_grid(time.time(), self.period)
         while True:
             wake = next_at
             if self.dies_at is not None and self.kill_mode == "idle":
                 wake = min(next_at, self.dies_at)
-            if self._sleep_until(wake):
+            if await self._sleep_until(wake):
                 return
             if self.dies_at is not None and wake >= self.dies_at:
                 if self.kill_mode == "mid-tick":
                     self.roster.killed = True
-                    self._tick(next_at, budget_s=0.0, last=True)
+                    await self._tick(next_at, budget_s=0.0, last=True)
                 self.died_at = time.time()  # SIGKILL: no lease is released
                 return
-            self._tick(next_at)
+            await self._tick(next_at)
             following = next_grid(time.time(), self.period)
             self.skipped += max(0, round((following - next_at) / self.period) - 1)
             next_at = following
 
-    def _sleep_until(self, when: float) -> bool:
+    async def _sleep_until(self, when: float) -> bool:
         """Wait until wall-clock ``when``; True if told to stop meanwhile."""
         while (remaining := when - time.time()) > 0:
-            if self.stop.wait(remaining):
-                return True
+            try:
+                await asyncio.wait_for(self.stop.wait(), remaining)
+            except TimeoutError:
+                continue
+            return True
         return self.stop.is_set()
 
-    def _tick(
+    async def _tick(
         self, occurrence: float, *, budget_s: float | None = None, last: bool = False
     ) -> None:
         before = self.requests.snapshot() if self.requests else {}
@@ -300,7 +303,7 @@ class Instance:
         report: TickReport | None = None
         error: str | None = None
         try:
-            report = run_tick(self.rt, budget_s=budget_s)
+            report = await run_tick(self.rt, budget_s=budget_s)
         except Exception as exc:  # the Functions host logs a failed invocation and goes on
             error = f"{type(exc).__name__}: {exc}"[:300]
         after = self.requests.snapshot() if self.requests else {}
@@ -370,7 +373,7 @@ class Backend:
         return OrderStateStore(service, owns_service=True, **self.tables)
 
 
-def run_one(
+async def run_one(
     n: int, args: argparse.Namespace, connection: str | None, gave_up: _GaveUpCounter
 ) -> dict[str, Any]:
     period = float(args.period)
@@ -386,12 +389,12 @@ def run_one(
         workflows=settings.workflows(),
         instance_id=f"bench-{tag}",
     )
-    observer.store.ensure_tables()
+    await observer.store.ensure_tables()
     COUNTS.reset()
-    gave_up.by_thread.clear()
+    gave_up.by_instance.clear()
     gave_up.errors.clear()
 
-    stop = threading.Event()
+    stop = asyncio.Event()
     instances = [new_instance(f"sup{i}-{tag}", i, backend, settings, bus, stop) for i in range(n)]
     started = time.time()
     window_start = started + args.warmup_periods * period
@@ -412,37 +415,35 @@ def run_one(
     hard_end = window_end + bound.detection_s + period + 1.0
     for instance in instances:
         instance.start()
+    creating = asyncio.create_task(
+        create_orders(observer, deadlines, f"sc{tag}", args.workers), name="create"
+    )
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="create") as creator:
-            creating = creator.submit(
-                lambda: (create_orders(observer, deadlines, f"sc{tag}", args.workers), time.time())
-            )
-            while True:
-                now = time.time()
-                if pick_at is not None and victim is None and now >= pick_at:
-                    victim = max(reversed(instances), key=last_held)
-                    victim.kill_mode = args.kill_mode
-                    victim.dies_at = middle + (period / 2 if args.kill_mode == "idle" else 0.0)
-                if victim is not None and victim_buckets is None and victim.died_at is not None:
-                    victim_buckets = held_by(observer.store.supervision.read(), victim.name)
-                if creating.done():
-                    created, created_at = creating.result()
-                    all_released = sum(i.recovered() for i in instances) >= len(created)
-                    killed = pick_at is None or victim_buckets is not None
-                    if (all_released and now >= window_end and killed) or now >= hard_end:
-                        break
-                time.sleep(0.1)
+        while True:
+            now = time.time()
+            if pick_at is not None and victim is None and now >= pick_at:
+                victim = max(reversed(instances), key=last_held)
+                victim.kill_mode = args.kill_mode
+                victim.dies_at = middle + (period / 2 if args.kill_mode == "idle" else 0.0)
+            if victim is not None and victim_buckets is None and victim.died_at is not None:
+                victim_buckets = held_by(await observer.store.supervision.read(), victim.name)
+            if creating.done():
+                created, created_at = creating.result()
+                all_released = sum(i.recovered() for i in instances) >= len(created)
+                killed = pick_at is None or victim_buckets is not None
+                if (all_released and now >= window_end and killed) or now >= hard_end:
+                    break
+            await asyncio.sleep(0.1)
     finally:
+        creating.cancel()
         stop.set()
-        for instance in instances:
-            if instance.thread is not None:
-                instance.thread.join(timeout=60)
+        await asyncio.wait([i.task for i in instances if i.task is not None], timeout=60)
     created_s = created_at - started
     ended = time.time()
-    roster = observer.store.supervision.read()
+    roster = await observer.store.supervision.read()
     end_lag = roster_lag(roster, utc_now(), bound)
 
-    released = read_released(observer, created, args.workers)
+    released = await read_released(observer, created, args.workers)
     result = summarize(
         n=n,
         bound=bound,
@@ -464,8 +465,8 @@ def run_one(
         )
     result["table_requests_total"] = sum(COUNTS.snapshot().values())
     for instance in instances:
-        instance.rt.close()
-    observer.close()
+        await instance.rt.close()
+    await observer.close()
     return result
 
 
@@ -475,7 +476,7 @@ def new_instance(
     backend: Backend,
     settings: Settings,
     bus: MemoryBus,
-    stop: threading.Event,
+    stop: asyncio.Event,
 ) -> Instance:
     requests = OperationCounts() if backend.memory is None else None
     store = backend.store(requests)
@@ -498,41 +499,49 @@ def new_instance(
     )
 
 
-def create_orders(
+async def create_orders(
     rt: Runtime, deadlines: Sequence[datetime], prefix: str, workers: int
-) -> list[Created]:
-    """Orders in flight whose CompleteBy is ``deadlines[i]``, created earliest deadline first."""
+) -> tuple[list[Created], float]:
+    """Orders in flight whose CompleteBy is ``deadlines[i]``, created earliest deadline first
+    (``workers`` at once), and when the last was created (a time.time())."""
     base = rt.workflow(ORDER_WORKFLOW.name)
+    at_once = asyncio.Semaphore(workers)
 
-    def one(i: int) -> Created:
-        order_id = f"{prefix}-{i:06d}"
-        submitted = OrderSubmitted(
-            order_id=order_id,
-            customer_id="c-1",
-            items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 100}],
-            currency="EUR",
-        )
-        now = utc_now()
-        budget = deadlines[i] - now
-        late = budget <= timedelta(0)
-        budget = max(budget, timedelta(milliseconds=1))
-        steps = tuple(
-            dataclasses.replace(s, complete_by_budget=budget, queue_budget=timedelta(0))
-            for s in base.steps
-        )
-        flow = Workflow(name=base.name, steps=steps, retry=base.retry)
-        ctx = lifecycle.Context(workflow=flow, now=now, actor="scheduler:bench")
-        decision = lifecycle.submit(submitted, ctx)
-        assert decision.order is not None and decision.entry is not None
-        assert decision.order.complete_by is not None
-        rt.store.create(
-            submitted, decision.order, decision.entry, due=apply.due(rt, decision.order)
-        )
-        bucket = int(index_partition(order_id)[1:])
-        return Created(order_id, decision.order.complete_by, bucket, late)
+    async def one(i: int) -> Created:
+        async with at_once:
+            return await create_one(rt, base, f"{prefix}-{i:06d}", deadlines[i])
 
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(one, range(len(deadlines))))
+    created = await asyncio.gather(*(one(i) for i in range(len(deadlines))))
+    return list(created), time.time()
+
+
+async def create_one(rt: Runtime, base: Workflow, order_id: str, deadline: datetime) -> Created:
+    """One order as intake creates it, whose CompleteBy is ``deadline`` (or a moment from now,
+    if that has passed already)."""
+    submitted = OrderSubmitted(
+        order_id=order_id,
+        customer_id="c-1",
+        items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 100}],
+        currency="EUR",
+    )
+    now = utc_now()
+    budget = deadline - now
+    late = budget <= timedelta(0)
+    budget = max(budget, timedelta(milliseconds=1))
+    steps = tuple(
+        dataclasses.replace(s, complete_by_budget=budget, queue_budget=timedelta(0))
+        for s in base.steps
+    )
+    flow = Workflow(name=base.name, steps=steps, retry=base.retry)
+    ctx = lifecycle.Context(workflow=flow, now=now, actor="scheduler:bench")
+    decision = lifecycle.submit(submitted, ctx)
+    assert decision.order is not None and decision.entry is not None
+    assert decision.order.complete_by is not None
+    await rt.store.create(
+        submitted, decision.order, decision.entry, due=apply.due(rt, decision.order)
+    )
+    bucket = int(index_partition(order_id)[1:])
+    return Created(order_id, decision.order.complete_by, bucket, late)
 
 
 @dataclass(frozen=True)
@@ -542,13 +551,17 @@ class Released:
     latency_s: float
 
 
-def read_released(
+async def read_released(
     rt: Runtime, created: Sequence[Created], workers: int
 ) -> dict[str, Released | None]:
-    """Each order's first ``released`` timeline entry (None if the Supervisor never got to it)."""
+    """Each order's first ``released`` timeline entry (None if the Supervisor never got to it),
+    ``workers`` read at once."""
+    at_once = asyncio.Semaphore(workers)
 
-    def one(order: Created) -> tuple[str, Released | None]:
-        for entry in rt.store.get_timeline(order.order_id):
+    async def one(order: Created) -> tuple[str, Released | None]:
+        async with at_once:
+            timeline = await rt.store.get_timeline(order.order_id)
+        for entry in timeline:
             if entry.event == "released":
                 latency = (entry.at - order.complete_by).total_seconds()
                 return order.order_id, Released(
@@ -556,8 +569,7 @@ def read_released(
                 )
         return order.order_id, None
 
-    with ThreadPoolExecutor(workers) as pool:
-        return dict(pool.map(one, created))
+    return dict(await asyncio.gather(*(one(order) for order in created)))
 
 
 def last_held(instance: Instance) -> int:
@@ -633,7 +645,7 @@ def summarize(
             ),
             "claims": instance.roster.claims,
             "claim_conflicts": instance.roster.conflicts,
-            "ticks_gave_up_claiming": gave_up.by_thread.get(instance.name, 0),
+            "ticks_gave_up_claiming": gave_up.by_instance.get(instance.name, 0),
             "errors_logged": gave_up.errors.get(instance.name, 0),
             "buckets_cut_by_budget": sum(r.held - r.swept for r in reports),
             "checkpoints_lost": instance.roster.checkpoints_lost,

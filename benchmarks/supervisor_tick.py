@@ -12,13 +12,13 @@ requests are counted at the SDK pipeline (core.op_counts). Prints one JSON docum
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -47,34 +47,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--in-flight", default="0,1000,5000", help="orders in flight, ascending")
     parser.add_argument("--due", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=8, help="threads creating orders")
+    parser.add_argument("--workers", type=int, default=8, help="orders created at once")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    steps = [int(n) for n in args.in_flight.split(",")]
     azurite = AzuriteProcess(Path(tempfile.mkdtemp(prefix="tick-")))
     account = azurite.start()
     try:
-        rt = runtime(account.connection_string)
-        results = []
-        created = 0
-        for in_flight in steps:
-            create(rt, in_flight - created, budget=timedelta(hours=1), workers=args.workers)
-            created = in_flight
-            results.append({"in_flight": in_flight, "due": 0, **tick(rt)})
-        create(rt, args.due, budget=timedelta(seconds=1), workers=args.workers)
-        time.sleep(1.5)
-        results.append({"in_flight": created + args.due, "due": args.due, **tick(rt)})
-        rt.close()
+        results = asyncio.run(measure(args, account.connection_string))
     finally:
         azurite.stop()
     print(json.dumps({"buckets": INDEX_BUCKETS, "ticks": results}, indent=2))
     return 0
 
 
-def runtime(connection_string: str) -> Runtime:
+async def measure(args: argparse.Namespace, connection_string: str) -> list[dict[str, object]]:
+    """One tick at each number of orders in flight, then one with ``--due`` orders due."""
+    rt = await runtime(connection_string)
+    try:
+        results = []
+        created = 0
+        for in_flight in [int(n) for n in args.in_flight.split(",")]:
+            await create(rt, in_flight - created, budget=timedelta(hours=1), workers=args.workers)
+            created = in_flight
+            results.append({"in_flight": in_flight, "due": 0, **await tick(rt)})
+        await create(rt, args.due, budget=timedelta(seconds=1), workers=args.workers)
+        await asyncio.sleep(1.5)
+        results.append({"in_flight": created + args.due, "due": args.due, **await tick(rt)})
+        return results
+    finally:
+        await rt.close()
+
+
+async def runtime(connection_string: str) -> Runtime:
     settings = Settings(
         queues=QUEUES,
         service_urls={},
@@ -82,7 +89,7 @@ def runtime(connection_string: str) -> Runtime:
         storage=Connection("storage", connection_string=connection_string),
     )
     store = OrderStateStore(clients.table_service(settings.storage))
-    store.ensure_tables()
+    await store.ensure_tables()
     return Runtime(
         settings=settings,
         store=store,
@@ -93,15 +100,17 @@ def runtime(connection_string: str) -> Runtime:
     )
 
 
-def create(rt: Runtime, count: int, *, budget: timedelta, workers: int) -> None:
+async def create(rt: Runtime, count: int, *, budget: timedelta, workers: int) -> None:
+    """``count`` orders as intake creates them, ``workers`` at once."""
     steps = tuple(
         replace(step, complete_by_budget=budget, queue_budget=timedelta(0))
         for step in ORDER_WORKFLOW.steps
     )
     flow = Workflow(name=ORDER_WORKFLOW.name, steps=steps, retry=ORDER_WORKFLOW.retry)
     run = uuid.uuid4().hex[:6]
+    at_once = asyncio.Semaphore(workers)
 
-    def one(n: int) -> None:
+    async def one(n: int) -> None:
         submitted = OrderSubmitted(
             order_id=f"tick-{run}-{n:06d}",
             customer_id="c-1",
@@ -111,18 +120,18 @@ def create(rt: Runtime, count: int, *, budget: timedelta, workers: int) -> None:
         ctx = lifecycle.Context(workflow=flow, now=utc_now(), actor="scheduler:bench")
         decision = lifecycle.submit(submitted, ctx)
         assert decision.order is not None and decision.entry is not None
-        rt.store.create(
-            submitted, decision.order, decision.entry, due=apply.due(rt, decision.order)
-        )
+        async with at_once:
+            await rt.store.create(
+                submitted, decision.order, decision.entry, due=apply.due(rt, decision.order)
+            )
 
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, range(count)))
+    await asyncio.gather(*(one(n) for n in range(count)))
 
 
-def tick(rt: Runtime) -> dict[str, object]:
+async def tick(rt: Runtime) -> dict[str, object]:
     COUNTS.reset()
     started = time.perf_counter()
-    report = run_tick(rt)
+    report = await run_tick(rt)
     elapsed = time.perf_counter() - started
     return {
         "tick_s": round(elapsed, 3),

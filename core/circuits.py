@@ -170,37 +170,37 @@ class CircuitTable:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def record(self, row: CircuitRow) -> None:
+    async def record(self, row: CircuitRow) -> None:
         """Write ``row`` over whatever this agent and instance wrote before."""
-        self._table.upsert_entity(to_entity(row), mode=UpdateMode.REPLACE)
+        await self._table.upsert_entity(to_entity(row), mode=UpdateMode.REPLACE)
 
-    def read(self) -> CircuitRead:
+    async def read(self) -> CircuitRead:
         pages = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=READ_PAGE
         ).by_page()
         rows: list[CircuitRow] = []
         unreadable = requests = 0
-        for page in pages:
+        async for page in pages:
             requests += 1
             for entity in page:
                 try:
                     rows.append(from_entity(entity, entity.metadata.get("etag")))
                 except BadCircuitRow:
                     unreadable += 1
-            if pages.continuation_token is None:  # type: ignore[attr-defined]
+            if pages.continuation_token is None:
                 return CircuitRead(tuple(rows), unreadable, False, requests)
             if requests >= MAX_READ_PAGES:
                 return CircuitRead(tuple(rows), unreadable, True, requests)
         return CircuitRead(tuple(rows), unreadable, False, requests)
 
-    def reap(self, rows: Iterable[CircuitRow]) -> int:
+    async def reap(self, rows: Iterable[CircuitRow]) -> int:
         """Delete ``rows`` unless rewritten since they were read (ETag); how many went."""
         deleted = 0
         for row in rows:
             if row.etag is None:
                 continue
             try:
-                self._table.delete_entity(
+                await self._table.delete_entity(
                     PARTITION,
                     row.row_key,
                     etag=row.etag,

@@ -38,19 +38,20 @@ stack; 1: something failed); --debug shows the traceback instead. `status --watc
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import functools
 import getpass
 import json
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -104,6 +105,8 @@ from operator_api.errors import OperatorError
 if TYPE_CHECKING:
     from devstack.operator_backend import OperatorBackend
 
+P = ParamSpec("P")
+
 DEFAULT_API_PORT = 7071  # as `func start`
 SUPERVISOR_LOG = "supervisor.log"
 SUPERVISOR_PID = "supervisor.pid"
@@ -151,6 +154,18 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+def at_edge(command: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
+    """A command written as a coroutine function, run by ``asyncio.run``: the one event loop
+    of the invocation, at its edge (the app's I/O is async only)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        asyncio.run(command(*args, **kwargs))
+
+    return run
+
 
 Workdir = Annotated[
     Path, typer.Option(help="where the stack keeps its logs and stack.json", show_default=True)
@@ -441,19 +456,20 @@ def up(
         start_detached(workdir, api_port, screen, **stack_args)
         return
     stack = LocalStack(workdir, api_port=api_port, persist=True, **stack_args)
-    run_supervised(stack, screen, announce=not supervise)
+    asyncio.run(run_supervised(stack, screen, announce=not supervise))
 
 
-def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> None:
+async def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> None:
     """Start ``stack``, then restart whatever dies until SIGINT or SIGTERM; then stop it."""
     from devstack.stack.supervisor import StackEvent, StackSupervisor
 
     workdir = stack.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     lock = take_lock(workdir)
-    stopped = threading.Event()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopped.set())
+        loop.add_signal_handler(signum, stopped.set)
     pid_file = workdir / SUPERVISOR_PID
     pid_file.write_text(f"{os.getpid()}\n")
     log = workdir / SUPERVISOR_LOG
@@ -474,7 +490,7 @@ def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> Non
 
     try:
         try:
-            info = stack.start(progress=lambda step: say(f"… {step}"))
+            info = await stack.start(progress=lambda step: say(f"… {step}"))
         except (ServiceStartError, OSError, ValueError) as error:
             raise fail(f"the stack did not start: {error}") from None
         stack.adopt(os.getpid())
@@ -483,7 +499,7 @@ def run_supervised(stack: LocalStack, screen: Console, *, announce: bool) -> Non
             emit(stack_view(StackInfo.read(workdir) or info, workdir), show_stack, screen)
             if not MODE.json:
                 screen.print("[green]ready.[/] Ctrl-C stops everything this command started.")
-        StackSupervisor(stack, report=report).run(stopped)
+        await StackSupervisor(stack, report=report).run(stopped)
         say("stopping…")
     finally:
         stack.stop()
@@ -693,7 +709,8 @@ def show_stack(view: StackView, screen: Console) -> None:
 
 
 @app.command()
-def submit(
+@at_edge
+async def submit(
     order_id: Annotated[str | None, typer.Option(help="default: a new unique id")] = None,
     item: Annotated[
         list[str] | None,
@@ -729,7 +746,7 @@ def submit(
     except ValueError as error:
         raise fail(f"the order is not valid: {error}", 2) from None
     with client_span(info, order.order_id):
-        send_orders(info.settings, [order])
+        await send_orders(info.settings, [order])
     view = SubmitView(
         order_id=order.order_id,
         workflow=order.workflow,
@@ -741,8 +758,8 @@ def submit(
         return
     if not MODE.json:
         show_submitted(view, screen)
-    with operations(workdir) as ops:
-        followed = follow_order(ops, order.order_id, timeout, screen, created=False)
+    async with operations(workdir) as ops:
+        followed = await follow_order(ops, order.order_id, timeout, screen, created=False)
     last = followed.last
     view = view.model_copy(
         update={
@@ -756,8 +773,8 @@ def submit(
     raise typer.Exit(finished(followed, screen))
 
 
-def follow_order(ops: OperatorBackend, order_id: str, timeout: float | None, screen: Console, *,
-                 created: bool) -> Any:  # fmt: skip
+async def follow_order(ops: OperatorBackend, order_id: str, timeout: float | None,
+                       screen: Console, *, created: bool) -> Any:  # fmt: skip
     """Follow an order until it is done, printing each change (with --json in `status`: one
     WatchView per line). ``created``: it exists already (status), else it is on its way."""
     from devstack.follow import follow
@@ -777,7 +794,7 @@ def follow_order(ops: OperatorBackend, order_id: str, timeout: float | None, scr
                 screen.print(views.timeline_line(entry, MODE.wide))
         first[0] = False
 
-    return follow(
+    return await follow(
         lambda after, wait_s: ops.watch_order(order_id, after_seq=after, wait_s=wait_s),
         show,
         timeout=timeout,
@@ -836,11 +853,11 @@ def client_span(info: StackInfo, order_id: str) -> Iterator[None]:
         meter_provider.shutdown()
 
 
-@contextmanager
-def operations(workdir: Path) -> Iterator[OperatorBackend]:
+@asynccontextmanager
+async def operations(workdir: Path) -> AsyncIterator[OperatorBackend]:
     """The operator operations: in process on the running local stack, or in remote mode over
     the operator HTTP API. A refusal or a failure of either is one line and an exit code."""
-    with backend(workdir) as ops:
+    async with backend(workdir) as ops:
         try:
             yield ops
         except OperatorError as error:
@@ -849,8 +866,8 @@ def operations(workdir: Path) -> Iterator[OperatorBackend]:
             raise fail(error.message, error.exit_code) from None
 
 
-@contextmanager
-def backend(workdir: Path) -> Iterator[OperatorBackend]:
+@asynccontextmanager
+async def backend(workdir: Path) -> AsyncIterator[OperatorBackend]:
     """:class:`operator_api.operations.Operations` on the stack running from ``workdir``, or
     in remote mode :class:`devstack.remote.RemoteOperations` on the API the options name."""
     if MODE.remote is not None:
@@ -864,7 +881,7 @@ def backend(workdir: Path) -> Iterator[OperatorBackend]:
         try:
             yield remote
         finally:
-            remote.close()
+            await remote.close()
         return
     from core.runtime import Runtime
     from core.settings import Settings
@@ -876,8 +893,8 @@ def backend(workdir: Path) -> Iterator[OperatorBackend]:
     try:
         yield ops
     finally:
-        ops.close()
-        runtime.close()
+        await ops.close()
+        await runtime.close()
 
 
 def read_text(source: str) -> str:
@@ -903,7 +920,8 @@ Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline
 
 
 @app.command()
-def status(
+@at_edge
+async def status(
     order_id: str,
     watch: Annotated[
         bool,
@@ -924,11 +942,11 @@ def status(
     """Show an order's state, steps (with how long each took, its attempts and why they
     failed) and timeline; --watch follows it until it is done."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
+    async with operations(workdir) as ops:
         if watch:
-            followed = follow_order(ops, order_id, timeout, screen, created=True)
+            followed = await follow_order(ops, order_id, timeout, screen, created=True)
         else:
-            order = ops.show_order(order_id)
+            order = await ops.show_order(order_id)
     if not watch:
         emit(order, show_order, screen)
         return
@@ -985,7 +1003,8 @@ TextFilter = Annotated[
 
 
 @app.command()
-def orders(
+@at_edge
+async def orders(
     state: Annotated[
         str, typer.Argument(help="Pending, Processing, Compensating, Error or Processed")
     ],
@@ -1009,8 +1028,8 @@ def orders(
     flight: the active-order index; Error: the Error index; Processed: a bounded query of the
     orders table — docs/orderctl.md says what each costs)."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        page = ops.list_orders(
+    async with operations(workdir) as ops:
+        page = await ops.list_orders(
             state,
             step=step,
             older_than=older_than,
@@ -1058,7 +1077,8 @@ def show_orders(page: Any, screen: Console) -> None:
 
 
 @app.command()
-def alerts(
+@at_edge
+async def alerts(
     open_only: Annotated[
         bool, typer.Option("--open", help="only alerts still open (or retrying)")
     ] = False,
@@ -1070,8 +1090,8 @@ def alerts(
     """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`), each
     with whether its order has recovered since (resolved) or is being retried."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        page = ops.list_alerts(limit=limit, open_only=open_only)
+    async with operations(workdir) as ops:
+        page = await ops.list_alerts(limit=limit, open_only=open_only)
     emit(page, show_alerts, screen)
 
 
@@ -1103,7 +1123,8 @@ def show_alerts(page: Any, screen: Console) -> None:
 
 
 @app.command()
-def ack(
+@at_edge
+async def ack(
     sequence_number: int,
     reason: Reason = "",
     operator: Operator = OPERATOR,
@@ -1114,8 +1135,8 @@ def ack(
     """Acknowledge (remove) an alert by its sequence number, recorded with --reason in the
     order's timeline."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        done = ops.acknowledge_alert(sequence_number, operator=operator, reason=reason)
+    async with operations(workdir) as ops:
+        done = await ops.acknowledge_alert(sequence_number, operator=operator, reason=reason)
     emit(done, show_ack, screen)
 
 
@@ -1130,7 +1151,8 @@ BulkLimit = Annotated[int, typer.Option(min=1, max=100, help="orders acted on at
 
 
 @app.command()
-def resubmit(
+@at_edge
+async def resubmit(
     order_id: Annotated[
         str | None, typer.Argument(help="the order; omit it to act on a filter's orders")
     ] = None,
@@ -1153,17 +1175,20 @@ def resubmit(
     screen = output(json_out, wide)
     chosen = {"state": state, "step": step, "older_than": older_than,
               "newer_than": newer_than, "text": text_}  # fmt: skip
-    with operations(workdir) as ops:
+    async with operations(workdir) as ops:
         if order_id is None:
-            act_on_matching(ops, "resubmit", chosen, reason, operator, dry_run, yes, limit, screen)
+            await act_on_matching(
+                ops, "resubmit", chosen, reason, operator, dry_run, yes, limit, screen
+            )
             return
         one_order(chosen, dry_run)
-        done = ops.resubmit(order_id, operator=operator, reason=reason)
+        done = await ops.resubmit(order_id, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
 
 @app.command()
-def cancel(
+@at_edge
+async def cancel(
     order_id: Annotated[
         str | None, typer.Argument(help="the order; omit it to act on a filter's orders")
     ] = None,
@@ -1187,12 +1212,14 @@ def cancel(
     screen = output(json_out, wide)
     chosen = {"state": state, "step": step, "older_than": older_than,
               "newer_than": newer_than, "text": text_}  # fmt: skip
-    with operations(workdir) as ops:
+    async with operations(workdir) as ops:
         if order_id is None:
-            act_on_matching(ops, "cancel", chosen, reason, operator, dry_run, yes, limit, screen)
+            await act_on_matching(
+                ops, "cancel", chosen, reason, operator, dry_run, yes, limit, screen
+            )
             return
         one_order(chosen, dry_run)
-        done = ops.cancel(order_id, operator=operator, reason=reason)
+        done = await ops.cancel(order_id, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
 
@@ -1203,12 +1230,12 @@ def one_order(chosen: dict[str, str | None], dry_run: bool) -> None:
         raise fail(f"{options} select orders by filter: give either an order id or a filter", 2)
 
 
-def act_on_matching(
+async def act_on_matching(
     ops: OperatorBackend, action: str, chosen: dict[str, str | None], reason: str, operator: str,
     dry_run: bool, yes: bool, limit: int, screen: Console,
 ) -> None:  # fmt: skip
     """List what the filter selects; unless a dry run, confirm, then act on exactly those."""
-    preview = ops.bulk(
+    preview = await ops.bulk(
         action, operator=operator, reason=reason, dry_run=True, limit=limit, **chosen
     )
     if dry_run or not preview.items:
@@ -1217,7 +1244,7 @@ def act_on_matching(
     if not MODE.json:
         views.show_bulk(preview, screen, MODE.wide)
     confirm(f"{action} these {len(preview.items)} order(s)?", yes)
-    done = ops.bulk(
+    done = await ops.bulk(
         action, operator=operator, reason=reason, limit=limit,
         order_ids=[item.order_id for item in preview.items], **chosen,
     )  # fmt: skip
@@ -1225,7 +1252,8 @@ def act_on_matching(
 
 
 @app.command()
-def restart(
+@at_edge
+async def restart(
     order_id: str,
     from_step: Annotated[
         str, typer.Option("--from", help="the step to redo from, e.g. charge_payment")
@@ -1240,8 +1268,8 @@ def restart(
     idempotency keys), even a result that was kept; the steps before it resume as a resubmit
     does. Recorded in the order's timeline with your name."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        done = ops.restart(order_id, step=from_step, operator=operator, reason=reason)
+    async with operations(workdir) as ops:
+        done = await ops.restart(order_id, step=from_step, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
 
@@ -1252,13 +1280,14 @@ def show_action(done: Any, screen: Console) -> None:
 
 
 @app.command()
-def supervisor(
+@at_edge
+async def supervisor(
     json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
 ) -> None:
     """Show the Supervisor's lag, who sweeps which bucket, and the recovery bound."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        view = ops.supervisor()
+    async with operations(workdir) as ops:
+        view = await ops.supervisor()
     emit(view, show_supervisor, screen)
 
 
@@ -1295,7 +1324,8 @@ def show_supervisor(view: Any, screen: Console) -> None:
 
 
 @app.command()
-def purge(
+@at_edge
+async def purge(
     state: Annotated[
         str, typer.Option(help="Processed, Error (resolved ones only) or all")
     ] = "all",
@@ -1317,8 +1347,8 @@ def purge(
 ) -> None:
     """Archive, then delete, finished orders (never one in flight); recorded with your name."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        report = ops.purge(
+    async with operations(workdir) as ops:
+        report = await ops.purge(
             operator=operator,
             state=state,
             older_than_days=older_than,
@@ -1329,7 +1359,8 @@ def purge(
 
 
 @app.command()
-def workflows(
+@at_edge
+async def workflows(
     check: Annotated[
         bool, typer.Option("--check", help="exit 1 if this code drops a version orders need")
     ] = False,
@@ -1348,8 +1379,8 @@ def workflows(
     screen = output(json_out, wide)
     info = running_stack(workdir)
     settings = Settings.from_env(info.settings)
-    with open_store(info.settings) as store:
-        in_use = versions_in_use(store)
+    async with open_store(info.settings) as store:
+        in_use = await versions_in_use(store)
     ok, verdict = verdict_of(in_use, WORKFLOWS)
     view = WorkflowsView(
         versions=[
@@ -1410,7 +1441,8 @@ def workflow_diff(
 
 
 @app.command()
-def migrate(
+@at_edge
+async def migrate(
     from_ref: Annotated[str, typer.Option("--from", help="the version orders are on: order@1")],
     to_ref: Annotated[str, typer.Option("--to", help="the version to move them to: order@2")],
     reason: Reason,
@@ -1431,7 +1463,7 @@ def migrate(
     info = running_stack(workdir)
     runtime = Runtime.from_settings(Settings.from_env(info.settings))
     try:
-        report = run_migration(
+        report = await run_migration(
             runtime,
             from_ref,
             to_ref,
@@ -1442,7 +1474,7 @@ def migrate(
     except ValueError as error:
         raise fail(str(error), 2) from None
     finally:
-        runtime.close()
+        await runtime.close()
     view = MigrateView(
         from_ref=report.from_ref,
         to_ref=report.to_ref,
@@ -1499,7 +1531,8 @@ def show_purge(report: Any, screen: Console) -> None:
 
 
 @app.command()
-def purges(
+@at_edge
+async def purges(
     limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
     json_out: Json = False,
     wide: Wide = False,
@@ -1507,8 +1540,8 @@ def purges(
 ) -> None:
     """List the recorded purge runs (the timer's and operators'), newest first."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        view = ops.purge_runs(limit=limit)
+    async with operations(workdir) as ops:
+        view = await ops.purge_runs(limit=limit)
     emit(view, show_purges, screen)
 
 
@@ -1528,7 +1561,8 @@ def show_purges(view: Any, screen: Console) -> None:
 
 
 @app.command()
-def archived(
+@at_edge
+async def archived(
     order_id: str,
     day: Annotated[
         str | None, typer.Option(help="only the archive of this day (UTC, YYYY-MM-DD)")
@@ -1539,8 +1573,8 @@ def archived(
 ) -> None:
     """Show a purged order (state, steps, timeline) read back from the archive."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        view = ops.archived_order(order_id, day=day)
+    async with operations(workdir) as ops:
+        view = await ops.archived_order(order_id, day=day)
     emit(view, show_archived, screen)
 
 
@@ -1555,7 +1589,8 @@ def show_archived(view: Any, screen: Console) -> None:
 
 
 @app.command("dead-letters")
-def dead_letters(
+@at_edge
+async def dead_letters(
     words: Annotated[
         list[str] | None,
         typer.Argument(
@@ -1589,20 +1624,20 @@ def dead_letters(
     action = words[0] if words and words[0] in ("replay", "purge") else None
     if action is None and (len(words) > 1 or all_ or dry_run):
         raise fail("to act on dead letters: dead-letters replay|purge QUEUE [SEQ]... [--all]", 2)
-    with operations(workdir) as ops:
+    async with operations(workdir) as ops:
         if action is not None:
-            settle_dead_letters(
+            await settle_dead_letters(
                 ops, action, words[1:], all_, dry_run, yes, operator, reason, screen
             )
             return
         if not words:
-            emit(ops.dead_letter_summary(), show_dead_letter_counts, screen)
+            emit(await ops.dead_letter_summary(), show_dead_letter_counts, screen)
             return
-        page = ops.list_dead_letters(words[0])
+        page = await ops.list_dead_letters(words[0])
     emit(page, show_dead_letters, screen)
 
 
-def settle_dead_letters(
+async def settle_dead_letters(
     ops: OperatorBackend, action: str, words: list[str], everything: bool, dry_run: bool, yes: bool,
     operator: str, reason: str, screen: Console,
 ) -> None:  # fmt: skip
@@ -1614,7 +1649,7 @@ def settle_dead_letters(
         raise fail(f"dead letters are named by sequence number, not {numbers!r}", 2)
     act = ops.replay_dead_letters if action == "replay" else ops.purge_dead_letters
     chosen = [int(n) for n in numbers] or None
-    preview = act(
+    preview = await act(
         queue, operator=operator, sequence_numbers=chosen, everything=everything, dry_run=True
     )
     ready = [i.sequence_number for i in preview.items if i.outcome.startswith("would_")]
@@ -1624,7 +1659,7 @@ def settle_dead_letters(
     if not MODE.json:
         views.show_dead_letter_action(preview, screen, MODE.wide)
     confirm(f"{action} these {len(ready)} dead letter(s)?", yes)
-    done = act(queue, operator=operator, sequence_numbers=ready, reason=reason)
+    done = await act(queue, operator=operator, sequence_numbers=ready, reason=reason)
     emit(done, views.show_dead_letter_action, screen, MODE.wide)
 
 
@@ -1651,7 +1686,8 @@ def show_dead_letters(page: Any, screen: Console) -> None:
 
 
 @app.command("dead-letter-log")
-def dead_letter_log(
+@at_edge
+async def dead_letter_log(
     limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
     json_out: Json = False,
     wide: Wide = False,
@@ -1660,8 +1696,8 @@ def dead_letter_log(
     """List the dead-letter replays and purges operators ran (when, who, the queue, why, and
     what became of each message), newest first."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        view = ops.dead_letter_log(limit=limit)
+    async with operations(workdir) as ops:
+        view = await ops.dead_letter_log(limit=limit)
     emit(view, views.show_dead_letter_log, screen, MODE.wide)
 
 
@@ -1722,12 +1758,15 @@ def fault(
 
 
 @app.command()
-def health(json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR) -> None:
+@at_edge
+async def health(
+    json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
+) -> None:
     """Check that the app can work: its settings, the orders table and Service Bus (exit 1 if
     not), as `GET /api/health` does."""
     screen = output(json_out, wide)
-    with operations(workdir) as ops:
-        view = ops.health()
+    async with operations(workdir) as ops:
+        view = await ops.health()
     emit(view, views.show_health, screen)
     if view.status != "ok":
         raise typer.Exit(1)
@@ -1907,7 +1946,8 @@ def duration_text(ms: float) -> str:
 
 
 @app.command()
-def demo(
+@at_edge
+async def demo(
     orders: Annotated[int, typer.Option(min=1, max=100_000)] = 40,
     profile: Annotated[
         str | None,
@@ -1951,7 +1991,7 @@ def demo(
     if profile is not None:
         check_profile(profile)
     try:
-        summary = Demo(
+        summary = await Demo(
             orders=orders,
             profile=profile,
             workflow=workflow,

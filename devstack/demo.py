@@ -30,14 +30,13 @@ terminal alert (:data:`core.order.TERMINAL_ALERT_REASONS`) and no other order ha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,6 +64,7 @@ from devstack.observe import (
     FinishWatch,
     Ledger,
     TimelineTally,
+    any_active,
     duplicated_effects,
     effects_left_in_place,
     host_invocations,
@@ -169,12 +169,12 @@ class Observed:
     operations: dict[str, int]
 
 
-def alerts_naming(settings: dict[str, str], order_ids: Iterable[str]) -> list[dict]:
+async def alerts_naming(settings: dict[str, str], order_ids: Iterable[str]) -> list[dict]:
     """The alerts waiting on the alerts queue that name one of ``order_ids``, peeked (nothing
     is taken) like :func:`devstack.observe.alerted_orders`."""
     ours = set(order_ids)
     found = []
-    for body in peek_all(settings, Settings.from_env(settings).queue("alerts")):
+    async for body in peek_all(settings, Settings.from_env(settings).queue("alerts")):
         try:
             alert = json.loads(body)
         except ValueError:
@@ -226,7 +226,7 @@ class Demo:
         self.id_prefix = f"demo-{uuid.uuid4().hex[:6]}-"
         """Every order of this run has an id starting with this (one range in the store)."""
 
-    def run(self) -> Summary:
+    async def run(self) -> Summary:
         info = StackInfo.load(self.workdir)
         own: LocalStack | None = None
         if info is None:
@@ -238,7 +238,7 @@ class Demo:
                 overrides=QUICK_SETTINGS if self.quick else {},
                 telemetry=self.telemetry,
             )
-            info = own.start(progress=lambda step: self.say(f"… {step}", "dim"))
+            info = await own.start(progress=lambda step: self.say(f"… {step}", "dim"))
             if self.telemetry is not None:
                 self.say(f"telemetry: spans and metrics in {own.telemetry}", "dim")
             self._own_stack = True
@@ -250,26 +250,26 @@ class Demo:
                     "(`orderctl down`, then `orderctl up --telemetry`)",
                     "yellow",
                 )
-            self._choose_profile(info)
+            await self._choose_profile(info)
         if info.api_url:
             self.say(f"watch it live: {join_url(info.api_url, 'dashboard')}", "bold")
         try:
-            return self._run(info)
+            return await self._run(info)
         finally:
             if own is not None:
                 self.say("… stopping the stack this demo started", "dim")
                 own.stop()
             elif self._restore is not None:
-                self._set_faults(info, self._restore)
+                await self._set_faults(info, self._restore)
                 self.say(f"fault profile set back to {self._restore['source']}", "bold yellow")
 
     def say(self, line: str, style: str = "") -> None:
         """A line for people: never read as markup."""
         self.console.print(Text(printable(line), style=style))
 
-    def _choose_profile(self, info: StackInfo) -> None:
+    async def _choose_profile(self, info: StackInfo) -> None:
         """Run under the running stack's profile, or change it loudly (and remember it)."""
-        now = self._faults(info)
+        now = await self._faults(info)
         if self.asked_profile is None:
             self.profile = now["source"]
             self.say(f"fault profile: {now['source']}, the running stack's own (unchanged)")
@@ -285,18 +285,21 @@ class Demo:
             "bold yellow",
         )
         self._restore = {"profile": now["profile"], "source": now["source"]}
-        self._set_faults(info, {"profile": json.loads(path.read_text()), "source": self.profile})
+        change = {"profile": json.loads(path.read_text()), "source": self.profile}
+        await self._set_faults(info, change)
 
-    def _faults(self, info: StackInfo) -> dict:
-        answer = httpx.get(join_url(info.fakes_url, "_fault"), timeout=10)
+    async def _faults(self, info: StackInfo) -> dict:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.get(join_url(info.fakes_url, "_fault"))
         answer.raise_for_status()
         return answer.json()
 
-    def _set_faults(self, info: StackInfo, change: dict) -> None:
-        answer = httpx.post(join_url(info.fakes_url, "_fault"), json=change, timeout=10)
+    async def _set_faults(self, info: StackInfo, change: dict) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.post(join_url(info.fakes_url, "_fault"), json=change)
         answer.raise_for_status()
 
-    def _run(self, info: StackInfo) -> Summary:
+    async def _run(self, info: StackInfo) -> Summary:
         orders = [
             OrderSubmitted(
                 order_id=f"{self.id_prefix}{n:05d}",
@@ -309,26 +312,25 @@ class Demo:
         ]
         ops_before = host_operations(self.workdir)
         cpu_before = process_cpu(info.pids)
-        store = open_store(info.settings)
         started = time.monotonic()
         pace = f"at {self.rate:g}/s" if self.rate > 0 else "at once"
         self.say(
             f"submitting {self.count} orders {pace} ({self.workflow} workflow, "
             f"profile {self.profile})"
         )
-        sender = threading.Thread(
-            target=send_orders, args=(info.settings, orders), kwargs={"rate": self.rate}
-        )
-        sender.start()
-        finals = self._watch(store, [o.order_id for o in orders], started)
-        sender.join()
-        summary = self._summarize(info, store, orders, finals, ops_before)
+        async with open_store(info.settings) as store:
+            sender = asyncio.create_task(send_orders(info.settings, orders, rate=self.rate))
+            try:
+                finals = await self._watch(store, [o.order_id for o in orders], started)
+                await sender  # a send that failed fails the demo, once the watch has ended
+            finally:
+                sender.cancel()  # done by now, unless the watch failed: then stop sending
+            summary = await self._summarize(info, store, orders, finals, ops_before)
         cpu_after = process_cpu(info.pids)
         summary.cpu_seconds = {
             name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after
         }
         summary.elapsed_s = round(time.monotonic() - started, 2)
-        store.close()
         if finals:
             first = min(p.created_at for p in finals.values())
             last = max(p.updated_at for p in finals.values())
@@ -338,17 +340,17 @@ class Demo:
         self._show(summary)
         errors = sorted(o for o, p in finals.items() if p.state is ProcessState.ERROR)
         if errors:
-            summary.resubmitted = self._operator_resubmits(info, errors[0])
+            summary.resubmitted = await self._operator_resubmits(info, errors[0])
         return summary
 
-    def _operator_resubmits(self, info: StackInfo, order_id: str) -> dict[str, str]:
+    async def _operator_resubmits(self, info: StackInfo, order_id: str) -> dict[str, str]:
         """Play the operator: the services recover, an Error order is resubmitted, and done."""
         from core.runtime import Runtime
         from operator_api.operations import Operations
 
         self.console.print()
         if self._restore is None and not self._own_stack:
-            before = self._faults(info)
+            before = await self._faults(info)
             self._restore = {"profile": before["profile"], "source": before["source"]}
         self.console.print(
             Text.assemble(
@@ -358,20 +360,22 @@ class Demo:
                 f"; resubmitting {printable(order_id)}",
             )
         )
-        self._set_faults(info, {"profile": {}, "source": "clean"})
+        await self._set_faults(info, {"profile": {}, "source": "clean"})
         runtime = Runtime.from_settings(Settings.from_env(info.settings))
         ops = Operations(runtime)
         try:
-            done = ops.resubmit(order_id, operator="demo-operator", reason="services recovered")
+            done = await ops.resubmit(
+                order_id, operator="demo-operator", reason="services recovered"
+            )
             deadline = time.monotonic() + 120
-            process = runtime.store.load(order_id)
+            process = await runtime.store.load(order_id)
             while not process.state.terminal and time.monotonic() < deadline:
-                time.sleep(0.5)
-                process = runtime.store.load(order_id)
-            events = [e.event for e in runtime.store.get_timeline(order_id)]
+                await asyncio.sleep(0.5)
+                process = await runtime.store.load(order_id)
+            events = [e.event for e in await runtime.store.get_timeline(order_id)]
         finally:
-            ops.close()
-            runtime.close()
+            await ops.close()
+            await runtime.close()
         self.console.print(
             Text.assemble(
                 printable(f"{order_id}: {done.outcome}, now "),
@@ -381,24 +385,26 @@ class Demo:
         )
         return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
-    def _watch(self, store, order_ids: list[str], started: float) -> dict[str, Order]:
+    async def _watch(
+        self, store: OrderStateStore, order_ids: list[str], started: float
+    ) -> dict[str, Order]:
         watch = FinishWatch(order_ids, READS_PER_POLL)
         retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
         view = Progress(self.count, bar=self.count >= LONG_RUN)
         with Live(view.render(), console=self.console, refresh_per_second=4) as live:
             while watch.unfinished and time.monotonic() - started < self.timeout:
-                for order in watch.poll(store):
+                for order in await watch.poll(store):
                     view.states[order.state] += 1
                 view.waiting = watch.unfinished - watch.in_flight
                 view.in_flight = watch.in_flight
                 view.retries = host_invocations(self.workdir, RETRY_FUNCTION) - retries_before
                 view.elapsed = time.monotonic() - started
                 live.update(view.render())
-                time.sleep(0.5)
+                await asyncio.sleep(0.5)
         self.console.print()  # the live view has ended: what follows starts on a line of its own
         return watch.finals
 
-    def _summarize(
+    async def _summarize(
         self,
         info: StackInfo,
         store: OrderStateStore,
@@ -430,7 +436,7 @@ class Demo:
             summary.latency_p99_s = round(
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 3
             )
-        seen = self._observe(info, store, finals, ours)
+        seen = await self._observe(info, store, finals, ours)
         summary.retries = seen.timelines.retries
         summary.recovered_by_supervisor = len(seen.timelines.recovered_by_supervisor)
         self._check_alerts(summary, seen.alerts, finals, ours)
@@ -443,35 +449,32 @@ class Demo:
         }
         return summary
 
-    def _observe(
+    async def _observe(
         self, info: StackInfo, store: OrderStateStore, finals: dict[str, Order], ours: set[str]
     ) -> Observed:
         """Once the finished orders have sent what they owe, everything the summary needs
         beyond their final states, each in one pass, read concurrently (each mostly waits:
         a Service Bus link, an HTTP answer, a query, the hosts' next stats write)."""
-        settled_at = self._settle(store, set(finals))
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            alerts = pool.submit(alerts_naming, info.settings, ours)
-            ledger = pool.submit(read_ledger, info.fakes_url)
-            timelines = pool.submit(self._timelines, info, set(finals))
-            operations = pool.submit(host_operations_after, self.workdir, settled_at)
-            return Observed(
-                alerts.result(), ledger.result(), timelines.result(), operations.result()
-            )
+        settled_at = await self._settle(store, set(finals))
+        alerts, ledger, timelines, operations = await asyncio.gather(
+            alerts_naming(info.settings, ours),
+            read_ledger(info.fakes_url),
+            self._timelines(info, set(finals)),
+            host_operations_after(self.workdir, settled_at),
+        )
+        return Observed(alerts, ledger, timelines, operations)
 
-    def _timelines(self, info: StackInfo, finished: set[str]) -> TimelineTally:
-        with open_orders_table(info.settings) as table:
-            return timeline_tally(table, self.id_prefix, finished)
+    async def _timelines(self, info: StackInfo, finished: set[str]) -> TimelineTally:
+        async with open_orders_table(info.settings) as table:
+            return await timeline_tally(table, self.id_prefix, finished)
 
-    def _settle(self, store: OrderStateStore, finished: set[str]) -> float:
+    async def _settle(self, store: OrderStateStore, finished: set[str]) -> float:
         """Wait (a little) until the finished orders have sent what they owe: a finished order
         leaves the active-order index only after its outbox (its alert) was sent. Returns when
         they had (or the wait ended), as a time.time()."""
         deadline = time.monotonic() + SETTLE_SECONDS
-        while time.monotonic() < deadline:
-            if not any(row.order_id in finished for row in store.all_active()):
-                break
-            time.sleep(0.2)
+        while time.monotonic() < deadline and await any_active(store, finished):
+            await asyncio.sleep(0.2)
         return time.time()
 
     def _check_alerts(

@@ -12,8 +12,9 @@ out (see :func:`exit_code`).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,7 +29,7 @@ WAIT_PER_CALL: Final = 10.0
 """Seconds one call waits for a change (the operation allows up to 60)."""
 NOT_YET_PAUSE: Final = 0.5
 
-Watch = Callable[[int, float], WatchView]
+Watch = Callable[[int, float], Awaitable[WatchView]]
 """``watch(after_seq, wait_s)``: the order's next change (Operations.watch_order)."""
 
 
@@ -40,14 +41,14 @@ class Followed:
     waited_s: float
 
 
-def follow(
+async def follow(
     watch: Watch,
     on_change: Callable[[WatchView], None],
     *,
     timeout: float | None,
     wait_for_creation: bool = False,
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Followed:
     """Call ``on_change`` with each change of the order until it is finished, or until
     ``timeout`` seconds have passed (None: no limit). ``wait_for_creation``: an order not there
@@ -60,11 +61,11 @@ def follow(
         if remaining <= 0:
             return Followed(last, True, clock() - started)
         try:
-            view = watch(after, min(WAIT_PER_CALL, remaining))
+            view = await watch(after, min(WAIT_PER_CALL, remaining))
         except NotFound:
             if not wait_for_creation:
                 raise
-            sleep(min(NOT_YET_PAUSE, remaining))
+            await sleep(min(NOT_YET_PAUSE, remaining))
             continue
         if view.changed or last is None:
             on_change(view)

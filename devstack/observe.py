@@ -7,18 +7,19 @@ cost 10,000 queries (each a table scan in Azurite)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
 
 from core.order import Order, TimelineEntry
 from core.settings import Settings
@@ -41,7 +42,7 @@ class TimelineTally:
     """Orders with at least one Supervisor entry in their timeline."""
 
 
-def timeline_tally(
+async def timeline_tally(
     orders_table: Table, id_prefix: str, order_ids: set[str] | None = None
 ) -> TimelineTally:
     """Retries and Supervisor entries of the orders whose ids start with ``id_prefix`` (and,
@@ -66,7 +67,7 @@ def timeline_tally(
         select=["PartitionKey", "Event", "Actor"],
         results_per_page=1000,
     )
-    return tally_timeline(rows, order_ids)
+    return tally_timeline([row async for row in rows], order_ids)
 
 
 def tally_timeline(
@@ -85,7 +86,7 @@ def tally_timeline(
     return TimelineTally(retries, frozenset(recovered))
 
 
-def timelines(orders_table: Table, id_prefix: str) -> dict[str, list[TimelineEntry]]:
+async def timelines(orders_table: Table, id_prefix: str) -> dict[str, list[TimelineEntry]]:
     """Every timeline of the orders whose ids start with ``id_prefix``, oldest entry first: ONE
     query over the orders table (paged by the service), instead of one per order."""
     rows = orders_table.query_entities(
@@ -99,7 +100,7 @@ def timelines(orders_table: Table, id_prefix: str) -> dict[str, list[TimelineEnt
         results_per_page=1000,
     )
     found: dict[str, list[TimelineEntry]] = defaultdict(list)
-    for row in rows:
+    async for row in rows:
         found[row["PartitionKey"]].append(timeline_from_entity(row))
     for entries in found.values():
         entries.sort(key=lambda e: e.seq)
@@ -146,15 +147,15 @@ class FinishWatch:
     def unfinished(self) -> int:
         return len(self._unseen)
 
-    def poll(self, store: OrderStateStore) -> list[Order]:
+    async def poll(self, store: OrderStateStore) -> list[Order]:
         """One look: the index, then a point read of the next orders that have left it.
         Returns the orders found finished by this look."""
-        active = {row.order_id for row in store.all_active()} & self._ours
+        active = {row.order_id async for row in store.all_active()} & self._ours
         self.in_flight = len(active)
         left_index = (o for o in self._unseen if o not in active)
         found = []
         for order_id in list(itertools.islice(left_index, self._reads_per_poll)):
-            order = store.find(order_id)
+            order = await store.find(order_id)
             if order is not None and order.state.terminal:
                 self.finals[order_id] = order
                 del self._unseen[order_id]
@@ -162,21 +163,31 @@ class FinishWatch:
         return found
 
 
-def alerted_orders(settings: dict[str, str]) -> set[str]:
+async def any_active(store: OrderStateStore, order_ids: set[str]) -> bool:
+    """Whether one of ``order_ids`` is in the active-order index (read until one is found)."""
+    async for row in store.all_active():
+        if row.order_id in order_ids:
+            return True
+    return False
+
+
+async def alerted_orders(settings: dict[str, str]) -> set[str]:
     """Order ids named by the alerts waiting on the operator alert queue (peeked, not taken)."""
     queue = Settings.from_env(settings).queue("alerts")
-    found = (json.loads(body).get("order_id") for body in peek_all(settings, queue))
+    found = [json.loads(body).get("order_id") async for body in peek_all(settings, queue)]
     return {order_id for order_id in found if order_id}
 
 
-def peek_all(settings: dict[str, str], queue: str) -> Iterator[bytes]:
+async def peek_all(settings: dict[str, str], queue: str) -> AsyncIterator[bytes]:
     """The body of every message waiting on ``queue``, peeked (nothing is taken)."""
-    with (
+    async with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
         client.get_queue_receiver(queue) as receiver,
     ):
         sequence = 1
-        while batch := receiver.peek_messages(max_message_count=250, sequence_number=sequence):
+        while batch := await receiver.peek_messages(
+            max_message_count=250, sequence_number=sequence
+        ):
             for message in batch:
                 yield b"".join(message.body)
             sequence = batch[-1].sequence_number + 1
@@ -205,23 +216,19 @@ class Ledger:
         return [e for e in self.entries if order_ids is None or e.get("order_id") in order_ids]
 
 
-LedgerSource = str | Ledger
-"""The fakes' base URL (read now) or a Ledger read before (several checks, one snapshot)."""
-
-
-def read_ledger(fakes_url: LedgerSource) -> Ledger:
-    """The fakes' ledger and tombstones, read together from ``GET /_ledger``."""
-    if isinstance(fakes_url, Ledger):
-        return fakes_url
-    answer = httpx.get(f"{fakes_url}/_ledger", timeout=30)
-    answer.raise_for_status()
-    body = answer.json()
-    if isinstance(body, list):  # an old fakes server: entries only
-        return Ledger(tuple(body), ())
-    tombstones = body.get("tombstones")
-    if tombstones is None:
-        reply = httpx.get(f"{fakes_url}/_tombstones", timeout=30)
-        tombstones = reply.json()["entries"] if reply.status_code == 200 else []
+async def read_ledger(fakes_url: str) -> Ledger:
+    """The fakes' ledger and tombstones, read together from ``GET /_ledger``: one snapshot,
+    which the checks below read (each check of a run reads the same one)."""
+    async with httpx.AsyncClient(base_url=fakes_url, timeout=30) as http:
+        answer = await http.get("/_ledger")
+        answer.raise_for_status()
+        body = answer.json()
+        if isinstance(body, list):  # an old fakes server: entries only
+            return Ledger(tuple(body), ())
+        tombstones = body.get("tombstones")
+        if tombstones is None:
+            reply = await http.get("/_tombstones")
+            tombstones = reply.json()["entries"] if reply.status_code == 200 else []
     return Ledger(tuple(body["entries"]), tuple(tombstones))
 
 
@@ -234,38 +241,32 @@ def step_of(entry: dict[str, Any]) -> str:
     return str(entry["service"])
 
 
-def duplicated_effects(fakes_url: LedgerSource, order_ids: set[str]) -> int:
+def duplicated_effects(ledger: Ledger, order_ids: set[str]) -> int:
     """Effects applied more than once: a forward key with more than one forward effect, or a
     forward key undone more than once (each must take effect at most once), per service."""
-    ledger = read_ledger(fakes_url)
     forward = Counter((e["service"], e["idempotency_key"]) for e in ledger.forward(order_ids))
     undone = Counter((e["service"], e["undoes"]) for e in ledger.undos(order_ids))
     return sum(n - 1 for n in (*forward.values(), *undone.values()) if n > 1)
 
 
-def forward_effects(fakes_url: LedgerSource, order_ids: set[str]) -> set[tuple[str, str, str]]:
+def forward_effects(ledger: Ledger, order_ids: set[str]) -> set[tuple[str, str, str]]:
     """``(order_id, step, key)`` of every forward effect that took effect for these orders,
     undone or not: whether a step the app saw fail did in fact happen at its service."""
-    ledger = read_ledger(fakes_url)
     return {(e["order_id"], step_of(e), e["idempotency_key"]) for e in ledger.forward(order_ids)}
 
 
-def undo_without_do(fakes_url: LedgerSource, order_ids: set[str]) -> list[tuple[str, str]]:
+def undo_without_do(ledger: Ledger, order_ids: set[str]) -> list[tuple[str, str]]:
     """``(service, forward key)`` of every undo effect whose forward call never took effect at
     that service: an undo that reversed nothing (a refund of a charge that never happened)."""
-    ledger = read_ledger(fakes_url)
     done = {(e["service"], e["idempotency_key"]) for e in ledger.forward()}
     return sorted(
         {(e["service"], e["undoes"]) for e in ledger.undos(order_ids)} - done,
     )
 
 
-def effects_left_in_place(
-    fakes_url: LedgerSource, error_order_ids: set[str]
-) -> list[tuple[str, str, str]]:
+def effects_left_in_place(ledger: Ledger, error_order_ids: set[str]) -> list[tuple[str, str, str]]:
     """``(service, order_id, forward key)`` of every forward effect of an order that ended in
     Error with no undo effect naming it: something the compensation left behind."""
-    ledger = read_ledger(fakes_url)
     undone = {(e["service"], e["undoes"]) for e in ledger.undos()}
     return sorted(
         (e["service"], e["order_id"], e["idempotency_key"])
@@ -274,12 +275,9 @@ def effects_left_in_place(
     )
 
 
-def effects_after_tombstone(
-    fakes_url: LedgerSource, order_ids: set[str]
-) -> list[tuple[str, str, str]]:
+def effects_after_tombstone(ledger: Ledger, order_ids: set[str]) -> list[tuple[str, str, str]]:
     """``(service, order_id, forward key)`` of every forward effect whose key is tombstoned:
     a call that took effect although it had been undone before (the service must refuse it)."""
-    ledger = read_ledger(fakes_url)
     dead = {(t["service"], t["idempotency_key"]) for t in ledger.tombstones}
     return sorted(
         (e["service"], e["order_id"], e["idempotency_key"])
@@ -301,7 +299,7 @@ def host_invocations(workdir: Path, function: str, *, counted: str = "invocation
     return total
 
 
-def host_operations_after(
+async def host_operations_after(
     workdir: Path, since: float, *, every_s: float = 1.0, wait_s: float = 3.0
 ) -> dict[str, int]:
     """:func:`host_operations`, once every host has rewritten its stats file after ``since``
@@ -312,7 +310,7 @@ def host_operations_after(
         written = [p.stat().st_mtime for p in workdir.glob("host-*.stats.json")]
         if written and min(written) > since:
             break
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
     return host_operations(workdir)
 
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 
-from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient
 
 from core import clients
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted
-from core.order import TimelineEntry
 from core.settings import Settings
-from core.state_models import OrderRecord
 from core.state_store import OrderStateStore
 from core.tablestorage import Table as TableClient
 
@@ -51,7 +50,7 @@ def build_order(
     )
 
 
-def send_orders(
+async def send_orders(
     settings: dict[str, str], orders: Iterable[OrderSubmitted], *, rate: float = 0.0
 ) -> int:
     """Send in batches (one AMQP transfer each); `rate` > 0 paces them to that many orders/s."""
@@ -59,7 +58,7 @@ def send_orders(
     size = SEND_BATCH if rate <= 0 else max(1, min(SEND_BATCH, int(rate / 10)))
     started = time.monotonic()
     sent = 0
-    with (
+    async with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
         client.get_queue_sender(config.queue("orders")) as sender,
     ):
@@ -67,18 +66,19 @@ def send_orders(
         for order in orders:
             batch.append(to_servicebus_message(order))
             if len(batch) == size:
-                sender.send_messages(batch)
+                await sender.send_messages(batch)
                 sent += len(batch)
                 batch = []
                 if rate > 0:
-                    time.sleep(max(0.0, started + sent / rate - time.monotonic()))
+                    await asyncio.sleep(max(0.0, started + sent / rate - time.monotonic()))
         if batch:
-            sender.send_messages(batch)
+            await sender.send_messages(batch)
             sent += len(batch)
     return sent
 
 
 def open_store(settings: dict[str, str]) -> OrderStateStore:
+    """The stack's state store; the caller closes it (``async with``)."""
     config = Settings.from_env(settings)
     return OrderStateStore(
         clients.table_service(config.storage),
@@ -93,11 +93,3 @@ def open_orders_table(settings: dict[str, str]) -> TableClient:
     config = Settings.from_env(settings)
     service = clients.table_service(config.storage)
     return service.get_table_client(config.orders_table, owns_service=True)
-
-
-def read_order(settings: dict[str, str], order_id: str) -> tuple[OrderRecord, list[TimelineEntry]]:
-    store = open_store(settings)
-    try:
-        return store.get_order(order_id), store.get_timeline(order_id)
-    finally:
-        store.close()

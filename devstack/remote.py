@@ -20,7 +20,7 @@ followed (they would carry the key elsewhere).
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import quote
 
@@ -76,9 +76,9 @@ KEYS_HINT: Final = "`az functionapp keys list -g <resource group> -n <function a
 
 
 class EntraToken:
-    """An Entra ID access token for ``scope`` from azure-identity (DefaultAzureCredential:
-    `az login`, `azd auth login`, a managed identity, environment variables...), fetched on
-    first use and again shortly before it expires."""
+    """An Entra ID access token for ``scope`` from azure-identity's asyncio credentials
+    (DefaultAzureCredential: `az login`, `azd auth login`, a managed identity, environment
+    variables...), fetched on first use and again shortly before it expires."""
 
     def __init__(self, scope: str, credential: Any | None = None) -> None:
         self.scope = scope
@@ -86,20 +86,20 @@ class EntraToken:
         self._owned = credential is None
         self._token: Any = None
 
-    def value(self) -> str:
+    async def value(self) -> str:
         if self._token is None or self._token.expires_on - TOKEN_MARGIN_S <= time.time():
-            self._token = self._fetch()
+            self._token = await self._fetch()
         return str(self._token.token)
 
-    def _fetch(self) -> Any:
+    async def _fetch(self) -> Any:
         from azure.core.exceptions import ClientAuthenticationError
 
         if self._credential is None:
-            from azure.identity import DefaultAzureCredential
+            from azure.identity.aio import DefaultAzureCredential
 
             self._credential = DefaultAzureCredential()
         try:
-            return self._credential.get_token(self.scope)
+            return await self._credential.get_token(self.scope)
         except ClientAuthenticationError as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise RemoteError(
@@ -107,9 +107,9 @@ class EntraToken:
                 f"`azd auth login`) and check --scope / {SCOPE_ENV}"
             ) from None
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self._owned and self._credential is not None:
-            self._credential.close()
+            await self._credential.close()
 
 
 class OperatorAuth(httpx.Auth):
@@ -119,11 +119,13 @@ class OperatorAuth(httpx.Auth):
         self._key = function_key
         self._token = token
 
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self._key:
             request.headers[KEY_HEADER] = self._key
         if self._token is not None:
-            request.headers["Authorization"] = f"Bearer {self._token.value()}"
+            request.headers["Authorization"] = f"Bearer {await self._token.value()}"
         yield request
 
 
@@ -134,13 +136,13 @@ class RemoteOperations:
         self,
         config: RemoteConfig,
         *,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         credential: Any | None = None,
     ) -> None:
         self.config = config
         scope = config.entra_scope
         self._token = EntraToken(scope, credential) if scope else None
-        self._http = httpx.Client(
+        self._http = httpx.AsyncClient(
             base_url=config.api_url,
             auth=OperatorAuth(config.function_key, self._token),
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
@@ -149,24 +151,26 @@ class RemoteOperations:
             transport=transport,
         )
 
-    def close(self) -> None:
-        self._http.close()
+    async def close(self) -> None:
+        await self._http.aclose()
         if self._token is not None:
-            self._token.close()
+            await self._token.close()
 
     # ---------------------------------------------------------------------------- orders
 
-    def show_order(
+    async def show_order(
         self, order_id: str, *, timeline_after: int = -1, timeline_limit: int = 200
     ) -> OrderDetail:
         params = {"timeline_after": timeline_after, "timeline_limit": timeline_limit}
-        return self._get(OrderDetail, path("orders", order_id), params)
+        return await self._get(OrderDetail, path("orders", order_id), params)
 
-    def watch_order(self, order_id: str, *, after_seq: int = -1, wait_s: float = 20.0) -> WatchView:
+    async def watch_order(
+        self, order_id: str, *, after_seq: int = -1, wait_s: float = 20.0
+    ) -> WatchView:
         params = {"after": after_seq, "wait": seconds(wait_s)}
-        return self._get(WatchView, path("orders", order_id, "watch"), params, wait_s=wait_s)
+        return await self._get(WatchView, path("orders", order_id, "watch"), params, wait_s=wait_s)
 
-    def list_orders(
+    async def list_orders(
         self,
         state: str,
         *,
@@ -181,19 +185,21 @@ class RemoteOperations:
         params = {"state": state, "step": step, "older_than": older_than,
                   "newer_than": newer_than, "text": text, "sort": sort, "limit": limit,
                   "continuation": continuation}  # fmt: skip
-        return self._get(OrderPage, "orders", params)
+        return await self._get(OrderPage, "orders", params)
 
-    def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView:
-        return self._post(ActionView, path("orders", order_id, "resubmit"), {"reason": reason})
+    async def resubmit(self, order_id: str, *, operator: str, reason: str) -> ActionView:
+        return await self._post(
+            ActionView, path("orders", order_id, "resubmit"), {"reason": reason}
+        )
 
-    def cancel(self, order_id: str, *, operator: str, reason: str) -> ActionView:
-        return self._post(ActionView, path("orders", order_id, "cancel"), {"reason": reason})
+    async def cancel(self, order_id: str, *, operator: str, reason: str) -> ActionView:
+        return await self._post(ActionView, path("orders", order_id, "cancel"), {"reason": reason})
 
-    def restart(self, order_id: str, *, step: str, operator: str, reason: str) -> ActionView:
+    async def restart(self, order_id: str, *, step: str, operator: str, reason: str) -> ActionView:
         body = {"step": step, "reason": reason}
-        return self._post(ActionView, path("orders", order_id, "restart"), body)
+        return await self._post(ActionView, path("orders", order_id, "restart"), body)
 
-    def bulk(
+    async def bulk(
         self,
         action: BulkAction,
         *,
@@ -212,14 +218,14 @@ class RemoteOperations:
                 "newer_than": newer_than, "text": text, "dry_run": dry_run,
                 "order_ids": None if order_ids is None else list(order_ids),
                 "limit": limit}  # fmt: skip
-        return self._post(BulkView, path("bulk", action), body)
+        return await self._post(BulkView, path("bulk", action), body)
 
-    def supervisor(self) -> SupervisorView:
-        return self._get(SupervisorView, "supervisor")
+    async def supervisor(self) -> SupervisorView:
+        return await self._get(SupervisorView, "supervisor")
 
     # ----------------------------------------------------------------------------- purge
 
-    def purge(
+    async def purge(
         self,
         *,
         operator: str,
@@ -230,40 +236,40 @@ class RemoteOperations:
     ) -> PurgeView:
         body = {"state": state, "older_than_days": older_than_days, "dry_run": dry_run,
                 "limit": limit}  # fmt: skip
-        return self._post(PurgeView, "purge", body)
+        return await self._post(PurgeView, "purge", body)
 
-    def purge_runs(self, *, limit: int = 20) -> PurgeRunsView:
-        return self._get(PurgeRunsView, "purge", {"limit": limit})
+    async def purge_runs(self, *, limit: int = 20) -> PurgeRunsView:
+        return await self._get(PurgeRunsView, "purge", {"limit": limit})
 
-    def archived_order(self, order_id: str, *, day: str | None = None) -> ArchivedOrderView:
-        return self._get(ArchivedOrderView, path("archive", order_id), {"day": day})
+    async def archived_order(self, order_id: str, *, day: str | None = None) -> ArchivedOrderView:
+        return await self._get(ArchivedOrderView, path("archive", order_id), {"day": day})
 
     # ---------------------------------------------------------------------------- alerts
 
-    def list_alerts(
+    async def list_alerts(
         self, *, limit: int = 50, continuation: str | None = None, open_only: bool = False
     ) -> AlertPage:
         params = {"limit": limit, "continuation": continuation, "open": open_only}
-        return self._get(AlertPage, "alerts", params)
+        return await self._get(AlertPage, "alerts", params)
 
-    def acknowledge_alert(
+    async def acknowledge_alert(
         self, sequence_number: int, *, operator: str, reason: str | None = None
     ) -> AckView:
         body = {"reason": reason} if reason else {}
-        return self._post(AckView, path("alerts", sequence_number, "ack"), body)
+        return await self._post(AckView, path("alerts", sequence_number, "ack"), body)
 
     # ---------------------------------------------------------------------- dead letters
 
-    def dead_letter_summary(self, *, limit: int = 100) -> DeadLetterSummary:
-        return self._get(DeadLetterSummary, "dead-letters", {"limit": limit})
+    async def dead_letter_summary(self, *, limit: int = 100) -> DeadLetterSummary:
+        return await self._get(DeadLetterSummary, "dead-letters", {"limit": limit})
 
-    def list_dead_letters(
+    async def list_dead_letters(
         self, queue: str, *, limit: int = 50, continuation: str | None = None
     ) -> DeadLetterPage:
         params = {"limit": limit, "continuation": continuation}
-        return self._get(DeadLetterPage, path("dead-letters", queue), params)
+        return await self._get(DeadLetterPage, path("dead-letters", queue), params)
 
-    def replay_dead_letters(
+    async def replay_dead_letters(
         self,
         queue: str,
         *,
@@ -274,9 +280,11 @@ class RemoteOperations:
         limit: int = 100,
         reason: str | None = None,
     ) -> DeadLetterActionView:
-        return self._settle("replay", queue, sequence_numbers, everything, dry_run, limit, reason)
+        return await self._settle(
+            "replay", queue, sequence_numbers, everything, dry_run, limit, reason
+        )
 
-    def purge_dead_letters(
+    async def purge_dead_letters(
         self,
         queue: str,
         *,
@@ -287,12 +295,14 @@ class RemoteOperations:
         limit: int = 100,
         reason: str | None = None,
     ) -> DeadLetterActionView:
-        return self._settle("purge", queue, sequence_numbers, everything, dry_run, limit, reason)
+        return await self._settle(
+            "purge", queue, sequence_numbers, everything, dry_run, limit, reason
+        )
 
-    def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
-        return self._get(DeadLetterLogView, "dead-letter-log", {"limit": limit})
+    async def dead_letter_log(self, *, limit: int = 20) -> DeadLetterLogView:
+        return await self._get(DeadLetterLogView, "dead-letter-log", {"limit": limit})
 
-    def _settle(
+    async def _settle(
         self, kind: str, queue: str, sequence_numbers: Sequence[int] | None, everything: bool,
         dry_run: bool, limit: int, reason: str | None = None,
     ) -> DeadLetterActionView:  # fmt: skip
@@ -300,13 +310,13 @@ class RemoteOperations:
                 "all": everything, "dry_run": dry_run, "limit": limit}  # fmt: skip
         if reason:
             body["reason"] = reason
-        return self._post(DeadLetterActionView, path("dead-letters", queue, kind), body)
+        return await self._post(DeadLetterActionView, path("dead-letters", queue, kind), body)
 
     # ---------------------------------------------------------------------------- health
 
-    def health(self) -> HealthView:
+    async def health(self) -> HealthView:
         """200 when every check passes, 503 (with the same view) when one fails."""
-        response = self._send("GET", "health", timeout=self._timeout(READ_TIMEOUT_S))
+        response = await self._send("GET", "health", timeout=self._timeout(READ_TIMEOUT_S))
         if response.status_code == 503:
             try:
                 return HealthView.model_validate_json(response.content)
@@ -316,27 +326,27 @@ class RemoteOperations:
 
     # ------------------------------------------------------------------------- requests
 
-    def _get(
+    async def _get(
         self, model: type[M], where: str, params: dict[str, Any] | None = None, *,
         wait_s: float = 0.0,
     ) -> M:  # fmt: skip
         query = {k: query_value(v) for k, v in (params or {}).items() if v is not None}
         timeout = self._timeout(READ_TIMEOUT_S + wait_s)
-        return self._result(model, self._send("GET", where, params=query, timeout=timeout))
+        return self._result(model, await self._send("GET", where, params=query, timeout=timeout))
 
-    def _post(self, model: type[M], where: str, body: dict[str, Any]) -> M:
+    async def _post(self, model: type[M], where: str, body: dict[str, Any]) -> M:
         sent = {k: v for k, v in body.items() if v is not None}
         timeout = self._timeout(ACTION_TIMEOUT_S)
-        return self._result(model, self._send("POST", where, json=sent, timeout=timeout))
+        return self._result(model, await self._send("POST", where, json=sent, timeout=timeout))
 
     @staticmethod
     def _timeout(read_s: float) -> httpx.Timeout:
         return httpx.Timeout(read_s, connect=CONNECT_TIMEOUT_S)
 
-    def _send(self, method: str, where: str, **options: Any) -> httpx.Response:
+    async def _send(self, method: str, where: str, **options: Any) -> httpx.Response:
         url = self.config.api_url + where
         try:
-            return self._http.request(method, where, **options)
+            return await self._http.request(method, where, **options)
         except httpx.TimeoutException as error:
             raise RemoteError(
                 f"the operator API at {url} did not answer in time ({type(error).__name__}): "

@@ -18,6 +18,7 @@ Locally, ``orderctl workflows --check`` makes the same check against the running
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
 from core.state_store import OrderStateStore
 from core.tablestorage import TableService
-from core.versions import check, versions_in_use
+from core.versions import VersionUse, check, versions_in_use
 from core.workflows import WORKFLOWS
 
 
@@ -44,18 +45,24 @@ def table_service(env: Mapping[str, str]) -> TableService:
     return TableService.with_credential(endpoint, DefaultAzureCredential())
 
 
+async def versions_needed(env: Mapping[str, str]) -> dict[str, VersionUse]:
+    """The workflow versions of the orders in flight and in Error in the deployed account."""
+    store = OrderStateStore(
+        table_service(env),
+        orders_table=env.get("ORDERS_TABLE", "orders"),
+        active_table=env.get("ACTIVE_ORDERS_TABLE", "activeorders"),
+        owns_service=True,
+    )
+    async with store:
+        return await versions_in_use(store)
+
+
 def main(env: Mapping[str, str] = os.environ) -> int:
     if env.get("SKIP_WORKFLOW_CHECK") == "1":
         print("workflow check skipped (SKIP_WORKFLOW_CHECK=1)")
         return 0
     try:
-        store = OrderStateStore(
-            table_service(env),
-            orders_table=env.get("ORDERS_TABLE", "orders"),
-            active_table=env.get("ACTIVE_ORDERS_TABLE", "activeorders"),
-        )
-        with store:
-            in_use = versions_in_use(store)
+        in_use = asyncio.run(versions_needed(env))
     except LookupError as error:
         print(f"workflow check: {error}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ AZURE_STORAGE_TABLE_ENDPOINT, ORDERS_QUEUE and ORDERS_TABLE, which are the defau
 options, so ``python infra/smoke.py`` alone works.
 
 It signs in with DefaultAzureCredential (``az login``, ``azd auth login``, environment or
-managed identity). The signed-in principal needs Azure Service Bus Data Sender on the orders
+managed identity), through the app's own clients (core.clients: Service Bus's asyncio client,
+the app's Table client). The signed-in principal needs Azure Service Bus Data Sender on the orders
 queue and Storage Table Data Reader on the orders table; infra/main.bicep grants both to the
 principal that ran the deployment (AZURE_PRINCIPAL_ID). Right after a deployment those roles may
 not apply yet (Azure documents up to 10 minutes): a refusal is retried every 15 s for
@@ -31,11 +32,12 @@ Exit status: 0 Processed, 1 the order ended in Error, 2 usage error, 3 timed out
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -360,23 +362,23 @@ def format_stuck_report(
     return "\n".join(lines)
 
 
-def watch(
+async def watch(
     order_id: str,
-    read_process: Callable[[], Order | None],
-    read_timeline: Callable[[], list[TimelineEntry]],
+    read_process: Callable[[], Awaitable[Order | None]],
+    read_timeline: Callable[[], Awaitable[list[TimelineEntry]]],
     *,
     timeout: float,
     poll_interval: float,
     out: TextIO,
     monotonic: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Outcome:
     """Poll the process record, print each change, stop at Processed, Error or the timeout."""
     started = monotonic()
     last: Snapshot | str | None = "unset"
     while True:
-        record = read_process()
+        record = await read_process()
         snapshot = Snapshot.of(record) if record is not None else None
         waited = monotonic() - started
         if snapshot != last:
@@ -388,30 +390,30 @@ def watch(
             return Outcome(EXIT_PROCESSED, snapshot, waited)
         if snapshot is not None and snapshot.state == ProcessState.ERROR.value:
             report = format_stuck_report(
-                order_id, snapshot, read_timeline(), waited=waited, now=now(), ended=True
+                order_id, snapshot, await read_timeline(), waited=waited, now=now(), ended=True
             )
             print(report, file=out, flush=True)
             return Outcome(EXIT_ERROR, snapshot, waited)
         if waited >= timeout:
-            timeline = read_timeline() if snapshot is not None else []
+            timeline = await read_timeline() if snapshot is not None else []
             report = format_stuck_report(order_id, snapshot, timeline, waited=waited, now=now())
             print(report, file=out, flush=True)
             return Outcome(EXIT_TIMEOUT, snapshot, waited)
-        sleep(min(poll_interval, max(timeout - waited, 0.0)))
+        await sleep(min(poll_interval, max(timeout - waited, 0.0)))
 
 
 # ---------------------------------------------------------------------------------- Azure
 
 
-def until_roles_apply(
-    action: Callable[[], Any],
+async def until_roles_apply(
+    action: Callable[[], Awaitable[Any]],
     denied: Callable[[BaseException], bool],
     *,
     timeout: float,
     out: TextIO,
     retry_in: float = ROLES_RETRY_SECONDS,
     monotonic: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Any:
     """Run ``action``; while it is refused for want of a role (``denied``) and ``timeout`` has
     not passed, say so and try again: role assignments made by the deployment take minutes to
@@ -419,7 +421,7 @@ def until_roles_apply(
     started = monotonic()
     while True:
         try:
-            return action()
+            return await action()
         except Exception as exc:
             left = timeout - (monotonic() - started)
             if not denied(exc) or left <= 0:
@@ -431,7 +433,7 @@ def until_roles_apply(
                 file=out,
                 flush=True,
             )
-            sleep(wait)
+            await sleep(wait)
 
 
 def _denied(exc: BaseException) -> bool:
@@ -443,13 +445,12 @@ def _denied(exc: BaseException) -> bool:
     return isinstance(exc, HttpResponseError) and exc.status_code == 403
 
 
-def submit(namespace: str, queue: str, order: OrderSubmitted, credential: Any) -> None:
-    from azure.servicebus import ServiceBusClient
-
+async def submit(client: Any, queue: str, order: OrderSubmitted) -> None:
+    """Send ``order`` with ``client`` (an asyncio ServiceBusClient) as the app encodes it."""
     from core.bus import to_servicebus_message
 
-    with ServiceBusClient(namespace, credential) as client, client.get_queue_sender(queue) as s:
-        s.send_messages(to_servicebus_message(order))
+    async with client.get_queue_sender(queue) as sender:
+        await sender.send_messages(to_servicebus_message(order))
 
 
 ACCESS_HINT = (
@@ -474,7 +475,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     )
 
     try:
-        return _run(args, order, out)
+        return asyncio.run(_run(args, order, out))
     except (ClientAuthenticationError, ServiceBusAuthenticationError) as exc:
         print(f"sign-in failed (az login?): {exc}\n{ACCESS_HINT}", file=sys.stderr)
     except ServiceBusAuthorizationError as exc:
@@ -487,34 +488,33 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     return EXIT_ERROR
 
 
-def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
-    from azure.data.tables import TableServiceClient
-    from azure.identity import DefaultAzureCredential
-
+async def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
+    from core import clients
+    from core.settings import Connection
     from core.state_store import OrderStateStore
 
-    credential = DefaultAzureCredential()
     print(
         f"submitting order {order.order_id} ({order.workflow}) to "
         f"{args.namespace}/{args.orders_queue}",
         file=out,
         flush=True,
     )
-    until_roles_apply(
-        lambda: submit(args.namespace, args.orders_queue, order, credential),
-        _denied,
-        timeout=args.roles_timeout,
-        out=out,
-    )
-    service = TableServiceClient(args.storage_table_endpoint, credential=credential)
-    with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
-        until_roles_apply(
+    async with clients.servicebus_client(Connection("servicebus", endpoint=args.namespace)) as bus:
+        await until_roles_apply(
+            lambda: submit(bus, args.orders_queue, order),
+            _denied,
+            timeout=args.roles_timeout,
+            out=out,
+        )
+    service = clients.table_service(Connection("storage", endpoint=args.storage_table_endpoint))
+    async with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
+        await until_roles_apply(
             lambda: store.find(order.order_id),
             _denied,
             timeout=args.roles_timeout,
             out=out,
         )
-        outcome = watch(
+        outcome = await watch(
             order.order_id,
             lambda: store.find(order.order_id),
             lambda: store.get_timeline(order.order_id),

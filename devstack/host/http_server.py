@@ -9,6 +9,10 @@ path only, never the Host header; route parameters are percent-decoded, except `
 stays encoded so that a parameter never spans two path segments; a Content-Length that is not
 a non-negative integer is answered 400 and the connection closed (its body cannot be framed).
 
+A coroutine function is awaited on the host's event loop, as the Python worker awaits it (the
+request's thread waits for it); a sync function runs on the request's thread, as the worker runs
+one on its thread pool.
+
 App Service Authentication sets ``X-MS-CLIENT-PRINCIPAL-NAME`` (and drops any such header a
 client sends) before the function runs; the operator API takes the caller's identity from it.
 Locally the server does the same with ``principal``, a configured name (the host's
@@ -17,6 +21,7 @@ Locally the server does the same with ``principal``, a configured name (the host
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import threading
@@ -68,6 +73,7 @@ class Route:
     function: IndexedFunction
     pattern: re.Pattern[str]
     methods: frozenset[str]
+    is_async: bool
 
     @classmethod
     def of(cls, function: IndexedFunction) -> Route:
@@ -81,7 +87,8 @@ class Route:
             else:
                 regex += re.escape(part)
         methods = frozenset(m.upper() for m in trigger.methods)
-        return cls(function, re.compile(f"^{regex}/?$"), methods)
+        is_async = inspect.iscoroutinefunction(function.user_function)
+        return cls(function, re.compile(f"^{regex}/?$"), methods, is_async)
 
 
 class HttpServer:
@@ -164,7 +171,7 @@ class HttpServer:
         stats.add(invocations=1)
         trace = {name.lower(): value for name, value in headers.items()}  # its trace context
         try:
-            response = self.invoker.call(route.function, request, trace=trace)
+            response = self._call(route, request, trace)
         except Exception:
             stats.add(failures=1)
             log.exception("%s failed", route.function.name)
@@ -176,6 +183,12 @@ class HttpServer:
         if response.mimetype and "content-type" not in {k.lower() for k in out_headers}:
             out_headers["Content-Type"] = response.mimetype
         return response.status_code, out_headers, response.get_body() or b""
+
+    def _call(self, route: Route, request: func.HttpRequest, trace: dict[str, str]) -> Any:
+        if route.is_async:
+            awaited = self.invoker.call_async(route.function, request, trace=trace)
+            return self.invoker.run(awaited, timeout=None)
+        return self.invoker.call(route.function, request, trace=trace)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self

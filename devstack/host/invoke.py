@@ -1,6 +1,10 @@
 """Calling a user function the way the Functions host and the Python worker do: sync or async,
 with ``context``, inside the host's invocation span.
 
+As the Python worker does, a coroutine function is awaited on the host's one event loop
+(:meth:`Invoker.call_async`), and a sync function runs on a thread, never on the loop: a daemon
+thread of the runner that calls it (:class:`SyncCalls`), or an HTTP request's own thread.
+
 Telemetry, as in Azure (docs/deploy.md, "Telemetry"): the host starts one span per invocation of
 a Service Bus or HTTP trigger (the triggers its OpenTelemetry output covers; a timer run gets
 none), named after the function and parented on the trace context the message or request
@@ -14,17 +18,17 @@ read from the host's settings; absent, it is on, as infra/ deploys this app.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
+import queue
 import threading
 import uuid
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
 import azure.functions as func
 from azure.functions._abc import RetryContext, TraceContext
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -153,20 +157,15 @@ class Invoker:
     def call(
         self, function: IndexedFunction, trigger_value: Any, trace: Mapping[str, Any] | None = None
     ) -> Any:
-        """Run ``function`` on ``trigger_value``; ``trace``: the message's application
-        properties or the request's headers (lower-case names), where its trace context is."""
+        """Run sync ``function`` on ``trigger_value``, on the calling thread (never the loop's);
+        ``trace``: the message's application properties or the request's headers (lower-case
+        names), where its trace context is."""
         self.cold_starts.wait(function.name)
         invocation_id = str(uuid.uuid4())
         with self._invocation(function, invocation_id, trace) as span:
-            result = function.user_function(
+            return function.user_function(
                 **self._arguments(function, trigger_value, trace, span, invocation_id)
             )
-            if inspect.isawaitable(result):
-                future: Future[Any] = asyncio.run_coroutine_threadsafe(
-                    _awaited(result, otel_context.get_current()), self._event_loop()
-                )
-                result = future.result()
-            return result
 
     async def call_async(
         self, function: IndexedFunction, trigger_value: Any, trace: Mapping[str, Any] | None = None
@@ -228,13 +227,17 @@ class Invoker:
         finally:
             span.end()
 
-    def run(self, awaitable: Awaitable[Any], timeout: float) -> Any:
+    def run(self, awaitable: Awaitable[Any], timeout: float | None) -> Any:
         """Await ``awaitable`` on the async functions' loop, from another thread."""
         return self.submit(awaitable).result(timeout)
 
     def submit(self, awaitable: Awaitable[Any]) -> Future[Any]:
         """Start awaiting ``awaitable`` on the async functions' loop, from another thread."""
         return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop())
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Have the async functions' loop call ``callback``, from another thread."""
+        self._event_loop().call_soon_threadsafe(callback)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -270,11 +273,58 @@ class Invoker:
                 loop.close()
 
 
-async def _awaited(awaitable: Any, context: otel_context.Context | None = None) -> Any:
-    """Await on the loop thread in the caller's OpenTelemetry context (the worker attaches the
-    invocation's context in the task that runs an async function)."""
-    token = otel_context.attach(context if context is not None else otel_context.get_current())
-    try:
-        return await awaitable
-    finally:
-        otel_context.detach(token)
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """``awaitable`` as a coroutine (what run_coroutine_threadsafe takes)."""
+    return await awaitable
+
+
+_Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+"""A sync call for a runner's thread: the call, and the loop and future that await it."""
+
+
+class SyncCalls:
+    """A daemon thread that runs one runner's sync function calls, one at a time, each awaited
+    on the loop (as the Python worker runs a sync function on its thread pool).
+
+    Daemon, so that a run still going past the host's stop deadline is left to end on its own
+    and never holds up the process's exit (a pool's threads would be joined at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.busy = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._calls.put((fn, loop, done))
+        return await done
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, loop, done = item
+            self.busy = True
+            try:
+                result, error = fn(), None
+            except BaseException as failure:
+                result, error = None, failure
+            finally:
+                self.busy = False
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits now
+                loop.call_soon_threadsafe(_resolve, done, result, error)
+
+    def close(self) -> None:
+        """End the thread once its call in progress, if any, has returned."""
+        self._calls.put(None)
+        if not self.busy:
+            self.thread.join(1.0)
+
+
+def _resolve(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)

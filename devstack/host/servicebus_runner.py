@@ -20,18 +20,17 @@ after a connection error (a restarted broker, say).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import json
 import logging
-import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from azure.core.credentials_async import AsyncTokenCredential
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
@@ -40,7 +39,7 @@ from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
 from core.op_counts import COUNTS
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger
-from devstack.host.invoke import Invoker
+from devstack.host.invoke import Invoker, SyncCalls
 from devstack.host.settings import HostConfigError
 from devstack.host.stats import StatsCounter
 
@@ -109,6 +108,7 @@ class ClientPool:
 
     def __init__(self) -> None:
         self._clients: dict[Connection, ServiceBusClient] = {}
+        self._credentials: list[AsyncTokenCredential] = []
         self._opening = asyncio.Semaphore(MAX_CONCURRENT_OPENS)
 
     async def open_receiver(
@@ -118,7 +118,7 @@ class ClientPool:
         async with self._opening:
             client = self._clients.get(connection)
             if client is None:
-                client = self._clients[connection] = _make_client(connection)
+                client = self._clients[connection] = self._make_client(connection)
             receiver = client.get_queue_receiver(
                 queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=prefetch
             )
@@ -131,35 +131,32 @@ class ClientPool:
             return receiver
 
     async def close(self) -> None:
-        """Close every client, and with it every receiver it opened."""
+        """Close every client, and with it every receiver it opened, then their credentials."""
         clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
+        credentials, self._credentials = self._credentials, []
+        for closing in [*clients, *credentials]:
             try:
-                await client.close()
+                await closing.close()
             except Exception:
                 log.warning("closing a Service Bus client failed", exc_info=True)
 
+    def _make_client(self, connection: Connection) -> ServiceBusClient:
+        if connection.connection_string is not None:
+            return ServiceBusClient.from_connection_string(
+                connection.connection_string, socket_timeout=SOCKET_TIMEOUT_S
+            )
+        from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 
-def _make_client(connection: Connection) -> ServiceBusClient:
-    if connection.connection_string is not None:
-        return ServiceBusClient.from_connection_string(
-            connection.connection_string, socket_timeout=SOCKET_TIMEOUT_S
+        credential: AsyncTokenCredential
+        if connection.credential == "managedidentity":
+            credential = ManagedIdentityCredential(client_id=connection.client_id)
+        else:
+            credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
+        self._credentials.append(credential)
+        assert connection.fully_qualified_namespace is not None
+        return ServiceBusClient(
+            connection.fully_qualified_namespace, credential, socket_timeout=SOCKET_TIMEOUT_S
         )
-    from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
-
-    from core.credentials import ThreadedCredential
-
-    credential: Any
-    if connection.credential == "managedidentity":
-        credential = ManagedIdentityCredential(client_id=connection.client_id)
-    else:
-        credential = DefaultAzureCredential(managed_identity_client_id=connection.client_id)
-    assert connection.fully_qualified_namespace is not None
-    return ServiceBusClient(
-        connection.fully_qualified_namespace,
-        ThreadedCredential(credential),  # azure.identity.aio would need aiohttp
-        socket_timeout=SOCKET_TIMEOUT_S,
-    )
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -238,57 +235,6 @@ def trigger_value(trigger: ServiceBusTrigger, message: FunctionMessage) -> Any:
 # -- the runner ----------------------------------------------------------------------------
 
 
-_Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
-"""A sync call for a receiver's thread: the call, and the loop and future that await it."""
-
-
-class _SyncCalls:
-    """A daemon thread that runs one receiver's sync function calls, one at a time.
-
-    Daemon, so that a run still going past the host's stop deadline is left to end on its own
-    and never holds up the process's exit (a pool's threads would be joined at exit)."""
-
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self.busy = False
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        self._calls.put((fn, loop, done))
-        return await done
-
-    def _run(self) -> None:
-        while (item := self._calls.get()) is not None:
-            fn, loop, done = item
-            self.busy = True
-            try:
-                result, error = fn(), None
-            except BaseException as failure:
-                result, error = None, failure
-            finally:
-                self.busy = False
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits now
-                loop.call_soon_threadsafe(_resolve, done, result, error)
-
-    def close(self) -> None:
-        """End the thread once its call in progress, if any, has returned."""
-        self._calls.put(None)
-        if not self.busy:
-            self.thread.join(1.0)
-
-
-def _resolve(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if done.cancelled():
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)
-
-
 class _Slot:
     """One receiver: its receiver, the message it is working on, and how it stands at stop."""
 
@@ -301,7 +247,7 @@ class _Slot:
         self.running = False  # the function is running
         self.not_receiving = asyncio.Event()  # cleared while a receive is in progress
         self.not_receiving.set()
-        self._sync_calls: _SyncCalls | None = None
+        self._sync_calls: SyncCalls | None = None
 
     # Called by the AutoLockRenewer (this object stands in for the receiver there).
     async def renew_message_lock(self, message: ServiceBusReceivedMessage) -> Any:
@@ -388,7 +334,7 @@ class _Slot:
                 await runner.invoker.call_async(runner.function, value, trace=trace)
             else:
                 if self._sync_calls is None:
-                    self._sync_calls = _SyncCalls(self.name)
+                    self._sync_calls = SyncCalls(self.name)
                 await self._sync_calls.call(
                     functools.partial(runner.invoker.call, runner.function, value, trace=trace)
                 )

@@ -1,24 +1,29 @@
 """Timer triggers: fire at each NCRONTAB occurrence, one run at a time.
 
-One thread per timer function runs it at each occurrence (UTC). Occurrences that fall while a
-run is still going are skipped and counted, as the Functions host never overlaps runs of one
-timer. ``past_due`` is set when a run starts later than one schedule period after its
-occurrence. A failing run is logged and not retried; the next occurrence runs as usual.
-Without storage there is no schedule monitor (``useMonitor``) and no singleton lease: each
-local host process runs its timers.
+One coroutine per timer function, on the host's event loop, runs it at each occurrence (UTC): a
+coroutine function is awaited there, as the Python worker awaits it; a sync function runs on a
+thread of the timer's own. Occurrences that fall while a run is still going are skipped and
+counted, as the Functions host never overlaps runs of one timer. ``past_due`` is set when a run
+starts later than one schedule period after its occurrence. A failing run is logged and not
+retried; the next occurrence runs as usual. Without storage there is no schedule monitor
+(``useMonitor``) and no singleton lease: each local host process runs its timers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import logging
-import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import UTC, datetime
+from typing import Any
 
 from azure.functions.timer import TimerRequest
 
 from devstack.host.indexing import IndexedFunction, TimerTrigger
-from devstack.host.invoke import Invoker
+from devstack.host.invoke import Invoker, SyncCalls
 from devstack.host.ncrontab import NcrontabSchedule
 from devstack.host.stats import StatsCounter
 
@@ -45,6 +50,10 @@ def is_past_due(schedule: NcrontabSchedule, occurrence: datetime, started: datet
 
 
 class TimerRunner:
+    """Drives one timer trigger from a coroutine on the host's loop.
+
+    Its methods are called from the host's thread; what they do runs on the loop."""
+
     def __init__(
         self,
         function: IndexedFunction,
@@ -56,49 +65,70 @@ class TimerRunner:
         assert isinstance(function.trigger, TimerTrigger)
         self.function = function
         self.trigger: TimerTrigger = function.trigger
+        self.is_async = inspect.iscoroutinefunction(function.user_function)
         self.invoker = invoker
         self.stats = stats
         self.clock = clock
-        self.stopping = threading.Event()
+        self.name = f"host-timer-{function.name}"
+        self._stop = asyncio.Event()  # set on the loop
         self._last: datetime | None = None
-        self.thread = threading.Thread(
-            target=self._run, name=f"host-timer-{function.name}", daemon=True
-        )
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until the timer's thread has ended; False if it still runs after ``timeout``."""
-        if self.thread.ident is not None:
-            self.thread.join(timeout)
-        return not self.thread.is_alive()
-
-    def running(self) -> list[str]:
-        return [self.thread.name] if self.thread.is_alive() else []
+        self._running = False
+        self._sync_calls: SyncCalls | None = None
+        self._served: Future[Any] | None = None
 
     def start(self) -> None:
-        self.thread.start()
+        self._served = self.invoker.submit(self._run())
 
     def request_stop(self) -> None:
-        self.stopping.set()
+        self.invoker.call_soon(self._stop.set)
 
-    def _run(self) -> None:
-        schedule = self.trigger.schedule
-        if self.trigger.run_on_startup:
-            self._invoke(occurrence=None, past_due=False)
-        due = schedule.next_after(self.clock())
-        while not self.stopping.wait(max(0.0, (due - self.clock()).total_seconds())):
-            started = self.clock()
-            if started < due:  # woke a little early
-                continue
-            self._invoke(occurrence=due, past_due=is_past_due(schedule, due, started))
-            due, skipped = skip_missed(schedule, due, self.clock())
-            if skipped:
-                self.stats.add(skipped_ticks=skipped)
-                log.info(
-                    "%s: skipped %d occurrence(s) of %r that fell while the run was going",
-                    self.function.name, skipped, schedule.expression,
-                )  # fmt: skip
+    def wait(self, timeout: float) -> bool:
+        """Wait until the timer has ended; False if it still runs after ``timeout``."""
+        if self._served is None:
+            return True
+        try:
+            self._served.result(timeout)
+        except TimeoutError:
+            return False
+        except BaseException:  # cancelled at the loop's close, or failed: ended either way
+            pass
+        return True
 
-    def _invoke(self, occurrence: datetime | None, past_due: bool) -> None:
+    def running(self) -> list[str]:
+        """The timer, while its function runs."""
+        return [self.name] if self._running else []
+
+    async def _run(self) -> None:
+        try:
+            schedule = self.trigger.schedule
+            if self.trigger.run_on_startup:
+                await self._invoke(occurrence=None, past_due=False)
+            due = schedule.next_after(self.clock())
+            while not await self._stopped_within((due - self.clock()).total_seconds()):
+                started = self.clock()
+                if started < due:  # woke a little early
+                    continue
+                await self._invoke(occurrence=due, past_due=is_past_due(schedule, due, started))
+                due, skipped = skip_missed(schedule, due, self.clock())
+                if skipped:
+                    self.stats.add(skipped_ticks=skipped)
+                    log.info(
+                        "%s: skipped %d occurrence(s) of %r that fell while the run was going",
+                        self.function.name, skipped, schedule.expression,
+                    )  # fmt: skip
+        finally:
+            if self._sync_calls is not None:
+                self._sync_calls.close()
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Whether stop is requested within ``seconds`` (True at once if it was already)."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), max(0.0, seconds))
+        except TimeoutError:
+            return False
+        return True
+
+    async def _invoke(self, occurrence: datetime | None, past_due: bool) -> None:
         now = self.clock()
         upcoming = self.trigger.schedule.next_after(occurrence or now)
         request = TimerRequest(
@@ -112,8 +142,9 @@ class TimerRunner:
         )
         self._last = occurrence or now
         self.stats.started()
+        self._running = True
         try:
-            self.invoker.call(self.function, request)
+            await self._call(request)
             ok = True
         except Exception:
             ok = False
@@ -121,4 +152,15 @@ class TimerRunner:
                 "%s failed (timer run for %s, past_due=%s); the next occurrence runs as usual",
                 self.function.name, occurrence.isoformat() if occurrence else "startup", past_due,
             )  # fmt: skip
+        finally:
+            self._running = False
         self.stats.finished(ok)
+
+    async def _call(self, request: TimerRequest) -> None:
+        """A coroutine function awaited here, on the loop; a sync one on the timer's thread."""
+        if self.is_async:
+            await self.invoker.call_async(self.function, request)
+            return
+        if self._sync_calls is None:
+            self._sync_calls = SyncCalls(self.name)
+        await self._sync_calls.call(functools.partial(self.invoker.call, self.function, request))

@@ -1,10 +1,11 @@
 """The whole pattern on one machine: Azurite, the broker, the fake services and host processes.
 
-`LocalStack.start()` brings each up, waits until it answers, creates the tables the settings
-name, and writes `<workdir>/stack.json` (settings, ports, PIDs) so that `orderctl submit`,
-`status` and `demo` find a running stack. With ``telemetry``, the hosts write their spans and
-metrics to files in that directory (the TELEMETRY_DIR setting, core.telemetry), which `orderctl
-trace` reads. `stop()` stops everything it started, by PID.
+`await LocalStack.start()` brings each up, waits until it answers, creates the tables the
+settings name (with the app's async store), and writes `<workdir>/stack.json` (settings, ports,
+PIDs) so that `orderctl submit`, `status` and `demo` find a running stack. With
+``telemetry``, the hosts write their spans and metrics to files in that directory (the
+TELEMETRY_DIR setting, core.telemetry), which `orderctl trace` reads. `stop()` stops everything
+it started, by PID.
 The queues are the broker's entity config, the same file the infra tests compare with Bicep.
 
 Every address is chosen once, at the first start, and kept: :meth:`LocalStack.restart` brings a
@@ -12,6 +13,11 @@ process back on the same port(s), so the connection strings in the settings, the
 the operator HTTP API's URL stay valid for the stack's life. With ``persist``, Azurite and the
 broker keep their data under the workdir (wiped at each fresh start), so a restarted one comes
 back with the orders and messages it had.
+
+The processes die with the thread that spawned them (``PR_SET_PDEATHSIG``), so :meth:`start`
+and :meth:`restart` start them on the caller's thread, the one its event loop runs on, and block
+the loop while each comes up: never on a worker thread (``asyncio.to_thread``), whose end would
+take them down.
 """
 
 from __future__ import annotations
@@ -129,15 +135,15 @@ class LocalStack:
         self._http_port: int | None = None
         self.info: StackInfo | None = None
 
-    def start(self, progress: Progress = lambda _: None) -> StackInfo:
+    async def start(self, progress: Progress = lambda _: None) -> StackInfo:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            return self._start(progress)
+            return await self._start(progress)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, progress: Progress) -> StackInfo:
+    async def _start(self, progress: Progress) -> StackInfo:
         for stale in self.workdir.glob("host-*.stats.json"):
             stale.unlink()  # an earlier stack's counters would be read as this one's
         for data in ("azurite-data", "broker-data"):
@@ -168,7 +174,7 @@ class LocalStack:
             settings[TELEMETRY_SETTING] = str(self.telemetry)
         settings |= self.overrides
         progress("creating tables")
-        self._create_tables(settings)
+        await self._create_tables(settings)
         self.info = StackInfo(settings=settings, fakes_url=fakes_url, persistent=self.persist)
         self._write_host_settings(settings)
         for n in range(self.hosts):
@@ -208,14 +214,14 @@ class LocalStack:
         proc = self._children.get(name)
         return proc.pid if proc is not None else 0
 
-    def restart(self, name: str) -> int:
+    async def restart(self, name: str) -> int:
         """Stop what is left of ``name`` and start it again at its address; returns its PID.
         Raises ServiceStartError when it does not come back."""
         assert self.info is not None, "start the stack first"
         if name == "azurite":
             assert self._azurite is not None
             self._azurite.restart()
-            self._create_tables(self.info.settings)  # in memory, it came back empty
+            await self._create_tables(self.info.settings)  # in memory, it came back empty
         elif name == "broker":
             assert self._broker is not None
             self._broker.restart(require_same_port=True)
@@ -259,15 +265,15 @@ class LocalStack:
         self._fakes_port = int(port_file.read_text().strip())
         return f"http://127.0.0.1:{self._fakes_port}"
 
-    def _create_tables(self, settings: dict[str, str]) -> None:
+    async def _create_tables(self, settings: dict[str, str]) -> None:
         from core.runtime import Runtime
         from core.settings import Settings
 
         runtime = Runtime.from_settings(Settings.from_env(settings))
         try:
-            runtime.store.ensure_tables()
+            await runtime.store.ensure_tables()
         finally:
-            runtime.close()
+            await runtime.close()
 
     def _write_host_settings(self, settings: dict[str, str]) -> None:
         from devstack.host.host import PRINCIPAL_SETTING

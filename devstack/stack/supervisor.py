@@ -1,15 +1,15 @@
 """Keeping a local stack alive: find a dead process, restart it with backoff, say so.
 
 The decisions (when, how often, what else) are :mod:`devstack.stack.restart_policy`; this is
-the loop that looks at processes and acts. It runs in the thread that started the stack: the
-stack's processes die with the thread that spawned them (``PR_SET_PDEATHSIG``), so restarts
-must come from the same, long-lived thread.
+the loop that looks at processes and acts. It runs on the event loop of the thread that started
+the stack: the stack's processes die with the thread that spawned them (``PR_SET_PDEATHSIG``),
+so restarts must come from the same, long-lived thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ class Supervised(Protocol):
 
     def components(self) -> list[str]: ...
     def exit_code(self, name: str) -> int | None: ...
-    def restart(self, name: str) -> int: ...
+    async def restart(self, name: str) -> int: ...
 
 
 def describe_exit(code: int) -> str:
@@ -75,12 +75,16 @@ class StackSupervisor:
         now = clock()
         self.watches = {name: Watch(started_at=now) for name in stack.components()}
 
-    def run(self, stop: threading.Event, interval: float = 0.5) -> None:
+    async def run(self, stop: asyncio.Event, interval: float = 0.5) -> None:
         """Check every ``interval`` seconds until ``stop`` is set."""
-        while not stop.wait(interval):
-            self.check()
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+                return
+            except TimeoutError:
+                await self.check()
 
-    def check(self) -> None:
+    async def check(self) -> None:
         """One look at every process: note the dead, restart those whose delay has passed."""
         for name in self.stack.components():
             watch = self.watches[name]
@@ -91,12 +95,12 @@ class StackSupervisor:
                 watch = exited(watch, self.clock(), self.policy)
                 self._say(name, "exited", f"{describe_exit(code)}; {self._when(watch)}")
             if watch.due(self.clock()):
-                watch = self._restart(name, watch)
+                watch = await self._restart(name, watch)
             self.watches[name] = watch
 
-    def _restart(self, name: str, watch: Watch) -> Watch:
+    async def _restart(self, name: str, watch: Watch) -> Watch:
         try:
-            pid = self.stack.restart(name)
+            pid = await self.stack.restart(name)
         except (ServiceStartError, OSError) as error:
             watch = restart_failed(watch, self.clock(), self.policy)
             lines = str(error).strip().splitlines() or [repr(error)]
@@ -107,7 +111,7 @@ class StackSupervisor:
         self._say(name, "restarted", f"PID {pid} (restart {watch.restarts})")
         for other in dependents(name, self.stack.components()):
             if not self.watches[other].down:
-                self.watches[other] = self._restart(other, self.watches[other])
+                self.watches[other] = await self._restart(other, self.watches[other])
         return watch
 
     def _when(self, watch: Watch) -> str:

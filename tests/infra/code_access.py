@@ -25,10 +25,13 @@ How the code is read (a small abstract interpreter over ``ast``):
   ``get_queue_receiver``); whatever implements a factory (the SDK or the app's own Table client)
   is not followed further. Each method called on a client is classified as read or write (send
   or receive); a method the tables below do not classify is reported, never guessed.
-- The app sends its messages through :meth:`core.bus.Bus.send` or its async source
-  :meth:`core.bus.Bus.send` (:data:`SEND_PRIMITIVES`): a
+- The app sends its messages through :meth:`core.bus.Bus.send` (:data:`SEND_PRIMITIVES`): a
   call to it is a send to the queue its ``queue`` argument names, and its internals (a cache of
   SDK senders by queue name) are not followed.
+- The app's I/O is async: the SDK clients are the asyncio ones (``.aio``), ``await`` is looked
+  through, and ``async with`` and ``async for`` on an app object follow its ``__aenter__`` and
+  ``__aexit__``, ``__aiter__`` and ``__anext__``. A sync SDK client is not recognised: an
+  operation on one is reported as one on a client the analysis lost track of.
 """
 
 from __future__ import annotations
@@ -53,23 +56,19 @@ APP_ENTRY = "function_app"
 SEND_PRIMITIVES: Mapping[str, str] = {
     # function key -> the parameter naming the queue it sends to
     "core.bus.Bus.send": "queue",
-    "core.bus.Bus.send": "queue",
 }
 
-# Azure client kinds: the SDK classes the code may import, by kind.
+# Azure client kinds: the SDK's asyncio client classes the code may import, by kind.
 SDK_CLASSES: Mapping[str, str] = {
-    "azure.data.tables.TableServiceClient": "TableService",
-    "azure.data.tables.TableClient": "Table",
-    "azure.storage.blob.BlobServiceClient": "BlobService",
-    "azure.storage.blob.ContainerClient": "Container",
-    "azure.storage.blob.BlobClient": "Blob",
-    "azure.servicebus.ServiceBusClient": "ServiceBus",
-    "azure.servicebus.ServiceBusSender": "Sender",
-    "azure.servicebus.ServiceBusReceiver": "Receiver",
+    "azure.data.tables.aio.TableServiceClient": "TableService",
+    "azure.data.tables.aio.TableClient": "Table",
+    "azure.storage.blob.aio.BlobServiceClient": "BlobService",
+    "azure.storage.blob.aio.ContainerClient": "Container",
+    "azure.storage.blob.aio.BlobClient": "Blob",
     "azure.servicebus.aio.ServiceBusClient": "ServiceBus",
     "azure.servicebus.aio.ServiceBusSender": "Sender",
     "azure.servicebus.aio.ServiceBusReceiver": "Receiver",
-    "azure.keyvault.secrets.SecretClient": "Secrets",
+    "azure.keyvault.secrets.aio.SecretClient": "Secrets",
 }
 SERVICE_OF_KIND: Mapping[str, Service] = {
     "TableService": "table",
@@ -169,7 +168,7 @@ CONSTRUCTOR_NAMES: Mapping[str, tuple[int, str]] = {
 }
 NO_REQUEST: frozenset[str] = frozenset(
     # Client methods that make no request to the resource.
-    ("close", "__enter__", "__exit__", "get_blob_client", "get_table_client", "url")
+    ("close", "__aenter__", "__aexit__", "get_blob_client", "get_table_client", "url")
 )
 _CONTAINER_TYPES = frozenset(
     ("list", "tuple", "set", "frozenset", "Sequence", "Iterable", "Iterator", "Collection")
@@ -694,12 +693,22 @@ class Analyzer:
             if isinstance(node, ast.Call):
                 self.eval(node, frame)
             elif isinstance(node, ast.With | ast.AsyncWith):
+                entered = (
+                    ("__aenter__", "__aexit__")
+                    if isinstance(node, ast.AsyncWith)
+                    else ("__enter__", "__exit__")
+                )
                 for item in node.items:
                     for atom in self.eval(item.context_expr, frame):
-                        self._dunder(atom, ("__enter__", "__exit__"), frame)
+                        self._dunder(atom, entered, frame)
             elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+                walked = (
+                    ("__aiter__", "__anext__")
+                    if isinstance(node, ast.AsyncFor) or getattr(node, "is_async", False)
+                    else ("__iter__", "__next__")
+                )
                 for atom in self.eval(node.iter, frame):
-                    self._dunder(atom, ("__iter__", "__next__"), frame)
+                    self._dunder(atom, walked, frame)
 
     def _dunder(self, atom: Any, names: tuple[str, ...], frame: Frame) -> None:
         if isinstance(atom, Obj):

@@ -1162,14 +1162,15 @@ def first_line_of(function: str, code: str) -> Callable[[str], str]:
 CODE_MUTATIONS = [
     CodeMutation(
         "an agent reads a secret of its own from Key Vault",
-        "agent/aio/handler.py",
+        "agent/handler.py",
         first_line_of(
             "handle_request",
-            "from azure.keyvault.secrets import SecretClient\n"
-            'SecretClient("https://v.vault.azure.net", credential=None).get_secret("pay-key")',
+            "from azure.keyvault.secrets.aio import SecretClient\n"
+            'vault = SecretClient("https://v.vault.azure.net", credential=None)\n'
+            'await vault.get_secret("pay-key")',
         ),
         "data_roles",
-        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/aio/handler.py",
+        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/handler.py",
     ),
     CodeMutation(
         "the operator API peeks a queue the app has no Receiver on",

@@ -18,6 +18,8 @@ from core.states import ProcessState
 from infra import smoke
 from tests.infra.checks import REPO_ROOT
 
+pytestmark = pytest.mark.anyio
+
 NS = "sb-abc.servicebus.windows.net"
 TABLES = "https://stabc.table.core.windows.net/"
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -190,24 +192,27 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.t
 
-    def sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.t += seconds
 
 
-def run_watch(reads, timeline=(), timeout=10.0):
+async def run_watch(reads, timeline=(), timeout=10.0):
     clock, out = FakeClock(), io.StringIO()
     reads = iter(reads)
     last = [None]
 
-    def read_process():
+    async def read_process():
         last[0] = next(reads, last[0])
         return last[0]
 
-    outcome = smoke.watch(
+    async def read_timeline():
+        return list(timeline)
+
+    outcome = await smoke.watch(
         "smoke-1",
         read_process,
-        lambda: list(timeline),
+        read_timeline,
         timeout=timeout,
         poll_interval=2.0,
         out=out,
@@ -218,14 +223,14 @@ def run_watch(reads, timeline=(), timeout=10.0):
     return outcome, out.getvalue(), clock
 
 
-def test_watch_prints_each_change_once_and_stops_at_processed():
+async def test_watch_prints_each_change_once_and_stops_at_processed():
     processing = record(
         ProcessState.PROCESSING,
         current_step="reserve_inventory",
         attempt=1,
         locked_by="scheduler@h.1.ab",
     )
-    outcome, printed, clock = run_watch(
+    outcome, printed, clock = await run_watch(
         [
             None,
             record(ProcessState.PENDING),
@@ -248,7 +253,7 @@ def test_watch_prints_each_change_once_and_stops_at_processed():
     assert clock.sleeps == [2.0] * 5
 
 
-def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
+async def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
     stuck = record(
         ProcessState.PROCESSING,
         current_step="charge_payment",
@@ -263,7 +268,7 @@ def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
         entry(i, "claimed", ProcessState.PENDING, ProcessState.PROCESSING, "charge_payment")
         for i in range(10)
     ]
-    outcome, printed, clock = run_watch([stuck], timeline, timeout=5.0)
+    outcome, printed, clock = await run_watch([stuck], timeline, timeout=5.0)
     assert outcome.status == smoke.EXIT_TIMEOUT
     assert clock.sleeps == [2.0, 2.0, 1.0], "never sleeps past the timeout"
     report = printed.split("\n", 1)[1]
@@ -283,7 +288,7 @@ def test_watch_reports_where_the_order_is_stuck_at_the_timeout():
     assert "hint: A step is out with its agent" in report
 
 
-def test_a_step_moving_on_is_printed_and_a_waiting_order_says_when_its_retry_is_due():
+async def test_a_step_moving_on_is_printed_and_a_waiting_order_says_when_its_retry_is_due():
     running = record(
         ProcessState.PROCESSING,
         attempt=1,
@@ -299,7 +304,7 @@ def test_a_step_moving_on_is_printed_and_a_waiting_order_says_when_its_retry_is_
         steps=steps(StepState.RUNNING),
     )
     late = dataclasses.replace(released, steps=steps(StepState.SUCCEEDED))
-    outcome, printed, _ = run_watch([running, released, late], timeout=5.0)
+    outcome, printed, _ = await run_watch([running, released, late], timeout=5.0)
     assert outcome.status == smoke.EXIT_TIMEOUT
     lines = printed.splitlines()
     assert "steps=reserve_inventory:Running,charge_payment:Pending" in lines[0]
@@ -309,17 +314,17 @@ def test_a_step_moving_on_is_printed_and_a_waiting_order_says_when_its_retry_is_
     assert "hint: A step failed for now" in printed
 
 
-def test_watch_reports_an_order_that_never_arrived():
-    outcome, printed, _ = run_watch([None], timeout=3.0)
+async def test_watch_reports_an_order_that_never_arrived():
+    outcome, printed, _ = await run_watch([None], timeout=3.0)
     assert outcome.status == smoke.EXIT_TIMEOUT
     assert "no process record in the orders table" in printed
     assert "hint: The order never reached the state store" in printed
 
 
-def test_watch_stops_at_error_with_the_report():
+async def test_watch_stops_at_error_with_the_report():
     failed = record(ProcessState.ERROR, failure_count=3, last_error="declined")
     timeline = [entry(0, "failed", ProcessState.COMPENSATING, ProcessState.ERROR)]
-    outcome, printed, clock = run_watch([record(ProcessState.PENDING), failed], timeline)
+    outcome, printed, clock = await run_watch([record(ProcessState.PENDING), failed], timeline)
     assert outcome.status == smoke.EXIT_ERROR
     assert "order smoke-1 ended in Error after 2 s." in printed
     assert "LastError:    declined" in printed
@@ -340,19 +345,19 @@ class _Denied(Exception):
     pass
 
 
-def test_a_refusal_while_roles_propagate_is_retried_until_they_apply():
+async def test_a_refusal_while_roles_propagate_is_retried_until_they_apply():
     calls, clock, out = [], [0.0], io.StringIO()
 
-    def action() -> str:
+    async def action() -> str:
         calls.append(clock[0])
         if len(calls) < 3:
             raise _Denied("403")
         return "sent"
 
-    def sleep(seconds: float) -> None:
+    async def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    result = smoke.until_roles_apply(
+    result = await smoke.until_roles_apply(
         action,
         lambda exc: isinstance(exc, _Denied),
         timeout=600,
@@ -364,17 +369,20 @@ def test_a_refusal_while_roles_propagate_is_retried_until_they_apply():
     assert out.getvalue().count("role assignments not in effect yet?") == 2
 
 
-def test_a_refusal_past_the_roles_timeout_or_another_error_is_raised():
+async def test_a_refusal_past_the_roles_timeout_or_another_error_is_raised():
     clock = [0.0]
 
-    def denied_forever() -> None:
+    async def denied_forever() -> None:
         raise _Denied("403")
 
-    def sleep(seconds: float) -> None:
+    async def sleep(seconds: float) -> None:
         clock[0] += seconds
 
+    async def bad() -> None:
+        raise ValueError("bad")
+
     with pytest.raises(_Denied):
-        smoke.until_roles_apply(
+        await smoke.until_roles_apply(
             denied_forever,
             lambda exc: isinstance(exc, _Denied),
             timeout=40,
@@ -384,8 +392,8 @@ def test_a_refusal_past_the_roles_timeout_or_another_error_is_raised():
         )
     assert clock[0] == 40  # 15 + 15 + the 10 s left, then no more
     with pytest.raises(ValueError):
-        smoke.until_roles_apply(
-            lambda: (_ for _ in ()).throw(ValueError("bad")),
+        await smoke.until_roles_apply(
+            bad,
             lambda exc: isinstance(exc, _Denied),
             timeout=600,
             out=io.StringIO(),

@@ -18,19 +18,19 @@ from core.tablestorage import TableService
 from dashboard.summary import Summary
 from operator_api.operations import Operations
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 @pytest.fixture
-def table(rt):
-    rt.store.ensure_tables()
+async def table(rt):
+    await rt.store.ensure_tables()
     service = TableService.from_connection_string(rt.settings.storage.connection_string)
     client = service.get_table_client(rt.settings.supervision_table, owns_service=True)
     yield CircuitTable(client)
-    client.close()
+    await client.close()
 
 
-def test_rows_are_written_read_and_reaped_by_etag(rt, table):
+async def test_rows_are_written_read_and_reaped_by_etag(rt, table):
     now = utc_now()
     old = CircuitRow(
         agent="payment",
@@ -43,38 +43,53 @@ def test_rows_are_written_read_and_reaped_by_etag(rt, table):
     )
     live = dataclasses.replace(old, instance="live.2", since=now, updated_at=now, retry_at=None,
                                state=CircuitState.CLOSED, consecutive_failures=0)  # fmt: skip
-    table.record(old)
-    table.record(live)
-    read = table.read()
+    await table.record(old)
+    await table.record(live)
+    read = await table.read()
     assert {r.instance for r in read.rows} == {"gone.1", "live.2"}
     assert (read.unreadable, read.partial, read.requests) == (0, False, 1)
     stored_old = next(r for r in read.rows if r.instance == "gone.1")
     assert stored_old.retry_at == old.retry_at and stored_old.etag
 
     # The Supervisor's roster shares the table and never sees these rows.
-    roster = rt.store.supervision.read()
+    roster = await rt.store.supervision.read()
     assert roster.members == () and all(b.etag is None for b in roster.buckets)
 
     # Rewritten since it was read: the reaper leaves it.
-    table.record(dataclasses.replace(old, updated_at=now))
-    assert table.reap([stored_old]) == 0
-    fresh = next(r for r in table.read().rows if r.instance == "gone.1")
-    assert table.reap([fresh]) == 1
-    assert {r.instance for r in table.read().rows} == {"live.2"}
+    await table.record(dataclasses.replace(old, updated_at=now))
+    assert await table.reap([stored_old]) == 0
+    fresh = next(r for r in (await table.read()).rows if r.instance == "gone.1")
+    assert await table.reap([fresh]) == 1
+    assert {r.instance for r in (await table.read()).rows} == {"live.2"}
 
 
-def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
+async def _written_nowhere() -> None:
+    """Write what earlier tests' breakers told off any event loop (a sync fixture's
+    ``reset_breakers``) with no Runtime installed: nowhere, not into this test's table."""
+    previous = runtime.install(None)
+    try:
+        assert await circuit.reporter.flush(timeout=10)
+    finally:
+        runtime.install(previous)
+
+
+async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
+    await _written_nowhere()
     previous = runtime.install(rt)
     ops = Operations(rt)
-    summary = Summary(lambda: ops)
+
+    async def operations() -> Operations:
+        return ops
+
+    summary = Summary(operations)
     try:
         reset_breakers()
         breaker = breaker_for("payment")
         for _ in range(breaker.settings.failure_threshold):
             assert breaker.acquire()
             breaker.record_failure()
-        assert circuit.reporter.flush(timeout=10)
-        [written] = [r for r in table.read().rows if r.agent == "payment"]
+        assert await circuit.reporter.flush(timeout=10)
+        [written] = [r for r in (await table.read()).rows if r.agent == "payment"]
         assert written.instance == circuits.instance_id()
         assert (written.state, written.consecutive_failures) == (
             CircuitState.OPEN,
@@ -82,25 +97,25 @@ def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
         )
         assert written.retry_at is not None and written.retry_at > written.since
 
-        view = summary.snapshot()["circuits"]
+        view = (await summary.snapshot())["circuits"]
         payment = next(a for a in view["agents"] if a["agent"] == "payment")
         assert (payment["state"], payment["instances"], payment["stale"]) == ("open", 1, 0)
         inventory = next(a for a in view["agents"] if a["agent"] == "inventory")
         assert inventory["state"] is None  # never changed state in this process
 
         reset_breakers()  # the operator's reset is a transition like any other
-        assert circuit.reporter.flush(timeout=10)
-        [closed] = [r for r in table.read().rows if r.agent == "payment"]
+        assert await circuit.reporter.flush(timeout=10)
+        [closed] = [r for r in (await table.read()).rows if r.agent == "payment"]
         assert closed.state is CircuitState.CLOSED and closed.consecutive_failures == 0
     finally:
         reset_breakers()
-        circuit.reporter.flush(timeout=10)
-        summary.close()
-        ops.close()
+        await circuit.reporter.flush(timeout=10)
+        await summary.close()
+        await ops.close()
         runtime.install(previous)
 
 
-def test_an_unreachable_table_never_fails_the_call(rt, caplog):
+async def test_an_unreachable_table_never_fails_the_call(rt, caplog):
     broken = dataclasses.replace(rt, store=rt.store)
     broken.settings = dataclasses.replace(
         rt.settings,
@@ -111,17 +126,18 @@ def test_an_unreachable_table_never_fails_the_call(rt, caplog):
             ),
         ),
     )
+    await _written_nowhere()
     previous = runtime.install(broken)
     try:
         reset_breakers()
         breaker = breaker_for("shipping")
         for _ in range(breaker.settings.failure_threshold):
             assert breaker.acquire()
-            breaker.record_failure()  # returns at once: the write is on the reporter's thread
+            breaker.record_failure()  # returns at once: the write is the reporter's task's
         assert not breaker.acquire()
-        assert circuit.reporter.flush(timeout=60)
+        assert await circuit.reporter.flush(timeout=60)
         assert "not recorded for the dashboard" in caplog.text
     finally:
         runtime.install(previous)
         reset_breakers()
-        circuit.reporter.flush(timeout=60)
+        await circuit.reporter.flush(timeout=60)

@@ -1,5 +1,6 @@
 """The chaos checkers of devstack.observe over the fakes' ledger: read over HTTP from a real
-fake-services server, and over hand-made ledgers for the violations the fakes never commit."""
+fake-services server (one snapshot, read with ``read_ledger``), and over hand-made ledgers for
+the violations the fakes never commit."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from devstack.observe import (
     step_of,
     undo_without_do,
 )
+
+pytestmark = pytest.mark.anyio
 
 STEPS = {"inventory": "reserve_inventory", "payment": "charge_payment"}
 ACTIONS = {"inventory": ("reserve", "release"), "payment": ("charge", "refund")}
@@ -54,7 +57,7 @@ def entry(service: str, k: str, order: str, undoes: str | None = None) -> dict[s
     return {"service": service, "idempotency_key": k, "order_id": order, "undoes": undoes}
 
 
-def test_a_compensated_order_and_a_processed_one(fakes: FakeServices) -> None:
+async def test_a_compensated_order_and_a_processed_one(fakes: FakeServices) -> None:
     # "bad" charged and was compensated; "late" was undone before its charge landed, so the
     # charge is refused; "good" completed.
     assert do(fakes, "bad", "inventory") == 200
@@ -68,34 +71,35 @@ def test_a_compensated_order_and_a_processed_one(fakes: FakeServices) -> None:
     assert do(fakes, "good", "inventory") == 200
     assert do(fakes, "good", "payment") == 200
     everyone = {"bad", "late", "good"}
+    ledger = await read_ledger(fakes.base_url)
 
-    assert duplicated_effects(fakes.base_url, everyone) == 0
-    assert undo_without_do(fakes.base_url, everyone) == []
-    assert effects_left_in_place(fakes.base_url, {"bad", "late"}) == []
-    assert effects_after_tombstone(fakes.base_url, everyone) == []
-    assert forward_effects(fakes.base_url, {"late", "good"}) == {
+    assert duplicated_effects(ledger, everyone) == 0
+    assert undo_without_do(ledger, everyone) == []
+    assert effects_left_in_place(ledger, {"bad", "late"}) == []
+    assert effects_after_tombstone(ledger, everyone) == []
+    assert forward_effects(ledger, {"late", "good"}) == {
         ("late", "reserve_inventory", key("late", "inventory", "do")),
         ("good", "reserve_inventory", key("good", "inventory", "do")),
         ("good", "charge_payment", key("good", "payment", "do")),
     }
     # Had "good" ended in Error, both of its effects would be left in place.
-    assert effects_left_in_place(fakes.base_url, {"good"}) == [
+    assert effects_left_in_place(ledger, {"good"}) == [
         ("inventory", "good", key("good", "inventory", "do")),
         ("payment", "good", key("good", "payment", "do")),
     ]
 
 
-def test_one_snapshot_serves_several_checks(fakes: FakeServices) -> None:
+async def test_one_snapshot_serves_several_checks(fakes: FakeServices) -> None:
     do(fakes, "a", "payment")
     undo(fakes, "b", "payment")
-    ledger = read_ledger(fakes.base_url)
+    ledger = await read_ledger(fakes.base_url)
     assert [e["idempotency_key"] for e in ledger.entries] == [key("a", "payment", "do")]
     assert [t["idempotency_key"] for t in ledger.tombstones] == [key("b", "payment", "do")]
     do(fakes, "c", "payment")  # after the snapshot: not seen by checks given the snapshot
     assert forward_effects(ledger, {"a", "c"}) == {
         ("a", "charge_payment", key("a", "payment", "do"))
     }
-    assert len(forward_effects(fakes.base_url, {"a", "c"})) == 2
+    assert len(forward_effects(await read_ledger(fakes.base_url), {"a", "c"})) == 2
 
 
 def test_duplicates_count_forward_and_undo_effects_separately() -> None:

@@ -278,6 +278,8 @@ def test_timer_fires_on_its_schedule(make_host):
         time.sleep(2.6)
     assert len(app.TIMER_RUNS) >= 2
     assert not any(run["past_due"] for run in app.TIMER_RUNS)
+    # Scheduled on the loop, a sync function runs on a thread of the timer's own.
+    assert {run["thread"] for run in app.TIMER_RUNS} == {"host-timer-on_timer"}
     assert host.stats()["on_timer"].successes == len(app.TIMER_RUNS)
 
 
@@ -299,6 +301,7 @@ def test_run_on_startup_async_function_with_context(make_host):
         wait_until(lambda: len(app.STARTUP_RUNS) == 1, 5, "the startup run")
     (run,) = app.STARTUP_RUNS
     assert run["function"] == "on_startup"
+    assert run["thread"] == "host-async-loop"  # awaited on the loop, as the worker does
     assert run["past_due"] is False
     assert run["next"]["Next"].startswith(str(time.gmtime().tm_year + 1))
 

@@ -11,22 +11,22 @@ claim, the agent would find the request past its deadline and drop it.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 import time
 
 import pytest
 
-from core import runtime
 from core.messages import encode
 from core.states import ProcessState
 from devstack.host import LocalHost
 from devstack.host.cold_start import COLD_START_SETTING
 from scheduler.intake import handle_submission
-from tests.support.app import install_async_twin, make_runtime
+from tests.support.app import install_for_host, make_runtime
 from tests.support.pattern import effects, new_order
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 COLD_START_S = 6.0
 FUNCTIONS = ("scheduler_replies", "inventory_agent", "payment_agent", "shipping_agent")
@@ -42,9 +42,8 @@ def cold_env(env):
 
 
 @pytest.fixture
-def hosted(cold_env):
-    rt = make_runtime(cold_env, "scheduler")
-    previous = runtime.install(rt)
+async def hosted(cold_env):
+    rt = await make_runtime(cold_env, "scheduler")
     sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
     host = LocalHost(
         importlib.import_module("function_app"),
@@ -53,27 +52,26 @@ def hosted(cold_env):
         concurrency_override=1,
         functions=FUNCTIONS,
     )
-    install_async_twin(rt, host)
+    install_for_host(rt, host)
     host.start()
     try:
         yield rt, host
     finally:
         host.stop(timeout=5)
-        runtime.install(previous)
-        rt.close()
+        await rt.close()
 
 
-def test_an_order_finishes_inside_its_budget_after_a_cold_start(hosted, fakes):
+async def test_an_order_finishes_inside_its_budget_after_a_cold_start(hosted, fakes):
     rt, host = hosted
     order = new_order()
     started = time.monotonic()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     deadline = started + 45
-    while rt.store.load(order.order_id).state is not ProcessState.PROCESSED:
-        assert time.monotonic() < deadline, f"not Processed: {rt.store.load(order.order_id)}"
-        time.sleep(0.2)
+    while (current := await rt.store.load(order.order_id)).state is not ProcessState.PROCESSED:
+        assert time.monotonic() < deadline, f"not Processed: {current}"
+        await asyncio.sleep(0.2)
     took = time.monotonic() - started
-    finished = rt.store.load(order.order_id)
+    finished = await rt.store.load(order.order_id)
     assert took >= COLD_START_S, "the payment agent's first call did not wait"
     assert host._invoker.cold_starts.pending == {}
     assert finished.failure_count == 0
@@ -84,5 +82,5 @@ def test_an_order_finishes_inside_its_budget_after_a_cold_start(hosted, fakes):
     ]
     stats = host.stats()
     assert {name: stats[name].failures for name in FUNCTIONS} == dict.fromkeys(FUNCTIONS, 0)
-    events = [entry.event for entry in rt.store.get_timeline(order.order_id)]
+    events = [entry.event for entry in await rt.store.get_timeline(order.order_id)]
     assert not any("retry" in event or "recover" in event for event in events), events

@@ -49,6 +49,17 @@ def test_unknown_route_wrong_method_and_failure_are_clear(host):
     assert stats["get_item"].invocations == 0
 
 
+def test_a_coroutine_function_is_awaited_on_the_loop_a_sync_one_on_the_request_thread(host):
+    on_loop = httpx.get(f"{host.http.base_url}threads/async", timeout=5)
+    assert (on_loop.status_code, on_loop.text) == (200, "host-async-loop")
+    on_thread = httpx.get(f"{host.http.base_url}threads/sync", timeout=5)
+    assert on_thread.status_code == 200 and on_thread.text != "host-async-loop"
+    failed = httpx.get(f"{host.http.base_url}boom-async", timeout=5)
+    assert failed.status_code == 500 and "boom_async" in failed.json()["error"]["message"]
+    stats = host.stats()
+    assert (stats["async_thread"].successes, stats["boom_async"].failures) == (1, 1)
+
+
 def test_http_triggers_are_not_served_unless_asked():
     sys.modules.pop(MODULE, None)
     local = LocalHost(importlib.import_module(MODULE), settings={}, host_json=None)

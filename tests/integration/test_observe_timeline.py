@@ -3,7 +3,7 @@ counts what reading every order's timeline would, with one query, and only for t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -22,6 +22,8 @@ from devstack.observe import (
     timelines,
 )
 from tests.integration.test_supervisor_cost import new_submission
+
+pytestmark = pytest.mark.anyio
 
 # (actor, event) of each order's timeline after "created".
 HISTORIES = {
@@ -43,14 +45,14 @@ HISTORIES = {
 
 
 @pytest.fixture
-def table(azurite, unique_name) -> Iterator[Table]:
-    with TableService.from_connection_string(azurite.connection_string) as service:
+async def table(azurite, unique_name) -> AsyncIterator[Table]:
+    async with TableService.from_connection_string(azurite.connection_string) as service:
         name = unique_name("orders")
-        service.create_table_if_not_exists(name)
+        await service.create_table_if_not_exists(name)
         yield service.get_table_client(name)
 
 
-def write_order(table: Table, order_id: str, history: list[tuple[str, str]]) -> None:
+async def write_order(table: Table, order_id: str, history: list[tuple[str, str]]) -> None:
     submitted = new_submission().model_copy(update={"order_id": order_id})
     at = utc_now()
     entries = [("scheduler:h1", "created"), *history]
@@ -70,14 +72,15 @@ def write_order(table: Table, order_id: str, history: list[tuple[str, str]]) -> 
             detail=f"{event} by {actor}",
         )
         rows.append(timeline_entity(order_id, entry))
-    table.submit_transaction([("create", row) for row in rows])
+    await table.submit_transaction([("create", row) for row in rows])
 
 
-def per_order(table: Table, order_ids: list[str]) -> TimelineTally:
+async def per_order(table: Table, order_ids: list[str]) -> TimelineTally:
     """What the demo used to do: read each order's timeline (one query per order)."""
     retries, recovered = 0, set()
     for order_id in order_ids:
-        timeline = list(table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id}))
+        query = table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
+        timeline = [row async for row in query]
         events = [row for row in timeline if str(row["RowKey"]).startswith("timeline-")]
         retries += sum(1 for row in events if row["Event"] in RETRY_EVENTS)
         if any(row["Actor"].startswith("supervisor:") for row in events):
@@ -85,25 +88,25 @@ def per_order(table: Table, order_ids: list[str]) -> TimelineTally:
     return TimelineTally(retries, frozenset(recovered))
 
 
-def test_one_query_counts_what_reading_each_timeline_would(table: Table) -> None:
+async def test_one_query_counts_what_reading_each_timeline_would(table: Table) -> None:
     ours = [f"run-a-{name}-{n}" for name in HISTORIES for n in range(3)]
     for order_id in ours:
-        write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
+        await write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
     # Another run's orders, with retries and a Supervisor entry, are not counted.
-    write_order(table, "run-b-recovered-0", HISTORIES["recovered"])
-    write_order(table, "run-a", HISTORIES["retried"])  # the prefix itself is not a run order
+    await write_order(table, "run-b-recovered-0", HISTORIES["recovered"])
+    await write_order(table, "run-a", HISTORIES["retried"])  # the prefix itself is no run order
 
-    tally = timeline_tally(table, "run-a-")
+    tally = await timeline_tally(table, "run-a-")
 
-    assert tally == per_order(table, ours)
+    assert tally == await per_order(table, ours)
     assert tally.retries == 3 * 2 + 3 * 1
     assert tally.recovered_by_supervisor == {f"run-a-recovered-{n}" for n in range(3)}
 
 
-def test_only_the_orders_named_are_counted(table: Table) -> None:
+async def test_only_the_orders_named_are_counted(table: Table) -> None:
     for n in range(3):
-        write_order(table, f"run-c-{n}", HISTORIES["recovered"])
-    tally = timeline_tally(table, "run-c-", {"run-c-0", "run-c-2"})
+        await write_order(table, f"run-c-{n}", HISTORIES["recovered"])
+    tally = await timeline_tally(table, "run-c-", {"run-c-0", "run-c-2"})
     assert tally == TimelineTally(2, frozenset({"run-c-0", "run-c-2"}))
 
 
@@ -115,13 +118,13 @@ def test_past_prefix_ends_the_range_of_a_prefix() -> None:
         past_prefix("")
 
 
-def test_one_query_reads_every_timeline_of_a_run_in_order(table: Table) -> None:
+async def test_one_query_reads_every_timeline_of_a_run_in_order(table: Table) -> None:
     ours = [f"run-d-{name}" for name in HISTORIES]
     for order_id in ours:
-        write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
-    write_order(table, "run-e-plain", HISTORIES["plain"])  # another run's order
+        await write_order(table, order_id, HISTORIES[order_id.split("-")[2]])
+    await write_order(table, "run-e-plain", HISTORIES["plain"])  # another run's order
 
-    found = timelines(table, common_prefix(ours))
+    found = await timelines(table, common_prefix(ours))
 
     assert set(found) == set(ours)
     for order_id in ours:

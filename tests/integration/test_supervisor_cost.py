@@ -7,12 +7,13 @@ then once the orders in flight are due.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from azure.data.tables import TableServiceClient
+import pytest
+from azure.data.tables.aio import TableServiceClient
 
 from core import lifecycle
 from core.active_index import INDEX_BUCKETS
@@ -25,8 +26,11 @@ from scheduler.intake import handle_submission
 from supervisor.tick import run_tick
 from tests.support.app import app_settings, make_runtime
 
+pytestmark = pytest.mark.anyio
+
 IN_FLIGHT = 5
 FINISHED = 10_000
+WRITERS = 8
 
 
 def new_submission() -> OrderSubmitted:
@@ -56,38 +60,43 @@ def finished_order(rt) -> Order:
     )
 
 
-def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
+async def write_history(connection_string: str, table_name: str, template: Order) -> None:
+    """``FINISHED`` copies of ``template`` written by azure-data-tables (the reference client),
+    ``WRITERS`` at once."""
+    at_once = asyncio.Semaphore(WRITERS)
+    async with TableServiceClient.from_connection_string(connection_string) as service:
+        table = service.get_table_client(table_name)
+
+        async def write(i: int) -> None:
+            done = dataclasses.replace(template, order_id=f"done-{i:05d}")
+            async with at_once:
+                await table.create_entity(order_entity(done))
+
+        await asyncio.gather(*(write(i) for i in range(FINISHED)))
+
+
+async def test_tick_cost_ignores_finished_orders(servicebus, azurite, unique_name):
     env = app_settings(
         servicebus, azurite.connection_string, lambda s: f"http://127.0.0.1:9/{s}", unique_name("c")
     )
     env["STEP_QUEUE_SECONDS"] = "600"  # nothing expires while the history is written
-    rt = make_runtime(env, "supervisor")
+    rt = await make_runtime(env, "supervisor")
     try:
         for _ in range(IN_FLIGHT):
-            handle_submission(encode(new_submission()), rt)
+            await handle_submission(encode(new_submission()), rt)
 
         COUNTS.reset()
-        quiet = run_tick(rt)
+        quiet = await run_tick(rt)
         cost_empty_history = COUNTS.snapshot()
 
-        table = TableServiceClient.from_connection_string(
-            azurite.connection_string
-        ).get_table_client(rt.settings.orders_table)
-
         template = finished_order(rt)
-
-        def write(i: int) -> None:
-            done = dataclasses.replace(template, order_id=f"done-{i:05d}")
-            table.create_entity(order_entity(done))
-
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(write, range(FINISHED)))
+        await write_history(azurite.connection_string, rt.settings.orders_table, template)
 
         COUNTS.reset()
-        busy = run_tick(rt)
+        busy = await run_tick(rt)
         cost_big_history = COUNTS.snapshot()
     finally:
-        rt.close()
+        await rt.close()
 
     assert quiet.due == busy.due == 0
     assert (busy.retried, busy.compensating, busy.failed, busy.flushed) == (0, 0, 0, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from devstack.stack.local_stack import STATE_FILE
@@ -77,21 +77,21 @@ def purge_view(s: str) -> PurgeView:
 
 
 class Ops:
-    """Operations returning views full of ``s``."""
+    """Operations returning views full of ``s`` (coroutines, as the real ones)."""
 
     def __init__(self, s: str) -> None:
         self.s = s
 
-    def show_order(self, order_id: str) -> OrderDetail:
+    async def show_order(self, order_id: str) -> OrderDetail:
         return order_detail(self.s)
 
-    def watch_order(self, order_id: str, *, after_seq: int, wait_s: float) -> WatchView:
+    async def watch_order(self, order_id: str, *, after_seq: int, wait_s: float) -> WatchView:
         detail = order_detail(self.s)
         if after_seq >= 0:  # the second call: the order is done, nothing new
             detail = detail.model_copy(update={"timeline": []})
         return WatchView(changed=after_seq < 0, terminal=True, detail=detail)
 
-    def list_orders(self, state, *, step, older_than, newer_than, text, sort, limit,
+    async def list_orders(self, state, *, step, older_than, newer_than, text, sort, limit,
                     continuation) -> OrderPage:  # fmt: skip
         return OrderPage(
             state="Error",
@@ -103,7 +103,8 @@ class Ops:
             partial=True,
         )
 
-    def bulk(self, action, *, operator, reason, limit, dry_run=False, order_ids=None, **filters):
+    async def bulk(self, action, *, operator, reason, limit, dry_run=False, order_ids=None,
+                   **filters):  # fmt: skip
         item = {
             "order_id": "order-7", "order": order_detail(self.s).order.model_dump(),
             "outcome": f"would_{action}" if dry_run else "refused", "detail": self.s,
@@ -114,13 +115,13 @@ class Ops:
              "filters": {"text": self.s}, "items": [item], "acted": 0, "more": True}
         )  # fmt: skip
 
-    def restart(self, order_id, *, step, operator, reason) -> ActionView:
+    async def restart(self, order_id, *, step, operator, reason) -> ActionView:
         return self._action("restart", "restarted")
 
-    def replay_dead_letters(self, queue, **options) -> DeadLetterActionView:
+    async def replay_dead_letters(self, queue, **options) -> DeadLetterActionView:
         return self._dead_letter_action("replay", queue, options)
 
-    def purge_dead_letters(self, queue, **options) -> DeadLetterActionView:
+    async def purge_dead_letters(self, queue, **options) -> DeadLetterActionView:
         return self._dead_letter_action("purge", queue, options)
 
     def _dead_letter_action(self, action: str, queue: str, options: dict) -> DeadLetterActionView:
@@ -134,7 +135,7 @@ class Ops:
                         "recorded_in_timeline": not dry_run}]}
         )  # fmt: skip
 
-    def dead_letter_log(self, *, limit) -> DeadLetterLogView:
+    async def dead_letter_log(self, *, limit) -> DeadLetterLogView:
         s = self.s
         return DeadLetterLogView.model_validate(
             {"actions": [
@@ -147,13 +148,13 @@ class Ops:
                       "outcome": "refused"}]}]}
         )  # fmt: skip
 
-    def health(self) -> HealthView:
+    async def health(self) -> HealthView:
         return HealthView.model_validate(
             {"status": "ok", "checks": [
                 {"name": "table", "ok": True, "detail": self.s, "duration_ms": 1.5}]}
         )  # fmt: skip
 
-    def list_alerts(self, *, limit, open_only=False) -> AlertPage:
+    async def list_alerts(self, *, limit, open_only=False) -> AlertPage:
         s = self.s
         alert = {"severity": s, "order_id": s, "reason": s, "detail": s}
         return AlertPage.model_validate(
@@ -170,16 +171,16 @@ class Ops:
             }
         )  # fmt: skip
 
-    def acknowledge_alert(self, sequence_number, *, operator, reason=None) -> AckView:
+    async def acknowledge_alert(self, sequence_number, *, operator, reason=None) -> AckView:
         return AckView(
             sequence_number=sequence_number, message_id=self.s, order_id="order-7",
             acknowledged_by=self.s, recorded_in_timeline=True,
         )  # fmt: skip
 
-    def resubmit(self, order_id, *, operator, reason) -> ActionView:
+    async def resubmit(self, order_id, *, operator, reason) -> ActionView:
         return self._action("resubmit", "resubmitted")
 
-    def cancel(self, order_id, *, operator, reason) -> ActionView:
+    async def cancel(self, order_id, *, operator, reason) -> ActionView:
         return self._action("cancel", "compensating")
 
     def _action(self, action: str, outcome: str) -> ActionView:
@@ -188,7 +189,7 @@ class Ops:
              "step": "charge_payment", "generation": 3, "requested_by": self.s, "detail": self.s}
         )  # fmt: skip
 
-    def supervisor(self) -> SupervisorView:
+    async def supervisor(self) -> SupervisorView:
         bucket = {
             "bucket": 0, "holder": self.s, "leased_until": AT, "swept_at": AT,
             "swept_by": self.s, "lag_s": 1.5, "due_found": 2,
@@ -202,23 +203,23 @@ class Ops:
             }
         )  # fmt: skip
 
-    def purge(self, **_) -> PurgeView:
+    async def purge(self, **_) -> PurgeView:
         return purge_view(self.s)
 
-    def purge_runs(self, *, limit) -> PurgeRunsView:
+    async def purge_runs(self, *, limit) -> PurgeRunsView:
         return PurgeRunsView(runs=[purge_view(self.s)])
 
-    def archived_order(self, order_id, *, day) -> ArchivedOrderView:
+    async def archived_order(self, order_id, *, day) -> ArchivedOrderView:
         return ArchivedOrderView(
             archived_at=AT, run_id=self.s, copies=2, order=order_detail(self.s)
         )
 
-    def dead_letter_summary(self) -> DeadLetterSummary:
+    async def dead_letter_summary(self) -> DeadLetterSummary:
         return DeadLetterSummary.model_validate(
             {"queues": [{"queue": "orders", "entity": "orders", "count": 2, "more": True}]}
         )
 
-    def list_dead_letters(self, queue) -> DeadLetterPage:
+    async def list_dead_letters(self, queue) -> DeadLetterPage:
         s = self.s
         return DeadLetterPage.model_validate(
             {
@@ -238,8 +239,8 @@ class Ops:
 def use_ops(monkeypatch, s: str, width: int = 120) -> None:
     from devstack import cli
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         yield Ops(s)
 
     monkeypatch.setattr(cli, "operations", operations)

@@ -1,10 +1,12 @@
 """Circuit rows and the overview's per-agent view (core.circuits), and how the breaker reports
-its transitions (agent.circuit): only transitions, off the calling thread, never failing the
-call."""
+its transitions (agent.circuit): only transitions, from a task of their own off the calling
+path, never failing the call."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -29,6 +31,8 @@ from core.circuits import (
     effective_state,
     overview,
 )
+
+pytestmark = pytest.mark.anyio
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 
@@ -236,19 +240,32 @@ def test_a_failing_listener_never_fails_the_call_and_may_read_the_breaker(caplog
 
 
 class FakeTable:
-    def __init__(self, *, fail: bool = False, gate: threading.Event | None = None) -> None:
+    def __init__(self, *, fail: bool = False, gate: asyncio.Event | None = None) -> None:
         self.rows: list[CircuitRow] = []
         self.fail = fail
         self.gate = gate
-        self.entered = threading.Event()
+        self.entered = asyncio.Event()
 
-    def record(self, value: CircuitRow) -> None:
+    async def record(self, value: CircuitRow) -> None:
         self.entered.set()
         if self.gate is not None:
-            self.gate.wait(10)
+            await self.gate.wait()
         if self.fail:
             raise ConnectionError("table storage is down\nsecond line")
         self.rows.append(value)
+
+
+def where(table: FakeTable | None) -> Callable[[], Awaitable[FakeTable | None]]:
+    """The reporter's ``table()``: where to write."""
+
+    async def table_() -> FakeTable | None:
+        return table
+
+    return table_
+
+
+def reporter_on(table: FakeTable | None) -> CircuitReporter:
+    return CircuitReporter(where(table), "host.1")  # type: ignore[arg-type]
 
 
 _seq = iter(range(1, 10**6))
@@ -258,53 +275,80 @@ def transition(new: BreakerState, service: str = "payment", seq: int | None = No
     return Transition(service, BreakerState.CLOSED, new, NOW, 5, None, seq or next(_seq))
 
 
-def test_the_reporter_writes_off_the_calling_thread_and_never_waits_for_storage():
-    gate = threading.Event()
+async def test_the_reporter_writes_off_the_calling_path_and_never_waits_for_storage():
+    gate = asyncio.Event()
     table = FakeTable(gate=gate)
-    reporter = CircuitReporter(lambda: table, "host.1")  # type: ignore[arg-type, return-value]
+    reporter = reporter_on(table)
     reporter.submit(transition(BreakerState.OPEN))  # the writer blocks on the gate...
-    assert table.entered.wait(5)
+    await asyncio.wait_for(table.entered.wait(), 5)
     for state in (BreakerState.HALF_OPEN, BreakerState.OPEN, BreakerState.HALF_OPEN):
         reporter.submit(transition(state))  # ...and submitting does not wait for it
-    assert not reporter.flush(timeout=0.2)
+    assert not await reporter.flush(timeout=0.2)
     gate.set()
-    assert reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=5)
     # What waited while the first write hung was coalesced to the latest state.
     assert [r.state for r in table.rows] == [CircuitState.OPEN, CircuitState.HALF_OPEN]
     assert all(r.instance == "host.1" for r in table.rows)
 
 
-def test_a_failed_write_is_logged_and_the_next_transition_writes_again(caplog):
+async def test_a_failed_write_is_logged_and_the_next_transition_writes_again(caplog):
     table = FakeTable(fail=True)
-    reporter = CircuitReporter(lambda: table, "host.1")  # type: ignore[arg-type, return-value]
+    reporter = reporter_on(table)
     reporter.submit(transition(BreakerState.OPEN))
-    assert reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=5)
     assert reporter.failed == 1 and "not recorded for the dashboard" in caplog.text
     assert "second line" not in caplog.text
     table.fail = False
     reporter.submit(transition(BreakerState.CLOSED))
-    assert reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=5)
     assert [r.state for r in table.rows] == [CircuitState.CLOSED]
 
 
-def test_nowhere_to_write_is_not_an_error():
-    reporter = CircuitReporter(lambda: None, "host.1")
+async def test_nowhere_to_write_is_not_an_error():
+    reporter = reporter_on(None)
     reporter.submit(transition(BreakerState.OPEN))
-    assert reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=5)
     assert (reporter.written, reporter.failed) == (0, 0)
 
 
-def test_a_transition_heard_after_a_later_one_is_dropped():
+async def test_a_transition_heard_after_a_later_one_is_dropped():
     table = FakeTable()
-    reporter = CircuitReporter(lambda: table, "host.1")  # type: ignore[arg-type, return-value]
+    reporter = reporter_on(table)
     assert reporter.submit(transition(BreakerState.HALF_OPEN, seq=2))
     assert not reporter.submit(transition(BreakerState.OPEN, seq=1))  # the other thread, late
     assert reporter.submit(transition(BreakerState.OPEN, service="shipping", seq=1))
-    assert reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=5)
     assert sorted((r.agent, r.state) for r in table.rows) == [
         ("payment", CircuitState.HALF_OPEN),
         ("shipping", CircuitState.OPEN),
     ]
+
+
+async def test_a_transition_told_on_a_thread_without_a_loop_waits_for_the_next_writer():
+    table = FakeTable()
+    reporter = reporter_on(table)
+    told = threading.Thread(target=reporter.submit, args=(transition(BreakerState.OPEN),))
+    told.start()
+    told.join()
+    await asyncio.sleep(0.05)
+    assert table.rows == []  # no loop there to write it on: it waits...
+    assert await reporter.flush(timeout=5)  # ...and is written by the next writer
+    assert [r.state for r in table.rows] == [CircuitState.OPEN]
+
+
+async def test_a_write_cut_off_by_its_loop_closing_is_not_lost():
+    hung = FakeTable(gate=asyncio.Event())  # never opened: the write hangs until cancelled
+    reporter = reporter_on(hung)
+
+    async def transition_then_close() -> None:
+        reporter.submit(transition(BreakerState.OPEN))
+        await hung.entered.wait()
+
+    await asyncio.to_thread(asyncio.run, transition_then_close())  # cancels the writer
+    table = FakeTable()
+    reporter._table = where(table)
+    assert await reporter.flush(timeout=5)
+    assert [r.state for r in table.rows] == [CircuitState.OPEN]
 
 
 def test_the_process_breakers_set_the_metric_and_queue_the_row(monkeypatch):

@@ -1,7 +1,12 @@
-"""orderctl refuses bad input with a message that says what is wrong, before touching anything."""
+"""orderctl refuses bad input with a message that says what is wrong, before touching anything.
+
+Each command runs its own event loop (``asyncio.run`` at its edge): a test that awaits too (an
+in-memory store to put in place or look at) runs the command on a thread of its own.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -18,6 +23,11 @@ runner = CliRunner()
 
 def run(*args: str):
     return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+async def run_beside(*args: str):
+    """:func:`run` from an async test: the command's event loop on a thread of its own."""
+    return await asyncio.to_thread(run, *args)
 
 
 def test_submit_without_a_stack_says_how_to_start_one(tmp_path):
@@ -69,7 +79,7 @@ def test_an_unknown_profile_name_lists_the_known_ones(tmp_path):
 
 
 def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
-    from contextlib import contextmanager
+    from contextlib import asynccontextmanager
     from datetime import UTC, datetime
 
     from core.order import Order, StepRecord, StepState, TimelineEntry
@@ -110,12 +120,12 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     detail = OrderDetail.of(OrderRecord(submitted, "h", order), [entry], False)
 
     class Ops:
-        def show_order(self, order_id):
+        async def show_order(self, order_id):
             assert order_id == "order-7"
             return detail
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         yield Ops()
 
     monkeypatch.setattr(cli, "operations", operations)
@@ -129,8 +139,9 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     assert "cancelled: [red]no[/red] stock" in result.output, "stored text is never markup"
 
 
-def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
-    from contextlib import contextmanager
+@pytest.mark.anyio
+async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
+    from contextlib import asynccontextmanager
     from datetime import UTC, datetime, timedelta
 
     from core.memory import MemoryBus, MemoryStore
@@ -144,7 +155,7 @@ def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
     store = MemoryStore(lambda: now)
     holder = "supervisor@host.1.abc"
-    store.supervision.claim(
+    await store.supervision.claim(
         Member(holder, now + timedelta(seconds=20)),
         [BucketLease(b, holder, now + timedelta(seconds=20)) for b in range(3)],
         (),
@@ -158,13 +169,13 @@ def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
         clock=lambda: now,
     )
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         yield Operations(rt)
 
     monkeypatch.setattr(cli, "operations", operations)
     monkeypatch.setattr(cli, "console", cli.Console(width=200))
-    result = run("supervisor")
+    result = await run_beside("supervisor")
     assert result.exit_code == 0, result.output
     assert "deadline to recovery at most 41.2 s" in result.output
     assert "buckets not swept within the bound" in result.output  # none swept yet
@@ -174,7 +185,7 @@ def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
 
 def _memory_operations(monkeypatch, clock):
     """`orderctl` on a real Operations over the in-memory store and archive."""
-    from contextlib import contextmanager
+    from contextlib import asynccontextmanager
 
     from core.memory import MemoryArchive, MemoryBus, MemoryStore
     from core.runtime import Runtime
@@ -195,8 +206,8 @@ def _memory_operations(monkeypatch, clock):
     ops = Operations(rt)
     ops.use_archive(MemoryArchive())
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         try:
             yield ops
         except cli.OperatorError as error:
@@ -207,35 +218,38 @@ def _memory_operations(monkeypatch, clock):
     return store
 
 
-def test_purge_then_list_runs_then_read_an_order_back(monkeypatch):
+@pytest.mark.anyio
+async def test_purge_then_list_runs_then_read_an_order_back(monkeypatch):
     from datetime import timedelta
 
     from tests.integration.test_state_store import T0, Clock, to_processed
 
     clock = Clock(T0)
     store = _memory_operations(monkeypatch, clock)
-    done = to_processed(store, clock, "o-1")
-    done = store.annotate(done, actor="operator:bob", event="note", detail="[red]x[/red] y")
-    store.index.discard(done.order_id, done.generation)
+    done = await to_processed(store, clock, "o-1")
+    done = await store.annotate(done, actor="operator:bob", event="note", detail="[red]x[/red] y")
+    await store.index.discard(done.order_id, done.generation)
     clock.advance(timedelta(days=10))
 
-    result = run("purge", "--older-than", "7", "--dry-run", "--operator", "ann")
+    result = await run_beside("purge", "--older-than", "7", "--dry-run", "--operator", "ann")
     assert result.exit_code == 0, result.output
     assert "dry run: nothing changed" in result.output
-    assert store.find(done.order_id) is not None
+    assert await store.find(done.order_id) is not None
 
-    result = run("purge", "--older-than", "7", "--state", "Processed", "--operator", "ann")
+    result = await run_beside(
+        "purge", "--older-than", "7", "--state", "Processed", "--operator", "ann"
+    )
     assert result.exit_code == 0, result.output
     row = [line for line in result.output.splitlines() if line.startswith("│")][-1]
     assert [cell.strip() for cell in row.strip("│").split("│")] == ["1", "1", "1", "1", "0"]
     assert "archived to 2025/06/11.jsonl" in result.output
-    assert store.find(done.order_id) is None
+    assert await store.find(done.order_id) is None
 
-    result = run("purges")
+    result = await run_beside("purges")
     assert result.exit_code == 0, result.output
     assert "operator:ann" in result.output and "Processed" in result.output
 
-    result = run("archived", done.order_id)
+    result = await run_beside("archived", done.order_id)
     assert result.exit_code == 0, result.output
     assert "[red]x[/red] y" in result.output, "stored text is shown as text, never markup"
     assert "Processed" in result.output and "reserve_inventory" in result.output
@@ -425,7 +439,11 @@ def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, a
 
     monkeypatch.setattr(cli, "check_installed", lambda: None)
     monkeypatch.setattr(cli, "LocalStack", Stack)
-    monkeypatch.setattr(cli, "run_supervised", lambda *a, **k: None)
+
+    async def run_supervised(*args, **kwargs) -> None:
+        pass
+
+    monkeypatch.setattr(cli, "run_supervised", run_supervised)
     monkeypatch.chdir(tmp_path)
     result = run("up", *args, "--workdir", str(tmp_path / "wd"))
     assert result.exit_code == 0, result.output

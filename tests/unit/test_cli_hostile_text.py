@@ -105,12 +105,12 @@ def test_json_carries_the_exact_text(monkeypatch, command, args, shows_stored_te
 
 
 def test_a_hostile_error_message_stays_one_escaped_line(monkeypatch):
-    from contextlib import contextmanager
+    from contextlib import asynccontextmanager
 
     from operator_api.errors import OperatorError
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         try:
             yield None
         except AttributeError:

@@ -114,7 +114,11 @@ def test_stack_commands_print_their_shape(monkeypatch, tmp_path):
     from devstack import orders
 
     sent = []
-    monkeypatch.setattr(orders, "send_orders", lambda settings, batch: sent.extend(batch))
+
+    async def send_orders(settings, batch):
+        sent.extend(batch)
+
+    monkeypatch.setattr(orders, "send_orders", send_orders)
     args = ["submit", "--order-id", "o-1", "--item", "SKU-1:2:150", "--json"]
     submitted = one_document("submit", invoke(*args, "--workdir", str(tmp_path)))
     assert submitted == {"order_id": "o-1", "workflow": "order", "total_cents": 300,
@@ -130,7 +134,7 @@ def test_demo_json_to_stdout(monkeypatch, tmp_path):
         def __init__(self, **options):
             self.console = options["console"]
 
-        def run(self):
+        async def run(self):
             self.console.print("live view")  # the live view goes to stderr
             return demo.Summary(orders=2, profile="clean", workflow="order", hosts=1,
                                 processed=2)  # fmt: skip
@@ -152,10 +156,10 @@ def test_a_failure_with_json_is_one_line_on_stderr_and_an_error_document(tmp_pat
 
 
 def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch):
-    from contextlib import contextmanager
+    from contextlib import asynccontextmanager
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         raise KeyError("the broken thing")
         yield
 

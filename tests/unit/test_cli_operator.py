@@ -1,10 +1,14 @@
 """`orderctl`'s operator workflows: bulk actions with a dry run and a confirmation, restart,
-following an order, dead-letter replay and purge, faults, health; refusals are one line."""
+following an order, dead-letter replay and purge, faults, health; refusals are one line.
+
+Each command runs its own event loop (``asyncio.run`` at its edge): a test that awaits too (an
+in-memory store to put in place or look at) runs the command on a thread of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,11 @@ def invoke(*args: str, input: str | None = None):
     return runner.invoke(cli.app, list(args), input=input, catch_exceptions=False)
 
 
+async def invoke_beside(*args: str, input: str | None = None):
+    """:func:`invoke` from an async test: the command's event loop on a thread of its own."""
+    return await asyncio.to_thread(invoke, *args, input=input)
+
+
 class Recording(Ops):
     """The views of cli_views.Ops, and the calls made."""
 
@@ -32,29 +41,38 @@ class Recording(Ops):
         super().__init__(s)
         self.calls: list[tuple[str, dict]] = []
 
-    def bulk(self, action, **options):
+    async def bulk(self, action, **options):
         self.calls.append((action, options))
-        return super().bulk(action, **options)
+        return await super().bulk(action, **options)
 
-    def replay_dead_letters(self, queue, **options):
+    async def replay_dead_letters(self, queue, **options):
         self.calls.append(("replay", options))
-        return super().replay_dead_letters(queue, **options)
+        return await super().replay_dead_letters(queue, **options)
 
-    def purge_dead_letters(self, queue, **options):
+    async def purge_dead_letters(self, queue, **options):
         self.calls.append(("purge", options))
-        return super().purge_dead_letters(queue, **options)
+        return await super().purge_dead_letters(queue, **options)
 
-    def list_alerts(self, *, limit, open_only=False):
+    async def list_alerts(self, *, limit, open_only=False):
         self.calls.append(("alerts", {"open_only": open_only}))
-        return super().list_alerts(limit=limit, open_only=open_only)
+        return await super().list_alerts(limit=limit, open_only=open_only)
+
+
+def answering(view):
+    """An operation that answers ``view``, whatever it is asked."""
+
+    async def operation(*args, **options):
+        return view
+
+    return operation
 
 
 @pytest.fixture
 def recording(monkeypatch) -> Recording:
     ops = Recording()
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         try:
             yield ops
         except cli.OperatorError as error:
@@ -120,11 +138,12 @@ def test_an_empty_filter_is_refused_before_anything_is_read(monkeypatch):
     assert store.orders() == []
 
 
-def test_a_filter_matching_nothing_says_so_and_asks_nothing(recording, monkeypatch):
-    empty = Ops.bulk(recording, "resubmit", dry_run=True, operator="x", reason="", limit=1)
-    monkeypatch.setattr(recording, "bulk", lambda action, **o: empty.model_copy(
-        update={"items": [], "more": False}))  # fmt: skip
-    result = invoke("resubmit", "--step", "charge_payment", "--reason", "r", input="")
+@pytest.mark.anyio
+async def test_a_filter_matching_nothing_says_so_and_asks_nothing(recording, monkeypatch):
+    empty = await Ops.bulk(recording, "resubmit", dry_run=True, operator="x", reason="", limit=1)
+    nothing = empty.model_copy(update={"items": [], "more": False})
+    monkeypatch.setattr(recording, "bulk", answering(nothing))
+    result = await invoke_beside("resubmit", "--step", "charge_payment", "--reason", "r", input="")
     assert result.exit_code == 0, result.output
     assert "no Error order matches: nothing to resubmit" in result.stdout
     assert "?" not in result.stderr, "nothing to confirm"
@@ -153,8 +172,8 @@ def _memory(monkeypatch):
         _status_bus=MemoryBus(),  # type: ignore[arg-type]
     )
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         try:
             yield Operations(rt)
         except cli.OperatorError as error:
@@ -166,30 +185,31 @@ def _memory(monkeypatch):
     return store
 
 
-def test_restart_from_a_step_is_recorded_with_the_operator(monkeypatch):
+@pytest.mark.anyio
+async def test_restart_from_a_step_is_recorded_with_the_operator(monkeypatch):
     from tests.integration.test_state_store import to_error, to_processed
 
     store = _memory(monkeypatch)
-    to_error(store, store.clock, "o-1")  # type: ignore[attr-defined]
+    await to_error(store, store.clock, "o-1")  # type: ignore[attr-defined]
     args = ["restart", "o-1", "--from", "charge_payment", "--reason", "card updated"]
-    result = invoke(*args, "--operator", "ann")
+    result = await invoke_beside(*args, "--operator", "ann")
     assert result.exit_code == 0, result.output
     assert "o-1: restarted (Processing)" in result.stdout
     assert "restart from charge_payment" in result.stdout
-    last = store.get_timeline("o-1")[-1]
+    last = (await store.get_timeline("o-1"))[-1]
     assert (last.event, last.actor) == ("restarted", "operator:ann")
 
-    unknown = invoke("restart", "o-1", "--from", "teleport", "--reason", "r")
+    unknown = await invoke_beside("restart", "o-1", "--from", "teleport", "--reason", "r")
     assert unknown.exit_code == 2
     assert "has no step 'teleport'" in unknown.stderr and "(unknown_step)" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1
 
-    to_processed(store, store.clock, "o-2")  # type: ignore[attr-defined]
-    done = invoke("restart", "o-2", "--from", "reserve_inventory", "--reason", "r")
+    await to_processed(store, store.clock, "o-2")  # type: ignore[attr-defined]
+    done = await invoke_beside("restart", "o-2", "--from", "reserve_inventory", "--reason", "r")
     assert done.exit_code == 2
     assert "only Error orders can be restarted (wrong_state)" in done.stderr
 
-    missing = invoke("restart", "o-3", "--from", "reserve_inventory", "--reason", "r")
+    missing = await invoke_beside("restart", "o-3", "--from", "reserve_inventory", "--reason", "r")
     assert missing.exit_code == 2 and "order o-3 does not exist" in missing.stderr
 
 
@@ -235,7 +255,11 @@ def test_submit_wait_returns_when_the_order_is_done(monkeypatch, tmp_path):
 
     fake_running_stack(tmp_path)
     use_ops(monkeypatch, "x")
-    monkeypatch.setattr(orders, "send_orders", lambda settings, batch: len(batch))
+
+    async def send_orders(settings, batch):
+        return len(batch)
+
+    monkeypatch.setattr(orders, "send_orders", send_orders)
     result = invoke("submit", "--order-id", "order-7", "--wait", "--timeout", "5", "--json",
                     "--workdir", str(tmp_path))  # fmt: skip
     assert result.exit_code == 3
@@ -291,14 +315,14 @@ def test_alerts_open_lists_only_unresolved_ones(recording):
 
 def test_health_exits_1_when_a_check_fails(monkeypatch):
     class Failing(Ops):
-        def health(self) -> HealthView:
+        async def health(self) -> HealthView:
             return HealthView.model_validate(
                 {"status": "failing", "checks": [
                     {"name": "servicebus", "ok": False, "detail": "down", "duration_ms": 3}]}
             )  # fmt: skip
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         yield Failing("x")
 
     monkeypatch.setattr(cli, "operations", operations)
@@ -402,12 +426,14 @@ def test_fault_prints_a_hostile_profile_description_as_text(stack_with_fakes, mo
     assert document["description"] == HOSTILE
 
 
-def test_an_empty_dead_letter_queue_has_nothing_to_replay_and_asks_nothing(recording, monkeypatch):
-    empty = Ops.replay_dead_letters(recording, "orders", dry_run=True)
-    monkeypatch.setattr(
-        recording, "replay_dead_letters", lambda queue, **o: empty.model_copy(update={"items": []})
-    )
-    result = invoke("dead-letters", "replay", "orders", "--all", input="")
+@pytest.mark.anyio
+async def test_an_empty_dead_letter_queue_has_nothing_to_replay_and_asks_nothing(
+    recording, monkeypatch
+):
+    empty = await Ops.replay_dead_letters(recording, "orders", dry_run=True)
+    nothing = empty.model_copy(update={"items": []})
+    monkeypatch.setattr(recording, "replay_dead_letters", answering(nothing))
+    result = await invoke_beside("dead-letters", "replay", "orders", "--all", input="")
     assert result.exit_code == 0, result.output
     assert "no dead letters in text: nothing to replay" in result.stdout
     assert "?" not in result.stderr
@@ -431,12 +457,13 @@ def test_the_dead_letter_log_asks_for_the_limit_and_says_when_it_is_empty(monkey
     asked: list[int] = []
 
     class Empty(Ops):
-        def dead_letter_log(self, *, limit):
+        async def dead_letter_log(self, *, limit):
             asked.append(limit)
-            return super().dead_letter_log(limit=limit).model_copy(update={"actions": []})
+            logged = await super().dead_letter_log(limit=limit)
+            return logged.model_copy(update={"actions": []})
 
-    @contextmanager
-    def operations(workdir):
+    @asynccontextmanager
+    async def operations(workdir):
         yield Empty("x")
 
     monkeypatch.setattr(cli, "operations", operations)

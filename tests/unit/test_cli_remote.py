@@ -38,17 +38,26 @@ ENV = ("ORDERCTL_API_URL", "ORDERCTL_FUNCTION_KEY", "ORDERCTL_AUTH", "ORDERCTL_S
 class Served(Ops):
     """cli_views.Ops taking every parameter the HTTP functions pass."""
 
-    def show_order(self, order_id, **_):
-        return super().show_order(order_id)
+    async def show_order(self, order_id, **_):
+        return await super().show_order(order_id)
 
-    def list_alerts(self, *, limit, open_only=False, continuation=None):
-        return super().list_alerts(limit=limit, open_only=open_only)
+    async def list_alerts(self, *, limit, open_only=False, continuation=None):
+        return await super().list_alerts(limit=limit, open_only=open_only)
 
-    def dead_letter_summary(self, **_):
-        return super().dead_letter_summary()
+    async def dead_letter_summary(self, **_):
+        return await super().dead_letter_summary()
 
-    def list_dead_letters(self, queue, **_):
-        return super().list_dead_letters(queue)
+    async def list_dead_letters(self, queue, **_):
+        return await super().list_dead_letters(queue)
+
+
+def serving(ops: Ops):
+    """What the HTTP functions' ``operations()`` gives: ``ops``."""
+
+    async def operations() -> Ops:
+        return ops
+
+    return operations
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +71,7 @@ def api_url() -> Iterator[str]:
     """The operator HTTP API on a local functions host, over Served views."""
     with pytest.MonkeyPatch.context() as patch:
         served = Served(STORED)
-        patch.setattr(api, "operations", lambda: served)
+        patch.setattr(api, "operations", serving(served))
         sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
         functions = [name for name in dir(api) if name.startswith("operator_")]
         host = LocalHost("function_app", settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
@@ -122,7 +131,7 @@ def test_the_operator_is_the_one_the_api_authenticated(monkeypatch, api_url):
     served = Served(STORED)
     monkeypatch.setattr(served, "resubmit", lambda order_id, **o: calls.append(o) or
                         Ops.resubmit(served, order_id, **o))  # fmt: skip
-    monkeypatch.setattr(api, "operations", lambda: served)
+    monkeypatch.setattr(api, "operations", serving(served))
     result = remote(monkeypatch, api_url, "resubmit", "o-1", "--reason", "r", "--operator", "x")
     assert result.exit_code == 0, result.output
     assert calls == [{"operator": "ann", "reason": "r"}]

@@ -27,6 +27,8 @@ from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound
 from operator_api.operations import Operations
 from tests.unit.cli_views import Ops
 
+pytestmark = pytest.mark.anyio
+
 AZD = """AZURE_ENV_NAME="sas-dev"
 AZURE_FUNCTION_APP_NAME="func-api-abc123"
 # a comment, then a blank line
@@ -207,10 +209,10 @@ def answering(status: int, body: object = None, **headers: str):
     return answer
 
 
-def test_path_parameters_are_percent_encoded_and_the_key_is_a_header():
-    detail = Ops("x").show_order("o").model_dump(mode="json")
+async def test_path_parameters_are_percent_encoded_and_the_key_is_a_header():
+    detail = (await Ops("x").show_order("o")).model_dump(mode="json")
     ops, seen = client(answering(200, detail))
-    assert ops.show_order("a b/c?d#é").model_dump(mode="json") == detail
+    assert (await ops.show_order("a b/c?d#é")).model_dump(mode="json") == detail
     [request] = seen.requests
     assert request.url.raw_path.split(b"?")[0] == b"/api/orders/a%20b%2Fc%3Fd%23%C3%A9"
     assert request.headers["x-functions-key"] == "k1" and "code" not in str(request.url)
@@ -218,15 +220,19 @@ def test_path_parameters_are_percent_encoded_and_the_key_is_a_header():
     assert path("dead-letters", "orders", "replay") == "dead-letters/orders/replay"
 
 
-def test_queries_and_bodies_are_what_the_api_reads():
-    page = Ops("x").list_alerts(limit=5).model_dump(mode="json")
+async def test_queries_and_bodies_are_what_the_api_reads():
+    page = (await Ops("x").list_alerts(limit=5)).model_dump(mode="json")
     ops, seen = client(answering(200, page))
-    ops.list_alerts(limit=5, open_only=True)
+    await ops.list_alerts(limit=5, open_only=True)
     assert dict(seen.requests[0].url.params) == {"limit": "5", "open": "true"}
 
-    bulk = Ops("x").bulk("cancel", operator="o", reason="r", limit=1).model_dump(mode="json")
+    bulk = (await Ops("x").bulk("cancel", operator="o", reason="r", limit=1)).model_dump(
+        mode="json"
+    )
     ops, seen = client(answering(200, bulk))
-    ops.bulk("cancel", operator="ignored", reason="r", step="charge_payment", order_ids=["o-1"])
+    await ops.bulk(
+        "cancel", operator="ignored", reason="r", step="charge_payment", order_ids=["o-1"]
+    )
     [request] = seen.requests
     assert request.method == "POST" and request.url.path == "/api/bulk/cancel"
     assert json.loads(request.content) == {
@@ -236,11 +242,11 @@ def test_queries_and_bodies_are_what_the_api_reads():
     assert seconds(9.87654) == "9.877" and seconds(10.0) == "10" and seconds(-1) == "0"
 
 
-def test_an_entra_token_is_fetched_once_and_renewed_before_it_expires():
+async def test_an_entra_token_is_fetched_once_and_renewed_before_it_expires():
     fetched = []
 
     class Credential:
-        def get_token(self, scope):
+        async def get_token(self, scope):
             fetched.append(scope)
             expires = 0 if len(fetched) == 1 else 4_000_000_000  # the first one is stale
             return SimpleNamespace(token=f"t{len(fetched)}", expires_on=expires)
@@ -248,23 +254,23 @@ def test_an_entra_token_is_fetched_once_and_renewed_before_it_expires():
     health = {"status": "ok", "checks": []}
     ops, seen = client(answering(200, health), scope="api://a/.default", credential=Credential())
     for _ in range(3):
-        ops.health()
+        await ops.health()
     assert fetched == ["api://a/.default"] * 2
     assert [r.headers["authorization"] for r in seen.requests] == ["Bearer t1", "Bearer t2",
                                                                    "Bearer t2"]  # fmt: skip
     assert all(r.headers["x-functions-key"] == "k1" for r in seen.requests)
 
 
-def test_no_token_is_one_line_saying_how_to_sign_in():
+async def test_no_token_is_one_line_saying_how_to_sign_in():
     from azure.core.exceptions import ClientAuthenticationError
 
     class Credential:
-        def get_token(self, scope):
+        async def get_token(self, scope):
             raise ClientAuthenticationError("DefaultAzureCredential failed\nline two\nthree")
 
     ops, seen = client(answering(200, {}), scope="api://a/.default", credential=Credential())
     with pytest.raises(RemoteError) as refused:
-        ops.health()
+        await ops.health()
     assert refused.value.message.startswith(
         "no Entra token for api://a/.default: DefaultAzureCredential failed: sign in"
     )
@@ -280,10 +286,10 @@ def test_no_token_is_one_line_saying_how_to_sign_in():
         (503, "busy", Busy),
     ],
 )
-def test_the_apis_refusals_are_the_operations_own(status, code, kind):
+async def test_the_apis_refusals_are_the_operations_own(status, code, kind):
     ops, _ = client(answering(status, {"error": {"code": code, "message": "why"}}))
     with pytest.raises(kind) as refused:
-        ops.restart("o-1", step="s", operator="x", reason="r")
+        await ops.restart("o-1", step="s", operator="x", reason="r")
     assert (refused.value.code, refused.value.message) == (code, "why")
 
 
@@ -303,12 +309,12 @@ def test_the_apis_refusals_are_the_operations_own(status, code, kind):
         (200, {"items": []}, {}, 1, "OrderDetail (order: Field required)"),
     ],
 )  # fmt: skip
-def test_answers_that_are_not_the_apis_are_one_line_saying_what_to_check(
+async def test_answers_that_are_not_the_apis_are_one_line_saying_what_to_check(
     status, body, headers, exit_code, says
 ):
     ops, _ = client(answering(status, body, **headers))
     with pytest.raises(RemoteError) as failed:
-        ops.show_order("o-1")
+        await ops.show_order("o-1")
     assert says in failed.value.message and failed.value.exit_code == exit_code
     assert "\n" not in failed.value.message and "k1" not in failed.value.message
 
@@ -328,25 +334,26 @@ def test_answers_that_are_not_the_apis_are_one_line_saying_what_to_check(
         ("k1", "api://a/.default", 403, "", "refused the Entra token (403): check --scope"),
     ],
 )  # fmt: skip
-def test_auth_failures_say_which_credential_to_send(key, scope, status, body, says):
-    credential = SimpleNamespace(
-        get_token=lambda s: SimpleNamespace(token="tk-s3cr3t", expires_on=4_000_000_000)
-    )
+async def test_auth_failures_say_which_credential_to_send(key, scope, status, body, says):
+    async def get_token(scope: str) -> SimpleNamespace:
+        return SimpleNamespace(token="tk-s3cr3t", expires_on=4_000_000_000)
+
+    credential = SimpleNamespace(get_token=get_token)
     ops, _ = client(answering(status, body), key=key, scope=scope, credential=credential)
     with pytest.raises(RemoteError) as refused:
-        ops.resubmit("o-1", operator="x", reason="r")
+        await ops.resubmit("o-1", operator="x", reason="r")
     assert says in refused.value.message and refused.value.exit_code == 2
     assert "s3cr3t" not in refused.value.message and "k1" not in refused.value.message
 
 
-def test_health_reads_the_failing_view_from_a_503():
+async def test_health_reads_the_failing_view_from_a_503():
     failing = {"status": "failing", "checks": [
         {"name": "servicebus", "ok": False, "detail": "down", "duration_ms": 3.0}]}  # fmt: skip
     ops, _ = client(answering(503, failing))
-    assert ops.health().status == "failing"
+    assert (await ops.health()).status == "failing"
     ops, _ = client(answering(503, "<html>Service Unavailable</html>"))
     with pytest.raises(RemoteError, match=r"\(503\): try again"):
-        ops.health()
+        await ops.health()
 
 
 @pytest.mark.parametrize(
@@ -358,11 +365,11 @@ def test_health_reads_the_failing_view_from_a_503():
         (httpx.ReadTimeout("timed out"), 1, "did not answer in time (ReadTimeout)"),
     ],
 )  # fmt: skip
-def test_no_answer_is_one_line_saying_what_to_check(error, exit_code, says):
+async def test_no_answer_is_one_line_saying_what_to_check(error, exit_code, says):
     def fail(request):
         raise error
 
     ops, _ = client(fail)
     with pytest.raises(RemoteError) as failed:
-        ops.supervisor()
+        await ops.supervisor()
     assert says in failed.value.message and failed.value.exit_code == exit_code

@@ -18,6 +18,8 @@ from devstack.fakes.remote_services import FakeServices
 from devstack.stack.local_stack import STATE_FILE, StackInfo
 from tests.unit.cli_views import fake_running_stack
 
+pytestmark = pytest.mark.anyio
+
 
 def recording() -> Console:
     return Console(record=True, width=200, force_terminal=False)
@@ -60,7 +62,7 @@ def test_long_runs_show_a_progress_bar_with_the_time_left():
 def noting(seen: list[str], fakes: FakeServices):
     """A demo run that notes the fault profile in force while it runs."""
 
-    def run(self: Demo, info: StackInfo) -> Summary:
+    async def run(self: Demo, info: StackInfo) -> Summary:
         seen.append(fakes.engine.source)
         return Summary(orders=4, profile=self.profile, workflow="order", hosts=1)
 
@@ -78,23 +80,27 @@ def running_stack(tmp_path):
         yield tmp_path, fakes
 
 
-def test_on_a_running_stack_the_demo_keeps_its_profile_and_says_which(running_stack, monkeypatch):
+async def test_on_a_running_stack_the_demo_keeps_its_profile_and_says_which(
+    running_stack, monkeypatch
+):
     workdir, fakes = running_stack
     seen: list[str] = []
     monkeypatch.setattr(Demo, "_run", noting(seen, fakes))
     console = recording()
-    summary = make_demo(workdir, None, console).run()
+    summary = await make_demo(workdir, None, console).run()
     assert seen == ["flaky"] and summary.profile == "flaky"
     assert fakes.engine.source == "flaky"
     assert "fault profile: flaky, the running stack's own (unchanged)" in console.export_text()
 
 
-def test_a_profile_asked_for_is_said_loudly_and_set_back_afterwards(running_stack, monkeypatch):
+async def test_a_profile_asked_for_is_said_loudly_and_set_back_afterwards(
+    running_stack, monkeypatch
+):
     workdir, fakes = running_stack
     seen: list[str] = []
     monkeypatch.setattr(Demo, "_run", noting(seen, fakes))
     console = recording()
-    make_demo(workdir, "chaotic", console).run()
+    await make_demo(workdir, "chaotic", console).run()
     assert seen == ["chaotic"], "the demo ran under the profile asked for"
     assert fakes.engine.source == "flaky", "and set the previous one back"
     shown = console.export_text()
@@ -103,34 +109,38 @@ def test_a_profile_asked_for_is_said_loudly_and_set_back_afterwards(running_stac
     assert "fault profile set back to flaky" in shown
 
 
-def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_back(
+async def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_back(
     running_stack, monkeypatch
 ):
     workdir, fakes = running_stack
     during = []
 
+    class Store:
+        async def load(self, order_id):
+            return SimpleNamespace(state=demo.ProcessState.PROCESSED)
+
+        async def get_timeline(self, order_id):
+            return [SimpleNamespace(event="resubmitted")]
+
     class Runtime:
-        store = SimpleNamespace(
-            load=lambda order_id: SimpleNamespace(state=demo.ProcessState.PROCESSED),
-            get_timeline=lambda order_id: [SimpleNamespace(event="resubmitted")],
-        )
+        store = Store()
 
         @classmethod
         def from_settings(cls, settings):
             return cls()
 
-        def close(self):
+        async def close(self):
             pass
 
     class Operations:
         def __init__(self, runtime):
             pass
 
-        def resubmit(self, order_id, **_):
+        async def resubmit(self, order_id, **_):
             during.append(fakes.engine.source)
             return SimpleNamespace(outcome="resubmitted")
 
-        def close(self):
+        async def close(self):
             pass
 
     import core.runtime
@@ -139,13 +149,13 @@ def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_back(
     monkeypatch.setattr(core.runtime, "Runtime", Runtime)
     monkeypatch.setattr(operator_api.operations, "Operations", Operations)
 
-    def run(self, info):
-        self._operator_resubmits(info, "demo-1-00002")
+    async def run(self, info):
+        await self._operator_resubmits(info, "demo-1-00002")
         return Summary(orders=4, profile=self.profile, workflow="order", hosts=1)
 
     monkeypatch.setattr(Demo, "_run", run)
     console = recording()
-    make_demo(workdir, None, console).run()
+    await make_demo(workdir, None, console).run()
     assert during == ["clean"] and fakes.engine.source == "flaky"
     shown = console.export_text()
     assert "fault profile set to clean until the demo ends" in shown

@@ -3,9 +3,13 @@ active-order index, never while it is in flight, and at most a few reads are spe
 
 from __future__ import annotations
 
+import pytest
+
 from core.states import ProcessState
 from devstack.observe import FinishWatch
 from tests.support.world import World
+
+pytestmark = pytest.mark.anyio
 
 ORDERS = [f"o-{n}" for n in range(3)]
 
@@ -20,26 +24,26 @@ class CountingStore:
     def all_active(self):  # type: ignore[no-untyped-def]
         return self._store.all_active()
 
-    def find(self, order_id: str):  # type: ignore[no-untyped-def]
+    async def find(self, order_id: str):  # type: ignore[no-untyped-def]
         self.reads.append(order_id)
-        return self._store.find(order_id)
+        return await self._store.find(order_id)
 
 
-def test_orders_are_read_once_they_have_left_the_index() -> None:
+async def test_orders_are_read_once_they_have_left_the_index() -> None:
     world = World()
     for order_id in ORDERS:
-        world.submit(order_id)
+        await world.submit(order_id)
     store = CountingStore(world)
     watch = FinishWatch([*ORDERS, "o-not-sent"], reads_per_poll=2)
 
-    assert watch.poll(store) == []  # type: ignore[arg-type]
+    assert await watch.poll(store) == []  # type: ignore[arg-type]
     assert watch.in_flight == 3
     assert store.reads == ["o-not-sent"], "orders in flight are not read"
 
-    world.drain()
+    await world.drain()
     store.reads.clear()
-    first = watch.poll(store)  # type: ignore[arg-type]
-    second = watch.poll(store)  # type: ignore[arg-type]
+    first = await watch.poll(store)  # type: ignore[arg-type]
+    second = await watch.poll(store)  # type: ignore[arg-type]
 
     assert [o.order_id for o in first] == ORDERS[:2], "in the order given, two per look"
     assert [o.order_id for o in second] == ORDERS[2:]

@@ -9,6 +9,8 @@ from operator_api.errors import NotFound
 from operator_api.models import WatchView
 from tests.unit.cli_views import order_detail
 
+pytestmark = pytest.mark.anyio
+
 
 def view(state: str, seqs: list[int], *, terminal: bool, more: bool = False) -> WatchView:
     detail = order_detail("x")
@@ -30,26 +32,26 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float) -> None:
         self.now += seconds
 
 
 def scripted(answers: list, clock: Clock):
     asked: list[tuple[int, float]] = []
 
-    def watch(after: int, wait_s: float) -> WatchView:
+    async def watch(after: int, wait_s: float) -> WatchView:
         asked.append((after, wait_s))
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         if not answer.changed:
-            clock.sleep(wait_s)
+            await clock.sleep(wait_s)
         return answer
 
     return watch, asked
 
 
-def test_each_change_is_shown_once_and_the_next_call_asks_for_what_came_after():
+async def test_each_change_is_shown_once_and_the_next_call_asks_for_what_came_after():
     clock = Clock()
     watch, asked = scripted(
         [
@@ -60,7 +62,7 @@ def test_each_change_is_shown_once_and_the_next_call_asks_for_what_came_after():
         clock,
     )
     shown: list[list[int]] = []
-    followed = follow(
+    followed = await follow(
         watch, lambda v: shown.append([t.seq for t in v.detail.timeline]), timeout=None,
         clock=clock, sleep=clock.sleep,
     )  # fmt: skip
@@ -69,40 +71,40 @@ def test_each_change_is_shown_once_and_the_next_call_asks_for_what_came_after():
     assert exit_code(followed) == EXIT_PROCESSED
 
 
-def test_a_long_timeline_is_read_to_its_end_before_stopping():
+async def test_a_long_timeline_is_read_to_its_end_before_stopping():
     clock = Clock()
     watch, asked = scripted(
         [view("Error", [0, 1], terminal=True, more=True), view("Error", [2], terminal=True)],
         clock,
     )
-    followed = follow(watch, lambda v: None, timeout=None, clock=clock, sleep=clock.sleep)
+    followed = await follow(watch, lambda v: None, timeout=None, clock=clock, sleep=clock.sleep)
     assert [after for after, _ in asked] == [-1, 1]
     assert exit_code(followed) == EXIT_ERROR
 
 
-def test_the_timeout_ends_the_wait_and_says_so():
+async def test_the_timeout_ends_the_wait_and_says_so():
     clock = Clock()
     watch, asked = scripted([view("Processing", [0], terminal=False)] + [
         view("Processing", [], terminal=False) for _ in range(5)
     ], clock)  # fmt: skip
-    followed = follow(watch, lambda v: None, timeout=25, clock=clock, sleep=clock.sleep)
+    followed = await follow(watch, lambda v: None, timeout=25, clock=clock, sleep=clock.sleep)
     assert followed.timed_out and exit_code(followed) == EXIT_TIMEOUT
     assert [round(wait) for _, wait in asked] == [10, 10, 10, 5], "never past the timeout"
 
 
-def test_an_order_not_there_yet_is_waited_for_only_when_asked():
+async def test_an_order_not_there_yet_is_waited_for_only_when_asked():
     clock = Clock()
     missing = NotFound("order_not_found", "order o-1 does not exist")
     watch, _ = scripted([missing, view("Processed", [0], terminal=True)], clock)
-    followed = follow(
+    followed = await follow(
         watch, lambda v: None, timeout=5, wait_for_creation=True, clock=clock, sleep=clock.sleep
     )
     assert exit_code(followed) == EXIT_PROCESSED
     watch, _ = scripted([missing], clock)
     with pytest.raises(NotFound):
-        follow(watch, lambda v: None, timeout=5, clock=clock, sleep=clock.sleep)
+        await follow(watch, lambda v: None, timeout=5, clock=clock, sleep=clock.sleep)
     never, _ = scripted([missing] * 20, clock)
-    gone = follow(
+    gone = await follow(
         never, lambda v: None, timeout=5, wait_for_creation=True, clock=clock, sleep=clock.sleep
     )
     assert gone.last is None and exit_code(gone) == EXIT_TIMEOUT

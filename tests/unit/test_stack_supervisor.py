@@ -15,6 +15,8 @@ from devstack.stack.restart_policy import (
 )
 from devstack.stack.supervisor import StackSupervisor, describe_exit
 
+pytestmark = pytest.mark.anyio
+
 POLICY = RestartPolicy(base_s=0.5, factor=2, max_s=30, stable_s=30)
 
 
@@ -57,7 +59,7 @@ class FakeStack:
     def exit_code(self, name: str) -> int | None:
         return self.codes[name]
 
-    def restart(self, name: str) -> int:
+    async def restart(self, name: str) -> int:
         if name in self.broken:
             raise ServiceStartError(f"{name} did not start:\nlast lines of its log")
         self.restarts.append(name)
@@ -82,28 +84,28 @@ def rig():
     return stack, clock, events, supervisor
 
 
-def test_a_dead_host_is_restarted_after_the_delay_and_each_event_is_reported(rig):
+async def test_a_dead_host_is_restarted_after_the_delay_and_each_event_is_reported(rig):
     stack, clock, events, supervisor = rig
-    supervisor.check()
+    await supervisor.check()
     assert events == [] and stack.restarts == []
     stack.codes["host-0"] = -9
-    supervisor.check()
+    await supervisor.check()
     assert [(e.component, e.kind) for e in events] == [("host-0", "exited")]
     assert "killed by SIGKILL; restarting in 0.5 s (failure 1 in a row)" in events[0].line()
     assert stack.restarts == []  # not before its delay
     clock.now += 0.5
-    supervisor.check()
+    await supervisor.check()
     assert stack.restarts == ["host-0"]
     assert events[-1].kind == "restarted" and "PID 1001 (restart 1)" in events[-1].detail
 
 
-def test_a_restart_that_fails_is_retried_later_with_a_longer_delay(rig):
+async def test_a_restart_that_fails_is_retried_later_with_a_longer_delay(rig):
     stack, clock, events, supervisor = rig
     stack.codes["fakes"] = 1
     stack.broken.add("fakes")
-    supervisor.check()
+    await supervisor.check()
     clock.now += 0.5
-    supervisor.check()
+    await supervisor.check()
     failed = events[-1]
     assert failed.kind == "restart_failed"
     assert (
@@ -112,19 +114,19 @@ def test_a_restart_that_fails_is_retried_later_with_a_longer_delay(rig):
     )
     stack.broken.clear()
     clock.now += 0.9
-    supervisor.check()
+    await supervisor.check()
     assert stack.restarts == []
     clock.now += 0.1
-    supervisor.check()
+    await supervisor.check()
     assert stack.restarts == ["fakes"]
 
 
-def test_a_restarted_broker_restarts_the_hosts_too(rig):
+async def test_a_restarted_broker_restarts_the_hosts_too(rig):
     stack, clock, _, supervisor = rig
     stack.codes["broker"] = -15
-    supervisor.check()
+    await supervisor.check()
     clock.now += 1
-    supervisor.check()
+    await supervisor.check()
     assert stack.restarts == ["broker", "host-0"]
     assert supervisor.watches["host-0"].restarts == 1
 

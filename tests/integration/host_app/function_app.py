@@ -111,7 +111,14 @@ async def on_message_async(msg: func.ServiceBusMessage) -> None:
 def on_timer(timer: func.TimerRequest) -> None:
     started = time.monotonic()
     time.sleep(TIMER_SLEEP)
-    TIMER_RUNS.append({"past_due": timer.past_due, "started": started, "ended": time.monotonic()})
+    TIMER_RUNS.append(
+        {
+            "past_due": timer.past_due,
+            "started": started,
+            "ended": time.monotonic(),
+            "thread": threading.current_thread().name,
+        }
+    )
 
 
 @bp.timer_trigger(arg_name="timer", schedule="0 0 0 1 1 *", run_on_startup=True, use_monitor=False)
@@ -121,6 +128,7 @@ async def on_startup(timer: func.TimerRequest, context: func.Context) -> None:
             "past_due": timer.past_due,
             "function": context.function_name,
             "next": timer.schedule_status,
+            "thread": threading.current_thread().name,
         }
     )
 
