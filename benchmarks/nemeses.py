@@ -14,7 +14,7 @@
 - ``storage``: the storage proxy between the hosts and Azurite's tables, injecting throttling,
   timeouts and 500s after applied writes and connection resets at the given rates, for the
   whole run (devstack.faults.storage_proxy);
-- ``broker``: every 15-30 s, alternately restart the broker (its data directory kept, so its
+- ``broker``: every 8-16 s, alternately restart the broker (its data directory kept, so its
   messages survive) and drop every client connection (the broker's SIGUSR1).
 
 Every action is an :class:`Event` (nemesis, target, start and end, parameters) in the run's
@@ -43,8 +43,8 @@ DEFAULT_STORAGE_RATES = "throttle=0.03,timeout=0.003,error=0.01,reset=0.01"
 PAUSE_MARGIN_S = 5.0  # beyond the longest lock or lease, so that both have surely expired
 PAUSE_GAP_S = (10.0, 30.0)
 FIRST_PAUSE_S = 4.0
-BROKER_GAP_S = (15.0, 30.0)
-FIRST_BROKER_S = 8.0
+BROKER_GAP_S = (8.0, 16.0)
+FIRST_BROKER_S = 5.0
 WAKE_GRACE_S = 5.0
 """A run does not end sooner than this after a paused host woke: what it does on waking is
 part of the run."""
