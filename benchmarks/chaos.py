@@ -187,13 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         sweeps = SweepWatch()
         host_locks = HostLockWatch(workdir)
         broker_locks = BrokerLockWatch(workdir / BROKER_STATS_FILE)
-        while (pending or not nemeses.quiet(time.monotonic())) and (
-            time.monotonic() - started < args.timeout
-        ):
+        while (pending or not nemeses.quiet()) and (time.monotonic() - started < args.timeout):
             sweeps.sample(store)
             host_locks.sample()
             broker_locks.sample()
-            nemeses.act(time.monotonic(), orders_pending=bool(pending))
+            nemeses.act(orders_pending=bool(pending))
             if pending:
                 pending = still_pending(store, pending)
                 finished_at = time.monotonic()

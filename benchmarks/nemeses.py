@@ -30,6 +30,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,6 +106,7 @@ class Nemeses:
         kill_every: tuple[float, float],
         pause_s: float,
         started: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stack = stack
         self.chosen = chosen
@@ -112,6 +114,7 @@ class Nemeses:
         self.kill_every = kill_every
         self.pause_s = pause_s
         self.started = started
+        self.clock = clock
         self.events: list[Event] = []
         self._pause: Event | None = None
         self._paused_host = -1
@@ -128,8 +131,9 @@ class Nemeses:
         if stack.storage_faults is not None:
             self._begin("storage", "hosts -> Azurite tables", asdict(stack.storage_faults))
 
-    def act(self, now: float, *, orders_pending: bool) -> None:
-        """Do what is due at ``now``. With no order pending, only a pause still on is ended."""
+    def act(self, *, orders_pending: bool) -> None:
+        """Do what is due now. With no order pending, only a pause still on is ended."""
+        now = self.clock()
         if self._pause is not None and now >= self.started + self._pause.start_s + self.pause_s:
             self._end_pause(now)
         if not orders_pending:
@@ -138,25 +142,26 @@ class Nemeses:
             self._start_pause()
         if "kill" in self.chosen and now >= self._next["kill"]:
             self._kill()
-            self._next["kill"] = time.monotonic() + self.rng.uniform(*self.kill_every)
+            self._next["kill"] = self.clock() + self.rng.uniform(*self.kill_every)
         if "broker" in self.chosen and now >= self._next["broker"]:
             self._broker()
-            self._next["broker"] = time.monotonic() + self.rng.uniform(*BROKER_GAP_S)
+            self._next["broker"] = self.clock() + self.rng.uniform(*BROKER_GAP_S)
 
-    def quiet(self, now: float) -> bool:
+    def quiet(self) -> bool:
         """No host paused, and the last one to wake has had :data:`WAKE_GRACE_S` to act."""
-        return self._pause is None and now - self._woke_at >= WAKE_GRACE_S
+        return self._pause is None and self.clock() - self._woke_at >= WAKE_GRACE_S
 
     def finish(self) -> None:
         """End what is still on: a pause (its host resumed), the run-long skew and storage."""
         if self._pause is not None:
-            self._end_pause(time.monotonic())
+            self._end_pause(self.clock())
         for event in self.events:
             if event.end_s is None:
                 self._end(event)
 
     def paused_around(self, at: float) -> bool:
-        """Whether a host was paused at ``at`` (monotonic), or woke just before it was seen."""
+        """Whether a host was paused at ``at`` (on :attr:`clock`), or woke just before it was
+        seen."""
         return any(
             e.nemesis == "pause"
             and self.started + e.start_s
@@ -239,7 +244,7 @@ class Nemeses:
         event.end_utc = _utc_now()
 
     def _since_start(self) -> float:
-        return round(time.monotonic() - self.started, 2)
+        return round(self.clock() - self.started, 2)
 
 
 def storage_faults(workdir: Path) -> dict[str, Any]:
