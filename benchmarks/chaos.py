@@ -525,7 +525,7 @@ def check_invariants(  # type: ignore[no-untyped-def]
         if order.state is ProcessState.ERROR:
             errors.add(order_id)
             code = _FAILURE_CODE.search(order.compensation_reason or "")
-            error_causes[f"{order.compensation_cause}: {code[1] if code else '?'}"] += 1
+            error_causes[f"{order.compensation_cause}{f': {code[1]}' if code else ''}"] += 1
             if alerts[order_id] != 1:
                 wrong_alerts.append((order_id, alerts[order_id]))
             failing = _FAILING_STEP.match(order.compensation_reason or "")

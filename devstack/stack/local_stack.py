@@ -214,7 +214,8 @@ class LocalStack:
         return self.info
 
     def components(self) -> list[str]:
-        """The stack's processes, in start order: azurite, broker, fakes, host-0, host-1, ..."""
+        """The stack's processes, in start order: azurite, the storage proxy (with
+        ``storage_faults``), broker, fakes, host-0, host-1, ..."""
         proxy = [STORAGE_PROXY] if self.storage_faults is not None else []
         return ["azurite", *proxy, "broker", "fakes", *(f"host-{n}" for n in range(self.hosts))]
 
@@ -249,7 +250,8 @@ class LocalStack:
         elif name == "fakes":
             processes.stop(self._children.pop("fakes"))
             self._start_fakes()
-        elif name == STORAGE_PROXY and self._azurite is not None and self._azurite.account:
+        elif name == STORAGE_PROXY:
+            assert self._azurite is not None and self._azurite.account is not None
             processes.stop(self._children.pop(STORAGE_PROXY))
             self._start_storage_proxy(self._azurite.account)
         elif name.startswith("host-"):
@@ -293,7 +295,7 @@ class LocalStack:
         """Start the storage proxy in front of Azurite's Table endpoint (at the port it had, if
         any); returns the account as the hosts see it: tables through the proxy."""
         assert self.storage_faults is not None
-        port_file = self.workdir / "storage-proxy.port"
+        port_file = self.workdir / f"{STORAGE_PROXY}.port"
         port_file.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "devstack.faults.storage_proxy"]
         argv += ["--upstream", account.table_endpoint.rsplit("/", 1)[0]]
