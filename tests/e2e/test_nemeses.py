@@ -48,7 +48,7 @@ def test_throttled_and_ambiguous_storage_breaks_no_invariant(tmp_path):
 
 
 def test_broker_restarts_and_dropped_connections_break_no_invariant(tmp_path):
-    report = chaos(tmp_path, "broker")
+    report = chaos(tmp_path, "broker", orders=60)  # long enough for a restart, then a reset
     counts = report["nemeses"]["counts"]
     assert counts["broker_restarts"] >= 1 and counts["broker_connection_resets"] >= 1, counts
     assert report["locks"]["broker"]["broker_processes"] == counts["broker_restarts"] + 1
