@@ -1,8 +1,15 @@
-"""Chaos run: SIGKILL function hosts at random while orders flow through faulty remote services,
-then check every invariant of the design. Prints one JSON document; exits 1 if any fails.
+"""Chaos run: put the stack through nemeses (hosts killed, paused past their locks and leases,
+skewed clocks, throttled and ambiguous storage, broker restarts) while orders flow through
+faulty remote services, then check every invariant of the design. Prints one JSON document;
+exits 1 if any fails.
 
-    python -m benchmarks.chaos [--orders 1000] [--hosts 2] [--kill-min 3 --kill-max 7]
-                               [--profile stress] [--seed 7]
+    python -m benchmarks.chaos [--orders 1000] [--hosts 2] [--nemesis kill]
+                               [--kill-min 3 --kill-max 7] [--skew-max 10]
+                               [--storage-rates throttle=0.03,...] [--profile stress] [--seed 7]
+
+``--nemesis`` takes any of ``pause,skew,storage,broker,kill`` (default ``kill``); what each does,
+and the record of it in ``nemeses`` (every action with its target, start and end; the counts of
+kills, pauses, skewed hosts, storage faults and broker restarts), is benchmarks/nemeses.py.
 
 Every order names the ``order-status`` queue as its reply queue, so status updates are checked
 too. Invariants (DESIGN.md), each reported as a count that must be 0:
@@ -22,6 +29,9 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
   entry and the deadline it names;
 - ``stall_over_bound``: the longest gap between two timeline entries of an order (not counting
   a deferral's wait for the service's ``retry_at``) exceeds ``stall_s`` plus a host restart;
+- with ``skew``, both bounds grow by the spread of the hosts' clocks (``skew_allowance_s``):
+  the deadline an entry names and the entry's own time may come from two hosts' clocks, so the
+  gap between them is measured off by up to that much;
 - ``lock_lost``: messages whose peek-lock was lost, counted by the broker (its stats file,
   devstack/servicebus/stats.py). A lock is *lost* when it expires while the receiver it was
   given to is alive: its link still attached, or closed by a client that was still running, or
@@ -34,6 +44,10 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
   ``lock_lost``, ``released``, ``deferred``). The hosts' own view (``locks.hosts``: renewals
   that stopped early, settlements refused with ``MessageLockLostError``, messages received
   again) is reported as a cross-check; a killed host's last second of counts dies with it.
+  The counts of every broker process of the run are added up (a restarted broker keeps its
+  predecessor's, devstack/servicebus/stats.py). A lock that expires while its holder is paused
+  is lost by design of the nemesis: locks counted lost while a host was paused (or within
+  ``LOCK_STATS_LAG_S`` after) are reported as ``lock_lost_while_paused``, not judged.
 
 Also reported, not judged: the longest gap between two completed sweeps of one bucket (under a
 burst larger than a tick's budget, buckets are cut short while the oldest rows are served
@@ -53,12 +67,21 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from azure.servicebus.aio import ServiceBusClient
 
+from benchmarks.nemeses import (
+    DEFAULT_STORAGE_RATES,
+    NEMESES,
+    Nemeses,
+    parse_nemeses,
+    pause_seconds,
+    skew_offsets,
+)
 from core.messages import OrderSubmitted
 from core.order import TERMINAL_ALERT_REASONS, TimelineEntry
 from core.settings import Settings
@@ -67,6 +90,7 @@ from core.states import ProcessState
 from core.supervision import recovery_bound
 from devstack import observe
 from devstack.demo import QUICK_SETTINGS
+from devstack.faults.storage_proxy import FaultRates
 from devstack.orders import open_orders_table, open_store, send_orders
 from devstack.servicebus import stats as broker_stats
 from devstack.stack.local_stack import LocalStack
@@ -83,6 +107,7 @@ HOST_LOCK_COUNTERS = (
 )
 REPLY_QUEUE = "order-status"
 _FAILING_STEP = re.compile(r"^do (\w+) attempt")
+_FAILURE_CODE = re.compile(r"failed: (\w+)")
 _DEADLINE = re.compile(r"passed CompleteBy (\S+)$|since (\S+) with no progress for (\d+)s$")
 _RETRY_DUE = re.compile(r"retry due (\S+)")
 
@@ -91,14 +116,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
     parser.add_argument("--orders", type=int, default=1000)
     parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument(
+        "--nemesis",
+        type=_nemeses,
+        default=("kill",),
+        help=f"comma-separated, any of {','.join(NEMESES)} (default: kill)",
+    )
     parser.add_argument("--kill-min", type=float, default=3.0, help="seconds between kills")
     parser.add_argument("--kill-max", type=float, default=7.0)
+    parser.add_argument("--skew-max", type=int, default=10, help="seconds a host's clock is off")
+    parser.add_argument(
+        "--storage-rates",
+        type=_rates,
+        default=DEFAULT_STORAGE_RATES,
+        help=f"the storage proxy's fault rates (default {DEFAULT_STORAGE_RATES})",
+    )
     parser.add_argument("--profile", default="stress")
     parser.add_argument("--workflow", default="order")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workdir", type=Path)
     return parser.parse_args(argv)
+
+
+def _nemeses(text: str) -> tuple[str, ...]:
+    try:
+        return parse_nemeses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rates(text: str) -> FaultRates:
+    try:
+        return FaultRates.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,8 +160,16 @@ def main(argv: list[str] | None = None) -> int:
 async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
+    chosen = args.nemesis
     stack = LocalStack(
-        workdir, hosts=args.hosts, profile=args.profile, seed=args.seed, overrides=QUICK_SETTINGS
+        workdir,
+        hosts=args.hosts,
+        profile=args.profile,
+        seed=args.seed,
+        overrides=QUICK_SETTINGS,
+        persist="broker" in chosen,  # a restarted broker comes back with its messages
+        clock_offsets=skew_offsets(rng, args.hosts, args.skew_max) if "skew" in chosen else None,
+        storage_faults=args.storage_rates if "storage" in chosen else None,
     )
     info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
@@ -117,38 +177,45 @@ async def run(args: argparse.Namespace) -> int:
         ids = {o.order_id for o in orders}
         store = open_store(info.settings)
         started = time.monotonic()
+        nemeses = Nemeses(
+            stack,
+            chosen,
+            rng,
+            kill_every=(args.kill_min, args.kill_max),
+            pause_s=pause_seconds(Settings.from_env(info.settings)),
+            started=started,
+        )
         await send_orders(info.settings, orders)
-        kills = 0
-        # The first kill comes early, while the first orders are surely still in flight.
-        next_kill = started + min(args.kill_min, 2.0)
         pending = set(ids)
         finished_at = started
         sweeps = SweepWatch()
         host_locks = HostLockWatch(workdir)
-        while pending and time.monotonic() - started < args.timeout:
+        broker_locks = BrokerLockWatch(workdir / BROKER_STATS_FILE)
+        while (pending or not nemeses.quiet()) and (time.monotonic() - started < args.timeout):
             await sweeps.sample(store)
             host_locks.sample()
-            if args.kill_max > 0 and time.monotonic() >= next_kill:
-                victim = rng.randrange(args.hosts)
-                stack.kill_host(victim)
-                kills += 1
-                print(f"… killed host {victim}; {len(pending)} orders to go", file=sys.stderr)
-                stack.restart_host(victim)
-                next_kill = time.monotonic() + rng.uniform(args.kill_min, args.kill_max)
-            pending = await still_pending(store, pending)
-            finished_at = time.monotonic()
+            broker_locks.sample()
+            await nemeses.act(orders_pending=bool(pending))
+            if pending:
+                pending = await still_pending(store, pending)
+                finished_at = time.monotonic()
             await asyncio.sleep(0.5)
+        nemeses.finish()
         await sweeps.sample(store)
         await asyncio.sleep(STATS_SETTLE_S)
         host_locks.sample()
+        broker_locks.sample()
         elapsed = finished_at - started
-        report = await judge(info, store, ids, sweeps, workdir)
-        report = with_lock_loss(report, workdir, host_locks)
+        clocks = Clocks.of(stack.clock_offsets, host_locks)
+        report = await judge(info, store, ids, sweeps, workdir, clocks=clocks)
+        report = with_lock_loss(report, broker_locks, host_locks, nemeses)
+        done = nemeses.report(workdir)
         report |= {
             "orders": args.orders,
             "workflow": args.workflow,
             "hosts": args.hosts,
-            "kills": kills,
+            "kills": done["counts"]["kills"],
+            "nemeses": done,
             "profile": args.profile,
             "seed": args.seed,
             "elapsed_s": round(elapsed, 1),
@@ -318,45 +385,133 @@ class HostLockWatch:
         return summed
 
 
-def broker_lock_totals(workdir: Path) -> dict[str, Any] | None:
-    """The broker's lock counters over all queues (None without a stats file)."""
-    document = broker_stats.read(workdir / BROKER_STATS_FILE)
-    return None if document is None else document.get("totals")
+@dataclass(frozen=True)
+class Clocks:
+    """The hosts' wall-clock offsets (the ``skew`` nemesis), by the process id that ends the
+    instance id their timeline entries name (``supervisor:<host name>.<pid>``)."""
+
+    offsets: dict[str, int]
+    spread_s: int
+
+    @classmethod
+    def of(cls, by_host: dict[int, int], host_locks: HostLockWatch) -> Clocks:
+        """From the offsets by host number and the PIDs each host had (its stats files)."""
+        offsets = {
+            str(pid): by_host.get(int(name.removeprefix("host-").split(".")[0]), 0)
+            for name, pid in host_locks.latest
+        }
+        spread = max(by_host.values(), default=0) - min(by_host.values(), default=0)
+        return cls(offsets, spread)
+
+    def offset(self, actor: str) -> int:
+        return self.offsets.get(actor.rsplit(".", 1)[-1], 0)
+
+    def early_recoveries(self, order_id: str, timeline: list[TimelineEntry]) -> list[dict]:
+        """Supervisor entries that, on real time, came before the deadline they name: the
+        entry's time less its host's offset, against the deadline less the offset of the host
+        that wrote the entry before it (the claim or release that set that deadline)."""
+        found = []
+        for before, entry in itertools.pairwise(timeline):
+            latency = recovery_latency(entry)
+            if latency is None:
+                continue
+            real = latency - self.offset(entry.actor) + self.offset(before.actor)
+            if real < 0:
+                found.append(
+                    {
+                        "order_id": order_id,
+                        "early_s": round(-real, 1),
+                        "entry": f"{entry.actor} {entry.event}: {entry.detail}"[:200],
+                        "after": f"{before.actor} {before.event}"[:120],
+                    }
+                )
+        return found
 
 
-def with_lock_loss(report: dict, workdir: Path, host_locks: HostLockWatch) -> dict:
-    """Add the ``lock_lost`` invariant (the broker's count) and both views of lock loss."""
-    broker = broker_lock_totals(workdir)
+NO_SKEW = Clocks({}, 0)
+
+
+class BrokerLockWatch:
+    """The broker's lock counters over every broker process of the run, and when (monotonic)
+    each growth of ``lock_lost`` was first seen."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.documents: list[dict[str, Any]] = []
+        self.lost_seen: list[tuple[float, int]] = []
+
+    def sample(self) -> None:
+        documents = broker_stats.read_all(self.path)
+        if not documents:
+            return  # being replaced; read again next time
+        lost = _lock_lost(documents)
+        if lost > _lock_lost(self.documents):
+            self.lost_seen.append((time.monotonic(), lost - _lock_lost(self.documents)))
+        self.documents = documents
+
+    def totals(self) -> dict[str, Any] | None:
+        """The counters added up over the broker's processes (None without a stats file)."""
+        if not self.documents:
+            return None
+        return broker_stats.totals(d.get("totals", {}) for d in self.documents) | {
+            "broker_processes": len(self.documents)
+        }
+
+
+def _lock_lost(documents: list[dict[str, Any]]) -> int:
+    return sum(int(d.get("totals", {}).get("lock_lost", 0)) for d in documents)
+
+
+def with_lock_loss(
+    report: dict, broker_locks: BrokerLockWatch, host_locks: HostLockWatch, nemeses: Nemeses
+) -> dict:
+    """Add the ``lock_lost`` invariant (the broker's count, less the locks that expired while
+    their holder was paused) and both views of lock loss."""
+    broker = broker_locks.totals()
     counts = report["invariants"]
+    while_paused = sum(n for at, n in broker_locks.lost_seen if nemeses.paused_around(at))
     if broker is None:
         counts["lock_stats_missing"] = 1  # cannot judge lock loss: fail rather than pass
     else:
-        counts["lock_lost"] = int(broker.get("lock_lost", 0))
+        counts["lock_lost"] = int(broker.get("lock_lost", 0)) - while_paused
+        broker["lock_lost_while_paused"] = while_paused
     report["locks"] = {"broker": broker, "hosts": host_locks.totals()}
     report["invariants_hold"] = not any(counts.values())
     return report
 
 
-async def judge(
-    info, store: OrderStateStore, ids: set[str], sweeps: SweepWatch, workdir: Path
-) -> dict:  # type: ignore[no-untyped-def]
+async def judge(  # type: ignore[no-untyped-def]
+    info,
+    store: OrderStateStore,
+    ids: set[str],
+    sweeps: SweepWatch,
+    workdir: Path,
+    *,
+    clocks: Clocks = NO_SKEW,
+) -> dict:
     """Every invariant, the Supervisor's sweeps as sampled, and its ticks from the host logs."""
-    report = await check_invariants(info, store, ids)
+    report = await check_invariants(info, store, ids, clocks=clocks)
     report |= sweeps.report(Settings.from_env(info.settings))
     report["supervisor_ticks"] = tick_log_summary(workdir)
     return report
 
 
-async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # type: ignore[no-untyped-def]
+async def check_invariants(  # type: ignore[no-untyped-def]
+    info, store: OrderStateStore, ids: set[str], *, clocks: Clocks = NO_SKEW
+) -> dict:
+    """``clocks``: the hosts' clock offsets; both bounds grow by their spread (see the module's
+    docstring), and Supervisor entries are put back on real time to find early recoveries."""
     settings = Settings.from_env(info.settings)
     async with open_orders_table(info.settings) as table:
         timelines = await observe.timelines(table, observe.common_prefix(ids))
-    bound = stall_bound(settings)
-    recovery_limit = recovery_bound(settings).detection_s + RESTART_ALLOWANCE_S
+    bound = stall_bound(settings) + clocks.spread_s
+    recovery_limit = recovery_bound(settings).detection_s + RESTART_ALLOWANCE_S + clocks.spread_s
+    early: list[dict[str, object]] = []
     ledger = await observe.read_ledger(info.fakes_url)
     alerts = await terminal_alerts(info.settings)
     statuses = await drain_statuses(info.settings)
     states: Counter[str] = Counter()
+    error_causes: Counter[str] = Counter()
     errors: set[str] = set()
     lost, stuck, wrong_alerts, spurious, incomplete = [], [], [], [], []
     max_stall = 0.0
@@ -373,6 +528,8 @@ async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:
             stuck.append(order_id)
         if order.state is ProcessState.ERROR:
             errors.add(order_id)
+            code = _FAILURE_CODE.search(order.compensation_reason or "")
+            error_causes[f"{order.compensation_cause}{f': {code[1]}' if code else ''}"] += 1
             if alerts[order_id] != 1:
                 wrong_alerts.append((order_id, alerts[order_id]))
             failing = _FAILING_STEP.match(order.compensation_reason or "")
@@ -390,6 +547,7 @@ async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:
             incomplete.append((order_id, statuses.get(order_id, [])[:12], order.status_seq))
         timeline = timelines.get(order_id, [])
         recoveries += [r for e in timeline if (r := recovery_latency(e)) is not None]
+        early += clocks.early_recoveries(order_id, timeline)
         for a, b in itertools.pairwise(timeline):
             gap = (b.at - waited_from(a)).total_seconds()
             if gap > max_stall:
@@ -424,6 +582,7 @@ async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:
     }
     return {
         "states": dict(states),
+        "error_causes": dict(error_causes.most_common()),
         "invariants": counts,
         "examples": {
             "stuck": stuck[:5],
@@ -437,6 +596,12 @@ async def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:
         "stall_bound_s": round(bound, 1),
         "recovery_latency_s": _quantiles(recoveries),
         "recovery_bound_s": round(recovery_limit, 1),
+        "skew_allowance_s": clocks.spread_s,
+        "early_recoveries": {
+            "count": len(early),
+            "max_early_s": max((e["early_s"] for e in early), default=0),
+            "examples": early[:3],
+        },
         "invariants_hold": not any(counts.values()),
     }
 

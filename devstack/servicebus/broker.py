@@ -117,6 +117,7 @@ class Broker:
         self.consumers: dict[str, list[Link]] = {key: [] for key in self.queues}
         self._round_robin = 0
         self._stopping = False
+        self._reset_requested = False
         self._driver: Driver | None = None
         if persistence:
             self._restore(persistence)
@@ -136,6 +137,11 @@ class Broker:
     def request_stop(self) -> None:
         """Safe from a signal handler: the broker stops within a tick."""
         self._stopping = True
+
+    def request_connection_reset(self) -> None:
+        """Safe from a signal handler: every client connection is dropped within a tick
+        (:meth:`Driver.reset_connections`), the queues and their messages kept."""
+        self._reset_requested = True
 
     def listen(self) -> None:
         """Take the port (raises OSError when it cannot be had) and write the port file."""
@@ -165,6 +171,10 @@ class Broker:
     def on_tick(self) -> None:
         """Every TICK_SECONDS: expire locks and messages, release schedules, deliver."""
         now = self.clock()
+        if self._reset_requested and self._driver is not None:
+            self._reset_requested = False
+            dropped = self._driver.reset_connections()
+            log.warning("dropped %d client connection(s), as a network fault would", dropped)
         for key, queue in self.queues.items():
             try:  # one queue's failure must not stop the others' expiries and schedules
                 if queue.has_due(now):
@@ -711,6 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
             "config files in the official Service Bus emulator's Config.json format; "
             "undeclared queues are refused, never auto-created."
         ),
+        epilog=(
+            "Signals: SIGTERM or SIGINT stops it; SIGUSR1 drops every client connection with a "
+            "TCP reset, as a network fault would (the chaos run's broker nemesis)."
+        ),
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument(
@@ -786,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: broker.request_stop())
+    signal.signal(signal.SIGUSR1, lambda *_: broker.request_connection_reset())
     try:
         broker.listen()
     except OSError as exc:

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import selectors
 import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -167,6 +168,17 @@ class Driver:
         for conn in list(self._sockets.values()):
             self._teardown(conn)
         self.selector.close()
+
+    def reset_connections(self) -> int:
+        """Drop every client connection as a network fault would: each socket is closed with a
+        TCP reset and no AMQP close, so the engine sees a dropped peer (locks handed out on it
+        are left to expire, as after a crash). Returns how many were dropped."""
+        dropped = [conn for conn in self._sockets.values() if not conn.closed]
+        for conn in dropped:
+            with contextlib.suppress(OSError):
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._watch(conn, reading=False, writing=False)
+        return len(dropped)
 
     # --- sockets ------------------------------------------------------------------------------
 

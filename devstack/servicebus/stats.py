@@ -9,7 +9,9 @@ while something changed, and at shutdown::
      "queues": {<queue name>: {<counter>: n, "redelivered_after": {<cause>: n}}}}
 
 The counters are :class:`devstack.servicebus.queues.LockStats`. They count from the broker's
-start (a restarted broker starts again from 0; ``pid`` and ``started_utc`` tell).
+start (a restarted broker starts again from 0; ``pid`` and ``started_utc`` tell). A broker
+restarted through :meth:`devstack.stack.broker.BrokerProcess.restart` keeps the stopped
+process's last document beside it (:func:`keep`), so :func:`read_all` sees every process's.
 """
 
 from __future__ import annotations
@@ -55,3 +57,18 @@ def read(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def keep(path: Path) -> None:
+    """Move a stopped broker's last document aside (``broker.<pid>.stats.json``) before a new
+    broker writes its own at ``path``."""
+    document = read(path)
+    if document is not None:
+        stem = path.name.removesuffix(STATS_SUFFIX)
+        os.replace(path, path.with_name(f"{stem}.{document['pid']}{STATS_SUFFIX}"))
+
+
+def read_all(path: Path) -> list[dict[str, Any]]:
+    """The document at ``path`` and those :func:`keep` moved aside, one per broker process."""
+    kept = path.parent.glob(f"{path.name.removesuffix(STATS_SUFFIX)}.*{STATS_SUFFIX}")
+    return [d for p in [*kept, path] if (d := read(p)) is not None]

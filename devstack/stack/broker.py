@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from devstack.servicebus import stats
 from devstack.stack import processes
 
 BROKER_MODULE = "devstack.servicebus.broker"
@@ -75,6 +76,8 @@ class BrokerProcess:
             log_path = Path(tempfile.mkdtemp(prefix="sb-broker-")) / "broker.log"
         self.log_path = Path(log_path).resolve()
         self.port_file = self.log_path.with_name(self.log_path.stem + ".port")
+        self.stats_path = self.port_file.with_suffix(stats.STATS_SUFFIX)
+        """Where the broker keeps its lock counters (its default, beside the port file)."""
         self.host = host
         self.log_level = log_level
         self.startup_timeout = startup_timeout
@@ -183,13 +186,15 @@ class BrokerProcess:
         self._stop_process()
 
     def restart(self, *, require_same_port: bool = False) -> BrokerProcess:
-        """Stop, then start on the same port (so clients keep their connection string).
+        """Stop, then start on the same port (so clients keep their connection string). The
+        stopped broker's lock counters are kept beside the new one's (``stats.keep``).
 
         If the old port cannot be had again, start on a new one unless ``require_same_port``;
         check :attr:`port` / :attr:`connection_string` afterwards in that case.
         """
         previous = self._port
         self.stop()
+        stats.keep(self.stats_path)
         if previous is None:
             return self.start()
         try:

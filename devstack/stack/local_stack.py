@@ -18,6 +18,13 @@ The processes die with the thread that spawned them (``PR_SET_PDEATHSIG``), so :
 and :meth:`restart` start them on the caller's thread, the one its event loop runs on, and block
 the loop while each comes up: never on a worker thread (``asyncio.to_thread``), whose end would
 take them down.
+
+For the chaos run (benchmarks.chaos), a stack can also be started with faults beyond a kill:
+``clock_offsets`` runs each named host with its own wall clock (devstack.faults.clock);
+``storage_faults`` puts the fault-injecting proxy (devstack.faults.storage_proxy) between the
+hosts and Azurite's Table endpoint, while :attr:`StackInfo.settings` keeps naming Azurite itself
+for every other client; :meth:`LocalStack.pause_host` freezes a host, and
+:meth:`LocalStack.reset_broker_connections` drops every connection to the broker.
 """
 
 from __future__ import annotations
@@ -30,17 +37,22 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core.agents import AGENT_NAMES, AGENTS
+from devstack.faults import clock
+from devstack.faults.storage_proxy import FaultRates
 from devstack.stack import processes
-from devstack.stack.azurite import AzuriteProcess
+from devstack.stack.azurite import AzuriteProcess, StorageAccount, connection_string_for
 from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
 
 EXAMPLE_SETTINGS = processes.REPO_ROOT / "local.settings.json.example"
 STATE_FILE = "stack.json"
+STORAGE_PROXY = "storage-proxy"
+STORAGE_PROXY_STATS = f"{STORAGE_PROXY}.stats.json"
+STORAGE_SETTINGS = ("StateStorage", "AzureWebJobsStorage")
 DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
 TELEMETRY_SETTING = "TELEMETRY_DIR"  # core.telemetry.TELEMETRY_DIR_SETTING
 TELEMETRY_SUBDIR = "telemetry"
@@ -114,11 +126,16 @@ class LocalStack:
         api_port: int = 0,
         persist: bool = False,
         telemetry: Path | None = None,
+        clock_offsets: Mapping[int, int] | None = None,
+        storage_faults: FaultRates | None = None,
     ) -> None:
         """``api_port``: where host 0 serves the operator HTTP API: this port, or the next free
         one above it if it is taken (0: any free port). ``persist``: Azurite and the broker keep
         their data on disk for the stack's life (see the module's docstring). ``telemetry``:
-        the directory the hosts write spans and metrics to (:func:`telemetry_dir`); None: off."""
+        the directory the hosts write spans and metrics to (:func:`telemetry_dir`); None: off.
+        ``clock_offsets``: seconds each host's wall clock runs ahead (negative: behind), by host
+        number, kept across its restarts. ``storage_faults``: the hosts reach Azurite's Table
+        endpoint through the storage proxy, which injects these faults (seeded by ``seed``)."""
         self.workdir = Path(workdir)
         self.hosts = hosts
         self.concurrency = concurrency
@@ -128,10 +145,14 @@ class LocalStack:
         self.api_port = api_port
         self.persist = persist
         self.telemetry = Path(telemetry).resolve() if telemetry is not None else None
+        self.clock_offsets = dict(clock_offsets or {})
+        self.storage_faults = storage_faults
+        self.paused: set[int] = set()
         self._azurite: AzuriteProcess | None = None
         self._broker: BrokerProcess | None = None
         self._children: dict[str, subprocess.Popen] = {}
         self._fakes_port = 0
+        self._proxy_port = 0
         self._http_port: int | None = None
         self.info: StackInfo | None = None
 
@@ -154,6 +175,10 @@ class LocalStack:
             location=self.workdir / "azurite-data" if self.persist else None,
         )
         account = self._azurite.start()
+        host_account = account
+        if self.storage_faults is not None:
+            progress("starting the storage proxy (faults between the hosts and Azurite)")
+            host_account = self._start_storage_proxy(account)
         progress("starting the Service Bus development broker")
         self._broker = BrokerProcess(
             [DEFAULT_CONFIG],
@@ -176,7 +201,8 @@ class LocalStack:
         progress("creating tables")
         await self._create_tables(settings)
         self.info = StackInfo(settings=settings, fakes_url=fakes_url, persistent=self.persist)
-        self._write_host_settings(settings)
+        host_storage = dict.fromkeys(STORAGE_SETTINGS, host_account.connection_string)
+        self._write_host_settings(settings | host_storage)
         for n in range(self.hosts):
             progress(f"starting functions host {n + 1} of {self.hosts}")
             if n == 0:
@@ -194,8 +220,10 @@ class LocalStack:
         return self.info
 
     def components(self) -> list[str]:
-        """The stack's processes, in start order: azurite, broker, fakes, host-0, host-1, ..."""
-        return ["azurite", "broker", "fakes", *(f"host-{n}" for n in range(self.hosts))]
+        """The stack's processes, in start order: azurite, the storage proxy (with
+        ``storage_faults``), broker, fakes, host-0, host-1, ..."""
+        proxy = [STORAGE_PROXY] if self.storage_faults is not None else []
+        return ["azurite", *proxy, "broker", "fakes", *(f"host-{n}" for n in range(self.hosts))]
 
     def exit_code(self, name: str) -> int | None:
         """None while ``name`` runs; its exit code once it has ended (-N: killed by signal N)."""
@@ -228,6 +256,10 @@ class LocalStack:
         elif name == "fakes":
             processes.stop(self._children.pop("fakes"))
             self._start_fakes()
+        elif name == STORAGE_PROXY:
+            assert self._azurite is not None and self._azurite.account is not None
+            processes.stop(self._children.pop(STORAGE_PROXY))
+            self._start_storage_proxy(self._azurite.account)
         elif name.startswith("host-"):
             processes.stop(self._children.pop(name))
             self._start_host(int(name.removeprefix("host-")))
@@ -264,6 +296,35 @@ class LocalStack:
             )
         self._fakes_port = int(port_file.read_text().strip())
         return f"http://127.0.0.1:{self._fakes_port}"
+
+    def _start_storage_proxy(self, account: StorageAccount) -> StorageAccount:
+        """Start the storage proxy in front of Azurite's Table endpoint (at the port it had, if
+        any); returns the account as the hosts see it: tables through the proxy."""
+        assert self.storage_faults is not None
+        port_file = self.workdir / f"{STORAGE_PROXY}.port"
+        port_file.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "devstack.faults.storage_proxy"]
+        argv += ["--upstream", account.table_endpoint.rsplit("/", 1)[0]]
+        argv += ["--port", str(self._proxy_port), "--port-file", str(port_file)]
+        argv += ["--stats-file", str(self.workdir / STORAGE_PROXY_STATS)]
+        argv += ["--events-file", str(self.workdir / f"{STORAGE_PROXY}.faults.jsonl")]
+        argv += ["--seed", str(self.seed), "--rates", self.storage_faults.spec()]
+        proc = self._spawn(STORAGE_PROXY, argv, os.environ.copy())
+        if not processes.wait_until(lambda: port_file.is_file(), timeout=20, proc=proc):
+            raise processes.ServiceStartError(
+                "the storage proxy did not start:\n"
+                + processes.tail(self.workdir / f"{STORAGE_PROXY}.log")
+            )
+        self._proxy_port = int(port_file.read_text().strip())
+        table = f"http://127.0.0.1:{self._proxy_port}/{account.table_endpoint.rsplit('/', 1)[1]}"
+        return StorageAccount(
+            connection_string=connection_string_for(
+                account.blob_endpoint, account.queue_endpoint, table
+            ),
+            blob_endpoint=account.blob_endpoint,
+            queue_endpoint=account.queue_endpoint,
+            table_endpoint=table,
+        )
 
     async def _create_tables(self, settings: dict[str, str]) -> None:
         from core.runtime import Runtime
@@ -309,7 +370,10 @@ class LocalStack:
         # Host 0 serves the operator HTTP API; the others serve no HTTP.
         argv += ["--http-port", str(self._http_port) if n == 0 else "-1"]
         argv += ["--stats-file", str(self.workdir / f"host-{n}.stats.json")]
-        proc = self._spawn(f"host-{n}", argv, os.environ.copy())
+        env = os.environ.copy()
+        if self.clock_offsets.get(n):
+            env = clock.skewed_environment(env, self.clock_offsets[n])
+        proc = self._spawn(f"host-{n}", argv, env)
         log = self._log(n)
         started = processes.wait_until(
             lambda: "host started" in _read(log), timeout=HOST_START_TIMEOUT_S, proc=proc
@@ -328,6 +392,25 @@ class LocalStack:
         proc = self._children.pop(f"host-{n}")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        self.paused.discard(n)
+
+    def pause_host(self, n: int) -> None:
+        """SIGSTOP host `n`'s process group (a long GC pause, a frozen VM): it keeps its
+        connections, locks and leases as they were and does nothing until :meth:`resume_host`,
+        then carries on as if no time had passed. It has not exited meanwhile (``exit_code``
+        stays None), so a restart loop leaves it alone."""
+        os.killpg(self._children[f"host-{n}"].pid, signal.SIGSTOP)
+        self.paused.add(n)
+
+    def resume_host(self, n: int) -> None:
+        os.killpg(self._children[f"host-{n}"].pid, signal.SIGCONT)
+        self.paused.discard(n)
+
+    def reset_broker_connections(self) -> None:
+        """Have the broker drop every client connection with a TCP reset, as a network fault
+        would (its SIGUSR1); it keeps its queues and messages, and the clients reconnect."""
+        assert self._broker is not None, "start the stack first"
+        os.kill(self._broker.pid, signal.SIGUSR1)
 
     def restart_host(self, n: int) -> None:
         assert self.info is not None, "start the stack first"
@@ -342,7 +425,10 @@ class LocalStack:
         return proc
 
     def stop(self) -> None:
-        """Stop hosts first (they finish or abandon in-flight work), then the services."""
+        """Stop hosts first (they finish or abandon in-flight work), then the services. A
+        paused host is resumed first, so that it too stops gracefully."""
+        for n in list(self.paused):
+            self.resume_host(n)
         for name in sorted(self._children, key=lambda n: not n.startswith("host")):
             processes.stop(self._children.pop(name))
         if self._broker is not None:

@@ -22,6 +22,7 @@ from azure.servicebus.exceptions import ServiceBusError
 from proton import Message
 from proton.utils import BlockingConnection
 
+from devstack.servicebus import stats as broker_stats
 from devstack.stack.broker import BrokerProcess
 from devstack.stack.processes import REPO_ROOT
 
@@ -136,6 +137,44 @@ def test_crashed_receiver_leaves_its_lock_to_expire(broker):
             assert message.delivery_count == 1
             receiver.complete_message(message)
     assert time.monotonic() - started < 15
+
+
+def test_sigusr1_drops_every_client_connection_as_a_network_fault(broker):
+    with ServiceBusClient.from_connection_string(broker.connection_string) as client:
+        with client.get_queue_sender("contract-short-lock") as sender:
+            sender.send_messages([ServiceBusMessage("held"), ServiceBusMessage("waiting")])
+        receiver = client.get_queue_receiver("contract-short-lock", prefetch_count=0)
+        (held,) = receiver.receive_messages(max_message_count=1, max_wait_time=10)
+        assert str(held) == "held"
+        os.kill(broker.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while "connection ended (dropped)" not in broker.log_tail(200):
+            assert time.monotonic() < deadline, broker.log_tail()
+            time.sleep(0.05)
+        assert "dropped 1 client connection(s)" in broker.log_tail(200)
+        # Both messages are kept; the held one comes back once its lock has expired.
+        with ServiceBusClient.from_connection_string(broker.connection_string) as other:
+            again = receive_all(other, "contract-short-lock", wait=8)
+        assert sorted(body for body, _, _ in again) == ["held", "waiting"]
+        assert {body: m.delivery_count for body, _, m in again}["held"] == 1
+        receiver.close()
+    time.sleep(1.5)  # the broker rewrites its stats file about once a second
+    totals = broker_stats.read(broker.stats_path)["totals"]
+    assert (totals["lock_lost"], totals["expired_after_crash"]) == (0, 1), totals
+
+
+def test_a_restart_keeps_the_stopped_brokers_lock_counters(broker):
+    with ServiceBusClient.from_connection_string(broker.connection_string) as client:
+        with client.get_queue_sender("contract-basic") as sender:
+            sender.send_messages(ServiceBusMessage("counted"))
+        assert [body for body, _, _ in receive_all(client, "contract-basic")] == ["counted"]
+    broker.restart()
+    deadline = time.monotonic() + 5
+    while len(documents := broker_stats.read_all(broker.stats_path)) < 2:
+        assert time.monotonic() < deadline, documents
+        time.sleep(0.05)
+    assert sum(d["totals"]["completed"] for d in documents) == 1
+    assert len({d["pid"] for d in documents}) == 2
 
 
 class RawClient:

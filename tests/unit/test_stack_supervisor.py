@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
+from devstack.stack.local_stack import LocalStack
 from devstack.stack.processes import ServiceStartError
 from devstack.stack.restart_policy import (
     RestartPolicy,
@@ -135,3 +139,18 @@ def test_exits_are_described_by_signal_or_code():
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(-99) == "killed by signal 99"
+
+
+def test_a_paused_host_is_not_taken_for_dead(tmp_path):
+    stack = LocalStack(tmp_path, hosts=1)
+    stack._spawn("host-0", [sys.executable, "-c", "import time; time.sleep(60)"], os.environ.copy())
+    restarts: list[str] = []
+    stack.restart = restarts.append  # type: ignore[method-assign,assignment]
+    try:
+        stack.pause_host(0)
+        StackSupervisor(stack, report=lambda event: None, policy=POLICY).check()
+        assert restarts == [] and stack.exit_code("host-0") is None
+        assert stack.paused == {0}
+    finally:
+        stack.stop()  # resumes it first, so that it stops gracefully
+    assert stack.paused == set()

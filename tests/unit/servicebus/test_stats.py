@@ -52,6 +52,18 @@ def test_read_tolerates_a_missing_or_partial_file(tmp_path: Path) -> None:
     assert stats.read(tmp_path / "half.json") is None
 
 
+def test_a_kept_document_is_read_with_the_current_one(tmp_path: Path) -> None:
+    path = tmp_path / "broker.stats.json"
+    stats.write(path, {"pid": 11, "totals": {"lock_lost": 1}})
+    stats.keep(path)
+    assert not path.exists(), "moved aside for the next broker"
+    stats.write(path, {"pid": 12, "totals": {"lock_lost": 2}})
+    documents = stats.read_all(path)
+    assert sorted(d["pid"] for d in documents) == [11, 12]
+    assert (tmp_path / "broker.11.stats.json").exists()
+    stats.keep(tmp_path / "none.stats.json")  # nothing to keep: nothing happens
+
+
 def test_the_broker_writes_per_queue_counters_only_when_they_change(tmp_path: Path) -> None:
     settings = QueueSettings("Orders", lock_duration=timedelta(seconds=30))
     path = tmp_path / "broker.stats.json"

@@ -1,0 +1,54 @@
+"""Each nemesis beyond a kill, alone, at a small scale: the chaos run (benchmarks/chaos.py)
+does what the nemesis says, records it, and every invariant of DESIGN.md still holds.
+test_chaos.py is the kill's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from devstack.stack.processes import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def chaos(tmp_path, nemesis: str, *extra: str, orders: int = 30) -> dict:
+    argv = [sys.executable, "-m", "benchmarks.chaos", "--nemesis", nemesis]
+    argv += ["--orders", str(orders), "--timeout", "400", "--workdir", str(tmp_path), *extra]
+    result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=560)
+    assert result.stdout, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["nemeses"]["chosen"] == [nemesis]
+    assert sum(report["states"].values()) == orders
+    assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report["examples"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    return report
+
+
+def test_a_host_paused_past_its_locks_and_leases_breaks_no_invariant(tmp_path):
+    report = chaos(tmp_path, "pause")
+    counts = report["nemeses"]["counts"]
+    assert counts["pauses"] >= 1 and counts["kills"] == 0
+    (pause, *_) = report["nemeses"]["events"]
+    assert pause["end_s"] - pause["start_s"] >= counts["pause_s"] > 60, "past the 60 s locks"
+
+
+def test_throttled_and_ambiguous_storage_breaks_no_invariant(tmp_path):
+    rates = "throttle=0.05,timeout=0.01,error=0.03,reset=0.03"
+    report = chaos(tmp_path, "storage", "--storage-rates", rates)
+    faults = report["nemeses"]["counts"]["storage_faults"]["faults"]
+    assert faults.get("throttle", 0) >= 1, faults
+    hidden = sum(faults.get(kind, 0) for kind in ("error_after_apply", "timeout_after_apply"))
+    assert hidden + faults.get("reset_after_apply", 0) >= 1, (
+        f"no applied write was hidden: {faults}"
+    )
+
+
+def test_broker_restarts_and_dropped_connections_break_no_invariant(tmp_path):
+    report = chaos(tmp_path, "broker", orders=60)  # long enough for a restart, then a reset
+    counts = report["nemeses"]["counts"]
+    assert counts["broker_restarts"] >= 1 and counts["broker_connection_resets"] >= 1, counts
+    assert report["locks"]["broker"]["broker_processes"] == counts["broker_restarts"] + 1
