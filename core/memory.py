@@ -9,7 +9,8 @@ the next sends (a crash between the write and the send). The store also has the 
 and ETag-conditional delete (:mod:`core.purge`), and :class:`MemoryArchive` the archive's JSON
 lines (:mod:`core.archive`).
 
-What the adapters await is awaited here too, so a test drives the same code the app runs. All of
+What the adapters await is awaited here too, so a test drives the same code the app runs, and
+each call that would be a request yields to the event loop once (:func:`_round_trip`). All of
 it runs on one event loop, and no method awaits between checking a row and writing it, so each
 check-and-write is atomic as the service's is. What only tests call to look inside (``rows``,
 ``get``, ``orders``, ``on``) is plain.
@@ -17,6 +18,7 @@ check-and-write is atomic as the service's is. What only tests call to look insi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -45,6 +47,13 @@ from core.state_models import (
 from core.states import ProcessState
 
 
+async def _round_trip() -> None:
+    """Where a request to the service would suspend its caller: other tasks run meanwhile, so
+    concurrent callers (two Supervisor ticks, a tick's sweeps) interleave between requests as
+    they do against the service, while each request's check-and-write stays atomic."""
+    await asyncio.sleep(0)
+
+
 class MemoryIndex:
     """The active-order index (or the Error index) as a dict of rows."""
 
@@ -56,6 +65,7 @@ class MemoryIndex:
     async def put(
         self, order_id: str, generation: int, workflow: str = "", due: datetime | None = None
     ) -> None:
+        await _round_trip()
         self._write(order_id, generation, workflow, due)
 
     def _write(
@@ -76,6 +86,7 @@ class MemoryIndex:
         return etag
 
     async def postpone(self, row: ActiveRow, due: datetime) -> bool:
+        await _round_trip()
         key = (row.order_id, row.generation)
         if self._rows.get(key) != row:
             return False
@@ -84,6 +95,7 @@ class MemoryIndex:
         return True
 
     async def due(self, bucket: int, now: datetime, limit: int = 1000) -> tuple[ActiveRow, ...]:
+        await _round_trip()
         rows = [r for r in self._rows.values() if r.partition_key == bucket_partition(bucket)]
         due = sorted((r for r in rows if r.due_at <= now), key=lambda r: (r.due_at, r.row_key))
         return tuple(due[:limit])
@@ -91,6 +103,7 @@ class MemoryIndex:
     async def add(
         self, order_id: str, generation: int, workflow: str = "", due: datetime | None = None
     ) -> bool:
+        await _round_trip()
         if (order_id, generation) in self._rows:
             return False
         self._write(order_id, generation, workflow, due)
@@ -98,14 +111,17 @@ class MemoryIndex:
 
     async def insert(self, order_id: str, generation: int) -> str | None:
         """The Error index's write: the row's ETag, or None if it was there already."""
+        await _round_trip()
         return None if (order_id, generation) in self._rows else self._write(order_id, generation)
 
     async def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
+        await _round_trip()
         row = self._rows.get((order_id, generation))
         if row is not None and (etag is None or row.etag == etag):
             del self._rows[(order_id, generation)]
 
     async def has(self, order_id: str, generation: int) -> bool:
+        await _round_trip()
         return (order_id, generation) in self._rows
 
     def get(self, order_id: str, generation: int) -> ActiveRow | None:
@@ -117,6 +133,7 @@ class MemoryIndex:
     async def reap(
         self, row: ActiveRow, order: Order | None, *, grace: timedelta = DEFAULT_GRACE
     ) -> bool:
+        await _round_trip()
         live = order is not None and order.generation == row.generation
         if live or self._clock() - row.written_at < grace:
             return False
@@ -138,6 +155,7 @@ class MemorySupervision:
         self._etags = itertools.count(1)
 
     async def read(self) -> Roster:
+        await _round_trip()
         buckets = tuple(self._buckets.get(b, BucketLease(bucket=b)) for b in range(INDEX_BUCKETS))
         return Roster(buckets=buckets, members=tuple(self._members.values()))
 
@@ -148,6 +166,7 @@ class MemorySupervision:
         release: Sequence[BucketLease],
         reap: Sequence[Member] = (),
     ) -> dict[int, str]:
+        await _round_trip()
         member_row_key(member.instance)
         for lease in [*hold, *release]:
             stored = self._buckets.get(lease.bucket)
@@ -171,6 +190,7 @@ class MemorySupervision:
     async def checkpoint(
         self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
     ) -> int:
+        await _round_trip()
         written = [swept_lease(sweep, by) for sweep in sweeps] + list(others)
         recorded = 0
         for lease in written:
@@ -199,9 +219,11 @@ class MemoryPurgeLog:
         self._rows: dict[str, dict[str, Any]] = {}
 
     async def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:
+        await _round_trip()
         self._rows[run_row_key(at, run_id)] = json.loads(json.dumps(report, default=str))
 
     async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        await _round_trip()
         if not 1 <= limit <= MAX_RECENT:
             raise ValueError(f"limit must be from 1 to {MAX_RECENT}")
         return [self._rows[key] for key in sorted(self._rows)[:limit]]
@@ -237,6 +259,7 @@ class MemoryStore:
     ) -> Order | AlreadyExists:
         payload_hash = submitted.content_hash()
         added = await self.index.add(order.order_id, order.generation, order.workflow, due)
+        await _round_trip()
         existing = self._orders.get(order.order_id)
         if existing is not None:
             if added and (existing.state.terminal or existing.generation != 1):
@@ -250,12 +273,14 @@ class MemoryStore:
         return stored
 
     async def load(self, order_id: str) -> Order:
+        await _round_trip()
         try:
             return self._orders[order_id]
         except KeyError:
             raise OrderNotFound(order_id) from None
 
     async def find(self, order_id: str) -> Order | None:
+        await _round_trip()
         return self._orders.get(order_id)
 
     async def get_order(self, order_id: str) -> OrderRecord:
@@ -266,6 +291,7 @@ class MemoryStore:
     async def get_timeline(
         self, order_id: str, *, after_seq: int = -1, limit: int = 1000
     ) -> list[TimelineEntry]:
+        await _round_trip()
         entries = [e for e in self._timelines.get(order_id, []) if e.seq > after_seq]
         return entries[:limit]
 
@@ -280,6 +306,7 @@ class MemoryStore:
         error_row = (
             await self.errors.insert(after.order_id, after.generation) if entering_error else None
         )
+        await _round_trip()
         stored = self._orders.get(before.order_id)
         if stored is None or stored.etag != before.etag:
             if error_row is not None:
@@ -313,6 +340,7 @@ class MemoryStore:
     async def list_active(
         self, limit: int = 1000, *, continuation: str | None = None
     ) -> ActivePage:
+        await _round_trip()
         rows = self.index.rows()
         start = int(continuation or 0)
         page = tuple(rows[start : start + limit])
@@ -320,6 +348,7 @@ class MemoryStore:
         return ActivePage(rows=page, continuation=str(start + limit) if more else None)
 
     async def all_active(self) -> AsyncIterator[ActiveRow]:
+        await _round_trip()
         for row in self.index.rows():  # noqa: UP028, RUF100 (an async generator has no yield from)
             yield row
 
@@ -335,6 +364,7 @@ class MemoryStore:
         *,
         page_size: int = 1000,
     ) -> AsyncIterator[Candidate]:
+        await _round_trip()
         wanted = {ProcessState(s) for s in states}
         if not wanted or any(s.in_flight for s in wanted):
             raise ValueError("only finished states (Processed, Error) can be purged")
@@ -343,6 +373,7 @@ class MemoryStore:
                 yield Candidate(order.order_id, order.state, order.updated_at)
 
     async def snapshot(self, order_id: str) -> OrderSnapshot | None:
+        await _round_trip()
         order = self._orders.get(order_id)
         if order is None:
             return None
@@ -357,6 +388,7 @@ class MemoryStore:
         )
 
     async def purge(self, snapshot: OrderSnapshot) -> DeleteOutcome:
+        await _round_trip()
         order_id = snapshot.process.order_id
         stored = self._orders.get(order_id)
         if stored is None:
@@ -367,6 +399,7 @@ class MemoryStore:
         return DeleteOutcome.PURGED
 
     async def finish_purge(self, order_id: str) -> bool:
+        await _round_trip()
         return False  # one purge is one step here: nothing is ever left half done
 
     def orders(self) -> list[Order]:
@@ -383,15 +416,18 @@ class MemoryArchive:
         self._blobs: dict[str, list[bytes]] = {}
 
     async def append(self, day: date, records: Sequence[archive.ArchivedOrder]) -> str:
+        await _round_trip()
         name = archive.blob_name(day)
         self._blobs.setdefault(name, []).extend(archive.encode(r) for r in records)
         return name
 
     async def lines(self, blob: str) -> AsyncIterator[bytes]:
+        await _round_trip()
         for line in list(self._blobs.get(blob, [])):
             yield line.rstrip(b"\n")
 
     async def blobs(self, day: date | None = None) -> list[str]:
+        await _round_trip()
         prefix = archive.day_prefix(day) if day is not None else ""
         return sorted(name for name in self._blobs if name.startswith(prefix))
 
@@ -420,6 +456,7 @@ class MemoryBus:
     async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
+        await _round_trip()
         self.attempts += 1
         if self.fail_after is not None:
             if self.fail_after <= 0:
