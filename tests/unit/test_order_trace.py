@@ -32,6 +32,8 @@ from supervisor.tick import RECOVER_SPAN, run_tick
 from tests.support.spans import recording
 from tests.support.world import QUEUES
 
+pytestmark = pytest.mark.anyio
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STEP_TIMEOUT = timedelta(seconds=30)
 GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -172,11 +174,11 @@ class TracingBus(MemoryBus):
         super().__init__()
         self.contexts: list[tuple[MessageBase, str | None]] = []
 
-    def send(
+    async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
         self.contexts.append((message, telemetry.current_trace_parent()))
-        super().send(queue, message, scheduled_at=scheduled_at)
+        await super().send(queue, message, scheduled_at=scheduled_at)
 
 
 class Clock:
@@ -223,36 +225,36 @@ def submission(order_id: str) -> bytes:
     )
 
 
-def submitted(store: MemoryStore, clock: Clock, order_id: str) -> str:
+async def submitted(store: MemoryStore, clock: Clock, order_id: str) -> str:
     """Submit ``order_id`` inside an intake span; that span's traceparent."""
     rt, _ = runtime(store, clock, "scheduler-1")
     with telemetry.tracer.start_as_current_span("scheduler_intake"):
-        handle_submission(submission(order_id), rt)
+        await handle_submission(submission(order_id), rt)
         created = telemetry.current_trace_parent()
     assert created is not None
     return created
 
 
-def test_intake_records_the_traceparent_of_its_span(spans):
+async def test_intake_records_the_traceparent_of_its_span(spans):
     store, clock = MemoryStore(), Clock()
-    created = submitted(store, clock, "o-intake")
-    assert store.load("o-intake").trace_parent == created
+    created = await submitted(store, clock, "o-intake")
+    assert (await store.load("o-intake")).trace_parent == created
 
 
-def test_intake_without_a_span_records_none(spans):
+async def test_intake_without_a_span_records_none(spans):
     store = MemoryStore()
     rt, _ = runtime(store, Clock(), "scheduler-1")
-    handle_submission(submission("o-untraced"), rt)
-    assert store.load("o-untraced").trace_parent is None
+    await handle_submission(submission("o-untraced"), rt)
+    assert (await store.load("o-untraced")).trace_parent is None
 
 
-def test_the_supervisors_recovery_continues_the_orders_trace(spans):
+async def test_the_supervisors_recovery_continues_the_orders_trace(spans):
     store, clock = MemoryStore(), Clock()
-    created = submitted(store, clock, "o-hung")
+    created = await submitted(store, clock, "o-hung")
     clock.now += STEP_TIMEOUT * 3  # the agent never answered: past CompleteBy
     rt, bus = runtime(store, clock, "supervisor-1")
     with telemetry.tracer.start_as_current_span("supervisor_tick") as tick:
-        report = run_tick(rt)
+        report = await run_tick(rt)
     assert report.retried == 1
 
     (recover,) = named(spans, RECOVER_SPAN)
@@ -265,21 +267,21 @@ def test_the_supervisors_recovery_continues_the_orders_trace(spans):
     assert retries and all(trace_id_of(ctx) == trace_id_of(created) for ctx in retries)
 
 
-def test_a_tick_that_changes_nothing_adds_no_span_to_the_order(spans):
+async def test_a_tick_that_changes_nothing_adds_no_span_to_the_order(spans):
     store, clock = MemoryStore(), Clock()
-    submitted(store, clock, "o-fine")
+    await submitted(store, clock, "o-fine")
     clock.now += STEP_TIMEOUT / 10  # in flight, well within its deadline
     rt, bus = runtime(store, clock, "supervisor-1")
-    run_tick(rt)
+    await run_tick(rt)
     assert not named(spans, RECOVER_SPAN) and not bus.sent
 
 
-def test_an_operator_action_continues_the_orders_trace(spans):
+async def test_an_operator_action_continues_the_orders_trace(spans):
     store, clock = MemoryStore(), Clock()
-    created = submitted(store, clock, "o-cancel")
+    created = await submitted(store, clock, "o-cancel")
     rt, bus = runtime(store, clock, "scheduler-2")
     with telemetry.tracer.start_as_current_span("POST /api/orders/{id}/cancel") as request:
-        result = control.cancel(rt, "o-cancel", actor="operator:ada", reason="customer asked")
+        result = await control.cancel(rt, "o-cancel", actor="operator:ada", reason="customer asked")
     assert result.state in (ProcessState.COMPENSATING, ProcessState.ERROR)
 
     (action,) = named(spans, "operator_cancel")
@@ -290,22 +292,22 @@ def test_an_operator_action_continues_the_orders_trace(spans):
     assert bus.contexts and all(trace_id_of(c) == trace_id_of(created) for _, c in bus.contexts)
 
 
-def test_a_refused_operator_action_records_its_span_as_failed(spans):
+async def test_a_refused_operator_action_records_its_span_as_failed(spans):
     store, clock = MemoryStore(), Clock()
-    submitted(store, clock, "o-busy")
+    await submitted(store, clock, "o-busy")
     rt, _ = runtime(store, clock, "scheduler-2")
     with pytest.raises(control.Refused):
-        control.resubmit(rt, "o-busy", actor="operator:ada", reason="not in Error")
+        await control.resubmit(rt, "o-busy", actor="operator:ada", reason="not in Error")
     (action,) = named(spans, "operator_resubmit")
     assert action.status.status_code is trace.StatusCode.ERROR
 
 
-def test_a_resume_snapshot_keeps_the_traceparent_for_96_more_characters(spans):
+async def test_a_resume_snapshot_keeps_the_traceparent_for_96_more_characters(spans):
     """A reply decided on its snapshot (core.resume) writes the row back whole: the snapshot
     must carry the traceparent, or the answer's write would drop it from the order."""
     store, clock = MemoryStore(), Clock()
-    created = submitted(store, clock, "o-resume")
-    order = dataclasses.replace(store.load("o-resume"), etag='W/"1"')
+    created = await submitted(store, clock, "o-resume")
+    order = dataclasses.replace(await store.load("o-resume"), etag='W/"1"')
     token = resume.snapshot(order)
     bare = resume.snapshot(dataclasses.replace(order, trace_parent=None))
     assert token is not None and bare is not None
