@@ -521,7 +521,7 @@ async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() ->
     assert [m.idempotency_key for _, m in rt.bus.sent] == [UNDO_KEY, FORWARD_KEY]  # type: ignore[attr-defined]
 
 
-async def test_the_client_of_a_service_is_built_once_on_the_runtimes_http_client() -> None:
+def test_the_client_of_a_service_is_built_once_on_the_runtimes_http_client() -> None:
     service = "payment-handler-test"
     rt = Runtime(answer(200, {}))
     rt.settings.service_urls[service] = "http://svc.test/x"

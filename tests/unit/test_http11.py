@@ -106,7 +106,7 @@ async def settle() -> None:
     await asyncio.sleep(0.05)
 
 
-async def test_requests_and_closing_are_awaited() -> None:
+def test_requests_and_closing_are_awaited() -> None:
     assert inspect.iscoroutinefunction(ConnectionPool.request)
     assert inspect.iscoroutinefunction(ConnectionPool.close)
 
@@ -363,7 +363,7 @@ async def test_a_closed_pool_refuses_requests(serve) -> None:
         await pool.request("GET", "/", {})
 
 
-async def test_not_an_http_origin() -> None:
+def test_not_an_http_origin() -> None:
     with pytest.raises(ValueError, match="origin"):
         ConnectionPool("ftp://example.com")
 
