@@ -421,9 +421,8 @@ async def test_a_dead_holders_buckets_are_taken_even_when_a_newcomer_died_meanwh
     last = fleet.clock.now - PERIOD
     held = await holders(fleet.roster, fleet.clock.now)
     dead = sorted(b for b, holder in held.items() if holder == "sup-c")
-    await fleet.round(
-        ["sup-d", "sup-a", "sup-b"], in_order
-    )  # sup-d joins, finds nothing free, dies
+    # sup-d joins, finds nothing free, dies
+    await fleet.round(["sup-d", "sup-a", "sup-b"], in_order)
     await fleet.round(["sup-a", "sup-b"], in_order)
     swept_at = {b.bucket: b.swept_at for b in (await fleet.roster.read()).buckets}
     assert all(swept_at[b] == last + 2 * PERIOD for b in dead)
