@@ -31,8 +31,12 @@ LOCK_RENEW_QUEUE_LOCK_S = 10
 
 
 async def receive_one(client: ServiceBusClient, queue: str, wait: float = 5, **kwargs):
+    """At most one message, completed: none is left locked to a closed receiver, where the
+    queue's next drain could not reach it and a later test on the queue would meet it."""
     async with client.get_queue_receiver(queue, **kwargs) as receiver:
         messages = await receiver.receive_messages(max_message_count=1, max_wait_time=wait)
+        for message in messages:
+            await receiver.complete_message(message)
         return messages
 
 
