@@ -1,10 +1,9 @@
-"""What both forms of the remote client share: its policy, its rules and its per-call state.
+"""The remote client's policy, rules and per-call state (no I/O): ``RetryPolicy``, its
+constants and the failures that end an attempt.
 
-``agent.remote_client`` is generated from ``agent.remote_client`` (devstack.unasync), so
-everything here would otherwise exist twice, once per form: one ``RetryPolicy`` class, one set
-of constants and one set of the failures that end an attempt. The underscored names are the
-client's internals, kept under the names it has always used; ``agent.remote_client`` imports
-the public ones back, so ``agent.remote_client.RetryPolicy`` and the like keep working.
+The underscored names are the client's internals, kept under the names it has always used;
+``agent.remote_client`` imports the public ones back, so ``agent.remote_client.RetryPolicy``
+and the like keep working.
 """
 
 from __future__ import annotations

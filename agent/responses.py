@@ -1,6 +1,5 @@
-"""The AgentResponse that reports a remote call's outcome: pure, shared by both forms of the
-Agent (``agent.handler`` is generated from ``agent.handler``, devstack.unasync), which
-import :func:`response_for` from here."""
+"""The AgentResponse that reports a remote call's outcome (pure): :func:`response_for`, which
+the Agent (``agent.handler``) sends."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""What :mod:`core.apply` and :mod:`core.apply` share, defined once (plain, no I/O).
+"""The plain parts of :mod:`core.apply` (no I/O), which re-exports them (``apply.Busy`` and the
+rest): the exceptions callers catch (:class:`Busy`, :class:`Parked`), the constants, the pure
+helpers every decision uses, and the memory of reply queues that could not be sent to.
 
-``core.apply`` is generated from ``core.apply`` (devstack.unasync), so whatever either
-defines exists twice. What must have ONE identity lives here and both import it (``core.apply``
-re-exports it, so ``apply.Busy`` and the rest keep working): the exceptions callers catch
-(:class:`Busy`, :class:`Parked`), the constants, the pure helpers every decision uses, and the
-memory of reply queues that could not be sent to.
-
-That memory is process-wide across both forms: whether a submitter's reply queue can be sent
-to is a fact about the queue, not about which client found out. One process runs both (the
-async triggers and the sync Supervisor and operator API both carry decisions out), and one
-alert per queue per :data:`FAILURE_MEMORY` must hold for the process; :func:`forget_failures`
-forgets for both. Its lock is a ``threading.Lock`` held around dictionary work only, never
-across an ``await``.
+That memory is process-wide: whether a submitter's reply queue can be sent to is a fact about
+the queue, not about which trigger found out, and one alert per queue per
+:data:`FAILURE_MEMORY` must hold for the process; :func:`forget_failures` forgets. Its lock is
+a ``threading.Lock`` held around dictionary work only, never across an ``await``: a process may
+run more than one event loop (an in-process local host beside a test's).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How an httpx request travels over the project's HTTP/1.1 connection pools, and its answer back:
-what the agents' transports (core.http_transport and its generated sync twin) share.
+the per-request work of the agents' transport (core.http_transport).
 
 Why: against the local fake services, a POST through ``httpx.Client`` with its own transport
 (httpcore) cost about 0.40 ms of CPU (async: 0.90 ms, of which httpcore and anyio 0.71 ms); the
@@ -7,18 +7,16 @@ HTTP/1.1 pools of :mod:`core.http11` do the same exchange for about half of that
 agents keep httpx's client API (``rt.http.stream(...)``, ``httpx.Timeout``, httpx errors, and
 ``httpx.MockTransport`` in tests); only what carries a request changes.
 
-:class:`core.http_transport.PooledAsyncTransport` (its sync twin, generated,
-:class:`core.http_transport.PooledTransport`) keeps one
-:class:`~core.http11.ConnectionPool` per origin (scheme, host, port), created on
-first use, at most :data:`MAX_ORIGINS` (the oldest is closed past that; agents have three).
-Per request:
+:class:`core.http_transport.PooledAsyncTransport` keeps one
+:class:`~core.http11.ConnectionPool` per origin (scheme, host, port), created on first use, at
+most :data:`MAX_ORIGINS` (the oldest is closed past that; agents have three). Per request:
 
 - the target is ``request.url.raw_path`` (path and query, as encoded);
 - the headers are httpx's but Host, Content-Length and Transfer-Encoding, which the pool sets
   itself (the body is read whole and sent with its length);
-- ``request.extensions["timeout"]``: ``connect`` bounds connecting, ``read`` the exchange (the
-  sync pool: each socket read and write; the async pool: the whole exchange) and the wait for a
-  free connection; a timeout httpx leaves unset (None) is the pool's own (5 s, 30 s);
+- ``request.extensions["timeout"]``: ``connect`` bounds connecting, ``read`` the whole exchange
+  and the wait for a free connection; a timeout httpx leaves unset (None) is the pool's own
+  (5 s, 30 s);
 - the answer is buffered whole, at most ``max_body_bytes`` (default :data:`MAX_BODY_BYTES`): a
   longer one fails with ``httpx.ReadError`` and its connection is closed, so a hostile server
   cannot make the process buffer an unbounded answer. The remote client's own bound

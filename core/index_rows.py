@@ -1,10 +1,8 @@
 """Keys and row types of the order indexes: the active-order index (:mod:`core.active_index`)
-and the Error index (:mod:`core.error_index`).
+and the Error index (:mod:`core.error_index`). Pure: no I/O.
 
-Pure, and imported by both the async index modules (``core.aio``) and their generated sync
-twins, so each name here has one identity (a row read by the async store is the same class as
-one read by the sync store; one ``DEFAULT_GRACE``). The index modules import them back, so
-``core.active_index.index_partition`` and ``core.error_index.ErrorRow`` keep working.
+The index modules import them back, so ``core.active_index.index_partition`` and
+``core.error_index.ErrorRow`` keep working.
 """
 
 from __future__ import annotations

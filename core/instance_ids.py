@@ -1,5 +1,5 @@
-"""Who acts, as recorded in LockedBy and the timeline: one definition for core.runtime and its
-async source core.runtime."""
+"""Who acts, as recorded in LockedBy and the timeline: the ids core.runtime gives each process
+(and tests and tools give their runtimes)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ from typing import Any
 from azure.data.tables import UpdateMode
 
 from core.purge_runs import MAX_RECENT, PURGE_PARTITION, run_row_key
-from core.purge_runs import MemoryPurgeLog as MemoryPurgeLog  # re-exported
 from core.state_models import CorruptOrderState, utc
 from core.tablestorage import Table
 

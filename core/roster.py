@@ -1,18 +1,13 @@
 """The Supervisor instances' roster: bucket leases, members, sweeps, and what they say.
 
 The model of the ``supervision`` table's rows (:mod:`core.supervision` reads and writes them,
-and its module docstring describes them), the roster in memory (:class:`MemorySupervision`,
-with the Table store's ETag rules), the recovery bound and the Supervisor's lag. Pure, and
-imported by both the async :mod:`core.supervision` and its generated sync twin, so each
-name here has one identity; :mod:`core.supervision` imports them back (``core.supervision.
-BucketLease`` and the others keep working).
+and its module docstring describes them; :class:`core.memory.MemorySupervision` keeps them in
+memory), the recovery bound and the Supervisor's lag. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +16,7 @@ from typing import Any, Final
 from core import ids
 from core.index_rows import INDEX_BUCKETS
 from core.settings import Settings
-from core.state_models import ConcurrencyConflict, etag_of, utc
+from core.state_models import etag_of, utc
 
 PARTITION: Final = "supervisor"
 _BUCKET_PREFIX: Final = "bucket-"
@@ -125,75 +120,6 @@ def swept_lease(sweep: Sweep, by: str) -> BucketLease:
         lag_s=round(sweep.lag_s, 3),
         due_found=sweep.due_found,
     )
-
-
-def _in_utc(lease: BucketLease, etag: str) -> BucketLease:
-    """As the table stores it: times in UTC (naive ones refused), a new ETag."""
-    until = utc(lease.until) if lease.until is not None else None
-    swept = utc(lease.swept_at) if lease.swept_at is not None else None
-    return dataclasses.replace(lease, until=until, swept_at=swept, etag=etag)
-
-
-class MemorySupervision:
-    """:class:`core.supervision.SupervisionTable` in memory, with the same ETag rules."""
-
-    def __init__(self) -> None:
-        self._buckets: dict[int, BucketLease] = {}
-        self._members: dict[str, Member] = {}
-        self._etags = itertools.count(1)
-        self._lock = threading.Lock()
-
-    def read(self) -> Roster:
-        with self._lock:
-            buckets = tuple(
-                self._buckets.get(b, BucketLease(bucket=b)) for b in range(INDEX_BUCKETS)
-            )
-            return Roster(buckets=buckets, members=tuple(self._members.values()))
-
-    def claim(
-        self,
-        member: Member,
-        hold: Sequence[BucketLease],
-        release: Sequence[BucketLease],
-        reap: Sequence[Member] = (),
-    ) -> dict[int, str]:
-        member_row_key(member.instance)
-        with self._lock:
-            for lease in [*hold, *release]:
-                stored = self._buckets.get(lease.bucket)
-                if (stored.etag if stored else None) != lease.etag:
-                    raise ConcurrencyConflict("supervisor roster", f"bucket {lease.bucket}")
-            for gone in reap:
-                stored_member = self._members.get(gone.instance)
-                if stored_member is None or stored_member.etag != gone.etag:
-                    raise ConcurrencyConflict("supervisor roster", f"member {gone.instance}")
-            self._members[member.instance] = dataclasses.replace(
-                member, until=utc(member.until), etag=self._etag()
-            )
-            etags = {}
-            for lease in [*hold, *release]:
-                etags[lease.bucket] = self._etag()
-                self._buckets[lease.bucket] = _in_utc(lease, etags[lease.bucket])
-            for gone in reap:
-                del self._members[gone.instance]
-            return etags
-
-    def checkpoint(
-        self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
-    ) -> int:
-        written = [swept_lease(sweep, by) for sweep in sweeps] + list(others)
-        recorded = 0
-        with self._lock:
-            for lease in written:
-                stored = self._buckets.get(lease.bucket)
-                if stored is None or stored.etag != lease.etag:
-                    continue
-                self._buckets[lease.bucket] = _in_utc(lease, self._etag())
-                recorded += 1
-        return recorded
-
-    def _etag(self) -> str:
-        return f"s{next(self._etags)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""The Service Bus message each app message travels as: one definition for core.bus and its
-async source core.bus (and for the tools that send through the SDK directly)."""
+"""The Service Bus message each app message travels as: one definition for core.bus (and for
+the tools that send through the SDK directly)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ claim is all or nothing: a lost race writes nothing. Leases are an optimisation,
 orders correct: every change to an order is ETag-conditional, so two instances sweeping one
 bucket at once never both recover an order.
 
-The rows' model, the roster in memory, the recovery bound and the lag are pure and live in
-:mod:`core.roster`, imported back here.
+The rows' model, the recovery bound and the lag are pure and live in :mod:`core.roster`; the
+roster in memory is :class:`core.memory.MemorySupervision`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from core.roster import (
     swept_lease,
 )
 from core.roster import Lag as Lag  # re-exported: core.supervision.lag etc. keep working
-from core.roster import MemorySupervision as MemorySupervision
 from core.roster import RecoveryBound as RecoveryBound
 from core.roster import lag as lag
 from core.roster import recovery_bound as recovery_bound

@@ -1,4 +1,5 @@
-"""Fixtures for the Service Bus contract suite.
+"""Fixtures for the Service Bus contract suite, driven through ``azure.servicebus.aio`` (the
+client the app and the local host use), one client per test on the test's event loop.
 
 Locally the whole suite runs twice: against a development broker in memory and against one with
 `--data-dir` (SQLite), so both storage paths keep the contract. With
@@ -9,11 +10,12 @@ emulator or a real namespace on which the queues of tests/contract/Config.json e
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus.aio import ServiceBusClient
 
 from tests.support.broker import (
     EXTERNAL_ENV_VAR,
@@ -51,31 +53,33 @@ def contract_ns(
         namespace.broker.stop()
 
 
-@pytest.fixture(scope="session")
-def sb_client(contract_ns: ServiceBusNamespace) -> Iterator[ServiceBusClient]:
-    with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
+@pytest.fixture
+async def sb_client(contract_ns: ServiceBusNamespace) -> AsyncIterator[ServiceBusClient]:
+    async with ServiceBusClient.from_connection_string(contract_ns.connection_string) as client:
         yield client
 
 
-def drain(client: ServiceBusClient, queue: str) -> None:
+async def drain(client: ServiceBusClient, queue: str) -> None:
     """Empty a queue and its dead-letter queue so a test starts from nothing."""
     for sub_queue in (None, ServiceBusSubQueue.DEAD_LETTER):
-        with client.get_queue_receiver(
+        async with client.get_queue_receiver(
             queue,
             sub_queue=sub_queue,
             receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
         ) as receiver:
-            while receiver.receive_messages(max_message_count=100, max_wait_time=0.3):
+            while await receiver.receive_messages(max_message_count=100, max_wait_time=0.3):
                 pass
 
 
 @pytest.fixture
-def queue_named(contract_ns: ServiceBusNamespace, sb_client: ServiceBusClient):
-    """`queue_named("contract-basic")` -> the run's actual name, drained before the test."""
+def queue_named(
+    contract_ns: ServiceBusNamespace, sb_client: ServiceBusClient
+) -> Callable[[str], Awaitable[str]]:
+    """`await queue_named("contract-basic")` -> the run's actual name, drained first."""
 
-    def named(logical: str) -> str:
+    async def named(logical: str) -> str:
         actual = contract_ns.queue(logical)
-        drain(sb_client, actual)
+        await drain(sb_client, actual)
         return actual
 
     return named

@@ -11,7 +11,7 @@ import pytest
 from agent.circuit import reset_breakers
 from core.apply import forget_failures
 from devstack.fakes.remote_services import FakeServices
-from tests.support.app import AsyncTriggers, Clock, QueueReader, app_settings, make_runtime
+from tests.support.app import Clock, QueueReader, app_settings, make_runtime
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +42,8 @@ def clock():
 
 
 @pytest.fixture
-def rt(env, clock):
-    runtime = make_runtime(env, "scheduler", clock)
+async def rt(env, clock):
+    """A Scheduler's runtime on this test's tables (and its event loop: an async test's)."""
+    runtime = await make_runtime(env, "scheduler", clock)
     yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def triggers(rt):
-    """The async twin of ``rt`` and a loop to run the async triggers' code on."""
-    side = AsyncTriggers(rt)
-    yield side
-    side.close()
+    await runtime.close()

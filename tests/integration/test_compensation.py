@@ -32,15 +32,15 @@ from tests.support.pattern import (
     tombstoned,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
-def step_states(rt, order_id: str) -> dict[str, StepState]:
-    return {s.name: s.state for s in rt.store.get_order(order_id).steps}
+async def step_states(rt, order_id: str) -> dict[str, StepState]:
+    return {s.name: s.state for s in (await rt.store.get_order(order_id)).steps}
 
 
-def events(rt, order_id: str) -> list[str]:
-    return [t.event for t in rt.store.get_timeline(order_id)]
+async def events(rt, order_id: str) -> list[str]:
+    return [t.event for t in await rt.store.get_timeline(order_id)]
 
 
 def undid(last_error: str | None) -> set[str]:
@@ -49,26 +49,26 @@ def undid(last_error: str | None) -> set[str]:
     return set(summary.partition(";")[0].split(", "))
 
 
-def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
+async def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     order = new_order()
     fakes.set_profile({"services": {"shipping": {"decline_order_ids": [order.order_id]}}})
     COUNTS.reset()
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    run_agent_step(rt, reader, order.order_id, "payment")
-    run_agent_step(rt, reader, order.order_id, "shipping")  # declined: address_invalid
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    await run_agent_step(rt, reader, order.order_id, "payment")
+    await run_agent_step(rt, reader, order.order_id, "shipping")  # declined: address_invalid
     counts = Counter(COUNTS.snapshot())
 
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert (process.state, process.current_operation) == (ProcessState.COMPENSATING, "undo")
-    assert step_states(rt, order.order_id) == {
+    assert await step_states(rt, order.order_id) == {
         "reserve_inventory": StepState.SUCCEEDED,
         "charge_payment": StepState.SUCCEEDED,
         "create_shipment": StepState.FAILED,
     }
     COUNTS.reset()  # the reads above are the test's, not the app's
-    refund = run_agent_step(rt, reader, order.order_id, "payment")
-    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    refund = await run_agent_step(rt, reader, order.order_id, "payment")
+    release = await run_agent_step(rt, reader, order.order_id, "inventory")
     counts.update(COUNTS.snapshot())
 
     assert (refund["action"], refund["idempotency_key"], refund["undoes"]) == (
@@ -81,11 +81,11 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
         f"{order.order_id}:reserve_inventory:undo:1",
         f"{order.order_id}:reserve_inventory:do:1",
     )
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR and process.locked_by is None
     assert (process.last_error or "").startswith("create_shipment declined: address_invalid")
     assert undid(process.last_error) == {"charge_payment", "reserve_inventory"}
-    assert step_states(rt, order.order_id) == {
+    assert await step_states(rt, order.order_id) == {
         "reserve_inventory": StepState.COMPENSATED,
         "charge_payment": StepState.COMPENSATED,
         "create_shipment": StepState.FAILED,
@@ -100,10 +100,10 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     alerts = alerts_for(rt, reader, order.order_id)
     assert [(a["reason"], a["severity"]) for a in alerts] == [("step_declined", "error")]
     assert "compensated" in alerts[0]["detail"]
-    timeline = events(rt, order.order_id)
+    timeline = await events(rt, order.order_id)
     assert timeline[-3:] == ["compensation_started", "step_compensated", "error"]
-    assert order.order_id not in [r.order_id for r in rt.store.list_active().rows]
-    errors = list_orders(rt.store, ProcessState.ERROR, limit=100)
+    assert order.order_id not in [r.order_id for r in (await rt.store.list_active()).rows]
+    errors = await list_orders(rt.store, ProcessState.ERROR, limit=100)
     assert order.order_id in [p.order_id for p in errors.orders]
     # Every request of the compensated order, app side (scheduler + agents), counted at the SDK
     # pipeline (Table) and at Bus.send (Service Bus): 5 agent requests, 5 replies, 1 alert;
@@ -117,37 +117,39 @@ def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fakes):
     assert (counts.get("table.put", 0), counts["table.delete"]) == (0, 1)
 
 
-def test_unanswered_undos_until_the_threshold_are_compensation_incomplete(rt, reader, fakes, clock):
+async def test_unanswered_undos_until_the_threshold_are_compensation_incomplete(
+    rt, reader, fakes, clock
+):
     clock.advance(60)  # retries fall due in the (real) future: take_scheduled finds them waiting
     order = new_order()
     oid = order.order_id
     fakes.set_profile({"services": {"payment": {"decline_order_ids": [oid]}}})
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, oid, "inventory")
-    run_agent_step(rt, reader, oid, "payment")  # declined: release the reservation
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, oid, "inventory")
+    await run_agent_step(rt, reader, oid, "payment")  # declined: release the reservation
 
     delays = []
     for failures in (1, 2):
         release = take_request(rt, reader, oid, "inventory")  # its agent dies: no answer
         assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
         clock.advance(30)  # past CompleteBy
-        assert run_tick(rt).retried == 1
-        released = rt.store.load(oid)
+        assert (await run_tick(rt)).retried == 1
+        released = await rt.store.load(oid)
         assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
         assert released.failure_count == failures
         command, due = reader.take_scheduled(queue(rt, "commands"), oid)
         assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
         delays.append((released.next_attempt_at - released.updated_at).total_seconds())
-        handle_command(command, rt)  # claims the undo again
+        await handle_command(command, rt)  # claims the undo again
     take_request(rt, reader, oid, "inventory")  # unanswered a third time: give up
     clock.advance(30)
-    assert run_tick(rt).failed == 1
+    assert (await run_tick(rt)).failed == 1
 
     assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
-    process = rt.store.load(oid)
+    process = await rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("compensation incomplete")
-    assert step_states(rt, oid)["reserve_inventory"] is StepState.SUCCEEDED, "left in place"
+    assert (await step_states(rt, oid))["reserve_inventory"] is StepState.SUCCEEDED, "left in place"
     alerts = alerts_for(rt, reader, oid)
     assert [(a["reason"], a["severity"]) for a in alerts] == [
         ("compensation_incomplete", "critical")
@@ -158,48 +160,48 @@ def test_unanswered_undos_until_the_threshold_are_compensation_incomplete(rt, re
     # An operator resubmits: the compensation resumes with the same undo key (and, entering
     # Error again, raises that entry's alert); a second resubmission starts over with new keys.
     fakes.set_profile(None)
-    result = control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
+    result = await control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
     assert result.outcome == "compensation_resumed"
-    release = run_agent_step(rt, reader, oid, "inventory")
+    release = await run_agent_step(rt, reader, oid, "inventory")
     assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
-    process = rt.store.load(oid)
+    process = await rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("charge_payment declined: card_declined")
     assert "compensated: undid reserve_inventory" in (process.last_error or "")
     assert net_effects(fakes, oid) == {"inventory": 0}
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["step_declined"]
 
-    again = control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
+    again = await control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
     assert (again.outcome, again.generation, again.step) == ("resubmitted", 2, "reserve_inventory")
     for service in ("inventory", "payment", "shipping"):
-        request = run_agent_step(rt, reader, oid, service)
+        request = await run_agent_step(rt, reader, oid, service)
         assert request["idempotency_key"].endswith(":do:2")
-    assert rt.store.load(oid).state is ProcessState.PROCESSED
+    assert (await rt.store.load(oid)).state is ProcessState.PROCESSED
     assert net_effects(fakes, oid) == {"inventory": 1, "payment": 1, "shipping": 1}
-    resubmits = [t for t in rt.store.get_timeline(oid) if t.actor == "operator:ann"]
+    resubmits = [t for t in await rt.store.get_timeline(oid) if t.actor == "operator:ann"]
     assert [t.event for t in resubmits] == ["compensation_resumed", "resubmitted"]
     assert alerts_for(rt, reader, oid) == []
 
 
-def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clock):
+async def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clock):
     env |= {"RETRY_BASE_DELAY_SECONDS": "2", "RETRY_MAX_DELAY_SECONDS": "5"}
     env["FAILURE_THRESHOLD"] = "5"
-    rt = make_runtime(env, "scheduler", clock)
+    rt = await make_runtime(env, "scheduler", clock)
     try:
         order = new_order()
-        handle_submission(encode(order), rt)
-        run_agent_step(rt, reader, order.order_id, "inventory")
+        await handle_submission(encode(order), rt)
+        await run_agent_step(rt, reader, order.order_id, "inventory")
         take_request(rt, reader, order.order_id, "payment")  # the charge hangs: no reply
         delays = []
         for failures in range(1, 5):
             clock.advance(30)  # past CompleteBy
-            assert run_tick(rt).retried == 1
-            released = rt.store.load(order.order_id)
+            assert (await run_tick(rt)).retried == 1
+            released = await rt.store.load(order.order_id)
             command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
             assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
             assert json.loads(command)["failure_count"] == failures
             delays.append((released.next_attempt_at - released.updated_at).total_seconds())
-            handle_command(command, rt)
+            await handle_command(command, rt)
             take_request(rt, reader, order.order_id, "payment")  # hangs again
         # base 2 s, factor 2, cap 5 s, up to 20 % jitter below: 2, 4, 5, 5
         for delay, nominal in zip(delays, (2, 4, 5, 5), strict=True):
@@ -207,79 +209,85 @@ def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clo
         assert delays[1] > delays[0]
 
         clock.advance(30)
-        assert run_tick(rt).compensating == 1  # 5th failure: undo the charge and reservation
-        refund = run_agent_step(rt, reader, order.order_id, "payment")
+        assert (
+            await run_tick(rt)
+        ).compensating == 1  # 5th failure: undo the charge and reservation
+        refund = await run_agent_step(rt, reader, order.order_id, "payment")
         assert refund["action"] == "refund"  # the hung charge may have taken effect
-        run_agent_step(rt, reader, order.order_id, "inventory")
-        process = rt.store.load(order.order_id)
+        await run_agent_step(rt, reader, order.order_id, "inventory")
+        process = await rt.store.load(order.order_id)
         assert process.state is ProcessState.ERROR
         assert "failure threshold of 5" in (process.last_error or "")
-        assert step_states(rt, order.order_id)["charge_payment"] is StepState.VOIDED
+        assert (await step_states(rt, order.order_id))["charge_payment"] is StepState.VOIDED
         alerts = alerts_for(rt, reader, order.order_id)
         assert [a["reason"] for a in alerts] == ["failure_threshold"]
         assert net_effects(fakes, order.order_id) == {"inventory": 0}
     finally:
-        rt.close()
+        await rt.close()
 
 
-def test_cancel_while_step_2_is_in_flight_undoes_its_charge_that_lands_first(rt, reader, fakes):
+async def test_cancel_while_step_2_is_in_flight_undoes_its_charge_that_lands_first(
+    rt, reader, fakes
+):
     order = new_order()
     oid = order.order_id
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, oid, "inventory")
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, oid, "inventory")
     charge = reader.expect(queue(rt, "payment"), oid)  # step 2 in flight
 
-    result = control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
+    result = await control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
     assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
 
-    handle_request(charge, "payment", rt)  # the charge goes through before its refund...
-    handle_response(reader.expect(queue(rt, "responses"), oid), rt)
-    assert step_states(rt, oid)["charge_payment"] is StepState.SUCCEEDED, "recorded"
-    assert events(rt, oid)[-1] == "late_success"
+    await handle_request(charge, "payment", rt)  # the charge goes through before its refund...
+    await handle_response(reader.expect(queue(rt, "responses"), oid), rt)
+    assert (await step_states(rt, oid))["charge_payment"] is StepState.SUCCEEDED, "recorded"
+    assert (await events(rt, oid))[-1] == "late_success"
     assert reader.take(queue(rt, "shipping"), oid, wait=1) is None, "no step 3"
-    refund = run_agent_step(rt, reader, oid, "payment")  # ...and the refund undoes it
+    refund = await run_agent_step(rt, reader, oid, "payment")  # ...and the refund undoes it
     assert refund["undoes"] == f"{oid}:charge_payment:do:1"
-    run_agent_step(rt, reader, oid, "inventory")
+    await run_agent_step(rt, reader, oid, "inventory")
 
-    process = rt.store.load(oid)
+    process = await rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("cancelled by operator:bob: customer asked")
     assert undid(process.last_error) == {"charge_payment", "reserve_inventory"}
     assert net_effects(fakes, oid) == {"inventory": 0, "payment": 0}
     assert tombstoned(fakes, oid) == set()
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
-    cancelled = [t for t in rt.store.get_timeline(oid) if t.actor == "operator:bob"]
+    cancelled = [t for t in await rt.store.get_timeline(oid) if t.actor == "operator:bob"]
     assert [t.event for t in cancelled] == ["compensation_started"]
     with pytest.raises(control.Refused) as refused:
-        control.cancel(rt, oid, actor="operator:bob", reason="late")
+        await control.cancel(rt, oid, actor="operator:bob", reason="late")
     assert refused.value.code == "conflict"
 
 
-def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadline(
+async def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadline(
     rt, reader, fakes, clock
 ):
     order = new_order()
     oid = order.order_id
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, oid, "inventory")
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, oid, "inventory")
     take_request(rt, reader, oid, "payment")  # never answers
-    control.cancel(rt, oid, actor="operator:bob", reason="stuck")
-    run_agent_step(rt, reader, oid, "payment")  # refund of the unknown charge: nothing to undo
-    run_agent_step(rt, reader, oid, "inventory")
-    process = rt.store.load(oid)
+    await control.cancel(rt, oid, actor="operator:bob", reason="stuck")
+    await run_agent_step(
+        rt, reader, oid, "payment"
+    )  # refund of the unknown charge: nothing to undo
+    await run_agent_step(rt, reader, oid, "inventory")
+    process = await rt.store.load(oid)
     assert process.state is ProcessState.ERROR and "cancelled" in (process.last_error or "")
     assert net_effects(fakes, oid) == {"inventory": 0}
     assert tombstoned(fakes, oid) == {f"{oid}:charge_payment:do:1"}
     clock.advance(30)
-    assert run_tick(rt).due == 0, "nothing left for the Supervisor"
+    assert (await run_tick(rt)).due == 0, "nothing left for the Supervisor"
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
 
 
-def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
+async def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
     order = new_order(workflow="single_step")
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
     command = SchedulerCommand(
         order_id=order.order_id,
         command="cancel",
@@ -288,27 +296,29 @@ def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader)
         reason="too late",
         requested_by="operator:bob",
     )
-    handle_command(encode(command), rt)
+    await handle_command(encode(command), rt)
     alerts = alerts_for(rt, reader, order.order_id)
     assert [a["reason"] for a in alerts] == ["command_refused"]
     assert "Processed" in alerts[0]["detail"]
 
 
-def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, fakes, clock):
+async def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, fakes, clock):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     take_request(rt, reader, order.order_id, "inventory")  # never answers
     clock.advance(30)
-    assert run_tick(rt).retried == 1  # Pending, a retry scheduled
+    assert (await run_tick(rt)).retried == 1  # Pending, a retry scheduled
     retry, _ = reader.take_scheduled(queue(rt, "commands"), order.order_id)
 
-    result = control.cancel(rt, order.order_id, actor="operator:bob", reason="duplicate order")
+    result = await control.cancel(
+        rt, order.order_id, actor="operator:bob", reason="duplicate order"
+    )
     assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
-    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    release = await run_agent_step(rt, reader, order.order_id, "inventory")
     assert release["action"] == "release"  # the reservation may have been made
-    handle_command(retry, rt)  # the retry that was due is stale now: nothing happens
+    await handle_command(retry, rt)  # the retry that was due is stale now: nothing happens
     assert reader.take(queue(rt, "inventory"), order.order_id, wait=1) is None
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR
     assert process.last_error == (
         "cancelled by operator:bob: duplicate order; compensated: undid nothing; "

@@ -12,27 +12,27 @@ from core import runtime
 from operator_api import functions as api
 from operator_api.operations import Operations
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
 @pytest.fixture
-def installed(rt):
+async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    api.operations().close()
+    await (await api.operations()).close()
     runtime.install(previous)
 
 
-def test_dead_letter_summary_is_quick(installed):
+async def test_dead_letter_summary_is_quick(installed):
     ops = Operations(installed)
     try:
         started = time.perf_counter()
-        first = ops.dead_letter_summary()
+        first = await ops.dead_letter_summary()
         cold = time.perf_counter() - started
         timings = []
         for _ in range(3):
             started = time.perf_counter()
-            again = ops.dead_letter_summary()
+            again = await ops.dead_letter_summary()
             timings.append(time.perf_counter() - started)
         print(f"\ndead_letter_summary: cold {cold:.3f} s, warm {[round(t, 3) for t in timings]}")
         assert {q.queue for q in first.queues} == set(installed.settings.queues)
@@ -40,4 +40,4 @@ def test_dead_letter_summary_is_quick(installed):
         assert cold < 3.0, f"cold listing took {cold:.2f} s"
         assert max(timings) < 1.0, f"warm listings took {timings}"
     finally:
-        ops.close()
+        await ops.close()

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -40,6 +39,8 @@ from supervisor.report import TickReport
 from supervisor.tick import run_tick
 from tests.support.app import Clock, QueueReader, make_runtime
 from tests.support.pattern import new_order, queue, run_agent_step
+
+pytestmark = pytest.mark.anyio
 
 ORDER_STEPS = ("inventory", "payment", "shipping")
 _ENTITY = re.compile(r"^(?P<table>[^()]+)\(PartitionKey='[^']*',RowKey='[^']*'\)$")
@@ -89,7 +90,6 @@ class RequestLog:
 
     def __init__(self, roles: dict[str, str]) -> None:
         self._roles = {name.lower(): role for name, role in roles.items()}
-        self._lock = threading.Lock()
         self._seen: list[TableRequest] = []
 
     def request_hook(self, service: str) -> Callable[[Any], None]:
@@ -98,15 +98,13 @@ class RequestLog:
 
         def hook(sent: Sent) -> None:
             table, kind = classify(sent.method, sent.url, list(sent.batch_urls))
-            with self._lock:
-                self._seen.append(TableRequest(self._roles.get(table.lower(), table), kind))
+            self._seen.append(TableRequest(self._roles.get(table.lower(), table), kind))
 
         return hook
 
     def take(self) -> Counter[TableRequest]:
         """The requests since the last take."""
-        with self._lock:
-            seen, self._seen = self._seen, []
+        seen, self._seen = self._seen, []
         return Counter(seen)
 
 
@@ -145,11 +143,11 @@ def log(env, monkeypatch) -> RequestLog:
 
 
 @pytest.fixture
-def runtime(env, log, clock) -> Iterator[Runtime]:
-    rt = make_runtime(env, "scheduler", clock)
+async def runtime(env, log, clock) -> AsyncIterator[Runtime]:
+    rt = await make_runtime(env, "scheduler", clock)
     log.take()  # table creation
     yield rt
-    rt.close()
+    await rt.close()
 
 
 class Journey:
@@ -161,24 +159,24 @@ class Journey:
         self.handlers: Counter[TableRequest] = Counter()
         self.ticks: Counter[TableRequest] = Counter()
 
-    def handler(self, action: Callable[[], object]) -> None:
-        action()
+    async def handler(self, action: Callable[[], Awaitable[object]]) -> None:
+        await action()
         self.handlers += self.log.take()
 
-    def tick(self) -> TickReport:
-        report = run_tick(self.rt)
+    async def tick(self) -> TickReport:
+        report = await run_tick(self.rt)
         self.ticks += self.log.take()
         return report
 
-    def submit(self, workflow: str) -> str:
+    async def submit(self, workflow: str) -> str:
         order = new_order(workflow=workflow)
-        self.handler(lambda: handle_submission(encode(order), self.rt))
+        await self.handler(lambda: handle_submission(encode(order), self.rt))
         return order.order_id
 
-    def step(self, order_id: str, service: str) -> None:
-        self.handler(lambda: run_agent_step(self.rt, self.reader, order_id, service))
+    async def step(self, order_id: str, service: str) -> None:
+        await self.handler(lambda: run_agent_step(self.rt, self.reader, order_id, service))
 
-    def transient_failure(self, order_id: str, service: str) -> None:
+    async def transient_failure(self, order_id: str, service: str) -> None:
         """The agent gave up on a transient failure: the step is released for a retry."""
         request = json.loads(self.reader.expect(queue(self.rt, service), order_id))
         failed = AgentResponse(
@@ -191,67 +189,69 @@ class Journey:
             transient=True,
             error_code="unavailable",
         )
-        self.handler(lambda: handle_response(encode(failed), self.rt))
+        await self.handler(lambda: handle_response(encode(failed), self.rt))
 
     def silent_agent(self, order_id: str, service: str) -> None:
         """The agent died with the request: nobody answers before CompleteBy."""
         self.reader.expect(queue(self.rt, service), order_id)
 
-    def retry_command(self, order_id: str) -> None:
+    async def retry_command(self, order_id: str) -> None:
         commands = queue(self.rt, "commands")
         try:
             command, _ = self.reader.take_scheduled(commands, order_id)
         except MessageNotFoundError:  # it fell due (and could no longer be cancelled)
             command = self.reader.expect(commands, order_id)
-        self.handler(lambda: handle_command(command, self.rt))
+        await self.handler(lambda: handle_command(command, self.rt))
 
-    def past_complete_by(self, order_id: str) -> None:
-        complete_by = self.rt.store.load(order_id).complete_by
+    async def past_complete_by(self, order_id: str) -> None:
+        complete_by = (await self.rt.store.load(order_id)).complete_by
         self.log.take()
         assert complete_by is not None
         self.clock.advance((complete_by - self.clock()).total_seconds() + 1)
 
-    def state(self, order_id: str) -> ProcessState:
-        state = self.rt.store.load(order_id).state
+    async def state(self, order_id: str) -> ProcessState:
+        state = (await self.rt.store.load(order_id)).state
         self.log.take()
         return state
 
 
-def happy(journey: Journey, workflow: str, services: tuple[str, ...]) -> Counter[TableRequest]:
+async def happy(
+    journey: Journey, workflow: str, services: tuple[str, ...]
+) -> Counter[TableRequest]:
     before = journey.handlers.copy()
-    order_id = journey.submit(workflow)
+    order_id = await journey.submit(workflow)
     for service in services:
-        journey.step(order_id, service)
-    assert journey.state(order_id) is ProcessState.PROCESSED
+        await journey.step(order_id, service)
+    assert await journey.state(order_id) is ProcessState.PROCESSED
     return journey.handlers - before
 
 
-def retried(journey: Journey) -> Counter[TableRequest]:
+async def retried(journey: Journey) -> Counter[TableRequest]:
     """Payment fails transiently once; the retry command runs it again."""
     before = journey.handlers.copy()
-    order_id = journey.submit("order")
-    journey.step(order_id, "inventory")
-    journey.transient_failure(order_id, "payment")
-    journey.retry_command(order_id)
-    journey.step(order_id, "payment")
-    journey.step(order_id, "shipping")
-    assert journey.state(order_id) is ProcessState.PROCESSED
+    order_id = await journey.submit("order")
+    await journey.step(order_id, "inventory")
+    await journey.transient_failure(order_id, "payment")
+    await journey.retry_command(order_id)
+    await journey.step(order_id, "payment")
+    await journey.step(order_id, "shipping")
+    assert await journey.state(order_id) is ProcessState.PROCESSED
     return journey.handlers - before
 
 
-def recovered(journey: Journey) -> tuple[Counter[TableRequest], Counter[TableRequest]]:
+async def recovered(journey: Journey) -> tuple[Counter[TableRequest], Counter[TableRequest]]:
     """The payment agent dies with its request; the Supervisor releases the step after
     CompleteBy and its retry command runs it again."""
     handlers, ticks = journey.handlers.copy(), journey.ticks.copy()
-    order_id = journey.submit("order")
-    journey.step(order_id, "inventory")
+    order_id = await journey.submit("order")
+    await journey.step(order_id, "inventory")
     journey.silent_agent(order_id, "payment")
-    journey.past_complete_by(order_id)
-    assert journey.tick().retried == 1
-    journey.retry_command(order_id)
-    journey.step(order_id, "payment")
-    journey.step(order_id, "shipping")
-    assert journey.state(order_id) is ProcessState.PROCESSED
+    await journey.past_complete_by(order_id)
+    assert (await journey.tick()).retried == 1
+    await journey.retry_command(order_id)
+    await journey.step(order_id, "payment")
+    await journey.step(order_id, "shipping")
+    assert await journey.state(order_id) is ProcessState.PROCESSED
     return journey.handlers - handlers, journey.ticks - ticks
 
 
@@ -285,13 +285,15 @@ RECOVERED = {
 }
 
 
-def test_orders_move_with_point_reads_and_conditional_writes_only(runtime, reader, clock, log):
+async def test_orders_move_with_point_reads_and_conditional_writes_only(
+    runtime, reader, clock, log
+):
     journey = Journey(runtime, reader, clock, log)
 
-    three_steps = happy(journey, "order", ORDER_STEPS)
-    single_step = happy(journey, "single_step", ("inventory",))
-    with_retry = retried(journey)
-    with_recovery, recovery_ticks = recovered(journey)
+    three_steps = await happy(journey, "order", ORDER_STEPS)
+    single_step = await happy(journey, "single_step", ("inventory",))
+    with_retry = await retried(journey)
+    with_recovery, recovery_ticks = await recovered(journey)
 
     assert tally(three_steps) == THREE_STEPS
     assert sum(three_steps.values()) == 6
@@ -309,24 +311,24 @@ def test_orders_move_with_point_reads_and_conditional_writes_only(runtime, reade
     assert queries(journey.ticks, "active") > 0, "the tick's index queries are seen"
 
 
-def test_a_query_on_the_orders_table_is_seen(runtime, log):
+async def test_a_query_on_the_orders_table_is_seen(runtime, log):
     """The detector works: an operator's read of an order's timeline is a partition query,
     and is reported as one."""
     order = new_order()
-    handle_submission(encode(order), runtime)
+    await handle_submission(encode(order), runtime)
     log.take()
-    runtime.store.get_timeline(order.order_id)
-    runtime.store.load(order.order_id)
+    await runtime.store.get_timeline(order.order_id)
+    await runtime.store.load(order.order_id)
     assert tally(log.take()) == {"orders": {"point_read": 1, "query": 1}}
 
 
-def test_a_duplicate_submission_is_answered_with_point_reads(runtime, log):
+async def test_a_duplicate_submission_is_answered_with_point_reads(runtime, log):
     """A redelivered submission finds its order by two point reads (details, state), no
     query: Azurite answers any query by scanning the whole table."""
     order = new_order()
-    handle_submission(encode(order), runtime)
+    await handle_submission(encode(order), runtime)
     log.take()
-    handle_submission(encode(order), runtime)
+    await handle_submission(encode(order), runtime)
     requests = log.take()
     assert queries(requests) == 0, tally(requests)
     assert tally(requests)["orders"]["point_read"] == 2

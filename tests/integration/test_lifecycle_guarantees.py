@@ -14,7 +14,7 @@ agents (see tests/support/pattern.py, :class:`Stage`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime
 
 import pytest
@@ -33,7 +33,7 @@ from tests.support.pattern import (
     tombstoned,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 STEPS = ("reserve_inventory", "charge_payment", "create_shipment")
 
@@ -43,26 +43,30 @@ def status_queue(servicebus) -> str:
     return servicebus.queue("order-status")
 
 
-@pytest.fixture(params=["memory", "real"])
-def stage(request, env, clock, fakes, reader, status_queue) -> Iterator[Stage]:
-    if request.param == "real":
-        yield Stage("real", request.getfixturevalue("rt"), clock, fakes, status_queue, reader)
-        return
+@pytest.fixture
+async def memory_stage(env, clock, fakes, status_queue) -> AsyncIterator[Stage]:
     staged = Stage.in_memory(env, clock, fakes, status_queue)
     yield staged
-    staged.rt.close()
+    await staged.rt.close()
 
 
-def events(stage: Stage, order_id: str) -> list[str]:
-    return [t.event for t in stage.rt.store.get_timeline(order_id)]
+@pytest.fixture(params=["memory", "real"])
+def stage(request, clock, fakes, reader, status_queue) -> Stage:
+    if request.param == "real":
+        return Stage("real", request.getfixturevalue("rt"), clock, fakes, status_queue, reader)
+    return request.getfixturevalue("memory_stage")  # type: ignore[no-any-return]
 
 
-def step_states(stage: Stage, order_id: str) -> dict[str, StepState]:
-    return {s.name: s.state for s in stage.rt.store.load(order_id).steps}
+async def events(stage: Stage, order_id: str) -> list[str]:
+    return [t.event for t in await stage.rt.store.get_timeline(order_id)]
 
 
-def active(stage: Stage) -> set[str]:
-    return {row.order_id for row in stage.rt.store.list_active().rows}
+async def step_states(stage: Stage, order_id: str) -> dict[str, StepState]:
+    return {s.name: s.state for s in (await stage.rt.store.load(order_id)).steps}
+
+
+async def active(stage: Stage) -> set[str]:
+    return {row.order_id for row in (await stage.rt.store.list_active()).rows}
 
 
 def sequences(stage: Stage, order_id: str) -> list[int]:
@@ -73,13 +77,13 @@ def decline(stage: Stage, service: str, order_id: str) -> None:
     stage.fakes.set_profile({"services": {service: {"decline_order_ids": [order_id]}}})
 
 
-def test_happy_path_through_three_steps(stage):
+async def test_happy_path_through_three_steps(stage):
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
-    stage.submit(order)
-    keys = [stage.step(service, oid)["idempotency_key"] for service in SERVICES]
+    await stage.submit(order)
+    keys = [(await stage.step(service, oid))["idempotency_key"] for service in SERVICES]
 
-    process = stage.rt.store.load(oid)
+    process = await stage.rt.store.load(oid)
     assert (process.state, process.locked_by, process.failure_count) == (
         ProcessState.PROCESSED,
         None,
@@ -92,8 +96,8 @@ def test_happy_path_through_three_steps(stage):
         ("payment", "charge"),
         ("shipping", "create"),
     ]
-    assert events(stage, oid) == ["created", "step_succeeded", "step_succeeded", "processed"]
-    assert oid not in active(stage), "a finished order leaves the active index"
+    assert await events(stage, oid) == ["created", "step_succeeded", "step_succeeded", "processed"]
+    assert oid not in await active(stage), "a finished order leaves the active index"
     assert sequences(stage, oid) == list(range(8)) == list(range(process.status_seq))
     assert stage.all_on("alerts", oid) == []
 
@@ -101,12 +105,13 @@ def test_happy_path_through_three_steps(stage):
 # ------------------------------------------------------------ (a) crash between write and sends
 
 
-def test_a_crash_after_the_intake_write_loses_nothing(stage):
+async def test_a_crash_after_the_intake_write_loses_nothing(stage):
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
-    stage.crash(lambda: stage.submit(order), after=1)  # 'received' went out, then the host died
+    # 'received' went out, then the host died
+    await stage.crash(lambda: stage.submit(order), after=1)
 
-    stored = stage.rt.store.load(oid)
+    stored = await stage.rt.store.load(oid)
     assert (stored.state, stored.attempt) == (ProcessState.PROCESSING, 1), "written at once"
     assert [type(o.message).__name__ for o in stored.outbox] == [
         "StatusUpdate",
@@ -115,128 +120,130 @@ def test_a_crash_after_the_intake_write_loses_nothing(stage):
     ], "what the write implies is on the record, the request last"
     assert stage.none_on("inventory", oid)
 
-    stage.submit(order)  # the submission is redelivered: the outbox goes out again
+    await stage.submit(order)  # the submission is redelivered: the outbox goes out again
     request = json.loads(stage.expect("inventory", oid))
     assert (request["attempt"], request["idempotency_key"]) == (1, f"{oid}:reserve_inventory:do:1")
+    # The agent first: the checks below wait for what must not come, and the step's 5 s
+    # deadline runs meanwhile. It sends no request or status and writes nothing of the order.
+    await stage.agent(json.dumps(request).encode(), "inventory")
     assert stage.none_on("inventory", oid), "one request on the queue"
     assert sequences(stage, oid) == [0, 1], "each status once, in order"
-    assert events(stage, oid) == ["created"]
+    assert await events(stage, oid) == ["created"]
 
-    stage.agent(json.dumps(request).encode(), "inventory")
-    stage.reply(oid)
+    await stage.reply(oid)
     for service in SERVICES[1:]:
-        stage.step(service, oid)
-    assert stage.rt.store.load(oid).state is ProcessState.PROCESSED
+        await stage.step(service, oid)
+    assert (await stage.rt.store.load(oid)).state is ProcessState.PROCESSED
     assert sequences(stage, oid) == list(range(2, 8))
     assert [op for _, op, _ in effects(stage.fakes, oid)] == ["reserve", "charge", "create"]
 
 
-def test_a_create_after_the_supervisor_saw_its_row_alone_is_not_found_late(stage):
+async def test_a_create_after_the_supervisor_saw_its_row_alone_is_not_found_late(stage):
     """The intake wrote the index row, then died before the create; the Supervisor found the
     row without its order; the redelivered submission creates the order. Its row must still be
     due no later than the order, or a lost step would wait for the garbage grace (15 min)."""
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
-    stage.rt.store.index.add(oid, 1, order.workflow)  # what the dead intake left behind
-    stage.tick()
-    stage.submit(order)
+    await stage.rt.store.index.add(oid, 1, order.workflow)  # what the dead intake left behind
+    await stage.tick()
+    await stage.submit(order)
 
-    stored = stage.rt.store.load(oid)
-    (row,) = [r for r in stage.rt.store.list_active().rows if r.order_id == oid]
+    stored = await stage.rt.store.load(oid)
+    (row,) = [r for r in (await stage.rt.store.list_active()).rows if r.order_id == oid]
     assert stored.complete_by is not None
     assert row.due_at <= stored.complete_by, "the row is never later than its order"
 
 
-def test_a_crash_after_a_reply_write_loses_nothing(stage):
+async def test_a_crash_after_a_reply_write_loses_nothing(stage):
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
-    stage.submit(order)
-    stage.agent(stage.request("inventory", oid), "inventory")
+    await stage.submit(order)
+    await stage.agent(stage.request("inventory", oid), "inventory")
     reply = stage.expect("responses", oid)
-    stage.crash(lambda: handle_response(reply, stage.rt), after=0)
+    await stage.crash(lambda: handle_response(reply, stage.rt), after=0)
 
-    moved = stage.rt.store.load(oid)
+    moved = await stage.rt.store.load(oid)
     assert (moved.current_step, moved.attempt) == ("charge_payment", 2)
     assert moved.step("reserve_inventory").state is StepState.SUCCEEDED
     assert stage.none_on("payment", oid), "the host died before sending"
 
-    handle_response(reply, stage.rt)  # the reply is redelivered
+    await handle_response(reply, stage.rt)  # the reply is redelivered
     request = json.loads(stage.expect("payment", oid))
     assert (request["step"], request["attempt"]) == ("charge_payment", 2)
     assert stage.none_on("payment", oid), "one request on the queue"
-    assert events(stage, oid) == ["created", "step_succeeded"], "the redelivery wrote nothing"
+    assert await events(stage, oid) == ["created", "step_succeeded"], "the redelivery wrote nothing"
 
-    stage.agent(json.dumps(request).encode(), "payment")
-    stage.reply(oid)
-    stage.step("shipping", oid)
-    assert stage.rt.store.load(oid).state is ProcessState.PROCESSED
+    await stage.agent(json.dumps(request).encode(), "payment")
+    await stage.reply(oid)
+    await stage.step("shipping", oid)
+    assert (await stage.rt.store.load(oid)).state is ProcessState.PROCESSED
     assert sequences(stage, oid) == list(range(8)), "every status once, in order"
     assert [op for _, op, _ in effects(stage.fakes, oid)] == ["reserve", "charge", "create"]
 
 
-def test_a_crash_before_the_final_alert_is_made_good_by_the_supervisor(stage):
+async def test_a_crash_before_the_final_alert_is_made_good_by_the_supervisor(stage):
     order = new_order(reply_to=stage.status_queue)
     oid = order.order_id
     decline(stage, "payment", oid)
-    stage.submit(order)
-    stage.step("inventory", oid)
-    stage.step("payment", oid)  # declined: the reservation is released
-    stage.agent(stage.request("inventory", oid), "inventory")
+    await stage.submit(order)
+    await stage.step("inventory", oid)
+    await stage.step("payment", oid)  # declined: the reservation is released
+    await stage.agent(stage.request("inventory", oid), "inventory")
     reply = stage.expect("responses", oid)
     # The Error write commits; one status goes out, then the host dies before the alert.
-    stage.crash(lambda: handle_response(reply, stage.rt), after=1)
+    await stage.crash(lambda: handle_response(reply, stage.rt), after=1)
 
-    process = stage.rt.store.load(oid)
+    process = await stage.rt.store.load(oid)
     assert process.state is ProcessState.ERROR
-    assert oid in active(stage), "the index row stays until the outbox is sent"
-    assert stage.tick().flushed == 0, "its writer gets a moment to send"
+    assert oid in await active(stage), "the index row stays until the outbox is sent"
+    assert (await stage.tick()).flushed == 0, "its writer gets a moment to send"
     stage.clock.advance(11)
-    assert stage.tick().flushed == 1
+    assert (await stage.tick()).flushed == 1
 
     alerts = stage.all_on("alerts", oid)
     assert [(a["reason"], a["severity"]) for a in alerts] == [("step_declined", "error")]
     assert sequences(stage, oid) == list(range(process.status_seq)) == list(range(7))
-    assert oid not in active(stage)
-    report = stage.tick()
+    assert oid not in await active(stage)
+    report = await stage.tick()
     assert (report.due, report.flushed) == (0, 0)
     assert stage.none_on("alerts", oid), "sent once"
     assert net_effects(stage.fakes, oid) == {"inventory": 0}
 
 
-def test_a_supervisor_crash_after_releasing_loses_no_retry(stage):
+async def test_a_supervisor_crash_after_releasing_loses_no_retry(stage):
     order = new_order()
     oid = order.order_id
-    stage.submit(order)
+    await stage.submit(order)
     stage.request("inventory", oid)  # never answered
     stage.clock.advance(6)
-    stage.crash(stage.tick, after=0, raises=False)  # released; its retry never sent
+    await stage.crash(stage.tick, after=0, raises=False)  # released; its retry never sent
 
-    released = stage.rt.store.load(oid)
+    released = await stage.rt.store.load(oid)
     assert (released.state, released.locked_by, released.failure_count) == (
         ProcessState.PENDING,
         None,
         1,
     )
     assert stage.scheduled("commands", oid) == 0 and stage.none_on("commands", oid)
-    assert stage.tick().retried == 0, "the order waits for its retry..."
+    assert (await stage.tick()).retried == 0, "the order waits for its retry..."
     stage.clock.advance(11)  # ...until it has waited past its retry for pending_stale_after
-    assert stage.tick().retried == 1
+    assert (await stage.tick()).retried == 1
 
     retry = stage.expect("commands", oid)  # the lost retry is sent, now due
     assert json.loads(retry)["attempt"] == 1
-    stage.command(retry)
+    await stage.command(retry)
     request = json.loads(stage.expect("inventory", oid))
     assert request["attempt"] == 2
-    stage.agent(json.dumps(request).encode(), "inventory")
-    stage.reply(oid)
+    await stage.agent(json.dumps(request).encode(), "inventory")
+    await stage.reply(oid)
     later, _ = stage.take_scheduled("commands", oid)  # the second decision's retry: stale
-    stage.command(later)
+    await stage.command(later)
     assert stage.none_on("inventory", oid)
-    process = stage.rt.store.load(oid)
+    process = await stage.rt.store.load(oid)
     assert (process.current_step, process.attempt) == ("charge_payment", 3)
 
 
-def test_the_tick_after_a_supervisor_crash_sends_the_lost_retry_without_a_failure(stage):
+async def test_the_tick_after_a_supervisor_crash_sends_the_lost_retry_without_a_failure(stage):
     """FAILS (bug): supervisor/tick.py says of an order whose messages could not be sent that
     "its outbox is still on its record and the next tick tries again", but the lifecycle's
     sweep of a released order sends nothing while it waits for its retry (core/lifecycle.py,
@@ -247,29 +254,29 @@ def test_the_tick_after_a_supervisor_crash_sends_the_lost_retry_without_a_failur
     the Supervisor failed to send: nothing until CompleteBy, then a failure."""
     order = new_order()
     oid = order.order_id
-    stage.submit(order)
+    await stage.submit(order)
     stage.request("inventory", oid)  # never answered
     stage.clock.advance(6)
-    stage.crash(stage.tick, after=0, raises=False)  # released (failure 1); the retry unsent
+    await stage.crash(stage.tick, after=0, raises=False)  # released (failure 1); the retry unsent
     stage.clock.advance(10.1)  # past any flush grace, before the order counts as stale
-    stage.tick()
+    await stage.tick()
     retry = stage.take("commands", oid, wait=2.0)
     assert retry is not None, "the next tick did not send the retry still on the record"
-    stage.command(retry)
-    assert stage.rt.store.load(oid).failure_count == 1
+    await stage.command(retry)
+    assert (await stage.rt.store.load(oid)).failure_count == 1
 
 
 # -------------------------------------------------------------------- (b) late answers applied
 
 
-def test_a_late_success_after_the_supervisor_released_the_step_is_applied(stage):
+async def test_a_late_success_after_the_supervisor_released_the_step_is_applied(stage):
     order = new_order()
     oid = order.order_id
-    stage.submit(order)
+    await stage.submit(order)
     request = stage.request("inventory", oid)  # the agent is slow
     stage.clock.advance(6)  # past CompleteBy (5 s budget)
-    assert stage.tick().retried == 1
-    released = stage.rt.store.load(oid)
+    assert (await stage.tick()).retried == 1
+    released = await stage.rt.store.load(oid)
     assert (released.state, released.failure_count, released.locked_by) == (
         ProcessState.PENDING,
         1,
@@ -277,11 +284,11 @@ def test_a_late_success_after_the_supervisor_released_the_step_is_applied(stage)
     )
 
     stage.clock.advance(-6)  # the slow agent still believes it is in time...
-    stage.agent(request, "inventory")
+    await stage.agent(request, "inventory")
     stage.clock.advance(6)
-    stage.reply(oid)  # ...and its success arrives after the release
+    await stage.reply(oid)  # ...and its success arrives after the release
 
-    process = stage.rt.store.load(oid)
+    process = await stage.rt.store.load(oid)
     assert (process.state, process.current_step, process.attempt) == (
         ProcessState.PROCESSING,
         "charge_payment",
@@ -289,41 +296,41 @@ def test_a_late_success_after_the_supervisor_released_the_step_is_applied(stage)
     )
     assert process.failure_count == 0, "the late success is no failure"
     assert process.step("reserve_inventory").state is StepState.SUCCEEDED
-    assert events(stage, oid) == ["created", "released", "step_succeeded"]
+    assert await events(stage, oid) == ["created", "released", "step_succeeded"]
 
     retry, _ = stage.take_scheduled("commands", oid)  # the retry that was due...
-    stage.command(retry)  # ...is stale now: nothing changes, nothing is sent
-    assert stage.rt.store.load(oid).etag == process.etag
+    await stage.command(retry)  # ...is stale now: nothing changes, nothing is sent
+    assert (await stage.rt.store.load(oid)).etag == process.etag
     assert stage.none_on("inventory", oid)
 
     for service in SERVICES[1:]:
-        stage.step(service, oid)
-    assert stage.rt.store.load(oid).state is ProcessState.PROCESSED
+        await stage.step(service, oid)
+    assert (await stage.rt.store.load(oid)).state is ProcessState.PROCESSED
     assert [op for _, op, _ in effects(stage.fakes, oid)] == ["reserve", "charge", "create"]
 
 
-def test_a_late_success_while_the_retry_is_in_flight_is_applied_once(stage):
+async def test_a_late_success_while_the_retry_is_in_flight_is_applied_once(stage):
     order = new_order()
     oid = order.order_id
-    stage.submit(order)
+    await stage.submit(order)
     first = stage.request("inventory", oid)
     stage.clock.advance(6)
-    assert stage.tick().retried == 1
+    assert (await stage.tick()).retried == 1
     retry, _ = stage.take_scheduled("commands", oid)
-    stage.command(retry)
+    await stage.command(retry)
     second = stage.request("inventory", oid)
     assert json.loads(second)["attempt"] == 2
 
     stage.clock.advance(-6)
-    stage.agent(first, "inventory")  # attempt 1 answers while attempt 2 is in flight
+    await stage.agent(first, "inventory")  # attempt 1 answers while attempt 2 is in flight
     stage.clock.advance(6)
-    stage.reply(oid)
-    advanced = stage.rt.store.load(oid)
+    await stage.reply(oid)
+    advanced = await stage.rt.store.load(oid)
     assert (advanced.current_step, advanced.attempt) == ("charge_payment", 3)
 
-    stage.agent(second, "inventory")  # the service replays the stored answer
-    stage.reply(oid)  # a second success for a step already done changes nothing
-    assert stage.rt.store.load(oid).etag == advanced.etag
+    await stage.agent(second, "inventory")  # the service replays the stored answer
+    await stage.reply(oid)  # a second success for a step already done changes nothing
+    assert (await stage.rt.store.load(oid)).etag == advanced.etag
     charge = json.loads(stage.expect("payment", oid))
     assert charge["attempt"] == 3
     assert stage.none_on("payment", oid)
@@ -333,43 +340,43 @@ def test_a_late_success_while_the_retry_is_in_flight_is_applied_once(stage):
 # --------------------------------------------------------------- (c) cancel with a step in flight
 
 
-def test_cancel_undoes_the_step_in_flight_whose_call_lands_later(stage):
+async def test_cancel_undoes_the_step_in_flight_whose_call_lands_later(stage):
     order = new_order()
     oid = order.order_id
     rt = stage.rt
-    stage.submit(order)
-    stage.step("inventory", oid)
+    await stage.submit(order)
+    await stage.step("inventory", oid)
     charge = stage.request("payment", oid)  # the charge is on its way
 
-    result = control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
+    result = await control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
     assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
     with pytest.raises(control.Refused) as again:
-        control.cancel(rt, oid, actor="operator:bob", reason="again")
+        await control.cancel(rt, oid, actor="operator:bob", reason="again")
     assert again.value.code == "conflict"
 
-    refund = stage.step("payment", oid)  # the charge's outcome is unknown: undo it
+    refund = await stage.step("payment", oid)  # the charge's outcome is unknown: undo it
     assert (refund["action"], refund["idempotency_key"], refund["undoes"]) == (
         "refund",
         f"{oid}:charge_payment:undo:1",
         f"{oid}:charge_payment:do:1",
     )
-    release = stage.step("inventory", oid)
+    release = await stage.step("inventory", oid)
     assert release["undoes"] == f"{oid}:reserve_inventory:do:1"
 
-    process = rt.store.load(oid)
+    process = await rt.store.load(oid)
     assert process.state is ProcessState.ERROR
     assert (process.last_error or "").startswith("cancelled by operator:bob: customer asked")
     assert "never took effect: charge_payment" in (process.last_error or "")
-    assert step_states(stage, oid) == {
+    assert await step_states(stage, oid) == {
         "reserve_inventory": StepState.COMPENSATED,
         "charge_payment": StepState.VOIDED,
         "create_shipment": StepState.PENDING,
     }
 
-    stage.agent(charge, "payment")  # the charge lands at last...
-    late = json.loads(stage.reply(oid))
+    await stage.agent(charge, "payment")  # the charge lands at last...
+    late = json.loads(await stage.reply(oid))
     assert (late["outcome"], late["error_code"]) == ("failed", "undone_before_applied")
-    assert rt.store.load(oid).etag == process.etag, "...and changes nothing"
+    assert (await rt.store.load(oid)).etag == process.etag, "...and changes nothing"
 
     assert [(s, op) for s, op, _ in effects(stage.fakes, oid)] == [
         ("inventory", "reserve"),
@@ -385,24 +392,24 @@ def test_cancel_undoes_the_step_in_flight_whose_call_lands_later(stage):
 # ---------------------------------------------------------------- (d) an open circuit defers
 
 
-def test_a_deferred_reply_rearms_the_step_at_retry_at_without_a_failure(stage):
+async def test_a_deferred_reply_rearms_the_step_at_retry_at_without_a_failure(stage):
     order = new_order()
     oid = order.order_id
-    stage.submit(order)
+    await stage.submit(order)
     stage.request("inventory", oid)  # never answered
     stage.clock.advance(6)
-    assert stage.tick().retried == 1
+    assert (await stage.tick()).retried == 1
     retry, _ = stage.take_scheduled("commands", oid)
-    stage.command(retry)
+    await stage.command(retry)
     breaker = breaker_for("inventory")
     for _ in range(breaker.settings.failure_threshold):  # other calls failed: the circuit opens
         breaker.record_failure()
 
-    stage.agent(stage.request("inventory", oid), "inventory")
-    reply = json.loads(stage.reply(oid))
+    await stage.agent(stage.request("inventory", oid), "inventory")
+    reply = json.loads(await stage.reply(oid))
     assert reply["outcome"] == "deferred"
 
-    process = stage.rt.store.load(oid)
+    process = await stage.rt.store.load(oid)
     assert (process.state, process.locked_by, process.failure_count) == (
         ProcessState.PENDING,
         None,
@@ -414,38 +421,38 @@ def test_a_deferred_reply_rearms_the_step_at_retry_at_without_a_failure(stage):
     command, due = stage.take_scheduled("commands", oid)
     assert abs((due - retry_at).total_seconds()) < 0.002, "the retry is due at retry_at"
     assert json.loads(command)["failure_count"] == 1
-    assert events(stage, oid)[-1] == "deferred"
+    assert (await events(stage, oid))[-1] == "deferred"
 
     reset_breakers()  # the service is back
-    stage.command(command)
-    assert stage.step("inventory", oid)["attempt"] == 3
-    process = stage.rt.store.load(oid)
+    await stage.command(command)
+    assert (await stage.step("inventory", oid))["attempt"] == 3
+    process = await stage.rt.store.load(oid)
     assert (process.current_step, process.failure_count) == ("charge_payment", 0)
 
 
 # ------------------------------------------------------------------ (e) resubmit and its alert
 
 
-def _declined_at_payment(stage: Stage, oid: str) -> bytes:
+async def _declined_at_payment(stage: Stage, oid: str) -> bytes:
     """Run the order until the release's reply is on the queue; return it (not delivered)."""
-    stage.step("inventory", oid)
-    stage.step("payment", oid)
-    stage.agent(stage.request("inventory", oid), "inventory")
+    await stage.step("inventory", oid)
+    await stage.step("payment", oid)
+    await stage.agent(stage.request("inventory", oid), "inventory")
     return stage.expect("responses", oid)
 
 
-def test_resubmit_of_an_error_order_does_not_resend_its_alert(stage):
+async def test_resubmit_of_an_error_order_does_not_resend_its_alert(stage):
     order = new_order()
     oid = order.order_id
     decline(stage, "payment", oid)
-    stage.submit(order)
-    handle_response(_declined_at_payment(stage, oid), stage.rt)
-    assert stage.rt.store.load(oid).state is ProcessState.ERROR
+    await stage.submit(order)
+    await handle_response(await _declined_at_payment(stage, oid), stage.rt)
+    assert (await stage.rt.store.load(oid)).state is ProcessState.ERROR
     assert [a["reason"] for a in stage.all_on("alerts", oid)] == ["step_declined"]
-    assert oid not in active(stage)
+    assert oid not in await active(stage)
 
     stage.fakes.set_profile(None)
-    result = control.resubmit(stage.rt, oid, actor="operator:ann", reason="card replaced")
+    result = await control.resubmit(stage.rt, oid, actor="operator:ann", reason="card replaced")
     assert (result.outcome, result.generation, result.step) == (
         "resubmitted",
         2,
@@ -453,27 +460,27 @@ def test_resubmit_of_an_error_order_does_not_resend_its_alert(stage):
     )
     assert stage.none_on("alerts", oid), "the alert is not raised again"
     for service in SERVICES:
-        assert stage.step(service, oid)["idempotency_key"].endswith(":do:2")
-    assert stage.rt.store.load(oid).state is ProcessState.PROCESSED
+        assert (await stage.step(service, oid))["idempotency_key"].endswith(":do:2")
+    assert (await stage.rt.store.load(oid)).state is ProcessState.PROCESSED
     assert net_effects(stage.fakes, oid) == {"inventory": 1, "payment": 1, "shipping": 1}
     assert stage.none_on("alerts", oid)
 
 
-def test_resubmit_sends_an_alert_that_was_never_sent_once(stage):
+async def test_resubmit_sends_an_alert_that_was_never_sent_once(stage):
     order = new_order()
     oid = order.order_id
     decline(stage, "payment", oid)
-    stage.submit(order)
-    reply = _declined_at_payment(stage, oid)
-    stage.crash(lambda: handle_response(reply, stage.rt), after=0)  # Error, the alert unsent
-    assert stage.rt.store.load(oid).state is ProcessState.ERROR
+    await stage.submit(order)
+    reply = await _declined_at_payment(stage, oid)
+    await stage.crash(lambda: handle_response(reply, stage.rt), after=0)  # Error, the alert unsent
+    assert (await stage.rt.store.load(oid)).state is ProcessState.ERROR
 
     stage.fakes.set_profile(None)
-    control.resubmit(stage.rt, oid, actor="operator:ann", reason="card replaced")
+    await control.resubmit(stage.rt, oid, actor="operator:ann", reason="card replaced")
     assert [a["reason"] for a in stage.all_on("alerts", oid)] == ["step_declined"]
-    stage.tick()  # the first generation's index row leads the Supervisor to send nothing
+    await stage.tick()  # the first generation's index row leads the Supervisor to send nothing
     assert stage.none_on("alerts", oid)
     for service in SERVICES:
-        stage.step(service, oid)
-    assert stage.rt.store.load(oid).state is ProcessState.PROCESSED
+        await stage.step(service, oid)
+    assert (await stage.rt.store.load(oid)).state is ProcessState.PROCESSED
     assert stage.none_on("alerts", oid), "sent once"

@@ -6,8 +6,8 @@ guarantees, over both adapter sets, are in test_lifecycle_guarantees."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 
 import pytest
 
@@ -21,70 +21,62 @@ from supervisor.tick import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import SERVICES, alerts_for, new_order, queue, run_agent_step
 
+pytestmark = pytest.mark.anyio
+
 
 def effects(fakes, order_id: str) -> list[tuple[str, str]]:
     return [(e["service"], e["operation"]) for e in fakes.ledger() if e["order_id"] == order_id]
 
 
-def events(rt, order_id: str) -> list[str]:
-    return [t.event for t in rt.store.get_timeline(order_id)]
+async def events(rt, order_id: str) -> list[str]:
+    return [t.event for t in await rt.store.get_timeline(order_id)]
 
 
-def test_four_schedulers_racing_for_one_submission_one_creates_and_dispatches(env, reader):
+async def test_four_schedulers_racing_for_one_submission_one_creates_and_dispatches(env, reader):
     order = new_order()
     body = encode(order)
-    runtimes = [make_runtime(env, f"scheduler{i}") for i in range(4)]
-    barrier = threading.Barrier(len(runtimes))
-
-    def submit(runtime) -> None:
-        barrier.wait()
-        handle_submission(body, runtime)
-
-    threads = [threading.Thread(target=submit, args=(r,)) for r in runtimes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    runtimes = [await make_runtime(env, f"scheduler{i}") for i in range(4)]
+    await asyncio.wait_for(asyncio.gather(*(handle_submission(body, r) for r in runtimes)), 30)
     store = runtimes[0].store
-    process = store.load(order.order_id)
+    process = await store.load(order.order_id)
     # Created and claimed for its first step in one write; the others found it and resent its
     # outbox, which duplicate detection dropped.
-    assert events(runtimes[0], order.order_id) == ["created"]
+    assert await events(runtimes[0], order.order_id) == ["created"]
     assert process.locked_by in {r.actor("scheduler") for r in runtimes}
     assert (process.state, process.attempt) == (ProcessState.PROCESSING, 1)
     request = json.loads(reader.expect(queue(runtimes[0], "inventory"), order.order_id))
     assert request["attempt"] == 1
     assert reader.take(queue(runtimes[0], "inventory"), order.order_id, wait=1) is None
     for r in runtimes:
-        r.close()
+        await r.close()
 
 
-def test_redelivered_agent_request_applies_the_effect_once(rt, reader, fakes):
+async def test_redelivered_agent_request_applies_the_effect_once(rt, reader, fakes):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     request = reader.expect(queue(rt, "inventory"), order.order_id)
-    handle_request(request, "inventory", rt)  # the first delivery did the work...
-    handle_request(request, "inventory", rt)  # ...and its redelivery after a crash
+    await handle_request(request, "inventory", rt)  # the first delivery did the work...
+    await handle_request(request, "inventory", rt)  # ...and its redelivery after a crash
     first = reader.expect(queue(rt, "responses"), order.order_id)
-    handle_response(first, rt)
+    await handle_response(first, rt)
     assert reader.take(queue(rt, "responses"), order.order_id, wait=1) is None, "deduplicated"
     assert effects(fakes, order.order_id) == [("inventory", "reserve")]
-    assert rt.store.load(order.order_id).current_step == "charge_payment"
+    assert (await rt.store.load(order.order_id)).current_step == "charge_payment"
 
 
-def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes, clock):
+async def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes, clock):
     order = new_order()
     fakes.set_profile({"services": {"inventory": {"hang_rate": 1.0, "hang_seconds": 8}}})
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     request = reader.expect(queue(rt, "inventory"), order.order_id)
-    handle_request(request, "inventory", rt)  # hangs until complete-by, then stays silent
+    await handle_request(request, "inventory", rt)  # hangs until complete-by, then stays silent
     assert reader.take(queue(rt, "responses"), order.order_id, wait=1) is None
     fakes.set_profile(None)
 
     clock.advance(6)  # past CompleteBy (5 s budget)
-    report = run_tick(rt)
+    report = await run_tick(rt)
     assert report.retried == 1
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert (process.state, process.failure_count, process.locked_by) == (
         ProcessState.PENDING,
         1,
@@ -94,24 +86,24 @@ def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes, clock
 
     command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
     assert abs((due - process.next_attempt_at).total_seconds()) < 0.002
-    handle_command(command, rt)
+    await handle_command(command, rt)
     request = json.loads(reader.expect(queue(rt, "inventory"), order.order_id))
     assert request["attempt"] == 2
-    handle_request(json.dumps(request).encode(), "inventory", rt)
-    handle_response(reader.expect(queue(rt, "responses"), order.order_id), rt)
+    await handle_request(json.dumps(request).encode(), "inventory", rt)
+    await handle_response(reader.expect(queue(rt, "responses"), order.order_id), rt)
     for service in ("payment", "shipping"):
-        run_agent_step(rt, reader, order.order_id, service)
-    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
+        await run_agent_step(rt, reader, order.order_id, service)
+    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
     assert effects(fakes, order.order_id).count(("inventory", "reserve")) == 1
 
 
-def test_a_late_transient_failure_of_a_released_attempt_changes_nothing(rt, reader, clock):
+async def test_a_late_transient_failure_of_a_released_attempt_changes_nothing(rt, reader, clock):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     request = json.loads(reader.expect(queue(rt, "inventory"), order.order_id))
     clock.advance(6)
-    assert run_tick(rt).retried == 1
-    before = rt.store.load(order.order_id)
+    assert (await run_tick(rt)).retried == 1
+    before = await rt.store.load(order.order_id)
     # A transient failure counts only for the attempt in flight; this one was already counted
     # (released by the Supervisor, FailureCount 1).
     late = AgentResponse(
@@ -124,39 +116,39 @@ def test_a_late_transient_failure_of_a_released_attempt_changes_nothing(rt, read
         transient=True,
         error_code="unavailable",
     )
-    handle_response(encode(late), rt)
-    after = rt.store.load(order.order_id)
+    await handle_response(encode(late), rt)
+    after = await rt.store.load(order.order_id)
     assert after.etag == before.etag, "a stale transient failure changes nothing"
     assert (after.state, after.failure_count) == (ProcessState.PENDING, 1)
 
 
-def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
+async def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     reader.expect(queue(rt, "inventory"), order.order_id)  # an agent that never answers
     delays = []
     for expected_failures in (1, 2):
         clock.advance(30)
-        assert run_tick(rt).retried == 1
-        released = rt.store.load(order.order_id)
+        assert (await run_tick(rt)).retried == 1
+        released = await rt.store.load(order.order_id)
         command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
         assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
         delays.append((released.next_attempt_at - released.updated_at).total_seconds())
-        handle_command(command, rt)
+        await handle_command(command, rt)
         reader.expect(queue(rt, "inventory"), order.order_id)
-        assert rt.store.load(order.order_id).failure_count == expected_failures
+        assert (await rt.store.load(order.order_id)).failure_count == expected_failures
     # RETRY_BASE_DELAY 1 s, factor 2, jitter 0.2: the second wait is longer than the first
     assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
     clock.advance(30)
     # At the threshold the step that kept timing out is undone at once (it may have taken
     # effect); the service never saw it, so there is nothing to undo.
-    assert run_tick(rt).compensating == 1
-    release = run_agent_step(rt, reader, order.order_id, "inventory")
+    assert (await run_tick(rt)).compensating == 1
+    release = await run_agent_step(rt, reader, order.order_id, "inventory")
     assert (release["action"], release["undoes"]) == (
         "release",
         f"{order.order_id}:reserve_inventory:do:1",
     )
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR
     assert "failure threshold of 3" in (process.last_error or "")
     assert process.step("reserve_inventory").state == "Voided"
@@ -164,60 +156,49 @@ def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
     assert [(a["reason"], a["severity"]) for a in alerts] == [("failure_threshold", "error")]
 
 
-def test_decline_is_an_error_with_an_alert(rt, reader, fakes):
+async def test_decline_is_an_error_with_an_alert(rt, reader, fakes):
     order = new_order()
     fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    run_agent_step(rt, reader, order.order_id, "payment")
-    run_agent_step(rt, reader, order.order_id, "inventory")  # the reservation is released
-    process = rt.store.load(order.order_id)
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    await run_agent_step(rt, reader, order.order_id, "payment")
+    await run_agent_step(rt, reader, order.order_id, "inventory")  # the reservation is released
+    process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.ERROR
     assert "card_declined" in (process.last_error or "")
     assert [a["reason"] for a in alerts_for(rt, reader, order.order_id)] == ["step_declined"]
     assert effects(fakes, order.order_id) == [("inventory", "reserve"), ("inventory", "release")]
 
 
-def test_duplicate_submission_carries_on_conflicting_one_is_rejected(rt, reader):
+async def test_duplicate_submission_carries_on_conflicting_one_is_rejected(rt, reader):
     order = new_order()
-    handle_submission(encode(order), rt)
-    handle_submission(encode(order), rt)  # redelivered: nothing new
+    await handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)  # redelivered: nothing new
     changed = order.model_copy(update={"currency": "USD"})
-    handle_submission(encode(changed), rt)
+    await handle_submission(encode(changed), rt)
     alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
     assert alert["reason"] == "conflicting_submission"
-    record = rt.store.get_order(order.order_id)
+    record = await rt.store.get_order(order.order_id)
     assert record.details.currency == "EUR"
-    assert events(rt, order.order_id) == ["created"]
+    assert await events(rt, order.order_id) == ["created"]
     reader.expect(queue(rt, "inventory"), order.order_id)
     assert reader.take(queue(rt, "inventory"), order.order_id, wait=1) is None
 
 
-def test_two_supervisors_recover_an_order_once(env, rt, reader, clock):
+async def test_two_supervisors_recover_an_order_once(env, rt, reader, clock):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     reader.expect(queue(rt, "inventory"), order.order_id)
     clock.advance(6)
-    supervisors = [make_runtime(env, f"supervisor{i}", clock) for i in range(3)]
-    barrier = threading.Barrier(len(supervisors))
-    reports = []
-
-    def tick(runtime) -> None:
-        barrier.wait()
-        reports.append(run_tick(runtime))
-
-    threads = [threading.Thread(target=tick, args=(s,)) for s in supervisors]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    supervisors = [await make_runtime(env, f"supervisor{i}", clock) for i in range(3)]
+    reports = await asyncio.wait_for(asyncio.gather(*(run_tick(s) for s in supervisors)), 30)
     assert sum(r.retried for r in reports) == 1
     assert sum(r.conflicts for r in reports) <= 2
-    assert rt.store.load(order.order_id).failure_count == 1
-    assert events(rt, order.order_id) == ["created", "released"]
+    assert (await rt.store.load(order.order_id)).failure_count == 1
+    assert await events(rt, order.order_id) == ["created", "released"]
     assert len(reader.peek_scheduled(queue(rt, "commands"), order.order_id)) == 1
     for s in supervisors:
-        s.close()
+        await s.close()
 
 
 HOSTILE_ID = "x' or PartitionKey ne '"
@@ -257,35 +238,35 @@ HOSTILE_ID = "x' or PartitionKey ne '"
         "agent-schema",
     ],
 )
-def test_bad_messages_are_settled_with_an_alert(rt, reader, handler, body):
+async def test_bad_messages_are_settled_with_an_alert(rt, reader, handler, body):
     handlers = {
         "intake": lambda b: handle_submission(b, rt),
         "replies": lambda b: handle_response(b, rt),
         "commands": lambda b: handle_command(b, rt),
         "agent": lambda b: handle_request(b, "inventory", rt),
     }
-    handlers[handler](body)  # returns normally: the message is completed, not retried
+    await handlers[handler](body)  # returns normally: the message is completed, not retried
     alert = json.loads(reader.expect(queue(rt, "alerts"), None))
     assert alert["reason"] == "bad_message"
     assert alert["detail"]
     assert alert["order_id"] is None or alert["order_id"] != HOSTILE_ID
 
 
-def test_a_bad_message_does_not_touch_other_orders(rt, reader, fakes):
+async def test_a_bad_message_does_not_touch_other_orders(rt, reader, fakes):
     good = new_order()
-    handle_submission(encode(good), rt)
-    handle_submission(b"{broken", rt)
+    await handle_submission(encode(good), rt)
+    await handle_submission(b"{broken", rt)
     reader.expect(queue(rt, "alerts"), None)
     for service in SERVICES:
-        run_agent_step(rt, reader, good.order_id, service)
-    assert rt.store.load(good.order_id).state is ProcessState.PROCESSED
+        await run_agent_step(rt, reader, good.order_id, service)
+    assert (await rt.store.load(good.order_id)).state is ProcessState.PROCESSED
 
 
-def test_reply_for_a_step_the_workflow_lacks_is_not_applied(rt, reader):
+async def test_reply_for_a_step_the_workflow_lacks_is_not_applied(rt, reader):
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     reader.expect(queue(rt, "inventory"), order.order_id)
-    before = rt.store.load(order.order_id)
+    before = await rt.store.load(order.order_id)
     bogus = AgentResponse(
         order_id=order.order_id,
         step="teleport",
@@ -294,7 +275,7 @@ def test_reply_for_a_step_the_workflow_lacks_is_not_applied(rt, reader):
         idempotency_key=f"{order.order_id}:teleport:do:1",
         outcome="succeeded",
     )
-    handle_response(encode(bogus), rt)
-    assert rt.store.load(order.order_id).etag == before.etag
+    await handle_response(encode(bogus), rt)
+    assert (await rt.store.load(order.order_id)).etag == before.etag
     alert = json.loads(reader.expect(queue(rt, "alerts"), order.order_id))
     assert alert["reason"] == "bad_message" and "teleport" in alert["detail"]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, Nothin
 from agent.remote_client import RemoteServiceClient, RetryPolicy
 from devstack.fakes.remote_services import FakeServices
 
+pytestmark = pytest.mark.anyio
+
 FAST = RetryPolicy(max_attempts=None, attempt_timeout=5.0, backoff_initial=0.01, backoff_max=0.05)
 
 
@@ -26,13 +29,13 @@ def fakes() -> Iterator[FakeServices]:
 
 
 @pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client() as client:
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
         yield client
 
 
 def client_for(
-    fakes: FakeServices, http: httpx.Client, service: str = "payment", **policy: Any
+    fakes: FakeServices, http: httpx.AsyncClient, service: str = "payment", **policy: Any
 ) -> RemoteServiceClient:
     settings = BreakerSettings(failure_threshold=1000)  # these tests are about retries
     return RemoteServiceClient(
@@ -44,14 +47,16 @@ def client_for(
     )
 
 
-def charge(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
+async def charge(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
     deadline = datetime.now(UTC) + timedelta(seconds=budget)
-    return client.call("charge", {"order_id": order, "amount": 10}, f"{order}:charge", deadline)
+    return await client.call(
+        "charge", {"order_id": order, "amount": 10}, f"{order}:charge", deadline
+    )
 
 
-def refund(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
+async def refund(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
     deadline = datetime.now(UTC) + timedelta(seconds=budget)
-    return client.call(
+    return await client.call(
         "refund",
         {"order_id": order, "amount": 10},
         f"{order}:refund",
@@ -60,34 +65,36 @@ def refund(client: RemoteServiceClient, order: str, budget: float = 10.0) -> Cal
     )
 
 
-def test_transient_faults_are_retried_to_exactly_one_effect(
-    fakes: FakeServices, http: httpx.Client
+async def test_transient_faults_are_retried_to_exactly_one_effect(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile({"services": {"payment": {"fail_first_n": 3}}})
-    outcome = charge(client_for(fakes, http), "order-1")
+    outcome = await charge(client_for(fakes, http), "order-1")
     assert isinstance(outcome, Succeeded) and outcome.attempts == 4
     assert outcome.result["order_id"] == "order-1"
     assert [e["idempotency_key"] for e in fakes.ledger()] == ["order-1:charge"]
 
 
-def test_many_orders_through_random_faults_apply_once_each(
-    fakes: FakeServices, http: httpx.Client
+async def test_many_orders_through_random_faults_apply_once_each(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile(
         {"default": {"transient_rate": 0.4, "throttle_rate": 0.1, "retry_after_seconds": 0}}
     )
     client = client_for(fakes, http)
-    outcomes = [charge(client, f"order-{n}") for n in range(30)]
+    outcomes = [await charge(client, f"order-{n}") for n in range(30)]
     assert all(isinstance(o, Succeeded) for o in outcomes)
     assert sum(o.attempts for o in outcomes) > 30  # faults really happened
     keys = [e["idempotency_key"] for e in fakes.ledger()]
     assert sorted(keys) == sorted(f"order-{n}:charge" for n in range(30))
 
 
-def test_a_hang_is_bounded_by_the_deadline(fakes: FakeServices, http: httpx.Client) -> None:
+async def test_a_hang_is_bounded_by_the_deadline(
+    fakes: FakeServices, http: httpx.AsyncClient
+) -> None:
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 30}})
     started = time.monotonic()
-    outcome = charge(client_for(fakes, http), "order-1", budget=1.0)
+    outcome = await charge(client_for(fakes, http), "order-1", budget=1.0)
     elapsed = time.monotonic() - started
     assert isinstance(outcome, DeadlinePassed)
     assert "timeout" in (outcome.last_error or "")
@@ -95,50 +102,52 @@ def test_a_hang_is_bounded_by_the_deadline(fakes: FakeServices, http: httpx.Clie
     assert fakes.ledger() == []
 
 
-def test_hung_attempts_time_out_and_late_answers_do_not_double_apply(
-    fakes: FakeServices, http: httpx.Client
+async def test_hung_attempts_time_out_and_late_answers_do_not_double_apply(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 0.6}})  # then answers
     client = client_for(fakes, http, attempt_timeout=0.2)
-    outcome = charge(client, "order-1", budget=0.7)
+    outcome = await charge(client, "order-1", budget=0.7)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts >= 2
     fakes.set_profile({})
-    assert isinstance(charge(client, "order-1", budget=5.0), Succeeded)
-    time.sleep(0.8)  # every hung request has now answered its long-gone client
+    assert isinstance(await charge(client, "order-1", budget=5.0), Succeeded)
+    await asyncio.sleep(0.8)  # every hung request has now answered its long-gone client
     assert len(fakes.ledger()) == 1
     assert fakes.stats()["replays"] >= outcome.attempts
 
 
-def test_crash_after_effect_then_retry_gives_one_effect(
-    fakes: FakeServices, http: httpx.Client
+async def test_crash_after_effect_then_retry_gives_one_effect(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile({"default": {"crash_after_effect_rate": 1.0}})
-    outcome = charge(client_for(fakes, http), "order-1")
+    outcome = await charge(client_for(fakes, http), "order-1")
     assert isinstance(outcome, Succeeded) and outcome.attempts == 2
     [entry] = fakes.ledger()
     assert outcome.result["effect_seq"] == entry["seq"]
 
 
-def test_a_decline_is_reported_without_retry(fakes: FakeServices, http: httpx.Client) -> None:
+async def test_a_decline_is_reported_without_retry(
+    fakes: FakeServices, http: httpx.AsyncClient
+) -> None:
     fakes.set_profile({"services": {"payment": {"decline_order_ids": ["order-9"]}}})
-    outcome = charge(client_for(fakes, http), "order-9")
+    outcome = await charge(client_for(fakes, http), "order-9")
     assert isinstance(outcome, Failed)
     assert (outcome.code, outcome.transient, outcome.attempts) == ("card_declined", False, 1)
     assert fakes.stats()["requests"] == 1
     assert fakes.ledger() == []
 
 
-def test_retry_after_past_the_deadline_gives_up_at_once(
-    fakes: FakeServices, http: httpx.Client
+async def test_retry_after_past_the_deadline_gives_up_at_once(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile({"default": {"throttle_rate": 1.0, "retry_after_seconds": 5}})
     started = time.monotonic()
-    outcome = charge(client_for(fakes, http), "order-1", budget=2.0)
+    outcome = await charge(client_for(fakes, http), "order-1", budget=2.0)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts == 1
     assert time.monotonic() - started < 0.5
 
 
-def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.Client) -> None:
+async def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.AsyncClient) -> None:
     with FakeServices.start() as gone:
         url = gone.url("payment")
     client = RemoteServiceClient(
@@ -149,20 +158,20 @@ def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.Client) -
         policy=FAST,
     )
     before = datetime.now(UTC)
-    outcome = charge(client, "order-1", budget=5.0)
+    outcome = await charge(client, "order-1", budget=5.0)
     assert isinstance(outcome, Deferred) and outcome.attempts == 3
     assert "connection_error" in (outcome.last_error or "")
     # The breaker's default reset timeout (30 s) is when the next trial may go.
     assert before + timedelta(seconds=29) < outcome.retry_at < before + timedelta(seconds=31)
 
 
-def test_undo_after_success_is_reported_with_the_undo_result(
-    fakes: FakeServices, http: httpx.Client
+async def test_undo_after_success_is_reported_with_the_undo_result(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     fakes.set_profile({"default": {"transient_rate": 0.5}})
     client = client_for(fakes, http)
-    assert isinstance(charge(client, "order-1"), Succeeded)
-    outcome = refund(client, "order-1")
+    assert isinstance(await charge(client, "order-1"), Succeeded)
+    outcome = await refund(client, "order-1")
     assert isinstance(outcome, Succeeded)
     assert outcome.result["status"] == "refunded" and outcome.result["undoes"] == "order-1:charge"
     assert [(e["idempotency_key"], e["undoes"]) for e in fakes.ledger()] == [
@@ -171,26 +180,26 @@ def test_undo_after_success_is_reported_with_the_undo_result(
     ]
 
 
-def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
-    fakes: FakeServices, http: httpx.Client
+async def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
+    fakes: FakeServices, http: httpx.AsyncClient
 ) -> None:
     """The forward hangs past the agent's deadline and then lands; the undo sent meanwhile
     answers nothing_to_undo, and the late forward, and any retry of it, are refused."""
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 1.0}})  # then answers
     client = client_for(fakes, http, max_attempts=1, attempt_timeout=0.2)
-    lost = charge(client, "order-1", budget=5.0)
+    lost = await charge(client, "order-1", budget=5.0)
     assert isinstance(lost, Failed) and (lost.code, lost.transient) == ("timeout", True)
     fakes.set_profile({})
-    undo = refund(client, "order-1")
+    undo = await refund(client, "order-1")
     assert isinstance(undo, NothingToUndo)
     assert undo.result == {
         "order_id": "order-1",
         "status": "nothing_to_undo",
         "undoes": "order-1:charge",
     }
-    time.sleep(1.2)  # the hung forward request has now reached the store
+    await asyncio.sleep(1.2)  # the hung forward request has now reached the store
     assert fakes.stats()["refused_after_undo"] == 1
-    retried = charge(client, "order-1")
+    retried = await charge(client, "order-1")
     assert isinstance(retried, Failed)
     assert (retried.code, retried.transient, retried.attempts) == (
         "undone_before_applied",

@@ -17,7 +17,7 @@ from tests.support.pattern import (
     run_agent_step,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 STEPS = ("reserve_inventory", "charge_payment", "create_shipment")
 
@@ -47,11 +47,13 @@ def statuses(client: ServiceBusClient, queue_name: str, order_id: str, wait: flo
     return found
 
 
-def test_reply_queue_receives_the_status_sequence_in_order(rt, reader, status_queue, status_client):
+async def test_reply_queue_receives_the_status_sequence_in_order(
+    rt, reader, status_queue, status_client
+):
     order = new_order(reply_to=status_queue)
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     for service in ("inventory", "payment", "shipping"):
-        run_agent_step(rt, reader, order.order_id, service)
+        await run_agent_step(rt, reader, order.order_id, service)
 
     received = statuses(status_client, status_queue, order.order_id)
     assert {correlation for _, correlation in received} == {order.order_id}
@@ -67,20 +69,20 @@ def test_reply_queue_receives_the_status_sequence_in_order(rt, reader, status_qu
         ("processed", None),
     ]
     assert [u["sequence"] for u in updates] == list(range(8)), "numbered 0, 1, 2, ... per order"
-    assert rt.store.load(order.order_id).status_seq == 8
+    assert (await rt.store.load(order.order_id)).status_seq == 8
     assert updates[0]["state"] == "Pending" and updates[-1]["state"] == "Processed"
     assert all(u["type"] == "StatusUpdate" for u in updates)
 
 
-def test_a_compensated_order_reports_compensating_then_failed(
+async def test_a_compensated_order_reports_compensating_then_failed(
     rt, reader, fakes, status_queue, status_client
 ):
     order = new_order(reply_to=status_queue)
     fakes.set_profile({"services": {"payment": {"decline_order_ids": [order.order_id]}}})
-    handle_submission(encode(order), rt)
-    run_agent_step(rt, reader, order.order_id, "inventory")
-    run_agent_step(rt, reader, order.order_id, "payment")
-    run_agent_step(rt, reader, order.order_id, "inventory")
+    await handle_submission(encode(order), rt)
+    await run_agent_step(rt, reader, order.order_id, "inventory")
+    await run_agent_step(rt, reader, order.order_id, "payment")
+    await run_agent_step(rt, reader, order.order_id, "inventory")
 
     updates = [body for body, _ in statuses(status_client, status_queue, order.order_id)]
     assert [u["event"] for u in updates] == [
@@ -98,13 +100,13 @@ def test_a_compensated_order_reports_compensating_then_failed(
     assert [a["reason"] for a in alerts_for(rt, reader, order.order_id)] == ["step_declined"]
 
 
-def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(rt, reader, clock):
+async def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(rt, reader, clock):
     order = new_order(reply_to="no-such-reply-queue")
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     for service in ("inventory", "payment", "shipping"):
-        run_agent_step(rt, reader, order.order_id, service)
+        await run_agent_step(rt, reader, order.order_id, service)
 
-    process = rt.store.load(order.order_id)
+    process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.PROCESSED, "the order carried on"
     assert process.status_seq == 8, "its updates were numbered all the same"
     alerts = alerts_for(rt, reader, order.order_id)
@@ -114,26 +116,26 @@ def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(rt, re
     assert "no-such-reply-queue" in alerts[0]["detail"]
 
     second = new_order(reply_to="NO-SUCH-REPLY-QUEUE")  # entity names are case-insensitive
-    handle_submission(encode(second), rt)  # the failure is remembered: not tried, not alerted
-    run_agent_step(rt, reader, second.order_id, "inventory")
-    assert rt.store.load(second.order_id).current_step == "charge_payment"
+    await handle_submission(encode(second), rt)  # the failure is remembered: not tried, not alerted
+    await run_agent_step(rt, reader, second.order_id, "inventory")
+    assert (await rt.store.load(second.order_id)).current_step == "charge_payment"
     assert alerts_for(rt, reader, second.order_id) == []
 
     clock.advance(301)  # the failure is forgotten after five minutes: tried and alerted again
     third = new_order(reply_to="no-such-reply-queue")
-    handle_submission(encode(third), rt)
+    await handle_submission(encode(third), rt)
     assert [a["reason"] for a in alerts_for(rt, reader, third.order_id)] == [
         "reply_queue_unavailable"
     ]
-    assert rt.store.load(third.order_id).state is ProcessState.PROCESSING
+    assert (await rt.store.load(third.order_id)).state is ProcessState.PROCESSING
 
 
 @pytest.mark.parametrize("role", ["responses", "commands", "inventory"])
 @pytest.mark.parametrize("case", [str.lower, str.upper])
-def test_a_reply_to_naming_an_app_queue_is_refused(rt, reader, role, case):
+async def test_a_reply_to_naming_an_app_queue_is_refused(rt, reader, role, case):
     order = new_order(reply_to=case(queue(rt, role)))
-    handle_submission(encode(order), rt)
-    assert rt.store.find(order.order_id) is None, "nothing is stored"
+    await handle_submission(encode(order), rt)
+    assert await rt.store.find(order.order_id) is None, "nothing is stored"
     alerts = alerts_for(rt, reader, order.order_id)
     assert [a["reason"] for a in alerts] == ["forbidden_reply_to"]
     assert reader.take(queue(rt, "inventory"), order.order_id, wait=0.5) is None

@@ -14,7 +14,7 @@ and :class:`MemorySupervision` keep the same contract.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -22,20 +22,14 @@ import pytest
 
 from core.active_index import INDEX_BUCKETS
 from core.ids import InvalidId
+from core.memory import MemorySupervision
 from core.settings import Connection, Settings
 from core.state_models import ConcurrencyConflict
-from core.supervision import (
-    BucketLease,
-    Member,
-    MemorySupervision,
-    Roster,
-    SupervisionTable,
-    Sweep,
-)
+from core.supervision import BucketLease, Member, Roster, SupervisionTable, Sweep
 from core.tablestorage import TableService
 from supervisor.leases import REAP_AFTER_LEASES, plan
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 _SETTINGS = Settings(
     queues={}, service_urls={}, servicebus=Connection("sb"), storage=Connection("st")
@@ -48,15 +42,15 @@ Store = SupervisionTable | MemorySupervision
 
 
 @pytest.fixture
-def supervision_table(azurite: Any, unique_name: Any) -> Iterator[SupervisionTable]:
+async def supervision_table(azurite: Any, unique_name: Any) -> AsyncIterator[SupervisionTable]:
     name = unique_name("supervision")
     service = TableService.from_connection_string(azurite.connection_string)
-    service.create_table_if_not_exists(name)
+    await service.create_table_if_not_exists(name)
     table = service.get_table_client(name)
     yield SupervisionTable(table)
-    service.delete_table(name)
-    table.close()
-    service.close()
+    await service.delete_table(name)
+    await table.close()
+    await service.close()
 
 
 @pytest.fixture(params=["memory", "table"])
@@ -80,17 +74,17 @@ def members(roster: Roster) -> dict[str, datetime]:
     return {m.instance: m.until for m in roster.members}
 
 
-def claim_all(store: Store, holder: str = "sup-a") -> dict[int, BucketLease]:
+async def claim_all(store: Store, holder: str = "sup-a") -> dict[int, BucketLease]:
     """``holder`` claims every bucket of an empty roster; the leases with their ETags."""
-    etags = store.claim(member(holder), [lease(b, holder) for b in range(INDEX_BUCKETS)], [])
+    etags = await store.claim(member(holder), [lease(b, holder) for b in range(INDEX_BUCKETS)], [])
     return {b: lease(b, holder, etags[b]) for b in range(INDEX_BUCKETS)}
 
 
 # ----------------------------------------------------------------------------------- read
 
 
-def test_an_empty_roster_is_sixteen_free_buckets(store: Store):
-    roster = store.read()
+async def test_an_empty_roster_is_sixteen_free_buckets(store: Store):
+    roster = await store.read()
     assert roster.members == ()
     assert roster.buckets == tuple(BucketLease(b) for b in range(INDEX_BUCKETS))
     assert all(b.free(T0) and b.etag is None for b in roster.buckets)
@@ -99,11 +93,11 @@ def test_an_empty_roster_is_sixteen_free_buckets(store: Store):
 # ---------------------------------------------------------------------------------- claim
 
 
-def test_a_claim_planned_on_an_empty_roster_creates_the_bucket_and_member_rows(store: Store):
-    chosen = plan(store.read(), "sup-a", T0, CLAIM, LEASE)
-    etags = store.claim(chosen.member, chosen.hold, (), chosen.reap)
+async def test_a_claim_planned_on_an_empty_roster_creates_the_bucket_and_member_rows(store: Store):
+    chosen = plan(await store.read(), "sup-a", T0, CLAIM, LEASE)
+    etags = await store.claim(chosen.member, chosen.hold, (), chosen.reap)
 
-    roster = store.read()
+    roster = await store.read()
     assert set(etags) == set(range(INDEX_BUCKETS))
     assert members(roster) == {"sup-a": T0 + LEASE}
     assert all(m.etag for m in roster.members)
@@ -113,15 +107,15 @@ def test_a_claim_planned_on_an_empty_roster_creates_the_bucket_and_member_rows(s
         assert (b.swept_at, b.swept_by, b.lag_s, b.due_found) == (None, "", 0.0, 0)
 
 
-def test_renewing_and_releasing_with_the_etags_the_claim_returned(store: Store):
-    held = claim_all(store)
+async def test_renewing_and_releasing_with_the_etags_the_claim_returned(store: Store):
+    held = await claim_all(store)
     later = T0 + timedelta(seconds=15)
     renew = [dataclasses.replace(held[b], until=later + CLAIM) for b in range(8)]
     give_up = [dataclasses.replace(held[b], holder="", until=later) for b in range(8, 16)]
 
-    etags = store.claim(member(until=later + LEASE), renew, give_up)
+    etags = await store.claim(member(until=later + LEASE), renew, give_up)
 
-    roster = store.read()
+    roster = await store.read()
     assert set(etags) == set(range(INDEX_BUCKETS))  # released rows are written too
     assert members(roster) == {"sup-a": later + LEASE}
     for b in roster.buckets:
@@ -132,89 +126,89 @@ def test_renewing_and_releasing_with_the_etags_the_claim_returned(store: Store):
             assert (b.holder, b.until) == ("", later) and b.free(later)
 
 
-def test_a_claim_on_a_stale_roster_conflicts_and_writes_nothing(store: Store):
-    stale = store.read()
+async def test_a_claim_on_a_stale_roster_conflicts_and_writes_nothing(store: Store):
+    stale = await store.read()
     first = plan(stale, "sup-a", T0, CLAIM, LEASE)
-    store.claim(first.member, first.hold, (), first.reap)
-    before = store.read()
+    await store.claim(first.member, first.hold, (), first.reap)
+    before = await store.read()
 
     second = plan(stale, "sup-b", T0, CLAIM, LEASE)  # creates rows that now exist
     with pytest.raises(ConcurrencyConflict):
-        store.claim(second.member, second.hold, (), second.reap)
+        await store.claim(second.member, second.hold, (), second.reap)
 
-    assert store.read() == before
-    assert members(store.read()) == {"sup-a": T0 + LEASE}
+    assert await store.read() == before
+    assert members(await store.read()) == {"sup-a": T0 + LEASE}
 
 
-def test_one_stale_bucket_fails_the_whole_claim_member_row_included(store: Store):
-    etags = store.claim(member(), [lease(b) for b in range(8)], [])
-    before = store.read()
+async def test_one_stale_bucket_fails_the_whole_claim_member_row_included(store: Store):
+    etags = await store.claim(member(), [lease(b) for b in range(8)], [])
+    before = await store.read()
 
     fresh = [lease(b, "sup-b") for b in range(8, INDEX_BUCKETS)]  # rows not written yet
     taken = lease(3, "sup-b")  # read before sup-a created it: stale
     with pytest.raises(ConcurrencyConflict):
-        store.claim(member("sup-b"), [*fresh, taken], [])
-    assert store.read() == before
+        await store.claim(member("sup-b"), [*fresh, taken], [])
+    assert await store.read() == before
 
     renewed = lease(0, etag=etags[0])
-    store.claim(member(), [renewed], [])
-    before = store.read()
+    await store.claim(member(), [renewed], [])
+    before = await store.read()
     with pytest.raises(ConcurrencyConflict):
         # bucket 1's ETag is current; bucket 0's was spent by the claim above
-        store.claim(member("sup-c"), [lease(1, etag=etags[1])], [renewed])
-    assert store.read() == before
-    assert "sup-c" not in members(store.read())
+        await store.claim(member("sup-c"), [lease(1, etag=etags[1])], [renewed])
+    assert await store.read() == before
+    assert "sup-c" not in members(await store.read())
 
 
-def test_a_stale_release_fails_the_claim(store: Store):
-    etags = store.claim(member(), [lease(0)], [])
-    store.claim(member(), [lease(0, etag=etags[0])], [])
-    before = store.read()
+async def test_a_stale_release_fails_the_claim(store: Store):
+    etags = await store.claim(member(), [lease(0)], [])
+    await store.claim(member(), [lease(0, etag=etags[0])], [])
+    before = await store.read()
     gone = BucketLease(0, holder="", until=T0, etag=etags[0])  # the first claim's ETag
     with pytest.raises(ConcurrencyConflict):
-        store.claim(member(until=T0 + LEASE * 2), [], [gone])
-    assert store.read() == before
+        await store.claim(member(until=T0 + LEASE * 2), [], [gone])
+    assert await store.read() == before
 
 
-def test_reap_deletes_member_rows_and_a_stale_reap_fails_the_claim(store: Store):
-    store.claim(member("sup-x", T0), [], [])
-    store.claim(member("sup-y", T0), [], [])
+async def test_reap_deletes_member_rows_and_a_stale_reap_fails_the_claim(store: Store):
+    await store.claim(member("sup-x", T0), [], [])
+    await store.claim(member("sup-y", T0), [], [])
     later = T0 + LEASE * (REAP_AFTER_LEASES + 1)
 
-    chosen = plan(store.read(), "sup-a", later, CLAIM, LEASE)
+    chosen = plan(await store.read(), "sup-a", later, CLAIM, LEASE)
     assert {m.instance for m in chosen.reap} == {"sup-x", "sup-y"}
-    store.claim(member("sup-y", T0), [], [])  # sup-y's row is written again (new ETag)
-    before = store.read()
+    await store.claim(member("sup-y", T0), [], [])  # sup-y's row is written again (new ETag)
+    before = await store.read()
     with pytest.raises(ConcurrencyConflict):
-        store.claim(chosen.member, chosen.hold, (), chosen.reap)
-    assert store.read() == before
+        await store.claim(chosen.member, chosen.hold, (), chosen.reap)
+    assert await store.read() == before
 
-    chosen = plan(store.read(), "sup-a", later, CLAIM, LEASE)
-    store.claim(chosen.member, chosen.hold, (), chosen.reap)
-    assert members(store.read()) == {"sup-a": later + LEASE}
+    chosen = plan(await store.read(), "sup-a", later, CLAIM, LEASE)
+    await store.claim(chosen.member, chosen.hold, (), chosen.reap)
+    assert members(await store.read()) == {"sup-a": later + LEASE}
 
 
-def test_reaping_a_row_already_gone_fails_the_claim(store: Store):
-    store.claim(member("sup-x", T0), [], [])
-    (row,) = store.read().members
-    store.claim(member(), [], [], [row])
+async def test_reaping_a_row_already_gone_fails_the_claim(store: Store):
+    await store.claim(member("sup-x", T0), [], [])
+    (row,) = (await store.read()).members
+    await store.claim(member(), [], [], [row])
     with pytest.raises(ConcurrencyConflict):
-        store.claim(member(), [lease(0)], [], [row])
-    assert store.read().buckets[0].etag is None
+        await store.claim(member(), [lease(0)], [], [row])
+    assert (await store.read()).buckets[0].etag is None
 
 
-def test_an_invalid_instance_id_is_refused_before_anything_is_written(store: Store):
+async def test_an_invalid_instance_id_is_refused_before_anything_is_written(store: Store):
     with pytest.raises(InvalidId):
-        store.claim(member("sup a/../x"), [lease(0)], [])
-    assert store.read().buckets[0].etag is None
-    assert store.read().members == ()
+        await store.claim(member("sup a/../x"), [lease(0)], [])
+    assert (await store.read()).buckets[0].etag is None
+    assert (await store.read()).members == ()
 
 
 # ----------------------------------------------------------------------------- checkpoint
 
 
-def test_checkpoint_records_the_sweeps_and_writes_the_other_leases(store: Store):
-    held = claim_all(store)
+async def test_checkpoint_records_the_sweeps_and_writes_the_other_leases(store: Store):
+    held = await claim_all(store)
     at = T0 + timedelta(seconds=3, microseconds=654321)
     extended = dataclasses.replace(held[7], until=T0 + LEASE)
     given_up = dataclasses.replace(held[9], holder="", until=at)
@@ -223,9 +217,9 @@ def test_checkpoint_records_the_sweeps_and_writes_the_other_leases(store: Store)
         Sweep(held[5], at, 0.0, 0),
     ]
 
-    assert store.checkpoint(sweeps, "sup-a", others=[extended, given_up]) == 4
+    assert await store.checkpoint(sweeps, "sup-a", others=[extended, given_up]) == 4
 
-    roster = store.read()
+    roster = await store.read()
     two, five, seven, nine = (roster.buckets[b] for b in (2, 5, 7, 9))
     assert (two.swept_at, two.swept_by, two.lag_s, two.due_found) == (at, "sup-a", 12.346, 7)
     assert (five.swept_at, five.swept_by, five.lag_s, five.due_found) == (at, "sup-a", 0.0, 0)
@@ -239,58 +233,61 @@ def test_checkpoint_records_the_sweeps_and_writes_the_other_leases(store: Store)
 
     # the next claim carries the checkpoint over
     renewed = dataclasses.replace(two, until=T0 + timedelta(seconds=15) + CLAIM)
-    store.claim(member(), [renewed], [])
-    assert (store.read().buckets[2].swept_at, store.read().buckets[2].lag_s) == (at, 12.346)
+    await store.claim(member(), [renewed], [])
+    assert ((await store.read()).buckets[2].swept_at, (await store.read()).buckets[2].lag_s) == (
+        at,
+        12.346,
+    )
 
 
-def test_checkpoint_skips_a_bucket_whose_row_changed_since_the_claim(store: Store):
-    held = claim_all(store)
+async def test_checkpoint_skips_a_bucket_whose_row_changed_since_the_claim(store: Store):
+    held = await claim_all(store)
     later = T0 + CLAIM  # sup-a's claims expired; sup-b takes some over before sup-a ends
-    etags = store.claim(
+    etags = await store.claim(
         member("sup-b", later + LEASE), [lease(b, "sup-b", held[b].etag) for b in (1, 4)], []
     )
-    before = store.read()
+    before = await store.read()
 
     late = [Sweep(held[b], later, 1.0, 1) for b in (1, 4)]
-    assert store.checkpoint(late, "sup-a", others=[held[1]]) == 0
-    assert store.read() == before
+    assert await store.checkpoint(late, "sup-a", others=[held[1]]) == 0
+    assert await store.read() == before
 
     # some still current: those are written, the others keep their new holder's record
     sweeps = [Sweep(held[1], later, 0, 0), Sweep(held[6], later, 2.0, 3)]
-    assert store.checkpoint(sweeps, "sup-a", others=[held[4], held[8]]) == 2
-    after = store.read()
+    assert await store.checkpoint(sweeps, "sup-a", others=[held[4], held[8]]) == 2
+    after = await store.read()
     assert (after.buckets[6].swept_at, after.buckets[6].swept_by) == (later, "sup-a")
     assert after.buckets[8].etag != before.buckets[8].etag
     assert after.buckets[1] == before.buckets[1] and after.buckets[1].etag == etags[1]
     assert after.buckets[4] == before.buckets[4]
 
 
-def test_a_checkpoint_spends_the_claims_etag(store: Store):
-    held = claim_all(store)
-    assert store.checkpoint([Sweep(held[0], T0, 0, 0)], "sup-a") == 1
-    assert store.checkpoint([Sweep(held[0], T0 + timedelta(seconds=1), 0, 0)], "sup-a") == 0
-    assert store.checkpoint([], "sup-a", others=[held[0]]) == 0
-    assert store.read().buckets[0].swept_at == T0
+async def test_a_checkpoint_spends_the_claims_etag(store: Store):
+    held = await claim_all(store)
+    assert await store.checkpoint([Sweep(held[0], T0, 0, 0)], "sup-a") == 1
+    assert await store.checkpoint([Sweep(held[0], T0 + timedelta(seconds=1), 0, 0)], "sup-a") == 0
+    assert await store.checkpoint([], "sup-a", others=[held[0]]) == 0
+    assert (await store.read()).buckets[0].swept_at == T0
 
 
-def test_an_empty_checkpoint_writes_nothing(store: Store):
-    held = claim_all(store)
-    before = store.read()
-    assert store.checkpoint([], "sup-a") == 0
-    assert store.read() == before
+async def test_an_empty_checkpoint_writes_nothing(store: Store):
+    held = await claim_all(store)
+    before = await store.read()
+    assert await store.checkpoint([], "sup-a") == 0
+    assert await store.read() == before
     assert before.buckets[0].etag == held[0].etag
 
 
 # ------------------------------------------------------------------------------ datetimes
 
 
-def test_datetimes_round_trip_as_the_same_instants_in_utc(store: Store):
+async def test_datetimes_round_trip_as_the_same_instants_in_utc(store: Store):
     until = datetime(2026, 3, 1, 12, 0, 22, 999999, tzinfo=UTC)
     swept = datetime(2026, 3, 1, 12, 0, 1, 1, tzinfo=UTC)
-    etags = store.claim(Member("sup-a", until), [BucketLease(9, "sup-a", until)], [])
-    store.checkpoint([Sweep(BucketLease(9, "sup-a", until, etag=etags[9]), swept, 0, 0)], "a")
+    etags = await store.claim(Member("sup-a", until), [BucketLease(9, "sup-a", until)], [])
+    await store.checkpoint([Sweep(BucketLease(9, "sup-a", until, etag=etags[9]), swept, 0, 0)], "a")
 
-    roster = store.read()
+    roster = await store.read()
     nine = roster.buckets[9]
     assert (nine.until, nine.swept_at, roster.members[0].until) == (until, swept, until)
     for value in (nine.until, nine.swept_at, roster.members[0].until):
@@ -305,12 +302,12 @@ def test_datetimes_round_trip_as_the_same_instants_in_utc(store: Store):
     ],
     indirect=True,
 )
-def test_datetimes_in_another_zone_come_back_in_utc(store: Store):
+async def test_datetimes_in_another_zone_come_back_in_utc(store: Store):
     paris = timezone(timedelta(hours=2))
     until = datetime(2026, 3, 1, 14, 0, 22, 500000, tzinfo=paris)
-    etags = store.claim(Member("sup-a", until), [BucketLease(1, "sup-a", until)], [])
-    store.checkpoint([Sweep(BucketLease(1, "sup-a", until, etag=etags[1]), until, 0, 0)], "a")
-    roster = store.read()
+    etags = await store.claim(Member("sup-a", until), [BucketLease(1, "sup-a", until)], [])
+    await store.checkpoint([Sweep(BucketLease(1, "sup-a", until, etag=etags[1]), until, 0, 0)], "a")
+    roster = await store.read()
     expected = datetime(2026, 3, 1, 12, 0, 22, 500000, tzinfo=UTC)
     for value in (roster.buckets[1].until, roster.buckets[1].swept_at, roster.members[0].until):
         assert value == expected

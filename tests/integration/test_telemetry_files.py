@@ -10,12 +10,14 @@ periodically and at exit.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +34,36 @@ from devstack.stack.local_stack import StackInfo, base_settings
 from devstack.stack.processes import REPO_ROOT
 from tests.support.app import make_runtime
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 runner = CliRunner()
 AGENT_FUNCTIONS = [agent.function_name for agent in AGENTS]
 
 
-def cli(*args: str) -> Any:
-    return runner.invoke(app, list(args), catch_exceptions=False)
+async def cli(*args: str) -> Any:
+    """orderctl, on a thread: a command runs its own event loop (asyncio.run at its edge)."""
+    return await asyncio.to_thread(runner.invoke, app, list(args), catch_exceptions=False)
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
+async def wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float, what: str
+) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        done = predicate()
+        if inspect.isawaitable(done):
+            done = await done
+        if done:
+            return
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        await asyncio.sleep(0.2)
 
 
 @pytest.fixture
-def stack(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Path, Any]]:
+async def stack(env: dict[str, str], azurite, tmp_path: Path) -> AsyncIterator[tuple[Path, Any]]:
     """The app in one host process writing telemetry to ``<workdir>/telemetry``, recorded in
     ``<workdir>/stack.json`` as `orderctl up --telemetry` records it."""
-    rt = make_runtime(env, "test")  # creates the tables
+    rt = await make_runtime(env, "test")  # creates the tables
     workdir = tmp_path / "stack"
     workdir.mkdir()
     values = (
@@ -79,7 +89,7 @@ def stack(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Path, 
     log = workdir / "host-0.log"
     host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
     try:
-        wait_until(lambda: "host started" in log.read_text(), 60, "the host to start")
+        await wait_until(lambda: "host started" in log.read_text(), 60, "the host to start")
         StackInfo(settings=values, fakes_url="", pids={"host-0": host.pid}).save(
             workdir / "stack.json"
         )
@@ -90,12 +100,16 @@ def stack(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Path, 
             host.wait(timeout=20)
         finally:
             processes.stop(host)
-            rt.close()
+            await rt.close()
 
 
-def state(rt: Any, order_id: str) -> ProcessState | None:
+async def processed(rt: Any, order_id: str) -> bool:
+    return await state(rt, order_id) is ProcessState.PROCESSED
+
+
+async def state(rt: Any, order_id: str) -> ProcessState | None:
     try:
-        return rt.store.load(order_id).state
+        return (await rt.store.load(order_id)).state
     except OrderNotFound:
         return None
 
@@ -104,26 +118,26 @@ def names(spans: list[Any]) -> list[str]:
     return [n for span in spans for n in [span.name, *names(span.children)]]
 
 
-def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
+async def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
     workdir, rt = stack
     order_id = f"ORD-TRACE-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+    submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
     assert submitted.exit_code == 0, submitted.output
-    wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 60, "Processed")
+    await wait_until(lambda: processed(rt, order_id), 60, "Processed")
 
     expected = ["scheduler_intake", *AGENT_FUNCTIONS, "scheduler_replies"]
 
-    def whole() -> bool:
-        result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+    async def whole() -> bool:
+        result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
         if result.exit_code != 0:
             return False
         view = validate("trace", json.loads(result.stdout))
         found = names([span for t in view.traces for span in t.spans])
         return found.count("scheduler_replies") >= 2 * 3 and all(n in found for n in expected)
 
-    wait_until(whole, 30, "every hop's spans in the files")  # written every 2 s
+    await wait_until(whole, 30, "every hop's spans in the files")  # written every 2 s
 
-    result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+    result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
     view = validate("trace", json.loads(result.stdout))
     assert len(view.traces) == 1, [t.why for t in view.traces]
     (root,) = view.traces[0].spans
@@ -154,7 +168,7 @@ def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
         "scheduler_replies",
     ], "each hop is a child of the previous one, across every queue"
 
-    printed = cli("trace", order_id, "--workdir", str(workdir), "--wide")
+    printed = await cli("trace", order_id, "--workdir", str(workdir), "--wide")
     assert printed.exit_code == 0, printed.output
     lines = printed.stdout.splitlines()
     assert f"order {order_id}: " in lines[0] and "traces" not in lines[0]
@@ -164,12 +178,12 @@ def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
     assert len([x for x in lines if " scheduler_replies " in x]) == 3
 
 
-def test_the_host_writes_the_order_metrics(stack) -> None:
+async def test_the_host_writes_the_order_metrics(stack) -> None:
     workdir, rt = stack
     order_id = f"ORD-METRICS-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+    submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
     assert submitted.exit_code == 0, submitted.output
-    wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 60, "Processed")
+    await wait_until(lambda: processed(rt, order_id), 60, "Processed")
 
     def lines() -> list[dict]:
         return [
@@ -181,7 +195,7 @@ def test_the_host_writes_the_order_metrics(stack) -> None:
     def recorded(name: str) -> float:
         return sum(r.get("value", r.get("count", 0)) for r in lines() if r["name"] == name)
 
-    wait_until(lambda: recorded("orders.finished") >= 1, 20, "the metrics flush (every 5 s)")
+    await wait_until(lambda: recorded("orders.finished") >= 1, 20, "the metrics flush (every 5 s)")
     assert recorded("orders.started") >= 1
     durations = [r for r in lines() if r["name"] == "step.duration"]
     steps = {r["attributes"]["step"] for r in durations}
@@ -190,14 +204,14 @@ def test_the_host_writes_the_order_metrics(stack) -> None:
     assert any(r["name"] == "supervisor.tick.duration" for r in lines())
 
 
-def test_an_order_the_supervisor_recovers_is_still_one_tree(
+async def test_an_order_the_supervisor_recovers_is_still_one_tree(
     env: dict[str, str], azurite, tmp_path: Path
 ) -> None:
     """The first agent is not running when the order arrives: its request waits past
     CompleteBy, the Supervisor (a timer: no trace context) releases the order and sends its
     retry. Then the agent starts in a second host. `orderctl trace` prints one tree, with the
     Supervisor's recovery in it as a child of intake, and every hop after it below."""
-    rt = make_runtime(env, "test")
+    rt = await make_runtime(env, "test")
     workdir = tmp_path / "stack"
     workdir.mkdir()
     values = (
@@ -215,35 +229,34 @@ def test_an_order_the_supervisor_recovers_is_still_one_tree(
     core = ["scheduler_intake", "scheduler_replies", "scheduler_commands", "supervisor"]
     hosts: list[Any] = []
     try:
-        hosts.append(_host(workdir, settings, [*core, *others], "host-0"))
+        hosts.append(await _host(workdir, settings, [*core, *others], "host-0"))
         StackInfo(settings=values, fakes_url="", pids={"host-0": hosts[0].pid}).save(
             workdir / "stack.json"
         )
         order_id = f"ORD-RECOVER-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        submitted = cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+        submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
         assert submitted.exit_code == 0, submitted.output
 
-        def released_by_supervisor() -> bool:
-            return any(
-                e.event == "released" and e.actor.startswith("supervisor")
-                for e in rt.store.get_timeline(order_id)
-            )
+        async def released_by_supervisor() -> bool:
+            timeline = await rt.store.get_timeline(order_id)
+            return any(e.event == "released" and e.actor.startswith("supervisor") for e in timeline)
 
-        wait_until(released_by_supervisor, 60, "the Supervisor to release the order")
-        hosts.append(_host(workdir, settings, [first], "host-1"))
-        wait_until(lambda: state(rt, order_id) is ProcessState.PROCESSED, 90, "Processed")
+        await wait_until(released_by_supervisor, 60, "the Supervisor to release the order")
+        hosts.append(await _host(workdir, settings, [first], "host-1"))
+        await wait_until(lambda: processed(rt, order_id), 90, "Processed")
 
-        def complete() -> bool:
-            result = cli("trace", order_id, "--workdir", str(workdir), "--json")
+        async def complete() -> bool:
+            result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
             if result.exit_code != 0:
                 return False
             view = validate("trace", json.loads(result.stdout))
             found = names([span for t in view.traces for span in t.spans])
             return "supervisor_recover" in found and found.count("scheduler_replies") >= 2 * 3
 
-        wait_until(complete, 30, "every hop's spans in the files")
+        await wait_until(complete, 30, "every hop's spans in the files")
         view = validate(
-            "trace", json.loads(cli("trace", order_id, "--workdir", str(workdir), "--json").stdout)
+            "trace",
+            json.loads((await cli("trace", order_id, "--workdir", str(workdir), "--json")).stdout),
         )
     finally:
         for host in reversed(hosts):
@@ -252,7 +265,7 @@ def test_an_order_the_supervisor_recovers_is_still_one_tree(
                 host.wait(timeout=20)
             finally:
                 processes.stop(host)
-        rt.close()
+        await rt.close()
 
     assert len(view.traces) == 1, [t.why for t in view.traces]
     (root,) = view.traces[0].spans
@@ -271,14 +284,14 @@ def test_an_order_the_supervisor_recovers_is_still_one_tree(
     assert "scheduler_commands" in after, after  # the retry it sent, handled in the same trace
     assert first in after and after.count("scheduler_replies") >= 2 * 3, after
 
-    printed = cli("trace", order_id, "--workdir", str(workdir))
+    printed = await cli("trace", order_id, "--workdir", str(workdir))
     assert printed.exit_code == 0, printed.output
     assert "traces" not in printed.stdout.splitlines()[0]
     assert " supervisor_recover " in printed.stdout
     print(printed.stdout)  # with -s: the tree docs/telemetry.md shows
 
 
-def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
+async def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
     """A host process running only ``functions``, started (its log says so)."""
     argv = [
         sys.executable, "-m", "devstack.host", "--settings", str(settings),
@@ -293,7 +306,7 @@ def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any
     log = workdir / f"{name}.log"
     host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
     try:
-        wait_until(lambda: "host started" in log.read_text(), 60, f"{name} to start")
+        await wait_until(lambda: "host started" in log.read_text(), 60, f"{name} to start")
     except BaseException:
         processes.stop(host)
         raise

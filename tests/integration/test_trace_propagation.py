@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 from azure.servicebus import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -14,10 +15,10 @@ from core.bus import Bus
 from core.messages import OrderSubmitted, message_id_for
 from devstack.host.servicebus_runner import to_function_message
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
-def test_traceparent_crosses_the_broker_with_the_same_trace_id(servicebus):
+async def test_traceparent_crosses_the_broker_with_the_same_trace_id(servicebus):
     queue = servicebus.queue("order-status")
     order = OrderSubmitted.model_validate(
         {
@@ -33,12 +34,12 @@ def test_traceparent_crosses_the_broker_with_the_same_trace_id(servicebus):
         is_remote=False,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
-    bus = Bus(lambda: ServiceBusClient.from_connection_string(servicebus.connection_string))
+    bus = Bus(lambda: AsyncServiceBusClient.from_connection_string(servicebus.connection_string))
     try:
         with trace.use_span(NonRecordingSpan(sender_span)):
-            bus.send(queue, order)
+            await bus.send(queue, order)
     finally:
-        bus.close()
+        await bus.close()
 
     with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
         with client.get_queue_receiver(queue, max_wait_time=10) as receiver:

@@ -16,10 +16,11 @@ single-step order is submitted inside a client span. Expected, per hop:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 from azure.core.settings import settings as azure_settings
@@ -30,14 +31,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from core import runtime, telemetry
+from core import telemetry
+from core.runtime import Runtime
 from core.state_models import OrderNotFound
 from core.states import ProcessState
 from devstack.host import LocalHost
-from tests.support.app import install_async_twin, make_runtime
+from tests.support.app import install_for_host, make_runtime
 from tests.support.pattern import new_order
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 HOPS = (  # function, the queue role it reads
     ("scheduler_intake", "orders"),
@@ -85,9 +87,8 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture
-def hosted(env, spans):
-    rt = make_runtime(env, "scheduler")
-    previous = runtime.install(rt)
+async def hosted(env, spans) -> AsyncIterator[Runtime]:
+    rt = await make_runtime(env, "scheduler")
     sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
     host = LocalHost(
         importlib.import_module("function_app"),
@@ -96,24 +97,23 @@ def hosted(env, spans):
         concurrency_override=1,
         functions=[function for function, _ in HOPS],
     )
-    install_async_twin(rt, host)
+    install_for_host(rt, host)
     host.start()
     try:
         yield rt
     finally:
         host.stop(timeout=5)
-        runtime.install(previous)
-        rt.close()
+        await rt.close()
 
 
-def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted, spans, fakes):
+async def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted, spans, fakes):
     rt = hosted
     order = new_order(workflow="single_step")
     with telemetry.tracer.start_as_current_span("submit", kind=SpanKind.CLIENT) as submit:
-        rt.bus.send(rt.settings.queue("orders"), order)
+        await rt.bus.send(rt.settings.queue("orders"), order)
     trace_id = submit.get_span_context().trace_id
 
-    finished = _wait_for_reply_hop(rt, spans, order.order_id)
+    finished = await _wait_for_reply_hop(rt, spans, order.order_id)
     ours = [s for s in finished if s.context.trace_id == trace_id]
     by_id = {s.context.span_id: s for s in ours}
 
@@ -146,22 +146,23 @@ def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted, spans
         sender = app
 
 
-def _wait_for_reply_hop(rt, spans, order_id: str) -> Sequence[ReadableSpan]:
+async def _wait_for_reply_hop(rt, spans, order_id: str) -> Sequence[ReadableSpan]:
     """The finished spans once the order is Processed and the reply hop's invocation ended."""
     deadline = time.monotonic() + 60
     while True:
         finished = spans.get_finished_spans()
-        if _state(rt, order_id) is ProcessState.PROCESSED and any(
+        state = await _state(rt, order_id)
+        if state is ProcessState.PROCESSED and any(
             s.name == "scheduler_replies" and s.kind is SpanKind.CONSUMER for s in finished
         ):
             return finished
-        assert time.monotonic() < deadline, f"not finished: {_state(rt, order_id)}"
-        time.sleep(0.2)
+        assert time.monotonic() < deadline, f"not finished: {state}"
+        await asyncio.sleep(0.2)
 
 
-def _state(rt, order_id: str) -> ProcessState | None:
+async def _state(rt, order_id: str) -> ProcessState | None:
     try:
-        return rt.store.load(order_id).state
+        return (await rt.store.load(order_id)).state
     except OrderNotFound:
         return None  # intake has not run yet
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 
 from agent.functions import on_request
 from core.agents import AGENTS
@@ -30,8 +31,10 @@ from core.states import ProcessState
 from devstack.host.servicebus_runner import to_function_message
 from scheduler.functions import on_command, on_reply
 from scheduler.intake import handle_submission
-from tests.support.app import AsyncTriggers, QueueReader, make_runtime
+from tests.support.app import QueueReader, make_runtime
 from tests.support.pattern import effects, new_order, queue
+
+pytestmark = pytest.mark.anyio
 
 AGENT = {agent.name: agent for agent in AGENTS}
 
@@ -85,40 +88,32 @@ def only_alert_for(rt, reader: QueueReader, queue_name: str, message_id: str, pr
     return alert
 
 
-def snapshot(rt, order_id: str) -> tuple[Any, ...]:
-    order = rt.store.load(order_id)
-    return order.etag, order.state, order.current_step, len(rt.store.get_timeline(order_id))
+async def snapshot(rt, order_id: str) -> tuple[Any, ...]:
+    order = await rt.store.load(order_id)
+    return order.etag, order.state, order.current_step, len(await rt.store.get_timeline(order_id))
 
 
 def table_requests() -> int:
     return sum(n for kind, n in COUNTS.snapshot().items() if kind.startswith("table."))
 
 
-def deliver_genuine_step(
-    rt, triggers: AsyncTriggers, reader: QueueReader, order_id: str, service: str
-) -> None:
-    triggers.run(
-        on_request(
-            to_function_message(take_for(reader, queue(rt, service), order_id)),
-            AGENT[service],
-            triggers.rt,
-        )
+async def deliver_genuine_step(rt, reader: QueueReader, order_id: str, service: str) -> None:
+    await on_request(
+        to_function_message(take_for(reader, queue(rt, service), order_id)),
+        AGENT[service],
+        rt,
     )
-    triggers.run(
-        on_reply(
-            to_function_message(take_for(reader, queue(rt, "responses"), order_id)), triggers.rt
-        )
-    )
+    await on_reply(to_function_message(take_for(reader, queue(rt, "responses"), order_id)), rt)
 
 
 @pytest.fixture
-def at_payment(rt, triggers, reader, fakes):
+async def at_payment(rt, reader, fakes):
     """An order whose inventory step went through the signed path; its payment request waits."""
     order = new_order()
-    handle_submission(encode(order), rt)
-    deliver_genuine_step(rt, triggers, reader, order.order_id, "inventory")
+    await handle_submission(encode(order), rt)
+    await deliver_genuine_step(rt, reader, order.order_id, "inventory")
     request = take_for(reader, queue(rt, "payment"), order.order_id)
-    assert rt.store.load(order.order_id).current_step == "charge_payment"
+    assert (await rt.store.load(order.order_id)).current_step == "charge_payment"
     return order.order_id, request
 
 
@@ -128,8 +123,8 @@ def forged_reply(request: ServiceBusReceivedMessage, **outcome: Any) -> bytes:
     return encode(AgentResponse(**(fields | outcome)))
 
 
-def test_a_request_for_an_order_that_does_not_exist_calls_no_service(
-    rt, triggers, reader, fakes, sender
+async def test_a_request_for_an_order_that_does_not_exist_calls_no_service(
+    rt, reader, fakes, sender
 ):
     order_id = f"o-ghost-{uuid.uuid4().hex[:8]}"
     forged = AgentRequest(
@@ -145,58 +140,54 @@ def test_a_request_for_an_order_that_does_not_exist_calls_no_service(
     payment = queue(rt, "payment")
     message_id = forge(sender, payment, encode(forged))
     before = table_requests()
-    triggers.run(
-        on_request(
-            to_function_message(take(reader, payment, message_id)), AGENT["payment"], triggers.rt
-        )
-    )
+    await on_request(to_function_message(take(reader, payment, message_id)), AGENT["payment"], rt)
     assert table_requests() == before
     assert effects(fakes, order_id) == []
     assert reader.take(queue(rt, "responses"), order_id, wait=1.0) is None
     with pytest.raises(OrderNotFound):
-        rt.store.load(order_id)
+        await rt.store.load(order_id)
     alert = only_alert_for(rt, reader, payment, message_id, "unsigned")
     assert f"for order '{order_id}'" in alert["detail"]
 
 
-def test_a_forged_success_reply_marks_nothing_done(rt, triggers, reader, fakes, sender, at_payment):
+async def test_a_forged_success_reply_marks_nothing_done(rt, reader, fakes, sender, at_payment):
     order_id, request = at_payment
     responses = queue(rt, "responses")
-    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    before, ledger = await snapshot(rt, order_id), effects(fakes, order_id)
     message_id = forge(sender, responses, forged_reply(request, outcome="succeeded"))
-    triggers.run(on_reply(to_function_message(take(reader, responses, message_id)), triggers.rt))
-    assert snapshot(rt, order_id) == before
+    await on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    assert await snapshot(rt, order_id) == before
     assert effects(fakes, order_id) == ledger
     assert reader.take(queue(rt, "shipping"), order_id, wait=1.0) is None
     only_alert_for(rt, reader, responses, message_id, "unsigned")
     # The genuine request is still in flight and carries the order on: nothing was skipped.
-    triggers.run(on_request(to_function_message(request), AGENT["payment"], triggers.rt))
-    triggers.run(on_reply(to_function_message(take_for(reader, responses, order_id)), triggers.rt))
-    deliver_genuine_step(rt, triggers, reader, order_id, "shipping")
-    assert rt.store.load(order_id).state is ProcessState.PROCESSED
+    await on_request(to_function_message(request), AGENT["payment"], rt)
+    await on_reply(to_function_message(take_for(reader, responses, order_id)), rt)
+    await deliver_genuine_step(rt, reader, order_id, "shipping")
+    assert (await rt.store.load(order_id)).state is ProcessState.PROCESSED
     assert [e[0] for e in effects(fakes, order_id)] == ["inventory", "payment", "shipping"]
 
 
-def test_a_forged_decline_fails_nothing(rt, triggers, reader, fakes, sender, at_payment):
+async def test_a_forged_decline_fails_nothing(rt, reader, fakes, sender, at_payment):
     order_id, _request = at_payment
     responses = queue(rt, "responses")
-    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    before, ledger = await snapshot(rt, order_id), effects(fakes, order_id)
     body = forged_reply(_request, outcome="failed", transient=False, error_code="card_declined")
     # Signed, but with a key the app does not have: as unknown as no signature.
     outsider = "v1.k1." + "A" * 43
     message_id = forge(sender, responses, body, signature=outsider)
-    triggers.run(on_reply(to_function_message(take(reader, responses, message_id)), triggers.rt))
-    assert snapshot(rt, order_id) == before
-    assert rt.store.load(order_id).state is ProcessState.PROCESSING
+    await on_reply(to_function_message(take(reader, responses, message_id)), rt)
+    assert await snapshot(rt, order_id) == before
+    assert (await rt.store.load(order_id)).state is ProcessState.PROCESSING
     assert effects(fakes, order_id) == ledger
     assert reader.take(queue(rt, "inventory"), order_id, wait=1.0) is None  # no undo sent
     only_alert_for(rt, reader, responses, message_id, "unknown_key")
 
 
-def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender, at_payment):
+async def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender, at_payment):
     order_id, _request = at_payment
     commands = queue(rt, "commands")
-    before, ledger = snapshot(rt, order_id), effects(fakes, order_id)
+    before, ledger = await snapshot(rt, order_id), effects(fakes, order_id)
     cancel = SchedulerCommand(
         order_id=order_id,
         command="cancel",
@@ -206,32 +197,30 @@ def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender,
         requested_by="operator:mallory",
     )
     message_id = forge(sender, commands, encode(cancel))
-    on_command(to_function_message(take(reader, commands, message_id)), rt)
-    assert snapshot(rt, order_id) == before
+    await on_command(to_function_message(take(reader, commands, message_id)), rt)
+    assert await snapshot(rt, order_id) == before
     assert effects(fakes, order_id) == ledger
-    assert "mallory" not in json.dumps([t.actor for t in rt.store.get_timeline(order_id)])
+    assert "mallory" not in json.dumps([t.actor for t in await rt.store.get_timeline(order_id)])
     alert = only_alert_for(rt, reader, commands, message_id, "unsigned")
     assert "'SchedulerCommand'" in alert["detail"]
 
 
-def test_an_empty_body_on_an_agent_queue_is_reported(rt, triggers, reader, fakes, sender):
+async def test_an_empty_body_on_an_agent_queue_is_reported(rt, reader, fakes, sender):
     inventory = queue(rt, "inventory")
     message_id = forge(sender, inventory, b"")
     ledger = len(fakes.ledger())
-    triggers.run(
-        on_request(
-            to_function_message(take(reader, inventory, message_id)),
-            AGENT["inventory"],
-            triggers.rt,
-        )
+    await on_request(
+        to_function_message(take(reader, inventory, message_id)),
+        AGENT["inventory"],
+        rt,
     )
     assert len(fakes.ledger()) == ledger
     alert = only_alert_for(rt, reader, inventory, message_id, "unsigned")
     assert "body is empty" in alert["detail"]
 
 
-def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
-    rt, triggers, reader, fakes, sender, at_payment
+async def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
+    rt, reader, fakes, sender, at_payment
 ):
     """The signature covers the queue: the app's own signed request is no use elsewhere."""
     order_id, request = at_payment
@@ -249,75 +238,62 @@ def test_a_genuine_request_replayed_onto_another_agents_queue_is_refused(
             )
         )
     ledger = effects(fakes, order_id)
-    triggers.run(
-        on_request(
-            to_function_message(take(reader, shipping, request.message_id)),
-            AGENT["shipping"],
-            triggers.rt,
-        )
+    await on_request(
+        to_function_message(take(reader, shipping, request.message_id)),
+        AGENT["shipping"],
+        rt,
     )
     assert effects(fakes, order_id) == ledger
     only_alert_for(rt, reader, shipping, request.message_id, "bad_signature")
 
 
-def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader, fakes):
+async def test_key_rotation_accepts_both_keys_then_refuses_the_retired_one(env, reader, fakes):
     """Instances mid-rotation hold [new, old]; one still on [old] and one already on [new]."""
     old, new = new_key_text("old"), new_key_text("new")
-    on_old = make_runtime(env | {SIGNING_KEYS_SETTING: old}, "old")
-    rotating = make_runtime(env | {SIGNING_KEYS_SETTING: f"{new},{old}"}, "rotating")
-    on_new = make_runtime(env | {SIGNING_KEYS_SETTING: new}, "new")
-    rotating_side, on_new_side = AsyncTriggers(rotating), AsyncTriggers(on_new)
+    on_old = await make_runtime(env | {SIGNING_KEYS_SETTING: old}, "old")
+    rotating = await make_runtime(env | {SIGNING_KEYS_SETTING: f"{new},{old}"}, "rotating")
+    on_new = await make_runtime(env | {SIGNING_KEYS_SETTING: new}, "new")
     try:
         order = new_order()
-        handle_submission(encode(order), on_old)  # the request is signed with the old key
+        await handle_submission(encode(order), on_old)  # the request is signed with the old key
         inventory = queue(on_old, "inventory")
         request = take_for(reader, inventory, order.order_id)
         assert (request.application_properties or {})[b"signature"].startswith(b"v1.old.")
-        rotating_side.run(
-            on_request(to_function_message(request), AGENT["inventory"], rotating_side.rt)
-        )
+        await on_request(to_function_message(request), AGENT["inventory"], rotating)
         reply = take_for(reader, queue(on_old, "responses"), order.order_id)
         assert (reply.application_properties or {})[b"signature"].startswith(b"v1.new.")
-        rotating_side.run(on_reply(to_function_message(reply), rotating_side.rt))
-        assert rotating.store.load(order.order_id).current_step == "charge_payment"
+        await on_reply(to_function_message(reply), rotating)
+        assert (await rotating.store.load(order.order_id)).current_step == "charge_payment"
         payment_request = take_for(reader, queue(on_old, "payment"), order.order_id)
         assert (payment_request.application_properties or {})[b"signature"].startswith(b"v1.new.")
 
         responses = queue(on_old, "responses")
         # An instance that holds only the new key accepts the newest signatures (the request
         # is taken at once: its run budget counts from the claim in these tests).
-        on_new_side.run(
-            on_request(to_function_message(payment_request), AGENT["payment"], on_new_side.rt)
-        )
-        on_new_side.run(
-            on_reply(
-                to_function_message(take_for(reader, responses, order.order_id)), on_new_side.rt
-            )
-        )
-        assert on_new.store.load(order.order_id).current_step == "create_shipment"
+        await on_request(to_function_message(payment_request), AGENT["payment"], on_new)
+        await on_reply(to_function_message(take_for(reader, responses, order.order_id)), on_new)
+        assert (await on_new.store.load(order.order_id)).current_step == "create_shipment"
         # ... and refuses by name what an instance still on the retired key signs (another
         # attempt's MessageId: duplicate detection would drop a copy of the genuine reply's).
         stale = Bus(
-            lambda: ServiceBusClient.from_connection_string(env["ServiceBusConnection"]),
+            lambda: AsyncServiceBusClient.from_connection_string(env["ServiceBusConnection"]),
             keyring=on_old.settings.keyring,
         )
         try:
-            stale.send(
+            await stale.send(
                 responses,
                 AgentResponse.model_validate_json(
                     forged_reply(payment_request, outcome="succeeded", attempt=99)
                 ),
             )
         finally:
-            stale.close()
+            await stale.close()
         stale_reply = take_for(reader, responses, order.order_id)
-        before = snapshot(on_new, order.order_id)
-        on_new_side.run(on_reply(to_function_message(stale_reply), on_new_side.rt))
-        assert snapshot(on_new, order.order_id) == before
+        before = await snapshot(on_new, order.order_id)
+        await on_reply(to_function_message(stale_reply), on_new)
+        assert await snapshot(on_new, order.order_id) == before
         only_alert_for(on_new, reader, responses, stale_reply.message_id, "unknown_key")
 
     finally:
-        for side in (rotating_side, on_new_side):
-            side.close()
         for runtime in (on_old, rotating, on_new):
-            runtime.close()
+            await runtime.close()

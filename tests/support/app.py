@@ -4,21 +4,24 @@
 this run's broker, fresh tables in Azurite, the fake remote services' URLs). `QueueReader`
 keeps one receiver per queue for the whole session (opening one costs about a second) and
 takes the next message for a given order, discarding leftovers of earlier tests.
+
+`QueueReader` is the one user of the SDK's sync client: its receivers outlive the event loop
+of each test (one per test), and a test awaits nothing while it reads, so blocking its loop
+then holds nothing up.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
-from core import runtime as runtime_aio
+from core import runtime
 from core.messages import utc_now
 from core.runtime import Runtime, new_instance_id
 from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
@@ -74,55 +77,36 @@ class Clock:
         self.offset += timedelta(seconds=seconds)
 
 
-def make_runtime(env: dict[str, str], role: str = "app", clock: Clock | None = None) -> Runtime:
-    runtime = Runtime.from_settings(
+async def make_runtime(
+    env: dict[str, str], role: str = "app", clock: Clock | None = None
+) -> Runtime:
+    """A Runtime on ``env`` whose tables exist; the caller closes it."""
+    made = Runtime.from_settings(
         Settings.from_env(env),
         instance_id=new_instance_id(role),
         clock=clock or Clock(),
     )
-    runtime.store.ensure_tables()
-    return runtime
+    await made.store.ensure_tables()
+    return made
 
 
-T = TypeVar("T")
+def install_for_host(rt: Runtime, host: LocalHost) -> Runtime:
+    """Make a Runtime like ``rt`` (same settings, instance id and clock) the process's Runtime,
+    for the functions of an in-process ``host``; when the host stops, it is closed on the
+    functions' loop and the previous Runtime put back.
 
-
-class AsyncTriggers:
-    """The async triggers' side of a sync test: an async twin of ``rt`` (same settings,
-    instance id and clock) and one event loop kept across calls, as the Functions worker keeps
-    one (the twin's clients belong to it)."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self._runner = asyncio.Runner()
-        self.rt = runtime_aio.Runtime.from_settings(
-            rt.settings, instance_id=rt.instance_id, clock=rt.clock
-        )
-
-    def run(self, call: Coroutine[Any, Any, T]) -> T:
-        return self._runner.run(call)
-
-    def close(self) -> None:
-        try:
-            self._runner.run(self.rt.close())
-        finally:
-            self._runner.close()
-
-
-def install_async_twin(rt: Runtime, host: LocalHost) -> runtime_aio.Runtime:
-    """Make the async twin of ``rt`` the process's async Runtime, for the async functions of an
-    in-process ``host`` (the hot path's triggers); when the host stops, the twin is closed on
-    the functions' loop and the previous async Runtime put back."""
-    twin = runtime_aio.Runtime.from_settings(
-        rt.settings, instance_id=rt.instance_id, clock=rt.clock
-    )
-    previous = runtime_aio.install(twin)
+    The host runs its functions on an event loop of its own, and a Runtime's clients belong to
+    the loop that opened them, so the functions cannot share the test's ``rt``.
+    """
+    hosted = Runtime.from_settings(rt.settings, instance_id=rt.instance_id, clock=rt.clock)
+    previous = runtime.install(hosted)
 
     async def close() -> None:
-        runtime_aio.install(previous)
-        await twin.close()
+        runtime.install(previous)
+        await hosted.close()
 
     host.at_stop(close)
-    return twin
+    return hosted
 
 
 def _order_of(message: ServiceBusReceivedMessage) -> object:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -51,16 +51,16 @@ def take_request(rt: Runtime, reader: QueueReader, order_id: str, service: str) 
     return json.loads(reader.expect(queue(rt, service), order_id))
 
 
-def run_agent_step(rt: Runtime, reader: QueueReader, order_id: str, service: str) -> dict:
+async def run_agent_step(rt: Runtime, reader: QueueReader, order_id: str, service: str) -> dict:
     """Deliver the next request of ``service`` to its agent and the reply to the Scheduler."""
     request = reader.expect(queue(rt, service), order_id)
-    handle_request(request, service, rt)
-    handle_response(reader.expect(queue(rt, "responses"), order_id), rt)
+    await handle_request(request, service, rt)
+    await handle_response(reader.expect(queue(rt, "responses"), order_id), rt)
     return json.loads(request)
 
 
-def run_command(rt: Runtime, reader: QueueReader, order_id: str) -> None:
-    handle_command(reader.expect(queue(rt, "commands"), order_id), rt)
+async def run_command(rt: Runtime, reader: QueueReader, order_id: str) -> None:
+    await handle_command(reader.expect(queue(rt, "commands"), order_id), rt)
 
 
 def effects(fakes: FakeServices, order_id: str) -> list[tuple[str, str, str]]:
@@ -112,7 +112,7 @@ class CrashingBus:
         self.inner = inner
         self.fuse = fuse
 
-    def send(
+    async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
         if self.fuse.left is not None:
@@ -120,10 +120,10 @@ class CrashingBus:
                 self.fuse.refused += 1
                 raise SendFailed(f"crashed before sending {type(message).__name__} to {queue}")
             self.fuse.left -= 1
-        self.inner.send(queue, message, scheduled_at=scheduled_at)
+        await self.inner.send(queue, message, scheduled_at=scheduled_at)
 
-    def close(self) -> None:
-        self.inner.close()
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 class Stage:
@@ -245,43 +245,45 @@ class Stage:
 
     # ---------------------------------------------------------------------------- handlers
 
-    def submit(self, order: OrderSubmitted) -> None:
-        handle_submission(encode(order), self.rt)
+    async def submit(self, order: OrderSubmitted) -> None:
+        await handle_submission(encode(order), self.rt)
 
     def request(self, service: str, order_id: str) -> bytes:
         """Take ``service``'s next request for the order off its queue (not delivered yet)."""
         return self.expect(service, order_id)
 
-    def agent(self, request: bytes, service: str) -> None:
-        handle_request(request, service, self.rt)
+    async def agent(self, request: bytes, service: str) -> None:
+        await handle_request(request, service, self.rt)
 
-    def reply(self, order_id: str) -> bytes:
+    async def reply(self, order_id: str) -> bytes:
         """Deliver the next agent reply about the order to the Scheduler; returns it."""
         body = self.expect("responses", order_id)
-        handle_response(body, self.rt)
+        await handle_response(body, self.rt)
         return body
 
-    def step(self, service: str, order_id: str) -> dict:
+    async def step(self, service: str, order_id: str) -> dict:
         """``service``'s next request to its agent, and the agent's reply to the Scheduler."""
         request = self.request(service, order_id)
-        self.agent(request, service)
-        self.reply(order_id)
+        await self.agent(request, service)
+        await self.reply(order_id)
         return json.loads(request)
 
-    def command(self, body: bytes) -> None:
-        handle_command(body, self.rt)
+    async def command(self, body: bytes) -> None:
+        await handle_command(body, self.rt)
 
-    def tick(self) -> TickReport:
-        return run_tick(self.rt)
+    async def tick(self) -> TickReport:
+        return await run_tick(self.rt)
 
-    def crash(self, action: Callable[[], object], *, after: int, raises: bool = True) -> None:
+    async def crash(
+        self, action: Callable[[], Awaitable[object]], *, after: int, raises: bool = True
+    ) -> None:
         """Run ``action`` with every send after the first ``after`` failing: the process dies
         between its write and its sends. A handler must raise (so that its message comes
         again); the Supervisor's tick (``raises=False``) may log the failure and go on."""
         self.fuse.left, self.fuse.refused = after, 0
         raised = False
         try:
-            action()
+            await action()
         except SendFailed:
             raised = True
         finally:

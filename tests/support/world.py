@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -164,12 +165,14 @@ class World:
             self.pending.append(Envelope(sent.queue, sent.message, due))
         self._seen = len(self.bus.sent)
 
-    def run(self, action, crash_after: int | None = None) -> bool:  # type: ignore[no-untyped-def]
+    async def run(
+        self, action: Callable[[], Awaitable[object]], crash_after: int | None = None
+    ) -> bool:
         """Run a handler; with ``crash_after``, every send after that many fails (a crash).
         True if it ran to the end."""
         self.bus.fail_after = crash_after
         try:
-            action()
+            await action()
             return True
         except SendFailed:
             self.crashes += 1
@@ -188,7 +191,7 @@ class World:
 
     # ---------------------------------------------------------------------------- events
 
-    def submit(self, order_id: str, *, reply_to: str | None = REPLY_QUEUE, crash_after=None):  # type: ignore[no-untyped-def]
+    async def submit(self, order_id: str, *, reply_to: str | None = REPLY_QUEUE, crash_after=None):  # type: ignore[no-untyped-def]
         order = self.submissions.get(order_id) or OrderSubmitted(
             order_id=order_id,
             customer_id="customer-1",
@@ -198,39 +201,39 @@ class World:
             submitted_at=self.now,
         )
         self.submissions[order_id] = order
-        return self.run(lambda: handle_submission(encode(order), self.rt), crash_after)
+        return await self.run(lambda: handle_submission(encode(order), self.rt), crash_after)
 
-    def deliver(self, envelope: Envelope, fault: Fault = "ok", crash_after=None, keep=False):  # type: ignore[no-untyped-def]
+    async def deliver(self, envelope: Envelope, fault: Fault = "ok", crash_after=None, keep=False):  # type: ignore[no-untyped-def]
         """Deliver one message; it stays queued if the handler crashed (or ``keep``)."""
         body = encode(envelope.message)
         if envelope.queue in AGENT_QUEUES:
-            done = self.run(lambda: self._agent(envelope.message, fault), None)  # type: ignore[arg-type]
+            done = await self.run(lambda: self._agent(envelope.message, fault), None)  # type: ignore[arg-type]
         elif envelope.queue == QUEUES["responses"]:
-            done = self.run(lambda: handle_response(body, self.rt), crash_after)
+            done = await self.run(lambda: handle_response(body, self.rt), crash_after)
             if done:
                 self.consumed.append(envelope.message)  # type: ignore[arg-type]
         elif envelope.queue == QUEUES["commands"]:
-            done = self.run(lambda: handle_command(body, self.rt), crash_after)
+            done = await self.run(lambda: handle_command(body, self.rt), crash_after)
         else:
             raise AssertionError(f"nothing consumes {envelope.queue}")
         if done and not keep:
             self.pending.remove(envelope)
 
-    def land_late(self, index: int) -> None:
+    async def land_late(self, index: int) -> None:
         request = self.parked.pop(index % len(self.parked))
-        self.run(lambda: self._answer(request, decline=False), None)
+        await self.run(lambda: self._answer(request, decline=False), None)
 
-    def tick(self, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
-        return self.run(lambda: run_tick(self.rt), crash_after)
+    async def tick(self, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return await self.run(lambda: run_tick(self.rt), crash_after)
 
-    def cancel(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
-        return self.run(
+    async def cancel(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return await self.run(
             lambda: control.cancel(self.rt, order_id, actor="operator:alice", reason="test"),
             crash_after,
         )
 
-    def resubmit(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
-        return self.run(
+    async def resubmit(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return await self.run(
             lambda: control.resubmit(self.rt, order_id, actor="operator:alice", reason="test"),
             crash_after,
         )
@@ -240,7 +243,7 @@ class World:
 
     # ------------------------------------------------------------------------------ agent
 
-    def _agent(self, request: AgentRequest, fault: Fault) -> None:
+    async def _agent(self, request: AgentRequest, fault: Fault) -> None:
         if request.complete_by <= self.now:
             return  # the pattern's rule: past complete-by the agent sends nothing
         if fault == "lost_before":
@@ -249,19 +252,19 @@ class World:
             self.parked.append(request)
             return
         if fault in ("transient", "deferred"):
-            self._reply(request, fault)
+            await self._reply(request, fault)
             return
         outcome, code = self.services.call(request, decline=fault == "decline")
         if fault == "timed_out":  # it took effect, but the run budget ran out before the answer
-            self._reply(request, "transient", "timed_out")
+            await self._reply(request, "transient", "timed_out")
         elif fault != "lost_after":
-            self._reply(request, outcome, code)
+            await self._reply(request, outcome, code)
 
-    def _answer(self, request: AgentRequest, decline: bool) -> None:
+    async def _answer(self, request: AgentRequest, decline: bool) -> None:
         outcome, code = self.services.call(request, decline=decline)
-        self._reply(request, outcome, code)
+        await self._reply(request, outcome, code)
 
-    def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
+    async def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
         fields: dict[str, object] = {}
         if outcome == "transient":
             fields = {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
@@ -280,24 +283,24 @@ class World:
             responded_at=self.now,
             **fields,  # type: ignore[arg-type]
         )
-        self.bus.send(QUEUES["responses"], response)
+        await self.bus.send(QUEUES["responses"], response)
 
     # ----------------------------------------------------------------------------- drain
 
-    def drain(self, max_rounds: int = 400) -> None:
+    async def drain(self, max_rounds: int = 400) -> None:
         """Let everything finish without faults: deliver, land what hangs, tick, let time go."""
         for _ in range(max_rounds):
             while self.parked:
-                self.land_late(0)
+                await self.land_late(0)
             ready = [e for e in self.pending if e.due <= self.now and e.queue != REPLY_QUEUE]
             ready = [e for e in ready if e.queue != QUEUES["alerts"]]
             if ready:
                 for envelope in ready:
-                    self.deliver(envelope)
+                    await self.deliver(envelope)
                 continue
             if self.quiet():
                 return
-            self.tick()
+            await self.tick()
             if not [e for e in self.pending if e.due <= self.now and _consumed(e)]:
                 self.advance(15)
         raise AssertionError(f"not quiet after {max_rounds} rounds: {self.describe()}")
@@ -329,10 +332,10 @@ class World:
             if isinstance(a, OperatorAlert) and a.reason in TERMINAL_ALERT_REASONS
         )
 
-    def error_entries(self, order_id: str) -> int:
+    async def error_entries(self, order_id: str) -> int:
         return sum(
             1
-            for e in self.store.get_timeline(order_id)
+            for e in await self.store.get_timeline(order_id)
             if e.to_state is ProcessState.ERROR and e.from_state is not ProcessState.ERROR
         )
 
@@ -352,13 +355,14 @@ class World:
                     keys.add(message.undoes or message.idempotency_key)
         return keys
 
-    def check_safety(self) -> None:
+    async def check_safety(self) -> None:
         """What must hold after every step, crashes included."""
         alerts = self.terminal_alerts()
         for order in self.store.orders():
-            assert alerts[order.order_id] <= self.error_entries(order.order_id), (
+            entries = await self.error_entries(order.order_id)
+            assert alerts[order.order_id] <= entries, (
                 f"{order.order_id}: {alerts[order.order_id]} terminal alerts for "
-                f"{self.error_entries(order.order_id)} entries into Error"
+                f"{entries} entries into Error"
             )
             sequences = self.statuses(order.order_id)
             assert sequences == list(range(len(sequences))), (
@@ -380,14 +384,14 @@ class World:
         for key, count in self.services.effects.items():
             assert count == 1, f"{key} took effect {count} times"
         for reply in self.consumed:
-            self._check_applied(reply)
+            await self._check_applied(reply)
 
-    def _check_applied(self, reply: AgentResponse) -> None:
+    async def _check_applied(self, reply: AgentResponse) -> None:
         """A definitive answer, once handled, is never thrown away: its step shows it."""
         allowed = ANSWER_STATES.get((reply.operation, reply.outcome, reply.transient))
         if allowed is None:
             return
-        step = self.store.load(reply.order_id).step(reply.step)
+        step = (await self.store.load(reply.order_id)).step(reply.step)
         if step.generation != reply.generation:
             return  # a resubmission started the step again under new keys
         assert step.state in allowed, (
@@ -395,16 +399,16 @@ class World:
             f"{reply.outcome}, but the step is {step.state}"
         )
 
-    def check_final(self) -> None:
+    async def check_final(self) -> None:
         """What must hold once everything has settled."""
-        self.check_safety()
+        await self.check_safety()
         alerts = self.terminal_alerts()
         for order in self.store.orders():
             order_id = order.order_id
             assert order.state.terminal, f"{order_id} stuck in {order.state}"
-            assert alerts[order_id] == self.error_entries(order_id), (
-                f"{order_id}: {alerts[order_id]} terminal alerts for "
-                f"{self.error_entries(order_id)} entries into Error"
+            entries = await self.error_entries(order_id)
+            assert alerts[order_id] == entries, (
+                f"{order_id}: {alerts[order_id]} terminal alerts for {entries} entries into Error"
             )
             assert self.statuses(order_id) == list(range(order.status_seq)), (
                 f"{order_id}: statuses {self.statuses(order_id)} of {order.status_seq}"

@@ -1,38 +1,49 @@
-"""The Agent function's mapping from a remote call's outcome to the AgentResponse it sends.
+"""The Agent function (agent.handler): the AgentResponse it sends for each outcome of the
+remote call, what it sends nothing for, and what it alerts.
 
-The remote service is an httpx.MockTransport and the runtime a stand-in holding only what the
-agent uses; each response sent is encoded and parsed back, so it is a valid message.
+The remote service is an httpx.MockTransport behind an ``httpx.AsyncClient`` and the runtime a
+stand-in holding only what the agent uses of core.runtime.Runtime (it records what the bus
+sends, after encoding it as the real one does); each response sent is encoded and parsed back,
+so it is a valid message.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
-from agent.circuit import BreakerSettings, CircuitBreaker
-from agent.handler import handle_request
-from agent.remote_client import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
+from agent import handler
+from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from agent.handler import handle_request, remote_client
+from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
+from agent.remote_client import RemoteServiceClient
 from core.messages import (
     MAX_MESSAGE_BYTES,
     MAX_RESUME_CHARS,
     AgentRequest,
     AgentResponse,
     MessageBase,
+    MessageTooLarge,
     encode,
     parse_message,
 )
+
+pytestmark = pytest.mark.anyio
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FORWARD_KEY = "o-1:charge_payment:do:1"
 UNDO_KEY = "o-1:charge_payment:undo:1"
 PAYLOAD = {"order_id": "o-1", "amount": 2500, "currency": "EUR"}
+
+Service = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
 
 
 class Clock:
@@ -45,28 +56,37 @@ class Clock:
     def monotonic(self) -> float:
         return (self.current - T0).total_seconds()
 
-    def sleep(self, seconds: float) -> None:
+    def advance(self, seconds: float) -> None:
         self.current += timedelta(seconds=seconds)
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
 
 
 @dataclass
 class Settings:
+    service_urls: dict[str, str] = field(default_factory=dict)
+
     def queue(self, role: str) -> str:
         return f"{role}-queue"
 
 
 @dataclass
 class Bus:
+    """The async bus: records what it sends, after encoding it as the real one does."""
+
     sent: list[tuple[str, MessageBase]] = field(default_factory=list)
 
-    def send(self, queue: str, message: MessageBase) -> None:
+    async def send(self, queue: str, message: MessageBase) -> None:
+        encode(message)  # what the Service Bus adapter refuses: a message over 256 KiB
+        await anyio.lowlevel.checkpoint()
         self.sent.append((queue, message))
 
 
 class Runtime:
     """What handle_request uses of core.runtime.Runtime, and no more."""
 
-    def __init__(self, service: Callable[[httpx.Request], httpx.Response], **breaker: Any):
+    def __init__(self, service: Service, **breaker: Any):
         self.clock_ = Clock()
         self.settings = Settings()
         self.bus = Bus()
@@ -75,40 +95,42 @@ class Runtime:
         self.breaker = CircuitBreaker(
             "payment", BreakerSettings(**breaker), clock=self.clock_.monotonic
         )
-
         self.service = service
+        self.http = httpx.AsyncClient(transport=httpx.MockTransport(self._transport))
+        self.rng = random.Random(1)
+        self.agent_clients: dict[str, RemoteServiceClient] = {
+            "payment": RemoteServiceClient(
+                "payment",
+                "http://payment.test/payment",
+                self.http,
+                self.breaker,
+                policy=RetryPolicy(max_attempts=3, backoff_initial=0.1, backoff_max=0.5),
+                now=self.clock_.now,
+                sleep=self.clock_.sleep,
+                rng=random.Random(1),
+            )
+        }
 
-        def transport(request: httpx.Request) -> httpx.Response:
-            self.requests.append(request)
-            return self.service(request)
-
-        self.client = RemoteServiceClient(
-            "payment",
-            "http://payment.test/payment",
-            httpx.Client(transport=httpx.MockTransport(transport)),
-            self.breaker,
-            policy=RetryPolicy(max_attempts=3, backoff_initial=0.1, backoff_max=0.5),
-            now=self.clock_.now,
-            sleep=self.clock_.sleep,
-            rng=random.Random(1),
-        )
+    async def _transport(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.service(request)
+        if not isinstance(answer, httpx.Response):
+            answer = await answer
+        return answer
 
     def clock(self) -> datetime:
         return self.clock_.now()
 
-    @property
-    def agent_clients(self) -> dict[str, RemoteServiceClient]:
-        return {"payment": self.client}
-
     def actor(self, role: str) -> str:
         return f"{role}:test"
 
-    def alert(self, alert: Any) -> None:
+    async def alert(self, alert: Any) -> None:
+        await anyio.lowlevel.checkpoint()
         self.alerts.append(alert)
 
-    def handle(self, request: AgentRequest | bytes) -> AgentResponse | None:
+    async def handle(self, request: AgentRequest | bytes) -> AgentResponse | None:
         body = request if isinstance(request, bytes) else encode(request)
-        handle_request(body, "payment", self)  # type: ignore[arg-type]
+        await handle_request(body, "payment", self)  # type: ignore[arg-type]
         if not self.bus.sent:
             return None
         [(queue, response)] = self.bus.sent
@@ -139,13 +161,34 @@ def answer(status: int, body: dict[str, Any]) -> Callable[[httpx.Request], httpx
     return lambda _request: httpx.Response(status, json=body)
 
 
-def refusal(status: int, code: str, message: str = "no") -> dict[str, Any]:
+def refusal(code: str, message: str = "no") -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-def test_a_forward_success_answers_succeeded_with_its_key_and_result() -> None:
+def slow(rt: Runtime, seconds: float) -> Callable[[httpx.Request], httpx.Response]:
+    """A service that answers 503 after ``seconds`` (of the test's clock)."""
+
+    def service(_request: httpx.Request) -> httpx.Response:
+        rt.clock_.advance(seconds)
+        return httpx.Response(503, json=refusal("unavailable"))
+
+    return service
+
+
+# -- answered ---------------------------------------------------------------------------------
+
+
+async def test_handle_request_is_a_coroutine_function() -> None:
+    rt = Runtime(answer(200, {}))
+    pending = handle_request(encode(request()), "payment", rt)  # type: ignore[arg-type]
+    assert isinstance(pending, Awaitable) and rt.requests == []  # nothing runs until awaited
+    await pending
+    assert len(rt.bus.sent) == 1
+
+
+async def test_a_forward_success_answers_succeeded_with_its_key_and_result() -> None:
     rt = Runtime(answer(200, {"charge_id": "ch-1", "status": "captured"}))
-    response = rt.handle(request("do"))
+    response = await rt.handle(request("do"))
     assert response is not None
     assert (response.outcome, response.idempotency_key) == ("succeeded", FORWARD_KEY)
     assert (response.order_id, response.step, response.operation, response.attempt) == (
@@ -161,10 +204,31 @@ def test_a_forward_success_answers_succeeded_with_its_key_and_result() -> None:
     assert sent.headers["Idempotency-Key"] == FORWARD_KEY
 
 
-def test_an_undo_sends_undoes_and_maps_nothing_to_undo() -> None:
+async def test_a_replayed_request_answers_the_same_with_the_same_key() -> None:
+    """A redelivered request is sent again under the same Idempotency-Key; the service's
+    stored answer comes back and the agent reports it again, unchanged."""
+    applied: dict[str, dict[str, Any]] = {}
+
+    def idempotent(request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        applied.setdefault(key, {"charge_id": f"ch-{len(applied) + 1}"})
+        return httpx.Response(200, json=applied[key])
+
+    rt = Runtime(idempotent)
+    first = await rt.handle(request("do"))
+    rt.bus.sent.clear()
+    again = await rt.handle(request("do"))
+    assert first is not None and again is not None
+    assert first.model_dump(exclude={"responded_at"}) == again.model_dump(exclude={"responded_at"})
+    assert first.result == {"charge_id": "ch-1"}
+    assert len(applied) == 1
+    assert [r.headers["Idempotency-Key"] for r in rt.requests] == [FORWARD_KEY, FORWARD_KEY]
+
+
+async def test_an_undo_sends_undoes_and_maps_nothing_to_undo() -> None:
     body = {"order_id": "o-1", "status": "nothing_to_undo", "undoes": FORWARD_KEY}
     rt = Runtime(answer(200, body))
-    response = rt.handle(request("undo"))
+    response = await rt.handle(request("undo"))
     assert response is not None
     assert (response.outcome, response.idempotency_key) == ("nothing_to_undo", UNDO_KEY)
     assert response.operation == "undo" and response.result == body
@@ -174,9 +238,9 @@ def test_an_undo_sends_undoes_and_maps_nothing_to_undo() -> None:
     assert json.loads(sent.content) == {**PAYLOAD, "undoes": FORWARD_KEY}
 
 
-def test_an_undo_that_undid_answers_succeeded() -> None:
+async def test_an_undo_that_undid_answers_succeeded() -> None:
     body = {"refund_id": "rf-1", "status": "refunded", "undoes": FORWARD_KEY}
-    response = Runtime(answer(200, body)).handle(request("undo"))
+    response = await Runtime(answer(200, body)).handle(request("undo"))
     assert response is not None
     assert (response.outcome, response.idempotency_key, response.result) == (
         "succeeded",
@@ -185,10 +249,10 @@ def test_an_undo_that_undid_answers_succeeded() -> None:
     )
 
 
-def test_undone_before_applied_is_a_non_transient_failure() -> None:
+async def test_undone_before_applied_is_a_non_transient_failure() -> None:
     message = "this key was undone before it was applied; it will never take effect"
-    rt = Runtime(answer(409, refusal(409, "undone_before_applied", message)))
-    response = rt.handle(request("do"))
+    rt = Runtime(answer(409, refusal("undone_before_applied", message)))
+    response = await rt.handle(request("do"))
     assert response is not None
     assert (response.outcome, response.transient) == ("failed", False)
     assert (response.error_code, response.error_message) == ("undone_before_applied", message)
@@ -196,9 +260,24 @@ def test_undone_before_applied_is_a_non_transient_failure() -> None:
     assert len(rt.requests) == 1  # a refusal is not retried
 
 
-def test_exhausted_retries_are_a_transient_failure() -> None:
-    rt = Runtime(answer(503, refusal(503, "unavailable")), failure_threshold=100)
-    response = rt.handle(request("do"))
+async def test_transient_errors_are_retried_then_succeed() -> None:
+    answers = iter([503, 502, 200])
+
+    def flaky(_request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        if status == 200:
+            return httpx.Response(200, json={"charge_id": "ch-3"})
+        return httpx.Response(status, json=refusal("unavailable"))
+
+    rt = Runtime(flaky, failure_threshold=100)
+    response = await rt.handle(request("do"))
+    assert response is not None and response.outcome == "succeeded"
+    assert response.result == {"charge_id": "ch-3"} and len(rt.requests) == 3
+
+
+async def test_exhausted_retries_are_a_transient_failure() -> None:
+    rt = Runtime(answer(503, refusal("unavailable")), failure_threshold=100)
+    response = await rt.handle(request("do"))
     assert response is not None
     assert (response.outcome, response.transient, response.error_code) == (
         "failed",
@@ -208,12 +287,28 @@ def test_exhausted_retries_are_a_transient_failure() -> None:
     assert len(rt.requests) == 3
 
 
-def test_an_open_circuit_answers_deferred_with_the_next_trial_time() -> None:
+async def test_a_429_waits_its_retry_after_then_succeeds() -> None:
+    answers = iter(
+        [
+            httpx.Response(429, json=refusal("slow_down"), headers={"Retry-After": "2"}),
+            httpx.Response(200, json={"charge_id": "ch-1"}),
+        ]
+    )
+    rt = Runtime(lambda _request: next(answers))
+    response = await rt.handle(request("do"))
+    assert response is not None and response.outcome == "succeeded"
+    assert rt.clock() == T0 + timedelta(seconds=2)  # the server's wait, not the backoff's
+
+
+# -- the circuit ------------------------------------------------------------------------------
+
+
+async def test_an_open_circuit_answers_deferred_with_the_next_trial_time() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()  # another call opened the circuit ...
-    rt.clock_.sleep(5.0)  # ... five seconds ago
-    response = rt.handle(request("undo"))
+    rt.clock_.advance(5.0)  # ... five seconds ago
+    response = await rt.handle(request("undo"))
     assert response is not None
     assert (response.outcome, response.idempotency_key) == ("deferred", UNDO_KEY)
     assert response.retry_at == T0 + timedelta(seconds=20.0)
@@ -221,55 +316,48 @@ def test_an_open_circuit_answers_deferred_with_the_next_trial_time() -> None:
     assert rt.requests == []  # nothing was attempted
 
 
-def test_a_circuit_opening_during_the_retries_answers_deferred() -> None:
-    rt = Runtime(answer(503, refusal(503, "unavailable")), failure_threshold=2, reset_timeout=9.0)
-    response = rt.handle(request("do"))
+async def test_a_circuit_opening_during_the_retries_answers_deferred() -> None:
+    rt = Runtime(answer(503, refusal("unavailable")), failure_threshold=2, reset_timeout=9.0)
+    response = await rt.handle(request("do"))
     assert response is not None
     assert response.outcome == "deferred"
     assert len(rt.requests) == 2  # the second failure opened it: no third attempt
     assert response.retry_at == rt.clock() + timedelta(seconds=9.0)
 
 
-def test_a_deferral_is_never_sooner_than_the_minimum() -> None:
+async def test_a_deferral_is_never_sooner_than_the_minimum() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=1.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()
-    rt.clock_.sleep(1.0)
+    rt.clock_.advance(1.0)
     assert rt.breaker.acquire()  # half-open: another call holds the one trial
-    response = rt.handle(request("do"))
+    response = await rt.handle(request("do"))
     assert response is not None and response.outcome == "deferred"
     assert response.retry_at == rt.clock() + timedelta(seconds=MIN_DEFER_SECONDS)
 
 
-def test_past_complete_by_nothing_is_called_or_sent() -> None:
+# -- time: complete-by and the run budget -----------------------------------------------------
+
+
+async def test_past_complete_by_nothing_is_called_or_sent() -> None:
     rt = Runtime(answer(200, {}))
-    rt.clock_.sleep(31.0)
-    assert rt.handle(request("do", budget=30.0)) is None
+    rt.clock_.advance(31.0)
+    assert await rt.handle(request("do", budget=30.0)) is None
     assert rt.requests == [] and rt.alerts == []
 
 
-def slow(rt: Runtime, seconds: float) -> Callable[[httpx.Request], httpx.Response]:
-    """A service that answers 503 after ``seconds`` (of the test's clock)."""
-
-    def service(_request: httpx.Request) -> httpx.Response:
-        rt.clock_.sleep(seconds)
-        return httpx.Response(503, json=refusal(503, "unavailable"))
-
-    return service
-
-
-def test_a_request_that_waited_in_the_queue_still_gets_its_whole_run_budget() -> None:
+async def test_a_request_that_waited_in_the_queue_still_gets_its_whole_run_budget() -> None:
     rt = Runtime(answer(200, {"charge_id": "ch-1"}))
-    rt.clock_.sleep(50.0)  # picked up 50 s after the claim: within the queue budget
-    response = rt.handle(request("do", budget=90.0, run_budget=30.0))
+    rt.clock_.advance(50.0)  # picked up 50 s after the claim: within the queue budget
+    response = await rt.handle(request("do", budget=90.0, run_budget=30.0))
     assert response is not None and response.outcome == "succeeded"
 
 
-def test_a_call_past_its_run_budget_reports_a_transient_timeout_at_once() -> None:
+async def test_a_hang_stopped_by_the_run_budget_reports_a_transient_timeout_at_once() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    rt.clock_.sleep(50.0)  # picked up at +50 s: its call may run until +65 s, not until +90 s
-    response = rt.handle(request("do", budget=90.0, run_budget=15.0))
+    rt.clock_.advance(50.0)  # picked up at +50 s: its call may run until +65 s, not +90 s
+    response = await rt.handle(request("do", budget=90.0, run_budget=15.0))
     assert response is not None
     assert (response.outcome, response.transient, response.error_code) == (
         "failed",
@@ -280,28 +368,45 @@ def test_a_call_past_its_run_budget_reports_a_transient_timeout_at_once() -> Non
     assert len(rt.requests) == 2  # the second attempt ran out of the run budget
 
 
-def test_a_call_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
+async def test_a_hang_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    rt.clock_.sleep(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
-    assert rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
+    rt.clock_.advance(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
+    assert await rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
     assert rt.requests  # it did try
+    assert rt.alerts == []
 
 
-def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
+async def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    assert rt.handle(request("do", budget=15.0, run_budget=None)) is None
+    assert await rt.handle(request("do", budget=15.0, run_budget=None)) is None
     assert len(rt.requests) == 2
 
 
-def test_a_malformed_request_is_alerted_not_answered() -> None:
+# -- malformed --------------------------------------------------------------------------------
+
+
+async def test_a_malformed_request_is_alerted_not_answered() -> None:
     rt = Runtime(answer(200, {}))
     bad = json.loads(encode(request("undo")))
     del bad["undoes"]  # an undo must name the forward key
-    assert rt.handle(json.dumps(bad).encode()) is None
+    assert await rt.handle(json.dumps(bad).encode()) is None
     [alert] = rt.alerts
     assert alert.reason == "bad_message" and "undoes" in alert.detail
+    assert alert.source == "agent-payment:test"
+    assert rt.requests == []
+
+
+async def test_a_request_no_call_could_carry_out_is_alerted_not_answered() -> None:
+    rt = Runtime(answer(200, {}))
+    contradictory = request("undo").model_copy(
+        update={"payload": {**PAYLOAD, "undoes": "o-1:some-other-key"}}
+    )
+    assert await rt.handle(contradictory) is None
+    [alert] = rt.alerts
+    assert (alert.reason, alert.order_id, alert.severity) == ("bad_agent_request", "o-1", "error")
+    assert "payment cannot carry out refund" in alert.detail
     assert rt.requests == []
 
 
@@ -309,11 +414,13 @@ def test_a_malformed_request_is_alerted_not_answered() -> None:
     ("code", "expected"),
     [("card declined!", "card_declined"), ("___", "remote_error"), ("x" * 80, "x" * 64)],
 )
-def test_an_unusual_error_code_still_makes_a_valid_response(code: str, expected: str) -> None:
-    rt = Runtime(answer(402, refusal(402, code)))
-    response = rt.handle(request("do"))
+async def test_an_unusual_error_code_still_makes_a_valid_response(code: str, expected: str) -> None:
+    rt = Runtime(answer(402, refusal(code)))
+    response = await rt.handle(request("do"))
     assert response is not None and response.error_code == expected
 
+
+# -- the reply --------------------------------------------------------------------------------
 
 SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
 
@@ -327,51 +434,101 @@ SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
             "undo",
             "nothing_to_undo",
         ),
-        (answer(402, refusal(402, "card_declined")), "do", "failed"),
-        (answer(503, refusal(503, "unavailable")), "do", "failed"),
+        (answer(402, refusal("card_declined")), "do", "failed"),
+        (answer(503, refusal("unavailable")), "do", "failed"),
     ],
 )
-def test_every_answer_echoes_the_requests_snapshot_unread(
+async def test_every_answer_echoes_the_requests_snapshot_unread(
     service: Callable[[httpx.Request], httpx.Response], operation: str, outcome: str
 ) -> None:
     """The snapshot is the Scheduler's (core.resume): the agent passes it back as it came and
     never sends it to the remote service."""
     rt = Runtime(service, failure_threshold=100)
     carrying = request(operation).model_copy(update={"resume": SNAPSHOT})
-    response = rt.handle(carrying)
+    response = await rt.handle(carrying)
     assert response is not None and response.outcome == outcome
     assert response.resume == SNAPSHOT
     assert all(SNAPSHOT.encode() not in sent.content for sent in rt.requests)
 
 
-def test_a_deferral_echoes_the_snapshot_too() -> None:
+async def test_a_deferral_echoes_the_snapshot_too() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()
-    response = rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
+    response = await rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
     assert response is not None and (response.outcome, response.resume) == ("deferred", SNAPSHOT)
 
 
-def test_a_request_without_a_snapshot_is_answered_without_one() -> None:
-    response = Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
+async def test_a_request_without_a_snapshot_is_answered_without_one() -> None:
+    response = await Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
     assert response is not None and response.resume is None
 
 
-@dataclass
-class EncodingBus(Bus):
-    """Refuses what the Service Bus adapter would refuse: a message over 256 KiB."""
-
-    def send(self, queue: str, message: MessageBase) -> None:
-        encode(message)
-        super().send(queue, message)
-
-
-def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
+async def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
     """The snapshot only spares the Scheduler a read; the answer itself must get through."""
     result = {"blob": "x" * (MAX_MESSAGE_BYTES - MAX_RESUME_CHARS // 2)}
     rt = Runtime(answer(200, result))
-    rt.bus = EncodingBus()
     big = "r1." + "A" * (MAX_RESUME_CHARS - 3)
-    response = rt.handle(request("do").model_copy(update={"resume": big}))
+    response = await rt.handle(request("do").model_copy(update={"resume": big}))
     assert response is not None
     assert (response.outcome, response.resume, response.result) == ("succeeded", None, result)
+
+
+async def test_an_answer_too_large_without_a_snapshot_is_not_swallowed() -> None:
+    result = {"blob": "x" * MAX_MESSAGE_BYTES}
+    rt = Runtime(answer(200, result))
+    with pytest.raises(MessageTooLarge):
+        await rt.handle(request("do"))
+    assert rt.bus.sent == []
+
+
+async def test_a_failed_send_fails_the_invocation_so_the_request_is_redelivered() -> None:
+    class Unreachable(Exception):
+        pass
+
+    class FailingBus(Bus):
+        async def send(self, queue: str, message: MessageBase) -> None:
+            raise Unreachable("the broker is away")
+
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    rt.bus = FailingBus()
+    with pytest.raises(Unreachable):
+        await rt.handle(request("do"))
+    assert len(rt.requests) == 1  # the call was made; its retry is safe under the same key
+
+
+# -- on one event loop ------------------------------------------------------------------------
+
+
+async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() -> None:
+    release = anyio.Event()
+    entered = anyio.Event()
+
+    async def service(request: httpx.Request) -> httpx.Response:
+        if request.headers["Idempotency-Key"] == FORWARD_KEY:
+            entered.set()
+            await release.wait()
+        return httpx.Response(200, json={"ok": True})
+
+    rt = Runtime(service)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(handle_request, encode(request("do")), "payment", rt)
+            await entered.wait()
+            await handle_request(encode(request("undo")), "payment", rt)  # type: ignore[arg-type]
+            assert [m.idempotency_key for _, m in rt.bus.sent] == [UNDO_KEY]  # type: ignore[attr-defined]
+            release.set()
+    assert [m.idempotency_key for _, m in rt.bus.sent] == [UNDO_KEY, FORWARD_KEY]  # type: ignore[attr-defined]
+
+
+def test_the_client_of_a_service_is_built_once_on_the_runtimes_http_client() -> None:
+    service = "payment-handler-test"
+    rt = Runtime(answer(200, {}))
+    rt.settings.service_urls[service] = "http://svc.test/x"
+    rt.agent_clients.clear()
+    client = remote_client(rt, service)  # type: ignore[arg-type]
+    assert isinstance(client, RemoteServiceClient)
+    assert client._http is rt.http and client.breaker is breaker_for(service)
+    assert remote_client(rt, service) is client  # type: ignore[arg-type]
+    assert rt.agent_clients == {service: client}
+    assert handler.RemoteServiceClient is RemoteServiceClient

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import re
@@ -31,6 +32,19 @@ def bindings() -> dict[str, list[dict]]:
         f.get_function_name(): json.loads(f.get_function_json())["bindings"]
         for f in module.app.get_functions()
     }
+
+
+def test_every_function_is_a_coroutine_function():
+    """The app is async end to end: the worker awaits each function on its event loop, where the
+    app's clients live (a sync function would run on the worker's thread pool, with none)."""
+    sys.modules.pop("function_app", None)
+    module = importlib.import_module("function_app")
+    sync = [
+        f.get_function_name()
+        for f in module.app.get_functions()
+        if not inspect.iscoroutinefunction(f.get_user_function())
+    ]
+    assert sync == []
 
 
 def setting_of(value: str) -> str:

@@ -1,8 +1,8 @@
-"""core.http_transport.PooledTransport and core.http_transport.PooledAsyncTransport under
-httpx's clients, against a real local HTTP/1.1 server (a thread per connection): a JSON answer,
-the headers sent once each, the Idempotency-Key, kept-alive reuse, Retry-After, gzip decoded by
-the client, timeouts, a refused connection, an oversized answer, a kept-alive connection closed
-as it was taken, and which transport the Runtime's ``http`` client gets."""
+"""core.http_transport.PooledAsyncTransport under httpx's client, against a real local HTTP/1.1
+server (a thread per connection): a JSON answer, the headers sent once each, the
+Idempotency-Key, kept-alive reuse, Retry-After, gzip decoded by the client, timeouts, a refused
+connection, an oversized answer, a kept-alive connection closed as it was taken, and which
+transport the Runtime's ``http`` client gets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-import core.runtime
-from core import httpx_exchange
-from core import runtime as aio_runtime
-from core.http_transport import PooledAsyncTransport, PooledTransport
+from core import httpx_exchange, runtime
+from core.http_transport import PooledAsyncTransport
 from core.settings import Settings
-from tests.unit.test_runtime_aio import app_env
+from tests.unit.test_runtime import app_env
+
+pytestmark = pytest.mark.anyio
 
 
 @dataclass
@@ -116,20 +116,19 @@ def names(headers: list[tuple[str, str]]) -> list[str]:
 KEY = {"Idempotency-Key": "k-1"}
 
 
-# --- sync -------------------------------------------------------------------------------------
-
-
 @pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(transport=PooledTransport(max_body_bytes=1000), timeout=2.0) as c:
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        transport=PooledAsyncTransport(max_body_bytes=1000), timeout=2.0
+    ) as c:
         yield c
 
 
-def test_a_json_post_is_answered_and_its_headers_are_sent_once(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_a_json_post_is_answered_and_its_headers_are_sent_once(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, seen = server
-    answer = client.post(f"{url}/op?x=1%202", json={"a": 1}, headers=KEY)
+    answer = await client.post(f"{url}/op?x=1%202", json={"a": 1}, headers=KEY)
     assert answer.status_code == 200 and answer.reason_phrase == "OK"
     assert answer.http_version == "HTTP/1.1"
     assert answer.json() == {"path": "/op?x=1%202", "method": "POST", "body": '{"a":1}'}
@@ -144,76 +143,80 @@ def test_a_json_post_is_answered_and_its_headers_are_sent_once(
     assert dict(headers)["Content-Length"] == str(len(body))
 
 
-def test_connections_are_kept_alive_and_reused(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_connections_are_kept_alive_and_reused(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, seen = server
     for i in range(5):
-        assert client.post(f"{url}/op", content=b"", headers=KEY).status_code == 200, i
-    assert client.get(f"{url}/get").json()["method"] == "GET"
+        assert (await client.post(f"{url}/op", content=b"", headers=KEY)).status_code == 200, i
+    assert (await client.get(f"{url}/get")).json()["method"] == "GET"
     assert seen.connections == 1 and len(seen.requests) == 6
     assert dict(seen.requests[0][2])["Content-Length"] == "0"  # a POST without a body says 0
 
 
-def test_retry_after_is_visible_and_gzip_is_decoded(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_retry_after_is_visible_and_gzip_is_decoded(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, _ = server
-    busy = client.post(f"{url}/busy", json={}, headers=KEY)
+    busy = await client.post(f"{url}/busy", json={}, headers=KEY)
     assert busy.status_code == 503 and busy.headers["Retry-After"] == "7"
     assert busy.json() == {"error": "busy"}
-    assert client.get(f"{url}/gzip").json() == {"zipped": True}
-    with client.stream("POST", f"{url}/op", json={"s": 1}) as streamed:
-        assert b"".join(streamed.iter_bytes())  # as the remote client reads it
+    assert (await client.get(f"{url}/gzip")).json() == {"zipped": True}
+    async with client.stream("POST", f"{url}/op", json={"s": 1}) as streamed:
+        assert b"".join([chunk async for chunk in streamed.aiter_bytes()])  # as the agent reads
 
 
-def test_no_answer_in_time_is_a_read_timeout(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_no_answer_in_time_is_a_read_timeout(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, _ = server
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout, match="read timeout"):
-        client.post(f"{url}/slow", json={}, headers=KEY, timeout=0.2)
+        await client.post(f"{url}/slow", json={}, headers=KEY, timeout=0.2)
     assert time.monotonic() - started < 0.9
-    assert client.post(f"{url}/op", json={}).status_code == 200  # a new connection serves on
+    assert (await client.post(f"{url}/op", json={})).status_code == 200  # a new connection
 
 
-def test_a_refused_connection_is_a_connect_error(client: httpx.Client, refused_url: str) -> None:
+async def test_a_refused_connection_is_a_connect_error(
+    client: httpx.AsyncClient, refused_url: str
+) -> None:
     with pytest.raises(httpx.ConnectError, match="cannot connect"):
-        client.post(f"{refused_url}/op", json={})
+        await client.post(f"{refused_url}/op", json={})
 
 
-def test_an_oversized_answer_is_refused_and_its_connection_dropped(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_an_oversized_answer_is_refused_and_its_connection_dropped(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, seen = server
     with pytest.raises(httpx.ReadError, match="exceeds 1000 bytes"):
-        client.get(f"{url}/big")
-    assert client.get(f"{url}/get").status_code == 200
+        await client.get(f"{url}/big")
+    assert (await client.get(f"{url}/get")).status_code == 200
     assert seen.connections == 2
 
 
-def test_a_kept_alive_connection_closed_as_taken_is_retried_when_replayable(
-    client: httpx.Client, server: tuple[str, Seen]
+async def test_a_kept_alive_connection_closed_as_taken_is_retried_when_replayable(
+    client: httpx.AsyncClient, server: tuple[str, Seen]
 ) -> None:
     url, seen = server
-    assert client.post(f"{url}/drop-second", json={}, headers=KEY).status_code == 200
-    assert client.post(f"{url}/drop-second", json={}, headers=KEY).status_code == 200
+    assert (await client.post(f"{url}/drop-second", json={}, headers=KEY)).status_code == 200
+    assert (await client.post(f"{url}/drop-second", json={}, headers=KEY)).status_code == 200
     assert seen.connections == 2 and len(seen.requests) == 3
     with pytest.raises(httpx.RemoteProtocolError, match="closed the connection"):
-        client.post(f"{url}/drop-second", json={})  # no Idempotency-Key: not replayed
+        await client.post(f"{url}/drop-second", json={})  # no Idempotency-Key: not replayed
     assert seen.connections == 2 and len(seen.requests) == 4
 
 
-def test_one_pool_per_origin_the_oldest_closed_past_the_bound(server: tuple[str, Seen]) -> None:
+async def test_one_pool_per_origin_the_oldest_closed_past_the_bound(
+    server: tuple[str, Seen],
+) -> None:
     url, _ = server
-    transport = PooledTransport(max_origins=1)
-    with httpx.Client(transport=transport) as c:
-        first = c.get(f"{url}/a").request
+    transport = PooledAsyncTransport(max_origins=1)
+    async with httpx.AsyncClient(transport=transport) as c:
+        first = (await c.get(f"{url}/a")).request
         other = url.replace("127.0.0.1", "localhost")
-        assert c.get(f"{other}/b").status_code == 200
+        assert (await c.get(f"{other}/b")).status_code == 200
         assert list(transport._pools) == [httpx_exchange.origin_key(httpx.URL(other))]
-        assert c.get(f"{url}/c").status_code == 200  # a new pool for the first origin
+        assert (await c.get(f"{url}/c")).status_code == 200  # a new pool for the first origin
         assert httpx_exchange.origin_text(first.url) == url
     assert transport._pools == {}
     with pytest.raises(httpx.UnsupportedProtocol):
@@ -228,20 +231,19 @@ def test_errors_map_every_kind() -> None:
     assert set(httpx_exchange.ERRORS) == set(get_args(Failure))
 
 
-# --- async ------------------------------------------------------------------------------------
+# --- several exchanges on one client -----------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def async_client(**options: Any) -> Any:
+async def pooled_client(**options: Any) -> Any:
     transport = PooledAsyncTransport(max_body_bytes=1000, **options)
     async with httpx.AsyncClient(transport=transport, timeout=2.0) as c:
         yield c
 
 
-@pytest.mark.anyio
-async def test_async_json_post_headers_once_and_keep_alive(server: tuple[str, Seen]) -> None:
+async def test_posts_streams_and_gets_share_one_connection(server: tuple[str, Seen]) -> None:
     url, seen = server
-    async with async_client() as c:
+    async with pooled_client() as c:
         answer = await c.post(f"{url}/op", json={"a": 1}, headers=KEY)
         assert answer.json() == {"path": "/op", "method": "POST", "body": '{"a":1}'}
         for _ in range(3):
@@ -258,12 +260,11 @@ async def test_async_json_post_headers_once_and_keep_alive(server: tuple[str, Se
     assert dict(headers)["Idempotency-Key"] == "k-1"
 
 
-@pytest.mark.anyio
-async def test_async_timeout_refused_and_oversized(
+async def test_a_timeout_a_refusal_and_an_oversized_answer_on_one_client(
     server: tuple[str, Seen], refused_url: str
 ) -> None:
     url, seen = server
-    async with async_client() as c:
+    async with pooled_client() as c:
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout, match="read timeout"):
             await c.post(f"{url}/slow", json={}, headers=KEY, timeout=0.2)
@@ -276,8 +277,7 @@ async def test_async_timeout_refused_and_oversized(
     assert seen.connections == 3  # timed out, oversized: both connections dropped
 
 
-@pytest.mark.anyio
-async def test_async_connect_timeout_is_the_requests(
+async def test_connect_timeout_is_the_requests(
     server: tuple[str, Seen], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _ = server
@@ -287,34 +287,18 @@ async def test_async_connect_timeout_is_the_requests(
         await asyncio.sleep(5)  # a SYN nobody answers
 
     monkeypatch.setattr(loop, "create_connection", unanswered)
-    async with async_client() as c:
+    async with pooled_client() as c:
         started = time.monotonic()
         with pytest.raises(httpx.ConnectTimeout, match=r"cannot connect .* timed out"):
             await c.get(f"{url}/x", timeout=httpx.Timeout(2.0, connect=0.1))
         assert time.monotonic() - started < 1.0
 
 
-def test_connect_timeout_is_the_requests(
-    server: tuple[str, Seen], monkeypatch: pytest.MonkeyPatch
+async def test_a_reused_connection_closed_as_taken_is_replayed_for_a_put(
+    server: tuple[str, Seen],
 ) -> None:
-    url, _ = server
-    given: list[float | None] = []
-
-    def unanswered(address: Any, timeout: float | None = None, **kwargs: Any) -> Any:
-        given.append(timeout)
-        raise TimeoutError("timed out")
-
-    monkeypatch.setattr(socket, "create_connection", unanswered)
-    with httpx.Client(transport=PooledTransport()) as c:
-        with pytest.raises(httpx.ConnectTimeout, match=r"cannot connect .* timed out"):
-            c.get(f"{url}/x", timeout=httpx.Timeout(2.0, connect=0.1))
-    assert given == [0.1]
-
-
-@pytest.mark.anyio
-async def test_async_reused_connection_closed_as_taken(server: tuple[str, Seen]) -> None:
     url, seen = server
-    async with async_client() as c:
+    async with pooled_client() as c:
         assert (await c.put(f"{url}/drop-second", json={})).status_code == 200
         assert (await c.put(f"{url}/drop-second", json={})).status_code == 200  # PUT: replayed
         assert seen.connections == 2 and len(seen.requests) == 3
@@ -323,8 +307,7 @@ async def test_async_reused_connection_closed_as_taken(server: tuple[str, Seen])
     assert seen.connections == 2 and len(seen.requests) == 4
 
 
-@pytest.mark.anyio
-async def test_async_close_closes_the_pools(server: tuple[str, Seen]) -> None:
+async def test_close_closes_the_pools(server: tuple[str, Seen]) -> None:
     url, _ = server
     transport = PooledAsyncTransport()
     async with httpx.AsyncClient(transport=transport) as c:
@@ -336,7 +319,6 @@ async def test_async_close_closes_the_pools(server: tuple[str, Seen]) -> None:
 # --- the Runtime's client ---------------------------------------------------------------------
 
 
-@pytest.mark.anyio
 async def test_the_runtime_client_runs_on_the_pools_unless_a_proxy_is_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -344,16 +326,13 @@ async def test_the_runtime_client_runs_on_the_pools_unless_a_proxy_is_set(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("all_proxy", raising=False)
     settings = Settings.from_env(app_env())
-    rt = aio_runtime.Runtime.from_settings(settings)
+    rt = runtime.Runtime.from_settings(settings)
     assert isinstance(rt.http._transport, PooledAsyncTransport)
     await rt.close()
-    sync = core.runtime.Runtime.from_settings(settings)
-    assert isinstance(sync.http._transport, PooledTransport)
-    sync.close()
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert httpx_exchange.proxied_by_env()
-    proxied = aio_runtime.Runtime.from_settings(settings)
+    proxied = runtime.Runtime.from_settings(settings)
     assert isinstance(proxied.http._transport, httpx.AsyncHTTPTransport)
     assert any(t is not None for t in proxied.http._mounts.values())  # httpx mounted the proxy
     await proxied.close()

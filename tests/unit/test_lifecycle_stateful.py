@@ -12,7 +12,10 @@ product's promise after every step and once everything has settled:
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -28,51 +31,59 @@ pytestmark = pytest.mark.timeout(900)
 
 MAX_ORDERS = 3
 crash = st.none() | st.integers(min_value=0, max_value=4)
+T = TypeVar("T")
 
 
 class Lifecycle(RuleBasedStateMachine):
+    """Each rule runs its handler to the end on the machine's own event loop (one per example:
+    Hypothesis calls rules synchronously), closed in :meth:`teardown`."""
+
     def __init__(self) -> None:
         super().__init__()
+        self.runner = asyncio.Runner()
         self.world = World()
         self.submitted = 0
+
+    def run(self, call: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(call)
 
     @precondition(lambda self: self.submitted < MAX_ORDERS)
     @rule(crash_after=crash)
     def submit(self, crash_after: int | None) -> None:
-        self.world.submit(order_id(self.submitted), crash_after=crash_after)
+        self.run(self.world.submit(order_id(self.submitted), crash_after=crash_after))
         self.submitted += 1
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
     def submission_redelivered(self, n: int, crash_after: int | None) -> None:
-        self.world.submit(order_id(n % self.submitted), crash_after=crash_after)
+        self.run(self.world.submit(order_id(n % self.submitted), crash_after=crash_after))
 
     @precondition(lambda self: self.world.deliverable("agent"))
     @rule(index=st.integers(0, 50), fault=st.sampled_from(FAULTS), keep=st.booleans())
     def agent_request(self, index: int, fault, keep: bool) -> None:  # type: ignore[no-untyped-def]
         ready = self.world.deliverable("agent")
-        self.world.deliver(ready[index % len(ready)], fault, keep=keep)
+        self.run(self.world.deliver(ready[index % len(ready)], fault, keep=keep))
 
     @precondition(lambda self: self.world.parked)
     @rule(index=st.integers(0, 50))
     def late_request_lands(self, index: int) -> None:
-        self.world.land_late(index)
+        self.run(self.world.land_late(index))
 
     @precondition(lambda self: self.world.deliverable("responses"))
     @rule(index=st.integers(0, 50), crash_after=crash, keep=st.booleans())
     def reply(self, index: int, crash_after: int | None, keep: bool) -> None:
         ready = self.world.deliverable("responses")
-        self.world.deliver(ready[index % len(ready)], crash_after=crash_after, keep=keep)
+        self.run(self.world.deliver(ready[index % len(ready)], crash_after=crash_after, keep=keep))
 
     @precondition(lambda self: self.world.deliverable("commands"))
     @rule(index=st.integers(0, 50), crash_after=crash, keep=st.booleans())
     def command(self, index: int, crash_after: int | None, keep: bool) -> None:
         ready = self.world.deliverable("commands")
-        self.world.deliver(ready[index % len(ready)], crash_after=crash_after, keep=keep)
+        self.run(self.world.deliver(ready[index % len(ready)], crash_after=crash_after, keep=keep))
 
     @rule(crash_after=crash)
     def supervisor_tick(self, crash_after: int | None) -> None:
-        self.world.tick(crash_after)
+        self.run(self.world.tick(crash_after))
 
     @rule(seconds=st.sampled_from([1, 5, 31, 130]))
     def time_passes(self, seconds: int) -> None:
@@ -81,7 +92,7 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
     def cancel(self, n: int, crash_after: int | None) -> None:
-        self.world.cancel(order_id(n % self.submitted), crash_after)
+        self.run(self.world.cancel(order_id(n % self.submitted), crash_after))
 
     @precondition(
         lambda self: any(o.state is ProcessState.ERROR for o in self.world.store.orders())
@@ -89,15 +100,18 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
     def resubmit(self, n: int, crash_after: int | None) -> None:
         errored = [o for o in self.world.store.orders() if o.state is ProcessState.ERROR]
-        self.world.resubmit(errored[n % len(errored)].order_id, crash_after)
+        self.run(self.world.resubmit(errored[n % len(errored)].order_id, crash_after))
 
     @invariant()
     def safe(self) -> None:
-        self.world.check_safety()
+        self.run(self.world.check_safety())
 
     def teardown(self) -> None:
-        self.world.drain()
-        self.world.check_final()
+        try:
+            self.run(self.world.drain())
+            self.run(self.world.check_final())
+        finally:
+            self.runner.close()
 
 
 Lifecycle.TestCase.settings = settings(

@@ -10,7 +10,6 @@ must be ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
@@ -30,17 +29,12 @@ class EchoingWorld(World):
 
     def __init__(self) -> None:
         super().__init__()
-        # One sweep at a time: when a tick sweeps orders on several threads, which send an
-        # injected crash hits and which order draws which retry jitter depend on thread timing,
-        # which Hypothesis cannot replay (it reports the example as flaky).
-        settings = dataclasses.replace(self.rt.settings, supervisor_concurrency=1)
-        self.rt.settings = settings
         self._rng = random.Random(7)
         self._last: dict[str, str] = {}
 
-    def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
+    async def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
         sent = len(self.bus.sent)
-        super()._reply(request, outcome, code)
+        await super()._reply(request, outcome, code)
         if len(self.bus.sent) == sent:
             return  # a duplicate: dropped by the bus
         last = self.bus.sent[-1]

@@ -26,6 +26,8 @@ from core.state_models import ConcurrencyConflict
 from core.states import ProcessState
 from tests.support.world import FAULTS, QUEUES, World
 
+pytestmark = pytest.mark.anyio
+
 Points = dict[str, Counter[tuple[tuple[str, Any], ...]]]
 
 
@@ -64,9 +66,9 @@ def agent_requests(world: World) -> list[Any]:
     return [e for e in world.pending if isinstance(e.message, AgentRequest)]
 
 
-def run_clean(world: World, order_id: str) -> None:
-    world.submit(order_id)
-    world.drain()
+async def run_clean(world: World, order_id: str) -> None:
+    await world.submit(order_id)
+    await world.drain()
 
 
 def test_names_are_the_instruments_the_workbook_queries() -> None:
@@ -82,10 +84,10 @@ def test_names_are_the_instruments_the_workbook_queries() -> None:
     assert not metrics.NAMES & supervisor_metrics.NAMES
 
 
-def test_a_clean_order_records_start_finish_and_one_duration_per_step(reader) -> None:
+async def test_a_clean_order_records_start_finish_and_one_duration_per_step(reader) -> None:
     world = World()
-    run_clean(world, "ORD-1")
-    assert world.store.load("ORD-1").state is ProcessState.PROCESSED
+    await run_clean(world, "ORD-1")
+    assert (await world.store.load("ORD-1")).state is ProcessState.PROCESSED
     found = points(reader)
     assert total(found, "orders.started", workflow="order") == 1
     assert total(found, "orders.finished", workflow="order") == 1
@@ -95,14 +97,14 @@ def test_a_clean_order_records_start_finish_and_one_duration_per_step(reader) ->
     assert total(found, "step.duration", outcome="succeeded", operation="do") == 3
 
 
-def test_duration_runs_from_the_claim_to_the_reply_being_applied(reader) -> None:
+async def test_duration_runs_from_the_claim_to_the_reply_being_applied(reader) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request)
+    await world.deliver(request)
     world.advance(4)  # the reply waits 4 s in its queue
     (reply,) = world.deliverable("responses")
-    world.deliver(reply)
+    await world.deliver(reply)
     data = reader.get_metrics_data()
     histogram = next(
         m
@@ -120,45 +122,45 @@ def test_duration_runs_from_the_claim_to_the_reply_being_applied(reader) -> None
     }
 
 
-def test_duplicate_submission_and_duplicate_reply_record_nothing_more(reader) -> None:
+async def test_duplicate_submission_and_duplicate_reply_record_nothing_more(reader) -> None:
     world = World()
-    world.submit("ORD-1")
-    world.submit("ORD-1")  # a redelivered submission
+    await world.submit("ORD-1")
+    await world.submit("ORD-1")  # a redelivered submission
     (request,) = agent_requests(world)
-    world.deliver(request)
+    await world.deliver(request)
     (reply,) = world.deliverable("responses")
-    world.deliver(reply, keep=True)
-    world.deliver(reply)  # the same reply again
+    await world.deliver(reply, keep=True)
+    await world.deliver(reply)  # the same reply again
     found = points(reader)
     assert total(found, "orders.started") == 1
     assert total(found, "step.duration") == 1
 
 
-def test_a_crash_after_the_write_and_the_redelivery_record_once(reader) -> None:
+async def test_a_crash_after_the_write_and_the_redelivery_record_once(reader) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request)
+    await world.deliver(request)
     (reply,) = world.deliverable("responses")
-    world.deliver(reply, crash_after=0)  # written, then the sends failed: redelivered
+    await world.deliver(reply, crash_after=0)  # written, then the sends failed: redelivered
     assert reply in world.pending
-    world.deliver(reply)
+    await world.deliver(reply)
     assert total(points(reader), "step.duration") == 1
 
 
-def test_a_losing_writer_records_nothing(reader, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_losing_writer_records_nothing(reader, monkeypatch: pytest.MonkeyPatch) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request)
+    await world.deliver(request)
     (reply,) = world.deliverable("responses")
 
-    def lose(*_: Any, **__: Any) -> Any:
+    async def lose(*_: Any, **__: Any) -> Any:
         raise ConcurrencyConflict("another writer won")
 
     monkeypatch.setattr(world.store, "save", lose)
     with pytest.raises(apply.Busy):
-        world.deliver(reply)
+        await world.deliver(reply)
     assert "step.duration" not in points(reader)
 
 
@@ -166,59 +168,61 @@ def test_a_losing_writer_records_nothing(reader, monkeypatch: pytest.MonkeyPatch
     ("fault", "cause", "outcome"),
     [("transient", "transient", "transient"), ("deferred", "circuit_open", "deferred")],
 )
-def test_a_released_step_counts_one_retry_with_its_cause(reader, fault, cause, outcome) -> None:
+async def test_a_released_step_counts_one_retry_with_its_cause(
+    reader, fault, cause, outcome
+) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request, fault)
+    await world.deliver(request, fault)
     (reply,) = world.deliverable("responses")
-    world.deliver(reply)
+    await world.deliver(reply)
     found = points(reader)
     assert total(found, "step.retries", step="reserve_inventory", cause=cause) == 1
     assert total(found, "step.duration", step="reserve_inventory", outcome=outcome) == 1
-    world.drain()
+    await world.drain()
     found = points(reader)
     assert total(found, "step.retries") == 1
     assert total(found, "orders.finished") == 1
 
 
-def test_the_supervisor_releasing_a_timed_out_attempt_counts_a_timeout_retry(reader) -> None:
+async def test_the_supervisor_releasing_a_timed_out_attempt_counts_a_timeout_retry(reader) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request, "lost_before")  # the agent died with it: no reply ever
-    world.now = world.store.load("ORD-1").complete_by + timedelta(seconds=1)
-    assert world.tick()
+    await world.deliver(request, "lost_before")  # the agent died with it: no reply ever
+    world.now = (await world.store.load("ORD-1")).complete_by + timedelta(seconds=1)
+    assert await world.tick()
     found = points(reader)
     assert total(found, "step.retries", step="reserve_inventory", cause="timeout") == 1
     assert "step.duration" not in found  # no reply was applied
-    assert world.tick()  # a second look at the released order records nothing
+    assert await world.tick()  # a second look at the released order records nothing
     assert total(points(reader), "step.retries") == 1
 
 
-def test_a_declined_first_step_fails_the_order_with_its_reason(reader) -> None:
+async def test_a_declined_first_step_fails_the_order_with_its_reason(reader) -> None:
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request, "decline")
-    world.drain()
-    assert world.store.load("ORD-1").state is ProcessState.ERROR
+    await world.deliver(request, "decline")
+    await world.drain()
+    assert (await world.store.load("ORD-1")).state is ProcessState.ERROR
     found = points(reader)
     assert total(found, "orders.failed", workflow="order", reason="step_declined") == 1
     assert total(found, "step.duration", outcome="failed") == 1
     assert "orders.finished" not in found
 
 
-def test_cancel_fails_the_order_once_with_reason_cancelled(reader) -> None:
+async def test_cancel_fails_the_order_once_with_reason_cancelled(reader) -> None:
     world = World()
-    world.submit("ORD-1")
-    assert world.cancel("ORD-1")
-    world.drain()
-    assert world.cancel("ORD-1")  # refused: already in Error
+    await world.submit("ORD-1")
+    assert await world.cancel("ORD-1")
+    await world.drain()
+    assert await world.cancel("ORD-1")  # refused: already in Error
     assert total(points(reader), "orders.failed", reason="cancelled") == 1
 
 
-def test_with_no_provider_bound_nothing_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_with_no_provider_bound_nothing_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics.unbind()
 
     def not_expected(*_: Any, **__: Any) -> Any:
@@ -227,11 +231,11 @@ def test_with_no_provider_bound_nothing_is_built(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(metrics, "observe", not_expected)
     monkeypatch.setattr(metrics, "Observation", not_expected)
     world = World()
-    world.submit("ORD-1")
+    await world.submit("ORD-1")
     (request,) = agent_requests(world)
-    world.deliver(request, "transient")
-    world.drain()
-    assert world.store.load("ORD-1").state is ProcessState.PROCESSED
+    await world.deliver(request, "transient")
+    await world.drain()
+    assert (await world.store.load("ORD-1")).state is ProcessState.PROCESSED
     metrics.order_started("order")
     metrics.record_circuit_state("payment", "no-such-state")  # off: not even checked
 
@@ -246,14 +250,14 @@ def test_circuit_state_is_a_gauge_per_agent(reader) -> None:
         metrics.record_circuit_state("payment", "ajar")
 
 
-def test_every_instrument_is_recorded_with_the_attributes_it_declares(reader) -> None:
+async def test_every_instrument_is_recorded_with_the_attributes_it_declares(reader) -> None:
     """ATTRIBUTES is what the workbook's charts may read as customDimensions (tests/infra)."""
     for order_id, fault in (("ORD-1", "transient"), ("ORD-2", "decline")):
         world = World()
-        world.submit(order_id)
+        await world.submit(order_id)
         (request,) = agent_requests(world)
-        world.deliver(request, fault)
-        world.drain()
+        await world.deliver(request, fault)
+        await world.drain()
     metrics.record_circuit_state("payment", "open")
     found = points(reader)
     assert set(found) == metrics.NAMES
@@ -279,7 +283,7 @@ def test_workflow_attribute_drops_the_version() -> None:
     duplicates=st.lists(st.booleans(), min_size=1, max_size=12),
     crashes=st.lists(st.sampled_from([None, None, 0, 1]), min_size=1, max_size=12),
 )
-def test_every_order_starts_once_and_ends_once_whatever_happens(
+async def test_every_order_starts_once_and_ends_once_whatever_happens(
     reader, faults, duplicates, crashes
 ) -> None:
     """Faults, duplicated replies and crashes between write and sends: each order is counted
@@ -288,22 +292,22 @@ def test_every_order_starts_once_and_ends_once_whatever_happens(
     before = points(reader)
     world = World()
     for n in range(3):
-        world.submit(f"ORD-{n}")
+        await world.submit(f"ORD-{n}")
     for i in range(36):
         ready = [e for e in world.pending if e.due <= world.now and e.queue != "client-replies"]
         ready = [e for e in ready if e.queue != QUEUES["alerts"]]
         if not ready:
-            world.tick()
+            await world.tick()
             world.advance(15)
             continue
         envelope = ready[i % len(ready)]
-        world.deliver(
+        await world.deliver(
             envelope,
             faults[i % len(faults)],
             crash_after=crashes[i % len(crashes)],
             keep=duplicates[i % len(duplicates)],
         )
-    world.drain()
+    await world.drain()
     after = points(reader)
 
     def grew(name: str) -> float:
@@ -314,34 +318,32 @@ def test_every_order_starts_once_and_ends_once_whatever_happens(
     processed = sum(o.state is ProcessState.PROCESSED for o in orders)
     assert grew("orders.finished") == processed
     assert grew("orders.failed") == len(orders) - processed
+    timelines = [await world.store.get_timeline(o.order_id) for o in orders]
     released = sum(
-        1
-        for o in orders
-        for entry in world.store.get_timeline(o.order_id)
-        if entry.event in ("released", "deferred")
+        1 for timeline in timelines for entry in timeline if entry.event in ("released", "deferred")
     )
     assert grew("step.retries") == released
 
 
-def test_a_reply_applied_before_its_claim_time_is_not_a_negative_duration() -> None:
+async def test_a_reply_applied_before_its_claim_time_is_not_a_negative_duration() -> None:
     """A reply applied before the claim time on record (clock skew between instances) is 0 s."""
     world = World()
-    world.submit("ORD-1")
-    order = world.store.load("ORD-1")
+    await world.submit("ORD-1")
+    order = await world.store.load("ORD-1")
     flow = world.rt.workflow(order.workflow)
     (request,) = agent_requests(world)
-    world.deliver(request)
+    await world.deliver(request)
     (reply,) = world.deliverable("responses")
     entry_at = (
         order.complete_by - flow.step_named("reserve_inventory").deadline_budget - timedelta(1)
     )
-    entry = replace(world.store.get_timeline("ORD-1")[-1], at=entry_at)
+    entry = replace((await world.store.get_timeline("ORD-1"))[-1], at=entry_at)
     found = metrics.observe(order, order, entry, Replied(reply.message), flow)
     (duration,) = [o for o in found if o.name == "step.duration"]
     assert duration.value == 0.0
 
 
-def test_a_failing_measurement_never_stops_the_transition(
+async def test_a_failing_measurement_never_stops_the_transition(
     reader, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(*_: Any, **__: Any) -> Any:
@@ -349,7 +351,7 @@ def test_a_failing_measurement_never_stops_the_transition(
 
     monkeypatch.setattr(metrics, "observe", broken)
     world = World()
-    world.submit("ORD-1")
-    world.drain()
-    assert world.store.load("ORD-1").state is ProcessState.PROCESSED
+    await world.submit("ORD-1")
+    await world.drain()
+    assert (await world.store.load("ORD-1")).state is ProcessState.PROCESSED
     assert "order ORD-1: metrics not recorded" in caplog.text

@@ -50,6 +50,8 @@ from core.states import ProcessState
 from core.tablestorage import TableService
 from core.workflows import ORDER_WORKFLOW
 
+pytestmark = pytest.mark.anyio
+
 T0 = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
 PLUS2 = timezone(timedelta(hours=2))
 ETAG = "W/\"datetime'2025-03-04T05%3A06%3A07.890123Z'\""
@@ -571,7 +573,7 @@ def answer(order: Order) -> AgentResponse:
 
 class TestRefusedBeforeAnyRequest:
     @pytest.mark.parametrize("hostile", [HOSTILE, "../x", "a/b", "", "é", "a" * 65, "~error"])
-    def test_hostile_ids_on_reads(self, offline_store, hostile):
+    async def test_hostile_ids_on_reads(self, offline_store, hostile):
         for call in (
             offline_store.load,
             offline_store.find,
@@ -579,31 +581,31 @@ class TestRefusedBeforeAnyRequest:
             offline_store.get_timeline,
         ):
             with pytest.raises(InvalidId):
-                call(hostile)
+                await call(hostile)
 
-    def test_hostile_id_on_create(self, offline_store):
+    async def test_hostile_id_on_create(self, offline_store):
         decision = lifecycle.submit(submitted(), ctx())
         assert decision.order is not None and decision.entry is not None
         hostile = dataclasses.replace(decision.order, order_id=HOSTILE)
         with pytest.raises(InvalidId):
-            offline_store.create(submitted(), hostile, decision.entry)
+            await offline_store.create(submitted(), hostile, decision.entry)
         bad_actor = dataclasses.replace(decision.entry, actor="evil/actor")
         with pytest.raises(InvalidId):
-            offline_store.create(submitted(), decision.order, bad_actor)
+            await offline_store.create(submitted(), decision.order, bad_actor)
 
-    def test_hostile_values_on_save(self, offline_store):
+    async def test_hostile_values_on_save(self, offline_store):
         before = created()
         decision = lifecycle.decide(before, lifecycle.Replied(answer(before)), ctx())
         assert decision.order is not None and decision.entry is not None
         after, step = decision.order, decision.entry
         with pytest.raises(InvalidId):
-            offline_store.save(dataclasses.replace(before, order_id=HOSTILE), after, step)
+            await offline_store.save(dataclasses.replace(before, order_id=HOSTILE), after, step)
         with pytest.raises(InvalidId):
-            offline_store.save(before, after, dataclasses.replace(step, actor="a b"))
+            await offline_store.save(before, after, dataclasses.replace(step, actor="a b"))
         with pytest.raises(InvalidId):
-            offline_store.save(before, after, dataclasses.replace(step, event="Drop Table"))
+            await offline_store.save(before, after, dataclasses.replace(step, event="Drop Table"))
         with pytest.raises(InvalidId):
-            offline_store.annotate(before, actor="evil/actor", event="acknowledged")
+            await offline_store.annotate(before, actor="evil/actor", event="acknowledged")
 
     def test_table_names_are_validated(self):
         service = TableService.from_connection_string(UNREACHABLE)
@@ -612,12 +614,12 @@ class TestRefusedBeforeAnyRequest:
         with pytest.raises(ValueError, match="must differ"):
             OrderStateStore(service, orders_table="orders", active_table="Orders")
 
-    def test_list_and_timeline_limits_and_tokens(self, offline_store):
+    async def test_list_and_timeline_limits_and_tokens(self, offline_store):
         for bad in (0, 1001):
             with pytest.raises(ValueError, match="limit"):
-                offline_store.list_active(bad)
+                await offline_store.list_active(bad)
         for token in ('{"x": 1}', "not json", '{"PartitionKey": 1, "RowKey": "a"}'):
             with pytest.raises(ValueError, match="continuation"):
-                offline_store.list_active(10, continuation=token)
+                await offline_store.list_active(10, continuation=token)
         with pytest.raises(ValueError, match="limit"):
-            offline_store.get_timeline("o-1", limit=0)
+            await offline_store.get_timeline("o-1", limit=0)

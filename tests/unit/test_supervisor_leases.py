@@ -25,12 +25,13 @@ their claim) and claim on stale rosters. What is checked:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -38,17 +39,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core.active_index import INDEX_BUCKETS
-from core.memory import MemoryBus, MemoryStore
+from core.memory import MemoryBus, MemoryStore, MemorySupervision
 from core.runtime import Runtime
 from core.settings import Connection, Settings
 from core.state_models import ConcurrencyConflict
-from core.supervision import BucketLease, Member, MemorySupervision, Roster, Sweep
+from core.supervision import BucketLease, Member, Roster, Sweep
 from supervisor.leases import REAP_AFTER_LEASES, REAP_PER_TICK, plan
 from supervisor.tick import run_tick
 
 # A failing stateful example can take minutes to shrink on a loaded machine: that must read as
 # the failure it is, not as a pytest-timeout.
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.anyio]
 
 SETTINGS = Settings(
     queues={},
@@ -62,6 +63,7 @@ CLAIM = SETTINGS.supervisor_claim
 LEASE = SETTINGS.supervisor_lease
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -89,13 +91,13 @@ def rank_shares(instances: Sequence[str]) -> dict[str, int]:
     return {me: base + (i < extra) for i, me in enumerate(sorted(instances))}
 
 
-def holders(store: MemorySupervision, now: datetime) -> dict[int, str]:
+async def holders(store: MemorySupervision, now: datetime) -> dict[int, str]:
     """Bucket -> instance holding an unexpired lease on it."""
-    return {b.bucket: b.holder for b in store.read().buckets if not b.free(now)}
+    return {b.bucket: b.holder for b in (await store.read()).buckets if not b.free(now)}
 
 
-def counts(store: MemorySupervision, now: datetime) -> Counter[str]:
-    return Counter(holders(store, now).values())
+async def counts(store: MemorySupervision, now: datetime) -> Counter[str]:
+    return Counter((await holders(store, now)).values())
 
 
 class Clock:
@@ -114,10 +116,10 @@ class _Index:
     def __init__(self, index: Any, view: View) -> None:
         self._index, self._view = index, view
 
-    def due(self, bucket: int, now: datetime, limit: int = 1000) -> Any:
+    async def due(self, bucket: int, now: datetime, limit: int = 1000) -> Any:
         if self._view.crash:
             raise Crashed(bucket)
-        return self._index.due(bucket, now, limit)
+        return await self._index.due(bucket, now, limit)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._index, name)
@@ -163,24 +165,26 @@ class Fleet:
             )
         return self.runtimes[me]
 
-    def tick(self, me: str) -> int:
+    async def tick(self, me: str) -> int:
         """One whole tick; how many buckets it held."""
-        return run_tick(self.runtime(me)).held
+        return (await run_tick(self.runtime(me))).held
 
-    def crash(self, me: str) -> None:
+    async def crash(self, me: str) -> None:
         """A tick killed after its claim: the claim is written, nothing after it."""
         rt = self.runtime(me)
         self.views[me].crash = True
         with contextlib.suppress(Crashed):  # no Crashed: it held nothing, had nothing to do
-            run_tick(rt)
+            await run_tick(rt)
 
-    def round(self, instances: Sequence[str], order: Callable[[list[str]], list[str]]) -> None:
+    async def round(
+        self, instances: Sequence[str], order: Callable[[list[str]], list[str]]
+    ) -> None:
         for me in order(list(instances)):
-            self.tick(me)
+            await self.tick(me)
         self.clock.now += PERIOD
 
-    def held(self) -> Counter[str]:
-        return counts(self.roster, self.clock.now)
+    async def held(self) -> Counter[str]:
+        return await counts(self.roster, self.clock.now)
 
 
 def in_order(instances: list[str]) -> list[str]:
@@ -339,13 +343,13 @@ def test_reap_is_done_by_the_holder_of_bucket_zero_only_and_a_few_at_a_time():
 # ------------------------------------------------------------------ run_tick: examples
 
 
-def test_five_instances_hold_their_rank_shares():
+async def test_five_instances_hold_their_rank_shares():
     fleet = Fleet()
     instances = ["sup-e", "sup-d", "sup-c", "sup-b", "sup-a"]
     for _ in range(5):
-        fleet.round(instances, in_order)
+        await fleet.round(instances, in_order)
     assert (
-        fleet.held()
+        await fleet.held()
         == rank_shares(instances)
         == {
             "sup-a": 4,
@@ -357,106 +361,109 @@ def test_five_instances_hold_their_rank_shares():
     )
 
 
-def test_a_newcomer_gets_its_share_within_two_periods_and_no_bucket_is_skipped():
+async def test_a_newcomer_gets_its_share_within_two_periods_and_no_bucket_is_skipped():
     fleet = Fleet()
-    fleet.round(["sup-a"], in_order)
-    assert fleet.held() == {"sup-a": 16}
-    fleet.round(["sup-b", "sup-a"], in_order)  # sup-b: nothing free yet; sup-a gives 8 up
-    assert fleet.held() == {"sup-a": 8}
+    await fleet.round(["sup-a"], in_order)
+    assert await fleet.held() == {"sup-a": 16}
+    await fleet.round(["sup-b", "sup-a"], in_order)  # sup-b: nothing free yet; sup-a gives 8 up
+    assert await fleet.held() == {"sup-a": 8}
     start = fleet.clock.now
-    fleet.round(["sup-b", "sup-a"], in_order)
-    assert fleet.held() == {"sup-a": 8, "sup-b": 8}
-    assert all(b.swept_at == start for b in fleet.roster.read().buckets)
+    await fleet.round(["sup-b", "sup-a"], in_order)
+    assert await fleet.held() == {"sup-a": 8, "sup-b": 8}
+    roster = await fleet.roster.read()
+    assert all(b.swept_at == start for b in roster.buckets)
 
 
-def test_a_tick_killed_after_its_claim_frees_its_buckets_for_the_next_tick():
+async def test_a_tick_killed_after_its_claim_frees_its_buckets_for_the_next_tick():
     fleet = Fleet()
     for _ in range(3):
-        fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
-    dead = sorted(
-        b for b, holder in holders(fleet.roster, fleet.clock.now).items() if holder == "sup-c"
-    )
+        await fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
+    held = await holders(fleet.roster, fleet.clock.now)
+    dead = sorted(b for b, holder in held.items() if holder == "sup-c")
     assert dead
-    fleet.tick("sup-a")
-    fleet.tick("sup-b")
-    fleet.crash("sup-c")
-    assert all(fleet.roster.read().buckets[b].until == fleet.clock.now + CLAIM for b in dead)
+    await fleet.tick("sup-a")
+    await fleet.tick("sup-b")
+    await fleet.crash("sup-c")
+    roster = await fleet.roster.read()
+    assert all(roster.buckets[b].until == fleet.clock.now + CLAIM for b in dead)
     fleet.clock.now += PERIOD
     start = fleet.clock.now
-    fleet.round(["sup-a", "sup-b"], in_order)
-    assert all(fleet.roster.read().buckets[b].swept_at == start for b in dead)
+    await fleet.round(["sup-a", "sup-b"], in_order)
+    roster = await fleet.roster.read()
+    assert all(roster.buckets[b].swept_at == start for b in dead)
 
 
-def test_an_instance_killed_between_ticks_loses_its_buckets_one_period_late():
+async def test_an_instance_killed_between_ticks_loses_its_buckets_one_period_late():
     fleet = Fleet()
     for _ in range(3):
-        fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
+        await fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
     last = fleet.clock.now - PERIOD  # sup-c's last tick
-    dead = sorted(
-        b for b, holder in holders(fleet.roster, fleet.clock.now).items() if holder == "sup-c"
-    )
-    fleet.round(["sup-a", "sup-b"], in_order)  # sup-c's leases still hold
-    assert all(fleet.roster.read().buckets[b].swept_at == last for b in dead)
+    held = await holders(fleet.roster, fleet.clock.now)
+    dead = sorted(b for b, holder in held.items() if holder == "sup-c")
+    await fleet.round(["sup-a", "sup-b"], in_order)  # sup-c's leases still hold
+    roster = await fleet.roster.read()
+    assert all(roster.buckets[b].swept_at == last for b in dead)
     start = fleet.clock.now
-    fleet.round(["sup-a", "sup-b"], in_order)
-    assert all(fleet.roster.read().buckets[b].swept_at == start for b in dead)
+    await fleet.round(["sup-a", "sup-b"], in_order)
+    roster = await fleet.roster.read()
+    assert all(roster.buckets[b].swept_at == start for b in dead)
     assert start - last == 2 * PERIOD
-    fleet.round(["sup-a", "sup-b"], in_order)
-    assert fleet.held() == {"sup-a": 8, "sup-b": 8}
+    await fleet.round(["sup-a", "sup-b"], in_order)
+    assert await fleet.held() == {"sup-a": 8, "sup-b": 8}
 
 
-def test_a_dead_holders_buckets_are_taken_even_when_a_newcomer_died_meanwhile():
+async def test_a_dead_holders_buckets_are_taken_even_when_a_newcomer_died_meanwhile():
     """A member row that outlives its instance shrinks the others' shares; the orphan rule still
     has the dead holder's buckets swept the first period they are free."""
     fleet = Fleet()
     for _ in range(3):
-        fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
+        await fleet.round(["sup-a", "sup-b", "sup-c"], in_order)
     last = fleet.clock.now - PERIOD
-    dead = sorted(
-        b for b, holder in holders(fleet.roster, fleet.clock.now).items() if holder == "sup-c"
-    )
-    fleet.round(["sup-d", "sup-a", "sup-b"], in_order)  # sup-d joins, finds nothing free, dies
-    fleet.round(["sup-a", "sup-b"], in_order)
-    swept_at = {b.bucket: b.swept_at for b in fleet.roster.read().buckets}
+    held = await holders(fleet.roster, fleet.clock.now)
+    dead = sorted(b for b, holder in held.items() if holder == "sup-c")
+    # sup-d joins, finds nothing free, dies
+    await fleet.round(["sup-d", "sup-a", "sup-b"], in_order)
+    await fleet.round(["sup-a", "sup-b"], in_order)
+    swept_at = {b.bucket: b.swept_at for b in (await fleet.roster.read()).buckets}
     assert all(swept_at[b] == last + 2 * PERIOD for b in dead)
 
 
-def test_reaped_member_rows_are_deleted():
+async def test_reaped_member_rows_are_deleted():
     fleet = Fleet()
-    fleet.tick("sup-x")
-    fleet.tick("sup-y")
+    await fleet.tick("sup-x")
+    await fleet.tick("sup-y")
     fleet.clock.now += LEASE * (REAP_AFTER_LEASES + 1) + timedelta(seconds=1)
-    fleet.tick("sup-a")
-    assert [m.instance for m in fleet.roster.read().members] == ["sup-a"]
+    await fleet.tick("sup-a")
+    assert [m.instance for m in (await fleet.roster.read()).members] == ["sup-a"]
 
 
 # -------------------------------------------------------------------- (f) stale rosters
 
 
-def test_claims_planned_on_one_stale_roster_the_second_conflicts_and_writes_nothing():
+async def test_claims_planned_on_one_stale_roster_the_second_conflicts_and_writes_nothing():
     store = MemorySupervision()
-    stale = store.read()
+    stale = await store.read()
     first = plan(stale, "sup-a", T0, CLAIM, LEASE)
     second = plan(stale, "sup-b", T0, CLAIM, LEASE)
-    store.claim(first.member, first.hold, (), first.reap)
-    before = store.read()
+    await store.claim(first.member, first.hold, (), first.reap)
+    before = await store.read()
     with pytest.raises(ConcurrencyConflict):
-        store.claim(second.member, second.hold, (), second.reap)
-    assert store.read() == before
-    assert [m.instance for m in store.read().members] == ["sup-a"]
+        await store.claim(second.member, second.hold, (), second.reap)
+    assert await store.read() == before
+    assert [m.instance for m in (await store.read()).members] == ["sup-a"]
 
 
-def test_a_stale_reap_conflicts_and_the_renewal_in_the_same_claim_is_not_written():
+async def test_a_stale_reap_conflicts_and_the_renewal_in_the_same_claim_is_not_written():
     fleet = Fleet()
-    fleet.tick("sup-x")
+    await fleet.tick("sup-x")
     now = T0 + LEASE * (REAP_AFTER_LEASES + 1) + timedelta(seconds=1)
-    chosen = plan(fleet.roster.read(), "sup-a", now, CLAIM, LEASE)
+    chosen = plan(await fleet.roster.read(), "sup-a", now, CLAIM, LEASE)
     assert [m.instance for m in chosen.reap] == ["sup-x"]
-    fleet.tick("sup-x")  # sup-x's row is written again meanwhile (new ETag)
-    before = fleet.roster.read()
+    await fleet.tick("sup-x")  # sup-x's row is written again meanwhile (new ETag)
+    before = await fleet.roster.read()
     with pytest.raises(ConcurrencyConflict):
-        fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap)
-    assert fleet.roster.read() == before
+        await fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap)
+    assert await fleet.roster.read() == before
 
 
 @settings(max_examples=100, deadline=None)
@@ -468,23 +475,23 @@ def test_a_stale_reap_conflicts_and_the_renewal_in_the_same_claim_is_not_written
         st.sampled_from(("sup-a", "sup-b", "sup-c", "sup-d")), min_size=2, max_size=4, unique=True
     ),
 )
-def test_claims_on_one_stale_roster_are_all_or_nothing(
+async def test_claims_on_one_stale_roster_are_all_or_nothing(
     warmup: list[tuple[str, int]], racers: list[str]
 ) -> None:
     fleet = Fleet()
     for me, seconds in warmup:
         fleet.clock.now += timedelta(seconds=seconds)
-        fleet.tick(me)
+        await fleet.tick(me)
     now = fleet.clock.now
-    stale = fleet.roster.read()
+    stale = await fleet.roster.read()
     won: dict[str, set[int]] = {}
     for me in racers:
         chosen = plan(stale, me, now, CLAIM, LEASE)
-        before = fleet.roster.read()
+        before = await fleet.roster.read()
         try:
-            fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap)
+            await fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap)
         except ConcurrencyConflict:
-            assert fleet.roster.read() == before
+            assert await fleet.roster.read() == before
             continue
         touched = {b.bucket for b in chosen.hold}
         assert all(before.buckets[b].etag == stale.buckets[b].etag for b in touched)
@@ -591,31 +598,31 @@ class Observed(MemorySupervision):
         super().__init__()
         self.clock = clock
 
-    def claim(
+    async def claim(
         self,
         member: Member,
         hold: Sequence[BucketLease],
         release: Sequence[BucketLease],
         reap: Sequence[Member] = (),
     ) -> dict[int, str]:
-        before = self.read()
+        before = await self.read()
         try:
-            etags = super().claim(member, hold, release, reap)
+            etags = await super().claim(member, hold, release, reap)
         except ConcurrencyConflict:
-            assert self.read() == before, "(f) a conflicting claim wrote something"
+            assert await self.read() == before, "(f) a conflicting claim wrote something"
             raise
-        after = self.read()
+        after = await self.read()
         self._no_takeover(before, after)
         assert [sweep_key(b) for b in hold] == sorted(map(sweep_key, hold)), "(d)"
         assert not {m.instance for m in reap} & {m.instance for m in after.members}, "(e)"
         return etags
 
-    def checkpoint(
+    async def checkpoint(
         self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
     ) -> int:
-        before = self.read()
-        written = super().checkpoint(sweeps, by, others=others)
-        self._no_takeover(before, self.read())
+        before = await self.read()
+        written = await super().checkpoint(sweeps, by, others=others)
+        self._no_takeover(before, await self.read())
         return written
 
     def _no_takeover(self, before: Roster, after: Roster) -> None:
@@ -627,10 +634,12 @@ class Observed(MemorySupervision):
 
 class Supervisors(RuleBasedStateMachine):
     """A ``round`` is the Supervisor's schedule: every live instance ticks once (any order) at
-    the same ``now``, then a period passes."""
+    the same ``now``, then a period passes. The rules run the ticks to the end on the machine's
+    own event loop, closed in :meth:`teardown`."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.runner = asyncio.Runner()
         self.fleet = Fleet(Observed)
         self.live: list[str] = []
         self.joined = 0
@@ -645,6 +654,12 @@ class Supervisors(RuleBasedStateMachine):
     @property
     def now(self) -> datetime:
         return self.fleet.clock.now
+
+    def run(self, call: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(call)
+
+    def teardown(self) -> None:
+        self.runner.close()
 
     def _join(self) -> None:
         self.joined += 1
@@ -666,7 +681,7 @@ class Supervisors(RuleBasedStateMachine):
     def die(self, data: st.DataObject, mid_tick: bool) -> None:
         me = data.draw(st.sampled_from(self.live))
         if mid_tick:
-            self.fleet.crash(me)
+            self.run(self.fleet.crash(me))
         self.live.remove(me)
         self.stale.pop(me, None)
         self.deaths.append(self.now)
@@ -674,7 +689,7 @@ class Supervisors(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def off_schedule_tick(self, data: st.DataObject) -> None:
-        self.fleet.tick(data.draw(st.sampled_from(self.live)))
+        self.run(self.fleet.tick(data.draw(st.sampled_from(self.live))))
         self.stable = self.on_schedule = 0
 
     @precondition(lambda self: any(i not in self.stale for i in self.live))
@@ -682,7 +697,7 @@ class Supervisors(RuleBasedStateMachine):
     def read_roster(self, data: st.DataObject) -> None:
         """An instance reads the roster; others may write before it claims."""
         me = data.draw(st.sampled_from([i for i in self.live if i not in self.stale]))
-        self.stale[me] = self.fleet.roster.read()
+        self.stale[me] = self.run(self.fleet.roster.read())
 
     @precondition(lambda self: self.stale)
     @rule(data=st.data(), take=st.booleans())
@@ -690,9 +705,9 @@ class Supervisors(RuleBasedStateMachine):
         me = data.draw(st.sampled_from(sorted(self.stale)))
         roster = self.stale.pop(me)
         chosen = plan(roster, me, self.now, CLAIM, LEASE, take=take)
-        before = self.fleet.roster.read()
+        before = self.run(self.fleet.roster.read())
         try:
-            self.fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap)
+            self.run(self.fleet.roster.claim(chosen.member, chosen.hold, (), chosen.reap))
         except ConcurrencyConflict:
             return
         touched = [b.bucket for b in chosen.hold]
@@ -708,21 +723,21 @@ class Supervisors(RuleBasedStateMachine):
     def rounds(self, data: st.DataObject, n: int) -> None:
         self.stale.clear()  # reads in flight are dropped: their ticks start again
         for _ in range(n):
-            self._round(data)
+            self.run(self._round(data))
 
-    def _round(self, data: st.DataObject) -> None:
+    async def _round(self, data: st.DataObject) -> None:
         start = self.now
-        before = self.fleet.roster.read()
+        before = await self.fleet.roster.read()
         orphans = {
             b.bucket
             for b in before.buckets
             if b.free(start) and (b.swept_at is None or start - b.swept_at > LEASE)
         }
         order = data.draw(st.permutations(self.live))
-        self.fleet.round(self.live, lambda _: list(order))
+        await self.fleet.round(self.live, lambda _: list(order))
         self.stable += 1
         self.on_schedule += 1
-        after = self.fleet.roster.read()
+        after = await self.fleet.roster.read()
         swept_at = {b.bucket: b.swept_at for b in after.buckets}
         # (c) orphans are swept the first period they are orphans, whoever's share they fall in
         assert all(swept_at[b] == start for b in orphans), (orphans, swept_at)
@@ -738,7 +753,7 @@ class Supervisors(RuleBasedStateMachine):
             assert not late, f"swept too long ago at {start}: {late}"
             event("(c) sweep gap checked")
         # (b) stable membership: rank shares exactly, then no churn
-        current = holders(self.fleet.roster, self.now)
+        current = await holders(self.fleet.roster, self.now)
         if self.stable >= 5:
             assert set(current) == set(range(INDEX_BUCKETS)), current
             assert Counter(current.values()) == rank_shares(self.live)
@@ -753,7 +768,7 @@ class Supervisors(RuleBasedStateMachine):
 
     @invariant()
     def rows_are_the_roster(self) -> None:
-        roster = self.fleet.roster.read()
+        roster = self.run(self.fleet.roster.read())
         assert [b.bucket for b in roster.buckets] == list(range(INDEX_BUCKETS))
         assert len({m.instance for m in roster.members}) == len(roster.members)
 

@@ -11,10 +11,10 @@ the order it released for a retry.
 
 from __future__ import annotations
 
+import asyncio
 import random
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,16 +27,17 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 
 import supervisor.metrics as supervisor_metrics
 from core.active_index import INDEX_BUCKETS, bucket_partition, index_partition
-from core.memory import MemoryBus, MemoryStore, Sent
+from core.memory import MemoryBus, MemoryStore, MemorySupervision, Sent
 from core.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
 from core.runtime import Runtime
 from core.settings import Connection, Settings
 from core.state_models import ActiveRow, ConcurrencyConflict
-from core.supervision import MemorySupervision
 from scheduler.intake import handle_submission
 from supervisor.report import TickReport
 from supervisor.tick import run_tick
 from tests.support.world import QUEUES
+
+pytestmark = pytest.mark.anyio
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STEP_TIMEOUT = timedelta(seconds=30)
@@ -78,11 +79,11 @@ class RecordingBus(MemoryBus):
         super().__init__()
         self.every: list[Sent] = []
 
-    def send(
+    async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
         self.every.append(Sent(queue, message, scheduled_at))
-        super().send(queue, message, scheduled_at=scheduled_at)
+        await super().send(queue, message, scheduled_at=scheduled_at)
 
     def released(self) -> list[str]:
         """Order ids of the retry commands sent (one per release)."""
@@ -93,12 +94,10 @@ class IndexSpy:
     def __init__(self, index: Any) -> None:
         self._index = index
         self.due_calls: list[int] = []
-        self._lock = threading.Lock()
 
-    def due(self, bucket: int, now: datetime, limit: int = 1000) -> tuple[ActiveRow, ...]:
-        with self._lock:
-            self.due_calls.append(bucket)
-        return self._index.due(bucket, now, limit)  # type: ignore[no-any-return]
+    async def due(self, bucket: int, now: datetime, limit: int = 1000) -> tuple[ActiveRow, ...]:
+        self.due_calls.append(bucket)
+        return await self._index.due(bucket, now, limit)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._index, name)
@@ -113,15 +112,15 @@ class StoreSpy:
         self.supervision = supervision or store.supervision
         self.finds = 0
         self.found: list[str] = []
-        self.after_find: threading.Barrier | None = None
+        self.after_find: asyncio.Barrier | None = None
         """Set: each order read waits there (two instances then read the same version)."""
 
-    def find(self, order_id: str) -> Any:
+    async def find(self, order_id: str) -> Any:
         self.finds += 1
         self.found.append(order_id)
-        order = self._store.find(order_id)
+        order = await self._store.find(order_id)
         if self.after_find is not None:
-            self.after_find.wait(timeout=5)
+            await asyncio.wait_for(self.after_find.wait(), 5)
         return order
 
     def __getattr__(self, name: str) -> Any:
@@ -136,8 +135,8 @@ class Supervisor:
     def __init__(self, rt: Runtime, spy: StoreSpy, bus: RecordingBus) -> None:
         self.rt, self.spy, self.bus = rt, spy, bus
 
-    def tick(self, budget_s: float | None = None) -> TickReport:
-        return run_tick(self.rt, budget_s=budget_s)
+    async def tick(self, budget_s: float | None = None) -> TickReport:
+        return await run_tick(self.rt, budget_s=budget_s)
 
 
 def supervisor(
@@ -191,7 +190,7 @@ def order_ids(buckets: list[int]) -> list[str]:
     return ids
 
 
-def submit(rt: Runtime, order_ids: list[str]) -> None:
+async def submit(rt: Runtime, order_ids: list[str]) -> None:
     for order_id in order_ids:
         order = OrderSubmitted(
             order_id=order_id,
@@ -199,33 +198,20 @@ def submit(rt: Runtime, order_ids: list[str]) -> None:
             items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 500}],
             currency="EUR",
         )
-        handle_submission(encode(order), rt)
+        await handle_submission(encode(order), rt)
 
 
-def events(store: MemoryStore, order_id: str) -> list[str]:
-    return [e.event for e in store.get_timeline(order_id)]
+async def events(store: MemoryStore, order_id: str) -> list[str]:
+    return [e.event for e in await store.get_timeline(order_id)]
 
 
-def in_threads(*actions: Callable[[], object]) -> None:
-    """Run ``actions`` at the same moment, one thread each; re-raise what any of them raised."""
-    barrier = threading.Barrier(len(actions))
-    errors: list[BaseException] = []
-
-    def run(action: Callable[[], object]) -> None:
-        try:
-            barrier.wait()
-            action()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(action,)) for action in actions]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
-    assert not any(t.is_alive() for t in threads), "a tick did not finish"
-    if errors:
-        raise errors[0]
+async def at_once(*actions: Awaitable[object]) -> None:
+    """Run ``actions`` at the same moment, as tasks interleaving at each request to the store;
+    re-raise what any of them raised."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*actions), 10)
+    except TimeoutError:
+        raise AssertionError("a tick did not finish") from None
 
 
 @pytest.fixture
@@ -241,18 +227,20 @@ def store(clock: Clock) -> MemoryStore:
 # ---------------------------------------------------------------------------------- cost
 
 
-def test_a_tick_with_nothing_due_queries_each_held_bucket_once_and_checkpoints_it(store, clock):
-    submit(scheduler(store, clock), order_ids([0, 7, 7, 15]))  # in flight, not due
+async def test_a_tick_with_nothing_due_queries_each_held_bucket_once_and_checkpoints_it(
+    store, clock
+):
+    await submit(scheduler(store, clock), order_ids([0, 7, 7, 15]))  # in flight, not due
     a = supervisor(store, clock, "sup-a")
 
-    report = a.tick()
+    report = await a.tick()
 
     assert (report.held, report.swept, report.queries, report.due) == (16, 16, 16, 0)
     assert report.handled == 0
     assert sorted(a.spy.take_due_calls()) == list(range(INDEX_BUCKETS))
     assert a.spy.finds == 0 and a.bus.every == []
     assert report.recovered == 0 and report.lag_s == 0.0
-    for lease in store.supervision.read().buckets:
+    for lease in (await store.supervision.read()).buckets:
         assert (lease.holder, lease.swept_at, lease.swept_by) == ("sup-a", T0, "sup-a")
         assert (lease.lag_s, lease.due_found) == (0.0, 0)
 
@@ -260,61 +248,63 @@ def test_a_tick_with_nothing_due_queries_each_held_bucket_once_and_checkpoints_i
     for _ in range(3):
         clock.advance(PERIOD)
         for s in (a, b):
-            report = s.tick()
+            report = await s.tick()
             calls = s.spy.take_due_calls()
             assert report.queries == report.held == report.swept == len(calls)
             assert len(set(calls)) == len(calls)
     assert report.held == 8  # two instances: half each
-    assert {lease.swept_at for lease in store.supervision.read().buckets} == {clock.now}
+    assert {lease.swept_at for lease in (await store.supervision.read()).buckets} == {clock.now}
 
 
 # -------------------------------------------------------------------------------- budget
 
 
-def test_budget_zero_with_rows_due_in_every_bucket_sweeps_and_checkpoints_nothing(store, clock):
+async def test_budget_zero_with_rows_due_in_every_bucket_sweeps_and_checkpoints_nothing(
+    store, clock
+):
     ids = order_ids(list(range(INDEX_BUCKETS)))
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
     a = supervisor(store, clock, "sup-a")
     rows = store.index.rows()
 
-    report = a.tick(budget_s=0)
+    report = await a.tick(budget_s=0)
 
     assert (report.held, report.swept) == (16, 0)
     assert (report.retried, report.recovered, report.due, report.handled) == (0, 0, 16, 0)
     assert report.lag_s == 1.0  # what the tick found due, handled or not
     assert a.bus.every == [] and a.spy.finds == 0
     assert store.index.rows() == rows
-    assert all(events(store, o) == ["created"] for o in ids)
-    assert all(lease.swept_at is None for lease in store.supervision.read().buckets)
+    assert all(e == ["created"] for e in [await events(store, o) for o in ids])
+    assert all(lease.swept_at is None for lease in (await store.supervision.read()).buckets)
 
-    report = a.tick()
+    report = await a.tick()
     assert (report.held, report.swept, report.retried, report.handled) == (16, 16, 16, 16)
     assert sorted(a.bus.released()) == sorted(ids)
-    for lease in store.supervision.read().buckets:
+    for lease in (await store.supervision.read()).buckets:
         assert (lease.swept_at, lease.lag_s, lease.due_found) == (clock.now, 1.0, 1)
 
 
-def test_buckets_a_tick_did_not_finish_come_first_next_tick(store, clock):
+async def test_buckets_a_tick_did_not_finish_come_first_next_tick(store, clock):
     a = supervisor(store, clock, "sup-a", concurrency=1)  # one sweep at a time: a clear order
-    a.tick()
+    await a.tick()
     late = [5, 9, 13]
     ids = order_ids(late)
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
     swept_before = clock.now
 
-    report = a.tick(budget_s=0)
+    report = await a.tick(budget_s=0)
 
     # the budget is checked per due row: a bucket with nothing due was swept to the end
     assert (report.held, report.swept, report.retried) == (16, 13, 0)
-    checkpoints = {b.bucket: b.swept_at for b in store.supervision.read().buckets}
+    checkpoints = {b.bucket: b.swept_at for b in (await store.supervision.read()).buckets}
     assert {b for b, at in checkpoints.items() if at == T0} == set(late)
     assert {b for b, at in checkpoints.items() if at == swept_before} == set(range(16)) - {*late}
 
     clock.advance(PERIOD)
     a.spy.take_due_calls()
-    report = a.tick()
+    report = await a.tick()
 
     calls = a.spy.take_due_calls()
     assert calls[:3] == late
@@ -323,36 +313,36 @@ def test_buckets_a_tick_did_not_finish_come_first_next_tick(store, clock):
     assert sorted(a.bus.released()) == sorted(ids)
 
 
-def test_a_bucket_left_for_the_next_tick_is_first_for_whoever_holds_it_then(store, clock):
+async def test_a_bucket_left_for_the_next_tick_is_first_for_whoever_holds_it_then(store, clock):
     a = supervisor(store, clock, "sup-a")
-    a.tick()
+    await a.tick()
     ids = order_ids([11])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
-    assert a.tick(budget_s=0).swept == 15
+    assert (await a.tick(budget_s=0)).swept == 15
     # sup-a dies; sup-b takes the buckets once sup-a's leases expire
     b = supervisor(store, clock, "sup-b", concurrency=1)
     clock.advance(settings().supervisor_lease)
-    report = b.tick()
+    report = await b.tick()
     assert b.spy.take_due_calls()[0] == 11
     assert (report.held, report.retried) == (16, 1)
     assert b.bus.released() == ids
 
 
-def test_rows_due_are_handled_most_overdue_first_across_buckets(store, clock):
+async def test_rows_due_are_handled_most_overdue_first_across_buckets(store, clock):
     a = supervisor(store, clock, "sup-a", concurrency=1)
     scheduler_rt = scheduler(store, clock)
     ids = order_ids([15, 9, 0])  # the most overdue in the bucket swept last
     for order_id in ids:
-        submit(scheduler_rt, [order_id])
+        await submit(scheduler_rt, [order_id])
         clock.advance(timedelta(seconds=5))
     clock.advance(STEP_TIMEOUT)
 
-    report = a.tick()
+    report = await a.tick()
 
     assert a.spy.found == ids
     assert report.lag_s == pytest.approx(15.0)
-    lags = {b.bucket: b.lag_s for b in store.supervision.read().buckets}
+    lags = {b.bucket: b.lag_s for b in (await store.supervision.read()).buckets}
     assert (lags[15], lags[9], lags[0]) == (15.0, 10.0, 5.0)
 
 
@@ -370,110 +360,115 @@ class LosingRaces(MemorySupervision):
         self.lose = lose
         self.claims: list[tuple[int, ...]] = []
 
-    def claim(self, member, hold, release, reap=()):  # type: ignore[no-untyped-def]
+    async def claim(self, member, hold, release, reap=()):  # type: ignore[no-untyped-def]
         self.claims.append(tuple(b.bucket for b in hold))
         if self.lose > 0:
             self.lose -= 1
             raise ConcurrencyConflict("supervisor roster", "lost a race")
-        return super().claim(member, hold, release, reap)
+        return await super().claim(member, hold, release, reap)
 
 
-def test_leases_are_claimed_short_and_extended_when_the_tick_ends(store, clock):
+async def test_leases_are_claimed_short_and_extended_when_the_tick_ends(store, clock):
     ids = order_ids([4])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
     a = supervisor(store, clock, "sup-a")
     claimed: list[tuple[datetime | None, ...]] = []
     claim = store.supervision.claim
 
-    def spy(member, hold, release, reap=()):  # type: ignore[no-untyped-def]
+    async def spy(member, hold, release, reap=()):  # type: ignore[no-untyped-def]
         claimed.append(tuple(b.until for b in hold))
-        return claim(member, hold, release, reap)
+        return await claim(member, hold, release, reap)
 
     store.supervision.claim = spy  # type: ignore[method-assign]
 
-    report = a.tick(budget_s=0)  # bucket 4 is cut short: not swept, its lease still extended
+    report = await a.tick(budget_s=0)  # bucket 4 is cut short: not swept, its lease still extended
 
     assert claimed == [(clock.now + CLAIM,) * 16]
     assert (report.held, report.swept) == (16, 15)
-    roster = store.supervision.read()
+    roster = await store.supervision.read()
     assert all(b.until == clock.now + LEASE and b.holder == "sup-a" for b in roster.buckets)
     assert roster.buckets[4].swept_at is None
     assert roster.members[0].until == clock.now + LEASE
 
 
-def test_a_tick_killed_after_its_claim_frees_its_buckets_before_the_next_tick(store, clock):
+async def test_a_tick_killed_after_its_claim_frees_its_buckets_before_the_next_tick(store, clock):
     a = supervisor(store, clock, "sup-a")
+    querying = asyncio.Event()
 
-    def killed(bucket: int, now: datetime, limit: int = 1000) -> Any:
-        raise KeyboardInterrupt  # the host stops the worker mid-tick
+    async def hangs(bucket: int, now: datetime, limit: int = 1000) -> Any:
+        querying.set()
+        await asyncio.Event().wait()
 
-    a.spy.index.due = killed  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        a.tick()
-    assert {b.until for b in store.supervision.read().buckets} == {clock.now + CLAIM}
+    a.spy.index.due = hangs  # type: ignore[method-assign]
+    tick = asyncio.create_task(a.tick())
+    await querying.wait()
+    tick.cancel()  # the host stops the worker mid-tick
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    assert {b.until for b in (await store.supervision.read()).buckets} == {clock.now + CLAIM}
     assert CLAIM < PERIOD
 
     clock.advance(PERIOD)
     b = supervisor(store, clock, "sup-b")
-    report = b.tick()
+    report = await b.tick()
     assert (report.held, report.swept) == (16, 16)  # orphans: taken whatever the shares say
 
 
-def test_surplus_buckets_are_swept_then_given_up(store, clock):
+async def test_surplus_buckets_are_swept_then_given_up(store, clock):
     a, b = supervisor(store, clock, "sup-a"), supervisor(store, clock, "sup-b")
-    a.tick()
+    await a.tick()
     clock.advance(PERIOD)
-    assert b.tick().held == 0  # all held by sup-a; its member row now counts
-    report = a.tick()
+    assert (await b.tick()).held == 0  # all held by sup-a; its member row now counts
+    report = await a.tick()
     assert (report.held, report.swept) == (16, 16)
-    roster = store.supervision.read()
+    roster = await store.supervision.read()
     given_up = [x for x in roster.buckets if x.free(clock.now)]
     assert len(given_up) == 8
     assert all(x.swept_at == clock.now and x.holder == "" for x in given_up)
     clock.advance(PERIOD)
-    assert b.tick().held == 8
+    assert (await b.tick()).held == 8
 
 
-def test_after_two_lost_races_a_tick_only_renews_what_it_holds(clock):
+async def test_after_two_lost_races_a_tick_only_renews_what_it_holds(clock):
     store = MemoryStore(clock)
     roster = LosingRaces(lose=0)
     store.supervision = roster
     a, b = supervisor(store, clock, "sup-a"), supervisor(store, clock, "sup-b")
     for _ in range(3):
-        a.tick()
-        b.tick()
+        await a.tick()
+        await b.tick()
         clock.advance(PERIOD)
-    assert a.tick().held == 8  # sup-b died after its last tick: its leases still hold
+    assert (await a.tick()).held == 8  # sup-b died after its last tick: its leases still hold
     clock.advance(PERIOD)  # now they are orphans
     roster.lose, roster.claims = 2, []
 
-    report = a.tick()
+    report = await a.tick()
 
     assert len(roster.claims) == 3
     assert len(roster.claims[0]) == len(roster.claims[1]) == 16  # with the orphans
     assert len(roster.claims[2]) == 8  # only its own
     assert (report.held, report.swept) == (8, 8)
     clock.advance(PERIOD)
-    assert a.tick().held == 16
+    assert (await a.tick()).held == 16
 
 
-def test_a_tick_whose_claims_all_conflict_sweeps_and_writes_nothing(clock):
+async def test_a_tick_whose_claims_all_conflict_sweeps_and_writes_nothing(clock):
     store = MemoryStore(clock)
     store.supervision = LosingRaces(lose=3)
     a = supervisor(store, clock, "sup-a")
-    report = a.tick()
+    report = await a.tick()
     assert (report.held, report.swept, report.queries) == (0, 0, 0)
     assert a.spy.take_due_calls() == []
-    assert store.supervision.read().members == ()
+    assert (await store.supervision.read()).members == ()
 
 
 # ----------------------------------------------------------------- two instances, one store
 
 
-def test_two_instances_share_the_buckets_and_never_handle_one_order_twice(store, clock):
+async def test_two_instances_share_the_buckets_and_never_handle_one_order_twice(store, clock):
     ids = order_ids([b for b in range(INDEX_BUCKETS) for _ in range(3)])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     a, b = supervisor(store, clock, "sup-a"), supervisor(store, clock, "sup-b")
     handled_by: dict[str, str] = {}
 
@@ -481,7 +476,7 @@ def test_two_instances_share_the_buckets_and_never_handle_one_order_twice(store,
         pair = (a, b) if round_ % 2 == 0 else (b, a)
         swept: dict[str, set[int]] = {}
         for s in pair:
-            report = s.tick()
+            report = await s.tick()
             calls = s.spy.take_due_calls()
             assert report.queries == len(calls) == len(set(calls))
             swept[s.rt.instance_id] = set(calls)
@@ -496,18 +491,18 @@ def test_two_instances_share_the_buckets_and_never_handle_one_order_twice(store,
     released = Counter(a.bus.released() + b.bus.released())
     assert released == Counter(ids)  # every order released, once
     assert set(a.bus.released()).isdisjoint(b.bus.released())
-    assert all(events(store, o).count("released") == 1 for o in ids)
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
 
 
-def test_two_instances_ticking_at_the_same_moment_in_threads(store, clock):
+async def test_two_instances_ticking_at_the_same_moment(store, clock):
     ids = order_ids([b for b in range(INDEX_BUCKETS) for _ in range(2)])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     a, b = supervisor(store, clock, "sup-a"), supervisor(store, clock, "sup-b")
     per_round: list[dict[str, set[int]]] = []
 
     for _ in range(6):
         swept: dict[str, set[int]] = {}
-        in_threads(a.tick, b.tick)
+        await at_once(a.tick(), b.tick())
         for s in (a, b):
             swept[s.rt.instance_id] = set(s.spy.take_due_calls())
         assert not swept["sup-a"] & swept["sup-b"]
@@ -516,16 +511,16 @@ def test_two_instances_ticking_at_the_same_moment_in_threads(store, clock):
 
     assert per_round[-1]["sup-a"] | per_round[-1]["sup-b"] == set(range(INDEX_BUCKETS))
     assert Counter(a.bus.released() + b.bus.released()) == Counter(ids)
-    assert all(events(store, o).count("released") == 1 for o in ids)
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
 
 
-def test_a_due_order_is_released_exactly_once_even_when_both_think_they_hold_its_bucket(
+async def test_a_due_order_is_released_exactly_once_even_when_both_think_they_hold_its_bucket(
     store, clock
 ):
     """Leases are an optimisation: two instances on separate rosters (both hold every bucket)
     sweep the same rows at the same moment, and each order is still released once."""
     ids = order_ids([b for b in range(INDEX_BUCKETS) for _ in range(4)])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
     pair = [
         supervisor(store, clock, name, supervision=MemorySupervision())
@@ -533,52 +528,55 @@ def test_a_due_order_is_released_exactly_once_even_when_both_think_they_hold_its
     ]
     reports: list[TickReport] = []
 
-    def ticks(s: Supervisor) -> None:
+    async def ticks(s: Supervisor) -> None:
         for _ in range(3):
-            reports.append(s.tick())
+            reports.append(await s.tick())
 
-    in_threads(lambda: ticks(pair[0]), lambda: ticks(pair[1]))
+    await at_once(ticks(pair[0]), ticks(pair[1]))
 
     assert all(r.held == 16 for r in reports)
     assert sum(r.retried for r in reports) == len(ids)
     assert Counter(pair[0].bus.released() + pair[1].bus.released()) == Counter(ids)
-    assert all(events(store, o).count("released") == 1 for o in ids)
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
 
 
-def test_two_instances_reading_the_same_version_of_a_due_order_release_it_once(store, clock):
+async def test_two_instances_reading_the_same_version_of_a_due_order_release_it_once(store, clock):
     """Both read the order before either writes: the second write conflicts (ETag), the
     conflict is counted, and nothing of the loser's is sent."""
     ids = order_ids([6])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
     pair = [
         supervisor(store, clock, name, supervision=MemorySupervision())
         for name in ("sup-a", "sup-b")
     ]
-    both_read = threading.Barrier(2)
+    both_read = asyncio.Barrier(2)
     for s in pair:
         s.spy.after_find = both_read
     reports: list[TickReport] = []
 
-    in_threads(*(lambda s=s: reports.append(s.tick()) for s in pair))
+    async def tick(s: Supervisor) -> None:
+        reports.append(await s.tick())
+
+    await at_once(*(tick(s) for s in pair))
 
     assert sorted((r.retried, r.conflicts) for r in reports) == [(0, 1), (1, 0)]
     assert pair[0].bus.released() + pair[1].bus.released() == ids
-    assert events(store, ids[0]) == ["created", "released"]
+    assert await events(store, ids[0]) == ["created", "released"]
 
 
-def test_a_due_order_is_released_once_over_repeated_ticks(store, clock):
+async def test_a_due_order_is_released_once_over_repeated_ticks(store, clock):
     ids = order_ids([4])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     a, b = supervisor(store, clock, "sup-a"), supervisor(store, clock, "sup-b")
-    a.tick()
-    b.tick()
+    await a.tick()
+    await b.tick()
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
-    reports = [s.tick() for s in (a, b, a, b, a, b)]
+    reports = [await s.tick() for s in (a, b, a, b, a, b)]
     assert sum(r.retried for r in reports) == 1
     assert sum(r.due for r in reports) == 1
     assert a.bus.released() + b.bus.released() == ids
-    assert events(store, ids[0]) == ["created", "released"]
+    assert await events(store, ids[0]) == ["created", "released"]
 
 
 # ------------------------------------------------------------------------------- metrics
@@ -651,13 +649,13 @@ def recorded(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     return found
 
 
-def test_a_tick_records_lag_rows_read_recovered_and_duration(store, clock, metric_reader):
+async def test_a_tick_records_lag_rows_read_recovered_and_duration(store, clock, metric_reader):
     ids = order_ids([2, 2, 9])
-    submit(scheduler(store, clock), ids)
+    await submit(scheduler(store, clock), ids)
     clock.advance(STEP_TIMEOUT + timedelta(seconds=4))
     a = supervisor(store, clock, "sup-a")
 
-    report = a.tick()
+    report = await a.tick()
 
     assert (report.due, report.retried, report.recovered) == (3, 3, 3)
     found = recorded(metric_reader)
@@ -670,11 +668,11 @@ def test_a_tick_records_lag_rows_read_recovered_and_duration(store, clock, metri
     assert sum(p.value for p in found.get("supervisor.buckets_unfinished", [])) == 0
 
 
-def test_a_tick_cut_short_records_its_unfinished_buckets(store, clock, metric_reader):
-    submit(scheduler(store, clock), order_ids([1, 3]))
+async def test_a_tick_cut_short_records_its_unfinished_buckets(store, clock, metric_reader):
+    await submit(scheduler(store, clock), order_ids([1, 3]))
     clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
 
-    report = supervisor(store, clock, "sup-a").tick(budget_s=0)
+    report = await supervisor(store, clock, "sup-a").tick(budget_s=0)
 
     found = recorded(metric_reader)
     assert report.held - report.swept == 2
@@ -685,31 +683,35 @@ def test_a_tick_cut_short_records_its_unfinished_buckets(store, clock, metric_re
     assert found["supervisor.tick.duration"][0].count == 1
 
 
-def test_each_tick_records_once(store, clock, metric_reader):
+async def test_each_tick_records_once(store, clock, metric_reader):
     a = supervisor(store, clock, "sup-a")
     for _ in range(3):
-        a.tick()
+        await a.tick()
         clock.advance(PERIOD)
     found = recorded(metric_reader)
     assert sum(p.count for p in found["supervisor.tick.duration"]) == 3
     assert sum(p.value for p in found.get("supervisor.rows_read", [])) == 0
 
 
-def test_sweep_tasks_run_in_the_ticks_context() -> None:
+async def test_sweep_tasks_run_in_the_ticks_context() -> None:
     """The tick's span (a context variable) is current in each sweep task, so the commands and
     alerts the sweep sends stay in the tick's trace."""
     import contextvars
-    from concurrent.futures import ThreadPoolExecutor
 
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from supervisor.tick import _map_here
+    from supervisor.tick import _gather
 
     marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="none")
     marker.set("tick")
     tracer = TracerProvider().get_tracer("test")
-    with tracer.start_as_current_span("tick") as tick, ThreadPoolExecutor(2) as pool:
-        seen = list(_map_here(pool, lambda _: (marker.get(), trace.get_current_span()), range(4)))
+
+    async def look(_: int) -> tuple[str, object]:
+        await asyncio.sleep(0)
+        return marker.get(), trace.get_current_span()
+
+    with tracer.start_as_current_span("tick") as tick:
+        seen = await _gather(asyncio.Semaphore(2), look, range(4))
     assert [m for m, _ in seen] == ["tick"] * 4
     assert all(span is tick for _, span in seen)

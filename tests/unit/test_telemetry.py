@@ -3,7 +3,6 @@ the host's invocation span when there is one (the platform's, or the local host'
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -136,7 +135,8 @@ def test_consuming_starts_a_child_span_of_the_message(spans):
     assert span.attributes["messaging.destination.name"] == "orders-q"
 
 
-def test_the_intake_function_handles_its_message_in_a_child_span(spans, monkeypatch):
+@pytest.mark.anyio
+async def test_the_intake_function_handles_its_message_in_a_child_span(spans, monkeypatch):
     class FakeSettings:
         def queue(self, role: str) -> str:
             return f"{role}-q"
@@ -150,15 +150,13 @@ def test_the_intake_function_handles_its_message_in_a_child_span(spans, monkeypa
         reply = to_servicebus_message(order("o-7"))
         sent_next.append((reply.application_properties or {})[b"traceparent"])
 
-    monkeypatch.setattr(scheduler.functions.runtime_aio, "current", lambda: FakeRuntime())
+    monkeypatch.setattr(scheduler.functions.runtime, "current", lambda: FakeRuntime())
     monkeypatch.setattr(scheduler.functions, "handle_submission", handle_submission)
     with telemetry.tracer.start_as_current_span("submit") as submitter:
         message = to_servicebus_message(order("o-7"))
 
-    asyncio.run(
-        scheduler.functions.scheduler_intake(
-            function_message(dict(message.application_properties or {}), "o-7")
-        )
+    await scheduler.functions.scheduler_intake(
+        function_message(dict(message.application_properties or {}), "o-7")
     )
 
     span = finished(spans, "scheduler_intake")

@@ -1,11 +1,10 @@
-"""The async Bus (core.bus) against the development Service Bus broker.
+"""The Bus (core.bus) against the development Service Bus broker, on one event loop.
 
-What core.bus does for the Supervisor and the tools, core.bus does for the hot path on one
-event loop: each message arrives with its MessageId, CorrelationId, Subject, schema_version and
-signature; a scheduled one is held until its time; one sender per queue is reused, a sender
-whose send failed is closed and forgotten, the least recently used one is closed past
-``max_senders``, and ``close`` closes every sender and the client. An async Runtime built from
-the app settings alerts and replies through it.
+Each message arrives with its MessageId, CorrelationId, Subject, schema_version and signature;
+a scheduled one is held until its time; one sender per queue is reused, a sender whose send
+failed is closed and forgotten, the least recently used one is closed past ``max_senders``, and
+``close`` closes every sender and the client. A Runtime built from the app settings alerts and
+replies through it.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from tests.support.broker import ServiceBusNamespace
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
-KEYRING = signing.parse_keyring(signing.new_key_text("aio"))
+KEYRING = signing.parse_keyring(signing.new_key_text("bus"))
 
 
 def order(order_id: str) -> OrderSubmitted:
@@ -60,7 +59,7 @@ def status(order_id: str, sequence: int = 0) -> StatusUpdate:
 
 
 def new_order_id() -> str:
-    return f"o-aio-{uuid.uuid4().hex[:12]}"
+    return f"o-bus-{uuid.uuid4().hex[:12]}"
 
 
 class SpySender:
@@ -178,7 +177,7 @@ async def test_a_message_arrives_with_its_ids_subject_version_and_signature(
         message_id=message_id,
         body=body,
     )
-    assert verdict == signing.Verified("aio")
+    assert verdict == signing.Verified("bus")
 
 
 async def test_an_unsigned_bus_sends_no_signature(

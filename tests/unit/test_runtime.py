@@ -1,7 +1,7 @@
-"""The async Runtime (core.runtime) and clients (core.clients), without a broker: what
+"""The Runtime (core.runtime) and clients (core.clients), without a broker: what
 ``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
 and the credentials the asyncio clients authenticate with. The broker round trips are in
-tests/integration/test_bus_aio.py."""
+tests/integration/test_bus.py."""
 
 from __future__ import annotations
 
@@ -15,16 +15,9 @@ import httpx
 import pytest
 from azure.core.credentials import AccessToken
 from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
-from azure.servicebus import ServiceBusClient as SyncServiceBusClient
 from azure.servicebus.aio import ServiceBusClient
 
-import core.bus
-import core.clients
-import core.runtime
-import core.state_store
-import core.tablestorage
-from core import blobs, bus, clients, instance_ids, runtime, servicebus_messages, signing
-from core import state_store as aio_state_store
+from core import bus, clients, runtime, signing, state_store
 from core.credentials import ThreadedCredential
 from core.messages import OperatorAlert, StatusUpdate, message_id_for
 from core.settings import Connection, Settings
@@ -51,7 +44,7 @@ def settings() -> Settings:
     return Settings.from_env(app_env())
 
 
-def alert(order_id: str = "o-aio-alert") -> OperatorAlert:
+def alert(order_id: str = "o-alert") -> OperatorAlert:
     return OperatorAlert(
         order_id=order_id,
         severity="error",
@@ -104,7 +97,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
 
 @pytest.fixture
 def closed_services(monkeypatch: pytest.MonkeyPatch) -> list[TableService]:
-    """The async Table services closed during the test."""
+    """The Table services closed during the test."""
     closed: list[TableService] = []
     close = TableService.close
 
@@ -121,28 +114,15 @@ def rt() -> Iterator[runtime.Runtime]:
     yield runtime.Runtime.from_settings(settings())
 
 
-async def test_from_settings_builds_the_async_store_and_bus_and_opens_nothing(
+async def test_from_settings_builds_the_store_and_bus_and_opens_nothing(
     rt: runtime.Runtime, made: list[FakeClient]
 ) -> None:
-    assert isinstance(rt.store, aio_state_store.OrderStateStore)
-    assert not isinstance(rt.store, core.state_store.OrderStateStore)
+    assert isinstance(rt.store, state_store.OrderStateStore)
     assert isinstance(rt.store._service, TableService)
-    assert isinstance(rt.bus, bus.Bus) and not isinstance(rt.bus, core.bus.Bus)
+    assert isinstance(rt.bus, bus.Bus)
     assert rt.workflows == rt.settings.workflows()
     assert made == [] and rt._http is None and rt._status_bus is None
     await rt.close()
-
-
-def test_the_sync_twin_builds_sync_clients() -> None:
-    sync = core.runtime.Runtime.from_settings(settings())
-    try:
-        assert isinstance(sync.store, core.state_store.OrderStateStore)
-        assert isinstance(sync.store._service, core.tablestorage.TableService)
-        assert isinstance(sync.bus, core.bus.Bus)
-        assert isinstance(sync.http, httpx.Client)
-    finally:
-        sync.close()
-    assert sync.http.is_closed
 
 
 async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
@@ -151,7 +131,7 @@ async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
     raised = alert()
     with caplog.at_level(logging.WARNING, logger="runtime"):
         await rt.alert(raised)
-    assert "operator alert (error) for o-aio-alert: step_failed" in caplog.text
+    assert "operator alert (error) for o-alert: step_failed" in caplog.text
     (client,) = made
     assert client.conn == rt.settings.servicebus and client.options == {}
     (sender,) = client.senders
@@ -159,7 +139,7 @@ async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
     (message,) = sender.sent
     assert message.subject == "OperatorAlert"
     assert message.message_id == message_id_for(raised)
-    assert message.correlation_id == "o-aio-alert"
+    assert message.correlation_id == "o-alert"
     verdict = signing.verify(
         rt.settings.keyring,
         signing.signature_of(message.application_properties),
@@ -168,7 +148,7 @@ async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
         body=b"".join(message.body),
     )
     assert isinstance(verdict, signing.Verified)
-    await rt.alert(alert("o-aio-alert-2"))
+    await rt.alert(alert("o-alert-2"))
     assert len(made) == 1 and len(sender.sent) == 2  # one client, one sender, reused
     await rt.close()
 
@@ -180,7 +160,7 @@ async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
     assert isinstance(status_bus, bus.Bus) and status_bus is not rt.bus
     assert rt.status_bus() is status_bus
     assert status_bus._max_senders == runtime.STATUS_SENDERS
-    update = StatusUpdate(order_id="o-aio-status", sequence=0, state="Pending")
+    update = StatusUpdate(order_id="o-status", sequence=0, state="Pending")
     await status_bus.send("reply-here", update)
     (client,) = made
     assert client.options == {"retry_total": 1, "retry_backoff_factor": 0.2}
@@ -204,7 +184,7 @@ async def test_close_closes_both_buses_the_store_and_the_http_client(
 ) -> None:
     await rt.alert(alert())
     await rt.status_bus().send(
-        "reply-here", StatusUpdate(order_id="o-aio-close", sequence=0, state="Pending")
+        "reply-here", StatusUpdate(order_id="o-close", sequence=0, state="Pending")
     )
     http = rt.http
     await rt.close()
@@ -221,32 +201,21 @@ async def test_close_of_a_runtime_that_opened_nothing(
     assert made == [] and closed_services == [rt.store._service]
 
 
-async def test_the_process_wide_runtime_is_apart_from_the_sync_one(
+async def test_the_process_wide_runtime_is_built_once_on_first_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in app_env().items():
         monkeypatch.setenv(name, value)
     previous = runtime.install(None)
-    sync_before = core.runtime.installed()
     try:
         assert runtime.installed() is None
         built = runtime.current()
         assert isinstance(built, runtime.Runtime) and runtime.current() is built
         assert runtime.installed() is built
-        assert core.runtime.installed() is sync_before
         assert runtime.install(None) is built
         await built.close()
     finally:
         runtime.install(previous)
-
-
-def test_pure_helpers_have_one_identity() -> None:
-    assert bus.to_servicebus_message is core.bus.to_servicebus_message
-    assert bus.to_servicebus_message is servicebus_messages.to_servicebus_message
-    assert runtime.new_instance_id is core.runtime.new_instance_id
-    assert runtime.new_instance_id is instance_ids.new_instance_id
-    assert clients.blob_service is core.clients.blob_service is blobs.blob_service
-    assert runtime.STATUS_SENDERS == core.runtime.STATUS_SENDERS
 
 
 class SlowSender(FakeSender):
@@ -327,21 +296,15 @@ async def test_servicebus_client_with_a_managed_identity_gets_an_async_credentia
         assert isinstance(credential.credential, ManagedIdentityCredential)
     finally:
         await client.close()
-    sync = core.clients.servicebus_client(MANAGED)
-    try:
-        assert isinstance(sync, SyncServiceBusClient)
-        assert isinstance(sync._credential, ManagedIdentityCredential)
-    finally:
-        sync.close()
 
 
-def test_without_a_client_id_the_credential_is_the_default_chain() -> None:
+async def test_without_a_client_id_the_credential_is_the_default_chain() -> None:
     conn = Connection("ServiceBusConnection", endpoint="sb-x.servicebus.windows.net")
-    sync = core.clients.servicebus_client(conn)
+    client = clients.servicebus_client(conn)
     try:
-        assert isinstance(sync._credential, DefaultAzureCredential)
+        assert isinstance(client._credential.credential, DefaultAzureCredential)
     finally:
-        sync.close()
+        await client.close()
 
 
 async def test_the_table_service_takes_the_sync_credential_its_bearer_token_renews() -> None:
