@@ -1,9 +1,9 @@
 """The Scheduler's Service Bus triggers: submissions, agent replies and commands.
 
-Every trigger is ``async def``: the Python worker awaits it on its event loop. Each message is handled in a span parented on the trace
-context it carries (core.telemetry). Replies and commands are internal: they are handled only
-if the app signed them for their queue (core.inbound). Submissions come from outside and are
-validated, not signed.
+Every trigger is ``async def``: the Python worker awaits it on its event loop. Each message is
+handled in a span parented on the trace context it carries (core.telemetry). Replies and
+commands are internal: they are handled only if the app signed them for their queue
+(core.inbound). Submissions come from outside and are validated, not signed.
 """
 
 from __future__ import annotations
