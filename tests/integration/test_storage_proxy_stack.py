@@ -12,12 +12,12 @@ from azure.data.tables import TableServiceClient
 from devstack.faults.storage_proxy import FaultRates
 from devstack.stack.local_stack import STORAGE_PROXY, STORAGE_PROXY_STATS, LocalStack
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.anyio]
 
 
-def test_the_hosts_reach_azurite_through_the_proxy_which_restarts_at_its_address(tmp_path):
+async def test_the_hosts_reach_azurite_through_the_proxy_which_restarts_at_its_address(tmp_path):
     stack = LocalStack(tmp_path, hosts=0, storage_faults=FaultRates())
-    info = stack.start()
+    info = await stack.start()
     try:
         hosts = json.loads((tmp_path / "local.settings.json").read_text())["Values"]
         proxied = hosts["StateStorage"]
@@ -30,7 +30,7 @@ def test_the_hosts_reach_azurite_through_the_proxy_which_restarts_at_its_address
             stored = direct.get_table_client(hosts["ORDERS_TABLE"]).get_entity("p", "r")
         assert stored["Note"] == "through the proxy", "signed by the client, verified by Azurite"
 
-        stack.restart(STORAGE_PROXY)
+        await stack.restart(STORAGE_PROXY)
         with TableServiceClient.from_connection_string(proxied) as through_proxy:
             again = through_proxy.get_table_client(hosts["ORDERS_TABLE"]).get_entity("p", "r")
         assert again["Note"] == "through the proxy"

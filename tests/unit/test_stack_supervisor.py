@@ -141,14 +141,19 @@ def test_exits_are_described_by_signal_or_code():
     assert describe_exit(-99) == "killed by signal 99"
 
 
-def test_a_paused_host_is_not_taken_for_dead(tmp_path):
+async def test_a_paused_host_is_not_taken_for_dead(tmp_path):
     stack = LocalStack(tmp_path, hosts=1)
     stack._spawn("host-0", [sys.executable, "-c", "import time; time.sleep(60)"], os.environ.copy())
     restarts: list[str] = []
-    stack.restart = restarts.append  # type: ignore[method-assign,assignment]
+
+    async def restart(name: str) -> int:
+        restarts.append(name)
+        return 0
+
+    stack.restart = restart  # type: ignore[method-assign]
     try:
         stack.pause_host(0)
-        StackSupervisor(stack, report=lambda event: None, policy=POLICY).check()
+        await StackSupervisor(stack, report=lambda event: None, policy=POLICY).check()
         assert restarts == [] and stack.exit_code("host-0") is None
         assert stack.paused == {0}
     finally:
