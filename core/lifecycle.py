@@ -21,6 +21,14 @@ no longer in flight changes no state but is recorded on its step (an effect happ
 will), so compensation undoes exactly what happened. Transient failures and deferrals count only
 for the attempt in flight.
 
+**Only answers to requests it sent.** Each step records the requests sent for it in its
+generation (operation and attempt, :attr:`core.order.StepRecord.requests`). An answer is
+applied or recorded only if it answers one of them: anything else - a do or an undo never
+requested, an attempt that carried another request, a generation the step never reached -
+changes nothing and raises a critical ``unrequested_answer`` alert (a bug upstream, or a
+leaked signing key). An answer for an earlier generation of a step changes nothing either;
+whether it was sent is no longer recorded, so it raises nothing.
+
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
 "nothing to undo" and refuses that key for ever (docs/remote-service-contract.md).
@@ -50,6 +58,8 @@ from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
 from core.states import ProcessState, transition_allowed
 from core.workflows import Step, Workflow
 
+UNREQUESTED_REASON: Final = "unrequested_answer"
+"""The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
 
@@ -252,6 +262,9 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
     step = order.step(r.step)
+    unasked = _unasked(order, step, r)
+    if unasked is not None:
+        return _refuse_answer(order, r, unasked, ctx)
     if r.generation != step.generation or step.state is StepState.PENDING:
         return _flush(order, f"reply for {r.idempotency_key}, which is not this step's key")
     delivered = any(
@@ -283,6 +296,53 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
     if r.operation == "do":
         return _on_forward_answer(order, draft, r, in_flight, ctx)
     return _on_undo_answer(order, draft, r, in_flight, ctx)
+
+
+def _unasked(order: Order, step: StepRecord, r: AgentResponse) -> str | None:
+    """Why the order's record proves it never sent the request ``r`` answers; None when it sent
+    it, or when ``r`` is for an earlier generation of the step (not known any more)."""
+    generation = order.generation if step.state is StepState.PENDING else step.generation
+    if r.generation < generation:
+        return None
+    if r.generation > generation:
+        return f"{r.step}'s requests are of generation {generation}"
+    if step.requests is None:  # recorded before requests were: what the record still proves
+        if r.attempt > order.attempt:
+            return f"the order has sent {order.attempt} requests in all"
+        if r.operation == "undo" and order.compensation_cause is None:
+            return "the order has not undone anything"
+        return None
+    if step.sent(r.operation, r.attempt):
+        return None
+    runs = [
+        f"{run.operation} at attempt {run.first}"
+        + (f" to {run.last}" if run.last > run.first else "")
+        for run in step.requests
+    ]
+    return f"{r.step} was sent: {', '.join(runs) or 'nothing'} (generation {generation})"
+
+
+def _refuse_answer(order: Order, r: AgentResponse, why: str, ctx: Context) -> Decision:
+    """Change nothing, and alert. The alert names the answer alone (``why`` goes to the log),
+    so the answer delivered again is the same alert."""
+    answered = r.outcome
+    if r.error_code is not None:
+        answered += f" ({'transient ' if r.transient else ''}{r.error_code})"
+    detail = (
+        f"order {order.order_id} never sent the request this answer is for: {r.operation} "
+        f"{r.step} attempt {r.attempt}, key {r.idempotency_key}, answered {answered}. Nothing "
+        "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
+        f"signing key: find who sent message {message_id_for(r)} to the response queue."
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity="critical",
+        reason=UNREQUESTED_REASON,
+        detail=detail,
+        source=ctx.actor,
+        raised_at=ctx.now,
+    )
+    return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
 
 
 def _on_forward_answer(
@@ -527,7 +587,11 @@ def _claim(order: Order, ctx: Context) -> Order:
     attempt = order.attempt + 1
     complete_by = ctx.now + step.deadline_budget
     order = order.with_step(
-        step.name, state=step_state, generation=generation, attempt=record.attempt + 1
+        step.name,
+        state=step_state,
+        generation=generation,
+        attempt=record.attempt + 1,
+        requests=record.sending(operation, attempt),
     )
     order = replace(
         order,

@@ -48,6 +48,16 @@ class StepState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Requests:
+    """Requests sent one after another for one step: ``operation`` as the order's requests
+    ``first`` to ``last`` (:attr:`Order.attempt` values; each retry sends the next one)."""
+
+    operation: ids.Operation
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of the order. ``generation`` is that of the forward key last requested."""
 
@@ -62,12 +72,34 @@ class StepRecord:
     error_message: str | None = None
     completed_at: datetime | None = None
     compensated_at: datetime | None = None
+    requests: tuple[Requests, ...] | None = ()
+    """Which requests were sent for this step since its generation began, oldest first: what
+    an answer is checked against (it must answer one of them). None: not known, for a step
+    recorded before they were, until it starts afresh."""
 
     def forward_key(self, order_id: str) -> str:
         return ids.idempotency_key(order_id, self.name, "do", self.generation)
 
     def key(self, order_id: str, operation: ids.Operation) -> str:
         return ids.idempotency_key(order_id, self.name, operation, self.generation)
+
+    def sent(self, operation: ids.Operation, attempt: int) -> bool:
+        """Whether ``operation`` was sent for this step as the order's request ``attempt`` in
+        this generation (False when not known: see :attr:`requests`)."""
+        return any(
+            run.operation == operation and run.first <= attempt <= run.last
+            for run in self.requests or ()
+        )
+
+    def sending(self, operation: ids.Operation, attempt: int) -> tuple[Requests, ...] | None:
+        """:attr:`requests` once ``operation`` is sent as the order's request ``attempt``."""
+        if self.requests is None:
+            return None
+        if self.requests:
+            last = self.requests[-1]
+            if last.operation == operation and last.last == attempt - 1:
+                return (*self.requests[:-1], replace(last, last=attempt))
+        return (*self.requests, Requests(operation, attempt, attempt))
 
 
 @dataclass(frozen=True, slots=True)
