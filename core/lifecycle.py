@@ -29,6 +29,14 @@ changes nothing and raises a critical ``unrequested_answer`` alert (a bug upstre
 leaked signing key). An answer for an earlier generation of a step changes nothing either;
 whether it was sent is no longer recorded, so it raises nothing.
 
+**Ended, settling, settled.** Processed and Error end an order: nothing more is sent for it on
+its own. An Error order may end with outcomes still open (:attr:`core.order.Order.open_steps`):
+a step whose do was never answered for sure, or whose undo was sent and the effect is still
+recorded in place. Until each is answered the order is *settling*: an answer to a request it
+sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
+A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
+says whether the order ended settling, and :func:`_write` refuses anything else.
+
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
 "nothing to undo" and refuses that key for ever (docs/remote-service-contract.md).
@@ -362,7 +370,7 @@ def _on_forward_answer(
             return _advance(order, done, r.step, ctx)
         if step.state is StepState.RUNNING:
             detail = f"{r.step} took effect after it was given up on; recorded for compensation"
-            return _write(order, done, ctx, "late_success", detail)
+            return _late(order, done, ctx, "late_success", detail)
         return _flush(order, f"{r.step} succeeded again (already {step.state})")
     refused = draft.with_step(
         r.step,
@@ -375,7 +383,7 @@ def _on_forward_answer(
     if in_flight:
         return _compensate(order, refused, "step_declined", reason, ctx)
     if step.state is StepState.RUNNING:
-        return _write(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
+        return _late(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
     return _flush(order, f"{r.step} declined, but it is {step.state}")
 
 
@@ -393,8 +401,20 @@ def _on_undo_answer(
     if in_flight:
         return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
     if step.state.may_have_effect:
-        return _write(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
+        return _late(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
     return _flush(order, f"undo of {r.step} answered again (already {step.state})")
+
+
+def _late(before: Order, after: Order, ctx: Context, event: str, detail: str) -> Decision:
+    """Record an answer for a step no longer in flight (``event``). On an order that has ended
+    it is the order settling: ``settling`` while an answer may still change a step,
+    ``settled`` once none can (only an operator changes it after that)."""
+    if before.state.in_flight:
+        return _write(before, after, ctx, event, detail)
+    left = ", ".join(s.name for s in after.open_steps)
+    if left:
+        return _write(before, after, ctx, "settling", f"{detail} (after the end; open: {left})")
+    return _write(before, after, ctx, "settled", f"{detail} (after the end; nothing is open now)")
 
 
 def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision:
@@ -773,7 +793,9 @@ def _fail(
         raised_at=ctx.now,
     )
     order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
-    return _write(before, order, ctx, "error", final, step=step)
+    left = ", ".join(s.name for s in order.open_steps)
+    settling = f"; settling: an answer may still change {left}" if left else ""
+    return _write(before, order, ctx, "error", final + settling, step=step)
 
 
 def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
@@ -846,8 +868,10 @@ def _write(
     if from_state == "before" and not transition_allowed(before.state, after.state):
         raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
     outbox = after.outbox
-    settled = before.state.terminal and after.state.terminal
-    if not settled:
+    ended = before.state.terminal and after.state.terminal
+    if ended and not before.settling:
+        raise AssertionError(f"{event}: order {before.order_id} is settled; only operators act")
+    if not ended:
         seen: set[str] = set()
         kept: list[Outgoing] = []
         for outgoing in outbox:
@@ -870,8 +894,8 @@ def _write(
         attempt=after.attempt,
         detail=detail,
     )
-    send = () if settled else outbox
-    return Decision(after, send, entry, finished=after.state.terminal and not settled)
+    send = () if ended else outbox
+    return Decision(after, send, entry, finished=after.state.terminal and not ended)
 
 
 def _flush(order: Order, note: str) -> Decision:

@@ -158,6 +158,30 @@ class Order:
         steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
         return replace(self, steps=steps)
 
+    @property
+    def open_steps(self) -> tuple[StepRecord, ...]:
+        """Steps whose record an answer to a request already sent may still change: a do
+        whose outcome is unknown (Running), or an undo sent while the effect is still recorded
+        in place (for a step whose requests are not known: once compensation began)."""
+        return tuple(
+            s
+            for s in self.steps
+            if s.state is StepState.RUNNING
+            or (s.state is StepState.SUCCEEDED and self._undo_sent(s))
+        )
+
+    @property
+    def settling(self) -> bool:
+        """Ended (Processed or Error), and an answer may still change a step
+        (:attr:`open_steps`). An ended order that is not settling is settled: nothing but an
+        operator changes it (:mod:`core.states`)."""
+        return self.state.terminal and bool(self.open_steps)
+
+    def _undo_sent(self, step: StepRecord) -> bool:
+        if step.requests is None:
+            return self.compensation_cause is not None
+        return any(run.operation == "undo" for run in step.requests)
+
 
 TRACE_PARENT_CHARS: Final = 55
 _TRACE_PARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", re.ASCII)

@@ -477,6 +477,7 @@ class World:
         for order in self.store.orders():
             for step in order.steps:
                 self._check_agrees(order.order_id, step)
+            self._check_after_the_end(order.order_id)
         for reply in self.consumed:
             self._check_applied(reply)
         self._check_lies_alerted()
@@ -502,6 +503,21 @@ class World:
             f"{sorted(asked)} and holds {key} as {forward or 'never applied'}"
             f"{' (undone)' if key in self.services.undone else ''}"
         )
+
+    def _check_after_the_end(self, order_id: str) -> None:
+        """Once an order ended, only its settling changes it: ``settling`` rows and one
+        ``settled``, if its ``error`` row said it ended settling; nothing once it is settled
+        (until an operator puts it back in flight)."""
+        settling = False
+        for entry in self.store.get_timeline(order_id):
+            if entry.from_state is None or not entry.from_state.terminal:
+                settling = "; settling: " in entry.detail
+                continue
+            if entry.to_state.terminal:
+                assert settling and entry.event in ("settling", "settled"), (
+                    f"{order_id}: {entry.event} ({entry.detail}) after it ended settled"
+                )
+                settling = entry.event == "settling"
 
     def _check_lies_alerted(self) -> None:
         """Each distinct answer to a request never asked for raised one alert, and no answer

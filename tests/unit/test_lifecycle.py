@@ -34,7 +34,7 @@ from core.messages import (
 )
 from core.order import Order, Requests, StepState
 from core.state_models import order_entity, order_from_entity
-from core.states import ProcessState
+from core.states import ProcessState, transition_allowed
 from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -457,6 +457,112 @@ def test_a_row_written_before_requests_were_recorded_loads_and_keeps_what_it_pro
     assert late.order is not None and late.order.current_step == "charge_payment"
     assert late.order.step("reserve_inventory").requests is None  # still not known
     assert late.order.step("charge_payment").requests == (Requests("do", 2, 2),)
+
+
+# ------------------------------------------------------------- ended: settling and settled
+
+
+def incomplete_compensation() -> Order:
+    """An Error order whose undo of reserve_inventory timed out three times (attempts 3 to 5):
+    the reservation may still be in place, and any of those undos may still answer."""
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    for n in range(FLOW.failure_threshold):
+        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
+        if order.state.in_flight:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.ERROR
+    return order
+
+
+def test_an_error_order_with_an_undo_unanswered_ends_settling_and_says_so():
+    order = new_order()
+    order = apply(order, decide(order, Replied(answer(request_of(order))), ctx(1)))
+    charge = request_of(order)
+    order = apply(order, decide(order, Replied(answer(charge, "declined")), ctx(2)))
+    undo = request_of(order)
+    ended = decide(order, Replied(answer(undo, "failed", error_code="refund_refused")), ctx(3))
+    assert ended.order is not None and ended.entry is not None
+    assert ended.order.settling
+    assert [s.name for s in ended.order.open_steps] == ["reserve_inventory"]
+    assert ended.entry.event == "error"
+    assert ended.entry.detail.endswith("; settling: an answer may still change reserve_inventory")
+    assert "settling" not in (ended.order.last_error or "")  # the alert and status say the end
+
+
+def test_a_fully_compensated_error_order_ends_settled():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    decision = decide(order, Replied(answer(request_of(order))), ctx(3))
+    assert decision.order is not None and decision.entry is not None
+    assert decision.order.state is ProcessState.ERROR and not decision.order.settling
+    assert "settling" not in decision.entry.detail
+    again = decide(decision.order, Replied(answer(request_of(order))), ctx(4))
+    assert again.order is None and again.send == ()  # an answer again: nothing to write
+
+
+def test_an_answer_that_leaves_nothing_open_settles_the_ended_order():
+    order = incomplete_compensation()
+    first_undo = AgentResponse(
+        order_id="o-1",
+        step="reserve_inventory",
+        operation="undo",
+        attempt=3,
+        idempotency_key="o-1:reserve_inventory:undo:1",
+        outcome="succeeded",
+        responded_at=T0,
+    )
+    decision = decide(order, Replied(first_undo), ctx(60))
+    after, entry = decision.order, decision.entry
+    assert after is not None and entry is not None
+    assert (entry.event, entry.from_state, entry.to_state) == (
+        "settled",
+        ProcessState.ERROR,
+        ProcessState.ERROR,
+    )
+    assert entry.detail == "reserve_inventory: Compensated (after the end; nothing is open now)"
+    assert after.step("reserve_inventory").state is StepState.COMPENSATED
+    assert not after.settling and decision.send == () and not decision.finished
+
+
+def test_while_steps_stay_open_each_answer_after_the_end_is_a_settling_row():
+    flow = ORDER_WORKFLOW_V2  # verify_address has no undo: nothing undoes it if it hangs
+    scheduler = v2(1, actor="scheduler:a")
+    order = submit(new_order_submitted(), scheduler).order
+    assert order is not None
+    for _ in range(2):
+        order = apply(order, decide(order, Replied(answer(request_of(order))), scheduler))
+    verify = request_of(order)
+    for n in range(flow.failure_threshold):  # verify_address times out at the threshold
+        order = apply(order, decide(order, Replied(answer(verify, "transient")), v2(2 + n)))
+        if order.state.in_flight and order.locked_by is None:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), v2(20 + n)))  # type: ignore[arg-type]
+            verify = request_of(order)
+    void = request_of(order)
+    assert (void.step, void.operation) == ("charge_payment", "undo")
+    refused = answer(void, "failed", error_code="void_refused")
+    order = apply(order, decide(order, Replied(refused), scheduler))
+    assert order.state is ProcessState.ERROR
+    assert [s.name for s in order.open_steps] == ["charge_payment", "verify_address"]
+
+    landed = decide(order, Replied(answer(verify)), v2(90))
+    assert landed.order is not None and landed.entry is not None
+    assert landed.entry.event == "settling"
+    assert landed.entry.detail.endswith("(after the end; open: charge_payment)")
+    assert landed.order.step("verify_address").state is StepState.SUCCEEDED
+    voided = decide(landed.order, Replied(answer(void)), v2(91))
+    assert voided.entry is not None and voided.entry.event == "settled"
+    assert voided.order is not None and not voided.order.settling
+
+
+def test_a_processed_order_is_settled_and_no_answer_writes_to_it():
+    processed = after_steps(3)
+    assert processed.state is ProcessState.PROCESSED and not processed.settling
+    assert not transition_allowed(ProcessState.PROCESSED, ProcessState.PROCESSED)
+    again = answer(request_of(new_order()))  # reserve_inventory succeeded, heard again
+    assert decide(processed, Replied(again), ctx(9)).order is None
 
 
 # ------------------------------------------------------------------------- retries, sweeps

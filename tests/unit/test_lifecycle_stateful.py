@@ -133,3 +133,32 @@ Lifecycle.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_lifecycle = Lifecycle.TestCase
+
+
+def test_an_undo_that_lands_after_the_order_ended_settles_it():
+    """The exploration rarely ends a compensation incomplete (an undo must fail at the
+    threshold); here it does, and the undo that hung lands after the end."""
+    world = World(failure_threshold=1)
+    oid = order_id(0)
+    world.submit(oid, reply_to=None)
+    for fault in ("ok", "decline"):  # reserve_inventory took effect, charge_payment declined
+        world.deliver(world.deliverable("agent")[0], fault)
+        world.deliver(world.deliverable("responses")[0])
+    world.deliver(world.deliverable("agent")[0], "late")  # the release hangs...
+    world.advance(200)
+    world.tick()  # ...past its deadline: at the threshold, compensation is incomplete
+    ended = world.store.load(oid)
+    assert ended.state is ProcessState.ERROR and ended.settling
+    error = world.store.get_timeline(oid)[-1]
+    assert error.detail.endswith("; settling: an answer may still change reserve_inventory")
+
+    world.land_late(0)  # the release took effect after all
+    world.deliver(world.deliverable("responses")[0])
+    settled = world.store.load(oid)
+    assert not settled.settling
+    last = world.store.get_timeline(oid)[-1]
+    assert (last.event, last.detail) == (
+        "settled",
+        "reserve_inventory: Compensated (after the end; nothing is open now)",
+    )
+    world.check_final()
