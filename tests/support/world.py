@@ -528,6 +528,9 @@ class World:
             if isinstance(a, OperatorAlert) and a.reason == UNREQUESTED_REASON
         ]
         lies = {(a.idempotency_key, a.attempt, a.outcome, a.transient) for a in self.lies}
+        named = {f"attempt {attempt}, key {key}," for key, attempt, *_ in lies}
+        for alert in alerts:
+            assert any(lie in alert.detail for lie in named), f"not a lie: {alert.detail}"
         assert len(alerts) == len(lies), (
             f"{len(alerts)} {UNREQUESTED_REASON} alerts for {len(lies)} answers to requests "
             f"never asked for: {[a.detail for a in alerts]}"
