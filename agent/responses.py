@@ -16,7 +16,7 @@ def response_for(
     request: AgentRequest, outcome: Succeeded | NothingToUndo | Failed | Deferred
 ) -> AgentResponse:
     """The AgentResponse that reports ``outcome`` for ``request``, echoing its ``resume``
-    unread (the order's snapshot is the Scheduler's business, :mod:`core.resume`)."""
+    unchanged (the order's snapshot, for the Scheduler: :mod:`core.resume`)."""
     common = {
         "order_id": request.order_id,
         "step": request.step,

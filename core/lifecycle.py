@@ -21,6 +21,22 @@ no longer in flight changes no state but is recorded on its step (an effect happ
 will), so compensation undoes exactly what happened. Transient failures and deferrals count only
 for the attempt in flight.
 
+**Only answers to requests it sent.** Each step records the requests sent for it in its
+generation (operation and attempt, :attr:`core.order.StepRecord.requests`). An answer is
+applied or recorded only if it answers one of them: anything else - a do or an undo never
+requested, an attempt that carried another request, a generation the step never reached -
+changes nothing and raises a critical ``unrequested_answer`` alert (a bug upstream, or a
+leaked signing key). An answer for an earlier generation of a step changes nothing either;
+whether it was sent is no longer recorded, so it raises nothing.
+
+**Ended, settling, settled.** Processed and Error end an order: nothing more is sent for it on
+its own. An Error order may end with outcomes still open (:attr:`core.order.Order.open_steps`):
+a step whose do was never answered for sure, or whose undo was sent and the effect is still
+recorded in place. Until each is answered the order is *settling*: an answer to a request it
+sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
+A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
+says whether the order ended settling, and :func:`_write` refuses anything else.
+
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
 "nothing to undo" and refuses that key for ever (docs/remote-service-contract.md).
@@ -50,6 +66,8 @@ from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
 from core.states import ProcessState, transition_allowed
 from core.workflows import Step, Workflow
 
+UNREQUESTED_REASON: Final = "unrequested_answer"
+"""The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
 
@@ -252,6 +270,9 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
     step = order.step(r.step)
+    unasked = _unasked(order, step, r)
+    if unasked is not None:
+        return _refuse_answer(order, r, unasked, ctx)
     if r.generation != step.generation or step.state is StepState.PENDING:
         return _flush(order, f"reply for {r.idempotency_key}, which is not this step's key")
     delivered = any(
@@ -285,6 +306,53 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
     return _on_undo_answer(order, draft, r, in_flight, ctx)
 
 
+def _unasked(order: Order, step: StepRecord, r: AgentResponse) -> str | None:
+    """Why the order's record proves it never sent the request ``r`` answers; None when it sent
+    it, or when ``r`` is for an earlier generation of the step (not known any more)."""
+    generation = order.generation if step.state is StepState.PENDING else step.generation
+    if r.generation < generation:
+        return None
+    if r.generation > generation:
+        return f"{r.step}'s requests are of generation {generation}"
+    if step.requests is None:  # recorded before requests were: what the record still proves
+        if r.attempt > order.attempt:
+            return f"the order has sent {order.attempt} requests in all"
+        if r.operation == "undo" and order.compensation_cause is None:
+            return "the order has not undone anything"
+        return None
+    if step.sent(r.operation, r.attempt):
+        return None
+    runs = [
+        f"{run.operation} at attempt {run.first}"
+        + (f" to {run.last}" if run.last > run.first else "")
+        for run in step.requests
+    ]
+    return f"{r.step} was sent: {', '.join(runs) or 'nothing'} (generation {generation})"
+
+
+def _refuse_answer(order: Order, r: AgentResponse, why: str, ctx: Context) -> Decision:
+    """Change nothing, and alert. The alert names the answer alone (``why`` goes to the log),
+    so the answer delivered again is the same alert."""
+    answered = r.outcome
+    if r.error_code is not None:
+        answered += f" ({'transient ' if r.transient else ''}{r.error_code})"
+    detail = (
+        f"order {order.order_id} never sent the request this answer is for: {r.operation} "
+        f"{r.step} attempt {r.attempt}, key {r.idempotency_key}, answered {answered}. Nothing "
+        "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
+        f"signing key: find who sent message {message_id_for(r)} to the response queue."
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity="critical",
+        reason=UNREQUESTED_REASON,
+        detail=detail,
+        source=ctx.actor,
+        raised_at=ctx.now,
+    )
+    return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
+
+
 def _on_forward_answer(
     order: Order, draft: Order, r: AgentResponse, in_flight: bool, ctx: Context
 ) -> Decision:
@@ -302,7 +370,7 @@ def _on_forward_answer(
             return _advance(order, done, r.step, ctx)
         if step.state is StepState.RUNNING:
             detail = f"{r.step} took effect after it was given up on; recorded for compensation"
-            return _write(order, done, ctx, "late_success", detail)
+            return _late(order, done, ctx, "late_success", detail)
         return _flush(order, f"{r.step} succeeded again (already {step.state})")
     refused = draft.with_step(
         r.step,
@@ -315,7 +383,7 @@ def _on_forward_answer(
     if in_flight:
         return _compensate(order, refused, "step_declined", reason, ctx)
     if step.state is StepState.RUNNING:
-        return _write(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
+        return _late(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
     return _flush(order, f"{r.step} declined, but it is {step.state}")
 
 
@@ -333,8 +401,20 @@ def _on_undo_answer(
     if in_flight:
         return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
     if step.state.may_have_effect:
-        return _write(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
+        return _late(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
     return _flush(order, f"undo of {r.step} answered again (already {step.state})")
+
+
+def _late(before: Order, after: Order, ctx: Context, event: str, detail: str) -> Decision:
+    """Record an answer for a step no longer in flight (``event``). On an order that has ended
+    it is the order settling: ``settling`` while an answer may still change a step,
+    ``settled`` once none can (only an operator changes it after that)."""
+    if before.state.in_flight:
+        return _write(before, after, ctx, event, detail)
+    left = ", ".join(s.name for s in after.open_steps)
+    if left:
+        return _write(before, after, ctx, "settling", f"{detail} (after the end; open: {left})")
+    return _write(before, after, ctx, "settled", f"{detail} (after the end; nothing is open now)")
 
 
 def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision:
@@ -527,7 +607,11 @@ def _claim(order: Order, ctx: Context) -> Order:
     attempt = order.attempt + 1
     complete_by = ctx.now + step.deadline_budget
     order = order.with_step(
-        step.name, state=step_state, generation=generation, attempt=record.attempt + 1
+        step.name,
+        state=step_state,
+        generation=generation,
+        attempt=record.attempt + 1,
+        requests=record.sending(operation, attempt),
     )
     order = replace(
         order,
@@ -709,7 +793,9 @@ def _fail(
         raised_at=ctx.now,
     )
     order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
-    return _write(before, order, ctx, "error", final, step=step)
+    left = ", ".join(s.name for s in order.open_steps)
+    settling = f"; settling: an answer may still change {left}" if left else ""
+    return _write(before, order, ctx, "error", final + settling, step=step)
 
 
 def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
@@ -782,8 +868,10 @@ def _write(
     if from_state == "before" and not transition_allowed(before.state, after.state):
         raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
     outbox = after.outbox
-    settled = before.state.terminal and after.state.terminal
-    if not settled:
+    ended = before.state.terminal and after.state.terminal
+    if ended and not before.settling:
+        raise AssertionError(f"{event}: order {before.order_id} is settled; only operators act")
+    if not ended:
         seen: set[str] = set()
         kept: list[Outgoing] = []
         for outgoing in outbox:
@@ -806,8 +894,8 @@ def _write(
         attempt=after.attempt,
         detail=detail,
     )
-    send = () if settled else outbox
-    return Decision(after, send, entry, finished=after.state.terminal and not settled)
+    send = () if ended else outbox
+    return Decision(after, send, entry, finished=after.state.terminal and not ended)
 
 
 def _flush(order: Order, note: str) -> Decision:

@@ -147,8 +147,9 @@ Resume = Annotated[
     str | None,
     Field(max_length=MAX_RESUME_CHARS, pattern=r"^[A-Za-z0-9_.-]+$", exclude_if=_absent),
 ]
-"""The order as stored when the message was sent (:mod:`core.resume`), opaque to all but the
-Scheduler. Left out of the JSON when absent, so a message without one is encoded as before."""
+"""The order as stored when the message was sent (:mod:`core.resume`): the Scheduler decides on
+it, an agent checks its request against it (:mod:`agent.consistency`). Left out of the JSON
+when absent, so a message without one is encoded as before."""
 JsonObject = dict[str, JsonValue]
 
 OrderStatus = Literal["Pending", "Processing", "Compensating", "Processed", "Error", "Rejected"]
@@ -299,7 +300,7 @@ class AgentRequest(MessageBase):
     payload: JsonObject = Field(default_factory=dict)
     requested_at: UtcDatetime = Field(default_factory=utc_now)
     resume: Resume = None
-    """Attached when sent, never stored; the agent echoes it in its response unread."""
+    """Attached when sent, never stored; the agent echoes it in its response unchanged."""
 
     @model_validator(mode="after")
     def _check_key(self) -> AgentRequest:

@@ -48,6 +48,16 @@ class StepState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Requests:
+    """Requests sent one after another for one step: ``operation`` as the order's requests
+    ``first`` to ``last`` (:attr:`Order.attempt` values; each retry sends the next one)."""
+
+    operation: ids.Operation
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of the order. ``generation`` is that of the forward key last requested."""
 
@@ -62,12 +72,34 @@ class StepRecord:
     error_message: str | None = None
     completed_at: datetime | None = None
     compensated_at: datetime | None = None
+    requests: tuple[Requests, ...] | None = ()
+    """Which requests were sent for this step since its generation began, oldest first: what
+    an answer is checked against (it must answer one of them). None: not known, for a step
+    recorded before they were, until it starts afresh."""
 
     def forward_key(self, order_id: str) -> str:
         return ids.idempotency_key(order_id, self.name, "do", self.generation)
 
     def key(self, order_id: str, operation: ids.Operation) -> str:
         return ids.idempotency_key(order_id, self.name, operation, self.generation)
+
+    def sent(self, operation: ids.Operation, attempt: int) -> bool:
+        """Whether ``operation`` was sent for this step as the order's request ``attempt`` in
+        this generation (False when not known: see :attr:`requests`)."""
+        return any(
+            run.operation == operation and run.first <= attempt <= run.last
+            for run in self.requests or ()
+        )
+
+    def sending(self, operation: ids.Operation, attempt: int) -> tuple[Requests, ...] | None:
+        """:attr:`requests` once ``operation`` is sent as the order's request ``attempt``."""
+        if self.requests is None:
+            return None
+        if self.requests:
+            last = self.requests[-1]
+            if last.operation == operation and last.last == attempt - 1:
+                return (*self.requests[:-1], replace(last, last=attempt))
+        return (*self.requests, Requests(operation, attempt, attempt))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +157,30 @@ class Order:
     def with_step(self, name: str, **changes: object) -> Order:
         steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
         return replace(self, steps=steps)
+
+    @property
+    def open_steps(self) -> tuple[StepRecord, ...]:
+        """Steps whose record an answer to a request already sent may still change: a do
+        whose outcome is unknown (Running), or an undo sent while the effect is still recorded
+        in place (for a step whose requests are not known: once compensation began)."""
+        return tuple(
+            s
+            for s in self.steps
+            if s.state is StepState.RUNNING
+            or (s.state is StepState.SUCCEEDED and self._undo_sent(s))
+        )
+
+    @property
+    def settling(self) -> bool:
+        """Ended (Processed or Error), and an answer may still change a step
+        (:attr:`open_steps`). An ended order that is not settling is settled: nothing but an
+        operator changes it (:mod:`core.states`)."""
+        return self.state.terminal and bool(self.open_steps)
+
+    def _undo_sent(self, step: StepRecord) -> bool:
+        if step.requests is None:
+            return self.compensation_cause is not None
+        return any(run.operation == "undo" for run in step.requests)
 
 
 TRACE_PARENT_CHARS: Final = 55

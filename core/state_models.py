@@ -16,7 +16,8 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
     ``CompensationReason``, ``StatusSeq``, ``TraceParent`` (the W3C traceparent of the span that
     created the order; a malformed one reads as none); and JSON (split like ``Payload``):
     ``AgentPayload`` (what agents are told), ``Steps`` (each step's state, generation, attempts,
-    result, error) and ``Outbox`` (the messages the last write implied, until known delivered).
+    the requests it sent, result, error) and ``Outbox`` (the messages the last write implied,
+    until known delivered).
 ``timeline-<seq, 8 digits>``
     Append-only: ``Seq``, ``At``, ``Actor``, ``Event``, ``FromState``, ``ToState``, ``Step``,
     ``Attempt``, ``Detail``.
@@ -37,6 +38,7 @@ from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
 from core.order import (
     Order,
     Outgoing,
+    Requests,
     StepRecord,
     StepState,
     TimelineEntry,
@@ -250,14 +252,18 @@ def step_json(step: StepRecord) -> dict[str, Any]:
         "error_message": _clip(step.error_message),
         "completed_at": _iso(step.completed_at),
         "compensated_at": _iso(step.compensated_at),
+        "requests": None
+        if step.requests is None
+        else [[run.operation, run.first, run.last] for run in step.requests],
     }
 
 
 def step_of(item: Mapping[str, Any]) -> StepRecord:
+    state = StepState(item["state"])
     return StepRecord(
         name=item["name"],
         index=int(item["index"]),
-        state=StepState(item["state"]),
+        state=state,
         generation=int(item["generation"]),
         attempt=int(item["attempt"]),
         result=item.get("result"),
@@ -265,7 +271,24 @@ def step_of(item: Mapping[str, Any]) -> StepRecord:
         error_message=item.get("error_message"),
         completed_at=_parse_dt(item.get("completed_at")),
         compensated_at=_parse_dt(item.get("compensated_at")),
+        requests=_requests_of(item, state),
     )
+
+
+def _requests_of(item: Mapping[str, Any], state: StepState) -> tuple[Requests, ...] | None:
+    """A step's requests. In a row written before they were recorded: none for a Pending step
+    (it has sent nothing in its generation), not known (None) for any other."""
+    if "requests" not in item:
+        return () if state is StepState.PENDING else None
+    runs = item["requests"]
+    if runs is None:
+        return None
+    requests = []
+    for operation, first, last in runs:
+        if not (isinstance(first, int) and isinstance(last, int) and 1 <= first <= last):
+            raise ValueError(f"step {item['name']!r} has requests {first!r}..{last!r}")
+        requests.append(Requests(ids.validate_operation(operation), first, last))
+    return tuple(requests)
 
 
 def outgoing_json(outgoing: Outgoing) -> dict[str, Any]:

@@ -950,6 +950,8 @@ def show_order(order: Any, screen: Console) -> None:
     )
     if p.next_attempt_at:
         screen.print(Text(f"next attempt due {p.next_attempt_at:%H:%M:%S}"))
+    if p.settling:
+        screen.print(text(f"settling: an answer may still change {', '.join(p.settling)}"))
     if p.compensation_cause:
         screen.print(text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}"))
     if p.last_error:

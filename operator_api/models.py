@@ -128,6 +128,13 @@ class OrderSummary(_Model):
     reply_to: str | None
     created_at: datetime
     updated_at: datetime
+    settling: list[str] = Field(
+        default_factory=list,
+        description="Processed or Error only: the steps an answer to a request the order sent "
+        "may still change (outcome unknown, or an undo not answered); while there are any the "
+        "order is settling and records those answers. Empty: settled, only an operator "
+        "changes it now",
+    )
 
     @classmethod
     def of(cls, p: Order) -> OrderSummary:
@@ -149,6 +156,7 @@ class OrderSummary(_Model):
             reply_to=p.reply_to,
             created_at=p.created_at,
             updated_at=p.updated_at,
+            settling=[s.name for s in p.open_steps] if p.settling else [],
         )
 
 
@@ -545,7 +553,10 @@ class WatchView(_Model):
     entries new since `after`."""
 
     changed: bool = Field(description="False: nothing new within `wait` seconds")
-    terminal: bool = Field(description="Processed or Error: nothing more will happen")
+    terminal: bool = Field(
+        description="Processed or Error: the order has ended (one still settling may record "
+        "late answers: `detail.order.settling`)"
+    )
     detail: OrderDetail
 
 

@@ -1,8 +1,11 @@
 """The Agent: carry one step of one order to its remote service and report back.
 
+A request must first agree with the order snapshot it carries (:mod:`agent.consistency`): one
+that does not is refused with an ``inconsistent_request`` alert, and nothing is called or
+answered; the step is retried from the order's record once its deadline passes.
+
 Every answer is an AgentResponse on the response queue, naming the request's idempotency key
-and echoing the request's ``resume`` unchanged (the order's state for the Scheduler, which the
-agent never reads):
+and echoing the request's ``resume`` unchanged (the order's state, for the Scheduler):
 
 - ``succeeded``: the service applied the operation (or had applied it before);
 - ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from agent.aio.remote_client import RemoteServiceClient
 from agent.circuit import breaker_for
+from agent.consistency import INCONSISTENT_REASON, disagreement
 from agent.outcomes import DeadlinePassed, Deferred, Failed
 from agent.responses import response_for
 from core.messages import (
@@ -50,6 +54,10 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
         request = parse_message(body, AgentRequest)
     except BadMessage as bad:
         await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
+        return
+    problem = disagreement(request)
+    if problem is not None:
+        await rt.alert(_inconsistent(request, service, problem, rt.actor(f"agent-{service}")))
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -110,6 +118,22 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             outcome.last_error,
         )
     await _reply(rt, response_for(request, outcome))
+
+
+def _inconsistent(request: AgentRequest, service: str, problem: str, source: str) -> OperatorAlert:
+    return OperatorAlert(
+        order_id=request.order_id,
+        severity="error",
+        reason=INCONSISTENT_REASON,
+        detail=(
+            f"{service} refused {request.operation} {request.step} attempt {request.attempt} "
+            f"(key {request.idempotency_key}) without calling its service: {problem}. A "
+            "signed request that disagrees with the order it carries is a bug upstream or a "
+            "mixed-up message; the step is retried from the order's record once its deadline "
+            "passes."
+        ),
+        source=source,
+    )
 
 
 async def _reply(rt: Runtime, response: AgentResponse) -> None:

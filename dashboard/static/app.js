@@ -696,6 +696,10 @@
       ["Last error", o.last_error || "—"], ["Compensation", o.compensation_cause ? o.compensation_cause + ": " + (o.compensation_reason || "") : "—"],
       ["Reply queue", o.reply_to || "—"], ["Trace id", trace || "not recorded on the order"],
     ];
+    if (o.state === "Error") {
+      const open = o.settling || [];
+      facts.push(["Settling", open.length ? "yes: an answer may still change " + open.join(", ") : "no: settled, only an operator changes it now"]);
+    }
     const actions = h("div", { class: "actions" });
     const id = o.order_id;
     if (o.state === "Error") {

@@ -2,8 +2,10 @@
 
 A reply is matched to its step by the idempotency key it answers, not by attempt: a definitive
 answer for the step in flight is applied whichever attempt carried it; one for a step no longer
-in flight is recorded when it says an effect happened (or never will). A reply that echoes its
-request's snapshot of the order is applied without reading the order (core.resume, core.apply).
+in flight is recorded when it says an effect happened (or never will). Either only if the order
+sent the request it answers; anything else changes nothing and is alerted. A reply that echoes
+its request's snapshot of the order is applied without reading the order (core.resume,
+core.apply).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ remote-service contract says (docs/remote-service-contract.md) - at most one eff
 undo that names its forward key either undoes it or tombstones it - with a fault chosen by the
 test: a decline, a transient failure, an open circuit, a reply lost before or after the effect,
 a call that took effect but ran out of its run budget (a transient ``timed_out``), or a request
-that hangs and lands later.
+that hangs and lands later. Besides the agents' honest answers, a test may deliver validly
+signed answers to requests the order never asked for (:meth:`World.answer_unasked`): they must
+change nothing and raise one alert each.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from core import apply, ids
-from core.lifecycle import Refused
+from core.lifecycle import UNREQUESTED_REASON, Refused
 from core.memory import MemoryBus, MemoryStore, SendFailed
 from core.messages import (
     AgentRequest,
@@ -30,9 +32,10 @@ from core.messages import (
     StatusUpdate,
     encode,
 )
-from core.order import TERMINAL_ALERT_REASONS, StepState
+from core.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
 from core.runtime import Runtime
 from core.settings import Connection, Settings
+from core.state_models import AlreadyExists
 from core.states import ProcessState
 from scheduler import control
 from scheduler.commands import handle_command
@@ -65,6 +68,11 @@ FAULTS: tuple[Fault, ...] = (
     "late",
     "timed_out",
 )
+
+
+Lie = Literal["succeeded", "refused", "nothing_to_undo", "transient", "deferred"]
+LIES: tuple[Lie, ...] = ("succeeded", "refused", "nothing_to_undo", "transient", "deferred")
+"""What an answer to a request never asked for may claim."""
 
 
 ANSWER_STATES = {
@@ -111,6 +119,45 @@ class Services:
         return self.forward.get(forward_key) == "done" and forward_key not in self.undone
 
 
+Asked = tuple[str, str, str, str, int]
+"""A request an order asked for: order id, step, operation, idempotency key, attempt."""
+
+
+class RecordingStore(MemoryStore):
+    """The memory store, noting each AgentRequest an order's writes put in its outbox: every
+    request the app decided to send, whether or not the send then happened."""
+
+    def __init__(self, clock) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(clock)
+        self.asked: set[Asked] = set()
+
+    def create(
+        self,
+        submitted: OrderSubmitted,
+        order: Order,
+        entry: TimelineEntry,
+        *,
+        due: datetime | None = None,
+    ) -> Order | AlreadyExists:
+        created = super().create(submitted, order, entry, due=due)
+        if isinstance(created, Order):
+            self._note(created)
+        return created
+
+    def save(
+        self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
+    ) -> Order:
+        saved = super().save(before, after, entry, due=due)
+        self._note(saved)
+        return saved
+
+    def _note(self, order: Order) -> None:
+        for outgoing in order.outbox:
+            m = outgoing.message
+            if isinstance(m, AgentRequest):
+                self.asked.add((m.order_id, m.step, m.operation, m.idempotency_key, m.attempt))
+
+
 @dataclass
 class Envelope:
     queue: str
@@ -132,7 +179,7 @@ class World:
             retry_base_delay=timedelta(seconds=5),
             retry_max_delay=timedelta(seconds=60),
         )
-        self.store = MemoryStore(self.clock)
+        self.store = RecordingStore(self.clock)
         self.bus = MemoryBus()
         self.rt = Runtime(
             settings=settings,
@@ -152,6 +199,8 @@ class World:
         self.crashes = 0
         self.consumed: list[AgentResponse] = []
         """Replies the Scheduler handled to the end (no crash)."""
+        self.lies: list[AgentResponse] = []
+        """Answers to requests never asked for, delivered by :meth:`answer_unasked`."""
 
     def clock(self) -> datetime:
         return self.now
@@ -262,15 +311,6 @@ class World:
         self._reply(request, outcome, code)
 
     def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
-        fields: dict[str, object] = {}
-        if outcome == "transient":
-            fields = {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
-        elif outcome == "deferred":
-            fields = {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
-        elif outcome == "failed":
-            fields = {"outcome": "failed", "error_code": code}
-        else:
-            fields = {"outcome": outcome}
         response = AgentResponse(
             order_id=request.order_id,
             step=request.step,
@@ -278,9 +318,64 @@ class World:
             attempt=request.attempt,
             idempotency_key=request.idempotency_key,
             responded_at=self.now,
-            **fields,  # type: ignore[arg-type]
+            **self._outcome(outcome, code),  # type: ignore[arg-type]
         )
         self.bus.send(QUEUES["responses"], response)
+
+    def _outcome(self, outcome: str, code: str | None) -> dict[str, object]:
+        if outcome == "transient":
+            return {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
+        if outcome == "deferred":
+            return {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
+        if outcome == "failed":
+            return {"outcome": "failed", "error_code": code}
+        return {"outcome": outcome}
+
+    # ------------------------------------------------------------------------------- lies
+
+    def answer_unasked(
+        self,
+        order_id: str,
+        *,
+        step: int,
+        operation: ids.Operation,
+        newer: bool,
+        attempt: int,
+        lie: Lie,
+    ) -> None:
+        """Deliver a validly signed answer to a request ``order_id`` never asked for: the
+        ``step``-th step's ``operation`` under the key its next request would carry (or the
+        next generation's, ``newer``), as an attempt the order used for something else or not
+        yet; unless the order did ask for exactly that."""
+        order = self.store.find(order_id)
+        if order is None or (operation == "do" and lie == "nothing_to_undo"):
+            return
+        record = order.steps[step % len(order.steps)]
+        key = ids.idempotency_key(
+            order_id, record.name, operation, _next_generation(order, record) + newer
+        )
+        used = sorted({asked[4] for asked in self.store.asked if asked[0] == order_id})
+        choices = [*used, order.attempt + 1]
+        number = choices[attempt % len(choices)]
+        if (order_id, record.name, operation, key, number) in self.store.asked:
+            return
+        outcome = {"refused": "failed"}.get(lie, lie)
+        answer = AgentResponse(
+            order_id=order_id,
+            step=record.name,
+            operation=operation,
+            attempt=number,
+            idempotency_key=key,
+            responded_at=self.now,
+            resume=self._resume_of(order_id),
+            **self._outcome(outcome, "declined"),  # type: ignore[arg-type]
+        )
+        self.lies.append(answer)
+        self.run(lambda: handle_response(encode(answer), self.rt))
+
+    def _resume_of(self, order_id: str) -> str | None:
+        """The snapshot a lie carries (none here: the order is read)."""
+        return None
 
     # ----------------------------------------------------------------------------- drain
 
@@ -379,8 +474,67 @@ class World:
                     )
         for key, count in self.services.effects.items():
             assert count == 1, f"{key} took effect {count} times"
+        for order in self.store.orders():
+            for step in order.steps:
+                self._check_agrees(order.order_id, step)
+            self._check_after_the_end(order.order_id)
         for reply in self.consumed:
             self._check_applied(reply)
+        self._check_lies_alerted()
+
+    def _check_agrees(self, order_id: str, step: StepRecord) -> None:
+        """A step's recorded state agrees with what its service was asked and answered."""
+        if step.state is StepState.PENDING:
+            return
+        key = step.forward_key(order_id)
+        forward = self.services.forward.get(key)
+        asked = {(a[2], a[3]) for a in self.store.asked if a[:2] == (order_id, step.name)}
+        undo_asked = ("undo", step.key(order_id, "undo")) in asked
+        never = forward in ("declined", "tombstoned")  # no effect, and none ever
+        truth = {
+            StepState.RUNNING: ("do", key) in asked,
+            StepState.SUCCEEDED: forward == "done",
+            StepState.FAILED: never,
+            StepState.COMPENSATED: undo_asked and key in self.services.undone,
+            StepState.VOIDED: undo_asked and never,
+        }
+        assert truth[step.state], (
+            f"{order_id}: {step.name} is {step.state}, but its service was asked "
+            f"{sorted(asked)} and holds {key} as {forward or 'never applied'}"
+            f"{' (undone)' if key in self.services.undone else ''}"
+        )
+
+    def _check_after_the_end(self, order_id: str) -> None:
+        """Once an order ended, only its settling changes it: ``settling`` rows and one
+        ``settled``, if its ``error`` row said it ended settling; nothing once it is settled
+        (until an operator puts it back in flight)."""
+        settling = False
+        for entry in self.store.get_timeline(order_id):
+            if entry.from_state is None or not entry.from_state.terminal:
+                settling = "; settling: " in entry.detail
+                continue
+            if entry.to_state.terminal:
+                assert settling and entry.event in ("settling", "settled"), (
+                    f"{order_id}: {entry.event} ({entry.detail}) after it ended settled"
+                )
+                settling = entry.event == "settling"
+
+    def _check_lies_alerted(self) -> None:
+        """Each distinct answer to a request never asked for raised one alert, and no answer
+        to a request the app did ask for raised one."""
+        alerts = [
+            a
+            for a in self.sent(QUEUES["alerts"])
+            if isinstance(a, OperatorAlert) and a.reason == UNREQUESTED_REASON
+        ]
+        lies = {(a.idempotency_key, a.attempt, a.outcome, a.transient) for a in self.lies}
+        named = {f"attempt {attempt}, key {key}," for key, attempt, *_ in lies}
+        for alert in alerts:
+            assert any(lie in alert.detail for lie in named), f"not a lie: {alert.detail}"
+        assert len(alerts) == len(lies), (
+            f"{len(alerts)} {UNREQUESTED_REASON} alerts for {len(lies)} answers to requests "
+            f"never asked for: {[a.detail for a in alerts]}"
+        )
 
     def _check_applied(self, reply: AgentResponse) -> None:
         """A definitive answer, once handled, is never thrown away: its step shows it."""
@@ -425,6 +579,11 @@ class World:
             (o.order_id, o.generation) for o in self.store.orders() if o.state is ProcessState.ERROR
         }
         assert errors == expected, f"error index {errors} != Error orders {expected}"
+
+
+def _next_generation(order: Order, step: StepRecord) -> int:
+    """The generation of the key ``step``'s next request carries."""
+    return order.generation if step.state is StepState.PENDING else step.generation
 
 
 def _consumed(envelope: Envelope) -> bool:

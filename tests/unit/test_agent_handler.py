@@ -21,13 +21,13 @@ from agent.handler import handle_request
 from agent.remote_client import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from core.messages import (
     MAX_MESSAGE_BYTES,
-    MAX_RESUME_CHARS,
     AgentRequest,
     AgentResponse,
     MessageBase,
     encode,
     parse_message,
 )
+from tests.support.sent import as_sent
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FORWARD_KEY = "o-1:charge_payment:do:1"
@@ -315,9 +315,6 @@ def test_an_unusual_error_code_still_makes_a_valid_response(code: str, expected:
     assert response is not None and response.error_code == expected
 
 
-SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
-
-
 @pytest.mark.parametrize(
     ("service", "operation", "outcome"),
     [
@@ -331,25 +328,28 @@ SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
         (answer(503, refusal(503, "unavailable")), "do", "failed"),
     ],
 )
-def test_every_answer_echoes_the_requests_snapshot_unread(
+def test_every_answer_echoes_the_requests_snapshot_unchanged(
     service: Callable[[httpx.Request], httpx.Response], operation: str, outcome: str
 ) -> None:
-    """The snapshot is the Scheduler's (core.resume): the agent passes it back as it came and
-    never sends it to the remote service."""
+    """The snapshot is the Scheduler's (core.resume): the agent checks the request against it
+    (agent.consistency), passes it back as it came and never sends it to the remote service."""
     rt = Runtime(service, failure_threshold=100)
-    carrying = request(operation).model_copy(update={"resume": SNAPSHOT})
+    carrying = as_sent(request(operation))
+    assert carrying.resume is not None
     response = rt.handle(carrying)
     assert response is not None and response.outcome == outcome
-    assert response.resume == SNAPSHOT
-    assert all(SNAPSHOT.encode() not in sent.content for sent in rt.requests)
+    assert response.resume == carrying.resume
+    assert all(carrying.resume.encode() not in sent.content for sent in rt.requests)
 
 
 def test_a_deferral_echoes_the_snapshot_too() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()
-    response = rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
-    assert response is not None and (response.outcome, response.resume) == ("deferred", SNAPSHOT)
+    carrying = as_sent(request("do"))
+    response = rt.handle(carrying)
+    assert response is not None
+    assert (response.outcome, response.resume) == ("deferred", carrying.resume)
 
 
 def test_a_request_without_a_snapshot_is_answered_without_one() -> None:
@@ -368,10 +368,11 @@ class EncodingBus(Bus):
 
 def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
     """The snapshot only spares the Scheduler a read; the answer itself must get through."""
-    result = {"blob": "x" * (MAX_MESSAGE_BYTES - MAX_RESUME_CHARS // 2)}
+    big = as_sent(request("do").model_copy(update={"payload": {"blob": "y" * 20_000}}))
+    assert big.resume is not None and len(big.resume) > 20_000
+    result = {"blob": "x" * (MAX_MESSAGE_BYTES - len(big.resume) // 2)}
     rt = Runtime(answer(200, result))
     rt.bus = EncodingBus()
-    big = "r1." + "A" * (MAX_RESUME_CHARS - 3)
-    response = rt.handle(request("do").model_copy(update={"resume": big}))
+    response = rt.handle(big)
     assert response is not None
     assert (response.outcome, response.resume, response.result) == ("succeeded", None, result)

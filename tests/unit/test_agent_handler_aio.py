@@ -23,10 +23,10 @@ from agent.aio import handler
 from agent.aio.handler import handle_request, remote_client
 from agent.aio.remote_client import RemoteServiceClient
 from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from agent.consistency import INCONSISTENT_REASON
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
 from core.messages import (
     MAX_MESSAGE_BYTES,
-    MAX_RESUME_CHARS,
     AgentRequest,
     AgentResponse,
     MessageBase,
@@ -34,6 +34,7 @@ from core.messages import (
     encode,
     parse_message,
 )
+from tests.support.sent import as_sent
 
 pytestmark = pytest.mark.anyio
 
@@ -407,32 +408,98 @@ async def test_an_unusual_error_code_still_makes_a_valid_response(code: str, exp
     assert response is not None and response.error_code == expected
 
 
+# -- the request against its order -----------------------------------------------------------
+
+
+async def test_a_request_its_order_sent_is_carried_out() -> None:
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    response = await rt.handle(as_sent(request("do")))
+    assert response is not None and response.outcome == "succeeded"
+    assert rt.alerts == [] and len(rt.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "differs"),
+    [
+        ({"attempt": 3}, "no such request"),
+        ({"action": "refund"}, "it differs in action"),
+        ({"payload": {**PAYLOAD, "amount": 99_999}}, "it differs in payload"),
+        ({"complete_by": T0 + timedelta(seconds=300)}, "it differs in complete_by"),
+        ({"idempotency_key": "o-1:charge_payment:do:2"}, "it differs in idempotency_key"),
+    ],
+)
+async def test_a_request_that_disagrees_with_its_order_is_refused_without_a_call(
+    change: dict[str, Any], differs: str
+) -> None:
+    sent = as_sent(request("do"))
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    assert await rt.handle(sent.model_copy(update=change)) is None
+    assert rt.requests == [] and rt.bus.sent == []
+    [alert] = rt.alerts
+    assert (alert.reason, alert.severity, alert.order_id) == (INCONSISTENT_REASON, "error", "o-1")
+    assert alert.detail.startswith("payment refused do charge_payment attempt")
+    assert differs in alert.detail
+
+
+async def test_an_undo_dressed_as_its_do_is_refused() -> None:
+    undo = as_sent(request("undo"))
+    do = request("do", attempt=undo.attempt).model_copy(update={"resume": undo.resume})
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    assert await rt.handle(do) is None
+    [alert] = rt.alerts
+    assert "holds no such request (it holds: undo charge_payment attempt 2)" in alert.detail
+    assert rt.requests == []
+
+
+async def test_a_request_carrying_another_orders_or_no_readable_snapshot_is_refused() -> None:
+    other = as_sent(
+        request("do").model_copy(
+            update={"order_id": "o-2", "idempotency_key": "o-2:charge_payment:do:1"}
+        )
+    )
+    for resume in (other.resume, "r1.not-a-snapshot"):
+        rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+        assert await rt.handle(request("do").model_copy(update={"resume": resume})) is None
+        [alert] = rt.alerts
+        assert "the order snapshot it carries cannot be read or is another order's" in alert.detail
+        assert rt.requests == []
+
+
+async def test_a_request_without_a_snapshot_is_carried_out_unchecked() -> None:
+    """The Scheduler leaves out a snapshot too large to carry: the request still goes."""
+    response = await Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
+    assert response is not None and response.outcome == "succeeded" and response.resume is None
+
+
 # -- the reply --------------------------------------------------------------------------------
 
-SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
 
-
-async def test_every_answer_echoes_the_requests_snapshot_unread() -> None:
+async def test_every_answer_echoes_the_requests_snapshot_unchanged() -> None:
     rt = Runtime(answer(200, {"charge_id": "ch-1"}))
-    response = await rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
-    assert response is not None and response.resume == SNAPSHOT
-    assert all(SNAPSHOT.encode() not in sent.content for sent in rt.requests)
+    carrying = as_sent(request("do"))
+    assert carrying.resume is not None
+    response = await rt.handle(carrying)
+    assert response is not None and response.resume == carrying.resume
+    assert all(carrying.resume.encode() not in sent.content for sent in rt.requests)
 
 
 async def test_a_deferral_echoes_the_snapshot_too() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()
-    response = await rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
-    assert response is not None and (response.outcome, response.resume) == ("deferred", SNAPSHOT)
+    carrying = as_sent(request("do"))
+    response = await rt.handle(carrying)
+    assert response is not None
+    assert (response.outcome, response.resume) == ("deferred", carrying.resume)
 
 
 async def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
     """The snapshot only spares the Scheduler a read; the answer itself must get through."""
-    result = {"blob": "x" * (MAX_MESSAGE_BYTES - MAX_RESUME_CHARS // 2)}
+    big = as_sent(request("do").model_copy(update={"payload": {"blob": "y" * 20_000}}))
+    assert big.resume is not None and len(big.resume) > 20_000
+    result = {"blob": "x" * (MAX_MESSAGE_BYTES - len(big.resume) // 2)}
     rt = Runtime(answer(200, result))
-    big = "r1." + "A" * (MAX_RESUME_CHARS - 3)
-    response = await rt.handle(request("do").model_copy(update={"resume": big}))
+    response = await rt.handle(big)
     assert response is not None
     assert (response.outcome, response.resume, response.result) == ("succeeded", None, result)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from core.lifecycle import (
+    UNREQUESTED_REASON,
     Cancel,
     Context,
     Decision,
@@ -30,8 +32,9 @@ from core.messages import (
     SchedulerCommand,
     StatusUpdate,
 )
-from core.order import Order, StepState
-from core.states import ProcessState
+from core.order import Order, Requests, StepState
+from core.state_models import order_entity, order_from_entity
+from core.states import ProcessState, transition_allowed
 from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -299,6 +302,267 @@ def test_a_reply_for_another_generation_changes_nothing():
         update={"idempotency_key": "o-1:reserve_inventory:do:2"}
     )
     assert decide(order, Replied(old), ctx(1)).order is None
+
+
+# ------------------------------------------------------------- answers to requests never sent
+
+
+def refusal(decision: Decision) -> str:
+    """The note of an answer refused as answering no request the order sent (one alert)."""
+    assert decision.order is None and kinds(decision) == ["OperatorAlert"], decision
+    alert = decision.send[0].message
+    assert isinstance(alert, OperatorAlert)
+    assert (alert.reason, alert.severity, alert.order_id) == (UNREQUESTED_REASON, "critical", "o-1")
+    assert decision.note.startswith(alert.detail)
+    return decision.note
+
+
+def undo_answer(
+    order: Order, step: str, attempt: int, outcome: str = "succeeded", **fields: object
+) -> AgentResponse:
+    return AgentResponse(
+        order_id=order.order_id,
+        step=step,
+        operation="undo",
+        attempt=attempt,
+        idempotency_key=order.step(step).key(order.order_id, "undo"),
+        outcome=outcome,  # type: ignore[arg-type]
+        responded_at=T0,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_an_undo_answer_for_a_processed_order_that_undid_nothing_changes_nothing():
+    processed = after_steps(3)
+    assert processed.state is ProcessState.PROCESSED
+    forged = undo_answer(processed, "charge_payment", processed.attempt)
+    decision = decide(processed, Replied(forged), ctx(9))
+    assert refusal(decision).endswith("(charge_payment was sent: do at attempt 2 (generation 1))")
+    assert decision.send[0].message.detail == (  # type: ignore[attr-defined]
+        "order o-1 never sent the request this answer is for: undo charge_payment attempt 3, "
+        "key o-1:charge_payment:undo:1, answered succeeded. Nothing was changed. A signed answer "
+        "to a request never sent is a bug upstream or a leaked signing key: find who sent "
+        "message rsp:o-1:charge_payment:undo:3 to the response queue."
+    )
+
+
+def test_an_undo_answer_while_the_order_moves_forward_changes_nothing():
+    order = after_steps(1)
+    refusal(decide(order, Replied(undo_answer(order, "reserve_inventory", 1)), ctx(2)))
+
+
+def test_an_answer_naming_an_attempt_that_carried_another_request_changes_nothing():
+    order = after_steps(1)  # reserve_inventory was attempt 1; charge_payment is attempt 2
+    charge = request_of(order)
+    wrong = answer(charge).model_copy(update={"attempt": 1})
+    refusal(decide(order, Replied(wrong), ctx(2)))
+    later = answer(charge).model_copy(update={"attempt": 3})
+    refusal(decide(order, Replied(later), ctx(2)))
+    assert decide(order, Replied(answer(charge)), ctx(2)).order is not None
+
+
+def test_a_do_answer_carrying_an_undo_attempt_changes_nothing():
+    order = after_steps(1)
+    cancelled = apply(order, decide(order, Cancel("operator:bob", "fraud"), ctx(3)))
+    undo = request_of(cancelled)
+    assert (undo.step, undo.operation, undo.attempt) == ("charge_payment", "undo", 3)
+    do = answer(undo).model_copy(
+        update={"operation": "do", "idempotency_key": "o-1:charge_payment:do:1"}
+    )
+    note = refusal(decide(cancelled, Replied(do), ctx(4)))
+    assert "charge_payment was sent: do at attempt 2, undo at attempt 3" in note
+
+
+def test_an_answer_for_a_step_never_requested_changes_nothing():
+    order = new_order()  # charge_payment is Pending: never requested in generation 1
+    never = AgentResponse(
+        order_id="o-1",
+        step="charge_payment",
+        operation="do",
+        attempt=1,
+        idempotency_key="o-1:charge_payment:do:1",
+        outcome="succeeded",
+    )
+    note = refusal(decide(order, Replied(never), ctx(1)))
+    assert "charge_payment was sent: nothing (generation 1)" in note
+
+
+def test_a_generation_not_reached_is_refused_and_an_earlier_one_ignored_quietly():
+    order = new_order()
+    errored = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(1)))
+    again = apply(errored, decide(errored, Resubmit("operator:bob", "x", True), ctx(2)))
+    assert again.generation == 2
+    current = request_of(again)
+    future = answer(current).model_copy(update={"idempotency_key": "o-1:reserve_inventory:do:3"})
+    note = refusal(decide(again, Replied(future), ctx(3)))
+    assert "reserve_inventory's requests are of generation 2" in note
+    past = answer(current).model_copy(update={"idempotency_key": "o-1:reserve_inventory:do:1"})
+    quiet = decide(again, Replied(past), ctx(3))  # it was sent, in generation 1: no longer known
+    assert quiet.order is None and "OperatorAlert" not in kinds(quiet)
+
+
+def test_a_transient_answer_to_a_request_never_sent_is_refused_too():
+    order = after_steps(1)
+    retry_at = T0 + timedelta(seconds=5)
+    bogus = undo_answer(order, "reserve_inventory", 2, "deferred", retry_at=retry_at)
+    refusal(decide(order, Replied(bogus), ctx(2)))
+
+
+def test_an_undo_answered_by_an_earlier_attempt_of_it_is_applied():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    first_undo = request_of(order)  # reserve_inventory's undo, attempt 3: it times out
+    order = apply(order, decide(order, Replied(answer(first_undo, "transient")), ctx(3)))
+    command = order.outbox[-1].message
+    order = apply(order, decide(order, RetryDue(command), ctx(30)))  # type: ignore[arg-type]
+    reserve = order.step("reserve_inventory")
+    assert reserve.requests == (Requests("do", 1, 1), Requests("undo", 3, 4))
+    decision = decide(order, Replied(answer(first_undo)), ctx(31))  # ...yet it had landed
+    assert decision.order is not None and decision.order.state is ProcessState.ERROR
+    assert decision.order.step("reserve_inventory").state is StepState.COMPENSATED
+
+
+def test_a_kept_step_sent_again_after_a_resubmit_is_answered_at_its_new_attempt():
+    errored = v2_order_declined_at_shipment()
+    scheduler = v2(10, actor="scheduler:a")
+    order = apply(errored, decide(errored, Resubmit("operator:ann", "x", True), v2(9)))
+    for _ in range(2):  # reserve_inventory and charge_payment, afresh in generation 2
+        order = apply(order, decide(order, Replied(answer(request_of(order))), scheduler))
+    verify = request_of(order)
+    assert (verify.step, verify.idempotency_key) == ("verify_address", "o-1:verify_address:do:1")
+    assert [r.first for r in order.step("verify_address").requests or ()] == [3, verify.attempt]
+    after = apply(order, decide(order, Replied(answer(verify)), scheduler))
+    assert after.current_step == "create_shipment"
+
+
+def recorded_before_requests(order: Order) -> Order:
+    """``order`` as read from a row written before steps recorded their requests."""
+    entity = order_entity(replace(order, etag="e"))
+    steps = json.loads(entity["Steps"])
+    for step in steps:
+        del step["requests"]
+    entity["Steps"] = json.dumps(steps)
+    return order_from_entity(entity, "e")
+
+
+def test_a_row_written_before_requests_were_recorded_loads_and_keeps_what_it_proves():
+    processed = recorded_before_requests(after_steps(3))
+    assert [s.requests for s in processed.steps] == [None] * 3
+    refusal(decide(processed, Replied(undo_answer(processed, "charge_payment", 2)), ctx(9)))
+    in_flight = recorded_before_requests(new_order())
+    first = request_of(in_flight)
+    refusal(decide(in_flight, Replied(answer(first).model_copy(update={"attempt": 2})), ctx(1)))
+    released = apply(in_flight, decide(in_flight, Replied(answer(first, "transient")), ctx(1)))
+    late = decide(released, Replied(answer(first)), ctx(2))
+    assert late.order is not None and late.order.current_step == "charge_payment"
+    assert late.order.step("reserve_inventory").requests is None  # still not known
+    assert late.order.step("charge_payment").requests == (Requests("do", 2, 2),)
+
+
+# ------------------------------------------------------------- ended: settling and settled
+
+
+def incomplete_compensation() -> Order:
+    """An Error order whose undo of reserve_inventory timed out three times (attempts 3 to 5):
+    the reservation may still be in place, and any of those undos may still answer."""
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    for n in range(FLOW.failure_threshold):
+        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
+        if order.state.in_flight:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.ERROR
+    return order
+
+
+def test_an_error_order_with_an_undo_unanswered_ends_settling_and_says_so():
+    order = new_order()
+    order = apply(order, decide(order, Replied(answer(request_of(order))), ctx(1)))
+    charge = request_of(order)
+    order = apply(order, decide(order, Replied(answer(charge, "declined")), ctx(2)))
+    undo = request_of(order)
+    ended = decide(order, Replied(answer(undo, "failed", error_code="refund_refused")), ctx(3))
+    assert ended.order is not None and ended.entry is not None
+    assert ended.order.settling
+    assert [s.name for s in ended.order.open_steps] == ["reserve_inventory"]
+    assert ended.entry.event == "error"
+    assert ended.entry.detail.endswith("; settling: an answer may still change reserve_inventory")
+    assert "settling" not in (ended.order.last_error or "")  # the alert and status say the end
+
+
+def test_a_fully_compensated_error_order_ends_settled():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    decision = decide(order, Replied(answer(request_of(order))), ctx(3))
+    assert decision.order is not None and decision.entry is not None
+    assert decision.order.state is ProcessState.ERROR and not decision.order.settling
+    assert "settling" not in decision.entry.detail
+    again = decide(decision.order, Replied(answer(request_of(order))), ctx(4))
+    assert again.order is None and again.send == ()  # an answer again: nothing to write
+
+
+def test_an_answer_that_leaves_nothing_open_settles_the_ended_order():
+    order = incomplete_compensation()
+    first_undo = AgentResponse(
+        order_id="o-1",
+        step="reserve_inventory",
+        operation="undo",
+        attempt=3,
+        idempotency_key="o-1:reserve_inventory:undo:1",
+        outcome="succeeded",
+        responded_at=T0,
+    )
+    decision = decide(order, Replied(first_undo), ctx(60))
+    after, entry = decision.order, decision.entry
+    assert after is not None and entry is not None
+    assert (entry.event, entry.from_state, entry.to_state) == (
+        "settled",
+        ProcessState.ERROR,
+        ProcessState.ERROR,
+    )
+    assert entry.detail == "reserve_inventory: Compensated (after the end; nothing is open now)"
+    assert after.step("reserve_inventory").state is StepState.COMPENSATED
+    assert not after.settling and decision.send == () and not decision.finished
+
+
+def test_while_steps_stay_open_each_answer_after_the_end_is_a_settling_row():
+    flow = ORDER_WORKFLOW_V2  # verify_address has no undo: nothing undoes it if it hangs
+    scheduler = v2(1, actor="scheduler:a")
+    order = submit(new_order_submitted(), scheduler).order
+    assert order is not None
+    for _ in range(2):
+        order = apply(order, decide(order, Replied(answer(request_of(order))), scheduler))
+    verify = request_of(order)
+    for n in range(flow.failure_threshold):  # verify_address times out at the threshold
+        order = apply(order, decide(order, Replied(answer(verify, "transient")), v2(2 + n)))
+        if order.state.in_flight and order.locked_by is None:
+            command = order.outbox[-1].message
+            order = apply(order, decide(order, RetryDue(command), v2(20 + n)))  # type: ignore[arg-type]
+            verify = request_of(order)
+    void = request_of(order)
+    assert (void.step, void.operation) == ("charge_payment", "undo")
+    refused = answer(void, "failed", error_code="void_refused")
+    order = apply(order, decide(order, Replied(refused), scheduler))
+    assert order.state is ProcessState.ERROR
+    assert [s.name for s in order.open_steps] == ["charge_payment", "verify_address"]
+
+    landed = decide(order, Replied(answer(verify)), v2(90))
+    assert landed.order is not None and landed.entry is not None
+    assert landed.entry.event == "settling"
+    assert landed.entry.detail.endswith("(after the end; open: charge_payment)")
+    assert landed.order.step("verify_address").state is StepState.SUCCEEDED
+    voided = decide(landed.order, Replied(answer(void)), v2(91))
+    assert voided.entry is not None and voided.entry.event == "settled"
+    assert voided.order is not None and not voided.order.settling
+
+
+def test_a_processed_order_is_settled_and_no_answer_writes_to_it():
+    processed = after_steps(3)
+    assert processed.state is ProcessState.PROCESSED and not processed.settling
+    assert not transition_allowed(ProcessState.PROCESSED, ProcessState.PROCESSED)
+    again = answer(request_of(new_order()))  # reserve_inventory succeeded, heard again
+    assert decide(processed, Replied(again), ctx(9)).order is None
 
 
 # ------------------------------------------------------------------------- retries, sweeps

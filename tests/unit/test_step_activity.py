@@ -122,3 +122,26 @@ def test_only_the_latest_reasons_are_kept():
     reserve = step_activity(run.order.steps, run.timeline + entries, T0)["reserve_inventory"]
     assert reserve.failures == MAX_REASONS + 4
     assert reserve.reasons == tuple(f"failure {n}" for n in range(5, MAX_REASONS + 5))
+
+
+def test_an_answer_recorded_after_the_order_ended_is_a_reason_of_its_step():
+    run = Run()
+    run.reply(1)
+    run.reply(2, "declined")  # compensating: reserve_inventory is released
+    [undo] = [o.message for o in run.order.outbox if isinstance(o.message, AgentRequest)]
+    run.reply(3, "failed", error_code="release_refused")  # Error, settling
+    late = AgentResponse(
+        order_id="o-1",
+        step=undo.step,
+        operation=undo.operation,
+        attempt=undo.attempt,
+        idempotency_key=undo.idempotency_key,
+        outcome="succeeded",
+        responded_at=T0 + timedelta(seconds=50),
+    )
+    run.event(Replied(late), 50)
+    assert run.timeline[-1].event == "settled"
+    reserve = run.activity(60)["reserve_inventory"]
+    assert reserve.reasons[-1] == (
+        "reserve_inventory: Compensated (after the end; nothing is open now)"
+    )
