@@ -247,7 +247,7 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
     if r.step not in ctx.workflow.step_names:
         return _reject(
             ctx,
-            order.order_id,
+            r,
             f"reply names step {r.step!r}, which workflow {ctx.workflow.name} does not have "
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
@@ -816,13 +816,16 @@ def _flush(order: Order, note: str) -> Decision:
     return Decision(None, send, note=note)
 
 
-def _reject(ctx: Context, order_id: str, detail: str) -> Decision:
+def _reject(ctx: Context, reply: AgentResponse, detail: str) -> Decision:
     alert = OperatorAlert(
-        order_id=order_id,
+        order_id=reply.order_id,
         severity="error",
         reason="bad_message",
         detail=detail,
         source=ctx.actor,
+        # The reply's own MessageId (the Bus sets it): one alert per reply, however often
+        # it is redelivered; another reply's alert is never merged with it.
+        caused_by=f"responses/{message_id_for(reply)}",
         raised_at=ctx.now,
     )
     return Decision(None, (Outgoing("alerts", alert),), note=detail)

@@ -29,6 +29,7 @@ from core.messages import (
     OrderSubmitted,
     SchedulerCommand,
     StatusUpdate,
+    message_id_for,
 )
 from core.order import Order, StepState
 from core.states import ProcessState
@@ -291,6 +292,15 @@ def test_a_reply_naming_an_unknown_step_is_alerted_and_changes_nothing():
     )
     decision = decide(order, Replied(reply), ctx(1))
     assert decision.order is None and kinds(decision) == ["OperatorAlert"]
+    # Each such reply is its own event, however alike; the same reply again is not.
+    again = decide(order, Replied(reply), ctx(9, actor="scheduler:b")).send[0].message
+    other = Replied(reply.model_copy(update={"attempt": 2}))
+    another = decide(order, other, ctx(1)).send[0].message
+    ids = [message_id_for(a.message) for a in decision.send] + [
+        message_id_for(again),
+        message_id_for(another),
+    ]
+    assert ids[0] == ids[1] != ids[2]
 
 
 def test_a_reply_for_another_generation_changes_nothing():
