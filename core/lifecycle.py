@@ -502,10 +502,11 @@ def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decis
     following = ctx.workflow.next_step(done_step)
     order = replace(order, failure_count=0, last_error=None)
     if following is None:
+        # One update says the order finished: the step's own still reports it Processing.
+        order = _status(order, ctx, "step_completed", step=done_step)
         order = replace(
             order, state=_P.PROCESSED, locked_by=None, complete_by=None, next_attempt_at=None
         )
-        order = _status(order, ctx, "step_completed", step=done_step)
         order = _status(order, ctx, "processed")
         return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
     order = replace(order, current_step=following.name, current_operation="do")
