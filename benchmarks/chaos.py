@@ -14,8 +14,9 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 - ``effects_left_after_compensation``: an Error order with a forward effect still in place;
 - ``errors_whose_failing_step_succeeded``: an order failed at the threshold on a step whose
   forward call did take effect at the service;
-- ``status_sequences_incomplete``: an order whose status updates did not arrive 0, 1, 2, ...
-  up to its last one, in order;
+- ``status_sequences_incomplete``: an order whose status updates did not all arrive, 0, 1, 2,
+  ... up to StatusSeq - 1, in order; or whose last update does not say the state it ended in;
+  or where not exactly one update says it finished (Processed or Error);
 - ``recovery_over_bound``: the Supervisor acted on an order later after its deadline than the
   bound computed from the settings (:func:`core.supervision.recovery_bound`, ``detection_s``)
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
@@ -380,8 +381,9 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
                     spurious.append({"order_id": order_id, "timeline": timeline})
         elif alerts[order_id]:
             wrong_alerts.append((order_id, alerts[order_id]))
-        if statuses.get(order_id, []) != list(range(order.status_seq)):
-            incomplete.append((order_id, statuses.get(order_id, [])[:12], order.status_seq))
+        problem = status_problem(statuses.get(order_id, []), order.status_seq, order.state)
+        if problem is not None:
+            incomplete.append((order_id, problem))
         timeline = timelines.get(order_id, [])
         recoveries += [r for e in timeline if (r := recovery_latency(e)) is not None]
         for a, b in itertools.pairwise(timeline):
@@ -445,11 +447,27 @@ def terminal_alerts(settings: dict[str, str]) -> Counter[str]:
     return found
 
 
-def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
-    """Receive every status update on the reply queue; per order, the sequences in arrival
+def status_problem(
+    updates: list[tuple[int, str]], status_seq: int, state: ProcessState
+) -> str | None:
+    """What is wrong with the (sequence, state) updates an order's submitter received, in
+    arrival order, for an order that issued ``status_seq`` of them and is ``state`` now."""
+    sequences = [sequence for sequence, _ in updates]
+    if sequences != list(range(status_seq)):
+        return f"received {sequences[:12]} of {status_seq}"
+    if updates and updates[-1][1] != state.value:
+        return f"the last says {updates[-1][1]}, the order is {state.value}"
+    finished = [s for s, says in updates if says in (ProcessState.PROCESSED, ProcessState.ERROR)]
+    if len(finished) != 1:
+        return f"updates {finished} say the order finished"
+    return None
+
+
+def drain_statuses(settings: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """Receive every status update on the reply queue; per order, (sequence, state) in arrival
     order. A resend of one already seen (after a crash, past duplicate detection) is skipped,
     as a receiver would."""
-    seen: dict[str, list[int]] = defaultdict(list)
+    seen: dict[str, list[tuple[int, str]]] = defaultdict(list)
     with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
         client.get_queue_receiver(REPLY_QUEUE, max_wait_time=2) as receiver,
@@ -457,9 +475,9 @@ def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
         while batch := receiver.receive_messages(max_message_count=250, max_wait_time=2):
             for message in batch:
                 update = json.loads(b"".join(message.body))
-                sequences = seen[update["order_id"]]
-                if update["sequence"] not in sequences:
-                    sequences.append(update["sequence"])
+                updates = seen[update["order_id"]]
+                if update["sequence"] not in (sequence for sequence, _ in updates):
+                    updates.append((update["sequence"], update["state"]))
                 receiver.complete_message(message)
     return seen
 

@@ -43,6 +43,14 @@ outcome is unknown (Running). An undo names the forward key; the service undoes 
 
 **An open circuit is not a failure.** A ``deferred`` reply re-arms the step for ``retry_at``
 without touching FailureCount.
+
+**Status updates are owed until they arrive.** One that the submitter's queue refuses (it does
+not exist, is disabled, or the app may not send to it) is *held*: it stays in the outbox with a
+``not_before`` (event :class:`RepliesRefused`), no proof of delivery covers it, later updates
+wait behind it, and the first write after that time owes them again, so the queue gets every
+update, in order, once it takes them. A finished order holding updates keeps its active-index
+row: the Supervisor sends them again at their time, each time later (up to an hour), and gives
+up after :data:`REPLY_HOLD_LIMIT`, saying so in the timeline.
 """
 
 from __future__ import annotations
@@ -70,6 +78,12 @@ UNREQUESTED_REASON: Final = "unrequested_answer"
 """The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
+REPLY_RETRY_FIRST: Final = timedelta(minutes=5)
+"""The soonest held status updates are tried again; then as long again as they have been held,
+up to :data:`REPLY_RETRY_MAX`."""
+REPLY_RETRY_MAX: Final = timedelta(hours=1)
+REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
+"""How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
 
@@ -157,6 +171,18 @@ class Restart:
 
 
 @dataclass(frozen=True, slots=True)
+class RepliesRefused:
+    """The submitter's queue refused status update ``sequence``: it does not exist, is disabled,
+    or the app may not send to it (``failure`` says which). ``sent``: the MessageIds of what
+    the same send had sent before it, in the order's outbox order. A queue that might take it
+    on a second try (a timeout, a busy broker) is not a refusal: that send fails, is made again."""
+
+    sequence: int
+    failure: str
+    sent: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Migrate:
     """Move an order in flight to another version of its workflow (docs/versioning.md)."""
 
@@ -165,7 +191,7 @@ class Migrate:
     reason: str
 
 
-Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate
+Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate | RepliesRefused
 
 
 class Refused(Exception):
@@ -231,7 +257,9 @@ def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> date
     never later than this (see core.active_index).
     """
     if order.state.terminal:
-        return order.updated_at + flush_grace
+        flushed = order.updated_at + flush_grace
+        held = _held_until(order)
+        return flushed if held is None else max(flushed, held)
     if order.locked_by is not None and order.complete_by is not None:
         return order.complete_by
     return (order.next_attempt_at or order.updated_at) + stale_after / 2
@@ -258,6 +286,8 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _on_restart(order, actor, reason, step, delivered, ctx)
         case Migrate(to, actor, reason):
             return _on_migrate(order, to, actor, reason, ctx)
+        case RepliesRefused(sequence, failure, sent):
+            return _on_replies_refused(order, sequence, failure, sent, ctx)
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -265,7 +295,7 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
     if r.step not in ctx.workflow.step_names:
         return _reject(
             ctx,
-            order.order_id,
+            r,
             f"reply names step {r.step!r}, which workflow {ctx.workflow.name} does not have "
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
@@ -432,6 +462,8 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
     if order.state.terminal:
         if order.updated_at + ctx.flush_grace > now:
             return Decision(None, (), note="finished moments ago; its writer is sending")
+        if _held_until(order) is not None:
+            return _retry_replies(order, ctx)
         return Decision(None, order.outbox, finished=True, note="finished; outbox (re)sent")
     if order.locked_by is not None:
         if order.complete_by is None or order.complete_by > now:
@@ -582,10 +614,11 @@ def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decis
     following = ctx.workflow.next_step(done_step)
     order = replace(order, failure_count=0, last_error=None)
     if following is None:
+        # One update says the order finished: the step's own still reports it Processing.
+        order = _status(order, ctx, "step_completed", step=done_step)
         order = replace(
             order, state=_P.PROCESSED, locked_by=None, complete_by=None, next_attempt_at=None
         )
-        order = _status(order, ctx, "step_completed", step=done_step)
         order = _status(order, ctx, "processed")
         return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
     order = replace(order, current_step=following.name, current_operation="do")
@@ -812,12 +845,13 @@ def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
 
 def _begin(order: Order, delivered: bool) -> Order:
     """The draft a decision starts from: the outbox emptied if delivered, else carried over.
+    Held status updates stay either way: the proof of delivery does not cover them.
 
     A finished order's outbox is left alone: its active-index row says whether it was sent.
     """
     if order.state.terminal or not delivered:
         return order
-    return replace(order, outbox=())
+    return replace(order, outbox=tuple(o for o in order.outbox if _held(o)))
 
 
 def _owe(order: Order, outgoing: Outgoing) -> Order:
@@ -838,7 +872,95 @@ def _status(
         detail=detail,
         updated_at=ctx.now,
     )
-    return replace(_owe(order, Outgoing("reply", update)), status_seq=order.status_seq + 1)
+    # Behind updates that are held, it waits as long as they do: they arrive in order.
+    owed = Outgoing("reply", update, not_before=_held_until(order))
+    return replace(_owe(order, owed), status_seq=order.status_seq + 1)
+
+
+def _held(outgoing: Outgoing) -> bool:
+    """A status update the submitter's queue refused, held until its ``not_before``."""
+    return outgoing.to == "reply" and outgoing.not_before is not None
+
+
+def _held_until(order: Order) -> datetime | None:
+    """When ``order``'s held status updates are due to be tried again (None: none held)."""
+    return max((o.not_before for o in order.outbox if _held(o) and o.not_before), default=None)
+
+
+def _owed_again(before: Order, outbox: tuple[Outgoing, ...], now: datetime) -> tuple[Outgoing, ...]:
+    """``outbox`` (written over ``before``) with the held status updates whose time has come
+    owed like any message: the next send tries them, and the proof of that send covers them.
+
+    Not while a message that brings the next event is carried over from ``before``: it may
+    have been sent while they were held, and its answer would pass for proof that they went.
+    """
+    due = [o for o in outbox if _held(o) and o.not_before and o.not_before <= now]
+    if not due:
+        return outbox
+    earlier = {message_id_for(o.message) for o in before.outbox if _causal(o)}
+    if any(_causal(o) and message_id_for(o.message) in earlier for o in outbox):
+        return outbox
+    return tuple(replace(o, not_before=None) if o in due else o for o in outbox)
+
+
+def _update_from(outgoing: Outgoing, sequence: int) -> StatusUpdate | None:
+    """The status update ``outgoing`` carries, if it is number ``sequence`` or a later one."""
+    message = outgoing.message
+    if (
+        outgoing.to == "reply"
+        and isinstance(message, StatusUpdate)
+        and message.sequence >= sequence
+    ):
+        return message
+    return None
+
+
+def _on_replies_refused(
+    order: Order, sequence: int, failure: str, sent: frozenset[str], ctx: Context
+) -> Decision:
+    """Hold status update ``sequence`` and every later one the order owes, until a retry time
+    that grows with how long they have been held. What went out before it is owed no longer,
+    but for the messages that bring the next event (their answer is the proof of delivery);
+    those and anything else not sent yet go now."""
+    refused = [u for o in order.outbox if (u := _update_from(o, sequence))]
+    if not refused:
+        return _flush(order, f"status update {sequence} is owed no longer")
+    waited = ctx.now - refused[0].updated_at
+    retry_at = ctx.now + min(max(waited, REPLY_RETRY_FIRST), REPLY_RETRY_MAX)
+    held = tuple(
+        replace(o, not_before=retry_at) if _update_from(o, sequence) else o
+        for o in order.outbox
+        if _causal(o) or _update_from(o, sequence) or message_id_for(o.message) not in sent
+    )
+    detail = (
+        f"status updates {sequence} to {refused[-1].sequence} not sent: {order.reply_to} "
+        f"refused them ({failure}); held, tried again at {retry_at.isoformat()}"
+    )
+    decision = _write(order, replace(order, outbox=held), ctx, "replies_held", detail)
+    assert decision.order is not None
+    return replace(decision, send=decision.order.outbox)
+
+
+def _retry_replies(order: Order, ctx: Context) -> Decision:
+    """A finished order's held status updates: sent again once due, given up after
+    :data:`REPLY_HOLD_LIMIT`; either way its active-index row goes once that is done."""
+    held = [u for o in order.outbox if _held(o) and (u := _update_from(o, 0))]
+    due = _held_until(order)
+    assert held and due is not None
+    if due > ctx.now:
+        return Decision(None, (), note=f"status updates held until {due.isoformat()}")
+    first, last = held[0].sequence, held[-1].sequence
+    if ctx.now - held[0].updated_at >= REPLY_HOLD_LIMIT:
+        detail = (
+            f"status updates {first} to {last} never reached {order.reply_to} in "
+            f"{REPLY_HOLD_LIMIT.total_seconds() / 3600:.0f} h; given up"
+        )
+        dropped = replace(order, outbox=tuple(o for o in order.outbox if not _held(o)))
+        return replace(_write(order, dropped, ctx, "replies_dropped", detail), finished=True)
+    outbox = _owed_again(order, order.outbox, ctx.now)
+    detail = f"status updates {first} to {last} sent to {order.reply_to} again"
+    decision = _write(order, replace(order, outbox=outbox), ctx, "replies_resent", detail)
+    return replace(decision, send=outbox, finished=True)
 
 
 def _still_owed(outgoing: Outgoing, order: Order) -> bool:
@@ -881,7 +1003,7 @@ def _write(
             seen.add(message_id)
             kept.append(outgoing)
         # The message that brings the next event goes last: its answer proves all were sent.
-        outbox = tuple(sorted(kept, key=_causal))
+        outbox = _owed_again(before, tuple(sorted(kept, key=_causal)), ctx.now)
     after = replace(after, outbox=outbox, updated_at=ctx.now, timeline_seq=before.timeline_seq + 1)
     entry = TimelineEntry(
         seq=after.timeline_seq,
@@ -904,13 +1026,16 @@ def _flush(order: Order, note: str) -> Decision:
     return Decision(None, send, note=note)
 
 
-def _reject(ctx: Context, order_id: str, detail: str) -> Decision:
+def _reject(ctx: Context, reply: AgentResponse, detail: str) -> Decision:
     alert = OperatorAlert(
-        order_id=order_id,
+        order_id=reply.order_id,
         severity="error",
         reason="bad_message",
         detail=detail,
         source=ctx.actor,
+        # The reply's own MessageId (the Bus sets it): one alert per reply, however often
+        # it is redelivered; another reply's alert is never merged with it.
+        caused_by=f"responses/{message_id_for(reply)}",
         raised_at=ctx.now,
     )
     return Decision(None, (Outgoing("alerts", alert),), note=detail)

@@ -26,8 +26,15 @@ AgentResponse       ``rsp:<order_id>:<step>:<operation>:<attempt>`` - one reply 
 SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one command per
                     recovery decision; a second supervisor deciding the same thing dedupes.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number.
-OperatorAlert       ``alert:<order_id or ->:<reason>:[<timeline_seq>:]<sha(detail, excerpt)[:16]>``
-                    - one per order write that raises it, however often its outbox is sent.
+OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
+                    ``<caused_by>`` for an alert raised while handling a message (the queue's
+                    role and the message's MessageId): one per message, however often it is
+                    redelivered and whichever instance handles it, never merged with another
+                    message's; else ``<timeline_seq>:<sha(detail, excerpt)[:16]>`` for an
+                    order's entry into Error: one per order write that raises it, however often
+                    its outbox is sent; else ``<sha(detail, excerpt)[:16]>`` for a condition
+                    (an order parked on a missing workflow version, a reply queue that refuses):
+                    repeats within the duplicate-detection window are one alert.
 ==================  ===========================================================================
 
 An id longer than Service Bus's 128 characters (possible only with maximal ids and names) is
@@ -67,6 +74,8 @@ MAX_RAW_EXCERPT_BYTES: Final = 2048
 MAX_DETAIL_BYTES: Final = 4096
 MAX_ERROR_MESSAGE_BYTES: Final = 2048
 MAX_MESSAGE_ID_LENGTH: Final = 128
+MAX_CAUSE_CHARS: Final = 200
+"""An alert's ``caused_by``: a queue role, ``/`` and a MessageId (at most 128 characters)."""
 MAX_ITEMS: Final = 100
 MAX_QUANTITY: Final = 1_000_000
 MAX_UNIT_PRICE_CENTS: Final = 10**12
@@ -430,6 +439,10 @@ class OperatorAlert(MessageBase):
     source: Actor
     timeline_seq: Counter | None = None
     """The order's timeline entry that raised it (an order may enter Error more than once)."""
+    caused_by: Annotated[str, Field(min_length=1, max_length=MAX_CAUSE_CHARS)] | None = None
+    """The message whose handling raised it, ``<queue role>/<MessageId>`` (see
+    :meth:`core.aio.inbound.Delivery.cause`): it tells two such alerts apart however alike
+    their text, and a redelivery of that message from the next."""
     raised_at: UtcDatetime = Field(default_factory=utc_now)
 
 
@@ -473,7 +486,11 @@ class BadMessage(Exception):
         self.raw_excerpt = raw_excerpt
 
     def to_alert(
-        self, source: str, severity: Literal["warning", "error"] = "error"
+        self,
+        source: str,
+        severity: Literal["warning", "error"] = "error",
+        *,
+        caused_by: str | None = None,
     ) -> OperatorAlert:
         return OperatorAlert(
             order_id=self.order_id,
@@ -482,6 +499,7 @@ class BadMessage(Exception):
             detail=f"rejected {self.expected}: {self.reason}",
             raw_excerpt=self.raw_excerpt,
             source=source,
+            caused_by=caused_by,
         )
 
 
@@ -651,6 +669,14 @@ def _short_hash(*parts: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _event(alert: OperatorAlert) -> str:
+    """What makes the event ``alert`` reports one (the rules in the module docstring)."""
+    if alert.caused_by is not None:
+        return alert.caused_by
+    fingerprint = _short_hash(alert.detail, alert.raw_excerpt or "")
+    return fingerprint if alert.timeline_seq is None else f"{alert.timeline_seq}:{fingerprint}"
+
+
 def message_id_for(message: MessageBase) -> str:
     """The deterministic Service Bus MessageId of ``message`` (rules in the module docstring)."""
     match message:
@@ -665,10 +691,7 @@ def message_id_for(message: MessageBase) -> str:
         case StatusUpdate():
             prefix, rest = "st", f"{message.order_id}:{message.sequence}"
         case OperatorAlert():
-            prefix = "alert"
-            fingerprint = _short_hash(message.detail, message.raw_excerpt or "")
-            seq = "" if message.timeline_seq is None else f"{message.timeline_seq}:"
-            rest = f"{message.order_id or '-'}:{message.reason}:{seq}{fingerprint}"
+            prefix, rest = "alert", f"{message.order_id or '-'}:{message.reason}:{_event(message)}"
         case _:
             raise TypeError(f"no message id rule for {type(message).__name__}")
     message_id = f"{prefix}:{rest}"

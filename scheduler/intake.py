@@ -33,12 +33,14 @@ def is_app_queue(settings: Settings, name: str) -> bool:
     return any(folded == queue.casefold() for queue in settings.queues.values())
 
 
-def handle_submission(body: bytes | str, rt: Runtime) -> None:
+def handle_submission(body: bytes | str, rt: Runtime, *, caused_by: str | None = None) -> None:
+    """``caused_by``: the submission's :meth:`core.aio.inbound.Delivery.cause`, which tells
+    the alerts of two submissions apart (None: the alert is named by its text)."""
     actor = rt.actor("intake")
     try:
         order = parse_message(body, OrderSubmitted)
     except BadMessage as bad:
-        rt.alert(bad.to_alert(source=actor))
+        rt.alert(bad.to_alert(source=actor, caused_by=caused_by))
         return
     if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
         rt.alert(
@@ -52,6 +54,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return
@@ -70,6 +73,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return
@@ -95,6 +99,7 @@ def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return

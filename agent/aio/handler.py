@@ -49,11 +49,15 @@ if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which 
 log = logging.getLogger("agent")
 
 
-async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
+async def handle_request(
+    body: bytes | str, service: str, rt: Runtime, *, caused_by: str | None = None
+) -> None:
+    """``caused_by``: the request's :meth:`core.aio.inbound.Delivery.cause`, which tells the
+    alerts of two requests apart (None: the alert is named by its text)."""
     try:
         request = parse_message(body, AgentRequest)
     except BadMessage as bad:
-        await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
+        await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}"), caused_by=caused_by))
         return
     problem = disagreement(request)
     if problem is not None:
@@ -85,6 +89,7 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
                 reason="bad_agent_request",
                 detail=f"{service} cannot carry out {request.action}: {exc}",
                 source=rt.actor(f"agent-{service}"),
+                caused_by=caused_by,
             )
         )
         return

@@ -21,11 +21,12 @@ from core.state_models import OrderNotFound
 log = logging.getLogger("scheduler.replies")
 
 
-async def handle_response(body: bytes | str, rt: Runtime) -> None:
+async def handle_response(body: bytes | str, rt: Runtime, *, caused_by: str | None = None) -> None:
+    """``caused_by``: the reply's :meth:`core.aio.inbound.Delivery.cause`, for its alerts."""
     try:
         response = parse_message(body, AgentResponse)
     except BadMessage as bad:
-        await rt.alert(bad.to_alert(source=rt.actor("replies")))
+        await rt.alert(bad.to_alert(source=rt.actor("replies"), caused_by=caused_by))
         return
     try:
         await apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
@@ -41,5 +42,6 @@ async def handle_response(body: bytes | str, rt: Runtime) -> None:
                 reason="reply_for_unknown_order",
                 detail=f"a {response.outcome} reply for step {response.step} names no order",
                 source=rt.actor("replies"),
+                caused_by=caused_by,
             )
         )

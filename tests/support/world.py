@@ -10,6 +10,9 @@ a call that took effect but ran out of its run budget (a transient ``timed_out``
 that hangs and lands later. Besides the agents' honest answers, a test may deliver validly
 signed answers to requests the order never asked for (:meth:`World.answer_unasked`): they must
 change nothing and raise one alert each.
+
+The submitters' reply queue may refuse sends for a while (deleted, disabled or closed to the
+app: :class:`ReplyQueue`); it takes them again once everything is left to settle.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
+
+from azure.servicebus._pyamqp.error import AuthenticationException, ErrorCondition
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusAuthenticationError
 
 from core import apply, ids
 from core.lifecycle import UNREQUESTED_REASON, Refused
@@ -158,6 +164,31 @@ class RecordingStore(MemoryStore):
                 self.asked.add((m.order_id, m.step, m.operation, m.idempotency_key, m.attempt))
 
 
+class ReplyQueue:
+    """The submitters' side of the bus: while ``refusing``, a send to the reply queue is refused
+    as Service Bus refuses one to a queue that does not exist (``refused`` counts them); the
+    next ``fail_next`` sends fail as when a broker restart breaks the token link."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self.refusing = False
+        self.refused = 0
+        self.fail_next = 0
+
+    def send(
+        self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
+    ) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ServiceBusAuthenticationError(
+                message="CBS link", error=AuthenticationException(ErrorCondition.InternalError)
+            )
+        if self.refusing:
+            self.refused += 1
+            raise MessagingEntityNotFoundError(message=f"the messaging entity {queue} is gone")
+        self.bus.send(queue, message, scheduled_at=scheduled_at)
+
+
 @dataclass
 class Envelope:
     queue: str
@@ -190,7 +221,9 @@ class World:
             clock=self.clock,
             rng=random.Random(0),
         )
-        self.rt._status_bus = self.bus  # type: ignore[assignment]
+        self.replies = ReplyQueue(self.bus)
+        self.rt._status_bus = self.replies  # type: ignore[assignment]
+        apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
         self.parked: list[AgentRequest] = []
@@ -381,6 +414,7 @@ class World:
 
     def drain(self, max_rounds: int = 400) -> None:
         """Let everything finish without faults: deliver, land what hangs, tick, let time go."""
+        self.replies.refusing = False
         for _ in range(max_rounds):
             while self.parked:
                 self.land_late(0)
@@ -432,11 +466,23 @@ class World:
         )
 
     def statuses(self, order_id: str) -> list[int]:
+        return [u.sequence for u in self.updates(order_id)]
+
+    def updates(self, order_id: str) -> list[StatusUpdate]:
+        """The status updates the submitter received for ``order_id``, in arrival order."""
         return [
-            s.sequence
+            s
             for s in self.sent(REPLY_QUEUE)
             if isinstance(s, StatusUpdate) and s.order_id == order_id
         ]
+
+    def finishes(self, order_id: str) -> int:
+        """How often the order entered Processed or Error (an operator may resubmit it)."""
+        return sum(
+            1
+            for e in self.store.get_timeline(order_id)
+            if e.to_state.terminal and (e.from_state is None or not e.from_state.terminal)
+        )
 
     def forward_keys(self, order_id: str) -> set[str]:
         """Every forward key the app ever requested for ``order_id``."""
@@ -560,9 +606,8 @@ class World:
                 f"{order_id}: {alerts[order_id]} terminal alerts for "
                 f"{self.error_entries(order_id)} entries into Error"
             )
-            assert self.statuses(order_id) == list(range(order.status_seq)), (
-                f"{order_id}: statuses {self.statuses(order_id)} of {order.status_seq}"
-            )
+            if order.reply_to is not None:
+                self._check_updates(order)
             if order.state is ProcessState.ERROR:
                 known = {s.forward_key(order_id) for s in order.steps if s.state.may_have_effect}
                 left = {k for k in self.forward_keys(order_id) if self.services.in_place(k)}
@@ -579,6 +624,24 @@ class World:
             (o.order_id, o.generation) for o in self.store.orders() if o.state is ProcessState.ERROR
         }
         assert errors == expected, f"error index {errors} != Error orders {expected}"
+
+    def _check_updates(self, order: Order) -> None:
+        """Every status update 0..StatusSeq-1 arrived, in order; the last one says the state
+        the order ended in; exactly one says it finished, each time it did."""
+        updates = self.updates(order.order_id)
+        sequences = [u.sequence for u in updates]
+        assert sequences == list(range(order.status_seq)), (
+            f"{order.order_id}: statuses {sequences} of {order.status_seq}"
+        )
+        if updates:
+            assert updates[-1].state == order.state.value, (
+                f"{order.order_id} is {order.state}, its last update says {updates[-1].state}"
+            )
+        finished = [u for u in updates if u.state in ("Processed", "Error")]
+        assert len(finished) == self.finishes(order.order_id), (
+            f"{order.order_id}: {[(u.sequence, u.event, u.state) for u in finished]} say it "
+            f"finished; it did {self.finishes(order.order_id)} times"
+        )
 
 
 def _next_generation(order: Order, step: StepRecord) -> int:

@@ -9,6 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.lifecycle import (
+    DEFAULT_FLUSH_GRACE,
+    DEFAULT_STALE_AFTER,
+    REPLY_HOLD_LIMIT,
+    REPLY_RETRY_FIRST,
+    REPLY_RETRY_MAX,
     UNREQUESTED_REASON,
     Cancel,
     Context,
@@ -16,12 +21,14 @@ from core.lifecycle import (
     Migrate,
     Refused,
     Replied,
+    RepliesRefused,
     Resent,
     Restart,
     Resubmit,
     RetryDue,
     Swept,
     decide,
+    due_at,
     submit,
 )
 from core.messages import (
@@ -31,6 +38,7 @@ from core.messages import (
     OrderSubmitted,
     SchedulerCommand,
     StatusUpdate,
+    message_id_for,
 )
 from core.order import Order, Requests, StepState
 from core.state_models import order_entity, order_from_entity
@@ -159,7 +167,9 @@ def test_the_last_success_finishes_the_order():
     decision = decide(order, Replied(answer(request_of(order))), ctx(2))
     assert decision.order is not None and decision.order.state is ProcessState.PROCESSED
     assert decision.finished and decision.order.locked_by is None
-    assert [m.message.event for m in decision.send] == ["step_completed", "processed"]  # type: ignore[attr-defined]
+    updates = [(m.message.event, m.message.state) for m in decision.send]  # type: ignore[attr-defined]
+    # Exactly one update says the order finished: the last step's still says Processing.
+    assert updates == [("step_completed", "Processing"), ("processed", "Processed")]
 
 
 def test_an_event_that_proves_nothing_carries_the_outbox_forward():
@@ -294,6 +304,15 @@ def test_a_reply_naming_an_unknown_step_is_alerted_and_changes_nothing():
     )
     decision = decide(order, Replied(reply), ctx(1))
     assert decision.order is None and kinds(decision) == ["OperatorAlert"]
+    # Each such reply is its own event, however alike; the same reply again is not.
+    again = decide(order, Replied(reply), ctx(9, actor="scheduler:b")).send[0].message
+    other = Replied(reply.model_copy(update={"attempt": 2}))
+    another = decide(order, other, ctx(1)).send[0].message
+    ids = [message_id_for(a.message) for a in decision.send] + [
+        message_id_for(again),
+        message_id_for(another),
+    ]
+    assert ids[0] == ids[1] != ids[2]
 
 
 def test_a_reply_for_another_generation_changes_nothing():
@@ -776,3 +795,97 @@ def test_only_orders_moving_forward_on_another_version_of_their_workflow_migrate
     cancelled = apply(order, decide(order, Cancel("operator:ann", "x"), ctx(1)))
     with pytest.raises(Refused, match="only orders moving forward"):
         decide(cancelled, Migrate(ORDER_WORKFLOW_V2, "operator:ann", "x"), ctx(2))
+
+
+# --------------------------------------------------------------- status updates refused
+
+
+GONE = "MessagingEntityNotFoundError: the queue is gone"
+
+
+def refused(order: Order, sequence: int, at: float, sent: frozenset[str] = frozenset()) -> Order:
+    decision = decide(order, RepliesRefused(sequence, GONE, sent), ctx(at, actor="status:a"))
+    assert decision.order is not None and decision.entry is not None
+    assert decision.entry.event == "replies_held" and not decision.finished
+    assert decision.send == decision.order.outbox, "the shell skips what is held, sends the rest"
+    return decision.order
+
+
+def replies(order: Order) -> list[tuple[int, datetime | None]]:
+    return [(o.message.sequence, o.not_before) for o in order.outbox if o.to == "reply"]  # type: ignore[attr-defined]
+
+
+def test_a_refused_update_and_those_after_it_are_held_and_the_order_goes_on():
+    order = new_order()  # owes received (0), step_started (1) and the first request
+    received = frozenset({message_id_for(order.outbox[0].message)})
+    held = refused(order, 1, at=2, sent=received)
+    retry = T0 + timedelta(seconds=2) + REPLY_RETRY_FIRST
+    assert replies(held) == [(1, retry)], "what went before is owed no longer"
+    assert held.outbox[-1].message == request_of(order), "the request still goes, last"
+    assert (held.state, held.locked_by, held.status_seq) == (
+        order.state,
+        order.locked_by,
+        order.status_seq,
+    )
+
+    # The request's answer proves it was sent, not the held update: that stays, and the next
+    # updates wait behind it, so they arrive in order.
+    after = apply(held, decide(held, Replied(answer(request_of(held))), ctx(3)))
+    assert replies(after) == [(1, retry), (2, retry), (3, retry)]
+
+    # The first write after that time owes them again, before the next request.
+    later = apply(after, decide(after, Replied(answer(request_of(after))), ctx(303)))
+    assert replies(later) == [(n, None) for n in range(1, 6)]
+    assert isinstance(later.outbox[-1].message, AgentRequest)
+
+
+def test_an_answer_to_a_message_sent_while_updates_were_held_proves_nothing_of_them():
+    order = new_order()
+    held = refused(order, 0, at=0)
+    deferred = Replied(answer(request_of(held), "deferred", retry_at=T0 + timedelta(seconds=7)))
+    waiting = apply(held, decide(held, deferred, ctx(1)))  # its retry command left, not them
+    (command,) = [o.message for o in waiting.outbox if isinstance(o.message, SchedulerCommand)]
+    # Past their time, the Supervisor releases the order again: the first command is still
+    # owed, so the updates are not owed again yet (that command's return would "prove" them).
+    released = apply(waiting, decide(waiting, Swept(), ctx(400, actor="supervisor:s")))
+    assert [at is not None for _, at in replies(released)] == [True, True]
+    claimed = apply(released, decide(released, RetryDue(command), ctx(401)))
+    assert replies(claimed) == [(0, None), (1, None), (2, None)], "owed before the new request"
+    assert isinstance(claimed.outbox[-1].message, AgentRequest)
+
+
+def test_held_updates_are_tried_again_later_the_longer_they_wait():
+    order = new_order()  # its updates were made at T0
+    for waited, delay in [
+        (timedelta(seconds=60), REPLY_RETRY_FIRST),
+        (timedelta(minutes=40), timedelta(minutes=40)),
+        (timedelta(hours=5), REPLY_RETRY_MAX),
+    ]:
+        held = refused(order, 0, at=waited.total_seconds())
+        assert {at for _, at in replies(held)} == {T0 + waited + delay}
+
+
+def test_a_finished_order_s_held_updates_are_sent_again_by_the_supervisor_then_given_up():
+    order = after_steps(3)
+    assert order.state is ProcessState.PROCESSED
+    held = refused(order, order.status_seq - 2, at=4)
+    retry = T0 + timedelta(seconds=4) + REPLY_RETRY_FIRST
+    assert replies(held) == [(6, retry), (7, retry)]
+    assert due_at(held, DEFAULT_STALE_AFTER, DEFAULT_FLUSH_GRACE) == retry
+    supervisor = "supervisor:s"
+
+    waiting = decide(held, Swept(), ctx(60, actor=supervisor))
+    assert (waiting.order, waiting.send, waiting.finished) == (None, (), False)
+
+    resent = decide(held, Swept(), ctx(4 + 300, actor=supervisor))
+    assert resent.order is not None and resent.entry is not None
+    assert resent.entry.event == "replies_resent" and resent.finished
+    assert replies(resent.order) == [(6, None), (7, None)]
+    assert resent.send == resent.order.outbox
+
+    # Refused again and again: given up once they have waited a day, saying so.
+    last = refused(order, 6, at=REPLY_HOLD_LIMIT.total_seconds())
+    dropped = decide(last, Swept(), ctx(REPLY_HOLD_LIMIT.total_seconds() + 3600, actor=supervisor))
+    assert dropped.order is not None and dropped.entry is not None
+    assert dropped.entry.event == "replies_dropped" and "given up" in dropped.entry.detail
+    assert dropped.finished and dropped.send == () and replies(dropped.order) == []

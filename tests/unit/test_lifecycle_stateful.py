@@ -9,7 +9,8 @@ product's promise after every step and once everything has settled:
 - no effect twice; a Processed order has every step in place;
 - an Error order has exactly one alert per entry into Error and nothing left in place (or, when
   compensation could not finish, only what its record and critical alert name);
-- every status update sent, in sequence, none missing;
+- every status update sent, in sequence, none missing, also when the reply queue refused some
+  for a while; the last says the state the order ended in, and exactly one says it finished;
 - each step's record agrees with what its service was asked and answered, and an answer to a
   request never asked for changes nothing and raises one alert.
 """
@@ -100,9 +101,14 @@ class Lifecycle(RuleBasedStateMachine):
     def supervisor_tick(self, crash_after: int | None) -> None:
         self.world.tick(crash_after)
 
-    @rule(seconds=st.sampled_from([1, 5, 31, 130]))
+    @rule(seconds=st.sampled_from([1, 5, 31, 130, 400]))
     def time_passes(self, seconds: int) -> None:
         self.world.advance(seconds)
+
+    @rule(refusing=st.booleans())
+    def reply_queue(self, refusing: bool) -> None:
+        """The submitters' queue goes away (or is disabled, or closed to the app), or is back."""
+        self.world.replies.refusing = refusing
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
