@@ -35,7 +35,9 @@ a step whose do was never answered for sure, or whose undo was sent and the effe
 recorded in place. Until each is answered the order is *settling*: an answer to a request it
 sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
 A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
-says whether the order ended settling, and :func:`_write` refuses anything else.
+says whether the order ended settling, and :func:`_write` refuses anything else. Delivering
+what an ended order still owes is not a change of it: its held status updates (below) are
+sent again or given up in ``replies_*`` rows whether it settles or is settled.
 
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
@@ -987,12 +989,13 @@ def _write(
     step: str | None = None,
     from_state: ProcessState | Literal["before"] | None = "before",
 ) -> Decision:
-    if from_state == "before" and not transition_allowed(before.state, after.state):
-        raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
-    outbox = after.outbox
     ended = before.state.terminal and after.state.terminal
-    if ended and not before.settling:
-        raise AssertionError(f"{event}: order {before.order_id} is settled; only operators act")
+    if not (ended and _owes_only(before, after)):
+        if from_state == "before" and not transition_allowed(before.state, after.state):
+            raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
+        if ended and not before.settling:
+            raise AssertionError(f"{event}: order {before.order_id} is settled; only operators act")
+    outbox = after.outbox
     if not ended:
         seen: set[str] = set()
         kept: list[Outgoing] = []
@@ -1018,6 +1021,13 @@ def _write(
     )
     send = () if ended else outbox
     return Decision(after, send, entry, finished=after.state.terminal and not ended)
+
+
+def _owes_only(before: Order, after: Order) -> bool:
+    """Whether ``after`` differs from ``before`` only in what it owes. On an ended order that
+    is its held status updates sent again or given up: a change of what it delivers, not of
+    the order, so neither a transition nor a change a settled order refuses."""
+    return replace(after, outbox=before.outbox) == before
 
 
 def _flush(order: Order, note: str) -> Decision:

@@ -35,6 +35,8 @@ _P = ProcessState
 # records an answer to a request it sent whose outcome its record still leaves open (Error ->
 # Error; core.lifecycle refuses the write once the order is settled). A Processed order is
 # settled when it ends (every step took effect, no undo was sent): nothing follows Processed.
+# A write that only records what an ended order still delivers (its held status updates sent
+# again or given up) is no transition: core.lifecycle lets it through at any time.
 # Error is left only by an operator's resubmit (-> Processing, the first step claimed at once)
 # or a resumed compensation. Operators' annotations (an acknowledgement) are timeline rows of
 # the state store, not transitions.

@@ -125,6 +125,10 @@ class Services:
         return self.forward.get(forward_key) == "done" and forward_key not in self.undone
 
 
+DELIVERY_ROWS = frozenset({"replies_held", "replies_resent", "replies_dropped"})
+"""Timeline rows that change only which status updates an order still owes."""
+
+
 Asked = tuple[str, str, str, str, int]
 """A request an order asked for: order id, step, operation, idempotency key, attempt."""
 
@@ -553,13 +557,14 @@ class World:
     def _check_after_the_end(self, order_id: str) -> None:
         """Once an order ended, only its settling changes it: ``settling`` rows and one
         ``settled``, if its ``error`` row said it ended settling; nothing once it is settled
-        (until an operator puts it back in flight)."""
+        (until an operator puts it back in flight). Rows that record the delivery of its held
+        status updates change what it owes, not the order: they may come at any time."""
         settling = False
         for entry in self.store.get_timeline(order_id):
             if entry.from_state is None or not entry.from_state.terminal:
                 settling = "; settling: " in entry.detail
                 continue
-            if entry.to_state.terminal:
+            if entry.to_state.terminal and entry.event not in DELIVERY_ROWS:
                 assert settling and entry.event in ("settling", "settled"), (
                     f"{order_id}: {entry.event} ({entry.detail}) after it ended settled"
                 )

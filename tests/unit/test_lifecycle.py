@@ -889,3 +889,21 @@ def test_a_finished_order_s_held_updates_are_sent_again_by_the_supervisor_then_g
     assert dropped.order is not None and dropped.entry is not None
     assert dropped.entry.event == "replies_dropped" and "given up" in dropped.entry.detail
     assert dropped.finished and dropped.send == () and replies(dropped.order) == []
+
+
+def test_a_settled_error_order_holds_and_resends_its_updates_and_changes_no_other_way():
+    order = after_steps(1)
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
+    ended = apply(order, decide(order, Replied(answer(request_of(order))), ctx(3)))
+    assert ended.state is ProcessState.ERROR and not ended.settling  # all undone: settled
+    held = refused(ended, ended.status_seq - 1, at=4)
+    unchanged = {"outbox": ended.outbox, "updated_at": ended.updated_at}
+    assert replace(held, **unchanged, timeline_seq=ended.timeline_seq) == ended
+    resent = decide(held, Swept(), ctx(4 + 300, actor="supervisor:s"))
+    assert resent.order is not None and resent.entry is not None
+    assert (resent.entry.event, resent.entry.from_state, resent.entry.to_state) == (
+        "replies_resent",
+        ProcessState.ERROR,
+        ProcessState.ERROR,
+    )
+    assert replace(resent.order, **unchanged, timeline_seq=ended.timeline_seq) == ended
