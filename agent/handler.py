@@ -62,7 +62,8 @@ def handle_request(
         return
     problem = disagreement(request)
     if problem is not None:
-        rt.alert(_inconsistent(request, service, problem, rt.actor(f"agent-{service}")))
+        source = rt.actor(f"agent-{service}")
+        rt.alert(_inconsistent(request, service, problem, source, caused_by))
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -126,7 +127,9 @@ def handle_request(
     _reply(rt, response_for(request, outcome))
 
 
-def _inconsistent(request: AgentRequest, service: str, problem: str, source: str) -> OperatorAlert:
+def _inconsistent(
+    request: AgentRequest, service: str, problem: str, source: str, caused_by: str | None
+) -> OperatorAlert:
     return OperatorAlert(
         order_id=request.order_id,
         severity="error",
@@ -139,6 +142,7 @@ def _inconsistent(request: AgentRequest, service: str, problem: str, source: str
             "passes."
         ),
         source=source,
+        caused_by=caused_by,
     )
 
 

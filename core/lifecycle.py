@@ -127,7 +127,11 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Replied:
+    """``caused_by``: which message brought the reply (:meth:`core.aio.inbound.Delivery.cause`);
+    it names the alerts deciding on it raises (None: they are named by their text)."""
+
     response: AgentResponse
+    caused_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +276,8 @@ def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> date
 
 def decide(order: Order, event: Event, ctx: Context) -> Decision:
     match event:
-        case Replied(response):
-            return _on_reply(order, response, ctx)
+        case Replied(response, caused_by):
+            return _on_reply(order, response, caused_by, ctx)
         case RetryDue(command):
             return _on_retry(order, command, ctx)
         case Resent():
@@ -293,18 +297,19 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
     raise TypeError(f"not an event: {event!r}")
 
 
-def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
+def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Context) -> Decision:
     if r.step not in ctx.workflow.step_names:
         return _reject(
             ctx,
             r,
+            caused_by,
             f"reply names step {r.step!r}, which workflow {ctx.workflow.name} does not have "
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
     step = order.step(r.step)
     unasked = _unasked(order, step, r)
     if unasked is not None:
-        return _refuse_answer(order, r, unasked, ctx)
+        return _refuse_answer(order, r, caused_by, unasked, ctx)
     if r.generation != step.generation or step.state is StepState.PENDING:
         return _flush(order, f"reply for {r.idempotency_key}, which is not this step's key")
     delivered = any(
@@ -362,9 +367,12 @@ def _unasked(order: Order, step: StepRecord, r: AgentResponse) -> str | None:
     return f"{r.step} was sent: {', '.join(runs) or 'nothing'} (generation {generation})"
 
 
-def _refuse_answer(order: Order, r: AgentResponse, why: str, ctx: Context) -> Decision:
-    """Change nothing, and alert. The alert names the answer alone (``why`` goes to the log),
-    so the answer delivered again is the same alert."""
+def _refuse_answer(
+    order: Order, r: AgentResponse, caused_by: str | None, why: str, ctx: Context
+) -> Decision:
+    """Change nothing, and alert. The alert is named by the message that brought the answer
+    (``caused_by``), so the answer delivered again is the same alert and another message is
+    another; its text names the answer alone (``why`` goes to the log)."""
     answered = r.outcome
     if r.error_code is not None:
         answered += f" ({'transient ' if r.transient else ''}{r.error_code})"
@@ -380,6 +388,7 @@ def _refuse_answer(order: Order, r: AgentResponse, why: str, ctx: Context) -> De
         reason=UNREQUESTED_REASON,
         detail=detail,
         source=ctx.actor,
+        caused_by=caused_by,
         raised_at=ctx.now,
     )
     return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
@@ -1036,16 +1045,14 @@ def _flush(order: Order, note: str) -> Decision:
     return Decision(None, send, note=note)
 
 
-def _reject(ctx: Context, reply: AgentResponse, detail: str) -> Decision:
+def _reject(ctx: Context, reply: AgentResponse, caused_by: str | None, detail: str) -> Decision:
     alert = OperatorAlert(
         order_id=reply.order_id,
         severity="error",
         reason="bad_message",
         detail=detail,
         source=ctx.actor,
-        # The reply's own MessageId (the Bus sets it): one alert per reply, however often
-        # it is redelivered; another reply's alert is never merged with it.
-        caused_by=f"responses/{message_id_for(reply)}",
+        caused_by=caused_by,
         raised_at=ctx.now,
     )
     return Decision(None, (Outgoing("alerts", alert),), note=detail)

@@ -30,7 +30,9 @@ def handle_response(body: bytes | str, rt: Runtime, *, caused_by: str | None = N
         rt.alert(bad.to_alert(source=rt.actor("replies"), caused_by=caused_by))
         return
     try:
-        apply.handle(rt, response.order_id, Replied(response), actor=rt.actor("scheduler"))
+        apply.handle(
+            rt, response.order_id, Replied(response, caused_by), actor=rt.actor("scheduler")
+        )
     except apply.Parked:
         # Dropping the reply loses nothing: once the version is back, the step's deadline
         # passes and its retry gets the same answer under the same idempotency key.

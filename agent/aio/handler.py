@@ -61,7 +61,8 @@ async def handle_request(
         return
     problem = disagreement(request)
     if problem is not None:
-        await rt.alert(_inconsistent(request, service, problem, rt.actor(f"agent-{service}")))
+        source = rt.actor(f"agent-{service}")
+        await rt.alert(_inconsistent(request, service, problem, source, caused_by))
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -125,7 +126,9 @@ async def handle_request(
     await _reply(rt, response_for(request, outcome))
 
 
-def _inconsistent(request: AgentRequest, service: str, problem: str, source: str) -> OperatorAlert:
+def _inconsistent(
+    request: AgentRequest, service: str, problem: str, source: str, caused_by: str | None
+) -> OperatorAlert:
     return OperatorAlert(
         order_id=request.order_id,
         severity="error",
@@ -138,6 +141,7 @@ def _inconsistent(request: AgentRequest, service: str, problem: str, source: str
             "passes."
         ),
         source=source,
+        caused_by=caused_by,
     )
 
 

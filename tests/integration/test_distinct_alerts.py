@@ -19,11 +19,14 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 
 from agent.functions import on_request
 from core.agents import AGENTS
+from core.lifecycle import UNREQUESTED_REASON
+from core.messages import AgentResponse, encode
 from core.signing import sign
 from devstack.host.servicebus_runner import to_function_message
-from scheduler.functions import on_command, on_submission
+from scheduler.functions import on_command, on_reply, on_submission
+from scheduler.intake import handle_submission
 from tests.support.app import AsyncTriggers, QueueReader, make_runtime
-from tests.support.pattern import queue
+from tests.support.pattern import new_order, queue
 
 pytestmark = pytest.mark.integration
 
@@ -122,3 +125,34 @@ def test_identical_bad_submissions_are_two_alerts_and_a_command_redelivered_is_o
     first, second = (a["caused_by"] for a in alerts[:2])
     assert first != second and first.startswith("orders/") and second.startswith("orders/")
     assert alerts[2]["caused_by"] == f"commands/{command.message_id}"
+
+
+def test_an_answer_never_asked_for_is_alerted_once_per_message_that_brought_it(
+    rt, triggers, second_host, reader, sender
+):
+    """Issue 28's unrequested_answer under the same rule: two messages with the same forged
+    answer are two alerts, a redelivery on the other host none."""
+    order = new_order()
+    handle_submission(encode(order), rt)
+    forged = AgentResponse(
+        order_id=order.order_id,
+        step="reserve_inventory",
+        operation="undo",
+        attempt=1,
+        idempotency_key=f"{order.order_id}:reserve_inventory:undo:1",
+        outcome="succeeded",
+    )
+    body = encode(forged)
+    first = send_signed(rt, sender, reader, "responses", body)
+    second = send_signed(rt, sender, reader, "responses", body)
+    triggers.run(on_reply(to_function_message(first), triggers.rt))
+    triggers.run(on_reply(to_function_message(second), triggers.rt))
+    _, other = second_host
+    other.run(on_reply(to_function_message(first), other.rt))
+
+    alerts = alerts_about(rt, reader, order.order_id)
+    assert [a["reason"] for a in alerts] == [UNREQUESTED_REASON] * 2, alerts
+    assert {a["caused_by"] for a in alerts} == {
+        f"responses/{first.message_id}",
+        f"responses/{second.message_id}",
+    }

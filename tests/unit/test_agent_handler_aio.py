@@ -32,6 +32,7 @@ from core.messages import (
     MessageBase,
     MessageTooLarge,
     encode,
+    message_id_for,
     parse_message,
 )
 from tests.support.sent import as_sent
@@ -439,6 +440,20 @@ async def test_a_request_that_disagrees_with_its_order_is_refused_without_a_call
     assert (alert.reason, alert.severity, alert.order_id) == (INCONSISTENT_REASON, "error", "o-1")
     assert alert.detail.startswith("payment refused do charge_payment attempt")
     assert differs in alert.detail
+
+
+async def test_an_inconsistent_request_is_alerted_once_per_message_that_carried_it() -> None:
+    """Named by the message (issue 28, item 3): the same bytes sent twice are two alerts, one
+    message delivered twice is one."""
+    body = encode(as_sent(request("do")).model_copy(update={"attempt": 3}))
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    for cause in ("payment/m-1", "payment/m-2", "payment/m-1"):
+        await handle_request(body, "payment", rt, caused_by=cause)  # type: ignore[arg-type]
+    assert [a.reason for a in rt.alerts] == [INCONSISTENT_REASON] * 3
+    assert len({a.detail for a in rt.alerts}) == 1, "the same text each time"
+    ids = [message_id_for(a) for a in rt.alerts]
+    assert ids[0] != ids[1] and ids[0] == ids[2]
+    assert rt.requests == [] and rt.bus.sent == []
 
 
 async def test_an_undo_dressed_as_its_do_is_refused() -> None:

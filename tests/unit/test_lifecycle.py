@@ -302,15 +302,13 @@ def test_a_reply_naming_an_unknown_step_is_alerted_and_changes_nothing():
         idempotency_key="o-1:teleport:do:1",
         outcome="succeeded",
     )
-    decision = decide(order, Replied(reply), ctx(1))
+    decision = decide(order, Replied(reply, "responses/m-1"), ctx(1))
     assert decision.order is None and kinds(decision) == ["OperatorAlert"]
-    # Each such reply is its own event, however alike; the same reply again is not.
-    again = decide(order, Replied(reply), ctx(9, actor="scheduler:b")).send[0].message
-    other = Replied(reply.model_copy(update={"attempt": 2}))
-    another = decide(order, other, ctx(1)).send[0].message
-    ids = [message_id_for(a.message) for a in decision.send] + [
-        message_id_for(again),
-        message_id_for(another),
+    # Each message is its own event, however alike; the same message again is not.
+    again = decide(order, Replied(reply, "responses/m-1"), ctx(9, actor="scheduler:b"))
+    another = decide(order, Replied(reply, "responses/m-2"), ctx(1)).send[0].message
+    ids = [message_id_for(a.message) for a in decision.send + again.send] + [
+        message_id_for(another)
     ]
     assert ids[0] == ids[1] != ids[2]
 
@@ -363,6 +361,20 @@ def test_an_undo_answer_for_a_processed_order_that_undid_nothing_changes_nothing
         "to a request never sent is a bug upstream or a leaked signing key: find who sent "
         "message rsp:o-1:charge_payment:undo:3 to the response queue."
     )
+
+
+def test_an_unrequested_answer_is_alerted_once_per_message_that_brought_it():
+    """Named by the message (issue 28, item 3): the same answer in two messages is two alerts,
+    one message delivered twice is one, whatever the text."""
+    order = after_steps(1)
+    forged = undo_answer(order, "reserve_inventory", 1)
+    alerts = [
+        decide(order, Replied(forged, cause), ctx(2)).send[0].message
+        for cause in ("responses/m-1", "responses/m-2", "responses/m-1")
+    ]
+    assert [a.caused_by for a in alerts] == ["responses/m-1", "responses/m-2", "responses/m-1"]  # type: ignore[attr-defined]
+    ids = [message_id_for(a) for a in alerts]
+    assert ids[0] != ids[1] and ids[0] == ids[2]
 
 
 def test_an_undo_answer_while_the_order_moves_forward_changes_nothing():
