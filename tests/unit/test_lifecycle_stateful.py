@@ -1,12 +1,14 @@
 """The order lifecycle explored by Hypothesis: random interleavings of submissions, agent answers
-(success, decline, transient, circuit open, lost, late, duplicated, out of order), deadlines,
-Supervisor ticks, cancels, resubmits and crashes between the write and any send, checking the
-product's promise after every step and once everything has settled:
+(success, decline, transient, circuit open, lost, late, duplicated, out of order, an undo
+refused), deadlines, Supervisor ticks, cancels, resubmits, crashes between the write and any
+send, and the agents' host frozen for more deadlines than the failure threshold while orders
+compensate, checking the product's promise after every step and once everything has settled:
 
 - no order lost or stuck; every order ends Processed, or Error;
 - no effect twice; a Processed order has every step in place;
-- an Error order has exactly one alert per entry into Error and nothing left in place (or, when
-  compensation could not finish, only what its record and critical alert name);
+- an Error order has exactly one alert per entry into Error, and an effect left in place only
+  if its service refused the undo or the compensation budget ran out (then only what its
+  record and critical alert name); at most one compensation warning per compensation;
 - every status update sent, in sequence, none missing.
 """
 
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from core.states import ProcessState
-from tests.support.world import FAULTS, World, order_id
+from tests.support.world import FAILURE_THRESHOLD, FAULTS, World, order_id
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
 # CI machine may take several times the ~20 s this takes alone.
@@ -77,6 +79,13 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1, 5, 31, 130]))
     def time_passes(self, seconds: int) -> None:
         self.world.advance(seconds)
+
+    @precondition(lambda self: self.world.compensating())
+    @rule(deadlines=st.integers(min_value=FAILURE_THRESHOLD, max_value=16))
+    def no_host_answers_while_compensating(self, deadlines: int) -> None:
+        """Undo attempts time out of our own making, at least as often as the failure
+        threshold allows a step to fail; sometimes for longer than the compensation budget."""
+        self.world.hosts_silent(deadlines)
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
