@@ -582,21 +582,34 @@ def _claim(order: Order, ctx: Context) -> Order:
 
 def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
     """Release for a delayed retry (FailureCount + 1); at the threshold, compensate. An undo
-    has no threshold: :func:`_retry_undo`."""
+    has no threshold: :func:`_retry_undo`.
+
+    Failures known to have never left our side (a retry never claimed, a request its agent
+    took up only after its deadline) do not count toward the threshold: they say nothing about
+    the service, and our own outage delays an order, it does not fail it. They still count for
+    the retry delay, which grows with FailureCount (docs/deploy.md, "Whose failure it was").
+    """
     if draft.current_operation == "undo":
         return _retry_undo(before, draft, reason, ctx)
-    flow = ctx.workflow
+    threshold = ctx.workflow.failure_threshold
     failures = draft.failure_count + 1
-    if failures >= flow.failure_threshold:
+    ours = draft.step(draft.current_step).forward_failures.on_our_side
+    counted = failures - ours
+    if counted >= threshold:
         detail = (
-            f"{reason}; failure threshold of {flow.failure_threshold} reached after "
-            f"{failures} failed attempts"
+            f"{reason}; failure threshold of {threshold} reached after {counted} failed attempts"
         )
+        if ours:
+            detail += f" (and {ours} that never left our side)"
         draft = replace(draft, failure_count=failures)
         return _compensate(before, draft, "failure_threshold", detail, ctx)
     due = _retry_due(failures, ctx)
     released = _release(draft, due, reason, ctx, failure_count=failures)
-    detail = f"{reason}; retry {failures} of {flow.failure_threshold - 1} due {due.isoformat()}"
+    if ours:
+        count = f"{counted} of {threshold} failures count, {ours} never left our side"
+        detail = f"{reason}; retry {failures} due {due.isoformat()}; {count}"
+    else:
+        detail = f"{reason}; retry {failures} of {threshold - 1} due {due.isoformat()}"
     return _write(before, released, ctx, "released", detail)
 
 

@@ -319,6 +319,51 @@ def test_a_retry_never_claimed_failed_on_our_side():
     assert again.step("reserve_inventory").forward_failures == Failures(at_service=1, on_our_side=1)
 
 
+def released_stale(order: Order) -> Order:
+    """The Supervisor finds the released order's retry never claimed (its host was frozen)."""
+    assert order.next_attempt_at is not None
+    stale = (order.next_attempt_at - T0).total_seconds() + 121
+    return apply(order, decide(order, Swept(), ctx(stale, actor="supervisor:s")))
+
+
+def test_failures_that_never_left_our_side_do_not_count_toward_the_threshold():
+    """As a chaos run with hosts frozen past their locks showed: retries never claimed and
+    requests taken up after their deadline failed orders that no service had failed."""
+    order = new_order()
+    order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(1)))
+    for _ in range(2 * FLOW.failure_threshold):
+        order = released_stale(order)
+    assert (order.state, order.failure_count) == (ProcessState.PENDING, 7)
+    assert order.step("reserve_inventory").forward_failures == Failures(at_service=1, on_our_side=6)
+    entry = decide(order, Swept(), ctx(10_000, actor="supervisor:s")).entry
+    assert entry is not None and "1 of 3 failures count, 7 never left our side" in entry.detail
+
+    order = apply(order, decide(order, RetryDue(order.outbox[-1].message), ctx(10_000)))  # type: ignore[arg-type]
+    for n in range(2):  # two more the service failed: the threshold is reached
+        decision = decide(order, Replied(answer(request_of(order), "transient")), ctx(10_001 + n))
+        order = apply(order, decision)
+        if order.state is ProcessState.PENDING:
+            order = apply(order, decide(order, RetryDue(order.outbox[-1].message), ctx(10_010)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.COMPENSATING
+    assert order.compensation_cause == "failure_threshold"
+    assert "failure threshold of 3 reached after 3 failed attempts (and 6 that never left our " + (
+        "side)"
+    ) in (order.compensation_reason or "")
+
+
+def test_an_expired_answer_that_comes_in_time_takes_its_failure_back_from_the_count():
+    order = new_order()
+    first = request_of(order)
+    deadline = FLOW.first_step.deadline_budget.total_seconds()
+    order = apply(order, decide(order, Swept(), ctx(deadline + 1, actor="supervisor:s")))
+    order = released_stale(order)  # counted 1 (unanswered), 1 on our side
+    late = answer(first, "transient", error_code=EXPIRED)
+    order = apply(order, decide(order, Replied(late), ctx(deadline + 200)))
+    assert order.step("reserve_inventory").forward_failures == Failures(on_our_side=2)
+    order = released_stale(order)
+    assert order.state is ProcessState.PENDING and order.failure_count == 3
+
+
 # ---------------------------------------------------------------------- compensation budget
 
 
