@@ -27,6 +27,17 @@ outcome is unknown (Running). An undo names the forward key; the service undoes 
 
 **An open circuit is not a failure.** A ``deferred`` reply re-arms the step for ``retry_at``
 without touching FailureCount.
+
+**Whose failure it was.** Each failed attempt is recorded on its step: at the service, on our
+side (its request never reached the service), or unanswered until an answer for it says which.
+Failures on our side do not count toward the failure threshold: our own outage delays an
+order, it does not fail it.
+
+**Compensation persists.** An undo that fails transiently or times out is retried with the
+workflow's growing delays until the compensation budget, counted from when compensation
+started, is spent; only an undo the service refuses, or a spent budget, ends compensation with
+effects left (a critical alert). A compensation still going on after ``compensation_warn_after``
+raises one warning.
 """
 
 from __future__ import annotations
@@ -845,7 +856,8 @@ def _failed(order: Order, whose: Whose) -> Order:
 def _answered_late(order: Order, r: AgentResponse) -> Order:
     """An answer to an attempt given up on unanswered says whose failure that was: it never
     left our side if its agent took it up after its deadline (``expired``); any other answer
-    means the agent called the service."""
+    means the agent called the service, or (``deferred``) held back because the service kept
+    failing: the service's failure either way."""
     failures = order.step(r.step).failures(r.operation)
     if r.attempt not in failures.unanswered:
         return order
@@ -870,6 +882,8 @@ def _late(order: Order, draft: Order, r: AgentResponse, note: str, ctx: Context)
         return _flush(order, note)
     if r.outcome == "failed" and r.error_code == EXPIRED:
         whose = "it never left our side: its agent took it up after its deadline"
+    elif r.outcome == "deferred":
+        whose = "its agent did not call the service, whose circuit was open"
     else:
         whose = "it reached the service"
     return _write(
