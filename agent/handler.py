@@ -17,12 +17,13 @@ and echoing the request's ``resume`` unchanged (the order's state, for the Sched
   ``retry_at``.
 
 The call may run for the request's run budget from when the agent starts it, and never past
-complete-by. A request picked up after complete-by is dropped, and a call stopped by
-complete-by sends nothing (the pattern's rule): the Supervisor will find the order past its
-deadline and retry it. A call stopped earlier by its own run budget reports ``failed``
-(transient, ``timed_out``), so the Scheduler retries a hung call at once instead of waiting
-for the Supervisor. Either way the idempotency key makes the retry safe even if the remote
-service did apply the operation.
+complete-by. A call stopped by either reports ``failed`` (transient, ``timed_out``): the service
+was called and did not answer in time. A request taken up after complete-by is not carried
+out (the pattern's rule: its time is over, the Supervisor retries it) but answered ``failed``
+(transient, ``expired``): the attempt never left our side. Either answer counts only while its
+attempt is still in flight, as the Supervisor's release past CompleteBy would; later, it tells
+the Scheduler whose failure that attempt was (core.lifecycle). The idempotency key makes every
+retry safe even if the remote service did apply the operation.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from typing import TYPE_CHECKING
 
 from agent.circuit import breaker_for
 from agent.consistency import INCONSISTENT_REASON, disagreement
-from agent.outcomes import DeadlinePassed, Deferred, Failed
+from agent.outcomes import DeadlinePassed, Deferred
 from agent.remote_client import RemoteServiceClient
-from agent.responses import response_for
+from agent.responses import expired, out_of_time, response_for
 from core.messages import (
     AgentRequest,
     AgentResponse,
@@ -74,6 +75,8 @@ def handle_request(
             request.step,
             request.attempt,
         )
+        late = (started - request.complete_by).total_seconds()
+        _reply(rt, response_for(request, expired(f"taken up {late:.1f}s after complete-by")))
         return
     try:
         outcome = remote_client(rt, service).call(
@@ -95,25 +98,8 @@ def handle_request(
             )
         )
         return
-    if isinstance(outcome, DeadlinePassed) and request.run_deadline(started) < request.complete_by:
-        outcome = Failed(
-            code="timed_out",
-            message=(
-                f"no answer from {service} within the run budget of {request.run_budget_s:g}s"
-                f" ({outcome.last_error})"
-            ),
-            transient=True,
-        )
     if isinstance(outcome, DeadlinePassed):
-        log.info(
-            "%s: %s %s attempt %d passed complete-by (%s); sending nothing",
-            service,
-            request.order_id,
-            request.step,
-            request.attempt,
-            outcome.last_error,
-        )
-        return
+        outcome = out_of_time(request, started, outcome, service)
     if isinstance(outcome, Deferred):
         log.info(
             "%s: %s %s attempt %d deferred to %s: circuit open (%s)",

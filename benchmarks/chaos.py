@@ -17,6 +17,9 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 - ``status_sequences_incomplete``: an order whose status updates did not all arrive, 0, 1, 2,
   ... up to StatusSeq - 1, in order; or whose last update does not say the state it ended in;
   or where not exactly one update says it finished (Processed or Error);
+- ``compensation_incomplete_unrefused``: an Error order that gave up undoing although no
+  service refused its undo (a compensation budget spent within a run is one too: the run is
+  far shorter than the budget);
 - ``recovery_over_bound``: the Supervisor acted on an order later after its deadline than the
   bound computed from the settings (:func:`core.supervision.recovery_bound`, ``detection_s``)
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
@@ -38,7 +41,10 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 
 Also reported, not judged: the longest gap between two completed sweeps of one bucket (under a
 burst larger than a tick's budget, buckets are cut short while the oldest rows are served
-first), and the Supervisor's ticks from the hosts' logs.
+first), the Supervisor's ticks from the hosts' logs, and whose failure each failed attempt was
+(``failed_attempts``, from the orders' step records: the request reached the service, never
+left our side, or is still unanswered), with the orders that failed at the threshold split the
+same way (``failure_threshold_orders``).
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ from typing import Any
 from azure.servicebus import ServiceBusClient
 
 from core.messages import OrderSubmitted
-from core.order import TERMINAL_ALERT_REASONS, TimelineEntry
+from core.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
@@ -85,6 +91,8 @@ REPLY_QUEUE = "order-status"
 _FAILING_STEP = re.compile(r"^do (\w+) attempt")
 _DEADLINE = re.compile(r"passed CompleteBy (\S+)$|since (\S+) with no progress for (\d+)s$")
 _RETRY_DUE = re.compile(r"retry due (\S+)")
+_INCOMPLETE = "compensation incomplete"  # core.lifecycle._give_up's last error
+_UNDO_REFUSED = " refused: "  # core.lifecycle._on_undo_answer: "undo of <step> refused: ..."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -358,11 +366,13 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
     longest: dict[str, object] = {}
     recoveries: list[float] = []
     effects = observe.forward_effects(ledger, ids)
+    found: list[Order] = []
     for order_id in sorted(ids):
         order = store.find(order_id)
         if order is None:
             lost.append(order_id)
             continue
+        found.append(order)
         states[order.state.value] += 1
         if not order.state.terminal:
             stuck.append(order_id)
@@ -415,6 +425,9 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
         "effects_left_after_compensation": len(left_in_place),
         "errors_whose_failing_step_succeeded": len(spurious),
         "status_sequences_incomplete": len(incomplete),
+        "compensation_incomplete_unrefused": sum(
+            1 for o in found if _incomplete(o) and _UNDO_REFUSED not in (o.last_error or "")
+        ),
         "recovery_over_bound": sum(1 for r in recoveries if r > recovery_limit),
         "stall_over_bound": int(max_stall > bound),
     }
@@ -433,8 +446,54 @@ def check_invariants(info, store: OrderStateStore, ids: set[str]) -> dict:  # ty
         "stall_bound_s": round(bound, 1),
         "recovery_latency_s": _quantiles(recoveries),
         "recovery_bound_s": round(recovery_limit, 1),
+        "compensation_incomplete": sum(1 for o in found if _incomplete(o)),
+        "failed_attempts": failed_attempts(found),
+        "failure_threshold_orders": threshold_failures(found),
         "invariants_hold": not any(counts.values()),
     }
+
+
+def _index(step: StepRecord) -> int:
+    return step.index
+
+
+def _incomplete(order: Order) -> bool:
+    return (order.last_error or "").startswith(_INCOMPLETE)
+
+
+def failed_attempts(orders: list[Order]) -> dict[str, dict[str, int]]:
+    """Failed attempts, forward and undo, by whose failure each was (core.order.Failures)."""
+    split: dict[str, Counter[str]] = {"forward": Counter(), "undo": Counter()}
+    for order in orders:
+        for step in order.steps:
+            for direction, failures in (
+                ("forward", step.forward_failures),
+                ("undo", step.undo_failures),
+            ):
+                split[direction]["at_service"] += failures.at_service
+                split[direction]["on_our_side"] += failures.on_our_side
+                split[direction]["unanswered"] += len(failures.unanswered)
+    return {direction: dict(counts) for direction, counts in split.items()}
+
+
+def threshold_failures(orders: list[Order]) -> dict[str, int]:
+    """The orders compensated at the failure threshold, by what their failing step's failed
+    attempts were: all at the service, at least one never left our side, or neither but some
+    never answered (whose failure is not known)."""
+    split: Counter[str] = Counter()
+    for order in orders:
+        if order.compensation_cause != "failure_threshold":
+            continue
+        # The step in flight when it failed: the last one requested (those after it never were).
+        failing = max((s for s in order.steps if s.state is not StepState.PENDING), key=_index)
+        failures = failing.forward_failures
+        if failures.on_our_side:
+            split["any_on_our_side"] += 1
+        elif failures.unanswered:
+            split["unknown"] += 1
+        else:
+            split["all_at_service"] += 1
+    return {"total": sum(split.values()), **split}
 
 
 def terminal_alerts(settings: dict[str, str]) -> Counter[str]:

@@ -113,6 +113,8 @@ def context(rt: Decides, workflow: str, actor: str) -> Context:
         actor=actor,
         jitter=rt.rng.random(),
         stale_after=rt.settings.pending_stale_after,
+        compensation_budget=rt.settings.compensation_budget,
+        compensation_warn_after=rt.settings.compensation_warn_after,
     )
 
 

@@ -35,9 +35,10 @@ a step whose do was never answered for sure, or whose undo was sent and the effe
 recorded in place. Until each is answered the order is *settling*: an answer to a request it
 sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
 A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
-says whether the order ended settling, and :func:`_write` refuses anything else. Delivering
-what an ended order still owes is not a change of it: its held status updates (below) are
-sent again or given up in ``replies_*`` rows whether it settles or is settled.
+says whether the order ended settling, and :func:`_write` refuses anything else. Two kinds of
+row change what is recorded about an ended order, not the order, and come whether it settles
+or is settled: its held status updates (below) sent again or given up (``replies_*``), and a
+late answer saying whose failure an attempt given up on unanswered was (``late_answer``).
 
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
@@ -45,6 +46,17 @@ outcome is unknown (Running). An undo names the forward key; the service undoes 
 
 **An open circuit is not a failure.** A ``deferred`` reply re-arms the step for ``retry_at``
 without touching FailureCount.
+
+**Whose failure it was.** Each failed attempt is recorded on its step: at the service, on our
+side (its request never reached the service), or unanswered until an answer for it says which.
+Failures on our side do not count toward the failure threshold: our own outage delays an
+order, it does not fail it.
+
+**Compensation persists.** An undo that fails transiently or times out is retried with the
+workflow's growing delays until the compensation budget, counted from when compensation
+started, is spent; only an undo the service refuses, or a spent budget, ends compensation with
+effects left (a critical alert). A compensation still going on after ``compensation_warn_after``
+raises one warning.
 
 **Status updates are owed until they arrive.** One that the submitter's queue refuses (it does
 not exist, is disabled, or the app may not send to it) is *held*: it stays in the outbox with a
@@ -63,6 +75,7 @@ from typing import Final, Literal
 
 from core import ids
 from core.messages import (
+    EXPIRED,
     AgentRequest,
     AgentResponse,
     OperatorAlert,
@@ -72,7 +85,16 @@ from core.messages import (
     StatusUpdate,
     message_id_for,
 )
-from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.order import (
+    COMPENSATION_DELAYED,
+    NO_FAILURES,
+    Failures,
+    Order,
+    Outgoing,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+)
 from core.states import ProcessState, transition_allowed
 from core.workflows import Step, Workflow
 
@@ -80,6 +102,8 @@ UNREQUESTED_REASON: Final = "unrequested_answer"
 """The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
+DEFAULT_COMPENSATION_BUDGET: Final = timedelta(hours=6)
+DEFAULT_COMPENSATION_WARN_AFTER: Final = timedelta(minutes=10)
 REPLY_RETRY_FIRST: Final = timedelta(minutes=5)
 """The soonest held status updates are tried again; then as long again as they have been held,
 up to :data:`REPLY_RETRY_MAX`."""
@@ -99,6 +123,8 @@ class Context:
     may wait past its retry time before the Supervisor releases it again (a failure); after
     half of it, the Supervisor resends what the order owes (no failure). ``flush_grace``: how
     long a finished order's writer has to send its outbox before the Supervisor does it.
+    ``compensation_budget``: how long, from when compensation starts, a failed undo is
+    retried; ``compensation_warn_after``: when a compensation still going on raises a warning.
     """
 
     workflow: Workflow
@@ -107,6 +133,8 @@ class Context:
     jitter: float = 0.5
     stale_after: timedelta = DEFAULT_STALE_AFTER
     flush_grace: timedelta = DEFAULT_FLUSH_GRACE
+    compensation_budget: timedelta = DEFAULT_COMPENSATION_BUDGET
+    compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +346,7 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
         and o.message.attempt == r.attempt
         for o in order.outbox
     )
-    draft = _begin(order, delivered)
+    draft = _answered_late(_begin(order, delivered), r)
     if r.operation == "do":
         in_flight = order.state in (_P.PENDING, _P.PROCESSING)
     else:
@@ -332,12 +360,15 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
     if r.outcome == "deferred":
         if current and r.retry_at is not None:
             return _defer(order, draft, r.retry_at, f"{what}: circuit open", ctx)
-        return _flush(order, f"{what} deferred, but no longer in flight")
+        return _late_answer(order, draft, r, f"{what} deferred, but no longer in flight", ctx)
     if r.outcome == "failed" and r.transient:
         if current:
             reason = f"{what} failed: {r.error_code}: {r.error_message}"
-            return _retry_or_fail(order, draft, reason, ctx)
-        return _flush(order, f"{what} failed transiently, but no longer in flight")
+            whose: Whose = "on_our_side" if r.error_code == EXPIRED else "at_service"
+            return _retry_or_fail(order, _failed(draft, whose), reason, ctx)
+        return _late_answer(
+            order, draft, r, f"{what} failed transiently, but no longer in flight", ctx
+        )
     if r.operation == "do":
         return _on_forward_answer(order, draft, r, in_flight, ctx)
     return _on_undo_answer(order, draft, r, in_flight, ctx)
@@ -412,7 +443,9 @@ def _on_forward_answer(
         if step.state is StepState.RUNNING:
             detail = f"{r.step} took effect after it was given up on; recorded for compensation"
             return _late(order, done, ctx, "late_success", detail)
-        return _flush(order, f"{r.step} succeeded again (already {step.state})")
+        return _late_answer(
+            order, draft, r, f"{r.step} succeeded again (already {step.state})", ctx
+        )
     refused = draft.with_step(
         r.step,
         state=StepState.FAILED,
@@ -425,7 +458,7 @@ def _on_forward_answer(
         return _compensate(order, refused, "step_declined", reason, ctx)
     if step.state is StepState.RUNNING:
         return _late(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
-    return _flush(order, f"{r.step} declined, but it is {step.state}")
+    return _late_answer(order, draft, r, f"{r.step} declined, but it is {step.state}", ctx)
 
 
 def _on_undo_answer(
@@ -436,14 +469,16 @@ def _on_undo_answer(
         reason = f"undo of {r.step} refused: {r.error_code}: {r.error_message}"
         if in_flight:
             return _give_up(order, draft, reason, ctx)
-        return _flush(order, f"{reason}, but that undo is no longer in flight")
+        return _late_answer(order, draft, r, f"{reason}, but that undo is no longer in flight", ctx)
     undone = StepState.COMPENSATED if r.outcome == "succeeded" else StepState.VOIDED
     resolved = draft.with_step(r.step, state=undone, compensated_at=r.responded_at)
     if in_flight:
         return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
     if step.state.may_have_effect:
         return _late(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
-    return _flush(order, f"undo of {r.step} answered again (already {step.state})")
+    return _late_answer(
+        order, draft, r, f"undo of {r.step} answered again (already {step.state})", ctx
+    )
 
 
 def _late(before: Order, after: Order, ctx: Context, event: str, detail: str) -> Decision:
@@ -483,6 +518,7 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
             f"{order.current_operation} {order.current_step} attempt {order.attempt} by "
             f"{order.locked_by} passed CompleteBy {order.complete_by.isoformat()}"
         )
+        whose: Whose = "unanswered"  # until an answer for it comes, if one does
     else:
         since = order.next_attempt_at or order.updated_at
         if since + ctx.stale_after / 2 > now:
@@ -495,7 +531,8 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
             f"{order.state} since {since.isoformat()} with no progress for "
             f"{ctx.stale_after.total_seconds():.0f}s"
         )
-    return _retry_or_fail(order, _begin(order, delivered=False), reason, ctx)
+        whose = "on_our_side"  # its retry was never claimed: no request left for it
+    return _retry_or_fail(order, _failed(_begin(order, delivered=False), whose), reason, ctx)
 
 
 def _on_cancel(order: Order, actor: str, reason: str, ctx: Context) -> Decision:
@@ -548,6 +585,8 @@ def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Co
             current_step=left[0].name,
             current_operation="undo",
             failure_count=0,
+            compensation_started_at=ctx.now,
+            compensation_warned=False,
         )
         detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
         resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
@@ -613,6 +652,8 @@ def _redo(
         last_error=None,
         compensation_cause=None,
         compensation_reason=None,
+        compensation_started_at=None,
+        compensation_warned=False,
     )
     again = _status(again, ctx, "resubmitted", step=first.name, detail=detail)
     return _write(order, _claim(again, ctx), ctx, event, detail)
@@ -648,6 +689,7 @@ def _claim(order: Order, ctx: Context) -> Order:
         state, step_state = _P.PROCESSING, StepState.RUNNING
     else:
         state, step_state = _P.COMPENSATING, record.state
+        order = _warn_if_long(order, ctx)
     attempt = order.attempt + 1
     complete_by = ctx.now + step.deadline_budget
     order = order.with_step(
@@ -686,24 +728,100 @@ def _claim(order: Order, ctx: Context) -> Order:
 
 
 def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
-    """Release for a delayed retry (FailureCount + 1), or at the threshold compensate / give up."""
-    flow = ctx.workflow
+    """Release for a delayed retry (FailureCount + 1); at the threshold, compensate. An undo
+    has no threshold: :func:`_retry_undo`.
+
+    Failures known to have never left our side (a retry never claimed, a request its agent
+    took up only after its deadline) do not count toward the threshold: they say nothing about
+    the service, and our own outage delays an order, it does not fail it. They still count for
+    the retry delay, which grows with FailureCount (docs/deploy.md, "Whose failure it was").
+    """
+    if draft.current_operation == "undo":
+        return _retry_undo(before, draft, reason, ctx)
+    threshold = ctx.workflow.failure_threshold
     failures = draft.failure_count + 1
-    undoing = draft.current_operation == "undo"
-    if failures >= flow.failure_threshold:
+    ours = draft.step(draft.current_step).forward_failures.on_our_side
+    counted = failures - ours
+    if counted >= threshold:
         detail = (
-            f"{reason}; failure threshold of {flow.failure_threshold} reached after "
-            f"{failures} failed attempts"
+            f"{reason}; failure threshold of {threshold} reached after {counted} failed attempts"
         )
+        if ours:
+            detail += f" (and {ours} that never left our side)"
         draft = replace(draft, failure_count=failures)
-        if undoing:
-            return _give_up(before, draft, detail, ctx)
         return _compensate(before, draft, "failure_threshold", detail, ctx)
-    nominal = flow.retry.nominal_delay(failures)
-    due = ctx.now + nominal * (1.0 - flow.retry.jitter * ctx.jitter)
+    due = _retry_due(failures, ctx)
     released = _release(draft, due, reason, ctx, failure_count=failures)
-    detail = f"{reason}; retry {failures} of {flow.failure_threshold - 1} due {due.isoformat()}"
+    if ours:
+        count = f"{counted} of {threshold} failures count, {ours} never left our side"
+        detail = f"{reason}; retry {failures} due {due.isoformat()}; {count}"
+    else:
+        detail = f"{reason}; retry {failures} of {threshold - 1} due {due.isoformat()}"
     return _write(before, released, ctx, "released", detail)
+
+
+def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
+    """Retry a failed undo with growing backoff until the compensation budget is spent.
+
+    An undo that failed transiently or timed out says nothing about whether the service will
+    undo: the cause may be our own hosts, frozen or restarting. Giving up would leave the
+    effect in place for a person, so compensation ends with effects left only when the service
+    refuses the undo (:func:`_on_undo_answer`) or when this budget, counted from when
+    compensation started, runs out.
+    """
+    failures = draft.failure_count + 1
+    # An order that began to compensate before budgets existed counts from its first failure.
+    started = draft.compensation_started_at or ctx.now
+    draft = replace(draft, failure_count=failures, compensation_started_at=started)
+    until = started + ctx.compensation_budget
+    if ctx.now >= until:
+        budget = ctx.compensation_budget.total_seconds()
+        detail = (
+            f"{reason}; compensation budget of {budget:.0f}s spent (compensating since "
+            f"{started.isoformat()}) after {failures} failed attempts at this undo"
+        )
+        return _give_up(before, draft, detail, ctx)
+    due = _retry_due(failures, ctx)
+    released = _release(draft, due, reason, ctx, failure_count=failures)
+    detail = f"{reason}; undo retry {failures} due {due.isoformat()}, until {until.isoformat()}"
+    return _write(before, released, ctx, "released", detail)
+
+
+def _retry_due(failures: int, ctx: Context) -> datetime:
+    """When retry number ``failures`` is due: the workflow's growing delay, jittered."""
+    retry = ctx.workflow.retry
+    return ctx.now + retry.nominal_delay(failures) * (1.0 - retry.jitter * ctx.jitter)
+
+
+def _warn_if_long(order: Order, ctx: Context) -> Order:
+    """Once per compensation that has gone on longer than ``compensation_warn_after``: a warning
+    (not a terminal alert: the order keeps undoing) saying what fails and until when it tries."""
+    started = order.compensation_started_at
+    if order.compensation_warned or started is None:
+        return order
+    if ctx.now - started < ctx.compensation_warn_after:
+        return order
+    step = order.step(order.current_step)
+    failed = step.undo_failures
+    minutes = (ctx.now - started).total_seconds() / 60
+    detail = (
+        f"order {order.order_id} has been compensating for {minutes:.0f} min, since "
+        f"{started.isoformat()} ({order.compensation_reason or 'no reason recorded'}). The undo "
+        f"of {step.name} failed {failed.total} times: {failed.at_service} at the service, "
+        f"{failed.on_our_side} on our side, {len(failed.unanswered)} unanswered. It is retried "
+        f"until {(started + ctx.compensation_budget).isoformat()}; if it has not succeeded by "
+        "then, the order ends in Error with a critical alert naming what is left in place."
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity="warning",
+        reason=COMPENSATION_DELAYED,
+        detail=detail,
+        source=ctx.actor,
+        timeline_seq=order.timeline_seq + 1,
+        raised_at=ctx.now,
+    )
+    return replace(_owe(order, Outgoing("alerts", alert)), compensation_warned=True)
 
 
 def _defer(before: Order, draft: Order, retry_at: datetime, reason: str, ctx: Context) -> Decision:
@@ -746,6 +864,8 @@ def _compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Conte
         compensation_reason=reason,
         last_error=reason,
         failure_count=0,
+        compensation_started_at=ctx.now,
+        compensation_warned=False,
     )
     plan = _undo_plan(order, ctx.workflow)
     if not plan:
@@ -849,6 +969,69 @@ def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
         for s in sorted(order.steps, key=lambda s: -s.index)
         if s.state.may_have_effect and flow.step_named(s.name).compensable
     ]
+
+
+# ------------------------------------------------------------------------ whose failure
+
+
+Whose = Literal["at_service", "on_our_side", "unanswered"]
+
+
+def _failed(order: Order, whose: Whose) -> Order:
+    """Record that the attempt in flight failed, and whose failure it was (``unanswered``: not
+    known yet; :func:`_answered_late` settles it if an answer comes)."""
+    operation = order.current_operation
+    failures = order.step(order.current_step).failures(operation)
+    if whose == "unanswered":
+        failures = replace(failures, unanswered=(*failures.unanswered, order.attempt))
+    elif whose == "at_service":
+        failures = replace(failures, at_service=failures.at_service + 1)
+    else:
+        failures = replace(failures, on_our_side=failures.on_our_side + 1)
+    return _with_failures(order, order.current_step, operation, failures)
+
+
+def _answered_late(order: Order, r: AgentResponse) -> Order:
+    """An answer to an attempt given up on unanswered says whose failure that was: it never
+    left our side if its agent took it up after its deadline (``expired``); any other answer
+    means the agent called the service, or (``deferred``) held back because the service kept
+    failing: the service's failure either way."""
+    failures = order.step(r.step).failures(r.operation)
+    if r.attempt not in failures.unanswered:
+        return order
+    unanswered = tuple(attempt for attempt in failures.unanswered if attempt != r.attempt)
+    if r.outcome == "failed" and r.error_code == EXPIRED:
+        failures = replace(failures, unanswered=unanswered, on_our_side=failures.on_our_side + 1)
+    else:
+        failures = replace(failures, unanswered=unanswered, at_service=failures.at_service + 1)
+    return _with_failures(order, r.step, r.operation, failures)
+
+
+def _with_failures(order: Order, step: str, operation: str, failures: Failures) -> Order:
+    if operation == "do":
+        return order.with_step(step, forward_failures=failures)
+    return order.with_step(step, undo_failures=failures)
+
+
+def _late_answer(order: Order, draft: Order, r: AgentResponse, note: str, ctx: Context) -> Decision:
+    """An answer that changes nothing, unless it says whose failure an attempt given up on
+    unanswered was (:func:`_answered_late`): then that is written down, also on an ended order
+    (it changes no outcome, so it is no part of the order settling)."""
+    if draft.steps == order.steps:
+        return _flush(order, note)
+    if r.outcome == "failed" and r.error_code == EXPIRED:
+        whose = "it never left our side: its agent took it up after its deadline"
+    elif r.outcome == "deferred":
+        whose = "its agent did not call the service, whose circuit was open"
+    else:
+        whose = "it reached the service"
+    return _write(
+        order,
+        draft,
+        ctx,
+        "late_answer",
+        f"{note}; attempt {r.attempt} was given up on unanswered, and {whose}",
+    )
 
 
 # ------------------------------------------------------------------------------- outbox
@@ -999,7 +1182,7 @@ def _write(
     from_state: ProcessState | Literal["before"] | None = "before",
 ) -> Decision:
     ended = before.state.terminal and after.state.terminal
-    if not (ended and _owes_only(before, after)):
+    if not (ended and _records_only(before, after)):
         if from_state == "before" and not transition_allowed(before.state, after.state):
             raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
         if ended and not before.settling:
@@ -1032,11 +1215,19 @@ def _write(
     return Decision(after, send, entry, finished=after.state.terminal and not ended)
 
 
-def _owes_only(before: Order, after: Order) -> bool:
-    """Whether ``after`` differs from ``before`` only in what it owes. On an ended order that
-    is its held status updates sent again or given up: a change of what it delivers, not of
-    the order, so neither a transition nor a change a settled order refuses."""
-    return replace(after, outbox=before.outbox) == before
+def _records_only(before: Order, after: Order) -> bool:
+    """Whether ``after`` differs from ``before`` only in what is recorded about the order, not
+    in the order: what it still owes (held status updates sent again or given up) and whose
+    failure its attempts were (a late answer to one given up on unanswered). On an ended order
+    such a write is neither a transition nor a change a settled order refuses."""
+    return _bare(after, before.outbox) == _bare(before, before.outbox)
+
+
+def _bare(order: Order, outbox: tuple[Outgoing, ...]) -> Order:
+    steps = tuple(
+        replace(s, forward_failures=NO_FAILURES, undo_failures=NO_FAILURES) for s in order.steps
+    )
+    return replace(order, outbox=outbox, steps=steps)
 
 
 def _flush(order: Order, note: str) -> Decision:

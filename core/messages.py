@@ -337,12 +337,18 @@ class AgentRequest(MessageBase):
         return min(self.complete_by, started + timedelta(seconds=self.run_budget_s))
 
 
+EXPIRED: Final = "expired"
+"""The ``error_code`` of a transient failure an agent reports for a request it took up only
+after its complete-by and never carried to the service: the attempt failed on our side."""
+
+
 class AgentResponse(MessageBase):
     """Agent -> scheduler: the outcome of one step attempt, for the request's idempotency key.
 
     ``succeeded``: the service applied the operation (or had applied it before).
     ``failed``: needs an ``error_code``; ``transient`` says whether trying again may succeed
-    (a decline is not transient: that key will never take effect).
+    (a decline is not transient: that key will never take effect). A transient failure coded
+    :data:`EXPIRED` reached its agent only after complete-by: the service was not called.
     ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
     that forward key for ever, so nothing is left in place.
     ``deferred``: the agent's circuit to its service is open; nothing was attempted, try again

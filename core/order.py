@@ -58,6 +58,29 @@ class Requests:
 
 
 @dataclass(frozen=True, slots=True)
+class Failures:
+    """The failed attempts of one direction (do or undo) of a step, by whose failure each was.
+
+    ``at_service``: the request reached an agent, which called the service: the service failed,
+    or did not answer in time. ``on_our_side``: it never left our side - an agent took it up
+    only after its deadline, or its retry was never claimed (a host frozen, killed or behind).
+    ``unanswered``: the attempts given up on at their deadline with no answer so far; an answer
+    that comes later moves each to one of the other two (docs/remote-service-contract.md).
+    """
+
+    at_service: int = 0
+    on_our_side: int = 0
+    unanswered: tuple[int, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.at_service + self.on_our_side + len(self.unanswered)
+
+
+NO_FAILURES: Final = Failures()
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of the order. ``generation`` is that of the forward key last requested."""
 
@@ -76,6 +99,12 @@ class StepRecord:
     """Which requests were sent for this step since its generation began, oldest first: what
     an answer is checked against (it must answer one of them). None: not known, for a step
     recorded before they were, until it starts afresh."""
+    forward_failures: Failures = NO_FAILURES
+    undo_failures: Failures = NO_FAILURES
+    """Failed attempts of this generation, forward and undo, by whose failure each was."""
+
+    def failures(self, operation: ids.Operation) -> Failures:
+        return self.forward_failures if operation == "do" else self.undo_failures
 
     def forward_key(self, order_id: str) -> str:
         return ids.idempotency_key(order_id, self.name, "do", self.generation)
@@ -137,6 +166,10 @@ class Order:
     last_error: str | None = None
     compensation_cause: str | None = None
     compensation_reason: str | None = None
+    compensation_started_at: datetime | None = None
+    """When the order last began to compensate (its compensation budget counts from then)."""
+    compensation_warned: bool = False
+    """The warning that this compensation takes long was raised (once per compensation)."""
     status_seq: int = 0
     """StatusUpdates issued so far; the next one gets this sequence number."""
     outbox: tuple[Outgoing, ...] = ()
@@ -228,3 +261,6 @@ TERMINAL_ALERT_REASONS: Final = frozenset(
     {"step_declined", "failure_threshold", "cancelled", "compensation_incomplete"}
 )
 """Reasons of the one alert each Error order raises (the chaos checks count these)."""
+COMPENSATION_DELAYED: Final = "compensation_delayed"
+"""The reason of the warning an order raises once per compensation that has lasted longer than
+COMPENSATION_WARN_AFTER_SECONDS: not terminal, the order keeps undoing."""

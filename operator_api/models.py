@@ -125,6 +125,11 @@ class OrderSummary(_Model):
         description="The failure or cancellation that started the compensation, in words "
         "(a cancellation names the operator)"
     )
+    compensating_since: datetime | None = Field(
+        default=None,
+        description="When its latest compensation began: an undo that fails or times out is "
+        "retried until COMPENSATION_BUDGET_SECONDS after this (null: it never compensated)",
+    )
     reply_to: str | None
     created_at: datetime
     updated_at: datetime
@@ -153,6 +158,7 @@ class OrderSummary(_Model):
             last_error=p.last_error,
             compensation_cause=p.compensation_cause,
             compensation_reason=p.compensation_reason,
+            compensating_since=p.compensation_started_at,
             reply_to=p.reply_to,
             created_at=p.created_at,
             updated_at=p.updated_at,
@@ -349,7 +355,8 @@ class AlertView(_Model):
         default="open",
         description="From the order's state and timeline now: open (nothing has changed it), "
         "retrying (the order was resubmitted or restarted and is in flight), resolved (the "
-        "order is Processed now), superseded (the order failed again later: a newer alert "
+        "order is Processed now; a compensation_delayed warning: the order no longer "
+        "compensates), superseded (the order failed again later: a newer alert "
         "stands), order_gone (the order no longer exists: purged). An alert naming no order "
         "is open until acknowledged",
     )

@@ -6,10 +6,13 @@ The agents are modelled here (the real agent talks HTTP): an agent request is an
 remote-service contract says (docs/remote-service-contract.md) - at most one effect per key, an
 undo that names its forward key either undoes it or tombstones it - with a fault chosen by the
 test: a decline, a transient failure, an open circuit, a reply lost before or after the effect,
-a call that took effect but ran out of its run budget (a transient ``timed_out``), or a request
-that hangs and lands later. Besides the agents' honest answers, a test may deliver validly
-signed answers to requests the order never asked for (:meth:`World.answer_unasked`): they must
-change nothing and raise one alert each.
+a call that took effect but ran out of its run budget (a transient ``timed_out``), a request
+that hangs and lands later, or an undo the service refuses. A request taken up after its
+complete-by is not carried out and is answered ``expired``, as the real agent does. The agents'
+host may also freeze for several deadlines while orders compensate (:meth:`World.hosts_silent`).
+Besides the agents' honest answers, a test may deliver validly signed answers to requests the
+order never asked for (:meth:`World.answer_unasked`): they must change nothing and raise one
+alert each.
 
 The submitters' reply queue may refuse sends for a while (deleted, disabled or closed to the
 app: :class:`ReplyQueue`); it takes them again once everything is left to settle.
@@ -30,6 +33,7 @@ from core import apply, ids
 from core.lifecycle import UNREQUESTED_REASON, Refused
 from core.memory import MemoryBus, MemoryStore, SendFailed
 from core.messages import (
+    EXPIRED,
     AgentRequest,
     AgentResponse,
     MessageBase,
@@ -38,7 +42,14 @@ from core.messages import (
     StatusUpdate,
     encode,
 )
-from core.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
+from core.order import (
+    COMPENSATION_DELAYED,
+    TERMINAL_ALERT_REASONS,
+    Order,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+)
 from core.runtime import Runtime
 from core.settings import Connection, Settings
 from core.state_models import AlreadyExists
@@ -62,7 +73,15 @@ REPLY_QUEUE = "client-replies"
 AGENT_QUEUES = {QUEUES[name]: name for name in ("inventory", "payment", "shipping")}
 
 Fault = Literal[
-    "ok", "decline", "transient", "deferred", "lost_before", "lost_after", "late", "timed_out"
+    "ok",
+    "decline",
+    "transient",
+    "deferred",
+    "lost_before",
+    "lost_after",
+    "late",
+    "timed_out",
+    "refuse_undo",
 ]
 FAULTS: tuple[Fault, ...] = (
     "ok",
@@ -73,7 +92,11 @@ FAULTS: tuple[Fault, ...] = (
     "lost_after",
     "late",
     "timed_out",
+    "refuse_undo",
 )
+COMPENSATION_BUDGET = timedelta(minutes=30)
+"""Short enough for a long silence of the agents' host (:meth:`World.hosts_silent`) to spend it."""
+RETRY_CAP = timedelta(seconds=60)
 
 
 Lie = Literal["succeeded", "refused", "nothing_to_undo", "transient", "deferred"]
@@ -97,9 +120,13 @@ class Services:
     forward: dict[str, str] = field(default_factory=dict)  # key -> done | declined | tombstoned
     undone: set[str] = field(default_factory=set)  # forward keys whose undo took effect
     effects: Counter[str] = field(default_factory=Counter)  # key -> effects applied
+    refused_undos: set[str] = field(default_factory=set)  # forward keys whose undo was refused
 
-    def call(self, request: AgentRequest, decline: bool) -> tuple[str, str | None]:
-        """Apply one request; (outcome, error code)."""
+    def call(
+        self, request: AgentRequest, decline: bool, refuse_undo: bool = False
+    ) -> tuple[str, str | None]:
+        """Apply one request; (outcome, error code). ``refuse_undo``: the service refuses an
+        undo of an effect in place (a permanent failure; it stays in place)."""
         key = request.idempotency_key
         if request.operation == "do":
             state = self.forward.get(key)
@@ -113,6 +140,9 @@ class Services:
             return "failed", "undone_before_applied" if state == "tombstoned" else "declined"
         forward = request.undoes
         assert forward is not None
+        if refuse_undo and self.in_place(forward):
+            self.refused_undos.add(forward)
+            return "failed", "undo_refused"
         if self.forward.get(forward) == "done":
             if forward not in self.undone:
                 self.undone.add(forward)
@@ -125,8 +155,9 @@ class Services:
         return self.forward.get(forward_key) == "done" and forward_key not in self.undone
 
 
-DELIVERY_ROWS = frozenset({"replies_held", "replies_resent", "replies_dropped"})
-"""Timeline rows that change only which status updates an order still owes."""
+RECORD_ROWS = frozenset({"replies_held", "replies_resent", "replies_dropped", "late_answer"})
+"""Timeline rows that change what is recorded about an order, not the order: which status
+updates it still owes, whose failure an attempt given up on unanswered was."""
 
 
 Asked = tuple[str, str, str, str, int]
@@ -200,8 +231,11 @@ class Envelope:
     due: datetime
 
 
+FAILURE_THRESHOLD = 3
+
+
 class World:
-    def __init__(self, *, failure_threshold: int = 3) -> None:
+    def __init__(self, *, failure_threshold: int = FAILURE_THRESHOLD) -> None:
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
         settings = Settings(
             queues=QUEUES,
@@ -212,7 +246,9 @@ class World:
             step_timeout=timedelta(seconds=30),
             failure_threshold=failure_threshold,
             retry_base_delay=timedelta(seconds=5),
-            retry_max_delay=timedelta(seconds=60),
+            retry_max_delay=RETRY_CAP,
+            compensation_budget=COMPENSATION_BUDGET,
+            compensation_warn_after=COMPENSATION_BUDGET / 3,
         )
         self.store = RecordingStore(self.clock)
         self.bus = MemoryBus()
@@ -231,6 +267,8 @@ class World:
         self.services = Services()
         self.pending: list[Envelope] = []
         self.parked: list[AgentRequest] = []
+        self.frozen: list[Envelope] = []
+        """Requests a frozen agents' host holds: taken up, late, when it wakes."""
         self.submissions: dict[str, OrderSubmitted] = {}
         self._seen = 0
         self.crashes = 0
@@ -324,11 +362,33 @@ class World:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def compensating(self) -> bool:
+        return any(o.state is ProcessState.COMPENSATING for o in self.store.orders())
+
+    def hosts_silent(self, deadlines: int) -> None:
+        """The agents' host freezes while the Scheduler and the Supervisor run on: for
+        ``deadlines`` rounds, every agent request is held unanswered past its CompleteBy, the
+        Supervisor releases what is overdue, and due retries are claimed. Then it wakes and
+        takes up what it held, each after its complete-by."""
+        budget = max(s.deadline_budget for flow in self.rt.workflows.values() for s in flow.steps)
+        for _ in range(deadlines):
+            for envelope in self.deliverable("agent"):
+                self.pending.remove(envelope)
+                self.frozen.append(envelope)
+            self.advance(budget.total_seconds() + 1)
+            self.tick()
+            self.advance(RETRY_CAP.total_seconds() + 1)
+            for envelope in self.deliverable("commands"):
+                self.deliver(envelope)
+        self.pending += self.frozen
+        self.frozen = []
+
     # ------------------------------------------------------------------------------ agent
 
     def _agent(self, request: AgentRequest, fault: Fault) -> None:
-        if request.complete_by <= self.now:
-            return  # the pattern's rule: past complete-by the agent sends nothing
+        if request.complete_by <= self.now:  # not carried out: its time is over
+            self._reply(request, "transient", EXPIRED)
+            return
         if fault == "lost_before":
             return
         if fault == "late":
@@ -337,7 +397,9 @@ class World:
         if fault in ("transient", "deferred"):
             self._reply(request, fault)
             return
-        outcome, code = self.services.call(request, decline=fault == "decline")
+        outcome, code = self.services.call(
+            request, decline=fault == "decline", refuse_undo=fault == "refuse_undo"
+        )
         if fault == "timed_out":  # it took effect, but the run budget ran out before the answer
             self._reply(request, "transient", "timed_out")
         elif fault != "lost_after":
@@ -456,11 +518,34 @@ class World:
         return self.bus.on(queue)
 
     def terminal_alerts(self) -> Counter[str]:
+        return self._alerts(TERMINAL_ALERT_REASONS)
+
+    def _alerts(self, reasons: frozenset[str]) -> Counter[str]:
         return Counter(
             a.order_id or ""
             for a in self.sent(QUEUES["alerts"])
-            if isinstance(a, OperatorAlert) and a.reason in TERMINAL_ALERT_REASONS
+            if isinstance(a, OperatorAlert) and a.reason in reasons
         )
+
+    def compensations(self, order_id: str) -> list[tuple[datetime, datetime | None]]:
+        """Each compensation of the order: when it started, and when it ended in Error (None:
+        it has not)."""
+        found: list[tuple[datetime, datetime | None]] = []
+        for entry in self.store.get_timeline(order_id):
+            if entry.event in ("compensation_started", "compensation_resumed"):
+                found.append((entry.at, None))
+            elif found and found[-1][1] is None and entry.to_state is ProcessState.ERROR:
+                found[-1] = (found[-1][0], entry.at)
+        return found
+
+    def budget_spent(self, order_id: str) -> bool:
+        """Whether the order's last compensation ended in Error only once it had lasted its
+        budget."""
+        spans = self.compensations(order_id)
+        if not spans or spans[-1][1] is None:
+            return False
+        started, ended = spans[-1]
+        return ended - started >= COMPENSATION_BUDGET  # type: ignore[operator]
 
     def error_entries(self, order_id: str) -> int:
         return sum(
@@ -500,10 +585,16 @@ class World:
     def check_safety(self) -> None:
         """What must hold after every step, crashes included."""
         alerts = self.terminal_alerts()
+        warnings = self._alerts(frozenset({COMPENSATION_DELAYED}))
         for order in self.store.orders():
             assert alerts[order.order_id] <= self.error_entries(order.order_id), (
                 f"{order.order_id}: {alerts[order.order_id]} terminal alerts for "
                 f"{self.error_entries(order.order_id)} entries into Error"
+            )
+            compensations = len(self.compensations(order.order_id))
+            assert warnings[order.order_id] <= compensations, (
+                f"{order.order_id}: {warnings[order.order_id]} compensation warnings for "
+                f"{compensations} compensations"
             )
             sequences = self.statuses(order.order_id)
             assert sequences == list(range(len(sequences))), (
@@ -557,14 +648,14 @@ class World:
     def _check_after_the_end(self, order_id: str) -> None:
         """Once an order ended, only its settling changes it: ``settling`` rows and one
         ``settled``, if its ``error`` row said it ended settling; nothing once it is settled
-        (until an operator puts it back in flight). Rows that record the delivery of its held
-        status updates change what it owes, not the order: they may come at any time."""
+        (until an operator puts it back in flight). Rows that change what is recorded about
+        it, not the order (:data:`RECORD_ROWS`), may come at any time."""
         settling = False
         for entry in self.store.get_timeline(order_id):
             if entry.from_state is None or not entry.from_state.terminal:
                 settling = "; settling: " in entry.detail
                 continue
-            if entry.to_state.terminal and entry.event not in DELIVERY_ROWS:
+            if entry.to_state.terminal and entry.event not in RECORD_ROWS:
                 assert settling and entry.event in ("settling", "settled"), (
                     f"{order_id}: {entry.event} ({entry.detail}) after it ended settled"
                 )
@@ -616,8 +707,14 @@ class World:
             if order.state is ProcessState.ERROR:
                 known = {s.forward_key(order_id) for s in order.steps if s.state.may_have_effect}
                 left = {k for k in self.forward_keys(order_id) if self.services.in_place(k)}
-                if not (order.last_error or "").startswith("compensation incomplete"):
-                    assert not left, f"{order_id} ended in Error with effects in place: {left}"
+                # Left in place only if its service refused the undo, or the budget ran out.
+                if not self.budget_spent(order_id):
+                    unrefused = left - self.services.refused_undos
+                    assert not unrefused, (
+                        f"{order_id} ended in Error with effects in place whose undo no service "
+                        f"refused, within its compensation budget: {unrefused}; "
+                        f"last error: {order.last_error}"
+                    )
                 assert left <= known, f"{order_id}: effects in place it does not know of: {left}"
             for step in order.steps:
                 if step.state in (StepState.FAILED, StepState.VOIDED, StepState.COMPENSATED):

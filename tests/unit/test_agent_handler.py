@@ -20,6 +20,7 @@ from agent.circuit import BreakerSettings, CircuitBreaker
 from agent.handler import handle_request
 from agent.remote_client import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from core.messages import (
+    EXPIRED,
     MAX_MESSAGE_BYTES,
     AgentRequest,
     AgentResponse,
@@ -241,10 +242,19 @@ def test_a_deferral_is_never_sooner_than_the_minimum() -> None:
     assert response.retry_at == rt.clock() + timedelta(seconds=MIN_DEFER_SECONDS)
 
 
-def test_past_complete_by_nothing_is_called_or_sent() -> None:
+def test_past_complete_by_nothing_is_called_and_the_attempt_is_reported_expired() -> None:
     rt = Runtime(answer(200, {}))
     rt.clock_.sleep(31.0)
-    assert rt.handle(request("do", budget=30.0)) is None
+    response = rt.handle(request("do", budget=30.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        EXPIRED,
+    )
+    assert "taken up 1.0s after complete-by; the service was not called" in (
+        response.error_message or ""
+    )
     assert rt.requests == [] and rt.alerts == []
 
 
@@ -280,18 +290,20 @@ def test_a_call_past_its_run_budget_reports_a_transient_timeout_at_once() -> Non
     assert len(rt.requests) == 2  # the second attempt ran out of the run budget
 
 
-def test_a_call_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
+def test_a_call_stopped_by_complete_by_reports_a_transient_timeout() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
     rt.clock_.sleep(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
-    assert rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
+    response = rt.handle(request("do", budget=90.0, run_budget=30.0))
+    assert response is not None and response.error_code == "timed_out"
     assert rt.requests  # it did try
 
 
 def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    assert rt.handle(request("do", budget=15.0, run_budget=None)) is None
+    response = rt.handle(request("do", budget=15.0, run_budget=None))
+    assert response is not None and response.error_code == "timed_out"
     assert len(rt.requests) == 2
 
 

@@ -26,6 +26,7 @@ from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
 from agent.consistency import INCONSISTENT_REASON
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
 from core.messages import (
+    EXPIRED,
     MAX_MESSAGE_BYTES,
     AgentRequest,
     AgentResponse,
@@ -328,10 +329,19 @@ async def test_a_deferral_is_never_sooner_than_the_minimum() -> None:
 # -- time: complete-by and the run budget -----------------------------------------------------
 
 
-async def test_past_complete_by_nothing_is_called_or_sent() -> None:
+async def test_past_complete_by_nothing_is_called_and_the_attempt_is_reported_expired() -> None:
     rt = Runtime(answer(200, {}))
     rt.clock_.advance(31.0)
-    assert await rt.handle(request("do", budget=30.0)) is None
+    response = await rt.handle(request("do", budget=30.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        EXPIRED,
+    )
+    assert "taken up 1.0s after complete-by; the service was not called" in (
+        response.error_message or ""
+    )
     assert rt.requests == [] and rt.alerts == []
 
 
@@ -357,20 +367,36 @@ async def test_a_hang_stopped_by_the_run_budget_reports_a_transient_timeout_at_o
     assert len(rt.requests) == 2  # the second attempt ran out of the run budget
 
 
-async def test_a_hang_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
+async def test_a_hang_stopped_by_complete_by_reports_a_transient_timeout() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
     rt.clock_.advance(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
-    assert await rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
-    assert rt.requests  # it did try
+    response = await rt.handle(request("do", budget=90.0, run_budget=30.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        "timed_out",
+    )
+    assert "within complete-by" in (response.error_message or "")
+    assert rt.requests  # it did try: the service was reached
     assert rt.alerts == []
 
 
 async def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    assert await rt.handle(request("do", budget=15.0, run_budget=None)) is None
+    response = await rt.handle(request("do", budget=15.0, run_budget=None))
+    assert response is not None and response.error_code == "timed_out"
     assert len(rt.requests) == 2
+
+
+async def test_too_little_time_left_to_call_is_reported_expired() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=100)
+    rt.clock_.advance(29.99)  # 0.01 s left: too little to start an attempt
+    response = await rt.handle(request("do", budget=30.0, run_budget=None))
+    assert response is not None and response.error_code == EXPIRED
+    assert rt.requests == []
 
 
 # -- malformed --------------------------------------------------------------------------------

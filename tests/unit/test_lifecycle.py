@@ -32,6 +32,7 @@ from core.lifecycle import (
     submit,
 )
 from core.messages import (
+    EXPIRED,
     AgentRequest,
     AgentResponse,
     OperatorAlert,
@@ -40,7 +41,7 @@ from core.messages import (
     StatusUpdate,
     message_id_for,
 )
-from core.order import Order, Requests, StepState
+from core.order import TERMINAL_ALERT_REASONS, Failures, Order, Requests, StepState
 from core.state_models import order_entity, order_from_entity
 from core.states import ProcessState, transition_allowed
 from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
@@ -278,18 +279,239 @@ def test_nothing_to_undo_voids_the_step_and_the_order_ends_with_one_alert():
     assert "never took effect: charge_payment" in after.last_error  # type: ignore[operator]
 
 
-def test_an_undo_that_keeps_failing_ends_as_compensation_incomplete():
+# --------------------------------------------------------------------------- whose failure
+
+
+def test_a_failure_the_agent_reports_is_counted_at_the_service_or_on_our_side():
+    order = new_order()
+    failed = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(1)))
+    assert failed.step("reserve_inventory").forward_failures == Failures(at_service=1)
+    expired = answer(request_of(order), "transient", error_code=EXPIRED)
+    failed = apply(order, decide(order, Replied(expired), ctx(1)))
+    assert failed.step("reserve_inventory").forward_failures == Failures(on_our_side=1)
+    assert failed.failure_count == 1  # it failed all the same: counted toward the threshold
+
+
+def test_an_attempt_given_up_on_unanswered_is_settled_by_its_late_answer():
+    order = new_order()
+    first = request_of(order)
+    deadline = FLOW.first_step.deadline_budget.total_seconds()
+    released = apply(order, decide(order, Swept(), ctx(deadline + 1, actor="supervisor:s")))
+    assert released.step("reserve_inventory").forward_failures == Failures(unanswered=(1,))
+    command = released.outbox[-1].message
+    claimed = apply(released, decide(released, RetryDue(command), ctx(deadline + 10)))  # type: ignore[arg-type]
+
+    late = answer(first, "transient", error_code=EXPIRED)
+    decision = decide(claimed, Replied(late), ctx(deadline + 11))
+    learned = decision.order
+    assert learned is not None and decision.entry is not None
+    assert decision.entry.event == "late_answer"
+    assert "attempt 1 was given up on unanswered, and it never left our side" in (
+        decision.entry.detail
+    )
+    assert learned.step("reserve_inventory").forward_failures == Failures(on_our_side=1)
+    assert (learned.state, learned.attempt, learned.locked_by) == (
+        claimed.state,
+        claimed.attempt,
+        claimed.locked_by,
+    )
+    assert decide(learned, Replied(late), ctx(deadline + 12)).order is None  # settled once
+
+    reached = decide(claimed, Replied(answer(first, "transient")), ctx(deadline + 11)).order
+    assert reached is not None
+    assert reached.step("reserve_inventory").forward_failures == Failures(at_service=1)
+
+
+def test_a_retry_never_claimed_failed_on_our_side():
+    order = new_order()
+    released = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(1)))
+    assert released.next_attempt_at is not None
+    stale = (released.next_attempt_at - T0).total_seconds() + 121
+    again = apply(released, decide(released, Swept(), ctx(stale, actor="supervisor:s")))
+    assert again.failure_count == 2
+    assert again.step("reserve_inventory").forward_failures == Failures(at_service=1, on_our_side=1)
+
+
+def released_stale(order: Order) -> Order:
+    """The Supervisor finds the released order's retry never claimed (its host was frozen)."""
+    assert order.next_attempt_at is not None
+    stale = (order.next_attempt_at - T0).total_seconds() + 121
+    return apply(order, decide(order, Swept(), ctx(stale, actor="supervisor:s")))
+
+
+def test_failures_that_never_left_our_side_do_not_count_toward_the_threshold():
+    """As a chaos run with hosts frozen past their locks showed: retries never claimed and
+    requests taken up after their deadline failed orders that no service had failed."""
+    order = new_order()
+    order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(1)))
+    for _ in range(2 * FLOW.failure_threshold):
+        order = released_stale(order)
+    assert (order.state, order.failure_count) == (ProcessState.PENDING, 7)
+    assert order.step("reserve_inventory").forward_failures == Failures(at_service=1, on_our_side=6)
+    entry = decide(order, Swept(), ctx(10_000, actor="supervisor:s")).entry
+    assert entry is not None and "1 of 3 failures count, 7 never left our side" in entry.detail
+
+    order = apply(order, decide(order, RetryDue(order.outbox[-1].message), ctx(10_000)))  # type: ignore[arg-type]
+    for n in range(2):  # two more the service failed: the threshold is reached
+        decision = decide(order, Replied(answer(request_of(order), "transient")), ctx(10_001 + n))
+        order = apply(order, decision)
+        if order.state is ProcessState.PENDING:
+            order = apply(order, decide(order, RetryDue(order.outbox[-1].message), ctx(10_010)))  # type: ignore[arg-type]
+    assert order.state is ProcessState.COMPENSATING
+    assert order.compensation_cause == "failure_threshold"
+    assert "failure threshold of 3 reached after 3 failed attempts (and 6 that never left our " + (
+        "side)"
+    ) in (order.compensation_reason or "")
+
+
+def test_an_expired_answer_that_comes_in_time_takes_its_failure_back_from_the_count():
+    order = new_order()
+    first = request_of(order)
+    deadline = FLOW.first_step.deadline_budget.total_seconds()
+    order = apply(order, decide(order, Swept(), ctx(deadline + 1, actor="supervisor:s")))
+    order = released_stale(order)  # counted 1 (unanswered), 1 on our side
+    late = answer(first, "transient", error_code=EXPIRED)
+    order = apply(order, decide(order, Replied(late), ctx(deadline + 200)))
+    assert order.step("reserve_inventory").forward_failures == Failures(on_our_side=2)
+    order = released_stale(order)
+    assert order.state is ProcessState.PENDING and order.failure_count == 3
+
+
+# ---------------------------------------------------------------------- compensation budget
+
+
+BUDGET = timedelta(hours=1)
+WARN_AFTER = timedelta(minutes=10)
+
+
+def undoing(at: float = 2) -> Order:
+    """An order whose reservation is being released: its charge was declined at ``at``."""
     order = after_steps(1)
-    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
-    for n in range(FLOW.failure_threshold):
-        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
-        if order.state.in_flight:
-            command = order.outbox[-1].message
-            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(at)))
+    assert (order.state, order.current_operation) == (ProcessState.COMPENSATING, "undo")
+    return order
+
+
+def budgeted(at: float, *, jitter: float = 0.0) -> Context:
+    return replace(
+        ctx(at, jitter=jitter), compensation_budget=BUDGET, compensation_warn_after=WARN_AFTER
+    )
+
+
+def undo_fails(order: Order, at: float, outcome: str = "transient") -> tuple[Order, Decision]:
+    """The undo in flight fails at ``at``: answered transiently, or (``timeout``) unanswered
+    until the Supervisor finds it past its CompleteBy."""
+    if outcome == "timeout":
+        assert order.complete_by is not None and order.complete_by <= T0 + timedelta(seconds=at)
+        decision = decide(order, Swept(), budgeted(at))
+    else:
+        decision = decide(order, Replied(answer(request_of(order), outcome)), budgeted(at))
+    return apply(order, decision), decision
+
+
+def retried(order: Order) -> Order:
+    """The retry command comes back when due and claims the undo again."""
+    assert order.next_attempt_at is not None
+    command = order.outbox[-1].message
+    assert isinstance(command, SchedulerCommand)
+    due = (order.next_attempt_at - T0).total_seconds()
+    return apply(order, decide(order, RetryDue(command), budgeted(due)))
+
+
+def test_compensation_records_when_it_started():
+    order = undoing(at=2)
+    assert order.compensation_started_at == T0 + timedelta(seconds=2)
+    assert not order.compensation_warned
+
+
+def test_an_undo_failing_past_the_failure_threshold_is_retried_with_growing_capped_backoff():
+    order = undoing()
+    delays = []
+    at = 3.0
+    for _ in range(3 * FLOW.failure_threshold):
+        order, decision = undo_fails(order, at)
+        assert decision.entry is not None and decision.entry.event == "released"
+        assert (order.state, order.locked_by) == (ProcessState.COMPENSATING, None)
+        assert order.next_attempt_at is not None
+        delays.append((order.next_attempt_at - T0).total_seconds() - at)
+        order = retried(order)
+        assert order.current_operation == "undo" and order.locked_by == "scheduler:a"
+        at = (order.updated_at - T0).total_seconds() + 1
+    cap = FLOW.retry.cap.total_seconds()
+    assert delays == sorted(delays) and delays[0] == FLOW.retry.base_delay.total_seconds()
+    assert max(delays) == cap and delays.count(cap) >= 2
+    assert order.failure_count == 3 * FLOW.failure_threshold
+    assert order.step("reserve_inventory").undo_failures.at_service == 3 * FLOW.failure_threshold
+
+
+def test_undo_timeouts_are_retried_too_and_counted_unanswered():
+    order = undoing()
+    for _ in range(FLOW.failure_threshold + 1):
+        assert order.complete_by is not None
+        at = (order.complete_by - T0).total_seconds() + 1
+        order, decision = undo_fails(order, at, "timeout")
+        assert decision.entry is not None and decision.entry.event == "released"
+        assert "passed CompleteBy" in decision.entry.detail
+        order = retried(order)
+    assert order.state is ProcessState.COMPENSATING
+    failures = order.step("reserve_inventory").undo_failures
+    assert (failures.at_service, failures.on_our_side, len(failures.unanswered)) == (0, 0, 4)
+
+
+def test_compensation_gives_up_once_its_budget_is_spent_with_one_critical_alert():
+    order = undoing(at=2)
+    order, _ = undo_fails(order, 3)
+    order = retried(order)
+    spent = 2 + BUDGET.total_seconds()
+    order, decision = undo_fails(order, spent - 1)  # one second left: retried again
+    assert order.state is ProcessState.COMPENSATING
+    order = retried(order)
+    order, decision = undo_fails(order, spent)
     assert order.state is ProcessState.ERROR
-    alerts = [o.message for o in order.outbox if isinstance(o.message, OperatorAlert)]
+    alerts = [o.message for o in decision.send if isinstance(o.message, OperatorAlert)]
     assert [(a.reason, a.severity) for a in alerts] == [("compensation_incomplete", "critical")]
-    assert order.step("reserve_inventory").state is StepState.SUCCEEDED
+    assert "compensation budget of 3600s spent" in (order.last_error or "")
+    assert "reserve_inventory (release at inventory)" in (order.last_error or "")
+    assert order.step("reserve_inventory").state is StepState.SUCCEEDED  # left in place
+
+
+def test_an_undo_the_service_refuses_ends_compensation_at_once():
+    order = undoing()
+    order, decision = undo_fails(order, 3, "declined")
+    assert order.state is ProcessState.ERROR
+    alerts = [o.message for o in decision.send if isinstance(o.message, OperatorAlert)]
+    assert [(a.reason, a.severity) for a in alerts] == [("compensation_incomplete", "critical")]
+    assert "undo of reserve_inventory refused: card_declined" in (order.last_error or "")
+
+
+def test_a_long_compensation_warns_once_and_keeps_undoing():
+    order = undoing(at=2)
+    warnings: list[OperatorAlert] = []
+    at = 3.0
+    while at < 2 + 3 * WARN_AFTER.total_seconds():
+        order, decision = undo_fails(order, at)
+        warnings += [o.message for o in decision.send if isinstance(o.message, OperatorAlert)]
+        order = retried(order)
+        warnings += [o.message for o in order.outbox if isinstance(o.message, OperatorAlert)]
+        at = (order.updated_at - T0).total_seconds() + 1
+    assert order.state is ProcessState.COMPENSATING and order.compensation_warned
+    assert len({(a.reason, a.timeline_seq) for a in warnings}) == 1
+    (warning,) = {a.timeline_seq: a for a in warnings}.values()
+    assert (warning.reason, warning.severity) == ("compensation_delayed", "warning")
+    assert "reserve_inventory failed" in warning.detail
+    assert (T0 + timedelta(seconds=2) + BUDGET).isoformat() in warning.detail
+    assert warning.reason not in TERMINAL_ALERT_REASONS
+
+
+def test_a_resumed_compensation_has_a_budget_and_a_warning_of_its_own():
+    order, _ = undo_fails(undoing(at=2), 3, "declined")  # refused: Error, undo left
+    assert order.state is ProcessState.ERROR
+    at = 2 + 2 * BUDGET.total_seconds()
+    resumed = decide(order, Resubmit("operator:bob", "retry the release", True), budgeted(at))
+    after = resumed.order
+    assert after is not None and after.state is ProcessState.COMPENSATING
+    assert after.compensation_started_at == T0 + timedelta(seconds=at)
+    assert not after.compensation_warned
 
 
 def test_a_reply_naming_an_unknown_step_is_alerted_and_changes_nothing():
@@ -754,13 +976,7 @@ def test_restart_of_an_order_not_in_error_is_refused():
 
 
 def test_restart_of_an_incomplete_compensation_is_refused():
-    order = after_steps(1)
-    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
-    for n in range(FLOW.failure_threshold):
-        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
-        if order.state.in_flight:
-            command = order.outbox[-1].message
-            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+    order, _ = undo_fails(undoing(), 3, "declined")  # the release refused: left in place
     assert order.state is ProcessState.ERROR
     with pytest.raises(Refused, match="still has undos left"):
         decide(order, Restart("operator:bob", "r", "reserve_inventory", True), ctx(99))

@@ -1,18 +1,23 @@
 """The order lifecycle explored by Hypothesis: random interleavings of submissions, agent answers
-(success, decline, transient, circuit open, lost, late, duplicated, out of order), validly
-signed answers to requests the order never asked for (a do never requested, an undo never
-requested, a wrong attempt, a wrong operation, a generation not yet reached), deadlines,
-Supervisor ticks, cancels, resubmits and crashes between the write and any send, checking the
-product's promise after every step and once everything has settled:
+(success, decline, transient, circuit open, lost, late, duplicated, out of order, an undo
+refused), validly signed answers to requests the order never asked for (a do never requested,
+an undo never requested, a wrong attempt, a wrong operation, a generation not yet reached),
+deadlines, Supervisor ticks, cancels, resubmits, crashes between the write and any send, a
+reply queue that refuses for a while, and the agents' host frozen for more deadlines than the
+failure threshold while orders compensate, checking the product's promise after every step and
+once everything has settled:
 
 - no order lost or stuck; every order ends Processed, or Error;
 - no effect twice; a Processed order has every step in place;
-- an Error order has exactly one alert per entry into Error and nothing left in place (or, when
-  compensation could not finish, only what its record and critical alert name);
+- an Error order has exactly one alert per entry into Error, and an effect left in place only
+  if its service refused the undo or the compensation budget ran out (then only what its
+  record and critical alert name); at most one compensation warning per compensation;
 - every status update sent, in sequence, none missing, also when the reply queue refused some
   for a while; the last says the state the order ended in, and exactly one says it finished;
 - each step's record agrees with what its service was asked and answered, and an answer to a
-  request never asked for changes nothing and raises one alert.
+  request never asked for changes nothing and raises one alert;
+- once an order ended, only its settling changes it (and records about it: held status
+  updates sent again, whose failure an attempt was).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from core.ids import Operation
 from core.states import ProcessState
-from tests.support.world import FAULTS, LIES, Lie, World, order_id
+from tests.support.world import FAILURE_THRESHOLD, FAULTS, LIES, Lie, World, order_id
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
 # CI machine may take several times the ~20 s this takes alone.
@@ -109,6 +114,13 @@ class Lifecycle(RuleBasedStateMachine):
     def reply_queue(self, refusing: bool) -> None:
         """The submitters' queue goes away (or is disabled, or closed to the app), or is back."""
         self.world.replies.refusing = refusing
+
+    @precondition(lambda self: self.world.compensating())
+    @rule(deadlines=st.integers(min_value=FAILURE_THRESHOLD, max_value=16))
+    def no_host_answers_while_compensating(self, deadlines: int) -> None:
+        """Undo attempts time out of our own making, at least as often as the failure
+        threshold allows a step to fail; sometimes for longer than the compensation budget."""
+        self.world.hosts_silent(deadlines)
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)

@@ -25,7 +25,7 @@ from core.messages import (
     SchedulerCommand,
     StatusUpdate,
 )
-from core.order import Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
+from core.order import Failures, Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
 from core.state_models import (
     DETAILS_ROW,
     JSON_CHUNK_CHARS,
@@ -171,7 +171,16 @@ def every_step_state() -> tuple[StepRecord, ...]:
             error_message="insufficient funds",
             completed_at=datetime(2025, 3, 4, 7, 6, 7, tzinfo=PLUS2),
         ),
-        StepRecord("create_shipment", 2, StepState.RUNNING, 1, 1, requests=(Requests("do", 3, 3),)),
+        StepRecord(
+            "create_shipment",
+            2,
+            StepState.RUNNING,
+            generation=1,
+            attempt=9,
+            requests=(Requests("do", 3, 3),),
+            forward_failures=Failures(at_service=1, unanswered=(3,)),
+            undo_failures=Failures(at_service=2, on_our_side=1, unanswered=(7, 8)),
+        ),
         StepRecord("gift_wrap", 3, StepState.SUCCEEDED, 1, 1, {}, completed_at=later),
         StepRecord("notify", 4, StepState.VOIDED, 1, 1, None, compensated_at=later, requests=None),
         StepRecord("archive", 5, StepState.PENDING),
@@ -195,6 +204,8 @@ def rich_order() -> Order:
         last_error="refund timed out",
         compensation_cause="step_declined",
         compensation_reason="charge_payment declined: card_declined",
+        compensation_started_at=T0 - timedelta(hours=2),
+        compensation_warned=True,
         status_seq=5,
         outbox=every_message_outbox(),
         timeline_seq=12,

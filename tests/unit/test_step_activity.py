@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from core.lifecycle import Context, Replied, Restart, RetryDue, decide, submit
-from core.messages import AgentRequest, AgentResponse, OrderSubmitted, SchedulerCommand
+from core.lifecycle import Context, Replied, Restart, RetryDue, Swept, decide, submit
+from core.messages import (
+    EXPIRED,
+    AgentRequest,
+    AgentResponse,
+    OrderSubmitted,
+    SchedulerCommand,
+)
 from core.order import Order, TimelineEntry
 from core.workflows import ORDER_WORKFLOW
 from operator_api.step_activity import MAX_REASONS, step_activity
@@ -145,3 +151,25 @@ def test_an_answer_recorded_after_the_order_ended_is_a_reason_of_its_step():
     assert reserve.reasons[-1] == (
         "reserve_inventory: Compensated (after the end; nothing is open now)"
     )
+
+
+def test_a_late_answer_that_says_whose_failure_it_was_is_one_of_the_reasons():
+    run = Run()
+    [first] = [o.message for o in run.order.outbox if isinstance(o.message, AgentRequest)]
+    deadline = ORDER_WORKFLOW.first_step.deadline_budget.total_seconds()
+    run.event(Swept(), deadline + 1)  # no answer: released past CompleteBy
+    run.retry(deadline + 10)
+    expired = AgentResponse(
+        order_id="o-1",
+        step=first.step,
+        operation="do",
+        attempt=first.attempt,
+        idempotency_key=first.idempotency_key,
+        outcome="failed",
+        transient=True,
+        error_code=EXPIRED,
+    )
+    run.event(Replied(expired), deadline + 11)
+    reserve = run.activity(deadline + 12)["reserve_inventory"]
+    assert reserve.failures == 1, "the late answer is not another failure"
+    assert "never left our side" in reserve.reasons[-1]
