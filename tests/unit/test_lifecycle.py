@@ -716,15 +716,15 @@ def test_a_row_written_before_requests_were_recorded_loads_and_keeps_what_it_pro
 
 
 def incomplete_compensation() -> Order:
-    """An Error order whose undo of reserve_inventory timed out three times (attempts 3 to 5):
-    the reservation may still be in place, and any of those undos may still answer."""
-    order = after_steps(1)
-    order = apply(order, decide(order, Replied(answer(request_of(order), "declined")), ctx(2)))
-    for n in range(FLOW.failure_threshold):
-        order = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(3)))
+    """An Error order whose undo of reserve_inventory failed transiently (attempts 3 to 5) until
+    its compensation budget was spent: the reservation may still be in place, and any of those
+    undos may still answer."""
+    order = undoing()
+    for at in (3, 60, BUDGET.total_seconds() + 3):
+        order, _ = undo_fails(order, at)
         if order.state.in_flight:
             command = order.outbox[-1].message
-            order = apply(order, decide(order, RetryDue(command), ctx(30 + n)))  # type: ignore[arg-type]
+            order = apply(order, decide(order, RetryDue(command), budgeted(at + 30)))  # type: ignore[arg-type]
     assert order.state is ProcessState.ERROR
     return order
 

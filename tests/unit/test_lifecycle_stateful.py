@@ -154,17 +154,17 @@ test_lifecycle = Lifecycle.TestCase
 
 
 def test_an_undo_that_lands_after_the_order_ended_settles_it():
-    """The exploration rarely ends a compensation incomplete (an undo must fail at the
-    threshold); here it does, and the undo that hung lands after the end."""
-    world = World(failure_threshold=1)
+    """The exploration rarely ends a compensation incomplete (no undo may answer for the whole
+    compensation budget); here it does, and the undo that hung lands after the end."""
+    world = World()
     oid = order_id(0)
     world.submit(oid, reply_to=None)
     for fault in ("ok", "decline"):  # reserve_inventory took effect, charge_payment declined
         world.deliver(world.deliverable("agent")[0], fault)
         world.deliver(world.deliverable("responses")[0])
     world.deliver(world.deliverable("agent")[0], "late")  # the release hangs...
-    world.advance(200)
-    world.tick()  # ...past its deadline: at the threshold, compensation is incomplete
+    world.hosts_silent(16)  # ...and no retry of it is answered until the budget is spent
+    assert world.budget_spent(oid)
     ended = world.store.load(oid)
     assert ended.state is ProcessState.ERROR and ended.settling
     error = world.store.get_timeline(oid)[-1]
