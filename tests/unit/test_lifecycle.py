@@ -322,6 +322,33 @@ def test_an_attempt_given_up_on_unanswered_is_settled_by_its_late_answer():
     assert reached.step("reserve_inventory").forward_failures == Failures(at_service=1)
 
 
+def test_whose_failure_an_attempt_was_is_recorded_on_a_settled_order_and_nothing_else():
+    """A late_answer changes no outcome: it is written on an order that has ended and settled
+    (issue 32) as a record about the order, never a change of it (issue 28)."""
+    order = new_order()
+    first = request_of(order)
+    deadline = FLOW.first_step.deadline_budget.total_seconds()
+    order = apply(order, decide(order, Swept(), ctx(deadline + 1, actor="supervisor:s")))
+    order = apply(order, decide(order, RetryDue(order.outbox[-1].message), ctx(deadline + 10)))  # type: ignore[arg-type]
+    for _ in range(3):  # the retried reservation and the two later steps succeed
+        order = apply(order, decide(order, Replied(answer(request_of(order))), ctx(deadline + 11)))
+    assert order.state is ProcessState.PROCESSED and not order.settling
+
+    expired = answer(first, "transient", error_code=EXPIRED)
+    late = decide(order, Replied(expired), ctx(deadline + 60))
+    assert late.order is not None and late.entry is not None
+    assert (late.entry.event, late.entry.from_state, late.entry.to_state) == (
+        "late_answer",
+        ProcessState.PROCESSED,
+        ProcessState.PROCESSED,
+    )
+    assert late.send == () and not late.finished
+    assert late.order.step("reserve_inventory").forward_failures == Failures(on_our_side=1)
+    unchanged = {"steps": order.steps, "updated_at": order.updated_at}
+    assert replace(late.order, **unchanged, timeline_seq=order.timeline_seq) == order
+    assert decide(late.order, Replied(expired), ctx(deadline + 61)).order is None
+
+
 def test_a_retry_never_claimed_failed_on_our_side():
     order = new_order()
     released = apply(order, decide(order, Replied(answer(request_of(order), "transient")), ctx(1)))
