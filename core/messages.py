@@ -31,8 +31,10 @@ OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event
                     role and the message's MessageId): one per message, however often it is
                     redelivered and whichever instance handles it, never merged with another
                     message's; else ``<timeline_seq>:<sha(detail, excerpt)[:16]>`` for an
-                    order's entry into Error: one per order write that raises it, however often
-                    its outbox is sent; else ``<sha(detail, excerpt)[:16]>`` for a condition
+                    alert an order's write raises (its entry into Error, a long compensation's
+                    ``compensation_delayed`` warning): one per order write that raises it,
+                    however often its outbox is sent and whichever message brings the next
+                    write that sends it; else ``<sha(detail, excerpt)[:16]>`` for a condition
                     (an order parked on a missing workflow version, a reply queue that refuses):
                     repeats within the duplicate-detection window are one alert.
 ==================  ===========================================================================

@@ -523,7 +523,10 @@ def test_a_long_compensation_warns_once_and_keeps_undoing():
         at = (order.updated_at - T0).total_seconds() + 1
     assert order.state is ProcessState.COMPENSATING and order.compensation_warned
     assert len({(a.reason, a.timeline_seq) for a in warnings}) == 1
+    # Named by the write that raised it, not by a message: each resend is the same alert.
+    assert len({message_id_for(a) for a in warnings}) == 1
     (warning,) = {a.timeline_seq: a for a in warnings}.values()
+    assert warning.caused_by is None
     assert (warning.reason, warning.severity) == ("compensation_delayed", "warning")
     assert "reserve_inventory failed" in warning.detail
     assert (T0 + timedelta(seconds=2) + BUDGET).isoformat() in warning.detail
