@@ -27,7 +27,7 @@ async def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> 
         delivery = inbound.Delivery.of(msg)
         body = await inbound.trusted_body(rt, delivery, agent.name, f"agent-{agent.name}")
         if body is not None:
-            await handle_request(body, agent.name, rt)
+            await handle_request(body, agent.name, rt, caused_by=delivery.cause(agent.name))
 
 
 def _agent_function(

@@ -1,8 +1,11 @@
 """The Agent: carry one step of one order to its remote service and report back.
 
+A request must first agree with the order snapshot it carries (:mod:`agent.consistency`): one
+that does not is refused with an ``inconsistent_request`` alert, and nothing is called or
+answered; the step is retried from the order's record once its deadline passes.
+
 Every answer is an AgentResponse on the response queue, naming the request's idempotency key
-and echoing the request's ``resume`` unchanged (the order's state for the Scheduler, which the
-agent never reads):
+and echoing the request's ``resume`` unchanged (the order's state, for the Scheduler):
 
 - ``succeeded``: the service applied the operation (or had applied it before);
 - ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
@@ -13,12 +16,13 @@ agent never reads):
   ``retry_at``.
 
 The call may run for the request's run budget from when the agent starts it, and never past
-complete-by. A request picked up after complete-by is dropped, and a call stopped by
-complete-by sends nothing (the pattern's rule): the Supervisor will find the order past its
-deadline and retry it. A call stopped earlier by its own run budget reports ``failed``
-(transient, ``timed_out``), so the Scheduler retries a hung call at once instead of waiting
-for the Supervisor. Either way the idempotency key makes the retry safe even if the remote
-service did apply the operation.
+complete-by. A call stopped by either reports ``failed`` (transient, ``timed_out``): the service
+was called and did not answer in time. A request taken up after complete-by is not carried
+out (the pattern's rule: its time is over, the Supervisor retries it) but answered ``failed``
+(transient, ``expired``): the attempt never left our side. Either answer counts only while its
+attempt is still in flight, as the Supervisor's release past CompleteBy would; later, it tells
+the Scheduler whose failure that attempt was (core.lifecycle). The idempotency key makes every
+retry safe even if the remote service did apply the operation.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from agent.circuit import breaker_for
-from agent.outcomes import DeadlinePassed, Deferred, Failed
+from agent.consistency import INCONSISTENT_REASON, disagreement
+from agent.outcomes import DeadlinePassed, Deferred
 from agent.remote_client import RemoteServiceClient
-from agent.responses import response_for
+from agent.responses import expired, out_of_time, response_for
 from core.messages import (
     AgentRequest,
     AgentResponse,
@@ -45,11 +50,20 @@ if TYPE_CHECKING:  # the agent needs the Runtime's parts, not the module (which 
 log = logging.getLogger("agent")
 
 
-async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
+async def handle_request(
+    body: bytes | str, service: str, rt: Runtime, *, caused_by: str | None = None
+) -> None:
+    """``caused_by``: the request's :meth:`core.inbound.Delivery.cause`, which tells the
+    alerts of two requests apart (None: the alert is named by its text)."""
     try:
         request = parse_message(body, AgentRequest)
     except BadMessage as bad:
-        await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}")))
+        await rt.alert(bad.to_alert(source=rt.actor(f"agent-{service}"), caused_by=caused_by))
+        return
+    problem = disagreement(request)
+    if problem is not None:
+        source = rt.actor(f"agent-{service}")
+        await rt.alert(_inconsistent(request, service, problem, source, caused_by))
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -60,6 +74,8 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             request.step,
             request.attempt,
         )
+        late = (started - request.complete_by).total_seconds()
+        await _reply(rt, response_for(request, expired(f"taken up {late:.1f}s after complete-by")))
         return
     try:
         outcome = await remote_client(rt, service).call(
@@ -77,28 +93,12 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
                 reason="bad_agent_request",
                 detail=f"{service} cannot carry out {request.action}: {exc}",
                 source=rt.actor(f"agent-{service}"),
+                caused_by=caused_by,
             )
         )
         return
-    if isinstance(outcome, DeadlinePassed) and request.run_deadline(started) < request.complete_by:
-        outcome = Failed(
-            code="timed_out",
-            message=(
-                f"no answer from {service} within the run budget of {request.run_budget_s:g}s"
-                f" ({outcome.last_error})"
-            ),
-            transient=True,
-        )
     if isinstance(outcome, DeadlinePassed):
-        log.info(
-            "%s: %s %s attempt %d passed complete-by (%s); sending nothing",
-            service,
-            request.order_id,
-            request.step,
-            request.attempt,
-            outcome.last_error,
-        )
-        return
+        outcome = out_of_time(request, started, outcome, service)
     if isinstance(outcome, Deferred):
         log.info(
             "%s: %s %s attempt %d deferred to %s: circuit open (%s)",
@@ -110,6 +110,25 @@ async def handle_request(body: bytes | str, service: str, rt: Runtime) -> None:
             outcome.last_error,
         )
     await _reply(rt, response_for(request, outcome))
+
+
+def _inconsistent(
+    request: AgentRequest, service: str, problem: str, source: str, caused_by: str | None
+) -> OperatorAlert:
+    return OperatorAlert(
+        order_id=request.order_id,
+        severity="error",
+        reason=INCONSISTENT_REASON,
+        detail=(
+            f"{service} refused {request.operation} {request.step} attempt {request.attempt} "
+            f"(key {request.idempotency_key}) without calling its service: {problem}. A "
+            "signed request that disagrees with the order it carries is a bug upstream or a "
+            "mixed-up message; the step is retried from the order's record once its deadline "
+            "passes."
+        ),
+        source=source,
+        caused_by=caused_by,
+    )
 
 
 async def _reply(rt: Runtime, response: AgentResponse) -> None:

@@ -1,8 +1,8 @@
 """What one call to a remote service came to, as the Agent function sees it.
 
-The Agent replies to the Scheduler for ``Succeeded``, ``NothingToUndo``, ``Failed`` and
-``Deferred``. For ``DeadlinePassed`` it sends nothing: after complete-by the agent stops and the
-Supervisor recovers the step.
+The Agent replies to the Scheduler for each: ``DeadlinePassed`` is reported as a transient
+``Failed`` (:func:`agent.responses.out_of_time`), which counts only while its attempt is in
+flight; after complete-by the Supervisor recovers the step.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class Deferred:
 
 @dataclass(frozen=True)
 class DeadlinePassed:
-    """Complete-by came (or would come before another attempt could finish): reply nothing."""
+    """Complete-by or the run budget came (or would come before another attempt could finish).
+    ``attempts``: how many calls were made (0: the service was never called)."""
 
     last_error: str | None = None
     attempts: int = 0

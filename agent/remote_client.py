@@ -11,7 +11,8 @@ effect, which is ``NothingToUndo`` (docs/remote-service-contract.md).
 - Every other 4xx is a business refusal: no retry, ``Failed(transient=False)``.
 - Nothing runs past ``complete_by``: an attempt's timeout is the smaller of the configured one
   and the time left; no sleep and no attempt starts unless it can end before complete-by. When
-  that stops the call, the outcome is ``DeadlinePassed`` and the agent replies nothing.
+  that stops the call, the outcome is ``DeadlinePassed`` (the agent reports it as a transient
+  failure: agent.responses.out_of_time).
 - The per-service circuit breaker counts only transient failures; while it is open, a call is
   not attempted (or, if the circuit opens between its attempts, not attempted again) and the
   outcome is ``Deferred(retry_at)``: the time of the breaker's next trial, at least
@@ -157,7 +158,7 @@ class RemoteServiceClient:
     def _deferred(self, state: _CallState) -> Deferred | DeadlinePassed:
         """Every attempt so far (maybe none) failed transiently and the circuit is open.
 
-        Past complete-by the agent answers nothing, deferral or not (the pattern's rule).
+        Past complete-by there is nothing to defer: the attempt's time is over.
         """
         if self._time_left(state.complete_by) <= 0:
             return DeadlinePassed(state.last_error, state.attempts)

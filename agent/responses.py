@@ -4,9 +4,10 @@ the Agent (``agent.handler``) sends."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
-from agent.outcomes import Deferred, Failed, NothingToUndo, Succeeded
-from core.messages import AgentRequest, AgentResponse
+from agent.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from core.messages import EXPIRED, AgentRequest, AgentResponse
 
 _ERROR_CODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # AgentResponse.error_code
 
@@ -15,7 +16,7 @@ def response_for(
     request: AgentRequest, outcome: Succeeded | NothingToUndo | Failed | Deferred
 ) -> AgentResponse:
     """The AgentResponse that reports ``outcome`` for ``request``, echoing its ``resume``
-    unread (the order's snapshot is the Scheduler's business, :mod:`core.resume`)."""
+    unchanged (the order's snapshot, for the Scheduler: :mod:`core.resume`)."""
     common = {
         "order_id": request.order_id,
         "step": request.step,
@@ -40,6 +41,31 @@ def response_for(
         case Deferred(retry_at=retry_at):
             return AgentResponse(**common, outcome="deferred", retry_at=retry_at)
     raise TypeError(f"no response for {type(outcome).__name__}")
+
+
+def expired(why: str) -> Failed:
+    """A request the agent did not carry to its service because its time was over: the attempt
+    failed on our side (a backlog, a host frozen or restarting), not at the service."""
+    return Failed(code=EXPIRED, message=f"{why}; the service was not called", transient=True)
+
+
+def out_of_time(
+    request: AgentRequest, started: datetime, outcome: DeadlinePassed, service: str
+) -> Failed:
+    """A call its run budget or complete-by stopped: ``timed_out`` if the service was called
+    (it may have taken effect: the retry's idempotency key makes that safe), else expired."""
+    if outcome.attempts == 0:
+        return expired(f"no time left to call {service} ({outcome.last_error or 'no attempt'})")
+    stopped_by = (
+        f"the run budget of {request.run_budget_s:g}s"
+        if request.run_deadline(started) < request.complete_by
+        else f"complete-by {request.complete_by.isoformat()}"
+    )
+    return Failed(
+        code="timed_out",
+        message=f"no answer from {service} within {stopped_by} ({outcome.last_error})",
+        transient=True,
+    )
 
 
 def _error_code(code: str) -> str:

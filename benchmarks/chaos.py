@@ -21,8 +21,12 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 - ``effects_left_after_compensation``: an Error order with a forward effect still in place;
 - ``errors_whose_failing_step_succeeded``: an order failed at the threshold on a step whose
   forward call did take effect at the service;
-- ``status_sequences_incomplete``: an order whose status updates did not arrive 0, 1, 2, ...
-  up to its last one, in order;
+- ``status_sequences_incomplete``: an order whose status updates did not all arrive, 0, 1, 2,
+  ... up to StatusSeq - 1, in order; or whose last update does not say the state it ended in;
+  or where not exactly one update says it finished (Processed or Error);
+- ``compensation_incomplete_unrefused``: an Error order that gave up undoing although no
+  service refused its undo (a compensation budget spent within a run is one too: the run is
+  far shorter than the budget);
 - ``recovery_over_bound``: the Supervisor acted on an order later after its deadline than the
   bound computed from the settings (:func:`core.supervision.recovery_bound`, ``detection_s``)
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
@@ -51,7 +55,10 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 
 Also reported, not judged: the longest gap between two completed sweeps of one bucket (under a
 burst larger than a tick's budget, buckets are cut short while the oldest rows are served
-first), and the Supervisor's ticks from the hosts' logs.
+first), the Supervisor's ticks from the hosts' logs, and whose failure each failed attempt was
+(``failed_attempts``, from the orders' step records: the request reached the service, never
+left our side, or is still unanswered), with the orders that failed at the threshold split the
+same way (``failure_threshold_orders``).
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ from benchmarks.nemeses import (
     skew_offsets,
 )
 from core.messages import OrderSubmitted
-from core.order import TERMINAL_ALERT_REASONS, TimelineEntry
+from core.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
 from core.settings import Settings
 from core.state_store import OrderStateStore
 from core.states import ProcessState
@@ -110,6 +117,8 @@ _FAILING_STEP = re.compile(r"^do (\w+) attempt")
 _FAILURE_CODE = re.compile(r"failed: (\w+)")
 _DEADLINE = re.compile(r"passed CompleteBy (\S+)$|since (\S+) with no progress for (\d+)s$")
 _RETRY_DUE = re.compile(r"retry due (\S+)")
+_INCOMPLETE = "compensation incomplete"  # core.lifecycle._give_up's last error
+_UNDO_REFUSED = " refused: "  # core.lifecycle._on_undo_answer: "undo of <step> refused: ..."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -518,11 +527,13 @@ async def check_invariants(  # type: ignore[no-untyped-def]
     longest: dict[str, object] = {}
     recoveries: list[float] = []
     effects = observe.forward_effects(ledger, ids)
+    found: list[Order] = []
     for order_id in sorted(ids):
         order = await store.find(order_id)
         if order is None:
             lost.append(order_id)
             continue
+        found.append(order)
         states[order.state.value] += 1
         if not order.state.terminal:
             stuck.append(order_id)
@@ -543,8 +554,9 @@ async def check_invariants(  # type: ignore[no-untyped-def]
                     spurious.append({"order_id": order_id, "timeline": timeline})
         elif alerts[order_id]:
             wrong_alerts.append((order_id, alerts[order_id]))
-        if statuses.get(order_id, []) != list(range(order.status_seq)):
-            incomplete.append((order_id, statuses.get(order_id, [])[:12], order.status_seq))
+        problem = status_problem(statuses.get(order_id, []), order.status_seq, order.state)
+        if problem is not None:
+            incomplete.append((order_id, problem))
         timeline = timelines.get(order_id, [])
         recoveries += [r for e in timeline if (r := recovery_latency(e)) is not None]
         early += clocks.early_recoveries(order_id, timeline)
@@ -577,6 +589,9 @@ async def check_invariants(  # type: ignore[no-untyped-def]
         "effects_left_after_compensation": len(left_in_place),
         "errors_whose_failing_step_succeeded": len(spurious),
         "status_sequences_incomplete": len(incomplete),
+        "compensation_incomplete_unrefused": sum(
+            1 for o in found if _incomplete(o) and _UNDO_REFUSED not in (o.last_error or "")
+        ),
         "recovery_over_bound": sum(1 for r in recoveries if r > recovery_limit),
         "stall_over_bound": int(max_stall > bound),
     }
@@ -602,8 +617,54 @@ async def check_invariants(  # type: ignore[no-untyped-def]
             "max_early_s": max((e["early_s"] for e in early), default=0),
             "examples": early[:3],
         },
+        "compensation_incomplete": sum(1 for o in found if _incomplete(o)),
+        "failed_attempts": failed_attempts(found),
+        "failure_threshold_orders": threshold_failures(found),
         "invariants_hold": not any(counts.values()),
     }
+
+
+def _index(step: StepRecord) -> int:
+    return step.index
+
+
+def _incomplete(order: Order) -> bool:
+    return (order.last_error or "").startswith(_INCOMPLETE)
+
+
+def failed_attempts(orders: list[Order]) -> dict[str, dict[str, int]]:
+    """Failed attempts, forward and undo, by whose failure each was (core.order.Failures)."""
+    split: dict[str, Counter[str]] = {"forward": Counter(), "undo": Counter()}
+    for order in orders:
+        for step in order.steps:
+            for direction, failures in (
+                ("forward", step.forward_failures),
+                ("undo", step.undo_failures),
+            ):
+                split[direction]["at_service"] += failures.at_service
+                split[direction]["on_our_side"] += failures.on_our_side
+                split[direction]["unanswered"] += len(failures.unanswered)
+    return {direction: dict(counts) for direction, counts in split.items()}
+
+
+def threshold_failures(orders: list[Order]) -> dict[str, int]:
+    """The orders compensated at the failure threshold, by what their failing step's failed
+    attempts were: all at the service, at least one never left our side, or neither but some
+    never answered (whose failure is not known)."""
+    split: Counter[str] = Counter()
+    for order in orders:
+        if order.compensation_cause != "failure_threshold":
+            continue
+        # The step in flight when it failed: the last one requested (those after it never were).
+        failing = max((s for s in order.steps if s.state is not StepState.PENDING), key=_index)
+        failures = failing.forward_failures
+        if failures.on_our_side:
+            split["any_on_our_side"] += 1
+        elif failures.unanswered:
+            split["unknown"] += 1
+        else:
+            split["all_at_service"] += 1
+    return {"total": sum(split.values()), **split}
 
 
 async def terminal_alerts(settings: dict[str, str]) -> Counter[str]:
@@ -616,11 +677,27 @@ async def terminal_alerts(settings: dict[str, str]) -> Counter[str]:
     return found
 
 
-async def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
-    """Receive every status update on the reply queue; per order, the sequences in arrival
+def status_problem(
+    updates: list[tuple[int, str]], status_seq: int, state: ProcessState
+) -> str | None:
+    """What is wrong with the (sequence, state) updates an order's submitter received, in
+    arrival order, for an order that issued ``status_seq`` of them and is ``state`` now."""
+    sequences = [sequence for sequence, _ in updates]
+    if sequences != list(range(status_seq)):
+        return f"received {sequences[:12]} of {status_seq}"
+    if updates and updates[-1][1] != state.value:
+        return f"the last says {updates[-1][1]}, the order is {state.value}"
+    finished = [s for s, says in updates if says in (ProcessState.PROCESSED, ProcessState.ERROR)]
+    if len(finished) != 1:
+        return f"updates {finished} say the order finished"
+    return None
+
+
+async def drain_statuses(settings: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """Receive every status update on the reply queue; per order, (sequence, state) in arrival
     order. A resend of one already seen (after a crash, past duplicate detection) is skipped,
     as a receiver would."""
-    seen: dict[str, list[int]] = defaultdict(list)
+    seen: dict[str, list[tuple[int, str]]] = defaultdict(list)
     async with (
         ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client,
         client.get_queue_receiver(REPLY_QUEUE, max_wait_time=2) as receiver,
@@ -628,9 +705,9 @@ async def drain_statuses(settings: dict[str, str]) -> dict[str, list[int]]:
         while batch := await receiver.receive_messages(max_message_count=250, max_wait_time=2):
             for message in batch:
                 update = json.loads(b"".join(message.body))
-                sequences = seen[update["order_id"]]
-                if update["sequence"] not in sequences:
-                    sequences.append(update["sequence"])
+                updates = seen[update["order_id"]]
+                if update["sequence"] not in (sequence for sequence, _ in updates):
+                    updates.append((update["sequence"], update["state"]))
                 await receiver.complete_message(message)
     return seen
 

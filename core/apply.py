@@ -15,9 +15,12 @@ the snapshot, and one that must first write an index row (the order's active row
 its Error row) would leave that row wrong if the snapshot was stale: both are made on a read.
 
 Status updates go to the submitter's own reply queue. That queue is outside the app's control: a
-queue that cannot be sent to at all (missing, disabled, no permission) never holds up the order;
-it is logged, alerted once per queue for :data:`FAILURE_MEMORY`, and skipped for that long. Any
-other failure is a failure like any send's (the outbox sends it again).
+queue that refuses them (missing, disabled, no permission: :func:`core.apply_common.refuses`)
+never holds up the order, and loses it no update. The refused update and those after it are
+held on the order (:class:`core.lifecycle.RepliesRefused`, one more write) before anything
+else goes, and sent again once due; the queue is logged, alerted once per queue for
+:data:`FAILURE_MEMORY`, and not tried for that long (what arrives for it meanwhile is held the
+same way). Any other failure is a failure like any send's (the outbox sends it again).
 
 What must keep one identity in both forms (:class:`Busy`, :class:`Parked`, the constants, the
 pure helpers, the reply-queue failure memory) is defined in :mod:`core.apply_common` and
@@ -42,14 +45,15 @@ from core.apply_common import (
     _index_due,
     _writes_beside,
     context,
+    refuses,
 )
 from core.apply_common import PARKED_RECHECK as PARKED_RECHECK  # re-exported: apply.X
 from core.apply_common import due as due
 from core.apply_common import earliest_due as earliest_due
 from core.apply_common import forget_failures as forget_failures
 from core.apply_common import new_order_ref as new_order_ref
-from core.lifecycle import Decision, Event, Replied, decide
-from core.messages import AgentRequest, MessageBase, OperatorAlert
+from core.lifecycle import Decision, Event, Replied, RepliesRefused, decide
+from core.messages import AgentRequest, OperatorAlert, StatusUpdate, message_id_for
 from core.order import Order, Outgoing
 from core.state_models import ConcurrencyConflict
 from core.workflows import UnknownWorkflow
@@ -155,8 +159,8 @@ async def carry_out(
     rt: Runtime, before: Order, decision: Decision, event: Event | None = None
 ) -> Order:
     """Write the decision's order (if any), send its messages, and once a finished order owes
-    nothing, remove its active-index row. ``event``: what was decided on, for the metrics the
-    committed write records (:func:`core.metrics.observe`)."""
+    nothing (no status update held either), remove its active-index row. ``event``: what was
+    decided on, for the metrics the committed write records (:func:`core.metrics.observe`)."""
     after = before
     if decision.order is not None:
         assert decision.entry is not None
@@ -167,23 +171,34 @@ async def carry_out(
             metrics.record_transition(
                 before, after, decision.entry, event, rt.workflow(before.workflow)
             )
-    await send(rt, after, decision.send)
-    if decision.finished:
+    sent_all = await send(rt, after, decision.send)
+    if decision.finished and sent_all:
         await rt.store.index.discard(after.order_id, after.generation)
     if decision.note:
         log.debug("order %s: %s", after.order_id, decision.note)
     return after
 
 
-async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> None:
-    """Send ``outgoing`` (owed by ``order``, as stored: with its ETag). Each AgentRequest
-    leaves with the snapshot of ``order`` (:mod:`core.resume`)."""
+async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> bool:
+    """Send ``outgoing`` (owed by ``order``, as stored: with its ETag), in order; True when
+    every message went. Each AgentRequest leaves with the snapshot of ``order``
+    (:mod:`core.resume`). A held status update is not sent; one the submitter's queue refuses
+    stops the sending: the order holds it (:func:`_hold`), and what it still owes goes after."""
     now = rt.clock()
     snapshot: str | None = None
-    for item in outgoing:
+    sent_all = True
+    for index, item in enumerate(outgoing):
         if item.to == "reply":
-            if order.reply_to is not None:
-                await _send_status(rt, order.reply_to, item.message)
+            if order.reply_to is None:
+                continue
+            if item.not_before is not None:  # held until then (core.lifecycle)
+                sent_all = False
+                continue
+            assert isinstance(item.message, StatusUpdate)
+            refusal = await _send_status(rt, order.reply_to, item.message)
+            if refusal is not None:
+                await _hold(rt, order, item.message, refusal, outgoing[:index])
+                return False
             continue
         message = item.message
         if isinstance(message, AgentRequest) and order.etag:
@@ -192,31 +207,58 @@ async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> Non
             message = message.model_copy(update={"resume": snapshot})
         due = item.not_before if item.not_before is not None and item.not_before > now else None
         await rt.bus.send(rt.settings.queue(item.to), message, scheduled_at=due)
+    return sent_all
 
 
-async def _send_status(rt: Runtime, queue: str, message: MessageBase) -> None:
+async def _hold(
+    rt: Runtime,
+    order: Order,
+    update: StatusUpdate,
+    refusal: str,
+    before: tuple[Outgoing, ...],
+) -> None:
+    """Record on the order that ``update`` (and those after it) wait for the submitter's queue,
+    then send what it still owes: decided on the order as it is now, which may have moved on."""
+    sent = frozenset(
+        message_id_for(item.message)
+        for item in before
+        if item.to != "reply" or item.not_before is None  # a held update was not sent
+    )
+    refused = RepliesRefused(update.sequence, refusal, sent)
+    await handle(rt, order.order_id, refused, actor=rt.actor("status"))
+
+
+async def _send_status(rt: Runtime, queue: str, message: StatusUpdate) -> str | None:
+    """Send one status update; None once sent, or why ``queue`` refuses it (it was not tried
+    when it refused within :data:`FAILURE_MEMORY`). Any other failure raises."""
     now = rt.clock()
-    if _failures.get(queue, now) is not None:
-        return
+    remembered = _failures.get(queue, now)
+    if remembered is not None:
+        return remembered
     try:
         await rt.status_bus().send(queue, message)
     except UNREACHABLE_QUEUE as exc:
+        if not refuses(exc):
+            raise
         failure = f"{type(exc).__name__}: {exc}"
         _failures.put(queue, failure, now)
         log.warning("status reply to %s failed: %s", queue, failure)
-        order_id = getattr(message, "order_id", None)
         await rt.bus.send(
             rt.settings.queue("alerts"),
             OperatorAlert(
-                order_id=order_id,
+                order_id=message.order_id,
                 severity="warning",
                 reason="reply_queue_unavailable",
                 detail=(
-                    f"status replies to {queue!r} failed ({failure}) and are skipped for "
-                    f"{FAILURE_MEMORY.total_seconds():.0f} s. Orders carry on without them; tell "
-                    "the submitter to create the queue or grant this app Send on it."
+                    f"status replies to {queue!r} are refused ({failure}). Orders carry on; "
+                    "each holds its updates and sends them again, in order, once the queue "
+                    f"takes them (tried again after {FAILURE_MEMORY.total_seconds():.0f} s "
+                    "at the soonest, for up to a day). Tell the submitter to create the queue "
+                    "or grant this app Send on it."
                 ),
                 source=rt.actor("scheduler"),
                 raised_at=now,
             ),
         )
+        return failure
+    return None

@@ -6,7 +6,9 @@ That memory is process-wide: whether a submitter's reply queue can be sent to is
 the queue, not about which trigger found out, and one alert per queue per
 :data:`FAILURE_MEMORY` must hold for the process; :func:`forget_failures` forgets. Its lock is
 a ``threading.Lock`` held around dictionary work only, never across an ``await``: a process may
-run more than one event loop (an in-process local host beside a test's).
+run more than one event loop (an in-process local host beside a test's). What the memory spares
+is the try, never the update: an update not tried because of it is held like one refused
+(:class:`core.lifecycle.RepliesRefused`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthorizationError,
 )
 
-from core.lifecycle import DEFAULT_FLUSH_GRACE, Context, due_at
+from core.lifecycle import DEFAULT_FLUSH_GRACE, REPLY_RETRY_FIRST, Context, due_at
 from core.messages import OrderSubmitted
 from core.order import Order
 from core.states import ProcessState
@@ -36,20 +38,39 @@ if TYPE_CHECKING:
     from core.settings import Settings
 
 MAX_CONFLICT_RETRIES: Final = 5
-FAILURE_MEMORY: Final = timedelta(minutes=5)
+FAILURE_MEMORY: Final = REPLY_RETRY_FIRST
+"""How long a process does not try a reply queue that refused: no longer than an order holds
+the updates it refused, so their retry finds the queue tried afresh."""
 _MAX_REMEMBERED: Final = 1024
 UNREACHABLE_QUEUE: Final = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,
     ServiceBusAuthorizationError,
-    # The development broker refuses an undeclared entity as an authentication failure.
     ServiceBusAuthenticationError,
 )
-"""Errors that say the reply queue cannot be sent to at all (missing, disabled, forbidden).
-Any other error propagates: the triggering message comes again and the outbox is resent."""
+"""Errors that may say the reply queue cannot be sent to at all (missing, disabled,
+forbidden); :func:`refuses` tells. Any other error propagates: the triggering message comes
+again and the outbox is resent."""
+REFUSED_TOKEN_STATUS: Final = frozenset({401, 403, 404})
+"""How Service Bus (and the development broker) answer the token for a queue that does not
+exist (404) or that the app may not use (401, 403); the SDK raises that as an authentication
+error."""
 
 PARKED_RECHECK: Final = timedelta(minutes=15)
 """How often the Supervisor looks at a parked order again (and repeats its alert)."""
+
+
+def refuses(error: Exception) -> bool:
+    """Whether ``error`` says the reply queue will not take a send until someone changes it.
+
+    An authentication error counts only when the token for the queue was refused: one that
+    broke the link, expired or timed out (a broker restarting, a network fault) may pass on the
+    next try, so it propagates like any failure and the outbox sends the update again.
+    """
+    if isinstance(error, ServiceBusAuthenticationError):
+        status = getattr(error.inner_exception, "status_code", None)
+        return status in REFUSED_TOKEN_STATUS
+    return isinstance(error, UNREACHABLE_QUEUE)
 
 
 class Busy(Exception):
@@ -88,6 +109,8 @@ def context(rt: Decides, workflow: str, actor: str) -> Context:
         actor=actor,
         jitter=rt.rng.random(),
         stale_after=rt.settings.pending_stale_after,
+        compensation_budget=rt.settings.compensation_budget,
+        compensation_warn_after=rt.settings.compensation_warn_after,
     )
 
 

@@ -284,6 +284,8 @@ def order_json(order: Order) -> dict[str, Any]:
         "last_error": order.last_error,
         "compensation_cause": order.compensation_cause,
         "compensation_reason": order.compensation_reason,
+        "compensation_started_at": _iso(order.compensation_started_at),
+        "compensation_warned": order.compensation_warned,
         "status_seq": order.status_seq,
         "outbox": [outgoing_json(o) for o in order.outbox],
         "timeline_seq": order.timeline_seq,
@@ -311,6 +313,9 @@ def order_of(item: Mapping[str, Any]) -> Order:
         last_error=item["last_error"],
         compensation_cause=item["compensation_cause"],
         compensation_reason=item["compensation_reason"],
+        # Absent from lines archived before compensation had a budget.
+        compensation_started_at=_dt(item.get("compensation_started_at")),
+        compensation_warned=bool(item.get("compensation_warned")),
         status_seq=int(item["status_seq"]),
         outbox=tuple(outgoing_of(o) for o in item["outbox"]),
         timeline_seq=int(item["timeline_seq"]),

@@ -14,13 +14,14 @@ acknowledgement recorded on the order's timeline.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from core import signing, telemetry
-from core.messages import OperatorAlert, excerpt
+from core.messages import MAX_MESSAGE_ID_LENGTH, OperatorAlert, excerpt
 
 if TYPE_CHECKING:
     from core.runtime import Runtime
@@ -30,11 +31,13 @@ UNTRUSTED_REASON: Final = "untrusted_message"
 
 @dataclass(frozen=True)
 class Delivery:
-    """What a trigger receives that the signature covers, as the Functions host hands it over."""
+    """What a trigger receives that the signature covers, as the Functions host hands it over,
+    and the broker's sequence number (which names a message its sender gave no MessageId)."""
 
     body: bytes
     message_id: str
     properties: Mapping[Any, Any]
+    sequence_number: int | None = None
 
     @classmethod
     def of(cls, msg: Any) -> Delivery:
@@ -43,7 +46,19 @@ class Delivery:
             body=msg.get_body() or b"",
             message_id=str(msg.message_id or ""),
             properties=telemetry.message_properties(msg),
+            sequence_number=msg.sequence_number,
         )
+
+    def cause(self, role: str) -> str:
+        """Which message this is, for the alerts handling it raises (``OperatorAlert.caused_by``):
+        ``<role>/<MessageId>``, the same for every delivery of it (duplicate detection makes a
+        MessageId one message per queue); ``<role>#<sequence number>`` when it has none. A
+        MessageId over Service Bus's 128 characters is named by its hash."""
+        if not self.message_id:
+            return f"{role}#{self.sequence_number}"
+        if len(self.message_id) > MAX_MESSAGE_ID_LENGTH:
+            return f"{role}/sha256:{hashlib.sha256(self.message_id.encode()).hexdigest()[:40]}"
+        return f"{role}/{self.message_id}"
 
 
 def check(keyring: signing.Keyring, queue: str, delivery: Delivery) -> signing.Rejected | None:
@@ -59,7 +74,7 @@ def check(keyring: signing.Keyring, queue: str, delivery: Delivery) -> signing.R
 
 
 def untrusted_alert(
-    queue: str, delivery: Delivery, rejected: signing.Rejected, source: str
+    role: str, queue: str, delivery: Delivery, rejected: signing.Rejected, source: str
 ) -> OperatorAlert:
     return OperatorAlert(
         order_id=None,
@@ -73,6 +88,7 @@ def untrusted_alert(
         ),
         raw_excerpt=excerpt(delivery.body),
         source=source,
+        caused_by=delivery.cause(role),
     )
 
 
@@ -96,5 +112,5 @@ async def trusted_body(rt: Runtime, delivery: Delivery, role: str, source: str) 
     rejected = check(rt.settings.keyring, queue, delivery)
     if rejected is None:
         return delivery.body
-    await rt.alert(untrusted_alert(queue, delivery, rejected, rt.actor(source)))
+    await rt.alert(untrusted_alert(role, queue, delivery, rejected, rt.actor(source)))
     return None

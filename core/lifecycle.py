@@ -21,12 +21,50 @@ no longer in flight changes no state but is recorded on its step (an effect happ
 will), so compensation undoes exactly what happened. Transient failures and deferrals count only
 for the attempt in flight.
 
+**Only answers to requests it sent.** Each step records the requests sent for it in its
+generation (operation and attempt, :attr:`core.order.StepRecord.requests`). An answer is
+applied or recorded only if it answers one of them: anything else - a do or an undo never
+requested, an attempt that carried another request, a generation the step never reached -
+changes nothing and raises a critical ``unrequested_answer`` alert (a bug upstream, or a
+leaked signing key). An answer for an earlier generation of a step changes nothing either;
+whether it was sent is no longer recorded, so it raises nothing.
+
+**Ended, settling, settled.** Processed and Error end an order: nothing more is sent for it on
+its own. An Error order may end with outcomes still open (:attr:`core.order.Order.open_steps`):
+a step whose do was never answered for sure, or whose undo was sent and the effect is still
+recorded in place. Until each is answered the order is *settling*: an answer to a request it
+sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
+A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
+says whether the order ended settling, and :func:`_write` refuses anything else. Two kinds of
+row change what is recorded about an ended order, not the order, and come whether it settles
+or is settled: its held status updates (below) sent again or given up (``replies_*``), and a
+late answer saying whose failure an attempt given up on unanswered was (``late_answer``).
+
 **Undo only what was done.** Compensation undoes, latest first, each step that succeeded or whose
 outcome is unknown (Running). An undo names the forward key; the service undoes it, or answers
 "nothing to undo" and refuses that key for ever (docs/remote-service-contract.md).
 
 **An open circuit is not a failure.** A ``deferred`` reply re-arms the step for ``retry_at``
 without touching FailureCount.
+
+**Whose failure it was.** Each failed attempt is recorded on its step: at the service, on our
+side (its request never reached the service), or unanswered until an answer for it says which.
+Failures on our side do not count toward the failure threshold: our own outage delays an
+order, it does not fail it.
+
+**Compensation persists.** An undo that fails transiently or times out is retried with the
+workflow's growing delays until the compensation budget, counted from when compensation
+started, is spent; only an undo the service refuses, or a spent budget, ends compensation with
+effects left (a critical alert). A compensation still going on after ``compensation_warn_after``
+raises one warning.
+
+**Status updates are owed until they arrive.** One that the submitter's queue refuses (it does
+not exist, is disabled, or the app may not send to it) is *held*: it stays in the outbox with a
+``not_before`` (event :class:`RepliesRefused`), no proof of delivery covers it, later updates
+wait behind it, and the first write after that time owes them again, so the queue gets every
+update, in order, once it takes them. A finished order holding updates keeps its active-index
+row: the Supervisor sends them again at their time, each time later (up to an hour), and gives
+up after :data:`REPLY_HOLD_LIMIT`, saying so in the timeline.
 """
 
 from __future__ import annotations
@@ -37,6 +75,7 @@ from typing import Final, Literal
 
 from core import ids
 from core.messages import (
+    EXPIRED,
     AgentRequest,
     AgentResponse,
     OperatorAlert,
@@ -46,12 +85,31 @@ from core.messages import (
     StatusUpdate,
     message_id_for,
 )
-from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.order import (
+    COMPENSATION_DELAYED,
+    NO_FAILURES,
+    Failures,
+    Order,
+    Outgoing,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+)
 from core.states import ProcessState, transition_allowed
 from core.workflows import Step, Workflow
 
+UNREQUESTED_REASON: Final = "unrequested_answer"
+"""The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
+DEFAULT_COMPENSATION_BUDGET: Final = timedelta(hours=6)
+DEFAULT_COMPENSATION_WARN_AFTER: Final = timedelta(minutes=10)
+REPLY_RETRY_FIRST: Final = timedelta(minutes=5)
+"""The soonest held status updates are tried again; then as long again as they have been held,
+up to :data:`REPLY_RETRY_MAX`."""
+REPLY_RETRY_MAX: Final = timedelta(hours=1)
+REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
+"""How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
 
@@ -65,6 +123,8 @@ class Context:
     may wait past its retry time before the Supervisor releases it again (a failure); after
     half of it, the Supervisor resends what the order owes (no failure). ``flush_grace``: how
     long a finished order's writer has to send its outbox before the Supervisor does it.
+    ``compensation_budget``: how long, from when compensation starts, a failed undo is
+    retried; ``compensation_warn_after``: when a compensation still going on raises a warning.
     """
 
     workflow: Workflow
@@ -73,6 +133,8 @@ class Context:
     jitter: float = 0.5
     stale_after: timedelta = DEFAULT_STALE_AFTER
     flush_grace: timedelta = DEFAULT_FLUSH_GRACE
+    compensation_budget: timedelta = DEFAULT_COMPENSATION_BUDGET
+    compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +155,11 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Replied:
+    """``caused_by``: which message brought the reply (:meth:`core.aio.inbound.Delivery.cause`);
+    it names the alerts deciding on it raises (None: they are named by their text)."""
+
     response: AgentResponse
+    caused_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +205,18 @@ class Restart:
 
 
 @dataclass(frozen=True, slots=True)
+class RepliesRefused:
+    """The submitter's queue refused status update ``sequence``: it does not exist, is disabled,
+    or the app may not send to it (``failure`` says which). ``sent``: the MessageIds of what
+    the same send had sent before it, in the order's outbox order. A queue that might take it
+    on a second try (a timeout, a busy broker) is not a refusal: that send fails, is made again."""
+
+    sequence: int
+    failure: str
+    sent: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Migrate:
     """Move an order in flight to another version of its workflow (docs/versioning.md)."""
 
@@ -147,7 +225,7 @@ class Migrate:
     reason: str
 
 
-Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate
+Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate | RepliesRefused
 
 
 class Refused(Exception):
@@ -213,7 +291,9 @@ def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> date
     never later than this (see core.active_index).
     """
     if order.state.terminal:
-        return order.updated_at + flush_grace
+        flushed = order.updated_at + flush_grace
+        held = _held_until(order)
+        return flushed if held is None else max(flushed, held)
     if order.locked_by is not None and order.complete_by is not None:
         return order.complete_by
     return (order.next_attempt_at or order.updated_at) + stale_after / 2
@@ -224,8 +304,8 @@ def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> date
 
 def decide(order: Order, event: Event, ctx: Context) -> Decision:
     match event:
-        case Replied(response):
-            return _on_reply(order, response, ctx)
+        case Replied(response, caused_by):
+            return _on_reply(order, response, caused_by, ctx)
         case RetryDue(command):
             return _on_retry(order, command, ctx)
         case Resent():
@@ -240,18 +320,24 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _on_restart(order, actor, reason, step, delivered, ctx)
         case Migrate(to, actor, reason):
             return _on_migrate(order, to, actor, reason, ctx)
+        case RepliesRefused(sequence, failure, sent):
+            return _on_replies_refused(order, sequence, failure, sent, ctx)
     raise TypeError(f"not an event: {event!r}")
 
 
-def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
+def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Context) -> Decision:
     if r.step not in ctx.workflow.step_names:
         return _reject(
             ctx,
-            order.order_id,
+            r,
+            caused_by,
             f"reply names step {r.step!r}, which workflow {ctx.workflow.name} does not have "
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
     step = order.step(r.step)
+    unasked = _unasked(order, step, r)
+    if unasked is not None:
+        return _refuse_answer(order, r, caused_by, unasked, ctx)
     if r.generation != step.generation or step.state is StepState.PENDING:
         return _flush(order, f"reply for {r.idempotency_key}, which is not this step's key")
     delivered = any(
@@ -260,7 +346,7 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
         and o.message.attempt == r.attempt
         for o in order.outbox
     )
-    draft = _begin(order, delivered)
+    draft = _answered_late(_begin(order, delivered), r)
     if r.operation == "do":
         in_flight = order.state in (_P.PENDING, _P.PROCESSING)
     else:
@@ -274,15 +360,69 @@ def _on_reply(order: Order, r: AgentResponse, ctx: Context) -> Decision:
     if r.outcome == "deferred":
         if current and r.retry_at is not None:
             return _defer(order, draft, r.retry_at, f"{what}: circuit open", ctx)
-        return _flush(order, f"{what} deferred, but no longer in flight")
+        return _late_answer(order, draft, r, f"{what} deferred, but no longer in flight", ctx)
     if r.outcome == "failed" and r.transient:
         if current:
             reason = f"{what} failed: {r.error_code}: {r.error_message}"
-            return _retry_or_fail(order, draft, reason, ctx)
-        return _flush(order, f"{what} failed transiently, but no longer in flight")
+            whose: Whose = "on_our_side" if r.error_code == EXPIRED else "at_service"
+            return _retry_or_fail(order, _failed(draft, whose), reason, ctx)
+        return _late_answer(
+            order, draft, r, f"{what} failed transiently, but no longer in flight", ctx
+        )
     if r.operation == "do":
         return _on_forward_answer(order, draft, r, in_flight, ctx)
     return _on_undo_answer(order, draft, r, in_flight, ctx)
+
+
+def _unasked(order: Order, step: StepRecord, r: AgentResponse) -> str | None:
+    """Why the order's record proves it never sent the request ``r`` answers; None when it sent
+    it, or when ``r`` is for an earlier generation of the step (not known any more)."""
+    generation = order.generation if step.state is StepState.PENDING else step.generation
+    if r.generation < generation:
+        return None
+    if r.generation > generation:
+        return f"{r.step}'s requests are of generation {generation}"
+    if step.requests is None:  # recorded before requests were: what the record still proves
+        if r.attempt > order.attempt:
+            return f"the order has sent {order.attempt} requests in all"
+        if r.operation == "undo" and order.compensation_cause is None:
+            return "the order has not undone anything"
+        return None
+    if step.sent(r.operation, r.attempt):
+        return None
+    runs = [
+        f"{run.operation} at attempt {run.first}"
+        + (f" to {run.last}" if run.last > run.first else "")
+        for run in step.requests
+    ]
+    return f"{r.step} was sent: {', '.join(runs) or 'nothing'} (generation {generation})"
+
+
+def _refuse_answer(
+    order: Order, r: AgentResponse, caused_by: str | None, why: str, ctx: Context
+) -> Decision:
+    """Change nothing, and alert. The alert is named by the message that brought the answer
+    (``caused_by``), so the answer delivered again is the same alert and another message is
+    another; its text names the answer alone (``why`` goes to the log)."""
+    answered = r.outcome
+    if r.error_code is not None:
+        answered += f" ({'transient ' if r.transient else ''}{r.error_code})"
+    detail = (
+        f"order {order.order_id} never sent the request this answer is for: {r.operation} "
+        f"{r.step} attempt {r.attempt}, key {r.idempotency_key}, answered {answered}. Nothing "
+        "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
+        f"signing key: find who sent message {message_id_for(r)} to the response queue."
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity="critical",
+        reason=UNREQUESTED_REASON,
+        detail=detail,
+        source=ctx.actor,
+        caused_by=caused_by,
+        raised_at=ctx.now,
+    )
+    return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
 
 
 def _on_forward_answer(
@@ -302,8 +442,10 @@ def _on_forward_answer(
             return _advance(order, done, r.step, ctx)
         if step.state is StepState.RUNNING:
             detail = f"{r.step} took effect after it was given up on; recorded for compensation"
-            return _write(order, done, ctx, "late_success", detail)
-        return _flush(order, f"{r.step} succeeded again (already {step.state})")
+            return _late(order, done, ctx, "late_success", detail)
+        return _late_answer(
+            order, draft, r, f"{r.step} succeeded again (already {step.state})", ctx
+        )
     refused = draft.with_step(
         r.step,
         state=StepState.FAILED,
@@ -315,8 +457,8 @@ def _on_forward_answer(
     if in_flight:
         return _compensate(order, refused, "step_declined", reason, ctx)
     if step.state is StepState.RUNNING:
-        return _write(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
-    return _flush(order, f"{r.step} declined, but it is {step.state}")
+        return _late(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
+    return _late_answer(order, draft, r, f"{r.step} declined, but it is {step.state}", ctx)
 
 
 def _on_undo_answer(
@@ -327,14 +469,28 @@ def _on_undo_answer(
         reason = f"undo of {r.step} refused: {r.error_code}: {r.error_message}"
         if in_flight:
             return _give_up(order, draft, reason, ctx)
-        return _flush(order, f"{reason}, but that undo is no longer in flight")
+        return _late_answer(order, draft, r, f"{reason}, but that undo is no longer in flight", ctx)
     undone = StepState.COMPENSATED if r.outcome == "succeeded" else StepState.VOIDED
     resolved = draft.with_step(r.step, state=undone, compensated_at=r.responded_at)
     if in_flight:
         return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
     if step.state.may_have_effect:
-        return _write(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
-    return _flush(order, f"undo of {r.step} answered again (already {step.state})")
+        return _late(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
+    return _late_answer(
+        order, draft, r, f"undo of {r.step} answered again (already {step.state})", ctx
+    )
+
+
+def _late(before: Order, after: Order, ctx: Context, event: str, detail: str) -> Decision:
+    """Record an answer for a step no longer in flight (``event``). On an order that has ended
+    it is the order settling: ``settling`` while an answer may still change a step,
+    ``settled`` once none can (only an operator changes it after that)."""
+    if before.state.in_flight:
+        return _write(before, after, ctx, event, detail)
+    left = ", ".join(s.name for s in after.open_steps)
+    if left:
+        return _write(before, after, ctx, "settling", f"{detail} (after the end; open: {left})")
+    return _write(before, after, ctx, "settled", f"{detail} (after the end; nothing is open now)")
 
 
 def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision:
@@ -352,6 +508,8 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
     if order.state.terminal:
         if order.updated_at + ctx.flush_grace > now:
             return Decision(None, (), note="finished moments ago; its writer is sending")
+        if _held_until(order) is not None:
+            return _retry_replies(order, ctx)
         return Decision(None, order.outbox, finished=True, note="finished; outbox (re)sent")
     if order.locked_by is not None:
         if order.complete_by is None or order.complete_by > now:
@@ -360,6 +518,7 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
             f"{order.current_operation} {order.current_step} attempt {order.attempt} by "
             f"{order.locked_by} passed CompleteBy {order.complete_by.isoformat()}"
         )
+        whose: Whose = "unanswered"  # until an answer for it comes, if one does
     else:
         since = order.next_attempt_at or order.updated_at
         if since + ctx.stale_after / 2 > now:
@@ -372,7 +531,8 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
             f"{order.state} since {since.isoformat()} with no progress for "
             f"{ctx.stale_after.total_seconds():.0f}s"
         )
-    return _retry_or_fail(order, _begin(order, delivered=False), reason, ctx)
+        whose = "on_our_side"  # its retry was never claimed: no request left for it
+    return _retry_or_fail(order, _failed(_begin(order, delivered=False), whose), reason, ctx)
 
 
 def _on_cancel(order: Order, actor: str, reason: str, ctx: Context) -> Decision:
@@ -425,6 +585,8 @@ def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Co
             current_step=left[0].name,
             current_operation="undo",
             failure_count=0,
+            compensation_started_at=ctx.now,
+            compensation_warned=False,
         )
         detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
         resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
@@ -490,6 +652,8 @@ def _redo(
         last_error=None,
         compensation_cause=None,
         compensation_reason=None,
+        compensation_started_at=None,
+        compensation_warned=False,
     )
     again = _status(again, ctx, "resubmitted", step=first.name, detail=detail)
     return _write(order, _claim(again, ctx), ctx, event, detail)
@@ -502,10 +666,11 @@ def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decis
     following = ctx.workflow.next_step(done_step)
     order = replace(order, failure_count=0, last_error=None)
     if following is None:
+        # One update says the order finished: the step's own still reports it Processing.
+        order = _status(order, ctx, "step_completed", step=done_step)
         order = replace(
             order, state=_P.PROCESSED, locked_by=None, complete_by=None, next_attempt_at=None
         )
-        order = _status(order, ctx, "step_completed", step=done_step)
         order = _status(order, ctx, "processed")
         return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
     order = replace(order, current_step=following.name, current_operation="do")
@@ -524,10 +689,15 @@ def _claim(order: Order, ctx: Context) -> Order:
         state, step_state = _P.PROCESSING, StepState.RUNNING
     else:
         state, step_state = _P.COMPENSATING, record.state
+        order = _warn_if_long(order, ctx)
     attempt = order.attempt + 1
     complete_by = ctx.now + step.deadline_budget
     order = order.with_step(
-        step.name, state=step_state, generation=generation, attempt=record.attempt + 1
+        step.name,
+        state=step_state,
+        generation=generation,
+        attempt=record.attempt + 1,
+        requests=record.sending(operation, attempt),
     )
     order = replace(
         order,
@@ -558,24 +728,100 @@ def _claim(order: Order, ctx: Context) -> Order:
 
 
 def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
-    """Release for a delayed retry (FailureCount + 1), or at the threshold compensate / give up."""
-    flow = ctx.workflow
+    """Release for a delayed retry (FailureCount + 1); at the threshold, compensate. An undo
+    has no threshold: :func:`_retry_undo`.
+
+    Failures known to have never left our side (a retry never claimed, a request its agent
+    took up only after its deadline) do not count toward the threshold: they say nothing about
+    the service, and our own outage delays an order, it does not fail it. They still count for
+    the retry delay, which grows with FailureCount (docs/deploy.md, "Whose failure it was").
+    """
+    if draft.current_operation == "undo":
+        return _retry_undo(before, draft, reason, ctx)
+    threshold = ctx.workflow.failure_threshold
     failures = draft.failure_count + 1
-    undoing = draft.current_operation == "undo"
-    if failures >= flow.failure_threshold:
+    ours = draft.step(draft.current_step).forward_failures.on_our_side
+    counted = failures - ours
+    if counted >= threshold:
         detail = (
-            f"{reason}; failure threshold of {flow.failure_threshold} reached after "
-            f"{failures} failed attempts"
+            f"{reason}; failure threshold of {threshold} reached after {counted} failed attempts"
         )
+        if ours:
+            detail += f" (and {ours} that never left our side)"
         draft = replace(draft, failure_count=failures)
-        if undoing:
-            return _give_up(before, draft, detail, ctx)
         return _compensate(before, draft, "failure_threshold", detail, ctx)
-    nominal = flow.retry.nominal_delay(failures)
-    due = ctx.now + nominal * (1.0 - flow.retry.jitter * ctx.jitter)
+    due = _retry_due(failures, ctx)
     released = _release(draft, due, reason, ctx, failure_count=failures)
-    detail = f"{reason}; retry {failures} of {flow.failure_threshold - 1} due {due.isoformat()}"
+    if ours:
+        count = f"{counted} of {threshold} failures count, {ours} never left our side"
+        detail = f"{reason}; retry {failures} due {due.isoformat()}; {count}"
+    else:
+        detail = f"{reason}; retry {failures} of {threshold - 1} due {due.isoformat()}"
     return _write(before, released, ctx, "released", detail)
+
+
+def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
+    """Retry a failed undo with growing backoff until the compensation budget is spent.
+
+    An undo that failed transiently or timed out says nothing about whether the service will
+    undo: the cause may be our own hosts, frozen or restarting. Giving up would leave the
+    effect in place for a person, so compensation ends with effects left only when the service
+    refuses the undo (:func:`_on_undo_answer`) or when this budget, counted from when
+    compensation started, runs out.
+    """
+    failures = draft.failure_count + 1
+    # An order that began to compensate before budgets existed counts from its first failure.
+    started = draft.compensation_started_at or ctx.now
+    draft = replace(draft, failure_count=failures, compensation_started_at=started)
+    until = started + ctx.compensation_budget
+    if ctx.now >= until:
+        budget = ctx.compensation_budget.total_seconds()
+        detail = (
+            f"{reason}; compensation budget of {budget:.0f}s spent (compensating since "
+            f"{started.isoformat()}) after {failures} failed attempts at this undo"
+        )
+        return _give_up(before, draft, detail, ctx)
+    due = _retry_due(failures, ctx)
+    released = _release(draft, due, reason, ctx, failure_count=failures)
+    detail = f"{reason}; undo retry {failures} due {due.isoformat()}, until {until.isoformat()}"
+    return _write(before, released, ctx, "released", detail)
+
+
+def _retry_due(failures: int, ctx: Context) -> datetime:
+    """When retry number ``failures`` is due: the workflow's growing delay, jittered."""
+    retry = ctx.workflow.retry
+    return ctx.now + retry.nominal_delay(failures) * (1.0 - retry.jitter * ctx.jitter)
+
+
+def _warn_if_long(order: Order, ctx: Context) -> Order:
+    """Once per compensation that has gone on longer than ``compensation_warn_after``: a warning
+    (not a terminal alert: the order keeps undoing) saying what fails and until when it tries."""
+    started = order.compensation_started_at
+    if order.compensation_warned or started is None:
+        return order
+    if ctx.now - started < ctx.compensation_warn_after:
+        return order
+    step = order.step(order.current_step)
+    failed = step.undo_failures
+    minutes = (ctx.now - started).total_seconds() / 60
+    detail = (
+        f"order {order.order_id} has been compensating for {minutes:.0f} min, since "
+        f"{started.isoformat()} ({order.compensation_reason or 'no reason recorded'}). The undo "
+        f"of {step.name} failed {failed.total} times: {failed.at_service} at the service, "
+        f"{failed.on_our_side} on our side, {len(failed.unanswered)} unanswered. It is retried "
+        f"until {(started + ctx.compensation_budget).isoformat()}; if it has not succeeded by "
+        "then, the order ends in Error with a critical alert naming what is left in place."
+    )
+    alert = OperatorAlert(
+        order_id=order.order_id,
+        severity="warning",
+        reason=COMPENSATION_DELAYED,
+        detail=detail,
+        source=ctx.actor,
+        timeline_seq=order.timeline_seq + 1,
+        raised_at=ctx.now,
+    )
+    return replace(_owe(order, Outgoing("alerts", alert)), compensation_warned=True)
 
 
 def _defer(before: Order, draft: Order, retry_at: datetime, reason: str, ctx: Context) -> Decision:
@@ -618,6 +864,8 @@ def _compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Conte
         compensation_reason=reason,
         last_error=reason,
         failure_count=0,
+        compensation_started_at=ctx.now,
+        compensation_warned=False,
     )
     plan = _undo_plan(order, ctx.workflow)
     if not plan:
@@ -709,7 +957,9 @@ def _fail(
         raised_at=ctx.now,
     )
     order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
-    return _write(before, order, ctx, "error", final, step=step)
+    left = ", ".join(s.name for s in order.open_steps)
+    settling = f"; settling: an answer may still change {left}" if left else ""
+    return _write(before, order, ctx, "error", final + settling, step=step)
 
 
 def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
@@ -721,17 +971,81 @@ def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
     ]
 
 
+# ------------------------------------------------------------------------ whose failure
+
+
+Whose = Literal["at_service", "on_our_side", "unanswered"]
+
+
+def _failed(order: Order, whose: Whose) -> Order:
+    """Record that the attempt in flight failed, and whose failure it was (``unanswered``: not
+    known yet; :func:`_answered_late` settles it if an answer comes)."""
+    operation = order.current_operation
+    failures = order.step(order.current_step).failures(operation)
+    if whose == "unanswered":
+        failures = replace(failures, unanswered=(*failures.unanswered, order.attempt))
+    elif whose == "at_service":
+        failures = replace(failures, at_service=failures.at_service + 1)
+    else:
+        failures = replace(failures, on_our_side=failures.on_our_side + 1)
+    return _with_failures(order, order.current_step, operation, failures)
+
+
+def _answered_late(order: Order, r: AgentResponse) -> Order:
+    """An answer to an attempt given up on unanswered says whose failure that was: it never
+    left our side if its agent took it up after its deadline (``expired``); any other answer
+    means the agent called the service, or (``deferred``) held back because the service kept
+    failing: the service's failure either way."""
+    failures = order.step(r.step).failures(r.operation)
+    if r.attempt not in failures.unanswered:
+        return order
+    unanswered = tuple(attempt for attempt in failures.unanswered if attempt != r.attempt)
+    if r.outcome == "failed" and r.error_code == EXPIRED:
+        failures = replace(failures, unanswered=unanswered, on_our_side=failures.on_our_side + 1)
+    else:
+        failures = replace(failures, unanswered=unanswered, at_service=failures.at_service + 1)
+    return _with_failures(order, r.step, r.operation, failures)
+
+
+def _with_failures(order: Order, step: str, operation: str, failures: Failures) -> Order:
+    if operation == "do":
+        return order.with_step(step, forward_failures=failures)
+    return order.with_step(step, undo_failures=failures)
+
+
+def _late_answer(order: Order, draft: Order, r: AgentResponse, note: str, ctx: Context) -> Decision:
+    """An answer that changes nothing, unless it says whose failure an attempt given up on
+    unanswered was (:func:`_answered_late`): then that is written down, also on an ended order
+    (it changes no outcome, so it is no part of the order settling)."""
+    if draft.steps == order.steps:
+        return _flush(order, note)
+    if r.outcome == "failed" and r.error_code == EXPIRED:
+        whose = "it never left our side: its agent took it up after its deadline"
+    elif r.outcome == "deferred":
+        whose = "its agent did not call the service, whose circuit was open"
+    else:
+        whose = "it reached the service"
+    return _write(
+        order,
+        draft,
+        ctx,
+        "late_answer",
+        f"{note}; attempt {r.attempt} was given up on unanswered, and {whose}",
+    )
+
+
 # ------------------------------------------------------------------------------- outbox
 
 
 def _begin(order: Order, delivered: bool) -> Order:
     """The draft a decision starts from: the outbox emptied if delivered, else carried over.
+    Held status updates stay either way: the proof of delivery does not cover them.
 
     A finished order's outbox is left alone: its active-index row says whether it was sent.
     """
     if order.state.terminal or not delivered:
         return order
-    return replace(order, outbox=())
+    return replace(order, outbox=tuple(o for o in order.outbox if _held(o)))
 
 
 def _owe(order: Order, outgoing: Outgoing) -> Order:
@@ -752,7 +1066,95 @@ def _status(
         detail=detail,
         updated_at=ctx.now,
     )
-    return replace(_owe(order, Outgoing("reply", update)), status_seq=order.status_seq + 1)
+    # Behind updates that are held, it waits as long as they do: they arrive in order.
+    owed = Outgoing("reply", update, not_before=_held_until(order))
+    return replace(_owe(order, owed), status_seq=order.status_seq + 1)
+
+
+def _held(outgoing: Outgoing) -> bool:
+    """A status update the submitter's queue refused, held until its ``not_before``."""
+    return outgoing.to == "reply" and outgoing.not_before is not None
+
+
+def _held_until(order: Order) -> datetime | None:
+    """When ``order``'s held status updates are due to be tried again (None: none held)."""
+    return max((o.not_before for o in order.outbox if _held(o) and o.not_before), default=None)
+
+
+def _owed_again(before: Order, outbox: tuple[Outgoing, ...], now: datetime) -> tuple[Outgoing, ...]:
+    """``outbox`` (written over ``before``) with the held status updates whose time has come
+    owed like any message: the next send tries them, and the proof of that send covers them.
+
+    Not while a message that brings the next event is carried over from ``before``: it may
+    have been sent while they were held, and its answer would pass for proof that they went.
+    """
+    due = [o for o in outbox if _held(o) and o.not_before and o.not_before <= now]
+    if not due:
+        return outbox
+    earlier = {message_id_for(o.message) for o in before.outbox if _causal(o)}
+    if any(_causal(o) and message_id_for(o.message) in earlier for o in outbox):
+        return outbox
+    return tuple(replace(o, not_before=None) if o in due else o for o in outbox)
+
+
+def _update_from(outgoing: Outgoing, sequence: int) -> StatusUpdate | None:
+    """The status update ``outgoing`` carries, if it is number ``sequence`` or a later one."""
+    message = outgoing.message
+    if (
+        outgoing.to == "reply"
+        and isinstance(message, StatusUpdate)
+        and message.sequence >= sequence
+    ):
+        return message
+    return None
+
+
+def _on_replies_refused(
+    order: Order, sequence: int, failure: str, sent: frozenset[str], ctx: Context
+) -> Decision:
+    """Hold status update ``sequence`` and every later one the order owes, until a retry time
+    that grows with how long they have been held. What went out before it is owed no longer,
+    but for the messages that bring the next event (their answer is the proof of delivery);
+    those and anything else not sent yet go now."""
+    refused = [u for o in order.outbox if (u := _update_from(o, sequence))]
+    if not refused:
+        return _flush(order, f"status update {sequence} is owed no longer")
+    waited = ctx.now - refused[0].updated_at
+    retry_at = ctx.now + min(max(waited, REPLY_RETRY_FIRST), REPLY_RETRY_MAX)
+    held = tuple(
+        replace(o, not_before=retry_at) if _update_from(o, sequence) else o
+        for o in order.outbox
+        if _causal(o) or _update_from(o, sequence) or message_id_for(o.message) not in sent
+    )
+    detail = (
+        f"status updates {sequence} to {refused[-1].sequence} not sent: {order.reply_to} "
+        f"refused them ({failure}); held, tried again at {retry_at.isoformat()}"
+    )
+    decision = _write(order, replace(order, outbox=held), ctx, "replies_held", detail)
+    assert decision.order is not None
+    return replace(decision, send=decision.order.outbox)
+
+
+def _retry_replies(order: Order, ctx: Context) -> Decision:
+    """A finished order's held status updates: sent again once due, given up after
+    :data:`REPLY_HOLD_LIMIT`; either way its active-index row goes once that is done."""
+    held = [u for o in order.outbox if _held(o) and (u := _update_from(o, 0))]
+    due = _held_until(order)
+    assert held and due is not None
+    if due > ctx.now:
+        return Decision(None, (), note=f"status updates held until {due.isoformat()}")
+    first, last = held[0].sequence, held[-1].sequence
+    if ctx.now - held[0].updated_at >= REPLY_HOLD_LIMIT:
+        detail = (
+            f"status updates {first} to {last} never reached {order.reply_to} in "
+            f"{REPLY_HOLD_LIMIT.total_seconds() / 3600:.0f} h; given up"
+        )
+        dropped = replace(order, outbox=tuple(o for o in order.outbox if not _held(o)))
+        return replace(_write(order, dropped, ctx, "replies_dropped", detail), finished=True)
+    outbox = _owed_again(order, order.outbox, ctx.now)
+    detail = f"status updates {first} to {last} sent to {order.reply_to} again"
+    decision = _write(order, replace(order, outbox=outbox), ctx, "replies_resent", detail)
+    return replace(decision, send=outbox, finished=True)
 
 
 def _still_owed(outgoing: Outgoing, order: Order) -> bool:
@@ -779,11 +1181,14 @@ def _write(
     step: str | None = None,
     from_state: ProcessState | Literal["before"] | None = "before",
 ) -> Decision:
-    if from_state == "before" and not transition_allowed(before.state, after.state):
-        raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
+    ended = before.state.terminal and after.state.terminal
+    if not (ended and _records_only(before, after)):
+        if from_state == "before" and not transition_allowed(before.state, after.state):
+            raise AssertionError(f"{event}: {before.state} -> {after.state} is not a transition")
+        if ended and not before.settling:
+            raise AssertionError(f"{event}: order {before.order_id} is settled; only operators act")
     outbox = after.outbox
-    settled = before.state.terminal and after.state.terminal
-    if not settled:
+    if not ended:
         seen: set[str] = set()
         kept: list[Outgoing] = []
         for outgoing in outbox:
@@ -793,7 +1198,7 @@ def _write(
             seen.add(message_id)
             kept.append(outgoing)
         # The message that brings the next event goes last: its answer proves all were sent.
-        outbox = tuple(sorted(kept, key=_causal))
+        outbox = _owed_again(before, tuple(sorted(kept, key=_causal)), ctx.now)
     after = replace(after, outbox=outbox, updated_at=ctx.now, timeline_seq=before.timeline_seq + 1)
     entry = TimelineEntry(
         seq=after.timeline_seq,
@@ -806,8 +1211,23 @@ def _write(
         attempt=after.attempt,
         detail=detail,
     )
-    send = () if settled else outbox
-    return Decision(after, send, entry, finished=after.state.terminal and not settled)
+    send = () if ended else outbox
+    return Decision(after, send, entry, finished=after.state.terminal and not ended)
+
+
+def _records_only(before: Order, after: Order) -> bool:
+    """Whether ``after`` differs from ``before`` only in what is recorded about the order, not
+    in the order: what it still owes (held status updates sent again or given up) and whose
+    failure its attempts were (a late answer to one given up on unanswered). On an ended order
+    such a write is neither a transition nor a change a settled order refuses."""
+    return _bare(after, before.outbox) == _bare(before, before.outbox)
+
+
+def _bare(order: Order, outbox: tuple[Outgoing, ...]) -> Order:
+    steps = tuple(
+        replace(s, forward_failures=NO_FAILURES, undo_failures=NO_FAILURES) for s in order.steps
+    )
+    return replace(order, outbox=outbox, steps=steps)
 
 
 def _flush(order: Order, note: str) -> Decision:
@@ -816,13 +1236,14 @@ def _flush(order: Order, note: str) -> Decision:
     return Decision(None, send, note=note)
 
 
-def _reject(ctx: Context, order_id: str, detail: str) -> Decision:
+def _reject(ctx: Context, reply: AgentResponse, caused_by: str | None, detail: str) -> Decision:
     alert = OperatorAlert(
-        order_id=order_id,
+        order_id=reply.order_id,
         severity="error",
         reason="bad_message",
         detail=detail,
         source=ctx.actor,
+        caused_by=caused_by,
         raised_at=ctx.now,
     )
     return Decision(None, (Outgoing("alerts", alert),), note=detail)

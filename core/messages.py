@@ -26,8 +26,17 @@ AgentResponse       ``rsp:<order_id>:<step>:<operation>:<attempt>`` - one reply 
 SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one command per
                     recovery decision; a second supervisor deciding the same thing dedupes.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number.
-OperatorAlert       ``alert:<order_id or ->:<reason>:[<timeline_seq>:]<sha(detail, excerpt)[:16]>``
-                    - one per order write that raises it, however often its outbox is sent.
+OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
+                    ``<caused_by>`` for an alert raised while handling a message (the queue's
+                    role and the message's MessageId): one per message, however often it is
+                    redelivered and whichever instance handles it, never merged with another
+                    message's; else ``<timeline_seq>:<sha(detail, excerpt)[:16]>`` for an
+                    alert an order's write raises (its entry into Error, a long compensation's
+                    ``compensation_delayed`` warning): one per order write that raises it,
+                    however often its outbox is sent and whichever message brings the next
+                    write that sends it; else ``<sha(detail, excerpt)[:16]>`` for a condition
+                    (an order parked on a missing workflow version, a reply queue that refuses):
+                    repeats within the duplicate-detection window are one alert.
 ==================  ===========================================================================
 
 An id longer than Service Bus's 128 characters (possible only with maximal ids and names) is
@@ -67,6 +76,8 @@ MAX_RAW_EXCERPT_BYTES: Final = 2048
 MAX_DETAIL_BYTES: Final = 4096
 MAX_ERROR_MESSAGE_BYTES: Final = 2048
 MAX_MESSAGE_ID_LENGTH: Final = 128
+MAX_CAUSE_CHARS: Final = 200
+"""An alert's ``caused_by``: a queue role, ``/`` and a MessageId (at most 128 characters)."""
 MAX_ITEMS: Final = 100
 MAX_QUANTITY: Final = 1_000_000
 MAX_UNIT_PRICE_CENTS: Final = 10**12
@@ -147,8 +158,9 @@ Resume = Annotated[
     str | None,
     Field(max_length=MAX_RESUME_CHARS, pattern=r"^[A-Za-z0-9_.-]+$", exclude_if=_absent),
 ]
-"""The order as stored when the message was sent (:mod:`core.resume`), opaque to all but the
-Scheduler. Left out of the JSON when absent, so a message without one is encoded as before."""
+"""The order as stored when the message was sent (:mod:`core.resume`): the Scheduler decides on
+it, an agent checks its request against it (:mod:`agent.consistency`). Left out of the JSON
+when absent, so a message without one is encoded as before."""
 JsonObject = dict[str, JsonValue]
 
 OrderStatus = Literal["Pending", "Processing", "Compensating", "Processed", "Error", "Rejected"]
@@ -299,7 +311,7 @@ class AgentRequest(MessageBase):
     payload: JsonObject = Field(default_factory=dict)
     requested_at: UtcDatetime = Field(default_factory=utc_now)
     resume: Resume = None
-    """Attached when sent, never stored; the agent echoes it in its response unread."""
+    """Attached when sent, never stored; the agent echoes it in its response unchanged."""
 
     @model_validator(mode="after")
     def _check_key(self) -> AgentRequest:
@@ -327,12 +339,18 @@ class AgentRequest(MessageBase):
         return min(self.complete_by, started + timedelta(seconds=self.run_budget_s))
 
 
+EXPIRED: Final = "expired"
+"""The ``error_code`` of a transient failure an agent reports for a request it took up only
+after its complete-by and never carried to the service: the attempt failed on our side."""
+
+
 class AgentResponse(MessageBase):
     """Agent -> scheduler: the outcome of one step attempt, for the request's idempotency key.
 
     ``succeeded``: the service applied the operation (or had applied it before).
     ``failed``: needs an ``error_code``; ``transient`` says whether trying again may succeed
-    (a decline is not transient: that key will never take effect).
+    (a decline is not transient: that key will never take effect). A transient failure coded
+    :data:`EXPIRED` reached its agent only after complete-by: the service was not called.
     ``nothing_to_undo``: an undo whose forward call never took effect; the service now refuses
     that forward key for ever, so nothing is left in place.
     ``deferred``: the agent's circuit to its service is open; nothing was attempted, try again
@@ -429,6 +447,10 @@ class OperatorAlert(MessageBase):
     source: Actor
     timeline_seq: Counter | None = None
     """The order's timeline entry that raised it (an order may enter Error more than once)."""
+    caused_by: Annotated[str, Field(min_length=1, max_length=MAX_CAUSE_CHARS)] | None = None
+    """The message whose handling raised it, ``<queue role>/<MessageId>`` (see
+    :meth:`core.aio.inbound.Delivery.cause`): it tells two such alerts apart however alike
+    their text, and a redelivery of that message from the next."""
     raised_at: UtcDatetime = Field(default_factory=utc_now)
 
 
@@ -472,7 +494,11 @@ class BadMessage(Exception):
         self.raw_excerpt = raw_excerpt
 
     def to_alert(
-        self, source: str, severity: Literal["warning", "error"] = "error"
+        self,
+        source: str,
+        severity: Literal["warning", "error"] = "error",
+        *,
+        caused_by: str | None = None,
     ) -> OperatorAlert:
         return OperatorAlert(
             order_id=self.order_id,
@@ -481,6 +507,7 @@ class BadMessage(Exception):
             detail=f"rejected {self.expected}: {self.reason}",
             raw_excerpt=self.raw_excerpt,
             source=source,
+            caused_by=caused_by,
         )
 
 
@@ -650,6 +677,14 @@ def _short_hash(*parts: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _event(alert: OperatorAlert) -> str:
+    """What makes the event ``alert`` reports one (the rules in the module docstring)."""
+    if alert.caused_by is not None:
+        return alert.caused_by
+    fingerprint = _short_hash(alert.detail, alert.raw_excerpt or "")
+    return fingerprint if alert.timeline_seq is None else f"{alert.timeline_seq}:{fingerprint}"
+
+
 def message_id_for(message: MessageBase) -> str:
     """The deterministic Service Bus MessageId of ``message`` (rules in the module docstring)."""
     match message:
@@ -664,10 +699,7 @@ def message_id_for(message: MessageBase) -> str:
         case StatusUpdate():
             prefix, rest = "st", f"{message.order_id}:{message.sequence}"
         case OperatorAlert():
-            prefix = "alert"
-            fingerprint = _short_hash(message.detail, message.raw_excerpt or "")
-            seq = "" if message.timeline_seq is None else f"{message.timeline_seq}:"
-            rest = f"{message.order_id or '-'}:{message.reason}:{seq}{fingerprint}"
+            prefix, rest = "alert", f"{message.order_id or '-'}:{message.reason}:{_event(message)}"
         case _:
             raise TypeError(f"no message id rule for {type(message).__name__}")
     message_id = f"{prefix}:{rest}"

@@ -48,6 +48,39 @@ class StepState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Requests:
+    """Requests sent one after another for one step: ``operation`` as the order's requests
+    ``first`` to ``last`` (:attr:`Order.attempt` values; each retry sends the next one)."""
+
+    operation: ids.Operation
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """The failed attempts of one direction (do or undo) of a step, by whose failure each was.
+
+    ``at_service``: the request reached an agent, which called the service: the service failed,
+    or did not answer in time. ``on_our_side``: it never left our side - an agent took it up
+    only after its deadline, or its retry was never claimed (a host frozen, killed or behind).
+    ``unanswered``: the attempts given up on at their deadline with no answer so far; an answer
+    that comes later moves each to one of the other two (docs/remote-service-contract.md).
+    """
+
+    at_service: int = 0
+    on_our_side: int = 0
+    unanswered: tuple[int, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.at_service + self.on_our_side + len(self.unanswered)
+
+
+NO_FAILURES: Final = Failures()
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of the order. ``generation`` is that of the forward key last requested."""
 
@@ -62,12 +95,40 @@ class StepRecord:
     error_message: str | None = None
     completed_at: datetime | None = None
     compensated_at: datetime | None = None
+    requests: tuple[Requests, ...] | None = ()
+    """Which requests were sent for this step since its generation began, oldest first: what
+    an answer is checked against (it must answer one of them). None: not known, for a step
+    recorded before they were, until it starts afresh."""
+    forward_failures: Failures = NO_FAILURES
+    undo_failures: Failures = NO_FAILURES
+    """Failed attempts of this generation, forward and undo, by whose failure each was."""
+
+    def failures(self, operation: ids.Operation) -> Failures:
+        return self.forward_failures if operation == "do" else self.undo_failures
 
     def forward_key(self, order_id: str) -> str:
         return ids.idempotency_key(order_id, self.name, "do", self.generation)
 
     def key(self, order_id: str, operation: ids.Operation) -> str:
         return ids.idempotency_key(order_id, self.name, operation, self.generation)
+
+    def sent(self, operation: ids.Operation, attempt: int) -> bool:
+        """Whether ``operation`` was sent for this step as the order's request ``attempt`` in
+        this generation (False when not known: see :attr:`requests`)."""
+        return any(
+            run.operation == operation and run.first <= attempt <= run.last
+            for run in self.requests or ()
+        )
+
+    def sending(self, operation: ids.Operation, attempt: int) -> tuple[Requests, ...] | None:
+        """:attr:`requests` once ``operation`` is sent as the order's request ``attempt``."""
+        if self.requests is None:
+            return None
+        if self.requests:
+            last = self.requests[-1]
+            if last.operation == operation and last.last == attempt - 1:
+                return (*self.requests[:-1], replace(last, last=attempt))
+        return (*self.requests, Requests(operation, attempt, attempt))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +166,10 @@ class Order:
     last_error: str | None = None
     compensation_cause: str | None = None
     compensation_reason: str | None = None
+    compensation_started_at: datetime | None = None
+    """When the order last began to compensate (its compensation budget counts from then)."""
+    compensation_warned: bool = False
+    """The warning that this compensation takes long was raised (once per compensation)."""
     status_seq: int = 0
     """StatusUpdates issued so far; the next one gets this sequence number."""
     outbox: tuple[Outgoing, ...] = ()
@@ -125,6 +190,30 @@ class Order:
     def with_step(self, name: str, **changes: object) -> Order:
         steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
         return replace(self, steps=steps)
+
+    @property
+    def open_steps(self) -> tuple[StepRecord, ...]:
+        """Steps whose record an answer to a request already sent may still change: a do
+        whose outcome is unknown (Running), or an undo sent while the effect is still recorded
+        in place (for a step whose requests are not known: once compensation began)."""
+        return tuple(
+            s
+            for s in self.steps
+            if s.state is StepState.RUNNING
+            or (s.state is StepState.SUCCEEDED and self._undo_sent(s))
+        )
+
+    @property
+    def settling(self) -> bool:
+        """Ended (Processed or Error), and an answer may still change a step
+        (:attr:`open_steps`). An ended order that is not settling is settled: nothing but an
+        operator changes it (:mod:`core.states`)."""
+        return self.state.terminal and bool(self.open_steps)
+
+    def _undo_sent(self, step: StepRecord) -> bool:
+        if step.requests is None:
+            return self.compensation_cause is not None
+        return any(run.operation == "undo" for run in step.requests)
 
 
 TRACE_PARENT_CHARS: Final = 55
@@ -172,3 +261,6 @@ TERMINAL_ALERT_REASONS: Final = frozenset(
     {"step_declined", "failure_threshold", "cancelled", "compensation_incomplete"}
 )
 """Reasons of the one alert each Error order raises (the chaos checks count these)."""
+COMPENSATION_DELAYED: Final = "compensation_delayed"
+"""The reason of the warning an order raises once per compensation that has lasted longer than
+COMPENSATION_WARN_AFTER_SECONDS: not terminal, the order keeps undoing."""

@@ -21,10 +21,11 @@ a third, for CPU on every send and reply; Service Bus counts a message in 64 KiB
 way).
 
 The snapshot holds the order's outbox, and with it the request it travels in (never a
-snapshot: ``resume`` is attached at send time and never stored). Messages between the app's
-functions are signed (:mod:`core.signing`), so a snapshot cannot be forged; it is still
-validated like any input: bounded, well-formed, and naming the order the message is about.
-Anything else is ignored, and the order is read as before.
+snapshot: ``resume`` is attached at send time and never stored); the agent checks the request
+against it before calling (:func:`requests_in`, :mod:`agent.consistency`). Messages between
+the app's functions are signed (:mod:`core.signing`), so a snapshot cannot be forged; it is
+still validated like any input: bounded, well-formed, and naming the order the message is
+about. Anything else is ignored, and the order is read as before.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ import re
 from datetime import datetime
 from typing import Final
 
-from core.messages import MAX_RESUME_CHARS
+from core.messages import MAX_RESUME_CHARS, AgentRequest
 from core.order import Order
-from core.state_models import CorruptOrderState, order_entity, order_from_entity, utc
+from core.state_models import (
+    CorruptOrderState,
+    get_json,
+    order_entity,
+    order_from_entity,
+    outgoing_of,
+    utc,
+)
 
 log = logging.getLogger("resume")
 
@@ -47,6 +55,7 @@ PREFIX: Final = "r1."
 _ETAG: Final = re.compile(r"[\x21-\x7e]{1,256}", re.ASCII)
 """An ETag as the store hands it over, fit to go back in an If-Match header."""
 _ROW_KEYS: Final = ("PartitionKey", "RowKey")
+_REQUEST: Final = AgentRequest.MESSAGE_TYPE
 _UNUSABLE: Final = (
     ValueError,
     TypeError,
@@ -93,7 +102,34 @@ def restore(token: str | None, order_id: str) -> Order | None:
     return order
 
 
+def requests_in(token: str, order_id: str) -> tuple[AgentRequest, ...] | None:
+    """The AgentRequests the outbox of snapshot ``token`` holds, if it is a well-formed
+    snapshot of order ``order_id``; else None. Read without building the order: an agent checks
+    the request it carries against them (:mod:`agent.consistency`) on every call."""
+    try:
+        _, _, row = _unpack(token)
+        if row.get("OrderID") != order_id:
+            raise ValueError(f"a snapshot of order {str(row.get('OrderID'))[:80]!r}")
+        items = json.loads(get_json(row, "Outbox") or "[]")
+        held = [outgoing_of(item).message for item in items if item["type"] == _REQUEST]
+    except _UNUSABLE as exc:
+        log.warning("order %s: resume snapshot unusable: %s", order_id, exc)
+        return None
+    return tuple(message for message in held if isinstance(message, AgentRequest))
+
+
 def _decode(token: str) -> Order:
+    etag, times, row = _unpack(token)
+    for key in times:
+        value = row.get(key)
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"datetime property {str(key)[:40]!r} is not an ISO string")
+        row[key] = utc(datetime.fromisoformat(value))
+    return order_from_entity(row, etag)
+
+
+def _unpack(token: str) -> tuple[str, list[object], dict[str, object]]:
+    """The ETag, the names of the datetime properties and the process row of ``token``."""
     if not token.startswith(PREFIX) or len(token) > MAX_RESUME_CHARS:
         raise ValueError("not a resume snapshot of this version")
     packed = token[len(PREFIX) :]
@@ -107,9 +143,4 @@ def _decode(token: str) -> Order:
         raise ValueError("no usable ETag")
     if not isinstance(row, dict) or not isinstance(times, list):
         raise ValueError("malformed")
-    for key in times:
-        value = row.get(key)
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ValueError(f"datetime property {str(key)[:40]!r} is not an ISO string")
-        row[key] = utc(datetime.fromisoformat(value))
-    return order_from_entity(row, etag)
+    return etag, times, row

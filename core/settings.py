@@ -19,6 +19,7 @@ from typing import Any
 
 from core import ids, signing
 from core.agents import AGENT_NAMES, AGENTS
+from core.lifecycle import DEFAULT_COMPENSATION_BUDGET, DEFAULT_COMPENSATION_WARN_AFTER
 from core.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -38,6 +39,8 @@ QUEUE_SETTINGS = {
 }
 SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
 
+COMPENSATION_BUDGET_SETTING = "COMPENSATION_BUDGET_SECONDS"
+COMPENSATION_WARN_SETTING = "COMPENSATION_WARN_AFTER_SECONDS"
 RETENTION_DAYS_SETTING = "RETENTION_DAYS"
 PURGE_SCHEDULE_SETTING = "PURGE_SCHEDULE"
 ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
@@ -91,6 +94,12 @@ class Settings:
     failure_threshold: int | None = None
     retry_base_delay: timedelta | None = None
     retry_max_delay: timedelta | None = None
+    compensation_budget: timedelta = DEFAULT_COMPENSATION_BUDGET
+    """How long, from when compensation starts, an undo that fails transiently or times out
+    is retried before the order ends in Error with effects left in place (docs/
+    remote-service-contract.md: services keep keys and tombstones longer than this)."""
+    compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
+    """An order compensating longer than this raises one warning (not a terminal alert)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS
@@ -209,6 +218,16 @@ class Settings:
             "failure_threshold": check(lambda: reader.int_or_none("FAILURE_THRESHOLD")),
             "retry_base_delay": check(lambda: reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS")),
             "retry_max_delay": check(lambda: reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS")),
+            "compensation_budget": check(
+                lambda: reader.seconds(
+                    COMPENSATION_BUDGET_SETTING, DEFAULT_COMPENSATION_BUDGET.total_seconds()
+                )
+            ),
+            "compensation_warn_after": check(
+                lambda: reader.seconds(
+                    COMPENSATION_WARN_SETTING, DEFAULT_COMPENSATION_WARN_AFTER.total_seconds()
+                )
+            ),
             "workflow_versions": check(lambda: reader.workflow_versions("WORKFLOW_VERSIONS")),
             "retention_days": check(
                 lambda: reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS)
@@ -221,6 +240,9 @@ class Settings:
                 )
             ),
         }
+        check(
+            lambda: _warned_within(fields["compensation_warn_after"], fields["compensation_budget"])
+        )
         check.raise_if_any()
         return cls(**fields)
 
@@ -347,6 +369,15 @@ def _run_budget(budget: timedelta | None) -> timedelta | None:
             "with STEP_QUEUE_SECONDS instead."
         )
     return budget
+
+
+def _warned_within(warn_after: timedelta | None, budget: timedelta | None) -> None:
+    if warn_after is not None and budget is not None and warn_after >= budget:
+        raise SettingsError(
+            f"{COMPENSATION_WARN_SETTING} ({warn_after.total_seconds():g}) must be less than "
+            f"{COMPENSATION_BUDGET_SETTING} ({budget.total_seconds():g}): the warning says an "
+            "order is still compensating, so it must come before compensation gives up"
+        )
 
 
 def _table(name: str) -> str:

@@ -13,10 +13,12 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
     ``ProcessState``, ``FailureCount``, plus ``Workflow``, ``Attempt``, ``Generation``,
     ``CurrentStep``, ``CurrentOperation``, ``ReplyTo``, ``LastError``, ``NextAttemptAt``,
     ``CreatedAt``, ``UpdatedAt``, ``TimelineSeq``, ``WriteId``, ``CompensationCause``,
-    ``CompensationReason``, ``StatusSeq``, ``TraceParent`` (the W3C traceparent of the span that
-    created the order; a malformed one reads as none); and JSON (split like ``Payload``):
-    ``AgentPayload`` (what agents are told), ``Steps`` (each step's state, generation, attempts,
-    result, error) and ``Outbox`` (the messages the last write implied, until known delivered).
+    ``CompensationReason``, ``CompensationStartedAt``, ``CompensationWarned`` (only when true),
+    ``StatusSeq``, ``TraceParent`` (the W3C traceparent of the span that created the order; a
+    malformed one reads as none); and JSON (split like ``Payload``): ``AgentPayload`` (what
+    agents are told), ``Steps`` (each step's state, generation, attempts, the requests it sent,
+    result, error, and its failed attempts by whose failure each was, when it has any) and
+    ``Outbox`` (the messages the last write implied, until known delivered).
 ``timeline-<seq, 8 digits>``
     Append-only: ``Seq``, ``At``, ``Actor``, ``Event``, ``FromState``, ``ToState``, ``Step``,
     ``Attempt``, ``Detail``.
@@ -35,8 +37,11 @@ from azure.data.tables import EntityProperty
 from core import ids
 from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
 from core.order import (
+    NO_FAILURES,
+    Failures,
     Order,
     Outgoing,
+    Requests,
     StepRecord,
     StepState,
     TimelineEntry,
@@ -176,6 +181,8 @@ def order_entity(order: Order) -> dict[str, Any]:
         "WriteId": order.write_id,
         "CompensationCause": order.compensation_cause,
         "CompensationReason": _clip(order.compensation_reason),
+        "CompensationStartedAt": order.compensation_started_at,
+        "CompensationWarned": order.compensation_warned or None,
         "StatusSeq": order.status_seq,
         "TraceParent": valid_trace_parent(order.trace_parent),
     }
@@ -207,6 +214,8 @@ def order_from_entity(entity: Mapping[str, Any], etag: str) -> Order:
             last_error=entity.get("LastError") or None,
             compensation_cause=entity.get("CompensationCause") or None,
             compensation_reason=entity.get("CompensationReason") or None,
+            compensation_started_at=_dt(entity.get("CompensationStartedAt")),
+            compensation_warned=entity.get("CompensationWarned") is True,
             status_seq=_int(entity.get("StatusSeq")),
             outbox=tuple(
                 outgoing_of(item) for item in json.loads(get_json(entity, "Outbox") or "[]")
@@ -239,7 +248,7 @@ def _parse_dt(value: str | None) -> datetime | None:
 
 
 def step_json(step: StepRecord) -> dict[str, Any]:
-    return {
+    item = {
         "name": step.name,
         "index": step.index,
         "state": step.state.value,
@@ -250,14 +259,27 @@ def step_json(step: StepRecord) -> dict[str, Any]:
         "error_message": _clip(step.error_message),
         "completed_at": _iso(step.completed_at),
         "compensated_at": _iso(step.compensated_at),
+        "requests": None
+        if step.requests is None
+        else [[run.operation, run.first, run.last] for run in step.requests],
     }
+    # Most steps never fail: their JSON (and every snapshot of the order) stays as it was.
+    failed = {
+        operation: _failures_json(failures)
+        for operation, failures in (("do", step.forward_failures), ("undo", step.undo_failures))
+        if failures != NO_FAILURES
+    }
+    if failed:
+        item["failed"] = failed
+    return item
 
 
 def step_of(item: Mapping[str, Any]) -> StepRecord:
+    state = StepState(item["state"])
     return StepRecord(
         name=item["name"],
         index=int(item["index"]),
-        state=StepState(item["state"]),
+        state=state,
         generation=int(item["generation"]),
         attempt=int(item["attempt"]),
         result=item.get("result"),
@@ -265,7 +287,48 @@ def step_of(item: Mapping[str, Any]) -> StepRecord:
         error_message=item.get("error_message"),
         completed_at=_parse_dt(item.get("completed_at")),
         compensated_at=_parse_dt(item.get("compensated_at")),
+        requests=_requests_of(item, state),
+        forward_failures=_failures_of(item, "do"),
+        undo_failures=_failures_of(item, "undo"),
     )
+
+
+def _failures_json(failures: Failures) -> dict[str, Any]:
+    return {
+        "at_service": failures.at_service,
+        "on_our_side": failures.on_our_side,
+        "unanswered": list(failures.unanswered),
+    }
+
+
+def _failures_of(step: Mapping[str, Any], operation: str) -> Failures:
+    failed = step.get("failed") or {}
+    if not isinstance(failed, Mapping):
+        raise ValueError(f"step {step['name']}: 'failed' is not an object")
+    item = failed.get(operation)
+    if item is None:
+        return NO_FAILURES
+    return Failures(
+        at_service=int(item["at_service"]),
+        on_our_side=int(item["on_our_side"]),
+        unanswered=tuple(int(attempt) for attempt in item["unanswered"]),
+    )
+
+
+def _requests_of(item: Mapping[str, Any], state: StepState) -> tuple[Requests, ...] | None:
+    """A step's requests. In a row written before they were recorded: none for a Pending step
+    (it has sent nothing in its generation), not known (None) for any other."""
+    if "requests" not in item:
+        return () if state is StepState.PENDING else None
+    runs = item["requests"]
+    if runs is None:
+        return None
+    requests = []
+    for operation, first, last in runs:
+        if not (isinstance(first, int) and isinstance(last, int) and 1 <= first <= last):
+            raise ValueError(f"step {item['name']!r} has requests {first!r}..{last!r}")
+        requests.append(Requests(ids.validate_operation(operation), first, last))
+    return tuple(requests)
 
 
 def outgoing_json(outgoing: Outgoing) -> dict[str, Any]:

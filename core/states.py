@@ -18,6 +18,8 @@ class ProcessState(StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """The order has ended: the app sends no more requests for it on its own. Its record
+        may still change while it is *settling* (:attr:`core.order.Order.settling`)."""
         return self in (ProcessState.PROCESSED, ProcessState.ERROR)
 
     @property
@@ -29,9 +31,15 @@ _P = ProcessState
 # Which ProcessState may follow which (core.lifecycle checks every write against it).
 # Self-transitions are real: Processing -> Processing dispatches the next step, Pending ->
 # Pending is a Supervisor bump of a stale Pending order, Compensating -> Compensating moves to
-# the next undo, and a finished order may record what it learns late (an annotation, an effect
-# reported after it finished). Nothing leaves Processed; Error is left only by an operator's
-# resubmit (-> Processing, the first step claimed at once) or a resumed compensation.
+# the next undo. An ended order changes on its own only while it is settling: an Error order
+# records an answer to a request it sent whose outcome its record still leaves open (Error ->
+# Error; core.lifecycle refuses the write once the order is settled). A Processed order is
+# settled when it ends (every step took effect, no undo was sent): nothing follows Processed.
+# A write that only records what an ended order still delivers (its held status updates sent
+# again or given up) is no transition: core.lifecycle lets it through at any time.
+# Error is left only by an operator's resubmit (-> Processing, the first step claimed at once)
+# or a resumed compensation. Operators' annotations (an acknowledgement) are timeline rows of
+# the state store, not transitions.
 ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState]]] = (
     MappingProxyType(
         {
@@ -43,7 +51,7 @@ ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState
                 {_P.PROCESSING, _P.PENDING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
             ),
             _P.COMPENSATING: frozenset({_P.COMPENSATING, _P.ERROR}),
-            _P.PROCESSED: frozenset({_P.PROCESSED}),
+            _P.PROCESSED: frozenset(),
             _P.ERROR: frozenset({_P.ERROR, _P.PROCESSING, _P.COMPENSATING}),
         }
     )

@@ -968,8 +968,12 @@ def show_order(order: Any, screen: Console) -> None:
     )
     if p.next_attempt_at:
         screen.print(Text(f"next attempt due {p.next_attempt_at:%H:%M:%S}"))
+    if p.settling:
+        screen.print(text(f"settling: an answer may still change {', '.join(p.settling)}"))
     if p.compensation_cause:
-        screen.print(text(f"compensation ({p.compensation_cause}): {p.compensation_reason or '-'}"))
+        since = f" since {p.compensating_since:%Y-%m-%d %H:%M:%S}" if p.compensating_since else ""
+        why = p.compensation_reason or "-"
+        screen.print(text(f"compensation ({p.compensation_cause}){since}: {why}"))
     if p.last_error:
         screen.print(text(f"last error: {p.last_error}"))
     screen.print(views.step_table(order.steps, MODE.wide))

@@ -84,6 +84,12 @@ param retryBaseDelaySeconds string = ''
 @description('Longest retry delay in seconds. Empty: the workflow default.')
 param retryMaxDelaySeconds string = ''
 
+@description('How long, from when an order starts to compensate, an undo that fails transiently or times out is retried before the order ends in Error with the effect left in place, in seconds. Empty: 21600 (6 hours). Keep it well inside how long the remote services keep idempotency keys and tombstones (docs/remote-service-contract.md).')
+param compensationBudgetSeconds string = ''
+
+@description('An order still compensating after this many seconds raises one warning alert (compensation_delayed). Empty: 600 (10 minutes); it must be less than the compensation budget.')
+param compensationWarnAfterSeconds string = ''
+
 @description('Version new orders take per workflow, NAME=VERSION separated by commas (e.g. order=2); empty: version 1 of each.')
 param workflowVersions string = ''
 
@@ -283,6 +289,8 @@ var appSettings = {
   STEP_QUEUE_SECONDS: stepQueueSeconds
   RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
+  COMPENSATION_BUDGET_SECONDS: compensationBudgetSeconds
+  COMPENSATION_WARN_AFTER_SECONDS: compensationWarnAfterSeconds
   WORKFLOW_VERSIONS: workflowVersions
   // Retention: what the code accepts is what the parameters allow (0-3650 days).
   RETENTION_DAYS: string(retentionDays)

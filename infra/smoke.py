@@ -300,8 +300,10 @@ _HINTS = {
     ProcessState.COMPENSATING.value: "The order is undoing, latest first, every step that may "
     "have taken effect (Succeeded, or Running: outcome unknown), because a step was declined, "
     "the failure threshold was reached or an operator cancelled it (see LastError). It ends in "
-    "Error with one operator alert; an undo the service refuses leaves it in Error with a "
-    "critical alert (compensation_incomplete).",
+    "Error with one operator alert; an undo that fails or times out is retried for "
+    "COMPENSATION_BUDGET_SECONDS (a compensation_delayed warning after "
+    "COMPENSATION_WARN_AFTER_SECONDS), and an undo the service refuses, or the budget running "
+    "out, leaves it in Error with a critical alert (compensation_incomplete).",
     ProcessState.ERROR.value: "The order failed: one OperatorAlert with the reason is on the "
     "operator alerts queue, and Azure Monitor emails the operators. The steps above say what "
     "was undone (Compensated), never took effect (Failed, Voided) or may still be in place "

@@ -4,7 +4,9 @@ pays nothing for it.
 
 - An alert that names no order is ``open`` until it is acknowledged (removed).
 - The order no longer exists (purged): ``order_gone``.
-- The order is Processed now: ``resolved`` (resubmitted or restarted, and it finished).
+- The order is Processed now: ``resolved`` (resubmitted or restarted, and it finished). So is a
+  warning that the order has been compensating long, once it no longer compensates (its end
+  raised a terminal alert of its own when it ended in Error).
 - A terminal alert (the one an order raises on entering Error) whose order is in flight again:
   ``retrying``; whose order is in Error again after a resubmit or restart that followed the
   alert: ``superseded`` (the new failure raised its own alert).
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from core.order import TERMINAL_ALERT_REASONS, Order, TimelineEntry
+from core.order import COMPENSATION_DELAYED, TERMINAL_ALERT_REASONS, Order, TimelineEntry
 from core.states import ProcessState
 from operator_api.models import Resolution
 
@@ -50,6 +52,8 @@ def resolution(
         return "order_gone"
     if order.state is ProcessState.PROCESSED:
         return "resolved"
+    if alert.get("reason") == COMPENSATION_DELAYED:
+        return "open" if order.state is ProcessState.COMPENSATING else "resolved"
     if alert.get("reason") not in TERMINAL_ALERT_REASONS:
         return "open"
     if order.state.in_flight:

@@ -305,7 +305,9 @@ def _json(status: int, body: Any) -> func.HttpResponse:
         status_code=status,
         mimetype="application/json",
         charset="utf-8",
-        headers={"Cache-Control": "no-store"},
+        # The body may quote stored text from outside (alert details, order ids): a browser
+        # must take it as JSON, never sniff it as a page.
+        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
     )
 
 

@@ -125,9 +125,21 @@ class OrderSummary(_Model):
         description="The failure or cancellation that started the compensation, in words "
         "(a cancellation names the operator)"
     )
+    compensating_since: datetime | None = Field(
+        default=None,
+        description="When its latest compensation began: an undo that fails or times out is "
+        "retried until COMPENSATION_BUDGET_SECONDS after this (null: it never compensated)",
+    )
     reply_to: str | None
     created_at: datetime
     updated_at: datetime
+    settling: list[str] = Field(
+        default_factory=list,
+        description="Processed or Error only: the steps an answer to a request the order sent "
+        "may still change (outcome unknown, or an undo not answered); while there are any the "
+        "order is settling and records those answers. Empty: settled, only an operator "
+        "changes it now",
+    )
 
     @classmethod
     def of(cls, p: Order) -> OrderSummary:
@@ -146,9 +158,11 @@ class OrderSummary(_Model):
             last_error=p.last_error,
             compensation_cause=p.compensation_cause,
             compensation_reason=p.compensation_reason,
+            compensating_since=p.compensation_started_at,
             reply_to=p.reply_to,
             created_at=p.created_at,
             updated_at=p.updated_at,
+            settling=[s.name for s in p.open_steps] if p.settling else [],
         )
 
 
@@ -341,7 +355,8 @@ class AlertView(_Model):
         default="open",
         description="From the order's state and timeline now: open (nothing has changed it), "
         "retrying (the order was resubmitted or restarted and is in flight), resolved (the "
-        "order is Processed now), superseded (the order failed again later: a newer alert "
+        "order is Processed now; a compensation_delayed warning: the order no longer "
+        "compensates), superseded (the order failed again later: a newer alert "
         "stands), order_gone (the order no longer exists: purged). An alert naming no order "
         "is open until acknowledged",
     )
@@ -545,7 +560,10 @@ class WatchView(_Model):
     entries new since `after`."""
 
     changed: bool = Field(description="False: nothing new within `wait` seconds")
-    terminal: bool = Field(description="Processed or Error: nothing more will happen")
+    terminal: bool = Field(
+        description="Processed or Error: the order has ended (one still settling may record "
+        "late answers: `detail.order.settling`)"
+    )
     detail: OrderDetail
 
 

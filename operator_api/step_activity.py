@@ -10,7 +10,9 @@ names the step that finished while the request is for the next one. ``step_succe
 ``processed`` end their step's run; ``released`` (a failed attempt: transient error or a missed
 deadline) and ``deferred`` (an open circuit, not a failure) name the step they happened to, and
 their details are the reasons; so are the details of ``late_*`` entries (an answer after the
-step was given up on). A resubmit or restart starts the runs of the steps it redoes afresh.
+step was given up on; ``late_answer``: one that says only whose failure that attempt was) and
+of ``settling``/``settled`` ones (an answer after the order ended). A resubmit or restart starts
+the runs of the steps it redoes afresh.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ MAX_REASONS = 10
 """The most recent reasons kept per step."""
 RESTARTS = frozenset({"resubmitted", "restarted"})
 ENDS = frozenset({"step_succeeded", "processed"})
-LATE = frozenset({"late_success", "late_decline", "late_undo"})
+LATE = frozenset(
+    {"late_success", "late_decline", "late_undo", "late_answer", "settling", "settled"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,12 @@ from scheduler import control
 log = logging.getLogger("scheduler.commands")
 
 
-async def handle_command(body: bytes | str, rt: Runtime) -> None:
+async def handle_command(body: bytes | str, rt: Runtime, *, caused_by: str | None = None) -> None:
+    """``caused_by``: the command's :meth:`core.inbound.Delivery.cause`, for its alerts."""
     try:
         command = parse_message(body, SchedulerCommand)
     except BadMessage as bad:
-        await rt.alert(bad.to_alert(source=rt.actor("commands")))
+        await rt.alert(bad.to_alert(source=rt.actor("commands"), caused_by=caused_by))
         return
     if command.command == "retry":
         try:
@@ -48,6 +49,7 @@ async def handle_command(body: bytes | str, rt: Runtime) -> None:
                 detail=f"{command.command} from {command.requested_by} was not applied: "
                 f"{refused.message}",
                 source=rt.actor("commands"),
+                caused_by=caused_by,
             )
         )
         return

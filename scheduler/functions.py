@@ -23,7 +23,8 @@ _TRIGGER = {"connection": "ServiceBusConnection", "arg_name": "msg"}
 
 async def on_submission(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
     with consuming(msg, "scheduler_intake", rt.settings.queue("orders")):
-        await handle_submission(msg.get_body(), rt)
+        delivery = inbound.Delivery.of(msg)
+        await handle_submission(delivery.body, rt, caused_by=delivery.cause("orders"))
 
 
 async def on_reply(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
@@ -31,14 +32,15 @@ async def on_reply(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
         delivery = inbound.Delivery.of(msg)
         body = await inbound.trusted_body(rt, delivery, "responses", "replies")
         if body is not None:
-            await handle_response(body, rt)
+            await handle_response(body, rt, caused_by=delivery.cause("responses"))
 
 
 async def on_command(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
     with consuming(msg, "scheduler_commands", rt.settings.queue("commands")):
-        body = await inbound.trusted_body(rt, inbound.Delivery.of(msg), "commands", "commands")
+        delivery = inbound.Delivery.of(msg)
+        body = await inbound.trusted_body(rt, delivery, "commands", "commands")
         if body is not None:
-            await handle_command(body, rt)
+            await handle_command(body, rt, caused_by=delivery.cause("commands"))
 
 
 @bp.service_bus_queue_trigger(queue_name="%ORDERS_QUEUE%", **_TRIGGER)

@@ -32,12 +32,16 @@ def is_app_queue(settings: Settings, name: str) -> bool:
     return any(folded == queue.casefold() for queue in settings.queues.values())
 
 
-async def handle_submission(body: bytes | str, rt: Runtime) -> None:
+async def handle_submission(
+    body: bytes | str, rt: Runtime, *, caused_by: str | None = None
+) -> None:
+    """``caused_by``: the submission's :meth:`core.inbound.Delivery.cause`, which tells
+    the alerts of two submissions apart (None: the alert is named by its text)."""
     actor = rt.actor("intake")
     try:
         order = parse_message(body, OrderSubmitted)
     except BadMessage as bad:
-        await rt.alert(bad.to_alert(source=actor))
+        await rt.alert(bad.to_alert(source=actor, caused_by=caused_by))
         return
     if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
         await rt.alert(
@@ -51,6 +55,7 @@ async def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return
@@ -69,6 +74,7 @@ async def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return
@@ -94,6 +100,7 @@ async def handle_submission(body: bytes | str, rt: Runtime) -> None:
                 ),
                 raw_excerpt=excerpt(body),
                 source=actor,
+                caused_by=caused_by,
             )
         )
         return

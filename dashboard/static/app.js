@@ -694,8 +694,13 @@
       ["Next attempt", o.next_attempt_at ? fmtTime(o.next_attempt_at) + " (" + ago(o.next_attempt_at) + ")" : "—"],
       ["Created", fmtTime(o.created_at) + " (" + ago(o.created_at) + ")"], ["Updated", fmtTime(o.updated_at) + " (" + ago(o.updated_at) + ")"],
       ["Last error", o.last_error || "—"], ["Compensation", o.compensation_cause ? o.compensation_cause + ": " + (o.compensation_reason || "") : "—"],
+      ["Compensating since", o.compensating_since ? fmtTime(o.compensating_since) + " (" + ago(o.compensating_since) + ")" : "—"],
       ["Reply queue", o.reply_to || "—"], ["Trace id", trace || "not recorded on the order"],
     ];
+    if (o.state === "Error") {
+      const open = o.settling || [];
+      facts.push(["Settling", open.length ? "yes: an answer may still change " + open.join(", ") : "no: settled, only an operator changes it now"]);
+    }
     const actions = h("div", { class: "actions" });
     const id = o.order_id;
     if (o.state === "Error") {

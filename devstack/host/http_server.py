@@ -8,6 +8,10 @@ As the Functions host (ASP.NET Core behind Kestrel) does: routing uses the reque
 path only, never the Host header; route parameters are percent-decoded, except ``%2F``, which
 stays encoded so that a parameter never spans two path segments; a Content-Length that is not
 a non-negative integer is answered 400 and the connection closed (its body cannot be framed).
+Every answer the server makes itself is the API's JSON error, never the standard library's
+HTML page: HEAD and OPTIONS on a route that does not declare them get a 405 naming the methods
+that are allowed, a method nothing serves 501, a request line over 64 KiB 414. A client that
+goes away mid-request is logged in one line.
 
 A coroutine function is awaited on the host's event loop, as the Python worker awaits it (the
 request's thread waits for it); a sync function runs on the request's thread, as the worker runs
@@ -22,10 +26,13 @@ Locally the server does the same with ``principal``, a configured name (the host
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -46,6 +53,15 @@ PRINCIPAL_HEADERS = (
     "X-MS-CLIENT-PRINCIPAL-IDP",
     "X-MS-CLIENT-PRINCIPAL",
 )
+_REFUSALS = {
+    HTTPStatus.REQUEST_URI_TOO_LONG: (
+        "uri_too_long",
+        "the request line is longer than 65,536 bytes: shorten the URL (send long values in "
+        "a POST body)",
+    ),
+}
+"""The API's code and message for what the standard library refuses before routing; any other
+refusal is named after its status (``bad_request``) with the library's message."""
 _HOST = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
 _ENCODED_SLASH = re.compile(r"%2[Ff]")
 
@@ -106,8 +122,7 @@ class HttpServer:
         self.routes = [Route.of(f) for f in functions if isinstance(f.trigger, HttpTrigger)]
         self.invoker = invoker
         self.stats = stats
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), self._handler_class())
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="host-http", daemon=True
         )
@@ -145,9 +160,10 @@ class HttpServer:
             params = {name: decode_route_value(value) for name, value in match.groupdict().items()}
             return self._invoke(route, params, method, url, self._authenticated(headers), body)
         if allowed:
-            return _error(
+            status, headers, body = _error(
                 405, "method_not_allowed", f"{method} is not allowed here; use {sorted(allowed)}"
             )
+            return status, {**headers, "Allow": ", ".join(sorted(allowed))}, body
         return _error(404, "not_found", f"no function serves {path}")
 
     def _authenticated(self, headers: dict[str, str]) -> dict[str, str]:
@@ -218,15 +234,34 @@ class HttpServer:
                     status, headers, body = server.dispatch(
                         self.command, f"http://{host}{path}", dict(self.headers), raw
                     )
+                self._answer(status, headers, body)
+
+            def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
                 self.send_response(status)
                 for name, value in headers.items():
                     if name.lower() != "content-length":
                         self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":  # its answer has the headers of one, no body
+                    self.wfile.write(body)
 
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+            # HEAD and OPTIONS are routed like any method: a function that declares them gets
+            # them, and elsewhere the answer is the API's 405 naming the methods allowed.
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve
+
+            def send_error(
+                self, code: int, message: str | None = None, explain: str | None = None
+            ) -> None:
+                """What the standard library refuses before routing (a method no function
+                serves, a request line or header too long, a malformed request line), as the
+                API's JSON error instead of the library's HTML page; the connection closes."""
+                self.log_error("code %d, message %s", code, message)
+                status = HTTPStatus(code)
+                name, text = _REFUSALS.get(status, (_snake(status.phrase), message or explain))
+                _, headers, body = _error(status, name, text or status.description)
+                self.close_connection = True
+                self._answer(status, {**headers, "Connection": "close"}, body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("%s " + format, self.address_string(), *args)
@@ -234,8 +269,22 @@ class HttpServer:
         return Handler
 
 
-def _error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
-    import json
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets or closes mid-request is routine: one line, no traceback."""
+        error = sys.exception()
+        if isinstance(error, ConnectionError):
+            log.info("client %s went away: %s", client_address[0], error)
+            return
+        log.exception("request from %s failed", client_address[0])
+
+
+def _error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     return status, {"Content-Type": "application/json"}, body
+
+
+def _snake(phrase: str) -> str:
+    return re.sub(r"[^a-z]+", "_", phrase.lower()).strip("_")

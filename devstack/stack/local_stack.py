@@ -413,7 +413,12 @@ class LocalStack:
         os.kill(self._broker.pid, signal.SIGUSR1)
 
     def restart_host(self, n: int) -> None:
+        """Start host `n` again; one still running is stopped first (gracefully), so the stack
+        never runs two of it and :meth:`stop` stops the one it runs."""
         assert self.info is not None, "start the stack first"
+        running = self._children.pop(f"host-{n}", None)
+        if running is not None:
+            processes.stop(running)
         self._start_host(n)
         self._record()
 

@@ -55,7 +55,7 @@ resource operatorAlertWaiting 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   location: 'global'
   tags: tags
   properties: {
-    description: 'An OperatorAlert is waiting on the ${operatorAlertsQueueName} queue: an order ended in Error or a message was rejected. Read it with the operator tools.'
+    description: 'An OperatorAlert is waiting on the ${operatorAlertsQueueName} queue: an order ended in Error, has been compensating for long, or a message was rejected. Read it with the operator tools.'
     severity: 1
     enabled: true
     scopes: [

@@ -110,6 +110,7 @@ def test_order_timeline_shows_attempts_retries_and_undo(page: Page, stack: Stack
     open_view(page, stack, "orders?state=Error")
     page.locator(f'[data-order-id="{stack.scenario.compensated}"] a').click()
     expect(page.get_by_test_id("order-state")).to_have_text("Error")
+    expect(page.locator("dl.facts")).to_contain_text("no: settled, only an operator changes it")
     bars = page.get_by_test_id("gantt-bar")
     # reserve_inventory (do), charge_payment (do, declined), then the undo of the reservation.
     expect(bars).to_have_count(3)

@@ -41,4 +41,9 @@ def test_killing_hosts_breaks_no_invariant(tmp_path):
     assert sum(report["states"].values()) == 40
     assert report["invariants"] == dict.fromkeys(report["invariants"], 0), report["examples"]
     assert report["max_stall_s"] <= report["stall_bound_s"]
+    assert report["compensation_incomplete"] == 0, "no fake service refuses an undo"
+    for direction in ("forward", "undo"):
+        split = report["failed_attempts"][direction]
+        assert set(split) <= {"at_service", "on_our_side", "unanswered"}, split
+    assert report["failure_threshold_orders"]["total"] >= 0
     assert result.returncode == 0, result.stderr[-2000:]

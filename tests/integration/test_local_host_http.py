@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import socket
+import struct
 import sys
 
 import httpx
 import pytest
 
 from devstack.host import LocalHost
+from devstack.stack.processes import wait_until
 
 MODULE = "tests.integration.host_http_app.function_app"
 
@@ -119,3 +122,44 @@ def test_route_parameters_are_percent_decoded_as_the_functions_host_does(host, p
     response = httpx.get(f"{host.http.base_url}{path}", timeout=5)
     assert response.status_code == 200
     assert response.json()["item"] == item
+
+
+def test_head_and_options_get_the_api_s_json_405_naming_the_methods(host):
+    url = f"{host.http.base_url}items/42"
+    options = httpx.options(url, timeout=5)
+    assert options.status_code == 405 and options.headers["allow"] == "GET"
+    assert options.json()["error"]["code"] == "method_not_allowed"
+    head = httpx.head(url, timeout=5)
+    assert head.status_code == 405 and head.headers["content-type"] == "application/json"
+    assert head.content == b"", "a HEAD answer has no body"
+    assert httpx.get(url, timeout=5).status_code == 200, "the connection's framing held"
+    assert host.stats()["get_item"].invocations == 1
+
+
+def test_a_method_no_function_serves_gets_a_json_501(host):
+    reply = raw_exchange(
+        host, b"BREW /api/items/42 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 501 ") and b"application/json" in head.lower()
+    assert "BREW" in json.loads(body)["error"]["message"]
+
+
+def test_a_too_long_url_gets_a_json_414(host):
+    reply = raw_exchange(host, b"GET /api/items/" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 ") and b"application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "uri_too_long" and "shorten" in error["message"]
+
+
+def test_a_client_that_goes_away_is_logged_in_one_line(host, caplog, capfd):
+    caplog.set_level(logging.INFO, logger="devstack.host.http")
+    with socket.create_connection(("127.0.0.1", host.http.port), timeout=5) as conn:
+        conn.sendall(b"GET /api/items/42 HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        # Close with a reset (linger 0), as a client that crashed or gave up does.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert wait_until(lambda: "went away" in caplog.text, timeout=5), capfd.readouterr().err
+    (record,) = [r for r in caplog.records if "went away" in r.getMessage()]
+    assert record.exc_info is None and "\n" not in record.getMessage()
+    assert "Traceback" not in capfd.readouterr().err

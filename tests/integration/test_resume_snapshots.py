@@ -25,7 +25,7 @@ from tests.support.pattern import SERVICES, new_order, queue
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 MAX_SNAPSHOT_BYTES = 5 * 1024
-"""A three-step order's snapshots measure 2.7-3.0 KB, 3.5-3.9 KB when it names a reply queue
+"""A three-step order's snapshots measure 2.7-3.2 KB, 3.6-4.0 KB when it names a reply queue
 (its status updates are in the outbox)."""
 
 

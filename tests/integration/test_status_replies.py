@@ -7,9 +7,11 @@ import json
 import pytest
 from azure.servicebus import ServiceBusClient
 
+from core import apply
 from core.messages import encode
 from core.states import ProcessState
 from scheduler.intake import handle_submission
+from supervisor.tick import run_tick
 from tests.support.pattern import (
     alerts_for,
     new_order,
@@ -109,6 +111,12 @@ async def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(
     process = await rt.store.load(order.order_id)
     assert process.state is ProcessState.PROCESSED, "the order carried on"
     assert process.status_seq == 8, "its updates were numbered all the same"
+    # None is lost: the order holds all eight for a retry, and its row waits for it.
+    held = [o for o in process.outbox if o.to == "reply"]
+    assert [o.message.sequence for o in held] == list(range(8))
+    assert all(o.not_before is not None for o in held)
+    assert [e.event for e in rt.store.get_timeline(order.order_id)].count("replies_held") == 1
+    assert rt.store.index.has(order.order_id, process.generation)
     alerts = alerts_for(rt, reader, order.order_id)
     assert [(a["reason"], a["severity"]) for a in alerts] == [
         ("reply_queue_unavailable", "warning")
@@ -128,6 +136,26 @@ async def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(
         "reply_queue_unavailable"
     ]
     assert (await rt.store.load(third.order_id)).state is ProcessState.PROCESSING
+
+
+def test_held_updates_reach_the_queue_in_order_once_it_takes_them(
+    rt, reader, clock, status_queue, status_client
+):
+    # The process saw the queue refuse moments ago (disabled, say): it does not try it now.
+    apply._failures.put(status_queue, "MessagingEntityDisabledError: disabled", clock())
+    order = new_order(reply_to=status_queue)
+    handle_submission(encode(order), rt)
+    for service in ("inventory", "payment", "shipping"):
+        run_agent_step(rt, reader, order.order_id, service)
+    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
+    assert statuses(status_client, status_queue, order.order_id, wait=1.0) == []
+
+    clock.advance(301)  # the retry is due, and the process tries the queue again
+    run_tick(rt)
+    updates = [body for body, _ in statuses(status_client, status_queue, order.order_id)]
+    assert [u["sequence"] for u in updates] == list(range(8))
+    assert [u["state"] for u in updates if u["state"] in ("Processed", "Error")] == ["Processed"]
+    assert not rt.store.index.has(order.order_id, rt.store.load(order.order_id).generation)
 
 
 @pytest.mark.parametrize("role", ["responses", "commands", "inventory"])

@@ -37,7 +37,7 @@ def order_summary(s: str) -> dict:
         "attempt": 4, "failure_count": 3, "current_step": "charge_payment",
         "current_operation": "undo", "locked_by": s, "complete_by": AT, "next_attempt_at": AT,
         "last_error": s, "compensation_cause": "cancelled", "compensation_reason": s,
-        "reply_to": None, "created_at": AT, "updated_at": AT,
+        "reply_to": None, "created_at": AT, "updated_at": AT, "settling": [s],
     }  # fmt: skip
 
 

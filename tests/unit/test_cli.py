@@ -112,6 +112,7 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
         updated_at=now,
         compensation_cause="cancelled",
         compensation_reason="cancelled by operator:bob: changed their mind",
+        compensation_started_at=now,
     )
     entry = TimelineEntry(
         1, now, "operator:bob", "compensation_started", ProcessState.PROCESSING,
@@ -132,7 +133,8 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     monkeypatch.setattr(cli, "console", cli.Console(width=200))
     result = run("status", "order-7")
     assert result.exit_code == 0, result.output
-    assert "Compensating" in result.output and "compensation (cancelled)" in result.output
+    assert "Compensating" in result.output
+    assert "compensation (cancelled) since 2025-03-01 12:00:00" in result.output
     row = [line for line in result.output.splitlines() if "reserve_inventory" in line][-1]
     assert "Running" in row and "│ 2 " in row and "│ 3 " in row
     assert "compensation_started" in result.output

@@ -227,6 +227,13 @@ def test_status_shows_step_durations_failures_and_reasons(monkeypatch):
     assert cells[6:10] == ["1", "12:00:00", "12:00:00", ""], "deferred, started, done, undone"
 
 
+def test_status_says_which_steps_an_ended_order_still_settles(monkeypatch):
+    use_ops(monkeypatch, "charge_payment", width=200)
+    result = invoke("status", "order-7")
+    assert result.exit_code == 0, result.output
+    assert "settling: an answer may still change charge_payment" in result.stdout
+
+
 # ---------------------------------------------------------------------------- following
 
 

@@ -1,13 +1,23 @@
 """The order lifecycle explored by Hypothesis: random interleavings of submissions, agent answers
-(success, decline, transient, circuit open, lost, late, duplicated, out of order), deadlines,
-Supervisor ticks, cancels, resubmits and crashes between the write and any send, checking the
-product's promise after every step and once everything has settled:
+(success, decline, transient, circuit open, lost, late, duplicated, out of order, an undo
+refused), validly signed answers to requests the order never asked for (a do never requested,
+an undo never requested, a wrong attempt, a wrong operation, a generation not yet reached),
+deadlines, Supervisor ticks, cancels, resubmits, crashes between the write and any send, a
+reply queue that refuses for a while, and the agents' host frozen for more deadlines than the
+failure threshold while orders compensate, checking the product's promise after every step and
+once everything has settled:
 
 - no order lost or stuck; every order ends Processed, or Error;
 - no effect twice; a Processed order has every step in place;
-- an Error order has exactly one alert per entry into Error and nothing left in place (or, when
-  compensation could not finish, only what its record and critical alert name);
-- every status update sent, in sequence, none missing.
+- an Error order has exactly one alert per entry into Error, and an effect left in place only
+  if its service refused the undo or the compensation budget ran out (then only what its
+  record and critical alert name); at most one compensation warning per compensation;
+- every status update sent, in sequence, none missing, also when the reply queue refused some
+  for a while; the last says the state the order ended in, and exactly one says it finished;
+- each step's record agrees with what its service was asked and answered, and an answer to a
+  request never asked for changes nothing and raises one alert;
+- once an order ended, only its settling changes it (and records about it: held status
+  updates sent again, whose failure an attempt was).
 """
 
 from __future__ import annotations
@@ -22,8 +32,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from core.ids import Operation
 from core.states import ProcessState
-from tests.support.world import FAULTS, World, order_id
+from tests.support.world import FAILURE_THRESHOLD, FAULTS, LIES, Lie, World, order_id
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
 # CI machine may take several times the ~20 s this takes alone.
@@ -69,6 +80,27 @@ class Lifecycle(RuleBasedStateMachine):
     def late_request_lands(self, index: int) -> None:
         self.run(self.world.land_late(index))
 
+    @precondition(lambda self: self.submitted > 0)
+    @rule(
+        n=st.integers(0, MAX_ORDERS - 1),
+        step=st.integers(0, 2),
+        operation=st.sampled_from(["do", "undo"]),
+        newer=st.booleans(),
+        attempt=st.integers(0, 50),
+        lie=st.sampled_from(LIES),
+    )
+    def answer_never_asked(
+        self, n: int, step: int, operation: Operation, newer: bool, attempt: int, lie: Lie
+    ) -> None:
+        self.world.answer_unasked(
+            order_id(n % self.submitted),
+            step=step,
+            operation=operation,
+            newer=newer,
+            attempt=attempt,
+            lie=lie,
+        )
+
     @precondition(lambda self: self.world.deliverable("responses"))
     @rule(index=st.integers(0, 50), crash_after=crash, keep=st.booleans())
     def reply(self, index: int, crash_after: int | None, keep: bool) -> None:
@@ -85,9 +117,21 @@ class Lifecycle(RuleBasedStateMachine):
     def supervisor_tick(self, crash_after: int | None) -> None:
         self.run(self.world.tick(crash_after))
 
-    @rule(seconds=st.sampled_from([1, 5, 31, 130]))
+    @rule(seconds=st.sampled_from([1, 5, 31, 130, 400]))
     def time_passes(self, seconds: int) -> None:
         self.world.advance(seconds)
+
+    @rule(refusing=st.booleans())
+    def reply_queue(self, refusing: bool) -> None:
+        """The submitters' queue goes away (or is disabled, or closed to the app), or is back."""
+        self.world.replies.refusing = refusing
+
+    @precondition(lambda self: self.world.compensating())
+    @rule(deadlines=st.integers(min_value=FAILURE_THRESHOLD, max_value=16))
+    def no_host_answers_while_compensating(self, deadlines: int) -> None:
+        """Undo attempts time out of our own making, at least as often as the failure
+        threshold allows a step to fail; sometimes for longer than the compensation budget."""
+        self.world.hosts_silent(deadlines)
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
@@ -121,3 +165,32 @@ Lifecycle.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_lifecycle = Lifecycle.TestCase
+
+
+def test_an_undo_that_lands_after_the_order_ended_settles_it():
+    """The exploration rarely ends a compensation incomplete (no undo may answer for the whole
+    compensation budget); here it does, and the undo that hung lands after the end."""
+    world = World()
+    oid = order_id(0)
+    world.submit(oid, reply_to=None)
+    for fault in ("ok", "decline"):  # reserve_inventory took effect, charge_payment declined
+        world.deliver(world.deliverable("agent")[0], fault)
+        world.deliver(world.deliverable("responses")[0])
+    world.deliver(world.deliverable("agent")[0], "late")  # the release hangs...
+    world.hosts_silent(16)  # ...and no retry of it is answered until the budget is spent
+    assert world.budget_spent(oid)
+    ended = world.store.load(oid)
+    assert ended.state is ProcessState.ERROR and ended.settling
+    error = world.store.get_timeline(oid)[-1]
+    assert error.detail.endswith("; settling: an answer may still change reserve_inventory")
+
+    world.land_late(0)  # the release took effect after all
+    world.deliver(world.deliverable("responses")[0])
+    settled = world.store.load(oid)
+    assert not settled.settling
+    last = world.store.get_timeline(oid)[-1]
+    assert (last.event, last.detail) == (
+        "settled",
+        "reserve_inventory: Compensated (after the end; nothing is open now)",
+    )
+    world.check_final()

@@ -1,5 +1,6 @@
 """The stateful lifecycle exploration (test_lifecycle_stateful) with agents that echo the order's
 snapshot (core.resume), as the real agent does, so that replies are applied without a read.
+Answers to requests never asked for carry the order's latest snapshot too.
 
 Everything that test explores - lost, late, duplicated and reordered replies, deadlines, the
 Supervisor's releases, cancels, resubmits, crashes between any write and any send - now meets
@@ -43,6 +44,10 @@ class EchoingWorld(World):
         self.bus.sent[-1] = type(last)(
             last.queue, last.message.model_copy(update={"resume": echoed}), last.scheduled_at
         )
+
+    def _resume_of(self, order_id: str) -> str | None:
+        """A lie carries the order's latest snapshot, as if it answered the request sent last."""
+        return self._last.get(order_id)
 
     def _echo(self, request: AgentRequest) -> str | None:
         if request.resume is not None:

@@ -537,6 +537,30 @@ class TestMessageIds:
         assert message_id_for(first) != message_id_for(again)
         assert message_id_for(first) == message_id_for(first.model_copy(update={"raised_at": T0}))
 
+    def test_alerts_raised_by_two_messages_differ_however_alike_their_text(self):
+        """Two agents (or one, twice) rejecting identical bodies are two events; the same
+        message handled again, by another instance and later, is the same one."""
+        alert = OperatorAlert(
+            order_id="o-1",
+            severity="error",
+            reason="bad_message",
+            detail="rejected AgentRequest: schema_version 2 is not supported",
+            raw_excerpt="{}",
+            source="agent-payment:host-a",
+            caused_by="payment/m-1",
+        )
+        others = [
+            alert.model_copy(update={"caused_by": "inventory/m-1"}),
+            alert.model_copy(update={"caused_by": "payment/m-2"}),
+            alert.model_copy(update={"caused_by": None}),
+        ]
+        ids = {message_id_for(a) for a in (alert, *others)}
+        assert len(ids) == 4
+        redelivered = alert.model_copy(
+            update={"source": "agent-payment:host-b", "raised_at": T0 + timedelta(minutes=3)}
+        )
+        assert message_id_for(redelivered) == message_id_for(alert)
+
     def test_ids_never_exceed_service_bus_limit(self):
         long_request = request(
             order_id="o" * 64,
@@ -549,7 +573,8 @@ class TestMessageIds:
         long_alert = OperatorAlert(
             order_id="o" * 64, severity="error", reason="r" * 40, detail="", source="s"
         )
-        for message in (long_request, long_alert):
+        caused = long_alert.model_copy(update={"caused_by": "payment/" + "m" * 128})
+        for message in (long_request, long_alert, caused):
             message_id = message_id_for(message)
             assert len(message_id) <= messages.MAX_MESSAGE_ID_LENGTH
             assert message_id == message_id_for(message)

@@ -161,3 +161,12 @@ def test_other_alerts_are_open_until_their_order_is_processed_or_gone():
     bad_message = {"order_id": "o-abc", "reason": "bad_message"}
     assert resolution(bad_message, order(state=ProcessState.PENDING)) == "open"
     assert resolution(bad_message, order(state=ProcessState.PROCESSED)) == "resolved"
+
+
+def test_a_long_compensation_warning_is_open_while_the_order_compensates():
+    warning = {"order_id": "o-abc", "reason": "compensation_delayed", "timeline_seq": 5}
+    assert resolution(warning, order(state=ProcessState.COMPENSATING)) == "open"
+    assert needs_timeline(warning, order(state=ProcessState.ERROR, timeline_seq=9)) is None
+    # Ended: in Error it raised its terminal alert, which stands on its own.
+    assert resolution(warning, order(state=ProcessState.ERROR)) == "resolved"
+    assert resolution(warning, order(state=ProcessState.PENDING)) == "resolved"

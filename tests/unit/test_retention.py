@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from core.archive import ArchivedOrder
 from core.lifecycle import Context, submit
 from core.memory import MemoryArchive
 from core.messages import OrderSubmitted
-from core.order import TERMINAL_ALERT_REASONS, Order, TimelineEntry
+from core.order import TERMINAL_ALERT_REASONS, Failures, Order, TimelineEntry
 from core.retention import (
     ACK_EVENT,
     MAX_BATCH,
@@ -179,6 +180,31 @@ def test_an_archive_line_round_trips_and_is_one_line():
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert line.startswith(b'{"order_id":"o-1",')
     assert archive.decode(line.rstrip(b"\n")) == record
+
+
+def test_an_archive_line_keeps_the_compensation_and_reads_lines_from_before_it():
+    record = archived("o-1", 2, NOW)
+    compensated = dataclasses.replace(
+        record.process,
+        state=ProcessState.ERROR,
+        compensation_started_at=NOW - timedelta(hours=1),
+        compensation_warned=True,
+        steps=tuple(
+            dataclasses.replace(step, undo_failures=Failures(on_our_side=2, unanswered=(5,)))
+            for step in record.process.steps
+        ),
+    )
+    record = dataclasses.replace(record, process=compensated)
+    assert archive.decode(archive.encode(record).rstrip(b"\n")) == record
+    older = json.loads(archive.encode(record))
+    for name in ("compensation_started_at", "compensation_warned"):
+        del older["process"][name]
+    for step in older["process"]["steps"]:
+        del step["failed"]
+    read = archive.decode(json.dumps(older).encode())
+    assert read.process.compensation_started_at is None
+    assert not read.process.compensation_warned
+    assert all(step.undo_failures == Failures() for step in read.process.steps)
 
 
 def test_unreadable_lines_are_refused_with_the_reason():

@@ -71,6 +71,14 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
         ({"ARCHIVE_CONTAINER": "Order_Archive"}, "ARCHIVE_CONTAINER must be a blob container"),
         ({"ARCHIVE_CONTAINER": "ab"}, "ARCHIVE_CONTAINER must be a blob container"),
         ({"ARCHIVE_CONTAINER": "a--b"}, "single hyphens"),
+        ({"COMPENSATION_BUDGET_SECONDS": "0"}, "COMPENSATION_BUDGET_SECONDS must be positive"),
+        ({"COMPENSATION_BUDGET_SECONDS": "6h"}, "must be a number of seconds, got '6h'"),
+        (
+            {"COMPENSATION_BUDGET_SECONDS": "600", "COMPENSATION_WARN_AFTER_SECONDS": "600"},
+            "COMPENSATION_WARN_AFTER_SECONDS (600) must be less than "
+            "COMPENSATION_BUDGET_SECONDS (600)",
+        ),
+        ({"COMPENSATION_WARN_AFTER_SECONDS": "21600"}, "must come before compensation gives up"),
     ],
 )
 def test_bad_settings_say_what_to_fix(changes, message):
@@ -89,6 +97,19 @@ def test_retention_settings_and_their_defaults():
     assert (tuned.retention_days, tuned.purge_schedule) == (0, "0 0 4 * * 1-5")
     assert tuned.archive_container == "arch-1"
     assert Settings.from_env(env(RETENTION_DAYS="3650")).retention_days == 3650
+
+
+def test_compensation_budget_and_warning_and_their_defaults():
+    settings = Settings.from_env(env())
+    assert settings.compensation_budget == timedelta(hours=6)
+    assert settings.compensation_warn_after == timedelta(minutes=10)
+    tuned = Settings.from_env(
+        env(COMPENSATION_BUDGET_SECONDS="7200", COMPENSATION_WARN_AFTER_SECONDS="300")
+    )
+    assert (tuned.compensation_budget, tuned.compensation_warn_after) == (
+        timedelta(hours=2),
+        timedelta(minutes=5),
+    )
 
 
 def test_managed_identity_storage_needs_the_blob_service_too():

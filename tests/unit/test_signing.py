@@ -165,7 +165,7 @@ def test_the_door_refuses_with_an_alert_naming_queue_message_and_problem(
     delivery = delivery_of(reply(), queue_signed_for, ring)
     rejected = inbound.check(RING, "agent-responses", delivery)
     assert rejected is not None and rejected.problem == problem
-    alert = inbound.untrusted_alert("agent-responses", delivery, rejected, "replies:x")
+    alert = inbound.untrusted_alert("responses", "agent-responses", delivery, rejected, "replies:x")
     assert alert.reason == "untrusted_message" and alert.severity == "critical"
     assert alert.order_id is None  # the order id is only the sender's claim
     assert "agent-responses" in alert.detail
@@ -178,5 +178,25 @@ def test_an_empty_body_is_refused_and_said_to_be_empty():
     delivery = inbound.Delivery(body=b"", message_id="m-1", properties={})
     rejected = inbound.check(RING, "inventory-requests", delivery)
     assert rejected is not None and rejected.problem == "unsigned"
-    alert = inbound.untrusted_alert("inventory-requests", delivery, rejected, "agent-inventory:x")
+    alert = inbound.untrusted_alert(
+        "inventory", "inventory-requests", delivery, rejected, "agent-inventory:x"
+    )
     assert "body is empty" in alert.detail
+
+
+def test_a_delivery_names_itself_by_queue_role_and_message_id():
+    def delivery(message_id: str, sequence_number: int | None = 7) -> inbound.Delivery:
+        return inbound.Delivery(
+            body=b"", message_id=message_id, properties={}, sequence_number=sequence_number
+        )
+
+    assert delivery("m-1").cause("payment") == "payment/m-1"
+    assert delivery("m-1").cause("inventory") != delivery("m-1").cause("payment")
+    assert delivery("").cause("orders") == "orders#7", "no MessageId: the broker's number"
+    long = delivery("x" * 300).cause("orders")
+    assert long.startswith("orders/sha256:") and len(long) < 64
+    assert long == delivery("x" * 300, sequence_number=8).cause("orders")
+    alert = inbound.untrusted_alert(
+        "payment", "payment-requests", delivery("m-9"), Rejected("unsigned", "none"), "a:x"
+    )
+    assert alert.caused_by == "payment/m-9"

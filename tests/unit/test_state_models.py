@@ -25,7 +25,7 @@ from core.messages import (
     SchedulerCommand,
     StatusUpdate,
 )
-from core.order import Order, Outgoing, StepRecord, StepState, TimelineEntry
+from core.order import Failures, Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
 from core.state_models import (
     DETAILS_ROW,
     JSON_CHUNK_CHARS,
@@ -161,6 +161,7 @@ def every_step_state() -> tuple[StepRecord, ...]:
             result={"reservation": "r-1", "lines": [1, 2.5, None, True], "ü": {"😀": "é"}},
             completed_at=T0,
             compensated_at=later,
+            requests=(Requests("do", 1, 2), Requests("undo", 6, 7)),
         ),
         StepRecord(
             "charge_payment",
@@ -172,9 +173,18 @@ def every_step_state() -> tuple[StepRecord, ...]:
             error_message="insufficient funds",
             completed_at=datetime(2025, 3, 4, 7, 6, 7, tzinfo=PLUS2),
         ),
-        StepRecord("create_shipment", 2, StepState.RUNNING, generation=1, attempt=1),
+        StepRecord(
+            "create_shipment",
+            2,
+            StepState.RUNNING,
+            generation=1,
+            attempt=9,
+            requests=(Requests("do", 3, 3),),
+            forward_failures=Failures(at_service=1, unanswered=(3,)),
+            undo_failures=Failures(at_service=2, on_our_side=1, unanswered=(7, 8)),
+        ),
         StepRecord("gift_wrap", 3, StepState.SUCCEEDED, 1, 1, {}, completed_at=later),
-        StepRecord("notify", 4, StepState.VOIDED, 1, 1, None, compensated_at=later),
+        StepRecord("notify", 4, StepState.VOIDED, 1, 1, None, compensated_at=later, requests=None),
         StepRecord("archive", 5, StepState.PENDING),
     )
 
@@ -196,6 +206,8 @@ def rich_order() -> Order:
         last_error="refund timed out",
         compensation_cause="step_declined",
         compensation_reason="charge_payment declined: card_declined",
+        compensation_started_at=T0 - timedelta(hours=2),
+        compensation_warned=True,
         status_seq=5,
         outbox=every_message_outbox(),
         timeline_seq=12,
@@ -338,6 +350,44 @@ class TestProcessRow:
         undo = back.outbox[-1].message
         assert isinstance(undo, AgentRequest) and undo.undoes == "o-1:charge_payment:do:2"
         assert back.outbox[2].not_before == datetime(2025, 3, 4, 5, 6, 8, 1, tzinfo=UTC)
+
+    def test_steps_keep_the_requests_they_sent(self):
+        entity = order_entity(rich_order())
+        steps = {step["name"]: step for step in json.loads(get_json(entity, "Steps") or "")}
+        assert steps["reserve_inventory"]["requests"] == [["do", 1, 2], ["undo", 6, 7]]
+        assert steps["notify"]["requests"] is None  # not known
+        back = order_from_entity(entity, ETAG)
+        assert back.step("create_shipment").requests == (Requests("do", 3, 3),)
+        assert back.step("notify").requests is None
+
+    def test_a_row_written_before_steps_recorded_their_requests_loads(self):
+        entity = order_entity(rich_order())
+        steps = json.loads(get_json(entity, "Steps") or "")
+        for step in steps:
+            del step["requests"]
+        put_json(entity, "Steps", json.dumps(steps))
+        back = order_from_entity(entity, ETAG)
+        # A Pending step has sent nothing in its generation; of any other, it is not known.
+        assert {s.name: s.requests for s in back.steps} == {
+            "reserve_inventory": None,
+            "charge_payment": None,
+            "create_shipment": None,
+            "gift_wrap": None,
+            "notify": None,
+            "archive": (),
+        }
+
+    @pytest.mark.parametrize(
+        "requests",
+        [[["do", 0, 1]], [["do", 2, 1]], [["sideways", 1, 1]], [["do", 1]], [["do", "1", 2]], 7],
+    )
+    def test_malformed_requests_make_the_row_unreadable(self, requests):
+        entity = order_entity(rich_order())
+        steps = json.loads(get_json(entity, "Steps") or "")
+        steps[0]["requests"] = requests
+        put_json(entity, "Steps", json.dumps(steps))
+        with pytest.raises(CorruptOrderState, match="process row of o-1 is unreadable"):
+            order_from_entity(entity, ETAG)
 
     def test_every_datetime_reads_back_as_plain_utc(self):
         back = order_from_entity(order_entity(rich_order()), ETAG)

@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from core.lifecycle import Context, Replied, Restart, RetryDue, decide, submit
-from core.messages import AgentRequest, AgentResponse, OrderSubmitted, SchedulerCommand
+from core.lifecycle import Context, Replied, Restart, RetryDue, Swept, decide, submit
+from core.messages import (
+    EXPIRED,
+    AgentRequest,
+    AgentResponse,
+    OrderSubmitted,
+    SchedulerCommand,
+)
 from core.order import Order, TimelineEntry
 from core.workflows import ORDER_WORKFLOW
 from operator_api.step_activity import MAX_REASONS, step_activity
@@ -122,3 +128,48 @@ def test_only_the_latest_reasons_are_kept():
     reserve = step_activity(run.order.steps, run.timeline + entries, T0)["reserve_inventory"]
     assert reserve.failures == MAX_REASONS + 4
     assert reserve.reasons == tuple(f"failure {n}" for n in range(5, MAX_REASONS + 5))
+
+
+def test_an_answer_recorded_after_the_order_ended_is_a_reason_of_its_step():
+    run = Run()
+    run.reply(1)
+    run.reply(2, "declined")  # compensating: reserve_inventory is released
+    [undo] = [o.message for o in run.order.outbox if isinstance(o.message, AgentRequest)]
+    run.reply(3, "failed", error_code="release_refused")  # Error, settling
+    late = AgentResponse(
+        order_id="o-1",
+        step=undo.step,
+        operation=undo.operation,
+        attempt=undo.attempt,
+        idempotency_key=undo.idempotency_key,
+        outcome="succeeded",
+        responded_at=T0 + timedelta(seconds=50),
+    )
+    run.event(Replied(late), 50)
+    assert run.timeline[-1].event == "settled"
+    reserve = run.activity(60)["reserve_inventory"]
+    assert reserve.reasons[-1] == (
+        "reserve_inventory: Compensated (after the end; nothing is open now)"
+    )
+
+
+def test_a_late_answer_that_says_whose_failure_it_was_is_one_of_the_reasons():
+    run = Run()
+    [first] = [o.message for o in run.order.outbox if isinstance(o.message, AgentRequest)]
+    deadline = ORDER_WORKFLOW.first_step.deadline_budget.total_seconds()
+    run.event(Swept(), deadline + 1)  # no answer: released past CompleteBy
+    run.retry(deadline + 10)
+    expired = AgentResponse(
+        order_id="o-1",
+        step=first.step,
+        operation="do",
+        attempt=first.attempt,
+        idempotency_key=first.idempotency_key,
+        outcome="failed",
+        transient=True,
+        error_code=EXPIRED,
+    )
+    run.event(Replied(expired), deadline + 11)
+    reserve = run.activity(deadline + 12)["reserve_inventory"]
+    assert reserve.failures == 1, "the late answer is not another failure"
+    assert "never left our side" in reserve.reasons[-1]

@@ -146,7 +146,7 @@ async def test_the_intake_function_handles_its_message_in_a_child_span(spans, mo
 
     sent_next: list[object] = []
 
-    async def handle_submission(body: bytes, rt: object) -> None:  # sends the next hop's
+    async def handle_submission(body: bytes, rt: object, caused_by: str) -> None:  # next hop's
         reply = to_servicebus_message(order("o-7"))
         sent_next.append((reply.application_properties or {})[b"traceparent"])
 
