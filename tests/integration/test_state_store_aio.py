@@ -23,6 +23,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableTransactionError
 
+from adapters import tables as adapter_tables
 from core import lifecycle
 from core.active_index import index_partition
 from core.aio import state_store as aio_store_module
@@ -105,9 +106,13 @@ def sync_service(azurite) -> Iterator[SyncService]:
     service.close()
 
 
-@pytest.fixture
-async def store(azurite, tables, clock, counts, sync_service) -> AsyncIterator[AioStore]:
-    service = AioService.from_connection_string(
+@pytest.fixture(
+    params=[AioService, adapter_tables.TableService], ids=["own-pool", "azure-core-pipeline"]
+)
+async def store(request, azurite, tables, clock, counts, sync_service) -> AsyncIterator[AioStore]:
+    """The store on the Table client that runs today, and on adapters.tables (which the app
+    moves onto in the restructuring): the same store, the same rules, the same requests."""
+    service = request.param.from_connection_string(
         azurite.connection_string, request_hook=counts.request_hook("table")
     )
     aio = AioStore(service, clock=clock, owns_service=True, **tables.kwargs())
