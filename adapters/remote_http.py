@@ -23,10 +23,13 @@ Per call (:meth:`RemoteHttp.post`):
   past it, or a ``Content-Length`` that says so, the connection is closed and the call fails
   with :class:`AnswerTooLarge`, so a hostile or broken service cannot make the worker buffer an
   unbounded answer;
-- OpenTelemetry's aiohttp-client instrumentation, given to the session as its trace config
-  (not patched into aiohttp for the whole process), opens a CLIENT span per call under the
-  current span and sends its ``traceparent``, so Application Insights shows a dependency row
-  per call and the service can join the trace;
+- a CLIENT span per call under the current span, with the stable HTTP attributes the Azure
+  Monitor exporter turns into a dependency row (method, ``url.full``, server, status; a 4xx or
+  5xx, a timeout or a failed connection marks it an error), and its ``traceparent`` sent, so
+  the service can join the trace. Written here rather than through OpenTelemetry's
+  aiohttp-client instrumentation (``create_trace_config``), which does the same through
+  aiohttp's trace signals for 0.1-0.15 ms more CPU per call, measured: half again what aiohttp
+  itself costs;
 - the proxy the environment names for the service (``HTTPS_PROXY``, ``NO_PROXY``), looked up
   once (:mod:`adapters.proxies`).
 
@@ -46,7 +49,9 @@ from typing import Final
 
 import aiohttp
 from multidict import CIMultiDictProxy
-from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, StatusCode
+from yarl import URL
 
 from adapters.proxies import env_proxy
 from core.settings import ServiceLimits, Settings
@@ -55,6 +60,8 @@ MAX_ANSWER_BYTES: Final = 1_048_576
 """The longest answer read, unless told otherwise (the remote client's ``max_response_bytes``)."""
 KEEP_ALIVE_S: Final = 15.0
 """An idle connection is closed after this long (aiohttp's default)."""
+
+_tracer = trace.get_tracer(__name__)
 
 
 @dataclass(frozen=True)
@@ -144,22 +151,33 @@ class RemoteHttp:
         if timeout is not None:
             limit = min(timeout, limit)
         longest = min(max_answer_bytes or self._max_answer_bytes, self._max_answer_bytes)
-        url = f"{target.base_url.rstrip('/')}/{path.lstrip('/')}"
+        url = URL(f"{target.base_url.rstrip('/')}/{path.lstrip('/')}")
         session, slots = self._bound(service)
-        try:
-            async with asyncio.timeout(limit):
-                async with slots:
-                    return await self._exchange(session, service, url, body, headers, longest)
-        except TimeoutError:
-            raise CallTimedOut(f"POST {url}: no whole answer within {limit:.3f} s") from None
-        except aiohttp.ClientError as error:
-            raise CallFailed(f"POST {url}: {_describe(error)}") from error
+        with _tracer.start_as_current_span("POST", kind=SpanKind.CLIENT, attributes={
+            "http.request.method": "POST", "url.full": str(url), "server.address": url.host or "",
+            "server.port": url.port or 0,
+        }) as span:  # fmt: skip
+            sent = dict(headers)
+            propagate.inject(sent)  # traceparent: this span's
+            try:
+                async with asyncio.timeout(limit):
+                    async with slots:
+                        answer = await self._exchange(session, service, url, body, sent, longest)
+            except TimeoutError:
+                raise CallTimedOut(f"POST {url}: no whole answer within {limit:.3f} s") from None
+            except aiohttp.ClientError as error:
+                raise CallFailed(f"POST {url}: {_describe(error)}") from error
+            span.set_attribute("http.response.status_code", answer.status)
+            if answer.status >= 400:
+                span.set_attribute("error.type", str(answer.status))
+                span.set_status(StatusCode.ERROR)
+            return answer
 
     async def _exchange(
         self,
         session: aiohttp.ClientSession,
         service: str,
-        url: str,
+        url: URL,
         body: bytes,
         headers: Mapping[str, str],
         longest: int,
@@ -196,7 +214,6 @@ class RemoteHttp:
                 ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(total=None),  # each call's own deadline rules
-                trace_configs=[create_trace_config()],
             )
             self._slots = {
                 name: asyncio.Semaphore(s.limits.max_connections)

@@ -260,6 +260,27 @@ async def test_each_call_is_a_client_span_and_sends_its_traceparent(serve) -> No
             f"00-{context.trace_id:032x}-{context.span_id:016x}-"
         )
     assert calls[0].status.status_code is trace.StatusCode.ERROR  # the 503
+    assert calls[1].status.status_code is trace.StatusCode.UNSET
+    assert dict(calls[1].attributes) == {
+        "http.request.method": "POST",
+        "url.full": f"{server.origin}/inventory/reserve",
+        "server.address": "127.0.0.1",
+        "server.port": server.port,
+        "http.response.status_code": 200,
+    }
+
+
+async def test_a_call_without_an_answer_is_an_error_span(serve) -> None:
+    server = await serve(slow(5))
+    exporter = InMemorySpanExporter()
+    with recording(exporter):
+        http = remote(server)
+        with pytest.raises(CallTimedOut):
+            await http.post("inventory", "reserve", b"{}", HEADERS, timeout=0.2)
+        await http.close()
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert span.events[0].attributes["exception.type"].endswith("CallTimedOut")
 
 
 # ----------------------------------------------------------------------------- settings
