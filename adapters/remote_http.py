@@ -101,7 +101,8 @@ class AnswerTooLarge(RemoteHttpError):
 
 class RemoteHttp:
     """The worker's HTTP to its remote services. Safe to share between the tasks of one event
-    loop; opened on first use (built before any loop runs), and again on a new loop."""
+    loop; opened on first use (it may be built before any loop runs), and again on a new loop
+    (as :class:`adapters.tables.pipeline.Sender` is)."""
 
     def __init__(
         self,

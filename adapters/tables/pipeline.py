@@ -223,7 +223,8 @@ class Sender:
 
     An aiohttp session belongs to the loop it was opened on, and is opened on the first request
     (a service may be built before any loop runs); used from another loop (each test has its
-    own), the service opens another and drops the previous one's idle connections.
+    own), the service opens another and leaves the previous one, which cannot be closed from
+    here, to be collected with its loop (aiohttp then warns of an unclosed session).
     """
 
     def __init__(
