@@ -2,10 +2,11 @@
 service, traced per call.
 
 Why aiohttp: measured on this machine against a local server that answers at once, client CPU
-per POST with its answer read was 0.28-0.30 ms through a shared ``aiohttp.ClientSession``,
-0.36-0.48 ms through the project's own pool behind ``httpx.AsyncClient`` (core.aio.http11), and
-1.0-1.7 ms through ``httpx.AsyncClient`` however configured (its transport alone: httpcore and
-anyio); docs/performance.md, "The agents' remote calls on aiohttp". aiohttp parses with llhttp
+per POST with its answer read was 0.20-0.30 ms through a shared ``aiohttp.ClientSession`` (0.27
+with this module's span and bounds), 0.36-0.49 ms through the project's own pool behind
+``httpx.AsyncClient`` (core.aio.http11), and 1.0-1.7 ms through ``httpx.AsyncClient`` however
+configured (its transport alone: httpcore and anyio); ``python -m benchmarks.http_clients``,
+docs/performance.md, "Issue 27". aiohttp parses with llhttp
 too, keeps connections alive and closes idle ones after 15 s, verifies TLS with the system's
 trust store (or the ``ssl_context`` given), and never sends a POST twice: it retries only an
 idempotent request on a kept-alive connection the server had closed.
