@@ -15,11 +15,11 @@ Per call (:meth:`RemoteHttp.post`):
 
 - one deadline bounds the whole call: the wait for one of the service's connections, connecting,
   sending and reading the answer whole. It is the caller's ``timeout`` cut to the service's
-  (:class:`core.settings.ServiceLimits`: ``<SERVICE>_SERVICE_TIMEOUT_SECONDS``, else
-  ``REMOTE_TIMEOUT_SECONDS``, 10 s); past it the call fails with :class:`CallTimedOut`;
-- at most ``max_connections`` calls to one service are under way at once (its
-  ``..._MAX_CONNECTIONS`` setting, else ``REMOTE_MAX_CONNECTIONS``, 32): a burst for one
-  service cannot take every socket of the worker;
+  (:class:`core.settings.ServiceLimits`; from the settings, ``REMOTE_TIMEOUT_SECONDS``, 10 s);
+  past it the call fails with :class:`CallTimedOut`;
+- at most ``max_connections`` calls to one service are under way at once (from the settings,
+  ``REMOTE_MAX_CONNECTIONS``, 32, for each service): a burst for one service cannot take every
+  socket of the worker;
 - the answer is read whole, at most ``max_answer_bytes`` (1 MiB, the remote client's bound):
   past it, or a ``Content-Length`` that says so, the connection is closed and the call fails
   with :class:`AnswerTooLarge`, so a hostile or broken service cannot make the worker buffer an
@@ -126,7 +126,7 @@ class RemoteHttp:
     def from_settings(cls, settings: Settings, **options: object) -> RemoteHttp:
         """The agents' services, their URLs and limits from the app settings."""
         services = (
-            RemoteService(name, url, settings.service_limits.get(name, ServiceLimits()))
+            RemoteService(name, url, settings.remote_limits)
             for name, url in settings.service_urls.items()
         )
         return cls(services, **options)  # type: ignore[arg-type]

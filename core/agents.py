@@ -28,18 +28,6 @@ class Agent:
         return f"{self.name.upper()}_SERVICE_URL"
 
     @property
-    def timeout_setting(self) -> str:
-        """The app setting bounding one call to its service: ``INVENTORY_SERVICE_TIMEOUT_SECONDS``
-        (else ``REMOTE_TIMEOUT_SECONDS``)."""
-        return f"{self.name.upper()}_SERVICE_TIMEOUT_SECONDS"
-
-    @property
-    def connections_setting(self) -> str:
-        """The app setting bounding a worker's connections to its service:
-        ``INVENTORY_SERVICE_MAX_CONNECTIONS`` (else ``REMOTE_MAX_CONNECTIONS``)."""
-        return f"{self.name.upper()}_SERVICE_MAX_CONNECTIONS"
-
-    @property
     def function_name(self) -> str:
         return f"{self.name}_agent"
 

@@ -81,9 +81,9 @@ class Connection:
 
 @dataclass(frozen=True)
 class ServiceLimits:
-    """How a worker calls one remote service (adapters.remote_http): each call ends within
+    """How a worker calls each remote service (adapters.remote_http): each call ends within
     ``timeout_s`` (the remote client cuts it further to the time left before complete-by), and
-    at most ``max_connections`` calls are under way at once."""
+    at most ``max_connections`` calls to one service are under way at once."""
 
     timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S
     max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
@@ -116,9 +116,9 @@ class Settings:
     signing_keys: signing.Keyring | None = None
     """Keys the app signs its internal messages with (the first) and accepts (any); see
     :mod:`core.signing`. None only in Settings built by hand for code that sends nothing."""
-    service_limits: Mapping[str, ServiceLimits] = dataclasses.field(default_factory=dict)
-    """Per remote service, its calls' timeout and connections (a service missing here has
-    :class:`ServiceLimits`' defaults)."""
+    remote_limits: ServiceLimits = ServiceLimits()
+    """Each remote service's calls: their timeout and connections (``REMOTE_TIMEOUT_SECONDS``,
+    ``REMOTE_MAX_CONNECTIONS``)."""
 
     @property
     def keyring(self) -> signing.Keyring:
@@ -199,7 +199,7 @@ class Settings:
         fields = {
             "queues": queues,
             "service_urls": urls,
-            "service_limits": check(reader.service_limits),
+            "remote_limits": check(reader.remote_limits),
             "servicebus": servicebus,
             "signing_keys": check(lambda: servicebus and reader.signing_keys(servicebus)),
             "storage": check(lambda: reader.storage(STATE_STORAGE_CONNECTION)),
@@ -445,21 +445,11 @@ class _Reader:
             raise SettingsError(f"{name} must be a positive integer, got {raw!r}")
         return int(raw)
 
-    def service_limits(self) -> dict[str, ServiceLimits]:
-        """Each agent's service: its own setting, else the one for every service, else the
-        default (``INVENTORY_SERVICE_TIMEOUT_SECONDS``, ``REMOTE_TIMEOUT_SECONDS``, 10 s; the
-        same for ``..._MAX_CONNECTIONS``, 32)."""
-        timeout = self.seconds(REMOTE_TIMEOUT_SETTING, DEFAULT_REMOTE_TIMEOUT_S)
-        connections = self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING)
-        return {
-            agent.name: ServiceLimits(
-                (self.seconds_or_none(agent.timeout_setting) or timeout).total_seconds(),
-                self.int_or_none(agent.connections_setting)
-                or connections
-                or DEFAULT_REMOTE_MAX_CONNECTIONS,
-            )
-            for agent in AGENTS
-        }
+    def remote_limits(self) -> ServiceLimits:
+        return ServiceLimits(
+            self.seconds(REMOTE_TIMEOUT_SETTING, DEFAULT_REMOTE_TIMEOUT_S).total_seconds(),
+            self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING) or DEFAULT_REMOTE_MAX_CONNECTIONS,
+        )
 
     def servicebus(self, name: str) -> Connection:
         conn = self.env.get(name, "").strip()

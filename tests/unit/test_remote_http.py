@@ -292,9 +292,9 @@ def test_the_services_come_from_the_settings() -> None:
         service_urls={"inventory": "http://inv.test/a", "payment": "http://pay.test"},
         servicebus=None,  # type: ignore[arg-type]
         storage=None,  # type: ignore[arg-type]
-        service_limits={"inventory": ServiceLimits(timeout_s=3, max_connections=5)},
+        remote_limits=ServiceLimits(timeout_s=3, max_connections=5),
     )
     http = RemoteHttp.from_settings(settings)
     assert http.base_url("inventory") == "http://inv.test/a"
     assert http._services["inventory"].limits == ServiceLimits(3, 5)
-    assert http._services["payment"].limits == ServiceLimits()
+    assert http._services["payment"].limits == ServiceLimits(3, 5)
