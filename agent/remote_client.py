@@ -237,13 +237,20 @@ class RemoteServiceClient:
         except httpx.RequestError as exc:
             raise _TransientFailure("connection_error", _describe(exc, "request failed")) from exc
 
-        status = response.status_code
+        return self._answered(
+            response.status_code, data, response.headers.get("Retry-After"), state
+        )
+
+    def _answered(
+        self, status: int, data: bytes, retry_after: str | None, state: _CallState
+    ) -> Succeeded | NothingToUndo | Failed:
+        """What a whole answer means: a success, a refusal, or (raised) a transient failure
+        to retry, after the server's ``Retry-After`` when it sends one."""
         if 200 <= status < 300:
             return self._success(status, data, state)
         code, message = error_details(status, data)
         if is_transient_status(status):
-            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._now())
-            raise _TransientFailure(code, message, retry_after)
+            raise _TransientFailure(code, message, parse_retry_after(retry_after, self._now()))
         return Failed(code, message, transient=False, attempts=state.attempts)
 
     async def _read_body(self, response: httpx.Response, attempt_deadline: datetime) -> bytes:

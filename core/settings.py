@@ -37,6 +37,11 @@ QUEUE_SETTINGS = {
     **{agent.name: agent.queue_setting for agent in AGENTS},
 }
 SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
+REMOTE_TIMEOUT_SETTING = "REMOTE_TIMEOUT_SECONDS"
+REMOTE_MAX_CONNECTIONS_SETTING = "REMOTE_MAX_CONNECTIONS"
+DEFAULT_REMOTE_TIMEOUT_S = 10.0
+"""One call's bound when no setting names one: the remote client's attempt timeout."""
+DEFAULT_REMOTE_MAX_CONNECTIONS = 32
 
 RETENTION_DAYS_SETTING = "RETENTION_DAYS"
 PURGE_SCHEDULE_SETTING = "PURGE_SCHEDULE"
@@ -75,6 +80,16 @@ class Connection:
 
 
 @dataclass(frozen=True)
+class ServiceLimits:
+    """How a worker calls each remote service (adapters.remote_http): each call ends within
+    ``timeout_s`` (the remote client cuts it further to the time left before complete-by), and
+    at most ``max_connections`` calls to one service are under way at once."""
+
+    timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S
+    max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
+
+
+@dataclass(frozen=True)
 class Settings:
     queues: Mapping[str, str]
     service_urls: Mapping[str, str]
@@ -101,6 +116,9 @@ class Settings:
     signing_keys: signing.Keyring | None = None
     """Keys the app signs its internal messages with (the first) and accepts (any); see
     :mod:`core.signing`. None only in Settings built by hand for code that sends nothing."""
+    remote_limits: ServiceLimits = ServiceLimits()
+    """Each remote service's calls: their timeout and connections (``REMOTE_TIMEOUT_SECONDS``,
+    ``REMOTE_MAX_CONNECTIONS``)."""
 
     @property
     def keyring(self) -> signing.Keyring:
@@ -181,6 +199,7 @@ class Settings:
         fields = {
             "queues": queues,
             "service_urls": urls,
+            "remote_limits": check(reader.remote_limits),
             "servicebus": servicebus,
             "signing_keys": check(lambda: servicebus and reader.signing_keys(servicebus)),
             "storage": check(lambda: reader.storage(STATE_STORAGE_CONNECTION)),
@@ -425,6 +444,12 @@ class _Reader:
         if not raw.isdigit() or int(raw) < 1:
             raise SettingsError(f"{name} must be a positive integer, got {raw!r}")
         return int(raw)
+
+    def remote_limits(self) -> ServiceLimits:
+        return ServiceLimits(
+            self.seconds(REMOTE_TIMEOUT_SETTING, DEFAULT_REMOTE_TIMEOUT_S).total_seconds(),
+            self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING) or DEFAULT_REMOTE_MAX_CONNECTIONS,
+        )
 
     def servicebus(self, name: str) -> Connection:
         conn = self.env.get(name, "").strip()

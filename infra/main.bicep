@@ -84,6 +84,12 @@ param retryBaseDelaySeconds string = ''
 @description('Longest retry delay in seconds. Empty: the workflow default.')
 param retryMaxDelaySeconds string = ''
 
+@description('Longest one call of an agent to its remote service may take, in seconds (adapters/remote_http.py). Empty: 10.')
+param remoteTimeoutSeconds string = ''
+
+@description('Most calls one worker has under way to each remote service at once (adapters/remote_http.py). Empty: 32.')
+param remoteMaxConnections string = ''
+
 @description('Version new orders take per workflow, NAME=VERSION separated by commas (e.g. order=2); empty: version 1 of each.')
 param workflowVersions string = ''
 
@@ -283,6 +289,9 @@ var appSettings = {
   STEP_QUEUE_SECONDS: stepQueueSeconds
   RETRY_BASE_DELAY_SECONDS: retryBaseDelaySeconds
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
+  // The agents' calls to their remote services (read when the agents are on adapters/).
+  REMOTE_TIMEOUT_SECONDS: remoteTimeoutSeconds
+  REMOTE_MAX_CONNECTIONS: remoteMaxConnections
   WORKFLOW_VERSIONS: workflowVersions
   // Retention: what the code accepts is what the parameters allow (0-3650 days).
   RETENTION_DAYS: string(retentionDays)
