@@ -1,9 +1,7 @@
-"""The token credential the adapters authenticate with in Azure: ``azure.identity.aio``'s,
-chosen as :meth:`core.settings.Connection.credential` chooses the sync one (the app's
-user-assigned managed identity when the connection names its client id, else
-``DefaultAzureCredential``). Its tokens are fetched on the event loop, over aiohttp, never by a
-sync call on it (core.credentials.aio runs the sync credential on a thread instead, because
-the app did not deploy aiohttp before)."""
+"""The token credential every client authenticates with in Azure (core.clients: Table, Service
+Bus, Blob): ``azure.identity.aio``'s, the app's user-assigned managed identity when the
+connection names its client id, else ``DefaultAzureCredential``. Its tokens are fetched on the
+event loop, over aiohttp, never by a sync call on it."""
 
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ from core.settings import Connection
 
 
 def credential(conn: Connection) -> AsyncTokenCredential:
+    """``conn``'s credential (a connection of an endpoint, not a connection string)."""
     if conn.client_id:
         return ManagedIdentityCredential(client_id=conn.client_id)
     return DefaultAzureCredential()

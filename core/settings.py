@@ -71,13 +71,6 @@ class Connection:
     client_id: str | None = None
     blob_endpoint: str | None = None
 
-    def credential(self) -> Any:
-        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
-
-        if self.client_id:
-            return ManagedIdentityCredential(client_id=self.client_id)
-        return DefaultAzureCredential()
-
 
 @dataclass(frozen=True)
 class ServiceLimits:

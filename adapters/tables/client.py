@@ -1,16 +1,16 @@
-"""The app's Table client on azure-core's pipeline: the surface of core.tablestorage.aio (the
-part of azure-data-tables' ``TableClient`` the app uses, async), so that moving the app onto it
-is an import change, with its requests sent through :mod:`adapters.tables.pipeline` (aiohttp,
-the Tables retry semantics, request ids, tracing, Shared Key or Entra tokens).
+"""The app's Table client on azure-core's pipeline: the part of azure-data-tables'
+``TableClient`` the app uses, async, with its requests sent through
+:mod:`adapters.tables.pipeline` (aiohttp, the Tables retry semantics, request ids, tracing,
+Shared Key or Entra tokens).
 
 Why not azure-data-tables itself: its request preparation costs several times more client CPU
 than the service's answer takes (docs/performance.md). The wire format stays the app's own,
-written and read here: OData JSON (:mod:`core.tablestorage.odata`) and ``multipart/mixed``
-transactions (:mod:`core.tablestorage.batch`, where the SDK runs each operation through a
+written and read here: OData JSON (:mod:`adapters.tables.odata`) and ``multipart/mixed``
+transactions (:mod:`adapters.tables.batch`, where the SDK runs each operation through a
 pipeline on a thread pool and the ``email`` package). The entity types are the SDK's, and so
 are the errors (azure-core's, and the SDK's ``TableTransactionError``), so the store's code and
 tests read the same, and rows written here read the same through azure-data-tables
-(tests/integration/test_tables_adapter.py).
+(tests/integration/test_tablestorage.py).
 
 Every method that makes a request is ``async``; queries are async iterators (``async for``),
 their pages lists. Safe to use from several tasks of one event loop.
@@ -37,9 +37,8 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import AsyncHttpResponse, HttpRequest
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from adapters.tables import pipeline
-from core.tablestorage import batch, odata
-from core.tablestorage.auth import SharedKey, parse_connection_string
+from adapters.tables import batch, odata, pipeline
+from adapters.tables.auth import SharedKey, parse_connection_string
 
 API_VERSION: Final = "2019-02-02"
 """The first version that accepts Entra tokens; the one azure-data-tables 12 sends."""
@@ -58,7 +57,7 @@ Operation = tuple[Any, ...]
 class TableService:
     """The account's table endpoint: builds :class:`Table` clients sharing one pipeline.
 
-    ``credential``: a :class:`~core.tablestorage.auth.SharedKey` (connection strings: Azurite),
+    ``credential``: a :class:`~adapters.tables.auth.SharedKey` (connection strings: Azurite),
     or an async token credential (``azure.identity.aio``). ``request_hook`` is told of every
     attempt, retries included (:class:`~adapters.tables.pipeline.Sent`).
     """

@@ -67,7 +67,7 @@ from azure.core.pipeline.transport import AioHttpTransport, AsyncHttpResponse, H
 from yarl import URL
 
 from adapters.proxies import env_proxy
-from core.tablestorage.auth import STORAGE_SCOPE, SharedKey
+from adapters.tables.auth import STORAGE_SCOPE, SharedKey
 
 MONIKER: Final = "orders-tables/1.0"
 """This client in the User-Agent, where the SDK puts ``data-tables/<version>``."""
@@ -128,7 +128,7 @@ def _dated(request: HttpRequest) -> None:
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):
-    """Shared Key for the Table service (:class:`core.tablestorage.auth.SharedKey`), signed over
+    """Shared Key for the Table service (:class:`adapters.tables.auth.SharedKey`), signed over
     the path as aiohttp sends it: yarl decodes what a path may hold unencoded (``%27`` is sent
     as ``'``), and the service signs what it receives."""
 

@@ -3,9 +3,10 @@
 A timed-out POST may still be processed by a slow server: sending it again would make the
 remote service receive the call twice, and double the load exactly when a service struggles.
 What may be resent: a request that never left (the connection was refused), an idempotent one
-(GET, PUT, DELETE) after a read failure, and, once, a request on a kept-alive connection the
-server closed before answering (it closed that connection as it was taken). The agents' shared
-HTTP client and the Table client are each tried against a real server on 127.0.0.1.
+(GET, PUT, DELETE) after a read failure, and, for the agents' shared HTTP client, once, a
+request on a kept-alive connection the server closed before answering (it closed that connection
+as it was taken). The agents' shared HTTP client and the Table client (adapters.tables) are each
+tried against a real server on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from azure.core.exceptions import ServiceResponseError
 
+from adapters.tables import TableService
 from core.http_transport import PooledAsyncTransport
-from core.tablestorage import client as table_client
-from core.tablestorage.client import TableService
 from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
 
 pytestmark = pytest.mark.anyio
@@ -46,9 +47,9 @@ def agents_http() -> httpx.AsyncClient:
     return httpx.AsyncClient(http2=False, transport=PooledAsyncTransport())
 
 
-def tables(origin: str) -> TableService:
+def tables(origin: str, read_timeout: float) -> TableService:
     conn = f"AccountName=devstoreaccount1;AccountKey={_KEY};TableEndpoint={origin}/devstoreaccount1"
-    return TableService.from_connection_string(conn)
+    return TableService.from_connection_string(conn, read_timeout=read_timeout)
 
 
 def slow_after_first(delay: float) -> Script:
@@ -110,33 +111,28 @@ async def test_a_kept_alive_connection_closed_before_answering_is_retried_once(s
     assert server.connections == 2
 
 
-async def test_a_table_batch_to_a_hung_endpoint_is_sent_once(serve, monkeypatch) -> None:
-    monkeypatch.setattr(table_client, "READ_TIMEOUT_S", 0.5)
+async def test_a_table_batch_to_a_hung_endpoint_is_sent_once(serve) -> None:
     server = await serve(_always_slow(30))
-    service = tables(server.origin)
+    service = tables(server.origin, read_timeout=0.5)
     entity = {"PartitionKey": "p", "RowKey": "r", "Value": 1}
-    with pytest.raises(table_client.ServiceRequestError):
+    with pytest.raises(ServiceResponseError):
         await service.get_table_client("orders").submit_transaction([("create", entity)])
     await service.close()
     assert server.methods() == ["POST"]
 
 
-async def test_a_table_insert_that_times_out_is_sent_once(serve, monkeypatch) -> None:
-    monkeypatch.setattr(table_client, "READ_TIMEOUT_S", 0.5)
+async def test_a_table_insert_that_times_out_is_sent_once(serve) -> None:
     server = await serve(slow_after_first(30))
-    service = tables(server.origin)
+    service = tables(server.origin, read_timeout=0.5)
     table = service.get_table_client("orders")
     await service.request("GET", "Tables")  # a kept-alive connection
-    with pytest.raises(table_client.ServiceRequestError):
+    with pytest.raises(ServiceResponseError):
         await table.create_entity({"PartitionKey": "p", "RowKey": "r"})
     await service.close()
     assert server.methods() == ["GET", "POST"]
 
 
-async def test_a_table_read_that_times_out_is_retried(serve, monkeypatch) -> None:
-    monkeypatch.setattr(table_client, "READ_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(table_client, "BACKOFF_S", 0.01)
-
+async def test_a_table_read_that_times_out_is_retried(serve) -> None:
     async def script(request: bytes, n: int) -> Reply:
         if n == 1:
             await asyncio.sleep(5)
@@ -144,7 +140,7 @@ async def test_a_table_read_that_times_out_is_retried(serve, monkeypatch) -> Non
         return answer(200, body, {"Content-Type": "application/json", "ETag": 'W/"1"'}), False
 
     server = await serve(script)
-    service = tables(server.origin)
+    service = tables(server.origin, read_timeout=0.3)
     entity = await service.get_table_client("orders").get_entity("p", "r")
     await service.close()
     assert entity["RowKey"] == "r"

@@ -1,8 +1,7 @@
 """core.http11 against a real asyncio server, started in the test, that answers
 as scripted: framing (Content-Length, chunked, to the end of the connection), kept-alive reuse,
 connections the server closes or writes to while idle, timeouts, cancellation, malformed
-answers, TLS; and the Table client on it (the closed kept-alive connection retried at once, the
-backoff when the service is down)."""
+answers, TLS."""
 
 from __future__ import annotations
 
@@ -12,14 +11,10 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from core.http11 import ConnectionPool, TransportError
-from core.tablestorage import client
-from core.tablestorage.client import TableService
 
 pytestmark = pytest.mark.anyio
 
@@ -443,52 +438,3 @@ async def test_https_is_verified_and_kept_alive(serve, certificate) -> None:
     await pool.close()
     with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
         await ConnectionPool(origin).request("GET", "/", {})  # the default trust store
-
-
-# ------------------------------------------------------------ through the Table client
-
-CS = (
-    "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-    "TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
-)
-
-
-@pytest.fixture
-def slept(monkeypatch) -> list[float]:
-    """The Table client's backoff waits, instead of waiting: the client module's asyncio (it
-    uses only its sleep) is swapped for one whose sleep records, the loop's own left alone."""
-    waits: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-
-    monkeypatch.setattr(client, "asyncio", SimpleNamespace(sleep=sleep))
-    return waits
-
-
-async def test_the_table_client_retries_a_closed_kept_alive_connection_at_once(
-    serve, slept
-) -> None:
-    entity = b'{"PartitionKey":"p","RowKey":"r","odata.etag":"e"}'
-    server = await serve(lambda request, n: None if n == 2 else (ok(entity), False))
-    seen: list[Any] = []
-    async with TableService.from_connection_string(
-        CS.format(port=server.port), request_hook=seen.append
-    ) as service:
-        table = service.get_table_client("t")
-        assert (await table.get_entity("p", "r")).metadata["etag"] == "e"
-        assert (await table.get_entity("p", "r")).metadata["etag"] == "e"
-    assert len(seen) == 3 and slept == []  # the failed attempt counted, no backoff
-    assert server.requests[0].startswith(b"GET /devstoreaccount1/t(PartitionKey='p',RowKey='r')")
-
-
-async def test_the_table_client_backs_off_when_the_service_is_down(serve, slept) -> None:
-    server = await serve(lambda request, n: None)
-    table = TableService.from_connection_string(CS.format(port=server.port)).get_table_client(
-        "t", owns_service=True
-    )
-    with pytest.raises(client.ServiceRequestError, match="closed the connection"):
-        await table.get_entity("p", "r")
-    assert len(slept) == client.RETRIES
-    await table.close()

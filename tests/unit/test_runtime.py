@@ -1,27 +1,26 @@
 """The Runtime (core.runtime) and clients (core.clients), without a broker: what
 ``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
-and the credentials the asyncio clients authenticate with. The broker round trips are in
-tests/integration/test_bus.py."""
+and the async credentials (azure.identity.aio) the clients authenticate with. The broker round
+trips are in tests/integration/test_bus.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from azure.core.credentials import AccessToken
-from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus.aio import ServiceBusClient
+from azure.storage.blob.aio import BlobServiceClient
 
+from adapters.tables import TableService
+from adapters.tables.pipeline import BearerTokenPolicy
 from core import bus, clients, runtime, signing, state_store
-from core.credentials import ThreadedCredential
 from core.messages import OperatorAlert, StatusUpdate, message_id_for
 from core.settings import Connection, Settings
-from core.tablestorage import TableService, auth
 from tests.support.app import EXAMPLE_SETTINGS
 
 pytestmark = pytest.mark.anyio
@@ -291,52 +290,45 @@ async def test_servicebus_client_with_a_managed_identity_gets_an_async_credentia
     client = clients.servicebus_client(MANAGED, retry_total=1)
     try:
         assert isinstance(client, ServiceBusClient)
-        credential = client._credential
-        assert isinstance(credential, ThreadedCredential)
-        assert isinstance(credential.credential, ManagedIdentityCredential)
+        assert isinstance(client._credential, ManagedIdentityCredential)
     finally:
         await client.close()
+        await client._credential.close()
 
 
 async def test_without_a_client_id_the_credential_is_the_default_chain() -> None:
     conn = Connection("ServiceBusConnection", endpoint="sb-x.servicebus.windows.net")
     client = clients.servicebus_client(conn)
     try:
-        assert isinstance(client._credential.credential, DefaultAzureCredential)
+        assert isinstance(client._credential, DefaultAzureCredential)
     finally:
         await client.close()
+        await client._credential.close()
 
 
-async def test_the_table_service_takes_the_sync_credential_its_bearer_token_renews() -> None:
+async def test_the_table_service_authenticates_with_the_async_credential() -> None:
     conn = Connection("StateStorage", endpoint="https://st.table.core.windows.net", client_id="1")
     service = clients.table_service(conn)
     try:
         assert isinstance(service, TableService)
-        assert isinstance(service._auth, auth.BearerToken)
-        assert isinstance(service._auth._credential, ManagedIdentityCredential)
+        [policy] = [p for p in service._sender._policies if isinstance(p, BearerTokenPolicy)]
+        assert isinstance(policy._credential, ManagedIdentityCredential)
     finally:
         await service.close()
+        await policy._credential.close()
 
 
-class SyncCredential:
-    def __init__(self) -> None:
-        self.threads: list[int] = []
-        self.closed_in: int | None = None
-
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        self.threads.append(threading.get_ident())
-        return AccessToken(f"token for {' '.join(scopes)} {kwargs}", 4102444800)
-
-    def close(self) -> None:
-        self.closed_in = threading.get_ident()
-
-
-async def test_a_threaded_credential_gets_tokens_off_the_event_loop() -> None:
-    sync = SyncCredential()
-    async with ThreadedCredential(sync) as credential:
-        token = await credential.get_token("https://servicebus.azure.net/.default", tenant_id="t")
-    assert token == AccessToken(
-        "token for https://servicebus.azure.net/.default {'tenant_id': 't'}", 4102444800
+async def test_the_blob_service_authenticates_with_the_async_credential() -> None:
+    conn = Connection(
+        "StateStorage",
+        endpoint="https://st.table.core.windows.net",
+        blob_endpoint="https://st.blob.core.windows.net",
+        client_id="1",
     )
-    assert sync.threads and threading.get_ident() not in sync.threads
-    assert sync.closed_in is not None and sync.closed_in != threading.get_ident()
+    client = clients.blob_service(conn)
+    try:
+        assert isinstance(client, BlobServiceClient)
+        assert isinstance(client.credential, ManagedIdentityCredential)
+    finally:
+        await client.close()
+        await client.credential.close()

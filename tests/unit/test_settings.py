@@ -48,9 +48,11 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
     assert settings.servicebus.connection_string is None
     assert settings.servicebus.endpoint == "sb-x.servicebus.windows.net"
     assert settings.storage.endpoint == "https://st.table.core.windows.net"
-    from azure.identity import ManagedIdentityCredential
+    from azure.identity.aio import ManagedIdentityCredential
 
-    assert isinstance(settings.storage.credential(), ManagedIdentityCredential)
+    from adapters.credentials import credential
+
+    assert isinstance(credential(settings.storage), ManagedIdentityCredential)
 
 
 @pytest.mark.parametrize(

@@ -1,23 +1,30 @@
 """adapters.tables against scripted servers on 127.0.0.1 (no Azurite): what the pipeline sends
 and how often (the Tables retry semantics: method-aware, ``Retry-After`` and
 ``x-ms-retry-after-ms`` honoured, never a POST or MERGE again after a read failure, a
-``ServerBusy`` storm ridden out), request ids, User-Agent, Shared Key and Entra tokens (401 and
-claims challenges), TLS, the environment's proxy, spans; and the client's errors, transactions
-and pages, as tests/unit/test_tablestorage_offline_aio.py pins them for core.tablestorage.aio.
-The same client against Azurite: tests/integration/test_tablestorage_aio.py."""
+``ServerBusy`` storm ridden out, each attempt reported to the request hook), request ids,
+User-Agent, Shared Key and Entra tokens (reuse and renewal, 401 and claims challenges), TLS,
+the environment's proxy, spans, a pipeline on each event loop it is used on; and the client:
+the request each operation sends, its errors, transactions and pages. The wire format without a
+server: tests/unit/test_tables_wire.py; the same client against Azurite:
+tests/integration/test_tablestorage.py."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import inspect
 import itertools
 import json
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
+from azure.core import MatchConditions
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -30,12 +37,12 @@ from azure.core.exceptions import (
 )
 from azure.core.settings import settings
 from azure.core.tracing.ext.opentelemetry_span import OpenTelemetrySpan
-from azure.data.tables import TableTransactionError
+from azure.data.tables import TableTransactionError, UpdateMode
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from adapters.tables import Sent, TableService, pipeline
-from core.tablestorage.auth import SharedKey
+from adapters.tables import Sent, TableService, client, odata, pipeline
+from adapters.tables.auth import SharedKey
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
 from tests.support.spans import recording
@@ -96,6 +103,28 @@ def entity(etag: str = 'W/"1"') -> bytes:
 
 def created() -> bytes:
     return answer(204, b"", {"ETag": 'W/"2"'})
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The retry policy's backoff factor, cut so that retries after a failed status or a lost
+    answer come within a test's time (the first at once, the next after twice this)."""
+    monkeypatch.setattr(pipeline, "BACKOFF_FACTOR_S", 0.05)
+    return 0.05
+
+
+def test_io_is_awaited_and_building_is_not() -> None:
+    for name in (
+        "get_entity", "create_entity", "upsert_entity", "update_entity", "delete_entity",
+        "submit_transaction", "close", "__aenter__", "__aexit__",
+    ):  # fmt: skip
+        assert inspect.iscoroutinefunction(getattr(client.Table, name)), name
+    for name in ("create_table_if_not_exists", "delete_table", "request", "close"):
+        assert inspect.iscoroutinefunction(getattr(client.TableService, name)), name
+    for name in ("from_connection_string", "with_credential", "get_table_client", "url"):
+        assert not inspect.iscoroutinefunction(getattr(client.TableService, name)), name
+    assert not inspect.iscoroutinefunction(client.Table.query_entities)
+    assert Sent is pipeline.Sent
 
 
 # ---------------------------------------------------------------- what each request carries
@@ -192,6 +221,59 @@ async def test_a_read_from_a_hung_endpoint_is_tried_as_the_sdk_tries_it(serve) -
     assert server.methods() == ["GET"] * (1 + pipeline.READ_RETRIES)
     gaps = [later - earlier - 0.2 for earlier, later in itertools.pairwise(times)]
     assert gaps[0] < 0.5 and 1.5 < gaps[1] < 2.2 and 3.1 < gaps[2] < 3.8
+
+
+async def test_transient_failures_are_retried_and_each_attempt_is_counted(
+    serve, quick_backoff
+) -> None:
+    times: list[float] = []
+
+    async def script(request: bytes, n: int) -> Reply:
+        times.append(time.monotonic())
+        if n == 1:
+            await asyncio.sleep(5)  # no answer within the read timeout: a GET is tried again
+        return (error(503, "ServerBusy") if n == 2 else entity()), False
+
+    server = await serve(script)
+    seen: list[Sent] = []
+    async with tables(server, request_hook=seen.append, read_timeout=0.2) as service:
+        row = await service.get_table_client("t").get_entity("p", "r")
+    assert row.metadata["etag"] == 'W/"1"'
+    assert [s.method for s in seen] == ["GET", "GET", "GET"]
+    assert seen[0].url == f"{server.origin}/acct/t(PartitionKey='p',RowKey='r')"
+    assert times[2] - times[1] >= 2 * quick_backoff  # the first retry at once, then a backoff
+
+
+async def test_a_read_on_a_kept_alive_connection_the_server_closed_is_sent_again_at_once(
+    serve,
+) -> None:
+    """aiohttp itself sends an idempotent request again when its connection closes before the
+    answer: at once, and unseen by the request hook (it is no attempt of the pipeline's)."""
+    server = await serve(replies(entity(), None, entity()))
+    seen: list[Sent] = []
+    async with tables(server, request_hook=seen.append) as service:
+        table = service.get_table_client("t")
+        started = time.monotonic()
+        assert (await table.get_entity("p", "r")).metadata["etag"] == 'W/"1"'
+        assert (await table.get_entity("p", "r")).metadata["etag"] == 'W/"1"'
+        assert time.monotonic() - started < 0.5
+    assert server.methods() == ["GET"] * 3 and server.connections == 2
+    assert len(seen) == 2
+
+
+async def test_retries_end(serve, quick_backoff) -> None:
+    server = await serve(replies(error(503, "ServerBusy")))
+    async with tables(server) as service:
+        with pytest.raises(HttpResponseError) as raised:
+            await service.get_table_client("t").get_entity("p", "r")
+    assert raised.value.status_code == 503
+    assert server.methods() == ["GET"] * (1 + pipeline.STATUS_RETRIES)
+    origin = server.origin
+    await server.close()
+    conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={origin}/acct"
+    async with TableService.from_connection_string(conn) as service:
+        with pytest.raises(ServiceRequestError, match="Cannot connect"):
+            await service.get_table_client("t").get_entity("p", "r")
 
 
 async def test_a_503_with_retry_after_waits_as_long_as_it_says(serve) -> None:
@@ -329,6 +411,8 @@ async def test_a_transaction_the_service_would_refuse_is_refused_before_any_requ
             await table.submit_transaction(
                 [("create", {"PartitionKey": "a", "RowKey": str(i)}) for i in range(101)]
             )
+        with pytest.raises(ValueError, match="unknown transaction operation 'merge'"):
+            await table.submit_transaction([("merge", {"PartitionKey": "a", "RowKey": "r"})])
         assert await table.submit_transaction([]) == []
     assert server.requests == []
 
@@ -339,6 +423,114 @@ async def test_deleting_a_row_or_table_already_gone_is_not_an_error(serve) -> No
         await service.get_table_client("t").delete_entity("p", "r")
         await service.delete_table("t")
     assert server.methods() == ["DELETE", "DELETE"]
+
+
+# ---------------------------------------------------------- what each operation sends
+
+
+def as_the_service_answers(request: bytes, n: int) -> Reply:
+    method, target, _ = request.split(b"\r\n", 1)[0].decode().split(" ")
+    path = urlsplit(target).path
+    if method == "GET" and path.endswith("()"):
+        rows = {"value": [{"PartitionKey": "p", "RowKey": "r"}]}
+        return answer(200, json.dumps(rows).encode(), JSON), False
+    if method == "GET":
+        return entity(), False
+    if path.endswith("$batch"):
+        part = (
+            "--c\r\nContent-Type: application/http\r\n\r\n"
+            'HTTP/1.1 204 No Content\r\nETag: W/"x"\r\n\r\n\r\n'
+        )
+        batch = (
+            f"--b\r\nContent-Type: multipart/mixed; boundary=c\r\n\r\n{part * 2}--c--\r\n--b--\r\n"
+        )
+        return answer(202, batch.encode(), {"Content-Type": "multipart/mixed; boundary=b"}), False
+    if path.endswith("/Tables"):
+        return error(409, "TableAlreadyExists"), False
+    return answer(204, b"", {"ETag": 'W/"x"'}), False
+
+
+OPS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("create_entity", ({"PartitionKey": "p", "RowKey": "r", "N": 1},), {}),
+    ("get_entity", ("p", "r"), {"select": ["N"]}),
+    ("upsert_entity", ({"PartitionKey": "p", "RowKey": "r"}, UpdateMode.REPLACE), {}),
+    (
+        "update_entity",
+        ({"PartitionKey": "p", "RowKey": "r"},),
+        {"etag": "e", "match_condition": MatchConditions.IfNotModified},
+    ),
+    ("delete_entity", ("p", "r"), {}),
+    (
+        "submit_transaction",
+        (
+            [
+                ("upsert", {"PartitionKey": "p", "RowKey": "a"}),
+                ("delete", {"PartitionKey": "p", "RowKey": "b"}),
+            ],
+        ),
+        {},
+    ),
+]
+ETAG = {"etag": 'W/"x"'}
+RESULTS = [ETAG, {"PartitionKey": "p", "RowKey": "r"}, ETAG, ETAG, None, [ETAG, ETAG]]
+
+
+def expected_requests(origin: str) -> list[tuple[str, str, bytes]]:
+    """What OPS send after creating the table, then the query: one request each."""
+    row = f"{origin}/acct/t(PartitionKey='p',RowKey='r')"
+    batch_urls = [f"{origin}/acct/t(PartitionKey='p',RowKey='{key}')" for key in "ab"]
+    part = "Content-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n\r\n"
+    headers = "Accept: application/json;odata=minimalmetadata\r\nDataServiceVersion: 3.0\r\n"
+    transaction = (
+        f"\r\n\r\n\r\n\r\n{part}PATCH {batch_urls[0]} HTTP/1.1\r\n{headers}"
+        "Content-Type: application/json\r\nPrefer: return-no-content\r\n\r\n"
+        '{"PartitionKey":"p","RowKey":"a"}\r\n\r\n'
+        f"{part}DELETE {batch_urls[1]} HTTP/1.1\r\n{headers}If-Match: *\r\n\r\n\r\n--\r\n--\r\n"
+    )
+    return [
+        ("POST", f"{origin}/acct/Tables", b'{"TableName":"t"}'),
+        ("POST", f"{origin}/acct/t", b'{"PartitionKey":"p","RowKey":"r","N":1}'),
+        ("GET", f"{row}?$select=N", b""),
+        ("PUT", row, b'{"PartitionKey":"p","RowKey":"r"}'),
+        ("PATCH", row, b'{"PartitionKey":"p","RowKey":"r"}'),
+        ("DELETE", row, b""),
+        ("POST", f"{origin}/acct/$batch", transaction.encode()),
+        ("GET", f"{origin}/acct/t()?$filter=N%20eq%201", b""),
+    ]
+
+
+def received(server: ScriptedServer) -> list[tuple[str, str, bytes]]:
+    """The requests as the server read them, without what differs each time (a transaction's
+    boundaries); URLs decoded, as yarl sends some characters the client encoded."""
+    out = []
+    for request in server.requests:
+        head, body = request.split(b"\r\n\r\n", 1)
+        method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ")
+        text = body.decode()
+        for line in text.splitlines():
+            if line.startswith(("--batch_", "--changeset_")) or "boundary=" in line:
+                text = text.replace(line, "")
+        out.append((method, unquote(server.origin + target), text.encode()))
+    return out
+
+
+async def test_each_operation_sends_its_request_and_reports_it_once(serve) -> None:
+    server = await serve(as_the_service_answers)
+    seen: list[Sent] = []
+    async with tables(server, request_hook=seen.append) as service:
+        await service.create_table_if_not_exists("t")
+        table = service.get_table_client("t")
+        for (name, args, kwargs), expected in zip(OPS, RESULTS, strict=True):
+            assert await getattr(table, name)(*args, **kwargs) == expected, name
+        rows = [dict(r) async for r in table.query_entities("N eq @n", parameters={"n": 1})]
+    assert rows == [{"PartitionKey": "p", "RowKey": "r"}]
+    requests = expected_requests(server.origin)
+    assert received(server) == [(m, unquote(u), body) for m, u, body in requests]
+    assert [(s.method, s.url) for s in seen] == [(m, u) for m, u, _ in requests]
+    assert len(seen) == len(OPS) + 2
+    assert seen[-2].batch_urls == tuple(
+        f"{server.origin}/acct/t(PartitionKey='p',RowKey='{key}')" for key in "ab"
+    )
 
 
 # ---------------------------------------------------------------------------------- pages
@@ -375,16 +567,26 @@ async def test_rows_are_read_a_page_at_a_time_and_pages_resume(serve) -> None:
         table = service.get_table_client("t")
         rows = table.query_entities("I ge @low", parameters={"low": 0}, results_per_page=2)
         assert server.requests == []  # no request until walked
-        assert [row["I"] async for row in rows] == [0, 1, 2, 3, 4, 5]
+        seen = []
+        async for row in rows:
+            seen.append(row["I"])
+            if row["I"] == 2:
+                assert len(server.requests) == 2  # a page at a time, as the rows are walked
+        assert seen == [0, 1, 2, 3, 4, 5] and len(server.requests) == 3
         assert queries(server)[0] == {"$filter": ["I ge 0"], "$top": ["2"]}
+        assert queries(server)[1]["NextPartitionKey"] == ["p"]
+        assert queries(server)[1]["NextRowKey"] == ["2"]
         pages = table.list_entities(results_per_page=2).by_page()
         first = await pages.__anext__()
-        assert [r["I"] for r in first] == [0, 1]
+        assert isinstance(first, odata.Page) and [r["I"] for r in first] == [0, 1]
+        assert [r["I"] async for r in first] == [0, 1]  # as azure-core's async pages walk
         assert pages.continuation_token == {"PartitionKey": "p", "RowKey": "2"}
         resumed = table.list_entities(results_per_page=2).by_page(pages.continuation_token)
         assert [[r["I"] for r in page] async for page in resumed] == [[2, 3], [4, 5]]
         assert resumed.continuation_token is None
-    assert len(server.requests) == 3 + 1 + 2
+        assert [r["I"] async for r in table.list_entities(select=["I"])] == seen
+        assert queries(server)[-1]["$select"] == ["I"]
+    assert len(server.requests) == 3 + 1 + 2 + 3
 
 
 async def test_a_failed_page_says_where_it_started(serve) -> None:
@@ -413,15 +615,17 @@ async def test_a_table_that_owns_its_service_closes_it(serve) -> None:
 
 
 class AsyncCredential:
-    """Hands out t0, t1, ... (an hour each); records what each was asked with."""
+    """Hands out t0, t1, ... (each ``lifetime`` seconds long); records what each was asked
+    with."""
 
-    def __init__(self) -> None:
+    def __init__(self, lifetime: int = 3600) -> None:
+        self.lifetime = lifetime
         self.asked: list[dict[str, Any]] = []
 
     async def get_token(self, *scopes: str, **options: Any) -> AccessToken:
         await asyncio.sleep(0)
         self.asked.append({"scopes": scopes, **options})
-        return AccessToken(f"t{len(self.asked) - 1}", int(time.time()) + 3600)
+        return AccessToken(f"t{len(self.asked) - 1}", int(time.time()) + self.lifetime)
 
 
 def https_tables(server: ScriptedServer, certificates: Certificates, credential: Any):
@@ -438,6 +642,18 @@ async def test_requests_carry_a_bearer_token_from_an_async_credential(serve, cer
         await service.get_table_client("t").get_entity("p", "r")
     assert [server.headers(n)["authorization"] for n in (1, 2)] == ["Bearer t0"] * 2
     assert credential.asked == [{"scopes": ("https://storage.azure.com/.default",)}]
+
+
+@pytest.mark.parametrize(("lifetime", "tokens"), [(310, ["t0", "t0"]), (230, ["t0", "t1"])])
+async def test_a_token_is_reused_until_about_five_minutes_before_it_expires(
+    serve, certificates, lifetime: int, tokens: list[str]
+) -> None:
+    """azure-core renews a token 4 to 5 minutes before it expires (a jittered window)."""
+    server = await serve(replies(entity()), Certificates.server(certificates.localhost))
+    async with https_tables(server, certificates, AsyncCredential(lifetime)) as service:
+        await service.get_table_client("t").get_entity("p", "r")
+        await service.get_table_client("t").get_entity("p", "r")
+    assert [server.headers(n)["authorization"] for n in (1, 2)] == [f"Bearer {t}" for t in tokens]
 
 
 async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certificates) -> None:
@@ -586,6 +802,53 @@ async def test_each_attempt_is_a_client_span_and_sends_its_traceparent(serve, sd
         assert sent["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
         assert span.attributes["az.client_request_id"] == sent["x-ms-client-request-id"]
     assert [span.attributes["http.response.status_code"] for span in spans] == [503, 200]
+
+
+def test_each_event_loop_gets_a_pipeline_of_its_own() -> None:
+    """Each asyncio.run is a new loop (orderctl's commands, each test): the same service opens
+    a session on it rather than use the earlier loop's."""
+    with answering_server(ROW) as origin:
+        conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={origin}/acct"
+        service = TableService.from_connection_string(conn)
+        sessions: list[Any] = []
+
+        async def read(*, close: bool = False) -> str:
+            row = await service.get_table_client("t").get_entity("p", "r")
+            sessions.append(service._sender._pipeline._transport.session)
+            if close:
+                await service.close()
+            return row["RowKey"]
+
+        assert asyncio.run(read()) == "r"
+        assert asyncio.run(read(close=True)) == "r"
+    assert sessions[0] is not sessions[1] and sessions[1].closed
+
+
+@contextlib.contextmanager
+def answering_server(body: bytes) -> Iterator[str]:
+    """A server on its own thread (no event loop's), answering every GET with ``body``."""
+
+    class Answering(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", JSON["Content-Type"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 async def test_the_apps_credential_is_async_and_the_table_client_takes_it() -> None:
