@@ -3,13 +3,13 @@ service, traced per call.
 
 Why aiohttp: measured on this machine against a local server that answers at once, client CPU
 per POST with its answer read was 0.20-0.30 ms through a shared ``aiohttp.ClientSession`` (0.27
-with this module's span and bounds), 0.36-0.49 ms through the project's own pool behind
-``httpx.AsyncClient`` (core.aio.http11), and 1.0-1.7 ms through ``httpx.AsyncClient`` however
-configured (its transport alone: httpcore and anyio); ``python -m benchmarks.http_clients``,
-docs/performance.md, "Issue 27". aiohttp parses with llhttp
-too, keeps connections alive and closes idle ones after 15 s, verifies TLS with the system's
-trust store (or the ``ssl_context`` given), and never sends a POST twice: it retries only an
-idempotent request on a kept-alive connection the server had closed.
+with this module's span and bounds), 0.36-0.49 ms through the project's own HTTP/1.1 pool behind
+``httpx.AsyncClient`` (what the agents ran on before; deleted since), and 1.0-1.7 ms through
+``httpx.AsyncClient`` however configured (its transport alone: httpcore and anyio);
+docs/performance.md, "Issue 27". aiohttp parses with llhttp, keeps connections alive and
+closes idle ones after 15 s, verifies TLS with the system's trust store (or the
+``ssl_context`` given), and never sends a POST twice: it retries only an idempotent request on
+a kept-alive connection the server had closed.
 
 Per call (:meth:`RemoteHttp.post`):
 
@@ -72,6 +72,11 @@ class RemoteService:
     name: str
     base_url: str
     limits: ServiceLimits = dataclasses.field(default_factory=ServiceLimits)
+
+    def __post_init__(self) -> None:
+        url = URL(self.base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an absolute http(s) URL, got {self.base_url!r}")
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,7 @@ import pytest
 from devstack.stack.processes import REPO_ROOT
 
 DEV_ONLY = ("devstack", "tests", "benchmarks")
-MODULES = sorted(
-    [*(REPO_ROOT / "adapters").rglob("*.py"), REPO_ROOT / "agent/remote_http_client.py"]
-)
+MODULES = sorted([*(REPO_ROOT / "adapters").rglob("*.py"), REPO_ROOT / "agent/remote_client.py"])
 
 
 def imported(path: Path) -> set[str]:

@@ -1,13 +1,17 @@
 """adapters.remote_http against scripted servers on 127.0.0.1: one POST per call whatever
-happens (a slow server receives one), the call's deadline and the service's bound on it, the
-service's connection limit, the answer's size bound, failures by kind, TLS, the environment's
-proxy, and a client span per call with its ``traceparent`` sent."""
+happens (a slow server receives one), the call's deadline over the whole answer and the
+service's bound on it, the service's connection limit, the answer's size bound, failures by
+kind, TLS, the environment's proxy, a client span per call with its ``traceparent`` sent, and a
+session on each event loop it is used on."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -76,6 +80,10 @@ async def test_a_call_reads_the_whole_answer_and_sends_what_it_was_given(serve) 
     assert server.requests[0].startswith(b"POST /inventory/reserve HTTP/1.1\r\n")
     assert server.requests[0].endswith(b'\r\n\r\n{"sku":"x"}')
     assert server.headers(1)["idempotency-key"] == "order-1:reserve:do:1"
+    head = server.requests[0].split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")[1:]
+    names = [line.split(":", 1)[0] for line in head]
+    for name in ("host", "content-length", "content-type", "idempotency-key"):
+        assert names.count(name) == 1, name  # each header sent once
 
 
 @pytest.mark.parametrize("kept_alive", [True, False])
@@ -104,6 +112,24 @@ async def test_the_services_timeout_bounds_every_call(serve) -> None:
     assert time.monotonic() - started < 0.6
     with pytest.raises(CallTimedOut):
         await http.post("inventory", "reserve", b"{}", HEADERS)  # no timeout given: the service's
+    await http.close()
+
+
+async def test_an_answer_still_arriving_at_the_deadline_is_cut_off(serve) -> None:
+    """The deadline bounds the whole answer, not each read of it."""
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+        for part in (b"a", b"b", b"c"):
+            await asyncio.sleep(0.4)  # each part well within the deadline, not the whole
+            yield part
+
+    server = await serve(lambda request, n: (trickle(), False))
+    http = remote(server)
+    started = time.monotonic()
+    with pytest.raises(CallTimedOut, match=r"within 1.000 s"):
+        await http.post("inventory", "reserve", b"{}", HEADERS, timeout=1.0)
+    assert 1.0 <= time.monotonic() - started < 1.2
     await http.close()
 
 
@@ -281,6 +307,55 @@ async def test_a_call_without_an_answer_is_an_error_span(serve) -> None:
     (span,) = exporter.get_finished_spans()
     assert span.status.status_code is trace.StatusCode.ERROR
     assert span.events[0].attributes["exception.type"].endswith("CallTimedOut")
+
+
+# ---------------------------------------------------------------------------- event loops
+
+
+def test_each_event_loop_gets_a_session_of_its_own() -> None:
+    """Each asyncio.run is a new loop (orderctl's commands, each test): the same RemoteHttp
+    opens a session on it rather than use the earlier loop's."""
+    with answering_server(b"ok") as origin:
+        http = RemoteHttp([RemoteService("inventory", f"{origin}/inventory")])
+        sessions: list[Any] = []
+
+        async def call(*, close: bool = False) -> bytes:
+            reply = await http.post("inventory", "r", b"{}", HEADERS, timeout=5)
+            sessions.append(http._session)
+            if close:
+                await http.close()
+            return reply.body
+
+        assert asyncio.run(call()) == b"ok"
+        assert asyncio.run(call(close=True)) == b"ok"
+    assert sessions[0] is not sessions[1] and sessions[1].closed
+
+
+@contextlib.contextmanager
+def answering_server(body: bytes) -> Iterator[str]:
+    """A server on its own thread (no event loop's), answering every POST with ``body``."""
+
+    class Answering(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ----------------------------------------------------------------------------- settings

@@ -10,12 +10,12 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus.aio import ServiceBusClient
 from azure.storage.blob.aio import BlobServiceClient
 
+from adapters.remote_http import RemoteHttp
 from adapters.tables import TableService
 from adapters.tables.pipeline import BearerTokenPolicy
 from core import bus, clients, runtime, signing, state_store
@@ -109,6 +109,20 @@ def closed_services(monkeypatch: pytest.MonkeyPatch) -> list[TableService]:
 
 
 @pytest.fixture
+def closed_remote(monkeypatch: pytest.MonkeyPatch) -> list[RemoteHttp]:
+    """The remote HTTP closed during the test."""
+    closed: list[RemoteHttp] = []
+    close = RemoteHttp.close
+
+    async def recording_close(self: RemoteHttp) -> None:
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(RemoteHttp, "close", recording_close)
+    return closed
+
+
+@pytest.fixture
 def rt() -> Iterator[runtime.Runtime]:
     yield runtime.Runtime.from_settings(settings())
 
@@ -120,7 +134,7 @@ async def test_from_settings_builds_the_store_and_bus_and_opens_nothing(
     assert isinstance(rt.store._service, TableService)
     assert isinstance(rt.bus, bus.Bus)
     assert rt.workflows == rt.settings.workflows()
-    assert made == [] and rt._http is None and rt._status_bus is None
+    assert made == [] and rt._remote_http is None and rt._status_bus is None
     await rt.close()
 
 
@@ -169,35 +183,46 @@ async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
     assert client.closed and client.senders[0].closed
 
 
-async def test_http_is_one_async_client_opened_on_first_use(rt: runtime.Runtime) -> None:
-    assert rt._http is None
-    http = rt.http
-    assert isinstance(http, httpx.AsyncClient)
-    assert rt.http is http
+async def test_the_remote_http_is_one_built_from_the_settings_on_first_use(
+    rt: runtime.Runtime, closed_remote: list[RemoteHttp]
+) -> None:
+    assert rt._remote_http is None
+    http = rt.remote_http
+    assert isinstance(http, RemoteHttp)
+    assert rt.remote_http is http
+    for service, url in rt.settings.service_urls.items():
+        assert http.base_url(service) == url
+        assert http._services[service].limits == rt.settings.remote_limits
     await rt.close()
-    assert http.is_closed
+    assert closed_remote == [http]
 
 
-async def test_close_closes_both_buses_the_store_and_the_http_client(
-    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+async def test_close_closes_both_buses_the_store_and_the_remote_http(
+    rt: runtime.Runtime,
+    made: list[FakeClient],
+    closed_services: list[TableService],
+    closed_remote: list[RemoteHttp],
 ) -> None:
     await rt.alert(alert())
     await rt.status_bus().send(
         "reply-here", StatusUpdate(order_id="o-close", sequence=0, state="Pending")
     )
-    http = rt.http
+    http = rt.remote_http
     await rt.close()
     assert [c.closed for c in made] == [True, True]
     assert all(s.closed for c in made for s in c.senders)
     assert closed_services == [rt.store._service]
-    assert http.is_closed
+    assert closed_remote == [http]
 
 
 async def test_close_of_a_runtime_that_opened_nothing(
-    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+    rt: runtime.Runtime,
+    made: list[FakeClient],
+    closed_services: list[TableService],
+    closed_remote: list[RemoteHttp],
 ) -> None:
     await rt.close()
-    assert made == [] and closed_services == [rt.store._service]
+    assert made == [] and closed_services == [rt.store._service] and closed_remote == []
 
 
 async def test_the_process_wide_runtime_is_built_once_on_first_use(
