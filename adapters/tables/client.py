@@ -74,6 +74,7 @@ class TableService:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
+        self._headers = {**_HEADERS, "User-Agent": pipeline.user_agent()}
         self._sender = pipeline.Sender(
             pipeline.policies(self.endpoint, credential, request_hook),
             max_connections=max_connections,
@@ -136,7 +137,7 @@ class TableService:
         pipeline, which retries what the Tables policy retries. The answer is returned whatever
         its status, its body read; no answer raises azure-core's ``ServiceRequestError`` or
         ``ServiceResponseError``."""
-        sent = {**_HEADERS, "x-ms-client-request-id": str(uuid.uuid4())}
+        sent = {**self._headers, "x-ms-client-request-id": str(uuid.uuid4())}
         if body is not None:
             content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
             sent["Content-Type"] = "application/json"
