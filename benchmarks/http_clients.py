@@ -1,8 +1,8 @@
-"""Client CPU per HTTP operation, the app's HTTP clients side by side: the Table client that runs
-today (core.tablestorage.aio, on the own HTTP/1.1 pool) against adapters.tables (azure-core's
-pipeline on aiohttp), and the agents' POST through adapters.remote_http (one aiohttp session,
-traced and bounded; and bare, without either), the own pool behind httpx.AsyncClient (what
-the Runtime builds today), and httpx.AsyncClient as configured by default.
+"""Client CPU per HTTP operation, the app's HTTP clients side by side with what they replace:
+the Table client (adapters.tables: the app's wire format on azure-core's pipeline over aiohttp)
+against azure-data-tables' asyncio client, and the agents' POST through adapters.remote_http
+(one aiohttp session, traced and bounded; and bare, without either) against httpx.AsyncClient
+as configured by default.
 
     python -m benchmarks.http_clients [--rounds 5] [--operations 1000]
 
@@ -31,11 +31,10 @@ from typing import Any
 import aiohttp
 import httpx
 from azure.core import MatchConditions
+from azure.data.tables.aio import TableServiceClient
 
-from adapters import tables as adapter_tables
 from adapters.remote_http import RemoteHttp, RemoteService
-from core.aio.http_transport import PooledAsyncTransport
-from core.tablestorage import aio as own_tables
+from adapters.tables import TableService
 from devstack.stack.azurite import AzuriteProcess
 
 Operation = Callable[[], Awaitable[Any]]
@@ -99,10 +98,12 @@ async def table_operations(service: Any, name: str) -> dict[str, Operation]:
 
 async def tables_round(connection_string: str, count: int, round_no: int) -> dict[str, Any]:
     measured: dict[str, Any] = {}
-    for label, cls in (("own pool", own_tables.TableService),
-                       ("azure-core pipeline", adapter_tables.TableService)):  # fmt: skip
+    for label, cls, short in (
+        ("azure-core pipeline (adapters.tables)", TableService, "app"),
+        ("azure-data-tables", TableServiceClient, "sdk"),
+    ):
         service = cls.from_connection_string(connection_string)
-        name = f"bench{round_no}{'own' if cls is own_tables.TableService else 'core'}"
+        name = f"bench{round_no}{short}"
         operations = await table_operations(service, name)
         measured[label] = {op: round(await cpu_ms(run, count), 3) for op, run in operations.items()}
         await service.delete_table(name)
@@ -161,19 +162,15 @@ async def posts_round(origin: str, count: int) -> dict[str, float]:
                 await answer.read()
 
         measured["aiohttp session, bare"] = await cpu_ms(bare, count)
-    for label, client in (
-        ("own pool behind httpx.AsyncClient", httpx.AsyncClient(transport=PooledAsyncTransport())),
-        ("httpx.AsyncClient, default", httpx.AsyncClient()),
-    ):
+    async with httpx.AsyncClient() as client:
 
-        async def through_httpx(client: httpx.AsyncClient = client) -> None:
+        async def through_httpx() -> None:
             async with client.stream(
                 "POST", url, content=BODY, headers=HEADERS, timeout=httpx.Timeout(10)
             ) as answer:
                 await answer.aread()
 
-        measured[label] = await cpu_ms(through_httpx, count)
-        await client.aclose()
+        measured["httpx.AsyncClient, default"] = await cpu_ms(through_httpx, count)
     return {label: round(ms, 3) for label, ms in measured.items()}
 
 
