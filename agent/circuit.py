@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from adapters.tables import Table
 from core import circuits, clients, metrics, runtime
 from core.circuits import CircuitRow, CircuitState, CircuitTable
 from core.runtime import Runtime
 from core.state_store import OrderStateStore
-from core.tablestorage import Table
 
 log = logging.getLogger(__name__)
 

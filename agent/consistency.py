@@ -6,7 +6,7 @@ snapshot, one of the requests in the snapshot's outbox: the same step, operation
 attempt, idempotency key, forward key undone, payload and deadlines. One that is not - built
 wrong or mixed up by a bug upstream, a copy carrying another write's or another order's
 snapshot - must not reach the remote service: the agent refuses it with an alert and calls
-nothing (:mod:`agent.aio.handler`). The check reads no table: the snapshot is in hand.
+nothing (:mod:`agent.handler`). The check reads no table: the snapshot is in hand.
 
 A request without a snapshot is carried out unchecked. The Scheduler leaves the snapshot out
 when it would not fit in a message (:func:`core.resume.snapshot`), and refusing those would

@@ -145,11 +145,9 @@ async def _reply(rt: Runtime, response: AgentResponse) -> None:
 
 
 def remote_client(rt: Runtime, service: str) -> RemoteServiceClient:
-    """The client of ``service``, built once per runtime (it keeps the runtime's HTTP pool)."""
+    """The client of ``service``, built once per runtime (on the runtime's remote HTTP)."""
     client = rt.agent_clients.get(service)
     if client is None:
-        client = RemoteServiceClient(
-            service, rt.settings.service_urls[service], rt.http, breaker_for(service), rng=rt.rng
-        )
+        client = RemoteServiceClient(service, rt.remote_http, breaker_for(service), rng=rt.rng)
         rt.agent_clients[service] = client
     return client

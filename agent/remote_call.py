@@ -83,8 +83,3 @@ class _CallState:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _describe(exc: Exception, fallback: str) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__}: {fallback}"

@@ -1,18 +1,23 @@
 """The agent's call to its remote service: retries with backoff, a circuit breaker, a deadline.
 
-One ``call`` POSTs ``{base_url}/{operation}`` with a JSON body and an ``Idempotency-Key`` header
-that stays the same on every attempt, so the service applies the effect at most once however
-often the request is repeated. An undo also names the forward call it undoes (``"undoes"`` in
-the body); the service answers ``{"status": "nothing_to_undo"}`` when that call never took
-effect, which is ``NothingToUndo`` (docs/remote-service-contract.md).
+One ``call`` POSTs ``{the service's URL}/{operation}`` with a JSON body and an
+``Idempotency-Key`` header that stays the same on every attempt, so the service applies the
+effect at most once however often the request is repeated. Each attempt is one traced call
+through the worker's :class:`adapters.remote_http.RemoteHttp` (its shared aiohttp session,
+bounded per service by the settings), which never sends a POST twice itself. An undo also names
+the forward call it undoes (``"undoes"`` in the body); the service answers ``{"status":
+"nothing_to_undo"}`` when that call never took effect, which is ``NothingToUndo``
+(docs/remote-service-contract.md).
 
-- Transient failures (timeouts, connection errors, 408, 429, 5xx) are retried by tenacity with
-  exponential backoff and full jitter, or after the server's Retry-After when it sends one.
+- Transient failures (timeouts, connection errors, an answer over ``max_response_bytes``, 408,
+  429, 5xx) are retried by tenacity with exponential backoff and full jitter, or after the
+  server's Retry-After when it sends one.
 - Every other 4xx is a business refusal: no retry, ``Failed(transient=False)``.
-- Nothing runs past ``complete_by``: an attempt's timeout is the smaller of the configured one
-  and the time left; no sleep and no attempt starts unless it can end before complete-by. When
-  that stops the call, the outcome is ``DeadlinePassed`` (the agent reports it as a transient
-  failure: agent.responses.out_of_time).
+- Nothing runs past ``complete_by``: an attempt's timeout, which bounds the whole exchange
+  (waiting for a connection, sending, reading the answer whole), is the smaller of the
+  configured one and the time left; no sleep and no attempt starts unless it can end before
+  complete-by. When that stops the call, the outcome is ``DeadlinePassed`` (the agent
+  reports it as a transient failure: agent.responses.out_of_time).
 - The per-service circuit breaker counts only transient failures; while it is open, a call is
   not attempted (or, if the circuit opens between its attempts, not attempted again) and the
   outcome is ``Deferred(retry_at)``: the time of the breaker's next trial, at least
@@ -30,7 +35,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -39,6 +43,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, RemoteHttp
 from agent.circuit import BreakerState, CircuitBreaker, breaker_for
 from agent.http_errors import error_details, is_transient_status, parse_retry_after
 from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
@@ -52,24 +57,22 @@ from agent.remote_call import (
     RetryPolicy,
     _CallState,
     _CircuitOpen,
-    _describe,
     _NoTimeLeft,
     _TransientFailure,
     _utc_now,
 )
 
-log = logging.getLogger("agent.remote_client")  # one logger for both forms
+log = logging.getLogger("agent.remote_client")
 
 
 class RemoteServiceClient:
-    """Calls one remote service; safe to share between threads or tasks (state lives per
-    call)."""
+    """Calls one remote service through ``http``, which knows its URL and limits; safe to share
+    between the tasks of one event loop (state lives per call)."""
 
     def __init__(
         self,
         service: str,
-        base_url: str,
-        http: httpx.AsyncClient,
+        http: RemoteHttp,
         breaker: CircuitBreaker | None = None,
         *,
         policy: RetryPolicy | None = None,
@@ -77,11 +80,7 @@ class RemoteServiceClient:
         sleep: Callable[[float], Any] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        url = httpx.URL(base_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an absolute http(s) URL, got {base_url!r}")
         self.service = service
-        self.base_url = base_url.rstrip("/")
         self.policy = policy or RetryPolicy()
         self.breaker = breaker if breaker is not None else breaker_for(service)
         self._http = http
@@ -220,47 +219,39 @@ class RemoteServiceClient:
     async def _exchange(
         self, state: _CallState, body: bytes, timeout: float
     ) -> Succeeded | NothingToUndo | Failed:
-        url = f"{self.base_url}/{state.operation}"
         headers = {
             IDEMPOTENCY_HEADER: state.key,
             "Content-Type": "application/json",
             "Accept": "application/json",
         }
-        attempt_deadline = self._now() + timedelta(seconds=timeout)
         try:
-            async with self._http.stream(
-                "POST", url, content=body, headers=headers, timeout=httpx.Timeout(timeout)
-            ) as response:
-                data = await self._read_body(response, attempt_deadline)
-        except httpx.TimeoutException as exc:
-            detail = _describe(exc, f"no answer in {timeout:.3f}s")
-            raise _TransientFailure("timeout", detail) from exc
-        except httpx.RequestError as exc:
-            raise _TransientFailure("connection_error", _describe(exc, "request failed")) from exc
+            answer = await self._http.post(
+                self.service,
+                state.operation,
+                body,
+                headers,
+                timeout=timeout,
+                max_answer_bytes=self.policy.max_response_bytes,
+            )
+        except CallTimedOut as exc:
+            raise _TransientFailure("timeout", str(exc)) from exc
+        except AnswerTooLarge as exc:
+            raise _TransientFailure("response_too_large", str(exc)) from exc
+        except CallFailed as exc:
+            raise _TransientFailure("connection_error", str(exc)) from exc
+        return self._answered(answer.status, answer.body, answer.headers.get("Retry-After"), state)
 
-        status = response.status_code
+    def _answered(
+        self, status: int, data: bytes, retry_after: str | None, state: _CallState
+    ) -> Succeeded | NothingToUndo | Failed:
+        """What a whole answer means: a success, a refusal, or (raised) a transient failure
+        to retry, after the server's ``Retry-After`` when it sends one."""
         if 200 <= status < 300:
             return self._success(status, data, state)
         code, message = error_details(status, data)
         if is_transient_status(status):
-            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._now())
-            raise _TransientFailure(code, message, retry_after)
+            raise _TransientFailure(code, message, parse_retry_after(retry_after, self._now()))
         return Failed(code, message, transient=False, attempts=state.attempts)
-
-    async def _read_body(self, response: httpx.Response, attempt_deadline: datetime) -> bytes:
-        """Read the body, bounded in size and in total time (httpx bounds each read only)."""
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > self.policy.max_response_bytes:
-                raise _TransientFailure(
-                    "response_too_large", f"answer exceeds {self.policy.max_response_bytes} bytes"
-                )
-            if self._now() > attempt_deadline:
-                raise _TransientFailure("timeout", "answer still arriving at the attempt timeout")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     @staticmethod
     def _success(status: int, data: bytes, state: _CallState) -> Succeeded | NothingToUndo | Failed:

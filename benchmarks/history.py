@@ -14,7 +14,7 @@ four phases:
    transaction per order (its details, state and timeline rows, made by the functional core and
    the state store's entity helpers, as if each had run: core.lifecycle, core.state_models).
    Finished orders have no active-index rows. The batches go through the app's own Table
-   client (core.tablestorage), as the hosts' writes do;
+   client (adapters.tables), as the hosts' writes do;
 4. ``full``: the same load as ``empty``.
 
 Per measured phase: ``orders_per_s`` (finished orders over first created to last finished),
@@ -38,11 +38,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from adapters.tables import TableService
 from core import lifecycle
 from core.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
 from core.settings import Settings
 from core.state_models import details_entity, order_entity, timeline_entity
-from core.tablestorage import TableService
 from core.workflows import Workflow, resolve, workflow_ref
 from devstack.demo import QUICK_SETTINGS
 from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu

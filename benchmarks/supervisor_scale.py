@@ -72,6 +72,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from adapters.tables import TableService
 from benchmarks.supervisor_tick import QUEUES
 from core import apply, lifecycle
 from core.active_index import INDEX_BUCKETS, index_partition
@@ -84,7 +85,6 @@ from core.state_models import ConcurrencyConflict
 from core.state_store import OrderStateStore
 from core.supervision import BucketLease, Member, RecoveryBound, Roster, Sweep, recovery_bound
 from core.supervision import lag as roster_lag
-from core.tablestorage import TableService
 from core.workflows import ORDER_WORKFLOW, Workflow
 from devstack.stack.azurite import AzuriteProcess
 from supervisor.report import TickReport

@@ -46,11 +46,11 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
+from adapters.tables import Entity, Table
 from core.index_rows import DEFAULT_GRACE, bucket_partition, index_partition, index_row_key
 from core.index_rows import INDEX_BUCKETS as INDEX_BUCKETS  # re-exported
 from core.order import Order
 from core.state_models import ActivePage, ActiveRow, CorruptOrderState, etag_of, utc
-from core.tablestorage import Entity, Table
 
 MAX_PAGE: Final = 1000  # the most rows one Table query response holds
 

@@ -36,9 +36,9 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceModifiedError
 from azure.data.tables import UpdateMode
 
+from adapters.tables import Table
 from core import ids
 from core.state_models import utc
-from core.tablestorage import Table
 
 PARTITION: Final = "circuits"
 STALE_GRACE: Final = timedelta(minutes=5)

@@ -1,9 +1,11 @@
 """Clients built from Settings: managed identity in Azure, connection strings locally.
 
-Table Storage goes through core.tablestorage (the SDK's request preparation was most of an
-order's CPU); Service Bus and Blob Storage through their SDKs' asyncio clients. Every client
-reports its requests to core.op_counts.COUNTS. Clients are created once per process and reused
-(opening a Service Bus link costs about a second).
+Table Storage goes through adapters.tables (the app's own wire format on azure-core's pipeline:
+the SDK's request preparation was most of an order's CPU); Service Bus and Blob Storage through
+their SDKs' asyncio clients. In Azure each authenticates with an ``azure.identity.aio``
+credential (adapters.credentials). Every client reports its requests to core.op_counts.COUNTS.
+Clients are created once per process and reused (opening a Service Bus link costs about a
+second).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Any
 from azure.servicebus.aio import ServiceBusClient
 from azure.storage.blob.aio import BlobServiceClient
 
-from core.credentials import credential
+from adapters.credentials import credential
+from adapters.tables import TableService
 from core.op_counts import COUNTS
 from core.settings import Connection
-from core.tablestorage import TableService
 
 
 def table_service(conn: Connection) -> TableService:
@@ -24,7 +26,7 @@ def table_service(conn: Connection) -> TableService:
     if conn.connection_string:
         return TableService.from_connection_string(conn.connection_string, request_hook=hook)
     assert conn.endpoint is not None
-    return TableService.with_credential(conn.endpoint, conn.credential(), request_hook=hook)
+    return TableService.with_credential(conn.endpoint, credential(conn), request_hook=hook)
 
 
 def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:

@@ -26,12 +26,12 @@ from typing import Final
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 
+from adapters.tables import Entity, Table
 from core.active_index import delete_unchanged
 from core.index_rows import ErrorRow, ErrorRowPage
 from core.order import Order
 from core.state_models import CorruptOrderState, etag_of, utc
 from core.states import ProcessState
-from core.tablestorage import Entity, Table
 
 ERROR_PARTITION: Final = "~error"
 MAX_PAGE: Final = 1000

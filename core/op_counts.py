@@ -1,10 +1,12 @@
 """Exact counts of the storage requests and Service Bus operations this process makes.
 
-Storage requests are counted per HTTP attempt, retries included: Table requests by
-core.tablestorage's request hook, blob requests by the SDK pipeline's `raw_request_hook`.
-Service Bus has no HTTP pipeline; its operations are counted where the app calls the SDK:
-each send here, each receive and settlement in the hosts that drive triggers.
-Benchmarks and the demo divide these by the orders processed.
+Storage requests are counted per HTTP attempt, retries included: Table requests by the Table
+client's request hook (adapters.tables), blob requests by the SDK pipeline's
+`raw_request_hook`. (aiohttp itself sends an idempotent request once more, unseen by either,
+when the connection it went out on closes before the answer.) Service Bus has no HTTP
+pipeline; its operations are counted where the app calls the SDK: each send here, each receive
+and settlement in the hosts that drive triggers. Benchmarks and the demo divide these by the
+orders processed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class OperationCounts:
             self._counts[kind] += n
 
     def request_hook(self, service: str) -> Callable[[Any], None]:
-        """A hook counting `<service>.<method>` per HTTP request: given core.tablestorage's
+        """A hook counting `<service>.<method>` per HTTP request: given adapters.tables'
         ``Sent``, or azure-core's pipeline request (its ``raw_request_hook``)."""
 
         def hook(request: Any) -> None:

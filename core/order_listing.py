@@ -45,13 +45,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from adapters.tables import Table
 from core.active_index import ActiveRow
 from core.error_index import ERROR_PARTITION, ErrorRow
 from core.order import Order
 from core.state_models import PROCESS_ROW, etag_of, order_from_entity, utc
 from core.state_store import OrderStateStore
 from core.states import ProcessState
-from core.tablestorage import Table
 
 MAX_LIMIT: Final = 100
 MAX_SCAN: Final = 500

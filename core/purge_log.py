@@ -16,9 +16,9 @@ from typing import Any
 
 from azure.data.tables import UpdateMode
 
+from adapters.tables import Table
 from core.purge_runs import MAX_RECENT, PURGE_PARTITION, run_row_key
 from core.state_models import CorruptOrderState, utc
-from core.tablestorage import Table
 
 
 class PurgeLog:

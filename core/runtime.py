@@ -1,9 +1,7 @@
 """What a handler needs to do its work, built once per process from the app settings.
 
 Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
-same code; `current()` builds the process-wide one lazily on first use. Written once, async,
-in core/aio/runtime.py (asyncio clients, and a process-wide Runtime of its own); the sync
-core/runtime.py is generated from it (``python -m devstack.unasync``).
+same code; `current()` builds the process-wide one lazily on first use.
 """
 
 from __future__ import annotations
@@ -16,12 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import httpx
-
+from adapters.remote_http import RemoteHttp
 from core import clients
 from core.bus import Bus
-from core.http_transport import PooledAsyncTransport
-from core.httpx_exchange import proxied_by_env
 from core.instance_ids import new_instance_id
 from core.messages import OperatorAlert, utc_now
 from core.settings import Settings
@@ -29,9 +24,6 @@ from core.state_store import OrderStateStore
 from core.workflows import Workflow, resolve
 
 log = logging.getLogger("runtime")
-# httpx logs every request at INFO: a line per remote call was most of the log volume, and
-# formatting it cost CPU on every order. Failures still surface through the callers' logging.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 STATUS_SENDERS = 64
 """Reply-queue senders kept open per process (each holds an AMQP link)."""
@@ -46,7 +38,7 @@ class Runtime:
     instance_id: str = field(default_factory=new_instance_id)
     clock: Callable[[], datetime] = utc_now
     rng: random.Random = field(default_factory=random.Random)
-    _http: httpx.AsyncClient | None = None
+    _remote_http: RemoteHttp | None = None
     agent_clients: dict[str, Any] = field(default_factory=dict)
     """Remote-service clients the agents built on this runtime (see agent.handler)."""
     _status_bus: Bus | None = None
@@ -68,15 +60,13 @@ class Runtime:
         return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
 
     @property
-    def http(self) -> httpx.AsyncClient:
-        """The HTTP client the agents share, opened on first use: HTTP/1.1 over the project's
-        HTTP/1.1 pools (core.http_transport), or, when the environment names a proxy, over
-        httpx's own transport (httpx honours the proxy only on that one)."""
+    def remote_http(self) -> RemoteHttp:
+        """The worker's HTTP to the agents' remote services, their URLs, timeout and connection
+        limit from the settings; built on first use, its session opened on the first call."""
         with self._status_lock:
-            if self._http is None:
-                transport = None if proxied_by_env() else PooledAsyncTransport()
-                self._http = httpx.AsyncClient(http2=False, transport=transport)
-            return self._http
+            if self._remote_http is None:
+                self._remote_http = RemoteHttp.from_settings(self.settings)
+            return self._remote_http
 
     def actor(self, role: str) -> str:
         return f"{role}:{self.instance_id}"
@@ -119,8 +109,8 @@ class Runtime:
         if self._status_bus is not None:
             await self._status_bus.close()
         await self.store.close()
-        if self._http is not None:
-            await self._http.aclose()
+        if self._remote_http is not None:
+            await self._remote_http.close()
 
 
 _current: Runtime | None = None

@@ -38,6 +38,11 @@ QUEUE_SETTINGS = {
     **{agent.name: agent.queue_setting for agent in AGENTS},
 }
 SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
+REMOTE_TIMEOUT_SETTING = "REMOTE_TIMEOUT_SECONDS"
+REMOTE_MAX_CONNECTIONS_SETTING = "REMOTE_MAX_CONNECTIONS"
+DEFAULT_REMOTE_TIMEOUT_S = 10.0
+"""One call's bound when no setting names one: the remote client's attempt timeout."""
+DEFAULT_REMOTE_MAX_CONNECTIONS = 32
 
 COMPENSATION_BUDGET_SETTING = "COMPENSATION_BUDGET_SECONDS"
 COMPENSATION_WARN_SETTING = "COMPENSATION_WARN_AFTER_SECONDS"
@@ -69,12 +74,15 @@ class Connection:
     client_id: str | None = None
     blob_endpoint: str | None = None
 
-    def credential(self) -> Any:
-        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
-        if self.client_id:
-            return ManagedIdentityCredential(client_id=self.client_id)
-        return DefaultAzureCredential()
+@dataclass(frozen=True)
+class ServiceLimits:
+    """How a worker calls each remote service (adapters.remote_http): each call ends within
+    ``timeout_s`` (the remote client cuts it further to the time left before complete-by), and
+    at most ``max_connections`` calls to one service are under way at once."""
+
+    timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S
+    max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,9 @@ class Settings:
     signing_keys: signing.Keyring | None = None
     """Keys the app signs its internal messages with (the first) and accepts (any); see
     :mod:`core.signing`. None only in Settings built by hand for code that sends nothing."""
+    remote_limits: ServiceLimits = ServiceLimits()
+    """Each remote service's calls: their timeout and connections (``REMOTE_TIMEOUT_SECONDS``,
+    ``REMOTE_MAX_CONNECTIONS``)."""
 
     @property
     def keyring(self) -> signing.Keyring:
@@ -190,6 +201,7 @@ class Settings:
         fields = {
             "queues": queues,
             "service_urls": urls,
+            "remote_limits": check(reader.remote_limits),
             "servicebus": servicebus,
             "signing_keys": check(lambda: servicebus and reader.signing_keys(servicebus)),
             "storage": check(lambda: reader.storage(STATE_STORAGE_CONNECTION)),
@@ -456,6 +468,12 @@ class _Reader:
         if not raw.isdigit() or int(raw) < 1:
             raise SettingsError(f"{name} must be a positive integer, got {raw!r}")
         return int(raw)
+
+    def remote_limits(self) -> ServiceLimits:
+        return ServiceLimits(
+            self.seconds(REMOTE_TIMEOUT_SETTING, DEFAULT_REMOTE_TIMEOUT_S).total_seconds(),
+            self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING) or DEFAULT_REMOTE_MAX_CONNECTIONS,
+        )
 
     def servicebus(self, name: str) -> Connection:
         conn = self.env.get(name, "").strip()

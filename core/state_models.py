@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from azure.data.tables import EntityProperty
 
+from adapters.tables import Entity
 from core import ids
 from core.messages import MESSAGE_TYPES, OrderSubmitted, truncate_utf8
 from core.order import (
@@ -48,7 +49,6 @@ from core.order import (
     valid_trace_parent,
 )
 from core.states import ProcessState
-from core.tablestorage import Entity
 
 DETAILS_ROW: Final = "details"
 PROCESS_ROW: Final = "process"

@@ -42,6 +42,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from adapters.tables import Table, TableService
 from core import ids
 from core.active_index import DEFAULT_GRACE, ActiveOrderIndex
 from core.error_index import ErrorOrderIndex
@@ -80,7 +81,6 @@ from core.state_models import (
 )
 from core.states import ProcessState
 from core.supervision import SupervisionTable
-from core.tablestorage import Table, TableService
 
 DEFAULT_ORDERS_TABLE: Final = "orders"
 DEFAULT_ACTIVE_TABLE: Final = "activeorders"
@@ -92,7 +92,7 @@ PURGE_MARKER_ROW: Final = "purging"
 class OrderStateStore:
     """Reads and ETag-conditional writes of orders; see the module docstring for the rules.
 
-    Give it a :class:`core.tablestorage.TableService` built any way (connection string
+    Give it a :class:`adapters.tables.TableService` built any way (connection string
     locally, managed identity in Azure). Call :meth:`ensure_tables` once at startup. Safe to
     call from several threads.
     """

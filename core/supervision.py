@@ -29,6 +29,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from adapters.tables import Table
 from core.roster import (
     PARTITION,
     BucketLease,
@@ -45,7 +46,6 @@ from core.roster import RecoveryBound as RecoveryBound
 from core.roster import lag as lag
 from core.roster import recovery_bound as recovery_bound
 from core.state_models import ConcurrencyConflict, utc
-from core.tablestorage import Table
 
 
 def _lease_entity(lease: BucketLease) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
+from adapters.tables import Table
 from core import circuits, clients
 from core.active_index import ActiveRow
 from core.agents import AGENT_NAMES
@@ -63,7 +64,6 @@ from core.order import Order, StepState
 from core.order_listing import SUMMARY_COLUMNS
 from core.state_models import PROCESS_ROW, etag_of, order_from_entity, utc
 from core.states import ProcessState
-from core.tablestorage import Table
 from operator_api.alert_resolution import STILL_OPEN
 from operator_api.operations import Operations
 

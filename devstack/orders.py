@@ -9,12 +9,12 @@ from collections.abc import Iterable, Sequence
 
 from azure.servicebus.aio import ServiceBusClient
 
+from adapters.tables import Table as TableClient
 from core import clients
 from core.bus import to_servicebus_message
 from core.messages import OrderSubmitted
 from core.settings import Settings
 from core.state_store import OrderStateStore
-from core.tablestorage import Table as TableClient
 
 SEND_BATCH = 100
 

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
+from adapters.tables import TableService
 from core.state_store import OrderStateStore
-from core.tablestorage import TableService
 from core.versions import VersionUse, check, versions_in_use
 from core.workflows import WORKFLOWS
 

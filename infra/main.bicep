@@ -90,6 +90,12 @@ param compensationBudgetSeconds string = ''
 @description('An order still compensating after this many seconds raises one warning alert (compensation_delayed). Empty: 600 (10 minutes); it must be less than the compensation budget.')
 param compensationWarnAfterSeconds string = ''
 
+@description('Longest one call of an agent to its remote service may take, in seconds (adapters/remote_http.py). Empty: 10.')
+param remoteTimeoutSeconds string = ''
+
+@description('Most calls one worker has under way to each remote service at once (adapters/remote_http.py). Empty: 32.')
+param remoteMaxConnections string = ''
+
 @description('Version new orders take per workflow, NAME=VERSION separated by commas (e.g. order=2); empty: version 1 of each.')
 param workflowVersions string = ''
 
@@ -291,6 +297,9 @@ var appSettings = {
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
   COMPENSATION_BUDGET_SECONDS: compensationBudgetSeconds
   COMPENSATION_WARN_AFTER_SECONDS: compensationWarnAfterSeconds
+  // The agents' calls to their remote services (adapters/remote_http.py).
+  REMOTE_TIMEOUT_SECONDS: remoteTimeoutSeconds
+  REMOTE_MAX_CONNECTIONS: remoteMaxConnections
   WORKFLOW_VERSIONS: workflowVersions
   // Retention: what the code accepts is what the parameters allow (0-3650 days).
   RETENTION_DAYS: string(retentionDays)

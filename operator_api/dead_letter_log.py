@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from azure.data.tables import UpdateMode
 
+from adapters.tables import Table
 from core.state_models import utc
-from core.tablestorage import Table
 from operator_api.models import DeadLetterLogEntry, DeadLetterOutcome, LoggedDeadLetter
 
 log = logging.getLogger("operator_api.dead_letter_log")

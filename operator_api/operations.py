@@ -52,6 +52,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient
 
+from adapters.tables import Table
 from core import archive, clients, ids, supervision
 from core.archive import ArchiveError, BlobArchive
 from core.messages import BadMessage, OperatorAlert, excerpt, parse_message
@@ -62,7 +63,6 @@ from core.retention import PURGEABLE_STATES, ack_detail
 from core.runtime import Runtime
 from core.state_models import ConcurrencyConflict, OrderNotFound, OrderRecord
 from core.states import ProcessState
-from core.tablestorage import Table
 from operator_api import alert_resolution, bulk, dead_letter_log, dead_letters, filters
 from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from operator_api.models import (

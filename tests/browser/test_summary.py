@@ -12,12 +12,12 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.tables import TableService
 from benchmarks.history import fill_history, finished_rows
 from benchmarks.history import new_order as history_order
 from core.messages import utc_now
 from core.op_counts import COUNTS
 from core.runtime import Runtime
-from core.tablestorage import TableService
 from dashboard.summary import Summary
 from operator_api.operations import Operations
 from tests.support.app import app_settings, make_runtime

@@ -1192,6 +1192,18 @@ CODE_MUTATIONS = [
         "container exports is used but the storage module does not declare it",
     ),
     CodeMutation(
+        "the purge writes through the Table client to a table the storage module lacks",
+        "retention/functions.py",
+        first_line_of(
+            "retention_purge",
+            "from core import clients\n"
+            "service = clients.table_service(runtime.current().settings.storage)\n"
+            'await service.get_table_client("exports").upsert_entity({})',
+        ),
+        "storage_names",
+        "table exports is used but the storage module does not declare it",
+    ),
+    CodeMutation(
         "a table call the role check does not know",
         "supervisor/functions.py",
         first_line_of("supervisor", "runtime.current().store._orders.set_table_access_policy({})"),

@@ -20,6 +20,7 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
+from adapters.remote_http import CallFailed
 from core import signing
 from core.bus import Bus
 from core.messages import (
@@ -347,10 +348,12 @@ async def test_a_runtime_from_settings_alerts_and_replies_through_the_broker(
         await rt.store.ensure_tables()  # the store reaches Azurite
         await rt.alert(raised)
         await rt.status_bus().send(reply_queue, update)
-        http = rt.http
+        with pytest.raises(CallFailed):  # nothing listens there; the session is open now
+            await rt.remote_http.post("payment", "charge", b"{}", {}, timeout=5)
+        session = rt.remote_http._session
     finally:
         await rt.close()
-    assert http.is_closed
+    assert session is not None and session.closed
 
     alerts = rt.settings.queue("alerts")
     received = (await take(receiving, alerts, {message_id_for(raised)}))[message_id_for(raised)]

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.tables import TableService
 from agent import circuit
 from agent.circuit import breaker_for, reset_breakers
 from core import circuits, runtime
 from core.circuits import CircuitRow, CircuitState, CircuitTable
 from core.messages import utc_now
-from core.tablestorage import TableService
 from dashboard.summary import Summary
 from operator_api.operations import Operations
 

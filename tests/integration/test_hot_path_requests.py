@@ -1,7 +1,7 @@
 """The hot path touches orders with point reads and conditional writes only, and costs exactly
 what the README's "Cost per order" table says.
 
-Every Table request goes through core.tablestorage, where core.clients installs a request
+Every Table request goes through adapters.tables, where core.clients installs a request
 hook (core.op_counts). Here that hook is replaced by one that records, for each
 request, its table and its kind: point read, query, insert, batch, update or delete. Orders go
 through the real handlers (intake, agent, replies, commands, the Supervisor's tick) against
@@ -27,11 +27,11 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from azure.servicebus.exceptions import MessageNotFoundError
 
+from adapters.tables import Sent
 from core import clients
 from core.messages import AgentResponse, encode
 from core.runtime import Runtime
 from core.states import ProcessState
-from core.tablestorage import Sent
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
 from scheduler.replies import handle_response

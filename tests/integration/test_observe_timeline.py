@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.tables import Table, TableService
 from core.messages import utc_now
 from core.order import TimelineEntry
 from core.state_models import PROCESS_ROW, details_entity, timeline_entity
 from core.states import ProcessState
-from core.tablestorage import Table, TableService
 from devstack.observe import (
     RETRY_EVENTS,
     TimelineTally,

@@ -18,6 +18,7 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob.aio import BlobServiceClient
 
+from adapters.tables import TableService
 from core import archive
 from core.archive import ArchivedOrder, BlobArchive
 from core.memory import MemoryArchive, MemoryStore
@@ -28,7 +29,6 @@ from core.retention import ACK_EVENT, DeleteOutcome, OrderSnapshot, ack_detail
 from core.state_models import OrderNotFound
 from core.state_store import PURGE_MARKER_ROW, OrderStateStore
 from core.states import ProcessState
-from core.tablestorage import TableService
 from tests.integration.test_state_store import (
     RESUBMIT,
     T0,

@@ -1,4 +1,5 @@
-"""RemoteServiceClient against the real fake-services server: real sockets, real time."""
+"""RemoteServiceClient on the worker's remote HTTP (adapters.remote_http) against the real
+fake-services server: real sockets, real time."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 
+from adapters.remote_http import RemoteHttp, RemoteService
 from agent.circuit import BreakerSettings, CircuitBreaker
 from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from agent.remote_client import RemoteServiceClient, RetryPolicy
@@ -29,18 +30,17 @@ def fakes() -> Iterator[FakeServices]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+async def http(fakes: FakeServices) -> AsyncIterator[RemoteHttp]:
+    """The fake services as the worker's remote HTTP reaches them."""
+    remote = RemoteHttp([RemoteService("payment", fakes.url("payment"))])
+    yield remote
+    await remote.close()
 
 
-def client_for(
-    fakes: FakeServices, http: httpx.AsyncClient, service: str = "payment", **policy: Any
-) -> RemoteServiceClient:
+def client_for(http: RemoteHttp, service: str = "payment", **policy: Any) -> RemoteServiceClient:
     settings = BreakerSettings(failure_threshold=1000)  # these tests are about retries
     return RemoteServiceClient(
         service,
-        fakes.url(service),
         http,
         CircuitBreaker(service, settings),
         policy=dataclasses.replace(FAST, **policy),
@@ -66,22 +66,22 @@ async def refund(client: RemoteServiceClient, order: str, budget: float = 10.0) 
 
 
 async def test_transient_faults_are_retried_to_exactly_one_effect(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile({"services": {"payment": {"fail_first_n": 3}}})
-    outcome = await charge(client_for(fakes, http), "order-1")
+    outcome = await charge(client_for(http), "order-1")
     assert isinstance(outcome, Succeeded) and outcome.attempts == 4
     assert outcome.result["order_id"] == "order-1"
     assert [e["idempotency_key"] for e in fakes.ledger()] == ["order-1:charge"]
 
 
 async def test_many_orders_through_random_faults_apply_once_each(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile(
         {"default": {"transient_rate": 0.4, "throttle_rate": 0.1, "retry_after_seconds": 0}}
     )
-    client = client_for(fakes, http)
+    client = client_for(http)
     outcomes = [await charge(client, f"order-{n}") for n in range(30)]
     assert all(isinstance(o, Succeeded) for o in outcomes)
     assert sum(o.attempts for o in outcomes) > 30  # faults really happened
@@ -89,12 +89,10 @@ async def test_many_orders_through_random_faults_apply_once_each(
     assert sorted(keys) == sorted(f"order-{n}:charge" for n in range(30))
 
 
-async def test_a_hang_is_bounded_by_the_deadline(
-    fakes: FakeServices, http: httpx.AsyncClient
-) -> None:
+async def test_a_hang_is_bounded_by_the_deadline(fakes: FakeServices, http: RemoteHttp) -> None:
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 30}})
     started = time.monotonic()
-    outcome = await charge(client_for(fakes, http), "order-1", budget=1.0)
+    outcome = await charge(client_for(http), "order-1", budget=1.0)
     elapsed = time.monotonic() - started
     assert isinstance(outcome, DeadlinePassed)
     assert "timeout" in (outcome.last_error or "")
@@ -103,10 +101,10 @@ async def test_a_hang_is_bounded_by_the_deadline(
 
 
 async def test_hung_attempts_time_out_and_late_answers_do_not_double_apply(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 0.6}})  # then answers
-    client = client_for(fakes, http, attempt_timeout=0.2)
+    client = client_for(http, attempt_timeout=0.2)
     outcome = await charge(client, "order-1", budget=0.7)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts >= 2
     fakes.set_profile({})
@@ -117,20 +115,18 @@ async def test_hung_attempts_time_out_and_late_answers_do_not_double_apply(
 
 
 async def test_crash_after_effect_then_retry_gives_one_effect(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile({"default": {"crash_after_effect_rate": 1.0}})
-    outcome = await charge(client_for(fakes, http), "order-1")
+    outcome = await charge(client_for(http), "order-1")
     assert isinstance(outcome, Succeeded) and outcome.attempts == 2
     [entry] = fakes.ledger()
     assert outcome.result["effect_seq"] == entry["seq"]
 
 
-async def test_a_decline_is_reported_without_retry(
-    fakes: FakeServices, http: httpx.AsyncClient
-) -> None:
+async def test_a_decline_is_reported_without_retry(fakes: FakeServices, http: RemoteHttp) -> None:
     fakes.set_profile({"services": {"payment": {"decline_order_ids": ["order-9"]}}})
-    outcome = await charge(client_for(fakes, http), "order-9")
+    outcome = await charge(client_for(http), "order-9")
     assert isinstance(outcome, Failed)
     assert (outcome.code, outcome.transient, outcome.attempts) == ("card_declined", False, 1)
     assert fakes.stats()["requests"] == 1
@@ -138,27 +134,28 @@ async def test_a_decline_is_reported_without_retry(
 
 
 async def test_retry_after_past_the_deadline_gives_up_at_once(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile({"default": {"throttle_rate": 1.0, "retry_after_seconds": 5}})
     started = time.monotonic()
-    outcome = await charge(client_for(fakes, http), "order-1", budget=2.0)
+    outcome = await charge(client_for(http), "order-1", budget=2.0)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts == 1
     assert time.monotonic() - started < 0.5
 
 
-async def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.AsyncClient) -> None:
+async def test_unreachable_service_defers_once_the_circuit_opens() -> None:
     with FakeServices.start() as gone:
         url = gone.url("payment")
+    http = RemoteHttp([RemoteService("payment", url)])
     client = RemoteServiceClient(
         "payment",
-        url,
         http,
         CircuitBreaker("payment", BreakerSettings(failure_threshold=3)),
         policy=FAST,
     )
     before = datetime.now(UTC)
     outcome = await charge(client, "order-1", budget=5.0)
+    await http.close()
     assert isinstance(outcome, Deferred) and outcome.attempts == 3
     assert "connection_error" in (outcome.last_error or "")
     # The breaker's default reset timeout (30 s) is when the next trial may go.
@@ -166,10 +163,10 @@ async def test_unreachable_service_defers_once_the_circuit_opens(http: httpx.Asy
 
 
 async def test_undo_after_success_is_reported_with_the_undo_result(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     fakes.set_profile({"default": {"transient_rate": 0.5}})
-    client = client_for(fakes, http)
+    client = client_for(http)
     assert isinstance(await charge(client, "order-1"), Succeeded)
     outcome = await refund(client, "order-1")
     assert isinstance(outcome, Succeeded)
@@ -181,12 +178,12 @@ async def test_undo_after_success_is_reported_with_the_undo_result(
 
 
 async def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
-    fakes: FakeServices, http: httpx.AsyncClient
+    fakes: FakeServices, http: RemoteHttp
 ) -> None:
     """The forward hangs past the agent's deadline and then lands; the undo sent meanwhile
     answers nothing_to_undo, and the late forward, and any retry of it, are refused."""
     fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 1.0}})  # then answers
-    client = client_for(fakes, http, max_attempts=1, attempt_timeout=0.2)
+    client = client_for(http, max_attempts=1, attempt_timeout=0.2)
     lost = await charge(client, "order-1", budget=5.0)
     assert isinstance(lost, Failed) and (lost.code, lost.transient) == ("timeout", True)
     fakes.set_profile({})

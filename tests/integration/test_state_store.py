@@ -21,6 +21,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableTransactionError
 
+from adapters.tables import TableService
 from core import lifecycle
 from core import state_store as store_module
 from core.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_partition
@@ -44,7 +45,6 @@ from core.state_models import (
 from core.state_store import PURGE_MARKER_ROW, OrderStateStore
 from core.states import ProcessState
 from core.supervision import SupervisionTable
-from core.tablestorage import TableService
 from core.workflows import get_workflow
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

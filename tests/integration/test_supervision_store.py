@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
+from adapters.tables import TableService
 from core.active_index import INDEX_BUCKETS
 from core.ids import InvalidId
 from core.memory import MemorySupervision
 from core.settings import Connection, Settings
 from core.state_models import ConcurrencyConflict
 from core.supervision import BucketLease, Member, Roster, SupervisionTable, Sweep
-from core.tablestorage import TableService
 from supervisor.leases import REAP_AFTER_LEASES, plan
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

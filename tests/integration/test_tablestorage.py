@@ -1,8 +1,8 @@
-"""core.tablestorage against Azurite, checked against azure-data-tables: rows written by one
-read the same through the other; conditional writes fail with the SDK's errors (409, 412 on a
-stale ETag, 404); transactions commit all or nothing; queries page across continuations and
-resume; concurrent requests share the connection pool; and each request is reported to the
-request hook once."""
+"""The app's Table client (adapters.tables) against Azurite, checked against azure-data-tables:
+rows written by one read the same through the other; conditional writes fail with the SDK's
+errors (409, 412 on a stale ETag, 404); transactions commit all or nothing; queries page across
+continuations and resume; concurrent requests share the connection pool; and each request is
+reported to the request hook once."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from azure.data.tables import (
     UpdateMode,
 )
 
+from adapters.tables import Page, Sent, Table, TableService
 from core.op_counts import OperationCounts
-from core.tablestorage import Page, Sent, Table, TableService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -222,8 +222,9 @@ async def test_concurrent_requests_share_the_pool(azurite, names, ours: Table) -
         )
         rows = await asyncio.gather(*(table.get_entity(pk, str(i)) for i in range(40)))
         assert [row["RowKey"] for row in rows] == [str(i) for i in range(40)]
-        pool = service._http
-        assert len(pool._idle) <= 4  # type: ignore[union-attr]
+        connector = service._sender._pipeline._transport.session.connector
+        assert connector.limit == 4
+        assert sum(len(idle) for idle in connector._conns.values()) <= 4
 
 
 async def test_each_request_is_counted_once(azurite, names, ours) -> None:

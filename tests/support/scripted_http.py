@@ -3,8 +3,9 @@ records every request it receives: for tests of what the app's HTTP clients send
 and with which headers (a resend, a retry, a ``traceparent``).
 
 The script gets the raw request and its number (1-based, across connections) and returns the
-bytes to write back and whether to close afterwards, or None to close without answering; it
-may be a coroutine (a slow or hung server sleeps in it).
+bytes to write back (or an async iterator of them, written as each comes: an answer that
+trickles) and whether to close afterwards, or None to close without answering; it may be a
+coroutine (a slow or hung server sleeps in it).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import asyncio
 import contextlib
 import inspect
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-Reply = tuple[bytes, bool] | None
+Reply = tuple[bytes | AsyncIterator[bytes], bool] | None
 Script = Callable[[bytes, int], Reply | Awaitable[Reply]]
 
 
@@ -76,8 +77,13 @@ class ScriptedServer:
                 if reply is None:
                     return
                 data, close = reply
-                writer.write(data)
-                await writer.drain()
+                if isinstance(data, bytes):
+                    writer.write(data)
+                    await writer.drain()
+                else:
+                    async for part in data:
+                        writer.write(part)
+                        await writer.drain()
                 if close:
                     return
         except (asyncio.IncompleteReadError, asyncio.CancelledError, ConnectionError, ssl.SSLError):

@@ -1,8 +1,9 @@
 """The Agent function (agent.handler): the AgentResponse it sends for each outcome of the
 remote call, what it sends nothing for, and what it alerts.
 
-The remote service is an httpx.MockTransport behind an ``httpx.AsyncClient`` and the runtime a
-stand-in holding only what the agent uses of core.runtime.Runtime (it records what the bus
+The remote service answers through a stand-in for the worker's remote HTTP
+(tests/support/remote_http.py) and the runtime is a stand-in holding only what the agent uses
+of core.runtime.Runtime (it records what the bus
 sends, after encoding it as the real one does); each response sent is encoded and parsed back,
 so it is a valid message.
 """
@@ -17,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
+from adapters.remote_http import Answer
 from agent import handler
 from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
 from agent.handler import handle_request, remote_client
@@ -35,6 +36,7 @@ from core.messages import (
     encode,
     parse_message,
 )
+from tests.support.remote_http import FakeRemoteHttp, Handler, Post, json_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -42,8 +44,6 @@ T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FORWARD_KEY = "o-1:charge_payment:do:1"
 UNDO_KEY = "o-1:charge_payment:undo:1"
 PAYLOAD = {"order_id": "o-1", "amount": 2500, "currency": "EUR"}
-
-Service = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
 
 
 class Clock:
@@ -63,10 +63,7 @@ class Clock:
         self.advance(seconds)
 
 
-@dataclass
 class Settings:
-    service_urls: dict[str, str] = field(default_factory=dict)
-
     def queue(self, role: str) -> str:
         return f"{role}-queue"
 
@@ -86,23 +83,22 @@ class Bus:
 class Runtime:
     """What handle_request uses of core.runtime.Runtime, and no more."""
 
-    def __init__(self, service: Service, **breaker: Any):
+    def __init__(self, service: Handler, **breaker: Any):
         self.clock_ = Clock()
         self.settings = Settings()
         self.bus = Bus()
         self.alerts: list[Any] = []
-        self.requests: list[httpx.Request] = []
         self.breaker = CircuitBreaker(
             "payment", BreakerSettings(**breaker), clock=self.clock_.monotonic
         )
         self.service = service
-        self.http = httpx.AsyncClient(transport=httpx.MockTransport(self._transport))
+        self.remote_http = FakeRemoteHttp(self._answer, {"payment": "http://payment.test/payment"})
+        self.requests = self.remote_http.posts
         self.rng = random.Random(1)
         self.agent_clients: dict[str, RemoteServiceClient] = {
             "payment": RemoteServiceClient(
                 "payment",
-                "http://payment.test/payment",
-                self.http,
+                self.remote_http,  # type: ignore[arg-type]
                 self.breaker,
                 policy=RetryPolicy(max_attempts=3, backoff_initial=0.1, backoff_max=0.5),
                 now=self.clock_.now,
@@ -111,12 +107,8 @@ class Runtime:
             )
         }
 
-    async def _transport(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.service(request)
-        if not isinstance(answer, httpx.Response):
-            answer = await answer
-        return answer
+    def _answer(self, post: Post) -> Answer | Awaitable[Answer]:
+        return self.service(post)  # the service as it is now (a test may swap it)
 
     def clock(self) -> datetime:
         return self.clock_.now()
@@ -157,20 +149,20 @@ def request(
     )
 
 
-def answer(status: int, body: dict[str, Any]) -> Callable[[httpx.Request], httpx.Response]:
-    return lambda _request: httpx.Response(status, json=body)
+def answer(status: int, body: dict[str, Any]) -> Callable[[Post], Answer]:
+    return lambda _post: json_answer(status, body)
 
 
 def refusal(code: str, message: str = "no") -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-def slow(rt: Runtime, seconds: float) -> Callable[[httpx.Request], httpx.Response]:
+def slow(rt: Runtime, seconds: float) -> Callable[[Post], Answer]:
     """A service that answers 503 after ``seconds`` (of the test's clock)."""
 
-    def service(_request: httpx.Request) -> httpx.Response:
+    def service(_post: Post) -> Answer:
         rt.clock_.advance(seconds)
-        return httpx.Response(503, json=refusal("unavailable"))
+        return json_answer(503, refusal("unavailable"))
 
     return service
 
@@ -200,7 +192,7 @@ async def test_a_forward_success_answers_succeeded_with_its_key_and_result() -> 
     assert response.result == {"charge_id": "ch-1", "status": "captured"}
     assert response.retry_at is None and response.error_code is None
     [sent] = rt.requests
-    assert json.loads(sent.content) == PAYLOAD  # a forward call names nothing it undoes
+    assert json.loads(sent.body) == PAYLOAD  # a forward call names nothing it undoes
     assert sent.headers["Idempotency-Key"] == FORWARD_KEY
 
 
@@ -209,10 +201,10 @@ async def test_a_replayed_request_answers_the_same_with_the_same_key() -> None:
     stored answer comes back and the agent reports it again, unchanged."""
     applied: dict[str, dict[str, Any]] = {}
 
-    def idempotent(request: httpx.Request) -> httpx.Response:
-        key = request.headers["Idempotency-Key"]
+    def idempotent(post: Post) -> Answer:
+        key = post.headers["Idempotency-Key"]
         applied.setdefault(key, {"charge_id": f"ch-{len(applied) + 1}"})
-        return httpx.Response(200, json=applied[key])
+        return json_answer(200, applied[key])
 
     rt = Runtime(idempotent)
     first = await rt.handle(request("do"))
@@ -233,9 +225,9 @@ async def test_an_undo_sends_undoes_and_maps_nothing_to_undo() -> None:
     assert (response.outcome, response.idempotency_key) == ("nothing_to_undo", UNDO_KEY)
     assert response.operation == "undo" and response.result == body
     [sent] = rt.requests
-    assert str(sent.url) == "http://payment.test/payment/refund"
+    assert sent.url == "http://payment.test/payment/refund"
     assert sent.headers["Idempotency-Key"] == UNDO_KEY
-    assert json.loads(sent.content) == {**PAYLOAD, "undoes": FORWARD_KEY}
+    assert json.loads(sent.body) == {**PAYLOAD, "undoes": FORWARD_KEY}
 
 
 async def test_an_undo_that_undid_answers_succeeded() -> None:
@@ -263,11 +255,11 @@ async def test_undone_before_applied_is_a_non_transient_failure() -> None:
 async def test_transient_errors_are_retried_then_succeed() -> None:
     answers = iter([503, 502, 200])
 
-    def flaky(_request: httpx.Request) -> httpx.Response:
+    def flaky(_post: Post) -> Answer:
         status = next(answers)
         if status == 200:
-            return httpx.Response(200, json={"charge_id": "ch-3"})
-        return httpx.Response(status, json=refusal("unavailable"))
+            return json_answer(200, {"charge_id": "ch-3"})
+        return json_answer(status, refusal("unavailable"))
 
     rt = Runtime(flaky, failure_threshold=100)
     response = await rt.handle(request("do"))
@@ -290,11 +282,11 @@ async def test_exhausted_retries_are_a_transient_failure() -> None:
 async def test_a_429_waits_its_retry_after_then_succeeds() -> None:
     answers = iter(
         [
-            httpx.Response(429, json=refusal("slow_down"), headers={"Retry-After": "2"}),
-            httpx.Response(200, json={"charge_id": "ch-1"}),
+            json_answer(429, refusal("slow_down"), **{"Retry-After": "2"}),
+            json_answer(200, {"charge_id": "ch-1"}),
         ]
     )
-    rt = Runtime(lambda _request: next(answers))
+    rt = Runtime(lambda _post: next(answers))
     response = await rt.handle(request("do"))
     assert response is not None and response.outcome == "succeeded"
     assert rt.clock() == T0 + timedelta(seconds=2)  # the server's wait, not the backoff's
@@ -439,7 +431,7 @@ SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
     ],
 )
 async def test_every_answer_echoes_the_requests_snapshot_unread(
-    service: Callable[[httpx.Request], httpx.Response], operation: str, outcome: str
+    service: Callable[[Post], Answer], operation: str, outcome: str
 ) -> None:
     """The snapshot is the Scheduler's (core.resume): the agent passes it back as it came and
     never sends it to the remote service."""
@@ -448,7 +440,7 @@ async def test_every_answer_echoes_the_requests_snapshot_unread(
     response = await rt.handle(carrying)
     assert response is not None and response.outcome == outcome
     assert response.resume == SNAPSHOT
-    assert all(SNAPSHOT.encode() not in sent.content for sent in rt.requests)
+    assert all(SNAPSHOT.encode() not in sent.body for sent in rt.requests)
 
 
 async def test_a_deferral_echoes_the_snapshot_too() -> None:
@@ -504,11 +496,11 @@ async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() ->
     release = anyio.Event()
     entered = anyio.Event()
 
-    async def service(request: httpx.Request) -> httpx.Response:
-        if request.headers["Idempotency-Key"] == FORWARD_KEY:
+    async def service(post: Post) -> Answer:
+        if post.headers["Idempotency-Key"] == FORWARD_KEY:
             entered.set()
             await release.wait()
-        return httpx.Response(200, json={"ok": True})
+        return json_answer(200, {"ok": True})
 
     rt = Runtime(service)
     with anyio.fail_after(10):
@@ -521,14 +513,14 @@ async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() ->
     assert [m.idempotency_key for _, m in rt.bus.sent] == [UNDO_KEY, FORWARD_KEY]  # type: ignore[attr-defined]
 
 
-def test_the_client_of_a_service_is_built_once_on_the_runtimes_http_client() -> None:
+def test_the_client_of_a_service_is_built_once_on_the_runtimes_remote_http() -> None:
     service = "payment-handler-test"
     rt = Runtime(answer(200, {}))
-    rt.settings.service_urls[service] = "http://svc.test/x"
+    rt.remote_http.urls[service] = "http://svc.test/x"
     rt.agent_clients.clear()
     client = remote_client(rt, service)  # type: ignore[arg-type]
     assert isinstance(client, RemoteServiceClient)
-    assert client._http is rt.http and client.breaker is breaker_for(service)
+    assert client._http is rt.remote_http and client.breaker is breaker_for(service)
     assert remote_client(rt, service) is client  # type: ignore[arg-type]
     assert rt.agent_clients == {service: client}
     assert handler.RemoteServiceClient is RemoteServiceClient

@@ -31,7 +31,7 @@ def outcome(n: int, what: str = "purged") -> DeadLetterOutcome:
 
 
 class OnePage:
-    """The part of core.tablestorage.Table that DeadLetterLog.recent uses."""
+    """The part of adapters.tables.Table that DeadLetterLog.recent uses."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows

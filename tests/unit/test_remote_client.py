@@ -1,8 +1,11 @@
 """RemoteServiceClient (agent.remote_client): retries, refusals, the deadline, undo and the
-circuit breaker against httpx.MockTransport on a fake clock (no sockets, no real sleeps), with
-every outcome and every wait of a few scenarios pinned; against the real fake services it must
-bound a hang by the deadline without ever blocking the event loop, and give up its half-open
-trial when cancelled.
+circuit breaker against a stand-in for its remote HTTP (adapters.remote_http) on a fake clock
+(no sockets, no real sleeps), with every outcome and every wait of a few scenarios pinned; it
+must give up its half-open trial when cancelled. On the real adapters.remote_http, against
+scripted servers, what the attempts carry (the request, Retry-After, refusals, the answer's size
+decoded and its time, one POST per attempt); against the real fake services it must bound a
+hang by the deadline without ever blocking the event loop, and leave one effect however often
+a call is retried.
 """
 
 from __future__ import annotations
@@ -14,21 +17,23 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
+from adapters.remote_http import Answer, CallFailed, CallTimedOut, RemoteHttp, RemoteService
 from agent.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
 from agent.http_errors import error_details, parse_retry_after
 from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
 from agent.remote_client import RemoteServiceClient
 from devstack.fakes.remote_services import FakeServices
+from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
+from tests.support.scripted_http import Reply, Script, ScriptedServer
+from tests.support.scripted_http import answer as raw_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -58,35 +63,23 @@ class FakeClock:
         self.advance(seconds)
 
 
-Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
-
-
 class Harness:
     def __init__(self, handler: Handler, policy: RetryPolicy | None = None, **breaker: float):
         self.clock = FakeClock()
-        self.requests: list[httpx.Request] = []
-        self.handler = handler
+        self.http = FakeRemoteHttp(handler, {"payment": BASE})
+        self.requests = self.http.posts
         self.breaker = CircuitBreaker(
             "payment", BreakerSettings(**breaker), clock=self.clock.monotonic
         )
-        self.http = httpx.AsyncClient(transport=httpx.MockTransport(self._handle))
         self.client = RemoteServiceClient(
             "payment",
-            BASE,
-            self.http,
+            self.http,  # type: ignore[arg-type]
             self.breaker,
             policy=policy or RetryPolicy(backoff_initial=0.5, backoff_max=4.0),
             now=self.clock.now,
             sleep=self.clock.sleep,
             rng=random.Random(7),
         )
-
-    async def _handle(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.handler(request)
-        if not isinstance(answer, httpx.Response):
-            answer = await answer
-        return answer
 
     async def call(
         self, budget: float = 60.0, key: str = "order-1:charge", **payload: object
@@ -105,11 +98,11 @@ class Harness:
         )
 
 
-def responses(*items: httpx.Response | Exception) -> Callable[[httpx.Request], httpx.Response]:
+def responses(*items: Answer | Exception) -> Callable[[Post], Answer]:
     """A handler answering with ``items`` in turn (the last one repeats)."""
     queue = list(items)
 
-    def handler(_request: httpx.Request) -> httpx.Response:
+    def handler(_post: Post) -> Answer:
         item = queue.pop(0) if len(queue) > 1 else queue[0]
         if isinstance(item, Exception):
             raise item
@@ -118,23 +111,19 @@ def responses(*items: httpx.Response | Exception) -> Callable[[httpx.Request], h
     return handler
 
 
-def ok(**result: object) -> httpx.Response:
-    return httpx.Response(200, json=result or {"charge_id": "ch-1"})
+def ok(**result: object) -> Answer:
+    return json_answer(200, result or {"charge_id": "ch-1"})
 
 
-def error(status: int, code: str, message: str = "m", **headers: str) -> httpx.Response:
-    return httpx.Response(
-        status, json={"error": {"code": code, "message": message}}, headers=headers
-    )
+def error(status: int, code: str, message: str = "m", **headers: str) -> Answer:
+    return json_answer(status, {"error": {"code": code, "message": message}}, **headers)
 
 
 # -- on the event loop -------------------------------------------------------------------------
 
 
 async def test_call_is_a_coroutine_and_the_default_sleep_is_the_event_loops() -> None:
-    client = RemoteServiceClient(
-        "payment", BASE, httpx.AsyncClient(transport=httpx.MockTransport(lambda r: ok()))
-    )
+    client = RemoteServiceClient("payment", FakeRemoteHttp(lambda p: ok(), {"payment": BASE}))  # type: ignore[arg-type]
     assert client._sleep is asyncio.sleep
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     pending = client.call("charge", {"order_id": "o"}, "k", deadline)
@@ -155,13 +144,13 @@ async def test_retries_a_503_then_succeeds() -> None:
 
 
 async def test_request_shape_and_idempotency_key_identical_across_attempts() -> None:
-    failures = [error(500, "boom"), httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
+    failures = [error(500, "boom"), CallFailed("refused"), CallTimedOut("slow")]
     h = Harness(responses(*failures, ok()))
     assert isinstance(await h.call(), Succeeded)
     assert len(h.requests) == 4
     assert {r.headers["Idempotency-Key"] for r in h.requests} == {"order-1:charge"}
-    assert {r.content for r in h.requests} == {b'{"order_id":"order-1","amount":25}'}
-    assert all(r.method == "POST" and str(r.url) == f"{BASE}/charge" for r in h.requests)
+    assert {r.body for r in h.requests} == {b'{"order_id":"order-1","amount":25}'}
+    assert all(r.url == f"{BASE}/charge" for r in h.requests)
     assert h.requests[0].headers["Content-Type"] == "application/json"
 
 
@@ -216,18 +205,18 @@ async def test_402_decline_is_not_retried() -> None:
 
 
 async def test_text_error_body_becomes_the_message() -> None:
-    h = Harness(responses(httpx.Response(400, text="order_id missing")))
+    h = Harness(responses(answer(400, b"order_id missing")))
     assert await h.call() == Failed("http_400", "order_id missing", transient=False, attempts=1)
 
 
 async def test_408_is_transient() -> None:
-    h = Harness(responses(httpx.Response(408), ok()))
+    h = Harness(responses(answer(408), ok()))
     assert isinstance(await h.call(), Succeeded)
     assert len(h.requests) == 2
 
 
 async def test_success_without_json_object_is_a_failure() -> None:
-    h = Harness(responses(httpx.Response(200, text="<html>proxy</html>")))
+    h = Harness(responses(answer(200, b"<html>proxy</html>")))
     outcome = await h.call()
     assert isinstance(outcome, Failed) and outcome.code == "invalid_response"
     assert not outcome.transient
@@ -237,67 +226,19 @@ async def test_success_without_json_object_is_a_failure() -> None:
 
 
 async def test_an_answer_too_large_is_a_transient_failure() -> None:
+    """The client asks its remote HTTP to read at most ``max_response_bytes``; an answer the
+    adapter refuses as longer is a transient failure (the adapter's bound: test_remote_http.py;
+    on the wire: below)."""
     policy = RetryPolicy(max_attempts=2, backoff_initial=0.1, max_response_bytes=100)
-    h = Harness(responses(httpx.Response(200, content=b"{" + b" " * 100 + b"}")), policy)
+    h = Harness(responses(answer(200, b"{" + b" " * 100 + b"}")), policy)
     outcome = await h.call()
     assert outcome == Failed(
-        "response_too_large", "answer exceeds 100 bytes", transient=True, attempts=2
+        "response_too_large",
+        f"POST {BASE}/charge: the answer exceeds 100 bytes",
+        transient=True,
+        attempts=2,
     )
-
-
-def gzipped(body: bytes) -> Callable[[httpx.Request], httpx.Response]:
-    """A service answering ``body`` gzip-compressed, streamed (so httpx decodes it as read)."""
-    packed = gzip.compress(body)
-
-    def handler(_request: httpx.Request) -> httpx.Response:
-        async def stream() -> AsyncIterator[bytes]:
-            for start in range(0, len(packed), 16):
-                yield packed[start : start + 16]
-
-        return httpx.Response(200, content=stream(), headers={"Content-Encoding": "gzip"})
-
-    return handler
-
-
-async def test_the_size_bound_counts_the_decoded_answer_not_the_compressed_one() -> None:
-    body = b"{" + b" " * 10_000 + b"}"
-    assert len(gzip.compress(body)) < 200
-    policy = RetryPolicy(max_attempts=1, max_response_bytes=1_000)
-    outcome = await Harness(gzipped(body), policy).call()
-    assert isinstance(outcome, Failed) and outcome.code == "response_too_large"
-    fits = await Harness(gzipped(body), RetryPolicy(max_response_bytes=len(body))).call()
-    assert fits == Succeeded({}, attempts=1)  # decoded whole: an empty JSON object
-
-
-async def test_an_answer_at_exactly_the_size_bound_is_read() -> None:
-    body = json.dumps({"pad": "x" * 80}).encode()
-    h = Harness(
-        responses(httpx.Response(200, content=body)), RetryPolicy(max_response_bytes=len(body))
-    )
-    assert await h.call() == Succeeded({"pad": "x" * 80}, attempts=1)
-
-
-async def test_an_answer_still_arriving_at_the_attempt_timeout_is_cut_off() -> None:
-    """httpx bounds each read only; the client bounds the whole answer by the attempt timeout."""
-    answers = 0
-
-    def trickle(_request: httpx.Request) -> httpx.Response:
-        nonlocal answers
-        answers += 1
-        if answers > 1:
-            return ok(charge_id="ch-2")
-
-        async def chunks() -> AsyncIterator[bytes]:
-            for part in (b'{"charge_id":', b'"ch-1"', b"}"):
-                yield part
-                h.clock.advance(1.5)  # each chunk within the read timeout, not the whole
-
-        return httpx.Response(200, content=chunks())
-
-    h = Harness(trickle, RetryPolicy(attempt_timeout=2.0, backoff_initial=0.1))
-    outcome = await h.call()
-    assert outcome == Succeeded({"charge_id": "ch-2"}, attempts=2)
-    assert answers == 2
+    assert [r.max_answer_bytes for r in h.requests] == [100, 100]
 
 
 # -- deadline ---------------------------------------------------------------------------------
@@ -306,12 +247,12 @@ async def test_an_answer_still_arriving_at_the_attempt_timeout_is_cut_off() -> N
 async def test_deadline_stops_retries_and_nothing_runs_past_it() -> None:
     seen: list[datetime] = []
 
-    def slow_failure(request: httpx.Request) -> httpx.Response:
+    def slow_failure(post: Post) -> Answer:
         seen.append(h.clock.now())
-        timeout = request.extensions["timeout"]["read"]
-        h.clock.advance(min(0.7, timeout))  # each answer takes 0.7 s of (fake) time
-        if timeout < 0.7:
-            raise httpx.ReadTimeout("no answer", request=request)
+        assert post.timeout is not None
+        h.clock.advance(min(0.7, post.timeout))  # each answer takes 0.7 s of (fake) time
+        if post.timeout < 0.7:
+            raise CallTimedOut("no answer")
         return error(503, "unavailable")
 
     policy = RetryPolicy(max_attempts=None, backoff_initial=0.5)
@@ -325,17 +266,18 @@ async def test_deadline_stops_retries_and_nothing_runs_past_it() -> None:
 
 
 async def test_attempt_timeout_is_cut_to_the_time_left() -> None:
-    timeouts: list[dict[str, float]] = []
+    timeouts: list[float] = []
 
-    def hang(request: httpx.Request) -> httpx.Response:
-        timeouts.append(request.extensions["timeout"])
-        h.clock.advance(request.extensions["timeout"]["read"])
-        raise httpx.ReadTimeout("no answer", request=request)
+    def hang(post: Post) -> Answer:
+        assert post.timeout is not None
+        timeouts.append(post.timeout)
+        h.clock.advance(post.timeout)
+        raise CallTimedOut("no answer")
 
     h = Harness(hang, RetryPolicy(attempt_timeout=10.0, backoff_initial=0.1))
     outcome = await h.call(budget=3)
     assert isinstance(outcome, DeadlinePassed)
-    assert timeouts[0] == {"connect": 3.0, "read": 3.0, "write": 3.0, "pool": 3.0}
+    assert timeouts[0] == 3.0  # one deadline for the whole call: connecting, sending, reading
     assert len(timeouts) == 1
 
 
@@ -360,13 +302,13 @@ async def test_an_undo_names_the_forward_key_in_its_body() -> None:
     outcome = await h.undo()
     assert outcome == Succeeded({"refund_id": "rf-1", "status": "refunded"}, attempts=1)
     [request] = h.requests
-    assert json.loads(request.content) == {
+    assert json.loads(request.body) == {
         "order_id": "order-1",
         "amount": 25,
         "undoes": "order-1:charge",
     }
     assert request.headers["Idempotency-Key"] == "order-1:refund"
-    assert str(request.url) == f"{BASE}/refund"
+    assert request.url == f"{BASE}/refund"
 
 
 async def test_nothing_to_undo_is_its_own_outcome() -> None:
@@ -397,10 +339,10 @@ async def test_an_invalid_undoes_is_refused_before_any_request(undoes: str) -> N
 
 
 async def test_invalid_arguments_are_refused() -> None:
-    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: ok()))
     with pytest.raises(ValueError, match="base_url"):
-        RemoteServiceClient("payment", "payment.local", http)
-    client = RemoteServiceClient("payment", BASE, http, CircuitBreaker("p"))
+        RemoteService("payment", "payment.local")
+    http = FakeRemoteHttp(lambda p: ok(), {"payment": BASE})
+    client = RemoteServiceClient("payment", http, CircuitBreaker("p"))  # type: ignore[arg-type]
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     with pytest.raises(ValueError, match="operation"):
         await client.call("../charge", {"order_id": "o"}, "k", deadline)
@@ -417,7 +359,7 @@ async def test_invalid_arguments_are_refused() -> None:
 async def test_open_breaker_fails_fast_then_half_opens_after_reset() -> None:
     healthy = False
 
-    def service(request: httpx.Request) -> httpx.Response:
+    def service(_post: Post) -> Answer:
         return ok() if healthy else error(503, "unavailable")
 
     policy = RetryPolicy(max_attempts=2, backoff_initial=0.1)
@@ -476,9 +418,10 @@ async def test_a_half_open_circuit_busy_with_its_trial_defers_by_the_minimum() -
 
 
 async def test_a_circuit_opening_at_complete_by_answers_nothing() -> None:
-    def slow_failure(request: httpx.Request) -> httpx.Response:
-        h.clock.advance(request.extensions["timeout"]["read"])  # the whole attempt timeout
-        raise httpx.ReadTimeout("no answer", request=request)
+    def slow_failure(post: Post) -> Answer:
+        assert post.timeout is not None
+        h.clock.advance(post.timeout)  # the whole attempt timeout
+        raise CallTimedOut("no answer")
 
     h = Harness(slow_failure, RetryPolicy(attempt_timeout=10.0), failure_threshold=1)
     outcome = await h.call(budget=4.0)  # the first attempt is cut to 4 s, ends at complete-by
@@ -489,7 +432,7 @@ async def test_a_circuit_opening_at_complete_by_answers_nothing() -> None:
 async def test_a_call_refused_by_the_service_is_never_deferred() -> None:
     """A definitive answer is reported even if the circuit is open by the time it arrives."""
 
-    def refuse_while_others_open_the_circuit(request: httpx.Request) -> httpx.Response:
+    def refuse_while_others_open_the_circuit(_post: Post) -> Answer:
         for _ in range(3):
             h.breaker.record_failure()  # other calls' failures, meanwhile
         return error(402, "card_declined")
@@ -525,9 +468,9 @@ def test_half_open_admits_one_trial_at_a_time() -> None:
 def test_breaker_is_shared_per_service_name() -> None:
     assert breaker_for("payment-shared") is breaker_for("payment-shared")
     assert breaker_for("payment-shared") is not breaker_for("shipping-shared")
-    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: ok()))
-    one = RemoteServiceClient("svc-x", "http://x.test/svc", http)
-    two = RemoteServiceClient("svc-x", "http://x.test/svc", http)
+    http = FakeRemoteHttp(lambda p: ok(), {"svc-x": "http://x.test/svc"})
+    one = RemoteServiceClient("svc-x", http)  # type: ignore[arg-type]
+    two = RemoteServiceClient("svc-x", http)  # type: ignore[arg-type]
     assert one.breaker is two.breaker is breaker_for("svc-x")
 
 
@@ -536,7 +479,7 @@ async def test_a_cancelled_call_gives_its_half_open_trial_back() -> None:
     slot is released, not kept for ever nor counted as a failure."""
     entered = anyio.Event()
 
-    async def never_answers(_request: httpx.Request) -> httpx.Response:
+    async def never_answers(_post: Post) -> Answer:
         entered.set()
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
@@ -560,8 +503,8 @@ async def test_calls_through_one_breaker_are_not_serialised() -> None:
     release = anyio.Event()
     entered = anyio.Event()
 
-    async def service(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content)["order_id"] == "slow":
+    async def service(post: Post) -> Answer:
+        if json.loads(post.body)["order_id"] == "slow":
             entered.set()
             await release.wait()
         return ok()
@@ -603,7 +546,7 @@ async def test_logs_one_debug_line_per_attempt_and_one_info_line_per_call(
 
 # -- every outcome and every wait ---------------------------------------------------------------
 
-Answers = Callable[[], list[httpx.Response | Exception]]
+Answers = Callable[[], list[Answer | Exception]]
 """A scenario's answers, made afresh for each client (a client binds a response to itself)."""
 Expected = Callable[[datetime], CallOutcome]
 """The outcome, given the fake clock's time once the call returned."""
@@ -623,7 +566,7 @@ def deferred(last_error: str) -> Expected:
 
 SCENARIOS: dict[str, tuple[Answers, dict[str, Any], float, Expected, list[float]]] = {
     "retried to success": (
-        lambda: [error(503, "u"), httpx.ConnectError("no"), ok()],
+        lambda: [error(503, "u"), CallFailed("no"), ok()],
         {},
         60.0,
         lambda _: Succeeded({"charge_id": "ch-1"}, attempts=3),
@@ -665,10 +608,10 @@ SCENARIOS: dict[str, tuple[Answers, dict[str, Any], float, Expected, list[float]
         jittered(4),
     ),
     "too large": (
-        lambda: [httpx.Response(200, content=b"{}" + b" " * 64)],
+        lambda: [answer(200, b"{}" + b" " * 64)],
         {"max_response_bytes": 64},
         60.0,
-        deferred("response_too_large: answer exceeds 64 bytes"),
+        deferred(f"response_too_large: POST {BASE}/charge: the answer exceeds 64 bytes"),
         jittered(4),
     ),
 }
@@ -715,9 +658,169 @@ def test_error_details_fallbacks() -> None:
     assert error_details(404, b'{"detail": "x"}') == ("http_404", '{"detail": "x"}')
 
 
-# -- real sockets, real time: the fake services -----------------------------------------------
+# -- the real adapters.remote_http against scripted servers: real sockets, real time ----------
 
 FAST = RetryPolicy(max_attempts=None, attempt_timeout=5.0, backoff_initial=0.01, backoff_max=0.05)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Script], Any]]:
+    servers: list[ScriptedServer] = []
+
+    async def start(script: Script) -> ScriptedServer:
+        server = await ScriptedServer(script).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+class Calls:
+    """A client of ``payment`` at ``origin`` on a RemoteHttp of its own, recording its waits
+    instead of sleeping them (``real_waits``: sleeping them too)."""
+
+    def __init__(
+        self, origin: str, policy: RetryPolicy = FAST, *, real_waits: bool = False, **breaker: float
+    ) -> None:
+        self.http = RemoteHttp([RemoteService("payment", f"{origin}/payment")])
+        self.waits: list[float] = []
+        self._real_waits = real_waits
+        self.client = RemoteServiceClient(
+            "payment",
+            self.http,
+            CircuitBreaker("payment", BreakerSettings(**{"failure_threshold": 1000, **breaker})),
+            policy=policy,
+            sleep=self._sleep,
+            rng=random.Random(7),
+        )
+
+    async def _sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if self._real_waits:
+            await asyncio.sleep(seconds)
+
+    async def charge(self, order: str = "order-1", budget: float = 10.0) -> CallOutcome:
+        deadline = datetime.now(UTC) + timedelta(seconds=budget)
+        try:
+            return await self.client.call(
+                "charge", {"order_id": order, "amount": 25}, f"{order}:charge", deadline
+            )
+        finally:
+            await self.http.close()
+
+
+def replies(*answers: bytes) -> Script:
+    return lambda request, n: (answers[min(n, len(answers)) - 1], False)
+
+
+def wire_ok(**result: object) -> bytes:
+    return raw_answer(200, json.dumps(result or {"charge_id": "ch-1"}).encode())
+
+
+def wire_error(status: int, code: str, **headers: str) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": "m"}}).encode()
+    return raw_answer(status, body, {"Content-Type": "application/json", **headers})
+
+
+async def test_a_503_is_retried_with_the_same_request_until_it_succeeds(serve) -> None:
+    server = await serve(replies(wire_error(503, "busy"), wire_ok()))
+    outcome = await Calls(server.origin).charge()
+    assert outcome == Succeeded({"charge_id": "ch-1"}, attempts=2)
+    assert without_trace(server.requests[0]) == without_trace(server.requests[1])
+    assert server.requests[0].startswith(b"POST /payment/charge HTTP/1.1\r\n")
+    assert server.headers(1)["idempotency-key"] == "order-1:charge"
+    assert server.headers(1)["content-type"] == "application/json"
+
+
+def without_trace(request: bytes) -> bytes:
+    """The request but its trace context (each attempt is a span of its own, when a tracer
+    provider records them)."""
+    return b"\r\n".join(
+        line for line in request.split(b"\r\n") if not line.lower().startswith(b"traceparent:")
+    )
+
+
+async def test_retry_after_is_honoured(serve) -> None:
+    server = await serve(replies(wire_error(429, "slow_down", **{"Retry-After": "3"}), wire_ok()))
+    calls = Calls(server.origin)
+    assert isinstance(await calls.charge(), Succeeded)
+    assert calls.waits == [3.0]
+
+
+async def test_a_decline_is_not_retried(serve) -> None:
+    server = await serve(replies(wire_error(402, "card_declined")))
+    outcome = await Calls(server.origin).charge()
+    assert outcome == Failed("card_declined", "m", transient=False, attempts=1)
+    assert server.methods() == ["POST"]
+
+
+async def test_an_answer_too_large_on_the_wire_fails_each_attempt(serve) -> None:
+    server = await serve(replies(raw_answer(200, b"{" + b" " * 100 + b"}")))
+    policy = RetryPolicy(max_attempts=2, backoff_initial=0.1, max_response_bytes=100)
+    outcome = await Calls(server.origin, policy).charge()
+    assert isinstance(outcome, Failed) and outcome.code == "response_too_large"
+    assert outcome.transient and outcome.attempts == 2
+
+
+async def test_the_size_bound_counts_the_decoded_answer_not_the_compressed_one(serve) -> None:
+    body = b"{" + b" " * 10_000 + b"}"
+    assert len(gzip.compress(body)) < 200
+    packed = raw_answer(200, gzip.compress(body), {"Content-Encoding": "gzip"})
+    server = await serve(replies(packed))
+    outcome = await Calls(
+        server.origin, RetryPolicy(max_attempts=1, max_response_bytes=1_000)
+    ).charge()
+    assert isinstance(outcome, Failed) and outcome.code == "response_too_large"
+    fits = await Calls(server.origin, RetryPolicy(max_response_bytes=len(body))).charge()
+    assert fits == Succeeded({}, attempts=1)  # decoded whole: an empty JSON object
+
+
+async def test_an_answer_at_exactly_the_size_bound_is_read(serve) -> None:
+    body = json.dumps({"pad": "x" * 80}).encode()
+    server = await serve(replies(raw_answer(200, body)))
+    outcome = await Calls(server.origin, RetryPolicy(max_response_bytes=len(body))).charge()
+    assert outcome == Succeeded({"pad": "x" * 80}, attempts=1)
+
+
+async def test_an_answer_still_arriving_at_the_attempt_timeout_is_cut_off(serve) -> None:
+    """The attempt timeout bounds the whole answer, not each read of it."""
+
+    async def trickle() -> AsyncIterator[bytes]:
+        parts = (b'{"charge_id":', b'"ch-1"', b"}")
+        yield b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % sum(map(len, parts))
+        for part in parts:
+            await asyncio.sleep(0.6)  # each part well within the timeout, not the whole
+            yield part
+
+    def script(request: bytes, n: int) -> Reply:
+        return (trickle() if n == 1 else wire_ok(charge_id="ch-2")), False
+
+    server = await serve(script)
+    policy = RetryPolicy(max_attempts=2, attempt_timeout=1.0, backoff_initial=0.01)
+    outcome = await Calls(server.origin, policy).charge()
+    assert outcome == Succeeded({"charge_id": "ch-2"}, attempts=2)
+    assert server.methods() == ["POST", "POST"]
+
+
+async def test_an_attempt_that_times_out_sends_one_post_and_the_next_attempt_another(
+    serve,
+) -> None:
+    async def script(request: bytes, n: int) -> Reply:
+        if n == 1:
+            await asyncio.sleep(1.5)
+        return wire_ok(charge_id=f"ch-{n}"), False
+
+    server = await serve(script)
+    policy = RetryPolicy(max_attempts=2, attempt_timeout=1.0, backoff_initial=0.01)
+    outcome = await Calls(server.origin, policy).charge()
+    assert outcome == Succeeded({"charge_id": "ch-2"}, attempts=2)
+    await asyncio.sleep(0.7)
+    assert server.methods() == ["POST", "POST"]  # one per attempt, none resent under it
+
+
+# -- the real fake services --------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -726,24 +829,13 @@ def fakes() -> Iterator[FakeServices]:
         yield running
 
 
-def real_client(fakes: FakeServices, http: httpx.AsyncClient, **policy: Any) -> RemoteServiceClient:
-    breaker = CircuitBreaker("payment", BreakerSettings(failure_threshold=1000))
-    return RemoteServiceClient(
-        "payment", fakes.url("payment"), http, breaker, policy=replace(FAST, **policy)
-    )
-
-
-async def charge(client: RemoteServiceClient, order: str, budget: float = 10.0) -> CallOutcome:
-    deadline = datetime.now(UTC) + timedelta(seconds=budget)
-    return await client.call(
-        "charge", {"order_id": order, "amount": 10}, f"{order}:charge", deadline
-    )
+def fake_calls(fakes: FakeServices, **breaker: float) -> Calls:
+    return Calls(fakes.url("payment").rsplit("/payment", 1)[0], real_waits=True, **breaker)
 
 
 async def test_real_transient_faults_are_retried_to_exactly_one_effect(fakes: FakeServices) -> None:
     fakes.set_profile({"services": {"payment": {"fail_first_n": 3}}})
-    async with httpx.AsyncClient() as http:
-        outcome = await charge(real_client(fakes, http), "order-1")
+    outcome = await fake_calls(fakes).charge()
     assert isinstance(outcome, Succeeded) and outcome.attempts == 4
     assert [e["idempotency_key"] for e in fakes.ledger()] == ["order-1:charge"]
 
@@ -760,10 +852,10 @@ async def test_real_hang_is_bounded_by_the_deadline_without_blocking_the_loop(
             await anyio.sleep(0.05)
             ticks += 1
 
-    async with httpx.AsyncClient() as http, anyio.create_task_group() as tasks:
+    async with anyio.create_task_group() as tasks:
         tasks.start_soon(ticker)
         started = time.monotonic()
-        outcome = await charge(real_client(fakes, http), "order-1", budget=1.0)
+        outcome = await fake_calls(fakes).charge(budget=1.0)
         elapsed = time.monotonic() - started
         tasks.cancel_scope.cancel()
     assert isinstance(outcome, DeadlinePassed)
@@ -775,16 +867,16 @@ async def test_real_hang_is_bounded_by_the_deadline_without_blocking_the_loop(
 
 async def test_real_undo_and_refusal(fakes: FakeServices) -> None:
     fakes.set_profile({"services": {"payment": {"decline_order_ids": ["order-9"]}}})
-    async with httpx.AsyncClient() as http:
-        client = real_client(fakes, http)
-        declined = await charge(client, "order-9")
-        undo = await client.call(
-            "refund",
-            {"order_id": "order-2", "amount": 10},
-            "order-2:refund",
-            datetime.now(UTC) + timedelta(seconds=10),
-            undoes="order-2:charge",
-        )
+    calls = fake_calls(fakes)
+    declined = await calls.charge("order-9")
+    undo = await calls.client.call(
+        "refund",
+        {"order_id": "order-2", "amount": 10},
+        "order-2:refund",
+        datetime.now(UTC) + timedelta(seconds=10),
+        undoes="order-2:charge",
+    )
+    await calls.http.close()
     assert isinstance(declined, Failed)
     assert (declined.code, declined.transient, declined.attempts) == ("card_declined", False, 1)
     assert isinstance(undo, NothingToUndo) and undo.result["undoes"] == "order-2:charge"
@@ -793,17 +885,10 @@ async def test_real_undo_and_refusal(fakes: FakeServices) -> None:
 
 async def test_real_unreachable_service_defers_once_the_circuit_opens() -> None:
     with FakeServices.start() as gone:
-        url = gone.url("payment")
-    async with httpx.AsyncClient() as http:
-        client = RemoteServiceClient(
-            "payment",
-            url,
-            http,
-            CircuitBreaker("payment", BreakerSettings(failure_threshold=3)),
-            policy=FAST,
-        )
-        before = datetime.now(UTC)
-        outcome = await charge(client, "order-1", budget=5.0)
+        origin = gone.url("payment").rsplit("/payment", 1)[0]
+    calls = Calls(origin, real_waits=True, failure_threshold=3)
+    before = datetime.now(UTC)
+    outcome = await calls.charge(budget=5.0)
     assert isinstance(outcome, Deferred) and outcome.attempts == 3
     assert "connection_error" in (outcome.last_error or "")
     assert before + timedelta(seconds=29) < outcome.retry_at < before + timedelta(seconds=31)

@@ -1,27 +1,26 @@
 """The Runtime (core.runtime) and clients (core.clients), without a broker: what
 ``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
-and the credentials the asyncio clients authenticate with. The broker round trips are in
-tests/integration/test_bus.py."""
+and the async credentials (azure.identity.aio) the clients authenticate with. The broker round
+trips are in tests/integration/test_bus.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from azure.core.credentials import AccessToken
-from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus.aio import ServiceBusClient
+from azure.storage.blob.aio import BlobServiceClient
 
+from adapters.remote_http import RemoteHttp
+from adapters.tables import TableService
+from adapters.tables.pipeline import BearerTokenPolicy
 from core import bus, clients, runtime, signing, state_store
-from core.credentials import ThreadedCredential
 from core.messages import OperatorAlert, StatusUpdate, message_id_for
 from core.settings import Connection, Settings
-from core.tablestorage import TableService, auth
 from tests.support.app import EXAMPLE_SETTINGS
 
 pytestmark = pytest.mark.anyio
@@ -110,6 +109,20 @@ def closed_services(monkeypatch: pytest.MonkeyPatch) -> list[TableService]:
 
 
 @pytest.fixture
+def closed_remote(monkeypatch: pytest.MonkeyPatch) -> list[RemoteHttp]:
+    """The remote HTTP closed during the test."""
+    closed: list[RemoteHttp] = []
+    close = RemoteHttp.close
+
+    async def recording_close(self: RemoteHttp) -> None:
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(RemoteHttp, "close", recording_close)
+    return closed
+
+
+@pytest.fixture
 def rt() -> Iterator[runtime.Runtime]:
     yield runtime.Runtime.from_settings(settings())
 
@@ -121,7 +134,7 @@ async def test_from_settings_builds_the_store_and_bus_and_opens_nothing(
     assert isinstance(rt.store._service, TableService)
     assert isinstance(rt.bus, bus.Bus)
     assert rt.workflows == rt.settings.workflows()
-    assert made == [] and rt._http is None and rt._status_bus is None
+    assert made == [] and rt._remote_http is None and rt._status_bus is None
     await rt.close()
 
 
@@ -170,35 +183,46 @@ async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
     assert client.closed and client.senders[0].closed
 
 
-async def test_http_is_one_async_client_opened_on_first_use(rt: runtime.Runtime) -> None:
-    assert rt._http is None
-    http = rt.http
-    assert isinstance(http, httpx.AsyncClient)
-    assert rt.http is http
+async def test_the_remote_http_is_one_built_from_the_settings_on_first_use(
+    rt: runtime.Runtime, closed_remote: list[RemoteHttp]
+) -> None:
+    assert rt._remote_http is None
+    http = rt.remote_http
+    assert isinstance(http, RemoteHttp)
+    assert rt.remote_http is http
+    for service, url in rt.settings.service_urls.items():
+        assert http.base_url(service) == url
+        assert http._services[service].limits == rt.settings.remote_limits
     await rt.close()
-    assert http.is_closed
+    assert closed_remote == [http]
 
 
-async def test_close_closes_both_buses_the_store_and_the_http_client(
-    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+async def test_close_closes_both_buses_the_store_and_the_remote_http(
+    rt: runtime.Runtime,
+    made: list[FakeClient],
+    closed_services: list[TableService],
+    closed_remote: list[RemoteHttp],
 ) -> None:
     await rt.alert(alert())
     await rt.status_bus().send(
         "reply-here", StatusUpdate(order_id="o-close", sequence=0, state="Pending")
     )
-    http = rt.http
+    http = rt.remote_http
     await rt.close()
     assert [c.closed for c in made] == [True, True]
     assert all(s.closed for c in made for s in c.senders)
     assert closed_services == [rt.store._service]
-    assert http.is_closed
+    assert closed_remote == [http]
 
 
 async def test_close_of_a_runtime_that_opened_nothing(
-    rt: runtime.Runtime, made: list[FakeClient], closed_services: list[TableService]
+    rt: runtime.Runtime,
+    made: list[FakeClient],
+    closed_services: list[TableService],
+    closed_remote: list[RemoteHttp],
 ) -> None:
     await rt.close()
-    assert made == [] and closed_services == [rt.store._service]
+    assert made == [] and closed_services == [rt.store._service] and closed_remote == []
 
 
 async def test_the_process_wide_runtime_is_built_once_on_first_use(
@@ -291,52 +315,45 @@ async def test_servicebus_client_with_a_managed_identity_gets_an_async_credentia
     client = clients.servicebus_client(MANAGED, retry_total=1)
     try:
         assert isinstance(client, ServiceBusClient)
-        credential = client._credential
-        assert isinstance(credential, ThreadedCredential)
-        assert isinstance(credential.credential, ManagedIdentityCredential)
+        assert isinstance(client._credential, ManagedIdentityCredential)
     finally:
         await client.close()
+        await client._credential.close()
 
 
 async def test_without_a_client_id_the_credential_is_the_default_chain() -> None:
     conn = Connection("ServiceBusConnection", endpoint="sb-x.servicebus.windows.net")
     client = clients.servicebus_client(conn)
     try:
-        assert isinstance(client._credential.credential, DefaultAzureCredential)
+        assert isinstance(client._credential, DefaultAzureCredential)
     finally:
         await client.close()
+        await client._credential.close()
 
 
-async def test_the_table_service_takes_the_sync_credential_its_bearer_token_renews() -> None:
+async def test_the_table_service_authenticates_with_the_async_credential() -> None:
     conn = Connection("StateStorage", endpoint="https://st.table.core.windows.net", client_id="1")
     service = clients.table_service(conn)
     try:
         assert isinstance(service, TableService)
-        assert isinstance(service._auth, auth.BearerToken)
-        assert isinstance(service._auth._credential, ManagedIdentityCredential)
+        [policy] = [p for p in service._sender._policies if isinstance(p, BearerTokenPolicy)]
+        assert isinstance(policy._credential, ManagedIdentityCredential)
     finally:
         await service.close()
+        await policy._credential.close()
 
 
-class SyncCredential:
-    def __init__(self) -> None:
-        self.threads: list[int] = []
-        self.closed_in: int | None = None
-
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        self.threads.append(threading.get_ident())
-        return AccessToken(f"token for {' '.join(scopes)} {kwargs}", 4102444800)
-
-    def close(self) -> None:
-        self.closed_in = threading.get_ident()
-
-
-async def test_a_threaded_credential_gets_tokens_off_the_event_loop() -> None:
-    sync = SyncCredential()
-    async with ThreadedCredential(sync) as credential:
-        token = await credential.get_token("https://servicebus.azure.net/.default", tenant_id="t")
-    assert token == AccessToken(
-        "token for https://servicebus.azure.net/.default {'tenant_id': 't'}", 4102444800
+async def test_the_blob_service_authenticates_with_the_async_credential() -> None:
+    conn = Connection(
+        "StateStorage",
+        endpoint="https://st.table.core.windows.net",
+        blob_endpoint="https://st.blob.core.windows.net",
+        client_id="1",
     )
-    assert sync.threads and threading.get_ident() not in sync.threads
-    assert sync.closed_in is not None and sync.closed_in != threading.get_ident()
+    client = clients.blob_service(conn)
+    try:
+        assert isinstance(client, BlobServiceClient)
+        assert isinstance(client.credential, ManagedIdentityCredential)
+    finally:
+        await client.close()
+        await client.credential.close()

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from core.settings import MAX_RUN_BUDGET, Settings, SettingsError
+from core.settings import MAX_RUN_BUDGET, ServiceLimits, Settings, SettingsError
 from core.signing import local_keyring, new_key_text, parse_keyring
 from core.workflows import ORDER_WORKFLOW, WORKFLOWS
 from devstack.stack.processes import REPO_ROOT
@@ -48,9 +48,11 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
     assert settings.servicebus.connection_string is None
     assert settings.servicebus.endpoint == "sb-x.servicebus.windows.net"
     assert settings.storage.endpoint == "https://st.table.core.windows.net"
-    from azure.identity import ManagedIdentityCredential
+    from azure.identity.aio import ManagedIdentityCredential
 
-    assert isinstance(settings.storage.credential(), ManagedIdentityCredential)
+    from adapters.credentials import credential
+
+    assert isinstance(credential(settings.storage), ManagedIdentityCredential)
 
 
 @pytest.mark.parametrize(
@@ -239,3 +241,22 @@ def test_the_run_budget_stays_inside_the_lock_renewal_of_host_json():
     assert Settings.from_env(env(STEP_TIMEOUT_SECONDS="270")).step_timeout == MAX_RUN_BUDGET
     with pytest.raises(SettingsError, match="STEP_TIMEOUT_SECONDS must be at most 270"):
         Settings.from_env(env(STEP_TIMEOUT_SECONDS="600"))
+
+
+def test_remote_call_limits_and_their_defaults():
+    assert Settings.from_env(env()).remote_limits == ServiceLimits(10.0, 32)
+    tuned = Settings.from_env(env(REMOTE_TIMEOUT_SECONDS="2.5", REMOTE_MAX_CONNECTIONS="4"))
+    assert tuned.remote_limits == ServiceLimits(timeout_s=2.5, max_connections=4)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"REMOTE_TIMEOUT_SECONDS": "0"}, "REMOTE_TIMEOUT_SECONDS must be positive"),
+        ({"REMOTE_TIMEOUT_SECONDS": "soon"}, "REMOTE_TIMEOUT_SECONDS must be a number"),
+        ({"REMOTE_MAX_CONNECTIONS": "0"}, "REMOTE_MAX_CONNECTIONS must be a positive integer"),
+    ],
+)
+def test_bad_remote_call_limits_say_what_to_fix(changes, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env(**changes))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from azure.data.tables import EntityProperty
 
+from adapters.tables import TableService
 from core import ids, lifecycle
 from core.ids import InvalidId
 from core.messages import (
@@ -47,7 +48,6 @@ from core.state_models import (
 )
 from core.state_store import OrderStateStore
 from core.states import ProcessState
-from core.tablestorage import TableService
 from core.workflows import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.anyio

@@ -1,40 +1,30 @@
-"""A lean Table Storage client: the part of azure-data-tables' ``TableClient`` the app uses,
-over a small HTTP/1.1 connection pool (:mod:`core.http11`), with the SDK's
-entity types and errors.
+"""The app's Table client on azure-core's pipeline: the part of azure-data-tables'
+``TableClient`` the app uses, async, with its requests sent through
+:mod:`adapters.tables.pipeline` (aiohttp, the Tables retry semantics, request ids, tracing,
+Shared Key or Entra tokens).
 
-Why not the SDK: measured on this machine against Azurite, one transaction of two
-operations costs about 5 ms of client CPU through azure-data-tables and 0.9 ms here; a point
-read 1.5 ms and 0.7 ms (docs/performance.md). An order makes four or more such requests, so
-the SDK's request preparation was most of an order's CPU. The wire format, the entity types
-(:mod:`core.tablestorage.odata`) and the errors (azure-core's, and the SDK's
-``TableTransactionError``) are the SDK's, so the store's code and tests read the same, and
-rows written here read the same through azure-data-tables (tests/integration/test_tablestorage.py).
+Why not azure-data-tables itself: its request preparation costs several times more client CPU
+than the service's answer takes (docs/performance.md). The wire format stays the app's own,
+written and read here: OData JSON (:mod:`adapters.tables.odata`) and ``multipart/mixed``
+transactions (:mod:`adapters.tables.batch`, where the SDK runs each operation through a
+pipeline on a thread pool and the ``email`` package). The entity types are the SDK's, and so
+are the errors (azure-core's, and the SDK's ``TableTransactionError``), so the store's code and
+tests read the same, and rows written here read the same through azure-data-tables
+(tests/integration/test_tablestorage.py).
 
-Each HTTP attempt (retries included) is reported to ``request_hook`` as a :class:`Sent`, as the
-SDK's ``raw_request_hook`` reports it. Transient failures (connection errors, 408, 429, 5xx) are
-retried three times with exponential backoff; a retried write that had committed answers 409 or
-412 the second time, which the store already resolves (core.state_store: its WriteId). A kept-
-alive connection that the server closed as it was taken is retried at once, without backoff.
-
-Written once, async, in core/tablestorage/aio/client.py (on the asyncio pool of
-core.http11, or an ``httpx.AsyncBaseTransport``); core/tablestorage/client.py is
-generated from it (``python -m devstack.unasync``). Every method that makes a request is
-``async`` there; queries are async iterators (``async for``), their pages lists. An Entra token
-is renewed off the request path (core.tablestorage.auth.BearerToken), so the event loop waits
-for one only on the first request.
+Every method that makes a request is ``async``; queries are async iterators (``async for``),
+their pages lists. Safe to use from several tasks of one event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from email.utils import formatdate
+import ssl
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import httpx
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     AzureError,
@@ -43,104 +33,54 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
 )
+from azure.core.pipeline.transport import AsyncHttpResponse, HttpRequest
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from core.http11 import (
-    Answer,
-    ConnectionPool,
-    Failure,
-    Headers,
-    Sent,
-    TransportError,
-    may_resend,
-)
-from core.tablestorage import batch, odata
-from core.tablestorage.auth import Auth, BearerToken, parse_connection_string
+from adapters.tables import batch, odata, pipeline
+from adapters.tables.auth import SharedKey, parse_connection_string
 
 API_VERSION: Final = "2019-02-02"
 """The first version that accepts Entra tokens; the one azure-data-tables 12 sends."""
-RETRIES: Final = 3
-RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
-BACKOFF_S: Final = 0.2
 MAX_TRANSACTION: Final = 100
-CONNECT_TIMEOUT_S: Final = 5.0
-READ_TIMEOUT_S: Final = 30.0
-_TIMEOUTS: Final = {"timeout": httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S).as_dict()}
 _MINIMAL: Final = "application/json;odata=minimalmetadata"
-_HTTPX_NOT_SENT: Final[dict[type[httpx.TransportError], Failure]] = {
-    httpx.ConnectError: "connect",
-    httpx.ConnectTimeout: "connect_timeout",
-    httpx.PoolTimeout: "pool_timeout",
+_HEADERS: Final = {
+    "x-ms-version": API_VERSION,
+    "DataServiceVersion": "3.0",
+    "MaxDataServiceVersion": "3.0;NetFx",
+    "Accept": _MINIMAL,
 }
 
-
-RequestHook = Callable[[Sent], None]
 Operation = tuple[Any, ...]
 
 
-class HttpxSender:
-    """Requests through an httpx transport instead of the connection pool: for tests
-    (``httpx.MockTransport``) and for whoever needs what httpx adds."""
-
-    def __init__(self, transport: httpx.AsyncBaseTransport, origin: str) -> None:
-        self._transport = transport
-        self._origin = origin
-
-    async def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
-    ) -> Answer:
-        request = httpx.Request(
-            method, self._origin + target, content=body, headers=headers, extensions=_TIMEOUTS
-        )
-        try:
-            answer = await self._transport.handle_async_request(request)
-            content = await answer.aread()
-            await answer.aclose()
-        except httpx.TransportError as exc:
-            kind = _HTTPX_NOT_SENT.get(type(exc), "io")
-            raise TransportError(f"{method} {target.split('?', 1)[0]}: {exc}", kind=kind) from exc
-        received = Headers()
-        for name, value in answer.headers.multi_items():
-            previous = dict.get(received, name.lower())
-            dict.__setitem__(
-                received, name.lower(), value if previous is None else f"{previous}, {value}"
-            )
-        return Answer(answer.status_code, answer.reason_phrase, received, content)
-
-    async def close(self) -> None:
-        await self._transport.aclose()
-
-
 class TableService:
-    """The account's table endpoint: builds :class:`Table` clients sharing one HTTP pool.
-    Safe to use from several tasks of one event loop (the sync twin: from several threads)."""
+    """The account's table endpoint: builds :class:`Table` clients sharing one pipeline.
+
+    ``credential``: a :class:`~adapters.tables.auth.SharedKey` (connection strings: Azurite),
+    or an async token credential (``azure.identity.aio``). ``request_hook`` is told of every
+    attempt, retries included (:class:`~adapters.tables.pipeline.Sent`).
+    """
 
     def __init__(
         self,
         endpoint: str,
-        auth: Auth,
+        credential: SharedKey | Any,
         *,
-        request_hook: RequestHook | None = None,
+        request_hook: pipeline.Hook | None = None,
         max_connections: int = 64,
-        transport: httpx.AsyncBaseTransport | None = None,
+        connect_timeout: float = pipeline.CONNECT_TIMEOUT_S,
+        read_timeout: float = pipeline.READ_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
-        parts = urlsplit(self.endpoint)
-        self._base_path = parts.path
-        origin = f"{parts.scheme}://{parts.netloc}"
-        self._auth = auth
-        self._hook = request_hook
-        self._http: ConnectionPool | HttpxSender = (
-            HttpxSender(transport, origin)
-            if transport is not None
-            else ConnectionPool(
-                origin,
-                max_connections=max_connections,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
-            )
+        self._headers = {**_HEADERS, "User-Agent": pipeline.user_agent()}
+        self._sender = pipeline.Sender(
+            pipeline.policies(self.endpoint, credential, request_hook),
+            max_connections=max_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            ssl_context=ssl_context,
         )
 
     @classmethod
@@ -150,8 +90,9 @@ class TableService:
 
     @classmethod
     def with_credential(cls, endpoint: str, credential: Any, **options: Any) -> TableService:
-        """An endpoint reached with an Entra token credential (managed identity in Azure)."""
-        return cls(endpoint, BearerToken(credential), **options)
+        """An endpoint reached with an async Entra token credential (managed identity in
+        Azure: :func:`adapters.credentials.credential`)."""
+        return cls(endpoint, credential, **options)
 
     def get_table_client(self, table_name: str, *, owns_service: bool = False) -> Table:
         """A client of one table; with ``owns_service``, closing it closes this service too
@@ -170,7 +111,7 @@ class TableService:
             raise_for(answer, f"deleting table {table_name}")
 
     async def close(self) -> None:
-        await self._http.close()
+        await self._sender.close()
 
     async def __aenter__(self) -> TableService:
         return self
@@ -191,48 +132,21 @@ class TableService:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         batch_urls: Sequence[str] = (),
-    ) -> Answer:
-        """Send one request (``path`` relative to the endpoint, already encoded), retrying
-        transient failures. The answer is returned whatever its status."""
+    ) -> AsyncHttpResponse:
+        """Send one request (``path`` relative to the endpoint, already encoded) through the
+        pipeline, which retries what the Tables policy retries. The answer is returned whatever
+        its status, its body read; no answer raises azure-core's ``ServiceRequestError`` or
+        ``ServiceResponseError``."""
+        sent = {**self._headers, "x-ms-client-request-id": str(uuid.uuid4())}
         if body is not None:
             content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+            sent["Content-Type"] = "application/json"
+        if headers:
+            sent.update(headers)
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in (params or {}).items())
-        signed_path = f"{self._base_path}/{path}"
-        target = signed_path + (f"?{query}" if query else "")
         url = self.url(path) + (f"?{query}" if query else "")
-        for attempt in range(RETRIES + 1):
-            sent_headers = self._headers(verb, signed_path, headers, json_body=body is not None)
-            if self._hook is not None:
-                self._hook(Sent(verb, url, tuple(batch_urls)))
-            try:
-                answer = await self._http.request(verb, target, sent_headers, content)
-            except TransportError as exc:
-                if attempt == RETRIES or not may_resend(verb, exc):
-                    raise ServiceRequestError(f"{verb} {url} failed: {exc}") from exc
-                if exc.reused:
-                    continue  # a kept-alive connection closed as it was taken: not an outage
-            else:
-                if answer.status_code not in RETRY_STATUS or attempt == RETRIES:
-                    return answer
-            await asyncio.sleep(BACKOFF_S * 2**attempt * (0.5 + random.random()))
-        raise AssertionError("unreachable")
-
-    def _headers(
-        self, verb: str, path: str, extra: Mapping[str, str] | None, *, json_body: bool
-    ) -> dict[str, str]:
-        headers = {
-            "x-ms-date": formatdate(usegmt=True),
-            "x-ms-version": API_VERSION,
-            "DataServiceVersion": "3.0",
-            "MaxDataServiceVersion": "3.0;NetFx",
-            "Accept": _MINIMAL,
-        }
-        if json_body:
-            headers["Content-Type"] = "application/json"
-        if extra:
-            headers.update(extra)
-        headers["Authorization"] = self._auth.authorization(verb, path, headers)
-        return headers
+        request = HttpRequest(verb, url, headers=sent, data=content)
+        return await self._sender.send(request, batch_urls)
 
 
 class Table:
@@ -244,7 +158,7 @@ class Table:
         self._owns_service = owns_service
 
     async def close(self) -> None:
-        """The HTTP pool belongs to the service: closed here only if this table owns it."""
+        """The pipeline belongs to the service: closed here only if this table owns it."""
         if self._owns_service:
             await self.service.close()
 
@@ -263,7 +177,7 @@ class Table:
         path = self._entity(partition_key, row_key)
         answer = await self.service.request("GET", path, params=params)
         raise_for(answer, f"reading {partition_key}/{row_key} of {self.table_name}")
-        entity = odata.decode(answer.json())
+        entity = odata.decode(json.loads(answer.body()))
         entity.metadata.setdefault("etag", answer.headers.get("etag"))
         return entity
 
@@ -347,7 +261,7 @@ class Table:
         )
         if answer.status_code != 202:
             raise_for(answer, f"a transaction on {self.table_name}")
-        parts = batch.parse(answer.text)
+        parts = batch.parse(_text(answer))
         failed = next((p for p in parts if p.status >= 300), None)
         if failed is not None or len(parts) != len(ops):
             raise _transaction_error(failed, len(parts), len(ops))
@@ -406,7 +320,7 @@ class Table:
 
 class Paged:
     """A query's rows, read a page (one request) at a time as they are walked, as azure-core's
-    ``ItemPaged`` reads them: walk the rows, or :meth:`by_page` for the pages."""
+    ``AsyncItemPaged`` reads them: walk the rows, or :meth:`by_page` for the pages."""
 
     def __init__(self, table: Table, params: dict[str, str]) -> None:
         self._table = table
@@ -470,7 +384,8 @@ class Pages:
             raise
         self._asked = True
         self.continuation_token = _continuation(answer.headers)
-        return odata.Page(odata.decode(row) for row in answer.json().get("value", []))
+        rows = json.loads(answer.body()).get("value", [])
+        return odata.Page(odata.decode(row) for row in rows)
 
 
 def _check_transaction(operations: Sequence[Operation]) -> None:
@@ -486,7 +401,7 @@ def _check_transaction(operations: Sequence[Operation]) -> None:
         )
 
 
-def _continuation(headers: Headers) -> dict[str, str] | None:
+def _continuation(headers: Mapping[str, str]) -> dict[str, str] | None:
     partition = headers.get("x-ms-continuation-NextPartitionKey")
     if partition is None:
         return None
@@ -509,6 +424,12 @@ def _metadata(headers: Mapping[str, str]) -> dict[str, Any]:
     return {"etag": headers.get("etag")}
 
 
+def _text(answer: AsyncHttpResponse) -> str:
+    """The body as text: the service writes UTF-8 (read here rather than by azure-core's
+    ``text()``, which guesses an encoding when the answer names none)."""
+    return answer.body().decode("utf-8", errors="replace")
+
+
 _ERRORS: Final[dict[int, type[HttpResponseError]]] = {
     401: ClientAuthenticationError,
     404: ResourceNotFoundError,
@@ -517,14 +438,15 @@ _ERRORS: Final[dict[int, type[HttpResponseError]]] = {
 }
 
 
-def raise_for(answer: Answer, doing: str) -> None:
+def raise_for(answer: AsyncHttpResponse, doing: str) -> None:
     """Raise azure-core's error for a failed answer (401, 404, 409, 412 by their own types), with
-    the service's error code and message."""
+    the service's error code and message, and the answer (its headers: ``x-ms-request-id``)."""
     if answer.status_code < 300:
         return
-    code, message = _error_of(answer.text)
+    code, message = _error_of(_text(answer))
     error = _ERRORS.get(answer.status_code, HttpResponseError)(
-        message=f"{doing}: {answer.status_code} {code or answer.reason_phrase}: {message}"
+        message=f"{doing}: {answer.status_code} {code or answer.reason}: {message}",
+        response=answer,
     )
     error.status_code, error.error_code = answer.status_code, code
     raise error

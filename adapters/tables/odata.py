@@ -35,7 +35,7 @@ class Entity(dict[str, Any]):
 
 
 class Page(list[Entity]):
-    """One page of a query's rows (core.tablestorage.client's ``by_page``): a list, which
+    """One page of a query's rows (the client's ``by_page``): a list, which
     async code may also walk with ``async for``, as it walks azure-core's async pages."""
 
     def __aiter__(self) -> AsyncIterator[Entity]:

@@ -1,0 +1,11 @@
+"""Table Storage on azure-core's async pipeline over aiohttp: see :mod:`adapters.tables.client`
+(the Table client: the part of azure-data-tables' ``TableClient`` the app uses),
+:mod:`adapters.tables.pipeline` (what each request passes through), and the wire format the
+client writes and reads itself (:mod:`~adapters.tables.odata`, :mod:`~adapters.tables.batch`,
+:mod:`~adapters.tables.auth`)."""
+
+from adapters.tables.client import Paged, Pages, Table, TableService
+from adapters.tables.odata import Entity, Page
+from adapters.tables.pipeline import Sent
+
+__all__ = ["Entity", "Page", "Paged", "Pages", "Sent", "Table", "TableService"]
