@@ -170,14 +170,15 @@ async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     chosen = args.nemesis
+    offsets = skew_offsets(rng, args.hosts, args.skew_max) if "skew" in chosen else None
     stack = LocalStack(
         workdir,
         hosts=args.hosts,
         profile=args.profile,
         seed=args.seed,
-        overrides=QUICK_SETTINGS,
+        overrides=QUICK_SETTINGS | skew_tolerance(offsets),
         persist="broker" in chosen,  # a restarted broker comes back with its messages
-        clock_offsets=skew_offsets(rng, args.hosts, args.skew_max) if "skew" in chosen else None,
+        clock_offsets=offsets,
         storage_faults=args.storage_rates if "storage" in chosen else None,
     )
     info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
@@ -250,6 +251,15 @@ def make_orders(count: int, workflow: str) -> list[OrderSubmitted]:
         )
         for n in range(count)
     ]
+
+
+async def skew_tolerance(offsets: dict[int, int] | None) -> dict[str, str]:
+    """The app's tolerated clock skew for hosts run ``offsets`` seconds off: the widest gap
+    between two of them (and the host clock, which the stack's other processes keep)."""
+    if not offsets:
+        return {}
+    spread = max(0, *offsets.values()) - min(0, *offsets.values())
+    return {"CLOCK_SKEW_TOLERANCE_SECONDS": str(spread)}
 
 
 async def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:

@@ -111,12 +111,15 @@ def context(rt: Decides, workflow: str, actor: str) -> Context:
         stale_after=rt.settings.pending_stale_after,
         compensation_budget=rt.settings.compensation_budget,
         compensation_warn_after=rt.settings.compensation_warn_after,
+        skew=rt.settings.clock_skew,
     )
 
 
 def due(rt: Decides, order: Order) -> datetime:
     """When the Supervisor must next look at ``order`` (see core.lifecycle.due_at)."""
-    return due_at(order, rt.settings.pending_stale_after, DEFAULT_FLUSH_GRACE)
+    return due_at(
+        order, rt.settings.pending_stale_after, DEFAULT_FLUSH_GRACE, rt.settings.clock_skew
+    )
 
 
 def earliest_due(rt: Decides, now: datetime) -> datetime:

@@ -102,6 +102,8 @@ UNREQUESTED_REASON: Final = "unrequested_answer"
 """The alert of an answer to a request the order never sent."""
 DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
 DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
+DEFAULT_SKEW: Final = timedelta(seconds=10)
+"""How far two hosts' clocks may disagree by default (``CLOCK_SKEW_TOLERANCE_SECONDS``)."""
 DEFAULT_COMPENSATION_BUDGET: Final = timedelta(hours=6)
 DEFAULT_COMPENSATION_WARN_AFTER: Final = timedelta(minutes=10)
 REPLY_RETRY_FIRST: Final = timedelta(minutes=5)
@@ -125,6 +127,9 @@ class Context:
     long a finished order's writer has to send its outbox before the Supervisor does it.
     ``compensation_budget``: how long, from when compensation starts, a failed undo is
     retried; ``compensation_warn_after``: when a compensation still going on raises a warning.
+    ``skew``: how far two hosts' clocks may disagree. A time another host stamped (a
+    CompleteBy, a retry time, an update) is acted on only once ``now`` is past it by more than
+    this, so a Supervisor whose clock runs ahead never recovers an order early.
     """
 
     workflow: Workflow
@@ -135,6 +140,7 @@ class Context:
     flush_grace: timedelta = DEFAULT_FLUSH_GRACE
     compensation_budget: timedelta = DEFAULT_COMPENSATION_BUDGET
     compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
+    skew: timedelta = timedelta(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,21 +288,24 @@ def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
 # ------------------------------------------------------------------------------- due time
 
 
-def due_at(order: Order, stale_after: timedelta, flush_grace: timedelta) -> datetime:
+def due_at(
+    order: Order, stale_after: timedelta, flush_grace: timedelta, skew: timedelta = timedelta(0)
+) -> datetime:
     """When the Supervisor must next look at ``order`` (:func:`_on_sweep` acts then).
 
     In flight and claimed: its CompleteBy. Released: half its stale time past its retry time
     (from then on each look resends what it owes, until it is stale). Finished: its flush grace
-    (resend a final outbox a crash left unsent). The active index keeps, per order, a time
-    never later than this (see core.active_index).
+    (resend a final outbox a crash left unsent). Each plus ``skew``: the time was stamped by
+    another host's clock. The active index keeps, per order, a time never later than this (see
+    core.active_index).
     """
     if order.state.terminal:
-        flushed = order.updated_at + flush_grace
+        flushed = order.updated_at + flush_grace + skew
         held = _held_until(order)
         return flushed if held is None else max(flushed, held)
     if order.locked_by is not None and order.complete_by is not None:
-        return order.complete_by
-    return (order.next_attempt_at or order.updated_at) + stale_after / 2
+        return order.complete_by + skew
+    return (order.next_attempt_at or order.updated_at) + stale_after / 2 + skew
 
 
 # -------------------------------------------------------------------------------- decide
@@ -504,7 +513,7 @@ def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision
 
 
 def _on_sweep(order: Order, ctx: Context) -> Decision:
-    now = ctx.now
+    now = ctx.now - ctx.skew  # no earlier than any host's clock could say it is
     if order.state.terminal:
         if order.updated_at + ctx.flush_grace > now:
             return Decision(None, (), note="finished moments ago; its writer is sending")

@@ -133,7 +133,9 @@ class RecoveryBound:
       renewal); with ticks on one schedule the next instance takes the bucket one period later
       than the holder would have swept it: one more ``period``.
 
-    ``detection_s = period + budget + period``. An order's longest wait between two timeline
+    ``detection_s = period + budget + period + skew``: the Supervisor acts on a deadline
+    another host's clock stamped only once its own clock is past it by the tolerated clock skew
+    (``CLOCK_SKEW_TOLERANCE_SECONDS``). An order's longest wait between two timeline
     entries (``stall_s``) adds the longest it may wait on purpose before it is due: a step's
     CompleteBy budget (its queue budget plus its run budget), or a retry delay plus the stale
     time after which a released order with no progress is due. (A deferral waits for the
@@ -143,6 +145,7 @@ class RecoveryBound:
     period_s: float
     budget_s: float
     lease_s: float
+    skew_s: float
     detection_s: float
     step_budget_s: float
     retry_cap_s: float
@@ -156,7 +159,8 @@ class RecoveryBound:
 def recovery_bound(settings: Settings) -> RecoveryBound:
     period = settings.supervisor_period.total_seconds()
     budget = settings.supervisor_budget.total_seconds()
-    detection = period + budget + period
+    skew = settings.clock_skew.total_seconds()
+    detection = period + budget + period + skew
     flows = settings.workflows().values()
     step_budget = max(s.deadline_budget.total_seconds() for f in flows for s in f.steps)
     retry_cap = max(f.retry.cap.total_seconds() for f in flows)
@@ -165,6 +169,7 @@ def recovery_bound(settings: Settings) -> RecoveryBound:
         period_s=period,
         budget_s=budget,
         lease_s=settings.supervisor_lease.total_seconds(),
+        skew_s=skew,
         detection_s=detection,
         step_budget_s=step_budget,
         retry_cap_s=retry_cap,

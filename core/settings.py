@@ -19,7 +19,11 @@ from typing import Any
 
 from core import ids, signing
 from core.agents import AGENT_NAMES, AGENTS
-from core.lifecycle import DEFAULT_COMPENSATION_BUDGET, DEFAULT_COMPENSATION_WARN_AFTER
+from core.lifecycle import (
+    DEFAULT_COMPENSATION_BUDGET,
+    DEFAULT_COMPENSATION_WARN_AFTER,
+    DEFAULT_SKEW,
+)
 from core.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -46,6 +50,8 @@ DEFAULT_REMOTE_MAX_CONNECTIONS = 32
 
 COMPENSATION_BUDGET_SETTING = "COMPENSATION_BUDGET_SECONDS"
 COMPENSATION_WARN_SETTING = "COMPENSATION_WARN_AFTER_SECONDS"
+CLOCK_SKEW_SETTING = "CLOCK_SKEW_TOLERANCE_SECONDS"
+MAX_CLOCK_SKEW = timedelta(minutes=5)
 RETENTION_DAYS_SETTING = "RETENTION_DAYS"
 PURGE_SCHEDULE_SETTING = "PURGE_SCHEDULE"
 ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
@@ -108,6 +114,9 @@ class Settings:
     remote-service-contract.md: services keep keys and tombstones longer than this)."""
     compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
     """An order compensating longer than this raises one warning (not a terminal alert)."""
+    clock_skew: timedelta = DEFAULT_SKEW
+    """How far two hosts' clocks may disagree: the Supervisor acts on a time another host
+    stamped only once its own clock is past it by more than this (core.lifecycle.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS
@@ -240,6 +249,9 @@ class Settings:
                     COMPENSATION_WARN_SETTING, DEFAULT_COMPENSATION_WARN_AFTER.total_seconds()
                 )
             ),
+            "clock_skew": check(
+                lambda: _skew(reader.seconds_or_none(CLOCK_SKEW_SETTING, allow_zero=True))
+            ),
             "workflow_versions": check(lambda: reader.workflow_versions("WORKFLOW_VERSIONS")),
             "retention_days": check(
                 lambda: reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS)
@@ -267,6 +279,18 @@ class Settings:
         env = os.environ if env is None else env
         if any(name.startswith(CONNECTION_NAMES) for name in env):
             cls.from_env(env)
+
+
+def _skew(value: timedelta | None) -> timedelta:
+    if value is None:
+        return DEFAULT_SKEW
+    if value > MAX_CLOCK_SKEW:
+        raise SettingsError(
+            f"{CLOCK_SKEW_SETTING} must be at most {MAX_CLOCK_SKEW.total_seconds():g} seconds, got "
+            f"{value.total_seconds():g}: clocks that far apart need fixing (NTP), not tolerating; "
+            "every recovery waits this long past its deadline"
+        )
+    return value
 
 
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)

@@ -90,6 +90,9 @@ param compensationBudgetSeconds string = ''
 @description('An order still compensating after this many seconds raises one warning alert (compensation_delayed). Empty: 600 (10 minutes); it must be less than the compensation budget.')
 param compensationWarnAfterSeconds string = ''
 
+@description('How far the clocks of two hosts of the app may disagree, in seconds: the Supervisor acts on a deadline another host stamped only once its own clock is past it by this much, so no order is recovered early. Every recovery waits this long past its deadline. Empty: 10; at most 300.')
+param clockSkewToleranceSeconds string = ''
+
 @description('Longest one call of an agent to its remote service may take, in seconds (adapters/remote_http.py). Empty: 10.')
 param remoteTimeoutSeconds string = ''
 
@@ -297,6 +300,7 @@ var appSettings = {
   RETRY_MAX_DELAY_SECONDS: retryMaxDelaySeconds
   COMPENSATION_BUDGET_SECONDS: compensationBudgetSeconds
   COMPENSATION_WARN_AFTER_SECONDS: compensationWarnAfterSeconds
+  CLOCK_SKEW_TOLERANCE_SECONDS: clockSkewToleranceSeconds
   // The agents' calls to their remote services (adapters/remote_http.py).
   REMOTE_TIMEOUT_SECONDS: remoteTimeoutSeconds
   REMOTE_MAX_CONNECTIONS: remoteMaxConnections

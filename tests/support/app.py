@@ -54,6 +54,9 @@ def app_settings(
         # queue budget (the agent's own run budget within it) has its own tests.
         "STEP_QUEUE_SECONDS": "0",
         "PENDING_STALE_AFTER_SECONDS": "10",
+        # The tests' processes share one clock, and these tests move it to exact deadlines;
+        # the tolerated skew has tests of its own (tests/unit/test_clock_skew.py).
+        "CLOCK_SKEW_TOLERANCE_SECONDS": "0",
         "RETRY_BASE_DELAY_SECONDS": "1",
         "RETRY_MAX_DELAY_SECONDS": "4",
         "FAILURE_THRESHOLD": "3",
