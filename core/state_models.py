@@ -86,6 +86,12 @@ class ConcurrencyConflict(StoreError):
         self.order_id = order_id
 
 
+class Unconfirmed(ConcurrencyConflict):
+    """A write whose answer was lost (a timeout, a reset, a 5xx) and whose row, read at once,
+    does not carry it: decide again on what is stored. If the lost write is still on its way it
+    lands first or not at all: whatever is written next is conditional on the same ETag."""
+
+
 class CorruptOrderState(StoreError):
     """Rows of an order are missing or unreadable; an operator must look at it."""
 

@@ -7,9 +7,13 @@ Layout: see :mod:`core.state_models`. The rules that keep it correct:
 - **One point read loads an order** (the ``process`` row holds all of its mutable state), and
   **one ETag-conditional batch changes it**: the ``process`` row replaced on condition of the
   ETag it was read with, plus the next timeline row. A lost race writes nothing at all.
-- **A 412 is never retried blindly.** The SDK may resend a batch whose first try committed; the
-  412 that follows would be our own write. Each write carries a random ``WriteId``: on 412 the
-  store reads the row once, and if it carries our WriteId the write is ours.
+- **A write whose outcome is unknown is resolved by reading, never guessed.** The SDK may resend
+  a batch whose first try committed (after a 500 or 503, as azure-core does for a POST); the 412
+  that follows would be our own write. A batch whose answer was lost (a read timeout, a reset
+  after it was sent, a 5xx the retries could not get past) may have committed or not. Each write
+  carries a random ``WriteId``: in both cases the store reads the row once; if it carries our
+  WriteId the write is ours, and otherwise the caller decides again on what is stored
+  (:class:`Unconfirmed`). A create whose answer was lost is settled the same way.
 
 Active-order index (table ``activeorders``, :mod:`core.active_index`): a row per order
 generation that is in flight or still owes messages. It is written BEFORE the transaction that
@@ -39,7 +43,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.tables import Table, TableService
@@ -69,6 +73,7 @@ from core.state_models import (
     CorruptOrderState,
     OrderNotFound,
     OrderRecord,
+    Unconfirmed,
     details_entity,
     etag_of,
     get_json,
@@ -191,6 +196,15 @@ class OrderStateStore:
         except TableTransactionError as exc:
             if not _entity_exists(exc):
                 raise
+            return await self._existing(order_id, payload_hash, remove_index_row=added)
+        except (ServiceResponseError, HttpResponseError) as exc:
+            if not _outcome_unknown(exc):
+                raise
+            stored = await self.find(order_id)
+            if stored is None:
+                raise  # it did not land: the submission comes again and is decided again
+            if stored.write_id == order.write_id:
+                return stored
             return await self._existing(order_id, payload_hash, remove_index_row=added)
         return dataclasses.replace(order, etag=results[1]["etag"])
 
@@ -315,8 +329,10 @@ class OrderStateStore:
         )
         try:
             saved = await self._submit(before, after, operations)
-        except (ConcurrencyConflict, OrderNotFound):
-            if error_row is not None:
+        except (ConcurrencyConflict, OrderNotFound) as lost:
+            # An unconfirmed write may still land: its Error row stays (listings verify rows
+            # against their orders and reap strays).
+            if error_row is not None and not isinstance(lost, Unconfirmed):
                 await self.errors.discard(after.order_id, after.generation, etag=error_row)
             raise
         if before.state is ProcessState.ERROR and after.state is not ProcessState.ERROR:
@@ -356,10 +372,15 @@ class OrderStateStore:
             stored = await self.find(before.order_id)
             if stored is not None and stored.write_id == after.write_id:
                 return stored
-            raise ConcurrencyConflict(
-                before.order_id,
-                f"expected {before.state} at timeline {before.timeline_seq}; now "
-                + (f"{stored.state} at {stored.timeline_seq}" if stored else "gone"),
+            raise ConcurrencyConflict(before.order_id, _moved(before, stored)) from None
+        except (ServiceResponseError, HttpResponseError) as exc:
+            if not _outcome_unknown(exc):
+                raise
+            stored = await self.find(before.order_id)
+            if stored is not None and stored.write_id == after.write_id:
+                return stored
+            raise Unconfirmed(
+                before.order_id, f"the write's answer was lost ({exc}); " + _moved(before, stored)
             ) from None
         return dataclasses.replace(after, etag=results[0]["etag"])
 
@@ -518,3 +539,16 @@ def _key(partition_key: str, row_key: str) -> dict[str, Any]:
 def _entity_exists(error: TableTransactionError) -> bool:
     # Only a row that already exists; a 409 can also mean e.g. a table being deleted.
     return error.status_code == 409 and getattr(error, "error_code", None) == "EntityAlreadyExists"
+
+
+def _outcome_unknown(error: ServiceResponseError | HttpResponseError) -> bool:
+    """Whether a failed batch may have committed: its answer was lost after it was sent (a
+    read timeout, a reset) or was a server error. A refusal (4xx) says it did not."""
+    if isinstance(error, ServiceResponseError):
+        return True
+    return error.status_code is None or error.status_code >= 500
+
+
+def _moved(before: Order, stored: Order | None) -> str:
+    now = f"{stored.state} at {stored.timeline_seq}" if stored else "gone"
+    return f"expected {before.state} at timeline {before.timeline_seq}; now {now}"

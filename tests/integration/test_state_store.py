@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.core.exceptions import HttpResponseError
+from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
 from azure.data.tables import TableTransactionError
 
 from adapters.tables import TableService
@@ -41,6 +41,7 @@ from core.state_models import (
     ConcurrencyConflict,
     CorruptOrderState,
     OrderNotFound,
+    Unconfirmed,
 )
 from core.state_store import PURGE_MARKER_ROW, OrderStateStore
 from core.states import ProcessState
@@ -1525,3 +1526,104 @@ async def test_a_store_used_as_a_context_manager_closes(azurite, tables, clock, 
     finally:
         for name in (tables.orders, tables.active, tables.supervision):
             await service.delete_table(name)
+
+
+# ------------------------------------------------------- writes whose outcome is unknown
+# A transaction's answer can be lost after the service committed it (a read timeout, a reset,
+# a 500 after the write was applied: the chaos run's storage proxy does all of these), or the
+# service may fail before committing. The store reads the order's row once: if it carries the
+# write's WriteId the write is ours; otherwise it raises Unconfirmed and the caller decides
+# again on what is stored. Never guessed.
+
+
+def lost_answer(kind: str) -> Exception:
+    if kind == "timeout":
+        return ServiceResponseError("the read timed out")
+    error = HttpResponseError(message="500 InternalError")
+    error.status_code = 500
+    return error
+
+
+class Flaky:
+    """The orders table's transactions, made to commit (or not) and then fail as told."""
+
+    def __init__(self, store, *, commit: bool, error: Exception) -> None:  # type: ignore[no-untyped-def]
+        self.table = store._orders
+        self.commit = commit
+        self.error = error
+        self.calls = 0
+        self._submit = self.table.submit_transaction
+        self.table.submit_transaction = self.submit
+
+    async def submit(self, operations):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.table.submit_transaction = self._submit  # once
+        if self.commit:
+            await self._submit(operations)
+        raise self.error
+
+
+@pytest.mark.parametrize("kind", ["timeout", "500"])
+async def test_a_write_whose_answer_was_lost_after_it_landed_is_ours(
+    table_store, other, clock: Clock, kind: str
+) -> None:
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    Flaky(table_store, commit=True, error=lost_answer(kind))
+    saved = await table_store.save(order, after, entry)
+    stored = await other.load(order.order_id)
+    assert saved.etag == stored.etag and saved.write_id == stored.write_id
+    assert stored.current_step == "charge_payment" and stored.timeline_seq == order.timeline_seq + 1
+    assert [e.event for e in await other.get_timeline(order.order_id)] == [
+        "created",
+        "step_succeeded",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["timeout", "500"])
+async def test_a_write_whose_answer_was_lost_before_it_landed_is_decided_again(
+    table_store, other, clock: Clock, kind: str
+) -> None:
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    Flaky(table_store, commit=False, error=lost_answer(kind))
+    with pytest.raises(Unconfirmed, match="the write's answer was lost"):
+        await table_store.save(order, after, entry)
+    assert (await other.load(order.order_id)).etag == order.etag  # unchanged: decide again
+    again, entry = decide(order, succeeded(order, clock), clock)
+    saved = await table_store.save(order, again, entry)  # on the same ETag: it was not taken
+    assert saved.current_step == "charge_payment"
+
+
+async def test_a_refused_or_unsent_write_is_not_taken_for_a_lost_answer(
+    table_store, clock: Clock
+) -> None:
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    refused = HttpResponseError(message="400 InvalidInput")
+    refused.status_code = 400
+    flaky = Flaky(table_store, commit=False, error=refused)
+    with pytest.raises(HttpResponseError, match="InvalidInput"):
+        await table_store.save(order, after, entry)
+    Flaky(table_store, commit=False, error=ServiceRequestError("connection refused"))
+    with pytest.raises(ServiceRequestError):
+        await table_store.save(order, after, entry)
+    assert flaky.calls == 1
+
+
+async def test_a_create_whose_answer_was_lost_is_settled_by_reading(
+    table_store, other, clock: Clock
+) -> None:
+    landed = submitted("o-landed")
+    Flaky(table_store, commit=True, error=lost_answer("timeout"))
+    created = await table_store.create(landed, *new_order(clock, landed))
+    assert not isinstance(created, AlreadyExists)
+    assert created.state is ProcessState.PROCESSING
+    assert (await other.load("o-landed")).write_id == created.write_id
+
+    lost = submitted("o-lost")
+    Flaky(table_store, commit=False, error=lost_answer("500"))
+    with pytest.raises(HttpResponseError):
+        await table_store.create(lost, *new_order(clock, lost))  # the submission comes again
+    assert await other.find("o-lost") is None
+    assert isinstance(await table_store.create(lost, *new_order(clock, lost)), type(created))
