@@ -117,70 +117,95 @@ async def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fak
     assert (counts.get("table.put", 0), counts["table.delete"]) == (0, 1)
 
 
-async def test_unanswered_undos_until_the_threshold_are_compensation_incomplete(
-    rt, reader, fakes, clock
+async def test_unanswered_undos_are_retried_past_the_threshold_until_the_budget_is_spent(
+    env, reader, fakes, clock
 ):
-    clock.advance(60)  # retries fall due in the (real) future: take_scheduled finds them waiting
-    order = new_order()
-    oid = order.order_id
-    fakes.set_profile({"services": {"payment": {"decline_order_ids": [oid]}}})
-    await handle_submission(encode(order), rt)
-    await run_agent_step(rt, reader, oid, "inventory")
-    await run_agent_step(rt, reader, oid, "payment")  # declined: release the reservation
+    """The release is never answered: retried past the failure threshold (3) with growing
+    delays, one warning once it has gone on for COMPENSATION_WARN_AFTER_SECONDS, and given up
+    only when COMPENSATION_BUDGET_SECONDS are spent: Error, the reservation left in place."""
+    env |= {"COMPENSATION_BUDGET_SECONDS": "200", "COMPENSATION_WARN_AFTER_SECONDS": "100"}
+    rt = await make_runtime(env, "scheduler", clock)
+    try:
+        clock.advance(60)  # retries fall due in the (real) future: take_scheduled finds them
+        order = new_order()
+        oid = order.order_id
+        fakes.set_profile({"services": {"payment": {"decline_order_ids": [oid]}}})
+        await handle_submission(encode(order), rt)
+        await run_agent_step(rt, reader, oid, "inventory")
+        await run_agent_step(rt, reader, oid, "payment")  # declined: release the reservation
 
-    delays = []
-    for failures in (1, 2):
-        release = take_request(rt, reader, oid, "inventory")  # its agent dies: no answer
+        delays = []
+        for failures in range(1, 7):  # 6 x 30 s: within the 200 s budget
+            release = take_request(rt, reader, oid, "inventory")  # its agent dies: no answer
+            assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
+            clock.advance(30)  # past CompleteBy
+            assert (await run_tick(rt)).retried == 1
+            released = await rt.store.load(oid)
+            assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
+            assert released.failure_count == failures
+            command, due = reader.take_scheduled(queue(rt, "commands"), oid)
+            assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
+            delays.append((released.next_attempt_at - released.updated_at).total_seconds())
+            await handle_command(command, rt)  # claims the undo again
+        alerts = alerts_for(rt, reader, oid)
+        assert [(a["reason"], a["severity"]) for a in alerts] == [
+            ("compensation_delayed", "warning")
+        ]
+        assert (
+            "failed 4 times: 0 at the service, 0 on our side, 4 unanswered" in alerts[0]["detail"]
+        )
+        take_request(rt, reader, oid, "inventory")  # unanswered again, now past the budget
+        clock.advance(30)
+        assert (await run_tick(rt)).failed == 1
+
+        # base 1 s, factor 2, cap 4 s, up to 20 % jitter below: 1, 2, 4, 4, 4, 4
+        for delay, nominal in zip(delays, (1, 2, 4, 4, 4, 4), strict=True):
+            assert 0.8 * nominal - 0.01 <= delay <= nominal + 0.01, delays
+        process = await rt.store.load(oid)
+        assert process.state is ProcessState.ERROR
+        assert (process.last_error or "").startswith("compensation incomplete")
+        assert "compensation budget of 200s spent" in (process.last_error or "")
+        failures = process.step("reserve_inventory").undo_failures
+        assert (failures.at_service, failures.on_our_side, len(failures.unanswered)) == (0, 0, 7)
+        states = await step_states(rt, oid)
+        assert states["reserve_inventory"] is StepState.SUCCEEDED, "left in place"
+        alerts = alerts_for(rt, reader, oid)
+        assert [(a["reason"], a["severity"]) for a in alerts] == [
+            ("compensation_incomplete", "critical")
+        ]
+        assert "reserve_inventory (release at inventory)" in alerts[0]["detail"]
+        assert net_effects(fakes, oid) == {"inventory": 1}, "the reservation is left"
+
+        # An operator resubmits: the compensation resumes with the same undo key (and, entering
+        # Error again, raises that entry's alert); a second resubmission starts over with new keys.
+        fakes.set_profile(None)
+        result = await control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
+        assert result.outcome == "compensation_resumed"
+        release = await run_agent_step(rt, reader, oid, "inventory")
         assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
-        clock.advance(30)  # past CompleteBy
-        assert (await run_tick(rt)).retried == 1
-        released = await rt.store.load(oid)
-        assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
-        assert released.failure_count == failures
-        command, due = reader.take_scheduled(queue(rt, "commands"), oid)
-        assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
-        delays.append((released.next_attempt_at - released.updated_at).total_seconds())
-        await handle_command(command, rt)  # claims the undo again
-    take_request(rt, reader, oid, "inventory")  # unanswered a third time: give up
-    clock.advance(30)
-    assert (await run_tick(rt)).failed == 1
+        process = await rt.store.load(oid)
+        assert process.state is ProcessState.ERROR
+        assert (process.last_error or "").startswith("charge_payment declined: card_declined")
+        assert "compensated: undid reserve_inventory" in (process.last_error or "")
+        assert net_effects(fakes, oid) == {"inventory": 0}
+        assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["step_declined"]
 
-    assert 0.7 < delays[0] <= 1.1 and 1.5 < delays[1] <= 2.1
-    process = await rt.store.load(oid)
-    assert process.state is ProcessState.ERROR
-    assert (process.last_error or "").startswith("compensation incomplete")
-    assert (await step_states(rt, oid))["reserve_inventory"] is StepState.SUCCEEDED, "left in place"
-    alerts = alerts_for(rt, reader, oid)
-    assert [(a["reason"], a["severity"]) for a in alerts] == [
-        ("compensation_incomplete", "critical")
-    ]
-    assert "reserve_inventory (release at inventory)" in alerts[0]["detail"]
-    assert net_effects(fakes, oid) == {"inventory": 1}, "the reservation is left"
-
-    # An operator resubmits: the compensation resumes with the same undo key (and, entering
-    # Error again, raises that entry's alert); a second resubmission starts over with new keys.
-    fakes.set_profile(None)
-    result = await control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
-    assert result.outcome == "compensation_resumed"
-    release = await run_agent_step(rt, reader, oid, "inventory")
-    assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
-    process = await rt.store.load(oid)
-    assert process.state is ProcessState.ERROR
-    assert (process.last_error or "").startswith("charge_payment declined: card_declined")
-    assert "compensated: undid reserve_inventory" in (process.last_error or "")
-    assert net_effects(fakes, oid) == {"inventory": 0}
-    assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["step_declined"]
-
-    again = await control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
-    assert (again.outcome, again.generation, again.step) == ("resubmitted", 2, "reserve_inventory")
-    for service in ("inventory", "payment", "shipping"):
-        request = await run_agent_step(rt, reader, oid, service)
-        assert request["idempotency_key"].endswith(":do:2")
-    assert (await rt.store.load(oid)).state is ProcessState.PROCESSED
-    assert net_effects(fakes, oid) == {"inventory": 1, "payment": 1, "shipping": 1}
-    resubmits = [t for t in await rt.store.get_timeline(oid) if t.actor == "operator:ann"]
-    assert [t.event for t in resubmits] == ["compensation_resumed", "resubmitted"]
-    assert alerts_for(rt, reader, oid) == []
+        again = await control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
+        assert (again.outcome, again.generation, again.step) == (
+            "resubmitted",
+            2,
+            "reserve_inventory",
+        )
+        for service in ("inventory", "payment", "shipping"):
+            request = await run_agent_step(rt, reader, oid, service)
+            assert request["idempotency_key"].endswith(":do:2")
+        assert (await rt.store.load(oid)).state is ProcessState.PROCESSED
+        assert net_effects(fakes, oid) == {"inventory": 1, "payment": 1, "shipping": 1}
+        resubmits = [t for t in await rt.store.get_timeline(oid) if t.actor == "operator:ann"]
+        assert [t.event for t in resubmits] == ["compensation_resumed", "resubmitted"]
+        assert alerts_for(rt, reader, oid) == []
+    finally:
+        await rt.close()
 
 
 async def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fakes, clock):

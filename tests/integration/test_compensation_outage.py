@@ -9,19 +9,20 @@ alert, and the attempts the frozen host took up late are recorded as failures on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core.agents import AGENTS
-from core.order import COMPENSATION_DELAYED, TERMINAL_ALERT_REASONS, Order, StepState
+from core.order import COMPENSATION_DELAYED, TERMINAL_ALERT_REASONS, Failures, Order, StepState
 from core.runtime import Runtime
 from core.states import ProcessState
 from devstack.orders import send_orders
@@ -31,7 +32,12 @@ from devstack.stack.processes import REPO_ROOT
 from tests.support.app import make_runtime
 from tests.support.pattern import alerts_for, net_effects, new_order
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+]
 
 FROZEN_DEADLINES = 3
 """Undo attempts released unanswered while the inventory agent's host is frozen: the failure
@@ -44,22 +50,24 @@ SETTINGS = {
 CORE_FUNCTIONS = ["scheduler_intake", "scheduler_replies", "scheduler_commands", "supervisor"]
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+async def wait_for(condition: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if found := condition():
+        if found := await condition():
             return found
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture
-def app(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Runtime, dict, dict]]:
+async def app(
+    env: dict[str, str], azurite, tmp_path: Path
+) -> AsyncIterator[tuple[Runtime, dict, dict]]:
     """The app in two hosts: the inventory agent alone in ``hosts["inventory"]``, everything
     else it needs in ``hosts["core"]``; a runtime on the same tables and queues, and the app
     settings. Each host is stopped at the end, resumed first."""
     env |= SETTINGS
-    rt = make_runtime(env, "test")  # creates the tables
+    rt = await make_runtime(env, "test")  # creates the tables
     values = base_settings() | env | {"AzureWebJobsStorage": azurite.connection_string}
     settings = tmp_path / "local.settings.json"
     settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
@@ -67,17 +75,17 @@ def app(env: dict[str, str], azurite, tmp_path: Path) -> Iterator[tuple[Runtime,
     others = [a.function_name for a in AGENTS if a.name != "inventory"]
     hosts: dict[str, Any] = {}
     try:
-        hosts["core"] = start_host(tmp_path, settings, [*CORE_FUNCTIONS, *others], "core")
-        hosts["inventory"] = start_host(tmp_path, settings, [inventory], "inventory")
+        hosts["core"] = await start_host(tmp_path, settings, [*CORE_FUNCTIONS, *others], "core")
+        hosts["inventory"] = await start_host(tmp_path, settings, [inventory], "inventory")
         yield rt, hosts, values
     finally:
         for host in hosts.values():
             os.killpg(host.pid, signal.SIGCONT)  # a frozen host cannot stop
             processes.stop(host)
-        rt.close()
+        await rt.close()
 
 
-def start_host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
+async def start_host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
     argv = [
         sys.executable, "-m", "devstack.host", "--settings", str(settings),
         "--concurrency", "2", "--http-port", "-1", "--functions", ",".join(functions),
@@ -86,50 +94,68 @@ def start_host(workdir: Path, settings: Path, functions: list[str], name: str) -
     environ |= {"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     log = workdir / f"host-{name}.log"
     host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
+
+    async def started() -> bool:
+        return "host started" in log.read_text()
+
     try:
-        wait_for(lambda: "host started" in log.read_text(), 60, f"host {name} to start")
+        await wait_for(started, 60, f"host {name} to start")
     except BaseException:
         processes.stop(host)
         raise
     return host
 
 
-def undo_releases(rt: Runtime, order_id: str) -> int:
+async def undo_releases(rt: Runtime, order_id: str) -> int:
     """Undo attempts released without success so far; fails the test if compensation ended."""
-    order = rt.store.load(order_id)
+    order = await rt.store.load(order_id)
     if order.state is ProcessState.ERROR:
         pytest.fail(f"compensation ended while the agent's host was frozen: {order.last_error}")
     return sum(
         1
-        for entry in rt.store.get_timeline(order_id)
+        for entry in await rt.store.get_timeline(order_id)
         if entry.event == "released" and entry.from_state is ProcessState.COMPENSATING
     )
 
 
-def test_a_frozen_agent_host_delays_the_undo_but_leaves_nothing_in_place(app, fakes, reader):
+async def test_a_frozen_agent_host_delays_the_undo_but_leaves_nothing_in_place(app, fakes, reader):
     rt, hosts, settings = app
     order = new_order()
     oid = order.order_id
     # The charge is declined slowly: time enough to freeze the host after the reservation.
     payment = {"decline_order_ids": [oid], "latency": {"fixed_ms": 1500}}
     fakes.set_profile({"services": {"payment": payment}})
-    send_orders(settings, [order])
+    await send_orders(settings, [order])
 
-    def reserved() -> bool:
-        return rt.store.load(oid).step("reserve_inventory").state is StepState.SUCCEEDED
+    async def reserved() -> bool:
+        return await exists(rt, oid) and (
+            (await rt.store.load(oid)).step("reserve_inventory").state is StepState.SUCCEEDED
+        )
 
-    wait_for(lambda: exists(rt, oid) and reserved(), 30, "the reservation")
+    async def timed_out() -> bool:
+        return await undo_releases(rt, oid) >= FROZEN_DEADLINES
+
+    async def warned() -> bool:
+        return (await rt.store.load(oid)).compensation_warned
+
+    async def finished() -> Order | None:
+        o = await rt.store.load(oid)
+        return o if o.state.terminal else None
+
+    async def failed_on_our_side() -> Failures | None:
+        f = (await rt.store.load(oid)).step("reserve_inventory").undo_failures
+        return f if f.on_our_side else None
+
+    await wait_for(reserved, 30, "the reservation")
     os.killpg(hosts["inventory"].pid, signal.SIGSTOP)
     frozen_at = time.monotonic()
-    wait_for(lambda: undo_releases(rt, oid) >= FROZEN_DEADLINES, 60, "undo attempts to time out")
-    wait_for(lambda: rt.store.load(oid).compensation_warned, 30, "the warning")
+    await wait_for(timed_out, 60, "undo attempts to time out")
+    await wait_for(warned, 30, "the warning")
     os.killpg(hosts["inventory"].pid, signal.SIGCONT)
     frozen_s = time.monotonic() - frozen_at
 
-    done: Order = wait_for(
-        lambda: (o := rt.store.load(oid)).state.terminal and o, 60, "the order to finish"
-    )
-    story = timeline(rt, oid)
+    done: Order = await wait_for(finished, 60, "the order to finish")
+    story = await timeline(rt, oid)
     assert done.state is ProcessState.ERROR and done.compensation_cause == "step_declined", story
     assert "compensated: undid reserve_inventory" in (done.last_error or ""), done.last_error
     assert net_effects(fakes, oid) == {"inventory": 0}, "the reservation is released"
@@ -140,20 +166,17 @@ def test_a_frozen_agent_host_delays_the_undo_but_leaves_nothing_in_place(app, fa
     assert [a["severity"] for a in warnings] == ["warning"]
     # The undo never reached the service while the host was frozen: once it woke, it took up
     # what it held after the deadlines and said so.
-    failures = wait_for(
-        lambda: (f := rt.store.load(oid).step("reserve_inventory").undo_failures).on_our_side and f,
-        30,
-        "the late answers of the frozen host",
-    )
+    failures = await wait_for(failed_on_our_side, 30, "the late answers of the frozen host")
     assert failures.at_service == 0, failures
     print(f"frozen {frozen_s:.1f} s; undo failures: {failures}")
 
 
-def exists(rt: Runtime, order_id: str) -> bool:
-    return rt.store.find(order_id) is not None
+async def exists(rt: Runtime, order_id: str) -> bool:
+    return await rt.store.find(order_id) is not None
 
 
-def timeline(rt: Runtime, order_id: str) -> str:
+async def timeline(rt: Runtime, order_id: str) -> str:
     return "\n".join(
-        f"{e.at.time()} {e.actor} {e.event}: {e.detail}" for e in rt.store.get_timeline(order_id)
+        f"{e.at.time()} {e.actor} {e.event}: {e.detail}"
+        for e in await rt.store.get_timeline(order_id)
     )

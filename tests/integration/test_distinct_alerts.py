@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
@@ -21,14 +21,15 @@ from agent.functions import on_request
 from core.agents import AGENTS
 from core.lifecycle import UNREQUESTED_REASON
 from core.messages import AgentResponse, encode
+from core.runtime import Runtime
 from core.signing import sign
 from devstack.host.servicebus_runner import to_function_message
 from scheduler.functions import on_command, on_reply, on_submission
 from scheduler.intake import handle_submission
-from tests.support.app import AsyncTriggers, QueueReader, make_runtime
+from tests.support.app import QueueReader, make_runtime
 from tests.support.pattern import new_order, queue
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 AGENT = {agent.name: agent for agent in AGENTS}
 
@@ -40,13 +41,11 @@ def sender(servicebus) -> Iterator[ServiceBusClient]:
 
 
 @pytest.fixture
-def second_host(env, clock):
+async def second_host(env, clock) -> AsyncIterator[Runtime]:
     """Another host of the same app: same settings and key, its own instance id."""
-    runtime = make_runtime(env, "second", clock)
-    side = AsyncTriggers(runtime)
-    yield runtime, side
-    side.close()
-    runtime.close()
+    runtime = await make_runtime(env, "second", clock)
+    yield runtime
+    await runtime.close()
 
 
 def unreadable(order_id: str) -> bytes:
@@ -78,8 +77,8 @@ def alerts_about(rt, reader: QueueReader, order_id: str) -> list[dict]:
     return found
 
 
-def test_two_agents_rejecting_identical_bodies_raise_two_alerts_and_a_redelivery_none(
-    rt, triggers, second_host, reader, sender
+async def test_two_agents_rejecting_identical_bodies_raise_two_alerts_and_a_redelivery_none(
+    rt, second_host, reader, sender
 ):
     order_id = f"o-alerts-{uuid.uuid4().hex[:8]}"
     body = unreadable(order_id)
@@ -87,12 +86,11 @@ def test_two_agents_rejecting_identical_bodies_raise_two_alerts_and_a_redelivery
     inventory = send_signed(rt, sender, reader, "inventory", body)
     again = send_signed(rt, sender, reader, "payment", body)  # the same bytes, another message
 
-    triggers.run(on_request(to_function_message(payment), AGENT["payment"], triggers.rt))
-    triggers.run(on_request(to_function_message(inventory), AGENT["inventory"], triggers.rt))
-    triggers.run(on_request(to_function_message(again), AGENT["payment"], triggers.rt))
+    await on_request(to_function_message(payment), AGENT["payment"], rt)
+    await on_request(to_function_message(inventory), AGENT["inventory"], rt)
+    await on_request(to_function_message(again), AGENT["payment"], rt)
     # The first message once more, on the other host: a redelivery, not a new event.
-    _, other = second_host
-    other.run(on_request(to_function_message(payment), AGENT["payment"], other.rt))
+    await on_request(to_function_message(payment), AGENT["payment"], second_host)
 
     alerts = alerts_about(rt, reader, order_id)
     assert [a["reason"] for a in alerts] == ["bad_message"] * 3, alerts
@@ -104,8 +102,8 @@ def test_two_agents_rejecting_identical_bodies_raise_two_alerts_and_a_redelivery
     }
 
 
-def test_identical_bad_submissions_are_two_alerts_and_a_command_redelivered_is_one(
-    rt, triggers, second_host, reader, sender
+async def test_identical_bad_submissions_are_two_alerts_and_a_command_redelivered_is_one(
+    rt, second_host, reader, sender
 ):
     order_id = f"o-alerts-{uuid.uuid4().hex[:8]}"
     body = json.dumps({"type": "OrderSubmitted", "order_id": order_id}).encode()
@@ -114,11 +112,10 @@ def test_identical_bad_submissions_are_two_alerts_and_a_command_redelivered_is_o
             s.send_messages(ServiceBusMessage(body))  # the SDK gives each its own MessageId
         submission = reader.take_message(queue(rt, "orders"), lambda m: m.body is not None)
         assert submission is not None
-        triggers.run(on_submission(to_function_message(submission), triggers.rt))
+        await on_submission(to_function_message(submission), rt)
     command = send_signed(rt, sender, reader, "commands", body.replace(b"OrderSubmitted", b"?"))
-    on_command(to_function_message(command), rt)
-    other, _ = second_host
-    on_command(to_function_message(command), other)
+    await on_command(to_function_message(command), rt)
+    await on_command(to_function_message(command), second_host)
 
     alerts = alerts_about(rt, reader, order_id)
     assert [a["reason"] for a in alerts] == ["bad_message"] * 3, alerts
@@ -127,13 +124,13 @@ def test_identical_bad_submissions_are_two_alerts_and_a_command_redelivered_is_o
     assert alerts[2]["caused_by"] == f"commands/{command.message_id}"
 
 
-def test_an_answer_never_asked_for_is_alerted_once_per_message_that_brought_it(
-    rt, triggers, second_host, reader, sender
+async def test_an_answer_never_asked_for_is_alerted_once_per_message_that_brought_it(
+    rt, second_host, reader, sender
 ):
     """Issue 28's unrequested_answer under the same rule: two messages with the same forged
     answer are two alerts, a redelivery on the other host none."""
     order = new_order()
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     forged = AgentResponse(
         order_id=order.order_id,
         step="reserve_inventory",
@@ -145,10 +142,9 @@ def test_an_answer_never_asked_for_is_alerted_once_per_message_that_brought_it(
     body = encode(forged)
     first = send_signed(rt, sender, reader, "responses", body)
     second = send_signed(rt, sender, reader, "responses", body)
-    triggers.run(on_reply(to_function_message(first), triggers.rt))
-    triggers.run(on_reply(to_function_message(second), triggers.rt))
-    _, other = second_host
-    other.run(on_reply(to_function_message(first), other.rt))
+    await on_reply(to_function_message(first), rt)
+    await on_reply(to_function_message(second), rt)
+    await on_reply(to_function_message(first), second_host)
 
     alerts = alerts_about(rt, reader, order.order_id)
     assert [a["reason"] for a in alerts] == [UNREQUESTED_REASON] * 2, alerts

@@ -80,6 +80,8 @@ async def call(
     )
     response = await handlers[name](request)
     assert response.mimetype == "application/json"
+    # Answers echo stored text (alert details, bodies); a browser must never sniff it as HTML.
+    assert response.headers.get("X-Content-Type-Options") == "nosniff"
     return response.status_code, json.loads(response.get_body())
 
 
@@ -402,6 +404,21 @@ async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installe
     status, answer = await call(handlers, "operator_show_order", route={"order_id": HOSTILE_ID})
     assert status == 400
     assert "order id" in answer["error"]["message"] and '"\'"' in answer["error"]["message"]
+
+
+async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(installed, handlers):
+    hostile = "<script>alert(1)</script>"
+    request = func.HttpRequest(
+        method="GET",
+        url="http://localhost/api/operator/orders/x",
+        route_params={"order_id": hostile},
+        body=b"",
+        headers={api.PRINCIPAL_HEADER: "ops@example.com"},
+    )
+    response = await handlers["operator_show_order"](request)
+    assert response.status_code == 400 and hostile in response.get_body().decode()
+    assert response.mimetype == "application/json"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 async def test_a_continuation_of_one_state_is_refused_for_another(

@@ -13,6 +13,7 @@ import pytest
 
 from agent.handler import handle_request
 from core.messages import AgentResponse, encode
+from core.order import Failures
 from core.states import ProcessState
 from scheduler.commands import handle_command
 from scheduler.intake import handle_submission
@@ -69,8 +70,9 @@ async def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes,
     fakes.set_profile({"services": {"inventory": {"hang_rate": 1.0, "hang_seconds": 8}}})
     await handle_submission(encode(order), rt)
     request = reader.expect(queue(rt, "inventory"), order.order_id)
-    await handle_request(request, "inventory", rt)  # hangs until complete-by, then stays silent
-    assert reader.take(queue(rt, "responses"), order.order_id, wait=1) is None
+    await handle_request(request, "inventory", rt)  # hangs until complete-by: reported timed out
+    timed_out = reader.expect(queue(rt, "responses"), order.order_id)  # held up on our side
+    assert json.loads(timed_out)["error_code"] == "timed_out"
     fakes.set_profile(None)
 
     clock.advance(6)  # past CompleteBy (5 s budget)
@@ -83,6 +85,11 @@ async def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes,
         None,
     )
     assert process.next_attempt_at is not None
+    assert process.step("reserve_inventory").forward_failures == Failures(unanswered=(1,))
+    await handle_response(timed_out, rt)  # late: it counts for nothing, but the call was made
+    process = await rt.store.load(order.order_id)
+    assert (process.state, process.failure_count) == (ProcessState.PENDING, 1)
+    assert process.step("reserve_inventory").forward_failures == Failures(at_service=1)
 
     command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
     assert abs((due - process.next_attempt_at).total_seconds()) < 0.002
@@ -97,7 +104,7 @@ async def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes,
     assert effects(fakes, order.order_id).count(("inventory", "reserve")) == 1
 
 
-async def test_a_late_transient_failure_of_a_released_attempt_changes_nothing(rt, reader, clock):
+async def test_a_late_transient_failure_of_a_released_attempt_counts_for_nothing(rt, reader, clock):
     order = new_order()
     await handle_submission(encode(order), rt)
     request = json.loads(reader.expect(queue(rt, "inventory"), order.order_id))
@@ -118,8 +125,11 @@ async def test_a_late_transient_failure_of_a_released_attempt_changes_nothing(rt
     )
     await handle_response(encode(late), rt)
     after = await rt.store.load(order.order_id)
-    assert after.etag == before.etag, "a stale transient failure changes nothing"
-    assert (after.state, after.failure_count) == (ProcessState.PENDING, 1)
+    assert (after.state, after.failure_count) == (ProcessState.PENDING, 1), "counted once"
+    assert after.outbox == before.outbox and after.next_attempt_at == before.next_attempt_at
+    # All it says is whose failure attempt 1 was: the service answered.
+    assert after.step("reserve_inventory").forward_failures == Failures(at_service=1)
+    assert (await rt.store.get_timeline(order.order_id))[-1].event == "late_answer"
 
 
 async def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):

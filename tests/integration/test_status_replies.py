@@ -115,8 +115,9 @@ async def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(
     held = [o for o in process.outbox if o.to == "reply"]
     assert [o.message.sequence for o in held] == list(range(8))
     assert all(o.not_before is not None for o in held)
-    assert [e.event for e in rt.store.get_timeline(order.order_id)].count("replies_held") == 1
-    assert rt.store.index.has(order.order_id, process.generation)
+    timeline = await rt.store.get_timeline(order.order_id)
+    assert [e.event for e in timeline].count("replies_held") == 1
+    assert await rt.store.index.has(order.order_id, process.generation)
     alerts = alerts_for(rt, reader, order.order_id)
     assert [(a["reason"], a["severity"]) for a in alerts] == [
         ("reply_queue_unavailable", "warning")
@@ -138,24 +139,25 @@ async def test_a_missing_reply_queue_never_blocks_the_order_and_is_alerted_once(
     assert (await rt.store.load(third.order_id)).state is ProcessState.PROCESSING
 
 
-def test_held_updates_reach_the_queue_in_order_once_it_takes_them(
+async def test_held_updates_reach_the_queue_in_order_once_it_takes_them(
     rt, reader, clock, status_queue, status_client
 ):
     # The process saw the queue refuse moments ago (disabled, say): it does not try it now.
     apply._failures.put(status_queue, "MessagingEntityDisabledError: disabled", clock())
     order = new_order(reply_to=status_queue)
-    handle_submission(encode(order), rt)
+    await handle_submission(encode(order), rt)
     for service in ("inventory", "payment", "shipping"):
-        run_agent_step(rt, reader, order.order_id, service)
-    assert rt.store.load(order.order_id).state is ProcessState.PROCESSED
+        await run_agent_step(rt, reader, order.order_id, service)
+    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
     assert statuses(status_client, status_queue, order.order_id, wait=1.0) == []
 
     clock.advance(301)  # the retry is due, and the process tries the queue again
-    run_tick(rt)
+    await run_tick(rt)
     updates = [body for body, _ in statuses(status_client, status_queue, order.order_id)]
     assert [u["sequence"] for u in updates] == list(range(8))
     assert [u["state"] for u in updates if u["state"] in ("Processed", "Error")] == ["Processed"]
-    assert not rt.store.index.has(order.order_id, rt.store.load(order.order_id).generation)
+    generation = (await rt.store.load(order.order_id)).generation
+    assert not await rt.store.index.has(order.order_id, generation)
 
 
 @pytest.mark.parametrize("role", ["responses", "commands", "inventory"])

@@ -6,8 +6,16 @@ The agents are modelled here (the real agent talks HTTP): an agent request is an
 remote-service contract says (docs/remote-service-contract.md) - at most one effect per key, an
 undo that names its forward key either undoes it or tombstones it - with a fault chosen by the
 test: a decline, a transient failure, an open circuit, a reply lost before or after the effect,
-a call that took effect but ran out of its run budget (a transient ``timed_out``), or a request
-that hangs and lands later.
+a call that took effect but ran out of its run budget (a transient ``timed_out``), a request
+that hangs and lands later, or an undo the service refuses. A request taken up after its
+complete-by is not carried out and is answered ``expired``, as the real agent does. The agents'
+host may also freeze for several deadlines while orders compensate (:meth:`World.hosts_silent`).
+Besides the agents' honest answers, a test may deliver validly signed answers to requests the
+order never asked for (:meth:`World.answer_unasked`): they must change nothing and raise one
+alert each.
+
+The submitters' reply queue may refuse sends for a while (deleted, disabled or closed to the
+app: :class:`ReplyQueue`); it takes them again once everything is left to settle.
 """
 
 from __future__ import annotations
@@ -19,10 +27,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from azure.servicebus._pyamqp.error import AuthenticationException, ErrorCondition
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusAuthenticationError
+
 from core import apply, ids
-from core.lifecycle import Refused
+from core.lifecycle import UNREQUESTED_REASON, Refused
 from core.memory import MemoryBus, MemoryStore, SendFailed
 from core.messages import (
+    EXPIRED,
     AgentRequest,
     AgentResponse,
     MessageBase,
@@ -31,9 +43,17 @@ from core.messages import (
     StatusUpdate,
     encode,
 )
-from core.order import TERMINAL_ALERT_REASONS, StepState
+from core.order import (
+    COMPENSATION_DELAYED,
+    TERMINAL_ALERT_REASONS,
+    Order,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+)
 from core.runtime import Runtime
 from core.settings import Connection, Settings
+from core.state_models import AlreadyExists
 from core.states import ProcessState
 from scheduler import control
 from scheduler.commands import handle_command
@@ -54,7 +74,15 @@ REPLY_QUEUE = "client-replies"
 AGENT_QUEUES = {QUEUES[name]: name for name in ("inventory", "payment", "shipping")}
 
 Fault = Literal[
-    "ok", "decline", "transient", "deferred", "lost_before", "lost_after", "late", "timed_out"
+    "ok",
+    "decline",
+    "transient",
+    "deferred",
+    "lost_before",
+    "lost_after",
+    "late",
+    "timed_out",
+    "refuse_undo",
 ]
 FAULTS: tuple[Fault, ...] = (
     "ok",
@@ -65,7 +93,16 @@ FAULTS: tuple[Fault, ...] = (
     "lost_after",
     "late",
     "timed_out",
+    "refuse_undo",
 )
+COMPENSATION_BUDGET = timedelta(minutes=30)
+"""Short enough for a long silence of the agents' host (:meth:`World.hosts_silent`) to spend it."""
+RETRY_CAP = timedelta(seconds=60)
+
+
+Lie = Literal["succeeded", "refused", "nothing_to_undo", "transient", "deferred"]
+LIES: tuple[Lie, ...] = ("succeeded", "refused", "nothing_to_undo", "transient", "deferred")
+"""What an answer to a request never asked for may claim."""
 
 
 ANSWER_STATES = {
@@ -84,9 +121,13 @@ class Services:
     forward: dict[str, str] = field(default_factory=dict)  # key -> done | declined | tombstoned
     undone: set[str] = field(default_factory=set)  # forward keys whose undo took effect
     effects: Counter[str] = field(default_factory=Counter)  # key -> effects applied
+    refused_undos: set[str] = field(default_factory=set)  # forward keys whose undo was refused
 
-    def call(self, request: AgentRequest, decline: bool) -> tuple[str, str | None]:
-        """Apply one request; (outcome, error code)."""
+    def call(
+        self, request: AgentRequest, decline: bool, refuse_undo: bool = False
+    ) -> tuple[str, str | None]:
+        """Apply one request; (outcome, error code). ``refuse_undo``: the service refuses an
+        undo of an effect in place (a permanent failure; it stays in place)."""
         key = request.idempotency_key
         if request.operation == "do":
             state = self.forward.get(key)
@@ -100,6 +141,9 @@ class Services:
             return "failed", "undone_before_applied" if state == "tombstoned" else "declined"
         forward = request.undoes
         assert forward is not None
+        if refuse_undo and self.in_place(forward):
+            self.refused_undos.add(forward)
+            return "failed", "undo_refused"
         if self.forward.get(forward) == "done":
             if forward not in self.undone:
                 self.undone.add(forward)
@@ -112,6 +156,75 @@ class Services:
         return self.forward.get(forward_key) == "done" and forward_key not in self.undone
 
 
+RECORD_ROWS = frozenset({"replies_held", "replies_resent", "replies_dropped", "late_answer"})
+"""Timeline rows that change what is recorded about an order, not the order: which status
+updates it still owes, whose failure an attempt given up on unanswered was."""
+
+
+Asked = tuple[str, str, str, str, int]
+"""A request an order asked for: order id, step, operation, idempotency key, attempt."""
+
+
+class RecordingStore(MemoryStore):
+    """The memory store, noting each AgentRequest an order's writes put in its outbox: every
+    request the app decided to send, whether or not the send then happened."""
+
+    def __init__(self, clock) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(clock)
+        self.asked: set[Asked] = set()
+
+    async def create(
+        self,
+        submitted: OrderSubmitted,
+        order: Order,
+        entry: TimelineEntry,
+        *,
+        due: datetime | None = None,
+    ) -> Order | AlreadyExists:
+        created = await super().create(submitted, order, entry, due=due)
+        if isinstance(created, Order):
+            self._note(created)
+        return created
+
+    async def save(
+        self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
+    ) -> Order:
+        saved = await super().save(before, after, entry, due=due)
+        self._note(saved)
+        return saved
+
+    def _note(self, order: Order) -> None:
+        for outgoing in order.outbox:
+            m = outgoing.message
+            if isinstance(m, AgentRequest):
+                self.asked.add((m.order_id, m.step, m.operation, m.idempotency_key, m.attempt))
+
+
+class ReplyQueue:
+    """The submitters' side of the bus: while ``refusing``, a send to the reply queue is refused
+    as Service Bus refuses one to a queue that does not exist (``refused`` counts them); the
+    next ``fail_next`` sends fail as when a broker restart breaks the token link."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self.refusing = False
+        self.refused = 0
+        self.fail_next = 0
+
+    async def send(
+        self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
+    ) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ServiceBusAuthenticationError(
+                message="CBS link", error=AuthenticationException(ErrorCondition.InternalError)
+            )
+        if self.refusing:
+            self.refused += 1
+            raise MessagingEntityNotFoundError(message=f"the messaging entity {queue} is gone")
+        await self.bus.send(queue, message, scheduled_at=scheduled_at)
+
+
 @dataclass
 class Envelope:
     queue: str
@@ -119,8 +232,11 @@ class Envelope:
     due: datetime
 
 
+FAILURE_THRESHOLD = 3
+
+
 class World:
-    def __init__(self, *, failure_threshold: int = 3) -> None:
+    def __init__(self, *, failure_threshold: int = FAILURE_THRESHOLD) -> None:
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
         settings = Settings(
             queues=QUEUES,
@@ -131,9 +247,11 @@ class World:
             step_timeout=timedelta(seconds=30),
             failure_threshold=failure_threshold,
             retry_base_delay=timedelta(seconds=5),
-            retry_max_delay=timedelta(seconds=60),
+            retry_max_delay=RETRY_CAP,
+            compensation_budget=COMPENSATION_BUDGET,
+            compensation_warn_after=COMPENSATION_BUDGET / 3,
         )
-        self.store = MemoryStore(self.clock)
+        self.store = RecordingStore(self.clock)
         self.bus = MemoryBus()
         self.rt = Runtime(
             settings=settings,
@@ -144,15 +262,21 @@ class World:
             clock=self.clock,
             rng=random.Random(0),
         )
-        self.rt._status_bus = self.bus  # type: ignore[assignment]
+        self.replies = ReplyQueue(self.bus)
+        self.rt._status_bus = self.replies  # type: ignore[assignment]
+        apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
         self.parked: list[AgentRequest] = []
+        self.frozen: list[Envelope] = []
+        """Requests a frozen agents' host holds: taken up, late, when it wakes."""
         self.submissions: dict[str, OrderSubmitted] = {}
         self._seen = 0
         self.crashes = 0
         self.consumed: list[AgentResponse] = []
         """Replies the Scheduler handled to the end (no crash)."""
+        self.lies: list[AgentResponse] = []
+        """Answers to requests never asked for, delivered by :meth:`answer_unasked`."""
 
     def clock(self) -> datetime:
         return self.now
@@ -241,11 +365,33 @@ class World:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def compensating(self) -> bool:
+        return any(o.state is ProcessState.COMPENSATING for o in self.store.orders())
+
+    async def hosts_silent(self, deadlines: int) -> None:
+        """The agents' host freezes while the Scheduler and the Supervisor run on: for
+        ``deadlines`` rounds, every agent request is held unanswered past its CompleteBy, the
+        Supervisor releases what is overdue, and due retries are claimed. Then it wakes and
+        takes up what it held, each after its complete-by."""
+        budget = max(s.deadline_budget for flow in self.rt.workflows.values() for s in flow.steps)
+        for _ in range(deadlines):
+            for envelope in self.deliverable("agent"):
+                self.pending.remove(envelope)
+                self.frozen.append(envelope)
+            self.advance(budget.total_seconds() + 1)
+            await self.tick()
+            self.advance(RETRY_CAP.total_seconds() + 1)
+            for envelope in self.deliverable("commands"):
+                await self.deliver(envelope)
+        self.pending += self.frozen
+        self.frozen = []
+
     # ------------------------------------------------------------------------------ agent
 
     async def _agent(self, request: AgentRequest, fault: Fault) -> None:
-        if request.complete_by <= self.now:
-            return  # the pattern's rule: past complete-by the agent sends nothing
+        if request.complete_by <= self.now:  # not carried out: its time is over
+            await self._reply(request, "transient", EXPIRED)
+            return
         if fault == "lost_before":
             return
         if fault == "late":
@@ -254,7 +400,9 @@ class World:
         if fault in ("transient", "deferred"):
             await self._reply(request, fault)
             return
-        outcome, code = self.services.call(request, decline=fault == "decline")
+        outcome, code = self.services.call(
+            request, decline=fault == "decline", refuse_undo=fault == "refuse_undo"
+        )
         if fault == "timed_out":  # it took effect, but the run budget ran out before the answer
             await self._reply(request, "transient", "timed_out")
         elif fault != "lost_after":
@@ -265,15 +413,6 @@ class World:
         await self._reply(request, outcome, code)
 
     async def _reply(self, request: AgentRequest, outcome: str, code: str | None = None) -> None:
-        fields: dict[str, object] = {}
-        if outcome == "transient":
-            fields = {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
-        elif outcome == "deferred":
-            fields = {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
-        elif outcome == "failed":
-            fields = {"outcome": "failed", "error_code": code}
-        else:
-            fields = {"outcome": outcome}
         response = AgentResponse(
             order_id=request.order_id,
             step=request.step,
@@ -281,14 +420,70 @@ class World:
             attempt=request.attempt,
             idempotency_key=request.idempotency_key,
             responded_at=self.now,
-            **fields,  # type: ignore[arg-type]
+            **self._outcome(outcome, code),  # type: ignore[arg-type]
         )
         await self.bus.send(QUEUES["responses"], response)
+
+    def _outcome(self, outcome: str, code: str | None) -> dict[str, object]:
+        if outcome == "transient":
+            return {"outcome": "failed", "transient": True, "error_code": code or "unavailable"}
+        if outcome == "deferred":
+            return {"outcome": "deferred", "retry_at": self.now + timedelta(seconds=7)}
+        if outcome == "failed":
+            return {"outcome": "failed", "error_code": code}
+        return {"outcome": outcome}
+
+    # ------------------------------------------------------------------------------- lies
+
+    async def answer_unasked(
+        self,
+        order_id: str,
+        *,
+        step: int,
+        operation: ids.Operation,
+        newer: bool,
+        attempt: int,
+        lie: Lie,
+    ) -> None:
+        """Deliver a validly signed answer to a request ``order_id`` never asked for: the
+        ``step``-th step's ``operation`` under the key its next request would carry (or the
+        next generation's, ``newer``), as an attempt the order used for something else or not
+        yet; unless the order did ask for exactly that."""
+        order = await self.store.find(order_id)
+        if order is None or (operation == "do" and lie == "nothing_to_undo"):
+            return
+        record = order.steps[step % len(order.steps)]
+        key = ids.idempotency_key(
+            order_id, record.name, operation, _next_generation(order, record) + newer
+        )
+        used = sorted({asked[4] for asked in self.store.asked if asked[0] == order_id})
+        choices = [*used, order.attempt + 1]
+        number = choices[attempt % len(choices)]
+        if (order_id, record.name, operation, key, number) in self.store.asked:
+            return
+        outcome = {"refused": "failed"}.get(lie, lie)
+        answer = AgentResponse(
+            order_id=order_id,
+            step=record.name,
+            operation=operation,
+            attempt=number,
+            idempotency_key=key,
+            responded_at=self.now,
+            resume=self._resume_of(order_id),
+            **self._outcome(outcome, "declined"),  # type: ignore[arg-type]
+        )
+        self.lies.append(answer)
+        await self.run(lambda: handle_response(encode(answer), self.rt))
+
+    def _resume_of(self, order_id: str) -> str | None:
+        """The snapshot a lie carries (none here: the order is read)."""
+        return None
 
     # ----------------------------------------------------------------------------- drain
 
     async def drain(self, max_rounds: int = 400) -> None:
         """Let everything finish without faults: deliver, land what hangs, tick, let time go."""
+        self.replies.refusing = False
         for _ in range(max_rounds):
             while self.parked:
                 await self.land_late(0)
@@ -326,11 +521,34 @@ class World:
         return self.bus.on(queue)
 
     def terminal_alerts(self) -> Counter[str]:
+        return self._alerts(TERMINAL_ALERT_REASONS)
+
+    def _alerts(self, reasons: frozenset[str]) -> Counter[str]:
         return Counter(
             a.order_id or ""
             for a in self.sent(QUEUES["alerts"])
-            if isinstance(a, OperatorAlert) and a.reason in TERMINAL_ALERT_REASONS
+            if isinstance(a, OperatorAlert) and a.reason in reasons
         )
+
+    async def compensations(self, order_id: str) -> list[tuple[datetime, datetime | None]]:
+        """Each compensation of the order: when it started, and when it ended in Error (None:
+        it has not)."""
+        found: list[tuple[datetime, datetime | None]] = []
+        for entry in await self.store.get_timeline(order_id):
+            if entry.event in ("compensation_started", "compensation_resumed"):
+                found.append((entry.at, None))
+            elif found and found[-1][1] is None and entry.to_state is ProcessState.ERROR:
+                found[-1] = (found[-1][0], entry.at)
+        return found
+
+    async def budget_spent(self, order_id: str) -> bool:
+        """Whether the order's last compensation ended in Error only once it had lasted its
+        budget."""
+        spans = await self.compensations(order_id)
+        if not spans or spans[-1][1] is None:
+            return False
+        started, ended = spans[-1]
+        return ended - started >= COMPENSATION_BUDGET  # type: ignore[operator]
 
     async def error_entries(self, order_id: str) -> int:
         return sum(
@@ -340,11 +558,23 @@ class World:
         )
 
     def statuses(self, order_id: str) -> list[int]:
+        return [u.sequence for u in self.updates(order_id)]
+
+    def updates(self, order_id: str) -> list[StatusUpdate]:
+        """The status updates the submitter received for ``order_id``, in arrival order."""
         return [
-            s.sequence
+            s
             for s in self.sent(REPLY_QUEUE)
             if isinstance(s, StatusUpdate) and s.order_id == order_id
         ]
+
+    async def finishes(self, order_id: str) -> int:
+        """How often the order entered Processed or Error (an operator may resubmit it)."""
+        return sum(
+            1
+            for e in await self.store.get_timeline(order_id)
+            if e.to_state.terminal and (e.from_state is None or not e.from_state.terminal)
+        )
 
     def forward_keys(self, order_id: str) -> set[str]:
         """Every forward key the app ever requested for ``order_id``."""
@@ -358,11 +588,17 @@ class World:
     async def check_safety(self) -> None:
         """What must hold after every step, crashes included."""
         alerts = self.terminal_alerts()
+        warnings = self._alerts(frozenset({COMPENSATION_DELAYED}))
         for order in self.store.orders():
             entries = await self.error_entries(order.order_id)
             assert alerts[order.order_id] <= entries, (
                 f"{order.order_id}: {alerts[order.order_id]} terminal alerts for "
                 f"{entries} entries into Error"
+            )
+            compensations = len(await self.compensations(order.order_id))
+            assert warnings[order.order_id] <= compensations, (
+                f"{order.order_id}: {warnings[order.order_id]} compensation warnings for "
+                f"{compensations} compensations"
             )
             sequences = self.statuses(order.order_id)
             assert sequences == list(range(len(sequences))), (
@@ -383,8 +619,68 @@ class World:
                     )
         for key, count in self.services.effects.items():
             assert count == 1, f"{key} took effect {count} times"
+        for order in self.store.orders():
+            for step in order.steps:
+                self._check_agrees(order.order_id, step)
+            await self._check_after_the_end(order.order_id)
         for reply in self.consumed:
             await self._check_applied(reply)
+        self._check_lies_alerted()
+
+    def _check_agrees(self, order_id: str, step: StepRecord) -> None:
+        """A step's recorded state agrees with what its service was asked and answered."""
+        if step.state is StepState.PENDING:
+            return
+        key = step.forward_key(order_id)
+        forward = self.services.forward.get(key)
+        asked = {(a[2], a[3]) for a in self.store.asked if a[:2] == (order_id, step.name)}
+        undo_asked = ("undo", step.key(order_id, "undo")) in asked
+        never = forward in ("declined", "tombstoned")  # no effect, and none ever
+        truth = {
+            StepState.RUNNING: ("do", key) in asked,
+            StepState.SUCCEEDED: forward == "done",
+            StepState.FAILED: never,
+            StepState.COMPENSATED: undo_asked and key in self.services.undone,
+            StepState.VOIDED: undo_asked and never,
+        }
+        assert truth[step.state], (
+            f"{order_id}: {step.name} is {step.state}, but its service was asked "
+            f"{sorted(asked)} and holds {key} as {forward or 'never applied'}"
+            f"{' (undone)' if key in self.services.undone else ''}"
+        )
+
+    async def _check_after_the_end(self, order_id: str) -> None:
+        """Once an order ended, only its settling changes it: ``settling`` rows and one
+        ``settled``, if its ``error`` row said it ended settling; nothing once it is settled
+        (until an operator puts it back in flight). Rows that change what is recorded about
+        it, not the order (:data:`RECORD_ROWS`), may come at any time."""
+        settling = False
+        for entry in await self.store.get_timeline(order_id):
+            if entry.from_state is None or not entry.from_state.terminal:
+                settling = "; settling: " in entry.detail
+                continue
+            if entry.to_state.terminal and entry.event not in RECORD_ROWS:
+                assert settling and entry.event in ("settling", "settled"), (
+                    f"{order_id}: {entry.event} ({entry.detail}) after it ended settled"
+                )
+                settling = entry.event == "settling"
+
+    def _check_lies_alerted(self) -> None:
+        """Each distinct answer to a request never asked for raised one alert, and no answer
+        to a request the app did ask for raised one."""
+        alerts = [
+            a
+            for a in self.sent(QUEUES["alerts"])
+            if isinstance(a, OperatorAlert) and a.reason == UNREQUESTED_REASON
+        ]
+        lies = {(a.idempotency_key, a.attempt, a.outcome, a.transient) for a in self.lies}
+        named = {f"attempt {attempt}, key {key}," for key, attempt, *_ in lies}
+        for alert in alerts:
+            assert any(lie in alert.detail for lie in named), f"not a lie: {alert.detail}"
+        assert len(alerts) == len(lies), (
+            f"{len(alerts)} {UNREQUESTED_REASON} alerts for {len(lies)} answers to requests "
+            f"never asked for: {[a.detail for a in alerts]}"
+        )
 
     async def _check_applied(self, reply: AgentResponse) -> None:
         """A definitive answer, once handled, is never thrown away: its step shows it."""
@@ -410,14 +706,19 @@ class World:
             assert alerts[order_id] == entries, (
                 f"{order_id}: {alerts[order_id]} terminal alerts for {entries} entries into Error"
             )
-            assert self.statuses(order_id) == list(range(order.status_seq)), (
-                f"{order_id}: statuses {self.statuses(order_id)} of {order.status_seq}"
-            )
+            if order.reply_to is not None:
+                await self._check_updates(order)
             if order.state is ProcessState.ERROR:
                 known = {s.forward_key(order_id) for s in order.steps if s.state.may_have_effect}
                 left = {k for k in self.forward_keys(order_id) if self.services.in_place(k)}
-                if not (order.last_error or "").startswith("compensation incomplete"):
-                    assert not left, f"{order_id} ended in Error with effects in place: {left}"
+                # Left in place only if its service refused the undo, or the budget ran out.
+                if not await self.budget_spent(order_id):
+                    unrefused = left - self.services.refused_undos
+                    assert not unrefused, (
+                        f"{order_id} ended in Error with effects in place whose undo no service "
+                        f"refused, within its compensation budget: {unrefused}; "
+                        f"last error: {order.last_error}"
+                    )
                 assert left <= known, f"{order_id}: effects in place it does not know of: {left}"
             for step in order.steps:
                 if step.state in (StepState.FAILED, StepState.VOIDED, StepState.COMPENSATED):
@@ -429,6 +730,30 @@ class World:
             (o.order_id, o.generation) for o in self.store.orders() if o.state is ProcessState.ERROR
         }
         assert errors == expected, f"error index {errors} != Error orders {expected}"
+
+    async def _check_updates(self, order: Order) -> None:
+        """Every status update 0..StatusSeq-1 arrived, in order; the last one says the state
+        the order ended in; exactly one says it finished, each time it did."""
+        updates = self.updates(order.order_id)
+        sequences = [u.sequence for u in updates]
+        assert sequences == list(range(order.status_seq)), (
+            f"{order.order_id}: statuses {sequences} of {order.status_seq}"
+        )
+        if updates:
+            assert updates[-1].state == order.state.value, (
+                f"{order.order_id} is {order.state}, its last update says {updates[-1].state}"
+            )
+        finished = [u for u in updates if u.state in ("Processed", "Error")]
+        finishes = await self.finishes(order.order_id)
+        assert len(finished) == finishes, (
+            f"{order.order_id}: {[(u.sequence, u.event, u.state) for u in finished]} say it "
+            f"finished; it did {finishes} times"
+        )
+
+
+def _next_generation(order: Order, step: StepRecord) -> int:
+    """The generation of the key ``step``'s next request carries."""
+    return order.generation if step.state is StepState.PENDING else step.generation
 
 
 def _consumed(envelope: Envelope) -> bool:

@@ -23,20 +23,23 @@ import pytest
 from adapters.remote_http import Answer
 from agent import handler
 from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from agent.consistency import INCONSISTENT_REASON
 from agent.handler import handle_request, remote_client
 from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
 from agent.remote_client import RemoteServiceClient
 from core.messages import (
+    EXPIRED,
     MAX_MESSAGE_BYTES,
-    MAX_RESUME_CHARS,
     AgentRequest,
     AgentResponse,
     MessageBase,
     MessageTooLarge,
     encode,
+    message_id_for,
     parse_message,
 )
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, json_answer
+from tests.support.sent import as_sent
 
 pytestmark = pytest.mark.anyio
 
@@ -331,10 +334,19 @@ async def test_a_deferral_is_never_sooner_than_the_minimum() -> None:
 # -- time: complete-by and the run budget -----------------------------------------------------
 
 
-async def test_past_complete_by_nothing_is_called_or_sent() -> None:
+async def test_past_complete_by_nothing_is_called_and_the_attempt_is_reported_expired() -> None:
     rt = Runtime(answer(200, {}))
     rt.clock_.advance(31.0)
-    assert await rt.handle(request("do", budget=30.0)) is None
+    response = await rt.handle(request("do", budget=30.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        EXPIRED,
+    )
+    assert "taken up 1.0s after complete-by; the service was not called" in (
+        response.error_message or ""
+    )
     assert rt.requests == [] and rt.alerts == []
 
 
@@ -360,20 +372,36 @@ async def test_a_hang_stopped_by_the_run_budget_reports_a_transient_timeout_at_o
     assert len(rt.requests) == 2  # the second attempt ran out of the run budget
 
 
-async def test_a_hang_stopped_by_complete_by_sends_nothing_even_with_a_run_budget() -> None:
+async def test_a_hang_stopped_by_complete_by_reports_a_transient_timeout() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
     rt.clock_.advance(75.0)  # picked up at +75 s: complete-by (+90 s) comes before the budget
-    assert await rt.handle(request("do", budget=90.0, run_budget=30.0)) is None
-    assert rt.requests  # it did try
+    response = await rt.handle(request("do", budget=90.0, run_budget=30.0))
+    assert response is not None
+    assert (response.outcome, response.transient, response.error_code) == (
+        "failed",
+        True,
+        "timed_out",
+    )
+    assert "within complete-by" in (response.error_message or "")
+    assert rt.requests  # it did try: the service was reached
     assert rt.alerts == []
 
 
 async def test_without_a_run_budget_the_call_runs_until_complete_by() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=100)
     rt.service = slow(rt, 9.0)
-    assert await rt.handle(request("do", budget=15.0, run_budget=None)) is None
+    response = await rt.handle(request("do", budget=15.0, run_budget=None))
+    assert response is not None and response.error_code == "timed_out"
     assert len(rt.requests) == 2
+
+
+async def test_too_little_time_left_to_call_is_reported_expired() -> None:
+    rt = Runtime(answer(200, {}), failure_threshold=100)
+    rt.clock_.advance(29.99)  # 0.01 s left: too little to start an attempt
+    response = await rt.handle(request("do", budget=30.0, run_budget=None))
+    assert response is not None and response.error_code == EXPIRED
+    assert rt.requests == []
 
 
 # -- malformed --------------------------------------------------------------------------------
@@ -412,9 +440,84 @@ async def test_an_unusual_error_code_still_makes_a_valid_response(code: str, exp
     assert response is not None and response.error_code == expected
 
 
-# -- the reply --------------------------------------------------------------------------------
+# -- the request against its order -----------------------------------------------------------
 
-SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
+
+async def test_a_request_its_order_sent_is_carried_out() -> None:
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    response = await rt.handle(as_sent(request("do")))
+    assert response is not None and response.outcome == "succeeded"
+    assert rt.alerts == [] and len(rt.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "differs"),
+    [
+        ({"attempt": 3}, "no such request"),
+        ({"action": "refund"}, "it differs in action"),
+        ({"payload": {**PAYLOAD, "amount": 99_999}}, "it differs in payload"),
+        ({"complete_by": T0 + timedelta(seconds=300)}, "it differs in complete_by"),
+        ({"idempotency_key": "o-1:charge_payment:do:2"}, "it differs in idempotency_key"),
+    ],
+)
+async def test_a_request_that_disagrees_with_its_order_is_refused_without_a_call(
+    change: dict[str, Any], differs: str
+) -> None:
+    sent = as_sent(request("do"))
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    assert await rt.handle(sent.model_copy(update=change)) is None
+    assert rt.requests == [] and rt.bus.sent == []
+    [alert] = rt.alerts
+    assert (alert.reason, alert.severity, alert.order_id) == (INCONSISTENT_REASON, "error", "o-1")
+    assert alert.detail.startswith("payment refused do charge_payment attempt")
+    assert differs in alert.detail
+
+
+async def test_an_inconsistent_request_is_alerted_once_per_message_that_carried_it() -> None:
+    """Named by the message (issue 28, item 3): the same bytes sent twice are two alerts, one
+    message delivered twice is one."""
+    body = encode(as_sent(request("do")).model_copy(update={"attempt": 3}))
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    for cause in ("payment/m-1", "payment/m-2", "payment/m-1"):
+        await handle_request(body, "payment", rt, caused_by=cause)  # type: ignore[arg-type]
+    assert [a.reason for a in rt.alerts] == [INCONSISTENT_REASON] * 3
+    assert len({a.detail for a in rt.alerts}) == 1, "the same text each time"
+    ids = [message_id_for(a) for a in rt.alerts]
+    assert ids[0] != ids[1] and ids[0] == ids[2]
+    assert rt.requests == [] and rt.bus.sent == []
+
+
+async def test_an_undo_dressed_as_its_do_is_refused() -> None:
+    undo = as_sent(request("undo"))
+    do = request("do", attempt=undo.attempt).model_copy(update={"resume": undo.resume})
+    rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+    assert await rt.handle(do) is None
+    [alert] = rt.alerts
+    assert "holds no such request (it holds: undo charge_payment attempt 2)" in alert.detail
+    assert rt.requests == []
+
+
+async def test_a_request_carrying_another_orders_or_no_readable_snapshot_is_refused() -> None:
+    other = as_sent(
+        request("do").model_copy(
+            update={"order_id": "o-2", "idempotency_key": "o-2:charge_payment:do:1"}
+        )
+    )
+    for resume in (other.resume, "r1.not-a-snapshot"):
+        rt = Runtime(answer(200, {"charge_id": "ch-1"}))
+        assert await rt.handle(request("do").model_copy(update={"resume": resume})) is None
+        [alert] = rt.alerts
+        assert "the order snapshot it carries cannot be read or is another order's" in alert.detail
+        assert rt.requests == []
+
+
+async def test_a_request_without_a_snapshot_is_carried_out_unchecked() -> None:
+    """The Scheduler leaves out a snapshot too large to carry: the request still goes."""
+    response = await Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
+    assert response is not None and response.outcome == "succeeded" and response.resume is None
+
+
+# -- the reply --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -430,38 +533,37 @@ SNAPSHOT = "r1.the-order-as-stored_opaque-to-agents"
         (answer(503, refusal("unavailable")), "do", "failed"),
     ],
 )
-async def test_every_answer_echoes_the_requests_snapshot_unread(
+async def test_every_answer_echoes_the_requests_snapshot_unchanged(
     service: Callable[[Post], Answer], operation: str, outcome: str
 ) -> None:
-    """The snapshot is the Scheduler's (core.resume): the agent passes it back as it came and
-    never sends it to the remote service."""
+    """The snapshot is the Scheduler's (core.resume): the agent checks the request against it
+    (agent.consistency), passes it back as it came and never sends it to the remote service."""
     rt = Runtime(service, failure_threshold=100)
-    carrying = request(operation).model_copy(update={"resume": SNAPSHOT})
+    carrying = as_sent(request(operation))
+    assert carrying.resume is not None
     response = await rt.handle(carrying)
     assert response is not None and response.outcome == outcome
-    assert response.resume == SNAPSHOT
-    assert all(SNAPSHOT.encode() not in sent.body for sent in rt.requests)
+    assert response.resume == carrying.resume
+    assert all(carrying.resume.encode() not in sent.body for sent in rt.requests)
 
 
 async def test_a_deferral_echoes_the_snapshot_too() -> None:
     rt = Runtime(answer(200, {}), failure_threshold=1, reset_timeout=20.0)
     rt.breaker.acquire()
     rt.breaker.record_failure()
-    response = await rt.handle(request("do").model_copy(update={"resume": SNAPSHOT}))
-    assert response is not None and (response.outcome, response.resume) == ("deferred", SNAPSHOT)
-
-
-async def test_a_request_without_a_snapshot_is_answered_without_one() -> None:
-    response = await Runtime(answer(200, {"charge_id": "ch-1"})).handle(request("do"))
-    assert response is not None and response.resume is None
+    carrying = as_sent(request("do"))
+    response = await rt.handle(carrying)
+    assert response is not None
+    assert (response.outcome, response.resume) == ("deferred", carrying.resume)
 
 
 async def test_an_answer_too_large_with_its_snapshot_is_sent_without_it() -> None:
     """The snapshot only spares the Scheduler a read; the answer itself must get through."""
-    result = {"blob": "x" * (MAX_MESSAGE_BYTES - MAX_RESUME_CHARS // 2)}
+    big = as_sent(request("do").model_copy(update={"payload": {"blob": "y" * 20_000}}))
+    assert big.resume is not None and len(big.resume) > 20_000
+    result = {"blob": "x" * (MAX_MESSAGE_BYTES - len(big.resume) // 2)}
     rt = Runtime(answer(200, result))
-    big = "r1." + "A" * (MAX_RESUME_CHARS - 3)
-    response = await rt.handle(request("do").model_copy(update={"resume": big}))
+    response = await rt.handle(big)
     assert response is not None
     assert (response.outcome, response.resume, response.result) == ("succeeded", None, result)
 

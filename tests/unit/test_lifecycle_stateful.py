@@ -38,7 +38,7 @@ from tests.support.world import FAILURE_THRESHOLD, FAULTS, LIES, Lie, World, ord
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
 # CI machine may take several times the ~20 s this takes alone.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.anyio]
 
 MAX_ORDERS = 3
 crash = st.none() | st.integers(min_value=0, max_value=4)
@@ -92,13 +92,15 @@ class Lifecycle(RuleBasedStateMachine):
     def answer_never_asked(
         self, n: int, step: int, operation: Operation, newer: bool, attempt: int, lie: Lie
     ) -> None:
-        self.world.answer_unasked(
-            order_id(n % self.submitted),
-            step=step,
-            operation=operation,
-            newer=newer,
-            attempt=attempt,
-            lie=lie,
+        self.run(
+            self.world.answer_unasked(
+                order_id(n % self.submitted),
+                step=step,
+                operation=operation,
+                newer=newer,
+                attempt=attempt,
+                lie=lie,
+            )
         )
 
     @precondition(lambda self: self.world.deliverable("responses"))
@@ -131,7 +133,7 @@ class Lifecycle(RuleBasedStateMachine):
     def no_host_answers_while_compensating(self, deadlines: int) -> None:
         """Undo attempts time out of our own making, at least as often as the failure
         threshold allows a step to fail; sometimes for longer than the compensation budget."""
-        self.world.hosts_silent(deadlines)
+        self.run(self.world.hosts_silent(deadlines))
 
     @precondition(lambda self: self.submitted > 0)
     @rule(n=st.integers(0, MAX_ORDERS - 1), crash_after=crash)
@@ -167,30 +169,30 @@ Lifecycle.TestCase.settings = settings(
 test_lifecycle = Lifecycle.TestCase
 
 
-def test_an_undo_that_lands_after_the_order_ended_settles_it():
+async def test_an_undo_that_lands_after_the_order_ended_settles_it():
     """The exploration rarely ends a compensation incomplete (no undo may answer for the whole
     compensation budget); here it does, and the undo that hung lands after the end."""
     world = World()
     oid = order_id(0)
-    world.submit(oid, reply_to=None)
+    await world.submit(oid, reply_to=None)
     for fault in ("ok", "decline"):  # reserve_inventory took effect, charge_payment declined
-        world.deliver(world.deliverable("agent")[0], fault)
-        world.deliver(world.deliverable("responses")[0])
-    world.deliver(world.deliverable("agent")[0], "late")  # the release hangs...
-    world.hosts_silent(16)  # ...and no retry of it is answered until the budget is spent
-    assert world.budget_spent(oid)
-    ended = world.store.load(oid)
+        await world.deliver(world.deliverable("agent")[0], fault)
+        await world.deliver(world.deliverable("responses")[0])
+    await world.deliver(world.deliverable("agent")[0], "late")  # the release hangs...
+    await world.hosts_silent(16)  # ...and no retry of it is answered until the budget is spent
+    assert await world.budget_spent(oid)
+    ended = await world.store.load(oid)
     assert ended.state is ProcessState.ERROR and ended.settling
-    error = world.store.get_timeline(oid)[-1]
+    error = (await world.store.get_timeline(oid))[-1]
     assert error.detail.endswith("; settling: an answer may still change reserve_inventory")
 
-    world.land_late(0)  # the release took effect after all
-    world.deliver(world.deliverable("responses")[0])
-    settled = world.store.load(oid)
+    await world.land_late(0)  # the release took effect after all
+    await world.deliver(world.deliverable("responses")[0])
+    settled = await world.store.load(oid)
     assert not settled.settling
-    last = world.store.get_timeline(oid)[-1]
+    last = (await world.store.get_timeline(oid))[-1]
     assert (last.event, last.detail) == (
         "settled",
         "reserve_inventory: Compensated (after the end; nothing is open now)",
     )
-    world.check_final()
+    await world.check_final()

@@ -24,6 +24,8 @@ from core.messages import OperatorAlert
 from core.states import ProcessState
 from tests.support.world import QUEUES, World, order_id
 
+pytestmark = pytest.mark.anyio
+
 
 def token_refused(status: int) -> ServiceBusAuthenticationError:
     """What the SDK raises when the broker answers the queue's token with ``status``."""
@@ -70,67 +72,68 @@ def alerts(world: World) -> list[OperatorAlert]:
     return [a for a in world.sent(QUEUES["alerts"]) if isinstance(a, OperatorAlert)]
 
 
-def events(world: World, order: str) -> list[str]:
-    return [e.event for e in world.store.get_timeline(order)]
+async def events(world: World, order: str) -> list[str]:
+    return [e.event for e in await world.store.get_timeline(order)]
 
 
-def finish(world: World, order: str) -> None:
+async def finish(world: World, order: str) -> None:
     """Deliver requests and replies, no fault, until ``order`` has finished."""
     for _ in range(20):
-        if world.store.load(order).state.terminal:
+        if (await world.store.load(order)).state.terminal:
             return
         for kind in ("agent", "responses"):
             for envelope in world.deliverable(kind):
-                world.deliver(envelope)
+                await world.deliver(envelope)
     raise AssertionError(f"{order} did not finish: {world.describe()}")
 
 
-def test_updates_a_refusing_queue_missed_arrive_in_order_once_it_takes_them():
+async def test_updates_a_refusing_queue_missed_arrive_in_order_once_it_takes_them():
     world = World()
     world.replies.refusing = True
     first = order_id(0)
-    world.submit(first)
-    finish(world, first)
-    order = world.store.load(first)
+    await world.submit(first)
+    await finish(world, first)
+    order = await world.store.load(first)
     assert order.state is ProcessState.PROCESSED, "the order went on"
     assert world.statuses(first) == [], "nothing could be delivered"
     assert world.store.index.get(first, order.generation) is not None, "its row waits to retry"
-    assert events(world, first).count("replies_held") == 1, "one write holds them"
+    assert (await events(world, first)).count("replies_held") == 1, "one write holds them"
     assert [a.reason for a in alerts(world)] == ["reply_queue_unavailable"]
 
-    world.drain()  # the queue takes sends again; the Supervisor sends the held updates
+    await world.drain()  # the queue takes sends again; the Supervisor sends the held updates
     updates = world.updates(first)
-    assert [u.sequence for u in updates] == list(range(world.store.load(first).status_seq))
+    status_seq = (await world.store.load(first)).status_seq
+    assert [u.sequence for u in updates] == list(range(status_seq))
     assert [u.state for u in updates if u.state in ("Processed", "Error")] == ["Processed"]
-    assert "replies_resent" in events(world, first)
+    assert "replies_resent" in await events(world, first)
     assert not world.store.index.rows()
-    world.check_final()
+    await world.check_final()
 
 
-def test_an_order_sent_to_a_queue_known_to_refuse_is_held_without_a_try():
+async def test_an_order_sent_to_a_queue_known_to_refuse_is_held_without_a_try():
     world = World()
     world.replies.refusing = True
-    world.submit(order_id(0))
+    await world.submit(order_id(0))
     tried = world.replies.refused
-    world.submit(order_id(1))
+    await world.submit(order_id(1))
     assert world.replies.refused == tried, "the process remembers the refusal for a while"
-    held = world.store.load(order_id(1))
+    held = await world.store.load(order_id(1))
     assert [o.not_before is not None for o in held.outbox if o.to == "reply"] == [True, True]
     assert [a.reason for a in alerts(world)] == ["reply_queue_unavailable"], "alerted once"
-    world.drain()
-    world.check_final()
+    await world.drain()
+    await world.check_final()
 
 
-def test_a_failure_a_second_try_may_cure_is_sent_again_by_the_outbox():
+async def test_a_failure_a_second_try_may_cure_is_sent_again_by_the_outbox():
     world = World()
     world.replies.fail_next = 1  # a token link broken by a broker restart, once
     with pytest.raises(ServiceBusAuthenticationError):
-        world.submit(order_id(0))
-    order = world.store.load(order_id(0))
+        await world.submit(order_id(0))
+    order = await world.store.load(order_id(0))
     assert all(o.not_before is None for o in order.outbox), "nothing held: it was no refusal"
     assert world.statuses(order_id(0)) == []
-    world.submit(order_id(0))  # the submission is redelivered: the order sends what it owes
+    await world.submit(order_id(0))  # the submission is redelivered: the order sends what it owes
     assert world.statuses(order_id(0)) == [0, 1]
     assert alerts(world) == []
-    world.drain()
-    world.check_final()
+    await world.drain()
+    await world.check_final()

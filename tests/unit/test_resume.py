@@ -26,7 +26,7 @@ from core.messages import (
     message_id_for,
     parse_message,
 )
-from core.order import Order, StepState
+from core.order import Failures, Order, StepState
 from core.state_models import order_entity, order_from_entity
 from core.states import ProcessState
 from tests.support.world import QUEUES, Envelope, World
@@ -346,7 +346,7 @@ async def test_an_answer_for_a_replaced_attempt_loses_its_write_and_changes_noth
 ) -> None:
     """Attempt 1 timed out and attempt 2 is in flight when attempt 1's transient failure comes
     in: on its snapshot it would release the step; the write fails, and on the read it is an
-    answer for an attempt no longer in flight."""
+    answer for an attempt no longer in flight, which says only whose failure attempt 1 was."""
     world = await world_with_order()
     request = the_request(world)
     world.advance((request.complete_by - world.now).total_seconds() + 1)
@@ -359,8 +359,10 @@ async def test_an_answer_for_a_replaced_attempt_loses_its_write_and_changes_noth
     await handle(world, reply(request, "transient"))
 
     assert reads.count == 1
-    assert (await world.store.load(ORDER)).attempt == 2
-    assert await events(world) == ["created", "released", "claimed"]
+    order = await world.store.load(ORDER)
+    assert order.attempt == 2 and order.state is ProcessState.PROCESSING
+    assert await events(world) == ["created", "released", "claimed", "late_answer"]
+    assert order.step("reserve_inventory").forward_failures == Failures(at_service=1)
 
 
 async def test_a_decision_that_writes_nothing_is_not_taken_on_a_snapshot(monkeypatch) -> None:
