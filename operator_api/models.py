@@ -524,7 +524,8 @@ class SupervisorView(_Model):
     holders: dict[str, int] = Field(description="Instance -> buckets it holds now")
     bound: dict[str, float] = Field(
         description="The recovery bound computed from the settings (seconds): period, budget, "
-        "lease, detection_s (deadline to the Supervisor acting), stall_s"
+        "lease, skew_s (the tolerated clock skew), detection_s (deadline to the Supervisor "
+        "acting), stall_s"
     )
     buckets: list[BucketView]
 

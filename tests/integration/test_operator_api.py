@@ -667,7 +667,7 @@ async def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, han
     assert view["unswept_buckets"] == [] and view["oldest_sweep_s"] is not None
     assert all(b["swept_by"] == installed.instance_id for b in view["buckets"])
     bound = view["bound"]
-    assert bound["detection_s"] == bound["period_s"] * 2 + bound["budget_s"]
+    assert bound["detection_s"] == bound["period_s"] * 2 + bound["budget_s"] + bound["skew_s"]
     assert bound["lease_s"] == bound["period_s"] * 1.5
 
 
