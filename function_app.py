@@ -13,9 +13,9 @@ wrong setting, instead of failing (and dead-lettering) every message it receives
 
 import azure.functions as func
 
+from adapters import telemetry
+from adapters.settings import Settings
 from agent.functions import bp as agents
-from core import telemetry
-from core.settings import Settings
 from dashboard.functions import bp as dashboard
 from operator_api.functions import bp as operator_api
 from retention.functions import bp as retention

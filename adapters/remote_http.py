@@ -15,7 +15,7 @@ Per call (:meth:`RemoteHttp.post`):
 
 - one deadline bounds the whole call: the wait for one of the service's connections, connecting,
   sending and reading the answer whole. It is the caller's ``timeout`` cut to the service's
-  (:class:`core.settings.ServiceLimits`; from the settings, ``REMOTE_TIMEOUT_SECONDS``, 10 s);
+  (:class:`adapters.settings.ServiceLimits`; from the settings, ``REMOTE_TIMEOUT_SECONDS``, 10 s);
   past it the call fails with :class:`CallTimedOut`;
 - at most ``max_connections`` calls to one service are under way at once (from the settings,
   ``REMOTE_MAX_CONNECTIONS``, 32, for each service): a burst for one service cannot take every
@@ -55,7 +55,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from yarl import URL
 
 from adapters.proxies import env_proxy
-from core.settings import ServiceLimits, Settings
+from adapters.settings import ServiceLimits, Settings
 
 MAX_ANSWER_BYTES: Final = 1_048_576
 """The longest answer read, unless told otherwise (the remote client's ``max_response_bytes``)."""

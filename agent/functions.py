@@ -1,8 +1,9 @@
-"""One Service Bus-triggered agent function per agent of the catalog (:mod:`core.agents`).
+"""One Service Bus-triggered agent function per agent of the catalog (:mod:`domain.agents`).
 
 Agents are on the hot path: ``async def`` on the async shell (``agent.aio``, ``core.aio``), one
 event loop per worker. Each request is handled in a span parented on the trace context it
-carries (core.telemetry), and only if the app signed it for this agent's queue (core.inbound).
+carries (adapters.telemetry), and only if the app signed it for this agent's queue
+(service.inbound).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any
 
 import azure.functions as func
 
-from agent.handler import handle_request
-from core import inbound, runtime
-from core.agents import AGENTS, Agent
-from core.runtime import Runtime
-from core.telemetry import consuming
+from adapters.telemetry import consuming
+from domain.agents import AGENTS, Agent
+from service import inbound, runtime
+from service.agent import handle_request
+from service.runtime import Runtime
 
 bp = func.Blueprint()
 

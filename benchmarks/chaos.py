@@ -28,7 +28,8 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
   service refused its undo (a compensation budget spent within a run is one too: the run is
   far shorter than the budget);
 - ``recovery_over_bound``: the Supervisor acted on an order later after its deadline than the
-  bound computed from the settings (:func:`core.supervision.recovery_bound`, ``detection_s``)
+  bound computed from the settings (:func:`adapters.store.supervision.recovery_bound`,
+  ``detection_s``)
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
   entry and the deadline it names;
 - ``stall_over_bound``: the longest gap between two timeline entries of an order (not counting
@@ -81,6 +82,9 @@ from typing import Any
 
 from azure.servicebus.aio import ServiceBusClient
 
+from adapters.settings import Settings
+from adapters.store.state_store import OrderStateStore
+from adapters.store.supervision import recovery_bound
 from benchmarks.nemeses import (
     DEFAULT_STORAGE_RATES,
     NEMESES,
@@ -89,18 +93,15 @@ from benchmarks.nemeses import (
     pause_seconds,
     skew_offsets,
 )
-from core.messages import OrderSubmitted
-from core.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
-from core.settings import Settings
-from core.state_store import OrderStateStore
-from core.states import ProcessState
-from core.supervision import recovery_bound
 from devstack import observe
-from devstack.demo import QUICK_SETTINGS
 from devstack.faults.storage_proxy import FaultRates
 from devstack.orders import open_orders_table, open_store, send_orders
 from devstack.servicebus import stats as broker_stats
 from devstack.stack.local_stack import LocalStack
+from domain.messages import OrderSubmitted
+from domain.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
+from domain.states import ProcessState
+from orderctl.demo import QUICK_SETTINGS
 
 RESTART_ALLOWANCE_S = 15.0  # a killed host is back and receiving within this
 BROKER_STATS_FILE = "broker.stats.json"  # beside broker.port in the stack's workdir
@@ -117,8 +118,8 @@ _FAILING_STEP = re.compile(r"^do (\w+) attempt")
 _FAILURE_CODE = re.compile(r"failed: (\w+)")
 _DEADLINE = re.compile(r"passed CompleteBy (\S+)$|since (\S+) with no progress for (\d+)s$")
 _RETRY_DUE = re.compile(r"retry due (\S+)")
-_INCOMPLETE = "compensation incomplete"  # core.lifecycle._give_up's last error
-_UNDO_REFUSED = " refused: "  # core.lifecycle._on_undo_answer: "undo of <step> refused: ..."
+_INCOMPLETE = "compensation incomplete"  # domain.lifecycle._give_up's last error
+_UNDO_REFUSED = " refused: "  # domain.lifecycle._on_undo_answer: "undo of <step> refused: ..."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -643,7 +644,7 @@ def _incomplete(order: Order) -> bool:
 
 
 def failed_attempts(orders: list[Order]) -> dict[str, dict[str, int]]:
-    """Failed attempts, forward and undo, by whose failure each was (core.order.Failures)."""
+    """Failed attempts, forward and undo, by whose failure each was (domain.order.Failures)."""
     split: dict[str, Counter[str]] = {"forward": Counter(), "undo": Counter()}
     for order in orders:
         for step in order.steps:

@@ -12,7 +12,7 @@ four phases:
    warm-up orders;
 3. ``fill``: ``--history`` finished orders written straight into the orders table, one batch
    transaction per order (its details, state and timeline rows, made by the functional core and
-   the state store's entity helpers, as if each had run: core.lifecycle, core.state_models).
+   the state store's entity helpers, as if each had run: domain.lifecycle, adapters.store.rows).
    Finished orders have no active-index rows. The batches go through the app's own Table
    client (adapters.tables), as the hosts' writes do;
 4. ``full``: the same load as ``empty``.
@@ -38,16 +38,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from adapters.settings import Settings
+from adapters.store.rows import details_entity, order_entity, timeline_entity
 from adapters.tables import TableService
-from core import lifecycle
-from core.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
-from core.settings import Settings
-from core.state_models import details_entity, order_entity, timeline_entity
-from core.workflows import Workflow, resolve, workflow_ref
-from devstack.demo import QUICK_SETTINGS
 from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
+from domain import lifecycle
+from domain.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
+from domain.workflows import Workflow, resolve, workflow_ref
+from orderctl.demo import QUICK_SETTINGS
 
 POLL_S = 0.25
 FILL_AT_ONCE = 6

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.settings import Settings
+from adapters.settings import Settings
 from devstack.servicebus.config import load_queues
 from devstack.stack.broker import DEFAULT_CONFIG
 from devstack.stack.local_stack import STORAGE_PROXY_STATS, LocalStack

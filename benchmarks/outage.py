@@ -7,7 +7,7 @@ if an order did not end Processed or an invariant failed.
 
 How it holds: each agent's circuit breaker opens after a few consecutive failures; while it is
 open, the agent answers "deferred, retry at T" without calling, and the Scheduler re-arms the step
-for T without counting a failure (core.lifecycle).
+for T without counting a failure (domain.lifecycle).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks.chaos import check_invariants, make_orders, still_pending
-from devstack.demo import QUICK_SETTINGS
 from devstack.observe import host_invocations
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack
+from orderctl.demo import QUICK_SETTINGS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -27,7 +27,7 @@ to completion: DBOS from the return of its enqueue to the return of its last ste
 ``submitted_at`` to the final state's ``updated_at``), and CPU milliseconds per workflow of each
 process (ours: the hosts, Azurite, the broker, the fakes; DBOS: its process and its HTTP
 fake), read from /proc around the measured batch; ``engine`` is the total without the fakes.
-Ours also gives the requests per order the hosts counted at the SDK (core/op_counts.py: Table
+Ours also gives the requests per order the hosts counted at the SDK (adapters/op_counts.py: Table
 requests by method, Service Bus sends, receives, settlements) and the function executions per
 order, from which benchmarks.cost prices a million orders in Azure.
 
@@ -62,13 +62,10 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from adapters.servicebus import to_servicebus_message
+from adapters.settings import Settings
 from benchmarks import cost
 from benchmarks.history import new_order, quantiles
-from core.bus import to_servicebus_message
-from core.messages import OrderSubmitted
-from core.order import Order
-from core.settings import Settings
-from core.states import ProcessState
 from devstack.fakes.profiles import example_profile
 from devstack.observe import (
     FinishWatch,
@@ -80,6 +77,9 @@ from devstack.observe import (
 from devstack.orders import SEND_BATCH, open_store
 from devstack.stack import processes
 from devstack.stack.local_stack import LocalStack, StackInfo
+from domain.messages import OrderSubmitted
+from domain.order import Order
+from domain.states import ProcessState
 
 ROOT = processes.REPO_ROOT
 DBOS_VENV = ROOT / ".bench" / "dbos-venv"

@@ -33,15 +33,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from adapters.settings import Settings
+from adapters.store.state_store import OrderStateStore
 from benchmarks.chaos import SweepWatch, judge, make_orders, still_pending
-from core.messages import utc_now
-from core.settings import Settings
-from core.state_store import OrderStateStore
-from core.states import ProcessState
-from devstack.demo import QUICK_SETTINGS
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack
-from supervisor.leases import REAP_AFTER_LEASES
+from domain.messages import utc_now
+from domain.states import ProcessState
+from orderctl.demo import QUICK_SETTINGS
+from service.leases import REAP_AFTER_LEASES
 
 SAMPLE_EVERY_S = 5.0
 WATCHED = ("host-0", "azurite", "broker")

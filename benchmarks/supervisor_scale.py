@@ -7,11 +7,11 @@ For each instance count N, on fresh tables of one private in-memory Azurite (``-
 runs the same against one shared in-memory store instead, for a quick check of the logic):
 
 1. N Supervisor instances start, each a task on one event loop with its own
-   :class:`core.runtime.Runtime` (own ``instance_id``, own Table clients) over the same tables
+   :class:`service.runtime.Runtime` (own ``instance_id``, own Table clients) over the same tables
    and one in-memory bus. Each ticks on the schedule grid like the Functions timer: at every
    multiple of the period in wall-clock UTC, skipping an occurrence while its previous tick
    still runs. A tick is the
-   real :func:`supervisor.tick.run_tick` with the period, lease and budget of
+   real :func:`service.sweep.run_tick` with the period, lease and budget of
    ``supervisor_schedule = "*/<period> * * * * *"``.
 2. ``--orders`` orders are created in flight (as intake creates them), their CompleteBy
    deadlines spread evenly over a window of ``--window-periods`` periods starting
@@ -30,13 +30,14 @@ Reading the JSON (one document on stdout, times in seconds):
 
 - ``latency_s``: detection latency per order = time of the Supervisor's ``released`` timeline
   entry minus the order's CompleteBy; ``p50``/``p95``/``max`` and how many exceed
-  ``bound.detection_s`` (:func:`core.supervision.recovery_bound`: period + budget + period).
+  ``bound.detection_s`` (:func:`adapters.store.supervision.recovery_bound`: period + budget +
+  period).
   With N instances ticking on one grid an order waits at most a period for the next tick, plus
   the time the tick takes to reach it.
 - ``per_instance``: per instance, ticks run, occurrences skipped (a tick ran past the next one),
   buckets held at its last tick and in the roster at the end, orders it released, mean and max
   tick duration, mean Table requests per tick (counted at the SDK pipeline per instance, as
-  :mod:`core.op_counts` counts them for the process), claim attempts, lost claim races
+  :mod:`adapters.op_counts` counts them for the process), claim attempts, lost claim races
   (ETag conflicts, re-read and retried) and ticks that gave up claiming.
 - ``held_by_tick``: buckets each instance held at each grid occurrence (seconds from start);
   ``converged_at_s``: the first occurrence from which on every instance ticking held at most
@@ -72,27 +73,35 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from adapters.op_counts import COUNTS, OperationCounts
+from adapters.settings import Connection, Settings
+from adapters.store.active_index import INDEX_BUCKETS, index_partition
+from adapters.store.rows import ConcurrencyConflict
+from adapters.store.state_store import OrderStateStore
+from adapters.store.supervision import (
+    BucketLease,
+    Member,
+    RecoveryBound,
+    Roster,
+    Sweep,
+    recovery_bound,
+)
+from adapters.store.supervision import lag as roster_lag
 from adapters.tables import TableService
 from benchmarks.supervisor_tick import QUEUES
-from core import apply, lifecycle
-from core.active_index import INDEX_BUCKETS, index_partition
-from core.memory import MemoryBus, MemoryStore
-from core.messages import OrderSubmitted, utc_now
-from core.op_counts import COUNTS, OperationCounts
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.state_models import ConcurrencyConflict
-from core.state_store import OrderStateStore
-from core.supervision import BucketLease, Member, RecoveryBound, Roster, Sweep, recovery_bound
-from core.supervision import lag as roster_lag
-from core.workflows import ORDER_WORKFLOW, Workflow
+from devstack.memory import MemoryBus, MemoryStore
 from devstack.stack.azurite import AzuriteProcess
-from supervisor.report import TickReport
-from supervisor.tick import run_tick
+from domain import lifecycle
+from domain.messages import OrderSubmitted, utc_now
+from domain.workflows import ORDER_WORKFLOW, Workflow
+from service import apply
+from service.runtime import Runtime
+from service.sweep import run_tick
+from service.sweep_report import TickReport
 
 KillMode = Literal["idle", "mid-tick"]
 GAVE_UP = "supervisor roster kept changing"
-"""What supervisor.tick logs when a tick lost every claim attempt (it sweeps nothing)."""
+"""What service.sweep logs when a tick lost every claim attempt (it sweeps nothing)."""
 TICKING: contextvars.ContextVar[str] = contextvars.ContextVar("ticking", default="")
 """The instance whose task (and the tasks it starts) runs: the instances share one thread."""
 
@@ -132,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         azurite = AzuriteProcess(Path(tempfile.mkdtemp(prefix="scale-")))
         connection = azurite.start().connection_string
     gave_up = _GaveUpCounter()
-    tick_log = logging.getLogger("supervisor.tick")
+    tick_log = logging.getLogger("service.sweep")
     level = tick_log.level
     tick_log.addHandler(gave_up)
     tick_log.setLevel(logging.INFO)

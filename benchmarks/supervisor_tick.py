@@ -2,11 +2,11 @@
 
     python -m benchmarks.supervisor_tick [--in-flight 0,1000,5000] [--due 100]
 
-Runs the real tick (supervisor/tick.py) against the Table store on a fresh in-memory Azurite,
+Runs the real tick (service/sweep.py) against the Table store on a fresh in-memory Azurite,
 with the in-memory bus (the sends are counted, not delivered). Orders are created as intake
-creates them (core.lifecycle.submit + one create transaction), with a long step budget so none
+creates them (domain.lifecycle.submit + one create transaction), with a long step budget so none
 is due; then ``--due`` more with a budget that has passed, which the tick must recover. Table
-requests are counted at the SDK pipeline (core.op_counts). Prints one JSON document.
+requests are counted at the SDK pipeline (adapters.op_counts). Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from core import apply, clients, lifecycle
-from core.active_index import INDEX_BUCKETS
-from core.memory import MemoryBus
-from core.messages import OrderSubmitted, utc_now
-from core.op_counts import COUNTS
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.state_store import OrderStateStore
-from core.workflows import ORDER_WORKFLOW, Workflow
+from adapters import clients
+from adapters.op_counts import COUNTS
+from adapters.settings import Connection, Settings
+from adapters.store.active_index import INDEX_BUCKETS
+from adapters.store.state_store import OrderStateStore
+from devstack.memory import MemoryBus
 from devstack.stack.azurite import AzuriteProcess
-from supervisor.tick import run_tick
+from domain import lifecycle
+from domain.messages import OrderSubmitted, utc_now
+from domain.workflows import ORDER_WORKFLOW, Workflow
+from service import apply
+from service.runtime import Runtime
+from service.sweep import run_tick
 
 QUEUES = {
     name: name

@@ -29,10 +29,10 @@ from typing import Any, Final
 
 import azure.functions as func
 
-from core import ids
 from dashboard import assets, traces
-from dashboard.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
+from domain import ids
 from operator_api.functions import AUTH, PRINCIPAL_HEADER, operations
+from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 
 bp = func.Blueprint()
 log = logging.getLogger("dashboard.http")

@@ -1,10 +1,10 @@
 """An order's span trees for the dashboard's trace panel, from the local telemetry files.
 
 Locally (``orderctl up --telemetry``: the TELEMETRY_DIR setting) the app writes its spans to
-files (:mod:`core.trace_files`); the panel shows the order's as a tree per trace, each span with
+files (:mod:`adapters.trace_files`); the panel shows the order's as a tree per trace, each span with
 its offset and duration. In Azure there are no files: the spans are in Application Insights,
 where the order's trace id is the operation id to search for (Transaction search), so the
-answer says that instead. Reads only; nothing here writes. :mod:`core.trace_files` (which
+answer says that instead. Reads only; nothing here writes. :mod:`adapters.trace_files` (which
 imports the OpenTelemetry SDK) is imported on the first read, not with the app.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from core.trace_files import Node, Trace
+    from adapters.trace_files import Node, Trace
 
 MAX_SPANS: Final = 2000
 """Spans returned at most (the earliest): enough for an order retried many times, and a page
@@ -29,7 +29,7 @@ IN_AZURE: Final = (
 
 def telemetry_dir(settings: Mapping[str, str]) -> Path | None:
     """The local telemetry directory the app writes to, if any (the TELEMETRY_DIR setting)."""
-    from core.telemetry import TELEMETRY_DIR_SETTING
+    from adapters.telemetry import TELEMETRY_DIR_SETTING
 
     value = (settings.get(TELEMETRY_DIR_SETTING) or "").strip()
     return Path(value) if value else None
@@ -40,7 +40,7 @@ def order_trace(order_id: str, directory: Path | None) -> dict[str, Any]:
     else the order's traces as trees (:func:`traces_body`)."""
     if directory is None:
         return {"order_id": order_id, "local": False, "hint": IN_AZURE, "traces": []}
-    from core.trace_files import build_traces, read_spans
+    from adapters.trace_files import build_traces, read_spans
 
     spans = read_spans(directory, order_id) if directory.is_dir() else []
     kept = spans[:MAX_SPANS]
@@ -61,7 +61,7 @@ def order_trace(order_id: str, directory: Path | None) -> dict[str, Any]:
 
 def traces_body(traces: list[Trace]) -> list[dict[str, Any]]:
     """Each trace with its root spans as nested JSON, offsets from the first trace's start."""
-    from core.trace_files import origin
+    from adapters.trace_files import origin
 
     if not traces:
         return []

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 from azure.servicebus.aio import ServiceBusClient
 
+from adapters.settings import Settings
+from adapters.store.rows import TIMELINE_END, TIMELINE_PREFIX, timeline_from_entity
+from adapters.store.state_store import OrderStateStore
 from adapters.tables import Table
-from core.order import Order, TimelineEntry
-from core.settings import Settings
-from core.state_models import TIMELINE_END, TIMELINE_PREFIX, timeline_from_entity
-from core.state_store import OrderStateStore
+from domain.order import Order, TimelineEntry
 
 RETRY_EVENTS = ("released", "deferred")
 """Timeline events that hand a step back for a later attempt: each is one retry."""

@@ -9,12 +9,12 @@ from collections.abc import Iterable, Sequence
 
 from azure.servicebus.aio import ServiceBusClient
 
+from adapters import clients
+from adapters.servicebus import to_servicebus_message
+from adapters.settings import Settings
+from adapters.store.state_store import OrderStateStore
 from adapters.tables import Table as TableClient
-from core import clients
-from core.bus import to_servicebus_message
-from core.messages import OrderSubmitted
-from core.settings import Settings
-from core.state_store import OrderStateStore
+from domain.messages import OrderSubmitted
 
 SEND_BATCH = 100
 

@@ -257,12 +257,12 @@ module workbook 'app/workbook.bicep' = {
   }
 }
 
-// Every app setting the code reads (core/settings.py, the %NAME% binding expressions and the
+// Every app setting the code reads (adapters/settings.py, the %NAME% binding expressions and the
 // `ServiceBusConnection` trigger connection). The Functions host's own settings
 // (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
 var appSettings = {
   // Service Bus, through the managed identity (no connection string anywhere). The host's
-  // Service Bus extension reads all three; core/settings.py reads the namespace and client id.
+  // Service Bus extension reads all three; adapters/settings.py reads the namespace and client id.
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
   ServiceBusConnection__credential: 'managedidentity'
   ServiceBusConnection__clientId: identity.outputs.clientId

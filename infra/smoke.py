@@ -8,14 +8,15 @@ AZURE_STORAGE_TABLE_ENDPOINT, ORDERS_QUEUE and ORDERS_TABLE, which are the defau
 options, so ``python infra/smoke.py`` alone works.
 
 It signs in with DefaultAzureCredential (``az login``, ``azd auth login``, environment or
-managed identity), through the app's own clients (core.clients: Service Bus's asyncio client,
+managed identity), through the app's own clients (adapters.clients: Service Bus's asyncio client,
 the app's Table client). The signed-in principal needs Azure Service Bus Data Sender on the orders
 queue and Storage Table Data Reader on the orders table; infra/main.bicep grants both to the
 principal that ran the deployment (AZURE_PRINCIPAL_ID). Right after a deployment those roles may
 not apply yet (Azure documents up to 10 minutes): a refusal is retried every 15 s for
 ``--roles-timeout`` seconds (600), saying so, before the test gives up.
 
-The order is built and encoded by the app's own code (core.messages, core.bus), so its schema and
+The order is built and encoded by the app's own code (domain.messages, adapters.servicebus), so its
+schema and
 MessageId are the app's. It goes through the real remote services the app is configured with:
 point INVENTORY/PAYMENT/SHIPPING_SERVICE_URL at test endpoints, or pass ``--workflow
 single_step`` to touch only the inventory service.
@@ -47,9 +48,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as `python infra/smoke.py` from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from core.messages import OrderSubmitted  # noqa: E402
-from core.order import Order, TimelineEntry  # noqa: E402
-from core.states import ProcessState  # noqa: E402
+from domain.messages import OrderSubmitted  # noqa: E402
+from domain.order import Order, TimelineEntry  # noqa: E402
+from domain.states import ProcessState  # noqa: E402
 
 DEFAULT_ORDERS_QUEUE = "orders"
 DEFAULT_ORDERS_TABLE = "orders"
@@ -449,7 +450,7 @@ def _denied(exc: BaseException) -> bool:
 
 async def submit(client: Any, queue: str, order: OrderSubmitted) -> None:
     """Send ``order`` with ``client`` (an asyncio ServiceBusClient) as the app encodes it."""
-    from core.bus import to_servicebus_message
+    from adapters.servicebus import to_servicebus_message
 
     async with client.get_queue_sender(queue) as sender:
         await sender.send_messages(to_servicebus_message(order))
@@ -491,9 +492,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 
 
 async def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
-    from core import clients
-    from core.settings import Connection
-    from core.state_store import OrderStateStore
+    from adapters import clients
+    from adapters.settings import Connection
+    from adapters.store.state_store import OrderStateStore
 
     print(
         f"submitting order {order.order_id} ({order.workflow}) to "

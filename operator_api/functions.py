@@ -1,4 +1,4 @@
-"""The operator HTTP API: HTTP-triggered functions over :mod:`operator_api.operations`.
+"""The operator HTTP API: HTTP-triggered functions over :mod:`service.operations.operations`.
 
 Every function has ``auth_level=FUNCTION``: the Functions host refuses a request without a valid
 function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
@@ -30,11 +30,12 @@ from typing import Any, Final, TypeVar
 import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
-from core import runtime
-from core.states import ProcessState
-from operator_api.bulk import BulkAction
-from operator_api.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
-from operator_api.models import (
+from domain.states import ProcessState
+from operator_api.openapi import openapi_document
+from service import runtime
+from service.operations.bulk import BulkAction
+from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
+from service.operations.models import (
     AckRequest,
     ActionRequest,
     BulkRequest,
@@ -43,8 +44,7 @@ from operator_api.models import (
     PurgeBody,
     RestartRequest,
 )
-from operator_api.openapi import openapi_document
-from operator_api.operations import Operations
+from service.operations.operations import Operations
 
 B = TypeVar("B", bound=BaseModel)
 bp = func.Blueprint()

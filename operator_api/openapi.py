@@ -12,10 +12,10 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from core.ids import ID_MAX_LENGTH
-from core.order_listing import LISTABLE_STATES, MAX_LIMIT, SORTS
-from core.settings import QUEUE_SETTINGS
-from operator_api import dead_letter_log, models
+from adapters.settings import QUEUE_SETTINGS
+from domain.ids import ID_MAX_LENGTH
+from service.listing import LISTABLE_STATES, MAX_LIMIT, SORTS
+from service.operations import dead_letter_log, models
 
 VERSION: Final = "1.0.0"
 _REF: Final = "#/components/schemas/{model}"

@@ -1,13 +1,13 @@
 """The retention purge as a timer-triggered function (schedule: the PURGE_SCHEDULE setting).
 
 Each run archives and deletes the finished orders (Processed, and Error once resolved) last
-changed more than RETENTION_DAYS ago (:mod:`core.purge`), within a time budget; what is left
+changed more than RETENTION_DAYS ago (:mod:`service.purge`), within a time budget; what is left
 waits for the next run. RETENTION_DAYS = 0 turns the timer's purge off.
 
 The schedule is read from the environment when the app is indexed (the Functions host and the
 local host both export the app settings before importing the app), so a missing setting means
 the default (daily at 02:30 UTC) rather than a host that refuses to start, and a malformed one
-stops the host with a message naming it (:func:`core.settings.purge_schedule`).
+stops the host with a message naming it (:func:`adapters.settings.purge_schedule`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Final
 
 import azure.functions as func
 
-from core import runtime
-from core.archive import BlobArchive
-from core.purge import PurgeRequest, open_archive, run_purge
-from core.settings import purge_schedule
-from core.telemetry import tracer
+from adapters.archive import BlobArchive
+from adapters.settings import purge_schedule
+from adapters.telemetry import tracer
+from service import runtime
+from service.purge import PurgeRequest, open_archive, run_purge
 
 RUN_BUDGET: Final = timedelta(minutes=8)
 """Well inside the Functions timeout (10 minutes at the least on any plan)."""

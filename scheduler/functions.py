@@ -1,20 +1,20 @@
 """The Scheduler's Service Bus triggers: submissions, agent replies and commands.
 
 Every trigger is ``async def``: the Python worker awaits it on its event loop. Each message is
-handled in a span parented on the trace context it carries (core.telemetry). Replies and
+handled in a span parented on the trace context it carries (adapters.telemetry). Replies and
 commands are internal: they are handled only if the app signed them for their queue
-(core.inbound). Submissions come from outside and are validated, not signed.
+(service.inbound). Submissions come from outside and are validated, not signed.
 """
 
 from __future__ import annotations
 
 import azure.functions as func
 
-from core import inbound, runtime
-from core.telemetry import consuming
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
+from adapters.telemetry import consuming
+from service import inbound, runtime
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
 
 bp = func.Blueprint()
 

@@ -1,19 +1,19 @@
 """The Supervisor as a timer-triggered function (schedule from the SUPERVISOR_SCHEDULE setting).
 
 Each tick is one span. What it writes or sends for an order runs in a ``supervisor_recover``
-span in that order's trace, linked to the tick (supervisor/tick.py), so the retry and
+span in that order's trace, linked to the tick (service/sweep.py), so the retry and
 compensation messages continue the order's trace.
 Any number of instances may tick at once: they share the work through per-bucket leases
-(:mod:`supervisor.leases`).
+(:mod:`service.leases`).
 """
 
 from __future__ import annotations
 
 import azure.functions as func
 
-from core import runtime
-from core.telemetry import tracer
-from supervisor.tick import run_tick
+from adapters.telemetry import tracer
+from service import runtime
+from service.sweep import run_tick
 
 bp = func.Blueprint()
 

@@ -29,7 +29,7 @@ more in it; these keep its semantics, not its code):
    retried :data:`STATUS_RETRIES` times, which rides out 49.6 s of throttling without
    ``Retry-After`` (docs/performance.md, "The Table client on azure-core").
 5. :class:`RequestHook`: each attempt reported to the request hook as a :class:`Sent` (the
-   app's request counts, ``core.op_counts``).
+   app's request counts, ``adapters.op_counts``).
 6. ``DistributedTracingPolicy``: a client span per attempt and ``traceparent`` on it, when the
    Azure SDKs trace (the Azure Monitor distro's azure-sdk instrumentation, or azure-core's
    ``tracing_implementation`` setting); nothing otherwise.

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from core.op_counts import COUNTS
+from adapters.op_counts import COUNTS
 from devstack.host.host import LocalHost
 from devstack.host.settings import HostConfigError, load_settings
 

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from core.telemetry import WORKER_SWITCH_SETTING, extract
+from adapters.telemetry import WORKER_SWITCH_SETTING, extract
 from devstack.host.cold_start import ColdStarts
 from devstack.host.indexing import HttpTrigger, IndexedFunction, ServiceBusTrigger
 

@@ -37,7 +37,7 @@ from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusRe
 from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
 
-from core.op_counts import COUNTS
+from adapters.op_counts import COUNTS
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger
 from devstack.host.invoke import Invoker, SyncCalls
 from devstack.host.settings import HostConfigError

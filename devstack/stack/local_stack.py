@@ -4,7 +4,7 @@
 settings name (with the app's async store), and writes `<workdir>/stack.json` (settings, ports,
 PIDs) so that `orderctl submit`, `status` and `demo` find a running stack. With
 ``telemetry``, the hosts write their spans and metrics to files in that directory (the
-TELEMETRY_DIR setting, core.telemetry), which `orderctl trace` reads. `stop()` stops everything
+TELEMETRY_DIR setting, adapters.telemetry), which `orderctl trace` reads. `stop()` stops everything
 it started, by PID.
 The queues are the broker's entity config, the same file the infra tests compare with Bicep.
 
@@ -41,12 +41,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from core.agents import AGENT_NAMES, AGENTS
 from devstack.faults import clock
 from devstack.faults.storage_proxy import FaultRates
 from devstack.stack import processes
 from devstack.stack.azurite import AzuriteProcess, StorageAccount, connection_string_for
 from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
+from domain.agents import AGENT_NAMES, AGENTS
 
 EXAMPLE_SETTINGS = processes.REPO_ROOT / "local.settings.json.example"
 STATE_FILE = "stack.json"
@@ -54,7 +54,7 @@ STORAGE_PROXY = "storage-proxy"
 STORAGE_PROXY_STATS = f"{STORAGE_PROXY}.stats.json"
 STORAGE_SETTINGS = ("StateStorage", "AzureWebJobsStorage")
 DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
-TELEMETRY_SETTING = "TELEMETRY_DIR"  # core.telemetry.TELEMETRY_DIR_SETTING
+TELEMETRY_SETTING = "TELEMETRY_DIR"  # adapters.telemetry.TELEMETRY_DIR_SETTING
 TELEMETRY_SUBDIR = "telemetry"
 # Receivers per queue trigger and host. host.json's 16 suits Azure; locally 6 triggers x 16
 # AMQP connections per host only slow the start and compete for the same two cores.
@@ -327,8 +327,8 @@ class LocalStack:
         )
 
     async def _create_tables(self, settings: dict[str, str]) -> None:
-        from core.runtime import Runtime
-        from core.settings import Settings
+        from adapters.settings import Settings
+        from service.runtime import Runtime
 
         runtime = Runtime.from_settings(Settings.from_env(settings))
         try:

@@ -7,7 +7,7 @@
 // - the Supervisor is not running: no supervisor.tick.duration metric for 15 minutes (every
 //   completed tick records one, whether or not it found work).
 // The first two are metric alerts on the Service Bus namespace. The Supervisor's metrics are
-// OpenTelemetry metrics the app exports to Application Insights (supervisor/metrics.py), where
+// OpenTelemetry metrics the app exports to Application Insights (service/sweep_metrics.py), where
 // they land in the customMetrics table under their own names, so those two are log search
 // alerts on the Application Insights component. All four are stateful (autoMitigate): one
 // email when the condition starts, one when it clears.

@@ -1,4 +1,4 @@
-// The Key Vault holding the key the app signs its internal messages with (core/signing.py).
+// The Key Vault holding the key the app signs its internal messages with (domain/signing.py).
 // RBAC authorization only (no access policies); the app identity may read this one secret and
 // nothing else in the vault. The app setting MESSAGE_SIGNING_KEYS is a Key Vault reference to
 // the secret's latest version, which the platform resolves with the app identity.

@@ -11,7 +11,7 @@
 //                                                    deployment package; Owner is the role the
 //                                                    Functions documentation requires for
 //                                                    identity-based host storage
-//   Storage Blob Data Contributor   archive container the purge (core/archive.py): reads the day
+//   Storage Blob Data Contributor   archive container the purge (adapters/archive.py): reads the day
 //                                                    blob's properties and block list, stages a
 //                                                    block and commits the list, lists and reads
 //                                                    day blobs to read an order back. Scoped to
@@ -33,7 +33,7 @@
 // Each submitting application (submitterPrincipalIds):
 //   Azure Service Bus Data Sender   orders queue     submit orders; no other queue: the internal
 //                                                    queues take sends from the app identity
-//                                                    only (and check signatures, core/inbound.py)
+//                                                    only (and check signatures, service/inbound.py)
 // The deploying principal (optional, for infra/smoke.py and the azd predeploy check):
 //   Azure Service Bus Data Sender   orders queue     submit the smoke order
 //   Storage Table Data Reader       orders table     watch it until Processed; the workflow

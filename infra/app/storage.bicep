@@ -24,7 +24,7 @@ var tableNames = [
   'supervision'
 ]
 
-// The archive of purged orders (app setting ARCHIVE_CONTAINER in main.bicep; core/archive.py).
+// The archive of purged orders (app setting ARCHIVE_CONTAINER in main.bicep; adapters/archive.py).
 var archiveContainerName = 'order-archive'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {

@@ -41,14 +41,14 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from opentelemetry import trace
 
-from agent.circuit import reset_breakers
-from core.apply import forget_failures
-from core.messages import encode
-from core.runtime import Runtime
-from core.states import ProcessState
 from devstack.fakes.remote_services import FakeServices
 from devstack.host import LocalHost
 from devstack.stack.processes import REPO_ROOT
+from domain.messages import encode
+from domain.states import ProcessState
+from service.apply import forget_failures
+from service.circuit import reset_breakers
+from service.runtime import Runtime
 from tests.support import broker as broker_support
 from tests.support.app import app_settings, install_for_host, make_runtime
 from tests.support.broker import ServiceBusNamespace
@@ -237,10 +237,9 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 async def _close_operations() -> None:
     """Close, on the functions' loop, what the API and the overview opened there."""
     from dashboard import functions as dashboard
-    from operator_api import functions as operator_api
 
     # The Operations of the Runtime this module installed for the host.
-    await (await operator_api.operations()).close()
+    await (await service.operations.operations()).close()
     if dashboard._summary is not None:
         await dashboard._summary.close()
         dashboard._summary = None

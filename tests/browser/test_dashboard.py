@@ -19,12 +19,12 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from agent import circuit
-from agent.circuit import BreakerState, breaker_for, reset_breakers
-from agent.handler import remote_client
-from core.messages import utc_now
-from core.states import ProcessState
-from operator_api.operations import Operations
+from domain.messages import utc_now
+from domain.states import ProcessState
+from service import circuit
+from service.agent import remote_client
+from service.circuit import BreakerState, breaker_for, reset_breakers
+from service.operations.operations import Operations
 from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, SUBMITTER, Stack, api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -302,7 +302,7 @@ def test_an_orders_trace_panel_shows_its_hops_or_where_to_find_them(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from core import trace_files
+    from adapters import trace_files
     from tests.browser.conftest import _wait
     from tests.support.pattern import new_order
 

@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 import azure.functions as func
 import pytest
 
-from core.order import Order
-from dashboard import assets, summary, vendor
+from dashboard import assets, vendor
 from dashboard import functions as dashboard
+from domain.order import Order
+from service.operations import summary
 
 pytestmark = pytest.mark.anyio
 

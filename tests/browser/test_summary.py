@@ -1,4 +1,5 @@
-"""The overview's summary (dashboard/summary.py) against Azurite: what it counts, and that its
+"""The overview's summary (service/operations/summary.py) against Azurite: what it counts, and that
+its
 cost follows what is in flight, in Error or finished within the window, not the history.
 
 No browser here: these run with the integration tests (``-m "not browser"`` keeps them).
@@ -12,14 +13,14 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.op_counts import COUNTS
 from adapters.tables import TableService
 from benchmarks.history import fill_history, finished_rows
 from benchmarks.history import new_order as history_order
-from core.messages import utc_now
-from core.op_counts import COUNTS
-from core.runtime import Runtime
-from dashboard.summary import Summary
-from operator_api.operations import Operations
+from domain.messages import utc_now
+from service.operations.operations import Operations
+from service.operations.summary import Summary
+from service.runtime import Runtime
 from tests.support.app import app_settings, make_runtime
 from tests.support.names import unique_name
 

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from core import trace_files
+from adapters import trace_files
 from dashboard import functions as dashboard
 from dashboard import traces
 

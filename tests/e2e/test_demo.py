@@ -24,7 +24,7 @@ def test_quick_demo_under_chaos_ends_with_every_order_accounted_for(tmp_path):
     summary_path = tmp_path / "summary.json"
     result = subprocess.run(
         [
-            sys.executable, "-m", "devstack.cli", "demo",
+            sys.executable, "-m", "orderctl.cli", "demo",
             "--quick", "--profile", "chaotic", "--orders", "24", "--hosts", "2",
             "--timeout", "300", "--workdir", str(tmp_path / "stack"),
             "--json", str(summary_path),

@@ -16,15 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devstack.cli_output import validate
 from devstack.stack.processes import REPO_ROOT, pid_alive, terminate
+from orderctl.output import validate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 def orderctl(workdir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "devstack.cli", *args, "--workdir", str(workdir)],
+        [sys.executable, "-m", "orderctl.cli", *args, "--workdir", str(workdir)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -10,7 +10,8 @@ What the code reads and emits comes from the code itself (:func:`code_facts`): t
 module is run against a recording environment, the bindings come from indexing ``function_app``
 the way the Functions host does, the Supervisor's metrics from recording one tick's metrics
 with an in-memory OpenTelemetry reader, the metric names the workbook must chart from
-``core.metrics.NAMES`` and ``supervisor.metrics.NAMES``, and what each function does to queues,
+``adapters.metrics.NAMES`` and ``service.sweep_metrics.NAMES``, and what each function does to
+queues,
 tables, blob containers and secrets from reading its code (:mod:`tests.infra.code_access`),
 which :func:`check_data_roles` holds against the role assignments of the app's identity. The
 workbook's JSON and the KQL of its charts are read by :mod:`tests.infra.workbook`.
@@ -55,7 +56,7 @@ HOST_SETTINGS: Mapping[str, str] = {
     "PYTHON_THREADPOOL_THREAD_COUNT": "Python worker threads for sync functions: host.json's "
     "serviceBus.maxConcurrentCalls",
     "PYTHON_ENABLE_OPENTELEMETRY": "the Python worker makes the host's invocation span current "
-    "in each call (core/telemetry.py)",
+    "in each call (adapters/telemetry.py)",
 }
 
 FORBIDDEN_SETTINGS: Mapping[str, str] = {
@@ -357,7 +358,7 @@ class CodeFacts:
     trigger_queue_settings: frozenset[str]
     """Settings naming the queues a Service Bus trigger consumes."""
     queue_settings: frozenset[str]
-    """core.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
+    """adapters.settings.QUEUE_SETTINGS: every queue the app sends to or receives from."""
     operator_read_queue_settings: frozenset[str] = frozenset()
     """Settings naming the queues the code itself reads (the operator API peeks and settles
     alerts and dead letters), besides what the triggers receive: from :attr:`access`."""
@@ -370,10 +371,10 @@ class CodeFacts:
     http_auth_levels: Mapping[str, str] = field(default_factory=dict, compare=False)
     """HTTP-triggered function -> the ``authLevel`` of its trigger, as indexed."""
     metric_names: frozenset[str] = frozenset()
-    """Every metric the code defines: ``core.metrics.NAMES | supervisor.metrics.NAMES``."""
+    """Every metric the code defines: ``adapters.metrics.NAMES | service.sweep_metrics.NAMES``."""
     metric_attributes: Mapping[str, frozenset[str]] = field(default_factory=dict, compare=False)
-    """Metric -> the attributes it is recorded with (``core.metrics.ATTRIBUTES``,
-    ``supervisor.metrics.ATTRIBUTES``)."""
+    """Metric -> the attributes it is recorded with (``adapters.metrics.ATTRIBUTES``,
+    ``service.sweep_metrics.ATTRIBUTES``)."""
 
     @property
     def storage_name_settings(self) -> dict[str, str]:
@@ -422,7 +423,7 @@ class _RecordingEnv(Mapping[str, str]):
 
 def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
     """(names read, connection-string names) by ``Settings.from_env`` in its Azure form."""
-    from core import settings as settings_module
+    from adapters import settings as settings_module
 
     env, local_only = azure_environment(root)
     recorder = _RecordingEnv(env)
@@ -434,8 +435,8 @@ def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]
     """(settings, connection-string names): local.settings.json.example with the connection
     strings replaced by identity-based endpoints, so the code takes the branch it takes in
     Azure."""
-    from core import settings as settings_module
-    from core import signing
+    from adapters import settings as settings_module
+    from domain import signing
 
     example = json.loads(Layout(root).local_settings_example.read_text())["Values"]
     sb, st = settings_module.SERVICEBUS_CONNECTION, settings_module.STATE_STORAGE_CONNECTION
@@ -508,8 +509,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-from supervisor.metrics import record_tick
-from supervisor.report import TickReport
+from service.sweep_metrics import record_tick
+from service.sweep_report import TickReport
 record_tick(TickReport())
 json.dump({m.name: type(m.data).__name__ for rm in reader.get_metrics_data().resource_metrics
            for sm in rm.scope_metrics for m in sm.metrics}, sys.stdout)
@@ -525,8 +526,8 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
 
 _METRIC_NAMES_SCRIPT = """
 import json, sys
-from core.metrics import ATTRIBUTES as orders_attributes, NAMES as orders
-from supervisor.metrics import ATTRIBUTES as supervisor_attributes, NAMES as supervisor
+from adapters.metrics import ATTRIBUTES as orders_attributes, NAMES as orders
+from service.sweep_metrics import ATTRIBUTES as supervisor_attributes, NAMES as supervisor
 attributes = {**orders_attributes, **supervisor_attributes}
 json.dump({"names": sorted(orders | supervisor),
            "attributes": {name: sorted(keys) for name, keys in attributes.items()}}, sys.stdout)
@@ -534,7 +535,7 @@ json.dump({"names": sorted(orders | supervisor),
 
 
 def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
-    """``core.metrics.NAMES | supervisor.metrics.NAMES`` of the code under ``root``, and each
+    """``adapters.metrics.NAMES | service.sweep_metrics.NAMES`` of the code under ``root``, and each
     one's attributes, read in a fresh interpreter (like the other facts: nothing is imported
     into the test process)."""
     found = _fresh_json(_METRIC_NAMES_SCRIPT, root, "reading the metric names")
@@ -543,7 +544,7 @@ def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, f
 
 
 def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
-    from core.settings import QUEUE_SETTINGS
+    from adapters.settings import QUEUE_SETTINGS
 
     read, local_only = settings_read_by_code(root)
     binding_settings: set[str] = set()
@@ -1470,7 +1471,7 @@ WORKER_OPENTELEMETRY_SETTING = "PYTHON_ENABLE_OPENTELEMETRY"
 
 @_checked
 def check_telemetry(layout: Layout) -> list[str]:
-    """The OpenTelemetry wiring core/telemetry.py relies on (docs/deploy.md, Telemetry): the
+    """The OpenTelemetry wiring adapters/telemetry.py relies on (docs/deploy.md, Telemetry): the
     host emits OpenTelemetry (host.json ``telemetryMode``), the Python worker makes the host's
     invocation span current (PYTHON_ENABLE_OPENTELEMETRY), both export to Application Insights
     with Entra ID as the app identity, and host.json holds no Application Insights SDK settings,
@@ -1688,7 +1689,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
     supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
     the Application Insights component, every 5 minutes, to the email action group; and both
     metrics are what a Supervisor tick records."""
-    from core.settings import SettingsError, schedule_period
+    from adapters.settings import SettingsError, schedule_period
 
     infra = Infra.load(layout)
     problems = []
@@ -1696,7 +1697,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
         recorded = facts.metrics.get(metric)
         if recorded is None:
             problems.append(
-                f"a Supervisor tick records no metric {metric!r} (supervisor/metrics.py), "
+                f"a Supervisor tick records no metric {metric!r} (service/sweep_metrics.py), "
                 "but an alert queries it"
             )
         elif kind is not None and recorded != kind:

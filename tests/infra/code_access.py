@@ -25,7 +25,8 @@ How the code is read (a small abstract interpreter over ``ast``):
   ``get_queue_receiver``); whatever implements a factory (the SDK or the app's own Table client)
   is not followed further. Each method called on a client is classified as read or write (send
   or receive); a method the tables below do not classify is reported, never guessed.
-- The app sends its messages through :meth:`core.bus.Bus.send` (:data:`SEND_PRIMITIVES`): a
+- The app sends its messages through :meth:`adapters.servicebus.Bus.send`
+(:data:`SEND_PRIMITIVES`): a
   call to it is a send to the queue its ``queue`` argument names, and its internals (a cache of
   SDK senders by queue name) are not followed.
 - The app's I/O is async: the SDK clients are the asyncio ones (``.aio``), ``await`` is looked
@@ -55,7 +56,7 @@ expression that names it at run time)."""
 APP_ENTRY = "function_app"
 SEND_PRIMITIVES: Mapping[str, str] = {
     # function key -> the parameter naming the queue it sends to
-    "core.bus.Bus.send": "queue",
+    "adapters.servicebus.Bus.send": "queue",
 }
 
 # Azure client kinds: the SDK's asyncio client classes the code may import, by kind.
@@ -402,7 +403,7 @@ class Module:
     rel: str
     tree: ast.Module
     imports: dict[str, str] = field(default_factory=dict)
-    """Local name -> dotted target (``core.runtime`` or ``core.runtime.Runtime``)."""
+    """Local name -> dotted target (``service.runtime`` or ``service.runtime.Runtime``)."""
     functions: dict[str, FuncInfo] = field(default_factory=dict)
     classes: dict[str, ClassInfo] = field(default_factory=dict)
     globals: dict[str, list[tuple[FuncInfo | None, tuple[str, Any]]]] = field(default_factory=dict)
@@ -1311,7 +1312,7 @@ def settings_fields(env: Mapping[str, str], names: Iterable[str]) -> dict[str, A
 
     Returns field -> setting, or field -> {key: setting} for a mapping field.
     """
-    from core.settings import Settings, SettingsError
+    from adapters.settings import Settings, SettingsError
 
     found: dict[str, Any] = {}
     for i, name in enumerate(sorted(names)):
@@ -1339,7 +1340,7 @@ def analyse(
 ) -> CodeAccess:
     """Each function's operations. ``entries``: function name -> (path, line) of its user
     function; ``env``/``names``: the app settings the code reads (for :func:`settings_fields`)."""
-    from core.settings import Settings
+    from adapters.settings import Settings
 
     program = Program(root)
     fields = settings_fields(env, names)

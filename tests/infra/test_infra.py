@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from croniter import croniter
 
-from core.settings import (
+from adapters.settings import (
     DEFAULT_PURGE_SCHEDULE,
     DEFAULT_RETENTION_DAYS,
     MAX_RETENTION_DAYS,
@@ -33,7 +33,7 @@ def assert_clean(problems: list[str]) -> None:
 
 
 def test_code_facts_cover_the_settings_contract(facts):
-    """The oracle the checks compare against really reflects core/settings.py and the bindings
+    """The oracle the checks compare against really reflects adapters/settings.py and the bindings
     (if the recording trick broke, every other check would pass vacuously)."""
     required = facts.required_settings
     assert set(QUEUE_SETTINGS.values()) <= required
@@ -133,7 +133,7 @@ def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
     settings = checks.function_app_settings(infra)
     assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
     days = infra.main.params["retentionDays"]
-    # What core/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
+    # What adapters/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
     bounds = {d["type"]: d["argument"] for d in days["decorators"]}
     assert (days["type"], bounds["min_value"], bounds["max_value"]) == (
         "int",
@@ -360,7 +360,8 @@ ISSUE_METRICS = {
 
 
 def test_the_metric_names_are_read_from_the_code(facts):
-    """The oracle of the workbook check reflects core.metrics and supervisor.metrics (an empty
+    """The oracle of the workbook check reflects adapters.metrics and service.sweep_metrics (an
+    empty
     or partial set would let the coverage check pass vacuously)."""
     assert facts.metric_names >= ISSUE_METRICS
     assert set(facts.metrics) <= facts.metric_names, "a tick records a metric NAMES leaves out"

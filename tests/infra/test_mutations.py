@@ -400,7 +400,7 @@ MUTATIONS = [
         RBAC,
         replace("  scope: namespace\n", "  scope: submitQueue\n"),
         "data_roles",
-        "sends to a queue named at run time (`queue`) at core/apply.py:",
+        "sends to a queue named at run time (`queue`) at service/apply.py:",
     ),
     Mutation(
         "Sender narrowed to the orders queue: the internal queues",
@@ -677,7 +677,7 @@ MUTATIONS = [
     Mutation(
         "not-running alert queries another metric",
         ALERTS,
-        replace('name == "supervisor.tick.duration"', 'name == "supervisor.tick"'),
+        replace('name == "supervisor.tick.duration"', 'name == "service.sweep"'),
         "supervisor_alerts",
         "no log search alert queries customMetrics for 'supervisor.tick.duration'",
     ),
@@ -1162,7 +1162,7 @@ def first_line_of(function: str, code: str) -> Callable[[str], str]:
 CODE_MUTATIONS = [
     CodeMutation(
         "an agent reads a secret of its own from Key Vault",
-        "agent/handler.py",
+        "service/agent.py",
         first_line_of(
             "handle_request",
             "from azure.keyvault.secrets.aio import SecretClient\n"
@@ -1170,14 +1170,14 @@ CODE_MUTATIONS = [
             'await vault.get_secret("pay-key")',
         ),
         "data_roles",
-        "payment_agent, shipping_agent: reads secret 'pay-key' at agent/handler.py",
+        "payment_agent, shipping_agent: reads secret 'pay-key' at service/agent.py",
     ),
     CodeMutation(
         "the operator API peeks a queue the app has no Receiver on",
-        "operator_api/operations.py",
+        "service/operations/operations.py",
         first_line_of("list_alerts", 'self._queues.peek("order-status", from_sequence=1, limit=1)'),
         "data_roles",
-        "operator_list_alerts: receives from queue 'order-status' at operator_api/queues.py",
+        "operator_list_alerts: receives from queue 'order-status' at adapters/queues.py",
     ),
     CodeMutation(
         "the purge writes to a container the storage module does not declare",

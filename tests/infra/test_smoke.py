@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.bus import to_servicebus_message
-from core.messages import OrderSubmitted, message_id_for, parse_message
-from core.order import Order, StepRecord, StepState, TimelineEntry
-from core.states import ProcessState
+from adapters.servicebus import to_servicebus_message
+from domain.messages import OrderSubmitted, message_id_for, parse_message
+from domain.order import Order, StepRecord, StepState, TimelineEntry
+from domain.states import ProcessState
 from infra import smoke
 from tests.infra.checks import REPO_ROOT
 

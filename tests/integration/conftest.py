@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.circuit import reset_breakers
-from core.apply import forget_failures
 from devstack.fakes.remote_services import FakeServices
+from service.apply import forget_failures
+from service.circuit import reset_breakers
 from tests.support.app import Clock, QueueReader, app_settings, make_runtime
 
 

@@ -1,4 +1,4 @@
-"""The Bus (core.bus) against the development Service Bus broker, on one event loop.
+"""The Bus (adapters.servicebus) against the development Service Bus broker, on one event loop.
 
 Each message arrives with its MessageId, CorrelationId, Subject, schema_version and signature;
 a scheduled one is held until its time; one sender per queue is reused, a sender whose send
@@ -21,9 +21,10 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
 from adapters.remote_http import CallFailed
-from core import signing
-from core.bus import Bus
-from core.messages import (
+from adapters.servicebus import Bus
+from adapters.settings import Settings
+from domain import signing
+from domain.messages import (
     MessageBase,
     OperatorAlert,
     OrderSubmitted,
@@ -33,8 +34,7 @@ from core.messages import (
     parse_message,
     utc_now,
 )
-from core.runtime import Runtime
-from core.settings import Settings
+from service.runtime import Runtime
 from tests.support.app import app_settings
 from tests.support.azurite import StorageAccount
 from tests.support.broker import ServiceBusNamespace

@@ -1,4 +1,5 @@
-"""The agents' circuit rows in the supervision table (core.circuits), against Azurite: written
+"""The agents' circuit rows in the supervision table (adapters.store.circuits), against Azurite:
+written
 by the process-wide breakers on each transition, read (and reaped) by the dashboard's summary,
 and invisible to the Supervisor's roster that shares the table."""
 
@@ -9,14 +10,14 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.store import circuits
+from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
 from adapters.tables import TableService
-from agent import circuit
-from agent.circuit import breaker_for, reset_breakers
-from core import circuits, runtime
-from core.circuits import CircuitRow, CircuitState, CircuitTable
-from core.messages import utc_now
-from dashboard.summary import Summary
-from operator_api.operations import Operations
+from domain.messages import utc_now
+from service import circuit, runtime
+from service.circuit import breaker_for, reset_breakers
+from service.operations.operations import Operations
+from service.operations.summary import Summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

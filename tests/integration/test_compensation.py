@@ -9,17 +9,17 @@ from collections import Counter
 
 import pytest
 
-from agent.handler import handle_request
-from core.messages import SchedulerCommand, encode
-from core.op_counts import COUNTS
-from core.order import StepState
-from core.order_listing import list_orders
-from core.states import ProcessState
-from scheduler import control
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.tick import run_tick
+from adapters.op_counts import COUNTS
+from domain.messages import SchedulerCommand, encode
+from domain.order import StepState
+from domain.states import ProcessState
+from service import control
+from service.agent import handle_request
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.listing import list_orders
+from service.replies import handle_response
+from service.sweep import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import (
     alerts_for,
@@ -109,8 +109,8 @@ async def test_decline_at_step_3_undoes_steps_2_and_1_in_reverse(rt, reader, fak
     # pipeline (Table) and at Bus.send (Service Bus): 5 agent requests, 5 replies, 1 alert;
     # one batch per reply, one batch creating the order (already dispatched), the active-index
     # row inserted at intake and deleted at the end, the Error-index insert. Replies carry the
-    # order's snapshot (core.resume) and need no read, but for the one entering Error: its
-    # Error-index row is written before the order, so it decides on a read (core.apply).
+    # order's snapshot (service.resume) and need no read, but for the one entering Error: its
+    # Error-index row is written before the order, so it decides on a read (service.apply).
     print("compensated order operations:", json.dumps(dict(sorted(counts.items()))))
     assert counts["servicebus.send"] == 11
     assert (counts["table.get"], counts["table.post"]) == (1, 1 + 1 + 5 + 1)

@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from core.agents import AGENTS
-from core.order import COMPENSATION_DELAYED, TERMINAL_ALERT_REASONS, Failures, Order, StepState
-from core.runtime import Runtime
-from core.states import ProcessState
 from devstack.orders import send_orders
 from devstack.stack import processes
 from devstack.stack.local_stack import base_settings
 from devstack.stack.processes import REPO_ROOT
+from domain.agents import AGENTS
+from domain.order import COMPENSATION_DELAYED, TERMINAL_ALERT_REASONS, Failures, Order, StepState
+from domain.states import ProcessState
+from service.runtime import Runtime
 from tests.support.app import make_runtime
 from tests.support.pattern import alerts_for, net_effects, new_order
 

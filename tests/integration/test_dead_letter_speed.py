@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from core import runtime
 from operator_api import functions as api
-from operator_api.operations import Operations
+from service import runtime
+from service.operations.operations import Operations
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

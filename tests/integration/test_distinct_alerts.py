@@ -18,14 +18,14 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 
 from agent.functions import on_request
-from core.agents import AGENTS
-from core.lifecycle import UNREQUESTED_REASON
-from core.messages import AgentResponse, encode
-from core.runtime import Runtime
-from core.signing import sign
 from devstack.host.servicebus_runner import to_function_message
+from domain.agents import AGENTS
+from domain.lifecycle import UNREQUESTED_REASON
+from domain.messages import AgentResponse, encode
+from domain.signing import sign
 from scheduler.functions import on_command, on_reply, on_submission
-from scheduler.intake import handle_submission
+from service.intake import handle_submission
+from service.runtime import Runtime
 from tests.support.app import QueueReader, make_runtime
 from tests.support.pattern import new_order, queue
 

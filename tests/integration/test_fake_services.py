@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.remote_client import RetryPolicy
 from devstack.fakes.profiles import ProfileError, example_profile, load_profile
 from devstack.fakes.remote_services import MAX_BODY_BYTES, FakeServices
+from service.remote_calls import RetryPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 ORDER = {"order_id": "order-1", "amount": 42.5}
@@ -371,12 +371,12 @@ def test_example_profiles_load() -> None:
 
 
 def _quick_settings() -> dict[str, str]:
-    """devstack.demo.QUICK_SETTINGS, read from the source (importing the demo starts a lot)."""
+    """orderctl.demo.QUICK_SETTINGS, read from the source (importing the demo starts a lot)."""
     tree = ast.parse((REPO / "devstack" / "demo.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "QUICK_SETTINGS":
             return ast.literal_eval(node.value)
-    raise AssertionError("devstack/demo.py has no QUICK_SETTINGS")
+    raise AssertionError("orderctl/demo.py has no QUICK_SETTINGS")
 
 
 # -- command line -----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The hot path touches orders with point reads and conditional writes only, and costs exactly
 what the README's "Cost per order" table says.
 
-Every Table request goes through adapters.tables, where core.clients installs a request
-hook (core.op_counts). Here that hook is replaced by one that records, for each
+Every Table request goes through adapters.tables, where adapters.clients installs a request
+hook (adapters.op_counts). Here that hook is replaced by one that records, for each
 request, its table and its kind: point read, query, insert, batch, update or delete. Orders go
 through the real handlers (intake, agent, replies, commands, the Supervisor's tick) against
 Azurite, the development broker and the fake services, one message at a time and one order
@@ -27,16 +27,16 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from azure.servicebus.exceptions import MessageNotFoundError
 
+from adapters import clients
 from adapters.tables import Sent
-from core import clients
-from core.messages import AgentResponse, encode
-from core.runtime import Runtime
-from core.states import ProcessState
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.report import TickReport
-from supervisor.tick import run_tick
+from domain.messages import AgentResponse, encode
+from domain.states import ProcessState
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime
+from service.sweep import run_tick
+from service.sweep_report import TickReport
 from tests.support.app import Clock, QueueReader, make_runtime
 from tests.support.pattern import new_order, queue, run_agent_step
 
@@ -86,7 +86,7 @@ def _table_of(segment: str) -> str:
 
 
 class RequestLog:
-    """Stands in for core.op_counts.COUNTS in core.clients: records each Table request."""
+    """Stands in for adapters.op_counts.COUNTS in adapters.clients: records each Table request."""
 
     def __init__(self, roles: dict[str, str]) -> None:
         self._roles = {name.lower(): role for name, role in roles.items()}
@@ -257,7 +257,7 @@ async def recovered(journey: Journey) -> tuple[Counter[TableRequest], Counter[Ta
 
 # The README's "Cost per order" table: 6 Table requests for a three-step order (1 index insert,
 # 1 create-and-claim transaction, 3 ETag writes, 1 index delete), 4 for a single_step one. No
-# read: each reply carries the order as stored when its request was sent (core.resume), and
+# read: each reply carries the order as stored when its request was sent (service.resume), and
 # its write is conditional on that state's ETag.
 THREE_STEPS = {
     "active": {"delete": 1, "insert": 1},
@@ -271,7 +271,7 @@ SINGLE_STEP = {
 # transient failure here is written by hand without the order's snapshot, as an agent that
 # predates snapshots answers, and a retry command carries none. The release also moves the
 # order's index row when the retry falls due before the step's deadline would have
-# (core.apply._index_due): a timing matter, so that upsert is not pinned (a reply whose decision
+# (service.apply._index_due): a timing matter, so that upsert is not pinned (a reply whose decision
 # moves the row is decided on a read, snapshot or not).
 RETRIED = {
     "active": {"delete": 1, "insert": 1},

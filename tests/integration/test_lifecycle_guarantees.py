@@ -1,5 +1,5 @@
 """The lifecycle's guarantees, staged message by message, each scenario written once and run over
-both adapter sets: the in-memory store and bus (``core.memory``) and the real ones (Azurite, the
+both adapter sets: the in-memory store and bus (``devstack.memory``) and the real ones (Azurite, the
 development broker), with the real handlers and the fake remote services over HTTP behind the
 agents (see tests/support/pattern.py, :class:`Stage`).
 
@@ -19,11 +19,11 @@ from datetime import datetime
 
 import pytest
 
-from agent.circuit import breaker_for, reset_breakers
-from core.order import StepState
-from core.states import ProcessState
-from scheduler import control
-from scheduler.replies import handle_response
+from domain.order import StepState
+from domain.states import ProcessState
+from service import control
+from service.circuit import breaker_for, reset_breakers
+from service.replies import handle_response
 from tests.support.pattern import (
     SERVICES,
     Stage,
@@ -244,9 +244,9 @@ async def test_a_supervisor_crash_after_releasing_loses_no_retry(stage):
 
 
 async def test_the_tick_after_a_supervisor_crash_sends_the_lost_retry_without_a_failure(stage):
-    """FAILS (bug): supervisor/tick.py says of an order whose messages could not be sent that
+    """FAILS (bug): service/sweep.py says of an order whose messages could not be sent that
     "its outbox is still on its record and the next tick tries again", but the lifecycle's
-    sweep of a released order sends nothing while it waits for its retry (core/lifecycle.py,
+    sweep of a released order sends nothing while it waits for its retry (domain/lifecycle.py,
     ``_on_sweep``: ``Decision(None, (), note="waiting for its retry")``). The lost command goes
     out only once the order is stale, and that sweep counts another failure: a crash of the
     Supervisor's send costs the order one of its FailureThreshold attempts (at failure

@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from core.messages import encode
-from core.states import ProcessState
 from devstack.host import LocalHost
 from devstack.host.cold_start import COLD_START_SETTING
-from scheduler.intake import handle_submission
+from domain.messages import encode
+from domain.states import ProcessState
+from service.intake import handle_submission
 from tests.support.app import install_for_host, make_runtime
 from tests.support.pattern import effects, new_order
 

@@ -8,11 +8,8 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.store.rows import PROCESS_ROW, details_entity, timeline_entity
 from adapters.tables import Table, TableService
-from core.messages import utc_now
-from core.order import TimelineEntry
-from core.state_models import PROCESS_ROW, details_entity, timeline_entity
-from core.states import ProcessState
 from devstack.observe import (
     RETRY_EVENTS,
     TimelineTally,
@@ -21,6 +18,9 @@ from devstack.observe import (
     timeline_tally,
     timelines,
 )
+from domain.messages import utc_now
+from domain.order import TimelineEntry
+from domain.states import ProcessState
 from tests.integration.test_supervisor_cost import new_submission
 
 pytestmark = pytest.mark.anyio

@@ -16,13 +16,13 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
-from core import runtime
-from core.messages import encode
-from core.op_counts import COUNTS
-from core.retention import acked_reason
-from core.states import ProcessState
+from adapters.op_counts import COUNTS
+from domain.messages import encode
+from domain.retention import acked_reason
+from domain.states import ProcessState
 from operator_api import functions as api
-from scheduler.intake import handle_submission
+from service import runtime
+from service.intake import handle_submission
 from tests.support.pattern import (
     new_order,
     queue,
@@ -656,7 +656,7 @@ async def test_the_openapi_document_describes_every_route(installed, handlers, a
 
 
 async def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers):
-    from supervisor.tick import run_tick
+    from service.sweep import run_tick
 
     report = await run_tick(installed)
     status, view = await call(handlers, "operator_supervisor")

@@ -16,16 +16,16 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
-from core import inbound, runtime
-from core.messages import SchedulerCommand, encode
-from core.op_counts import COUNTS
-from core.runtime import Runtime
-from core.settings import Settings
-from core.states import ProcessState
+from adapters.op_counts import COUNTS
+from adapters.settings import Settings
+from domain.messages import SchedulerCommand, encode
+from domain.states import ProcessState
 from operator_api import functions as api
-from operator_api.errors import InvalidRequest
-from operator_api.operations import Operations
-from scheduler.intake import handle_submission
+from service import inbound, runtime
+from service.intake import handle_submission
+from service.operations.errors import InvalidRequest
+from service.operations.operations import Operations
+from service.runtime import Runtime
 from tests.integration.test_operator_api import call, declined_order, find_alert
 from tests.support.app import make_runtime
 from tests.support.pattern import new_order, queue, run_agent_step

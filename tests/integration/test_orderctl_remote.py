@@ -28,15 +28,15 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from typer.testing import CliRunner
 
-from core.messages import encode
-from core.states import ProcessState
-from devstack import cli
-from devstack.cli_output import validate
 from devstack.host import LocalHost
 from devstack.stack.local_stack import STATE_FILE, base_settings
+from domain.messages import encode
+from domain.states import ProcessState
 from operator_api import functions as api
-from operator_api.operations import Operations
-from scheduler.intake import handle_submission
+from orderctl import cli
+from orderctl.output import validate
+from service.intake import handle_submission
+from service.operations.operations import Operations
 from tests.support.app import install_for_host
 from tests.support.pattern import new_order, queue, run_agent_step
 

@@ -11,14 +11,14 @@ import json
 
 import pytest
 
-from agent.handler import handle_request
-from core.messages import AgentResponse, encode
-from core.order import Failures
-from core.states import ProcessState
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.tick import run_tick
+from domain.messages import AgentResponse, encode
+from domain.order import Failures
+from domain.states import ProcessState
+from service.agent import handle_request
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.sweep import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import SERVICES, alerts_for, new_order, queue, run_agent_step
 

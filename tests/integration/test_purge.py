@@ -1,4 +1,4 @@
-"""The retention purge against Azurite (Table store + Blob archive) and in memory (core.memory).
+"""The retention purge against Azurite (Table store + Blob archive) and in memory (devstack.memory).
 
 What must hold: an order in flight is never touched; an order that changes between being read
 and being deleted is skipped untouched; a purged order can be read back from the archive; a dry
@@ -18,17 +18,17 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob.aio import BlobServiceClient
 
+from adapters import archive
+from adapters.archive import ArchivedOrder, BlobArchive
+from adapters.op_counts import OperationCounts
+from adapters.store.rows import OrderNotFound
+from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.tables import TableService
-from core import archive
-from core.archive import ArchivedOrder, BlobArchive
-from core.memory import MemoryArchive, MemoryStore
-from core.op_counts import OperationCounts
-from core.order import Order
-from core.purge import PurgeRequest, run_purge
-from core.retention import ACK_EVENT, DeleteOutcome, OrderSnapshot, ack_detail
-from core.state_models import OrderNotFound
-from core.state_store import PURGE_MARKER_ROW, OrderStateStore
-from core.states import ProcessState
+from devstack.memory import MemoryArchive, MemoryStore
+from domain.order import Order
+from domain.retention import ACK_EVENT, DeleteOutcome, OrderSnapshot, ack_detail
+from domain.states import ProcessState
+from service.purge import PurgeRequest, run_purge
 from tests.integration.test_state_store import (
     RESUBMIT,
     T0,

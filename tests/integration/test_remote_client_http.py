@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from adapters.remote_http import RemoteHttp, RemoteService
-from agent.circuit import BreakerSettings, CircuitBreaker
-from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
-from agent.remote_client import RemoteServiceClient, RetryPolicy
 from devstack.fakes.remote_services import FakeServices
+from service.circuit import BreakerSettings, CircuitBreaker
+from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from service.remote_calls import RemoteServiceClient, RetryPolicy
 
 pytestmark = pytest.mark.anyio
 

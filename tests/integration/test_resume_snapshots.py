@@ -1,4 +1,4 @@
-"""Resume snapshots against Azurite and the development broker (core.resume).
+"""Resume snapshots against Azurite and the development broker (service.resume).
 
 What the reply handler decides on instead of a point read must be what the point read would
 return, ETag included: every request an order sends, taken off its queue, carries a snapshot
@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from agent.handler import handle_request
-from core import resume
-from core.messages import AgentRequest, AgentResponse, parse_message
-from core.runtime import Runtime
-from core.states import ProcessState
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
+from domain.messages import AgentRequest, AgentResponse, parse_message
+from domain.states import ProcessState
+from service import resume
+from service.agent import handle_request
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime
 from tests.support.app import QueueReader
 from tests.support.pattern import SERVICES, new_order, queue
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.handler import handle_request
-from core.states import ProcessState
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.tick import run_tick
+from domain.states import ProcessState
+from service.agent import handle_request
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.sweep import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import new_order, queue, run_agent_step
 

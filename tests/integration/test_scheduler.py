@@ -1,4 +1,4 @@
-"""The Scheduler's shell (core.apply, core.inbound, scheduler.intake and scheduler.replies)
+"""The Scheduler's shell (service.apply, service.inbound, service.intake and service.replies)
 against Azurite and the development Service Bus broker, awaited on one event loop with the
 Runtime the app builds (its Table client, ``azure.servicebus.aio``).
 
@@ -22,20 +22,21 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
 
-from core import apply, clients, inbound, resume
-from core.apply import Parked, forget_failures
-from core.bus import Bus
-from core.instance_ids import new_instance_id
-from core.lifecycle import Replied
-from core.messages import AgentRequest, AgentResponse, MessageBase, encode, parse_message
-from core.op_counts import OperationCounts
-from core.order import Order
-from core.runtime import Runtime
-from core.settings import Settings
-from core.states import ProcessState
+from adapters import clients
+from adapters.op_counts import OperationCounts
+from adapters.servicebus import Bus
+from adapters.settings import Settings
 from devstack.host.servicebus_runner import to_function_message
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
+from domain.lifecycle import Replied
+from domain.messages import AgentRequest, AgentResponse, MessageBase, encode, parse_message
+from domain.order import Order
+from domain.states import ProcessState
+from service import apply, inbound, resume
+from service.apply import Parked, forget_failures
+from service.instance_ids import new_instance_id
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime
 from tests.support.app import QueueReader
 from tests.support.pattern import alerts_for, new_order
 
@@ -47,7 +48,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 @pytest.fixture
 def counts(monkeypatch) -> OperationCounts:
-    """Table requests of the runtime (its clients report to core.clients.COUNTS)."""
+    """Table requests of the runtime (its clients report to adapters.clients.COUNTS)."""
     recorder = OperationCounts()
     monkeypatch.setattr(clients, "COUNTS", recorder)
     return recorder

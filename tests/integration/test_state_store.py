@@ -4,7 +4,7 @@ refused before any request, requests per operation, the active-order and Error i
 supervision leases, the purge and its log), checked where it matters through another store
 over the same tables.
 
-Orders are made and moved by the lifecycle (``core.lifecycle.submit`` / ``decide``), as the
+Orders are made and moved by the lifecycle (``domain.lifecycle.submit`` / ``decide``), as the
 shell does: the store is tested on the records the app really writes.
 """
 
@@ -21,21 +21,14 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
 from azure.data.tables import TableTransactionError
 
-from adapters.tables import TableService
-from core import lifecycle
-from core import state_store as store_module
-from core.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_partition
-from core.error_index import ErrorOrderIndex
-from core.ids import InvalidId
-from core.index_rows import ErrorRow
-from core.memory import MemoryStore
-from core.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderSubmitted
-from core.op_counts import OperationCounts
-from core.order import Order, StepState, TimelineEntry
-from core.purge_log import PurgeLog
-from core.retention import DeleteOutcome
-from core.roster import BucketLease, Member, Sweep
-from core.state_models import (
+from adapters.op_counts import OperationCounts
+from adapters.store import state_store as store_module
+from adapters.store.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_partition
+from adapters.store.error_index import ErrorOrderIndex
+from adapters.store.index_rows import ErrorRow
+from adapters.store.purge_log import PurgeLog
+from adapters.store.roster import BucketLease, Member, Sweep
+from adapters.store.rows import (
     ActiveRow,
     AlreadyExists,
     ConcurrencyConflict,
@@ -43,10 +36,17 @@ from core.state_models import (
     OrderNotFound,
     Unconfirmed,
 )
-from core.state_store import PURGE_MARKER_ROW, OrderStateStore
-from core.states import ProcessState
-from core.supervision import SupervisionTable
-from core.workflows import get_workflow
+from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
+from adapters.store.supervision import SupervisionTable
+from adapters.tables import TableService
+from devstack.memory import MemoryStore
+from domain import lifecycle
+from domain.ids import InvalidId
+from domain.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderSubmitted
+from domain.order import Order, StepState, TimelineEntry
+from domain.retention import DeleteOutcome
+from domain.states import ProcessState
+from domain.workflows import get_workflow
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -98,7 +98,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def counts() -> OperationCounts:
-    """Table requests of the store under test, counted by its request hook (core.op_counts)."""
+    """Table requests of the store under test, counted by its request hook (adapters.op_counts)."""
     return OperationCounts()
 
 

@@ -7,11 +7,11 @@ import json
 import pytest
 from azure.servicebus import ServiceBusClient
 
-from core import apply
-from core.messages import encode
-from core.states import ProcessState
-from scheduler.intake import handle_submission
-from supervisor.tick import run_tick
+from domain.messages import encode
+from domain.states import ProcessState
+from service import apply
+from service.intake import handle_submission
+from service.sweep import run_tick
 from tests.support.pattern import (
     alerts_for,
     new_order,

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
+from adapters.settings import Connection, Settings
+from adapters.store.active_index import INDEX_BUCKETS
+from adapters.store.rows import ConcurrencyConflict
+from adapters.store.supervision import BucketLease, Member, Roster, SupervisionTable, Sweep
 from adapters.tables import TableService
-from core.active_index import INDEX_BUCKETS
-from core.ids import InvalidId
-from core.memory import MemorySupervision
-from core.settings import Connection, Settings
-from core.state_models import ConcurrencyConflict
-from core.supervision import BucketLease, Member, Roster, SupervisionTable, Sweep
-from supervisor.leases import REAP_AFTER_LEASES, plan
+from devstack.memory import MemorySupervision
+from domain.ids import InvalidId
+from service.leases import REAP_AFTER_LEASES, plan
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

@@ -1,6 +1,6 @@
 """The Supervisor's cost per tick follows the orders due, not those in flight or ever processed.
 
-Table requests are counted at the SDK pipeline (core.op_counts) for one tick over the same
+Table requests are counted at the SDK pipeline (adapters.op_counts) for one tick over the same
 orders in flight, first with an empty history, then with 10,000 finished orders in the store,
 then once the orders in flight are due.
 """
@@ -15,15 +15,15 @@ from datetime import timedelta
 import pytest
 from azure.data.tables.aio import TableServiceClient
 
-from core import lifecycle
-from core.active_index import INDEX_BUCKETS
-from core.messages import OrderSubmitted, encode, utc_now
-from core.op_counts import COUNTS
-from core.order import Order, StepState
-from core.state_models import order_entity
-from core.states import ProcessState
-from scheduler.intake import handle_submission
-from supervisor.tick import run_tick
+from adapters.op_counts import COUNTS
+from adapters.store.active_index import INDEX_BUCKETS
+from adapters.store.rows import order_entity
+from domain import lifecycle
+from domain.messages import OrderSubmitted, encode, utc_now
+from domain.order import Order, StepState
+from domain.states import ProcessState
+from service.intake import handle_submission
+from service.sweep import run_tick
 from tests.support.app import app_settings, make_runtime
 
 pytestmark = pytest.mark.anyio

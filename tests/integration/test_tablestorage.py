@@ -23,8 +23,8 @@ from azure.data.tables import (
     UpdateMode,
 )
 
+from adapters.op_counts import OperationCounts
 from adapters.tables import Page, Sent, Table, TableService
-from core.op_counts import OperationCounts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -228,7 +228,7 @@ async def test_concurrent_requests_share_the_pool(azurite, names, ours: Table) -
 
 
 async def test_each_request_is_counted_once(azurite, names, ours) -> None:
-    """Each request once in core.op_counts, by method: what the benchmarks bill."""
+    """Each request once in adapters.op_counts, by method: what the benchmarks bill."""
     counts = OperationCounts()
     async with TableService.from_connection_string(
         azurite.connection_string, request_hook=counts.request_hook("table")

@@ -4,7 +4,7 @@ the submission through intake, every agent and every reply, with durations; the 
 holds the order's metrics.
 
 The host is a separate process (`python -m devstack.host`, as `orderctl up` starts it), so the
-files are written by the exporters the app installs itself (core.telemetry.configure), flushed
+files are written by the exporters the app installs itself (adapters.telemetry.configure), flushed
 periodically and at exit.
 """
 
@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from core.agents import AGENTS
-from core.state_models import OrderNotFound
-from core.states import ProcessState
-from devstack.cli import app
-from devstack.cli_output import validate
+from adapters.store.rows import OrderNotFound
 from devstack.stack import processes
 from devstack.stack.local_stack import StackInfo, base_settings
 from devstack.stack.processes import REPO_ROOT
+from domain.agents import AGENTS
+from domain.states import ProcessState
+from orderctl.cli import app
+from orderctl.output import validate
 from tests.support.app import make_runtime
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -10,10 +10,10 @@ from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from core import telemetry
-from core.bus import Bus
-from core.messages import OrderSubmitted, message_id_for
+from adapters import telemetry
+from adapters.servicebus import Bus
 from devstack.host.servicebus_runner import to_function_message
+from domain.messages import OrderSubmitted, message_id_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

@@ -11,7 +11,7 @@ single-step order is submitted inside a client span. Expected, per hop:
       └─ ServiceBus.send     CLIENT    (the SDK's send, linking to that message span)
     ServiceBus.message
       └─ <function>          CONSUMER  (the host's invocation span, parented on the message)
-           └─ <function>     INTERNAL  (the app's span: core.telemetry.consuming)
+           └─ <function>     INTERNAL  (the app's span: adapters.telemetry.consuming)
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from core import telemetry
-from core.runtime import Runtime
-from core.state_models import OrderNotFound
-from core.states import ProcessState
+from adapters import telemetry
+from adapters.store.rows import OrderNotFound
 from devstack.host import LocalHost
+from domain.states import ProcessState
+from service.runtime import Runtime
 from tests.support.app import install_for_host, make_runtime
 from tests.support.pattern import new_order
 

@@ -20,17 +20,17 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 
+from adapters.op_counts import COUNTS
+from adapters.servicebus import Bus
+from adapters.store.rows import OrderNotFound
 from agent.functions import on_request
-from core.agents import AGENTS
-from core.bus import Bus
-from core.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
-from core.op_counts import COUNTS
-from core.signing import SIGNING_KEYS_SETTING, new_key_text
-from core.state_models import OrderNotFound
-from core.states import ProcessState
 from devstack.host.servicebus_runner import to_function_message
+from domain.agents import AGENTS
+from domain.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
+from domain.signing import SIGNING_KEYS_SETTING, new_key_text
+from domain.states import ProcessState
 from scheduler.functions import on_command, on_reply
-from scheduler.intake import handle_submission
+from service.intake import handle_submission
 from tests.support.app import QueueReader, make_runtime
 from tests.support.pattern import effects, new_order, queue
 

@@ -18,18 +18,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
-from agent.handler import handle_request
-from core import versions
-from core.messages import encode
-from core.runtime import Runtime
-from core.states import ProcessState
-from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, WORKFLOWS
-from devstack import workflows_check
-from scheduler import migration
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.tick import run_tick
+from domain.messages import encode
+from domain.states import ProcessState
+from domain.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, WORKFLOWS
+from infra import predeploy as workflows_check
+from service import migration, versions
+from service.agent import handle_request
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime
+from service.sweep import run_tick
 from tests.support.app import make_runtime
 from tests.support.pattern import new_order
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
-from core import runtime
-from core.messages import utc_now
-from core.runtime import Runtime, new_instance_id
-from core.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
-from core.signing import SIGNING_KEYS_SETTING, new_key_text
+from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+from domain.messages import utc_now
+from domain.signing import SIGNING_KEYS_SETTING, new_key_text
+from service import runtime
+from service.runtime import Runtime, new_instance_id
 
 if TYPE_CHECKING:
     from devstack.host.host import LocalHost

@@ -2,7 +2,7 @@
 tests/integration/conftest.py).
 
 :class:`Stage` plays the Functions host by hand over either adapter set: the real one (Azurite,
-the development broker) or the in-memory one (:mod:`core.memory`), with the same fake remote
+the development broker) or the in-memory one (:mod:`devstack.memory`), with the same fake remote
 services over HTTP behind the agents. A scenario written against a Stage runs unchanged on both.
 """
 
@@ -15,17 +15,17 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from agent.handler import handle_request
-from core.bus import Bus
-from core.memory import MemoryBus, MemoryStore, SendFailed
-from core.messages import MessageBase, OrderSubmitted, encode
-from core.runtime import Runtime, new_instance_id
+from adapters.servicebus import Bus
 from devstack.fakes.remote_services import FakeServices
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.report import TickReport
-from supervisor.tick import run_tick
+from devstack.memory import MemoryBus, MemoryStore, SendFailed
+from domain.messages import MessageBase, OrderSubmitted, encode
+from service.agent import handle_request
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime, new_instance_id
+from service.sweep import run_tick
+from service.sweep_report import TickReport
 from tests.support.app import Clock, QueueReader
 
 UNDO_OF = {"reserve": "release", "charge": "refund", "create": "cancel"}
@@ -160,7 +160,7 @@ class Stage:
     def in_memory(
         cls, env: dict[str, str], clock: Clock, fakes: FakeServices, status_queue: str
     ) -> Stage:
-        from core.settings import Settings
+        from adapters.settings import Settings
 
         settings = Settings.from_env(env)
         bus = MemoryBus()

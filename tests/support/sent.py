@@ -1,15 +1,15 @@
 """Agent requests as the Scheduler sends them: each with the snapshot of an order whose outbox
-holds it (core.resume), so an agent's check of the request against its order passes."""
+holds it (service.resume), so an agent's check of the request against its order passes."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from core import resume
-from core.lifecycle import Context, submit
-from core.messages import AgentRequest, OrderSubmitted
-from core.order import Outgoing
-from core.workflows import ORDER_WORKFLOW
+from domain.lifecycle import Context, submit
+from domain.messages import AgentRequest, OrderSubmitted
+from domain.order import Outgoing
+from domain.workflows import ORDER_WORKFLOW
+from service import resume
 
 ETAG = "W/\"datetime'2030-01-01T12%3A00%3A00Z'\""
 

@@ -30,10 +30,12 @@ from typing import Literal
 from azure.servicebus._pyamqp.error import AuthenticationException, ErrorCondition
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusAuthenticationError
 
-from core import apply, ids
-from core.lifecycle import UNREQUESTED_REASON, Refused
-from core.memory import MemoryBus, MemoryStore, SendFailed
-from core.messages import (
+from adapters.settings import Connection, Settings
+from adapters.store.rows import AlreadyExists
+from devstack.memory import MemoryBus, MemoryStore, SendFailed
+from domain import ids
+from domain.lifecycle import UNREQUESTED_REASON, Refused
+from domain.messages import (
     EXPIRED,
     AgentRequest,
     AgentResponse,
@@ -43,7 +45,7 @@ from core.messages import (
     StatusUpdate,
     encode,
 )
-from core.order import (
+from domain.order import (
     COMPENSATION_DELAYED,
     TERMINAL_ALERT_REASONS,
     Order,
@@ -51,15 +53,13 @@ from core.order import (
     StepState,
     TimelineEntry,
 )
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.state_models import AlreadyExists
-from core.states import ProcessState
-from scheduler import control
-from scheduler.commands import handle_command
-from scheduler.intake import handle_submission
-from scheduler.replies import handle_response
-from supervisor.tick import run_tick
+from domain.states import ProcessState
+from service import apply, control
+from service.commands import handle_command
+from service.intake import handle_submission
+from service.replies import handle_response
+from service.runtime import Runtime
+from service.sweep import run_tick
 
 QUEUES = {
     "orders": "orders",

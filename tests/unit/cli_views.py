@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from devstack.stack.local_stack import STATE_FILE
-from operator_api.models import (
+from service.operations.models import (
     AckView,
     ActionView,
     AlertPage,
@@ -237,7 +237,7 @@ class Ops:
 
 
 def use_ops(monkeypatch, s: str, width: int = 120) -> None:
-    from devstack import cli
+    from orderctl import cli
 
     @asynccontextmanager
     async def operations(workdir):

@@ -15,7 +15,7 @@ from devstack.stack.processes import REPO_ROOT
 
 DEV_ONLY = ("devstack", "tests", "benchmarks")
 DEV_LIBRARIES = ("httpx", "httpcore", "httptools", "typer", "rich")
-MODULES = sorted([*(REPO_ROOT / "adapters").rglob("*.py"), REPO_ROOT / "agent/remote_client.py"])
+MODULES = sorted([*(REPO_ROOT / "adapters").rglob("*.py"), REPO_ROOT / "service/remote_calls.py"])
 
 
 def imported(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""The agent's check of a request against the order snapshot it carries (agent.consistency):
+"""The agent's check of a request against the order snapshot it carries (service.consistency):
 pure, on orders the lifecycle makes and requests as they come off the wire."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from agent.consistency import disagreement
-from core import resume
-from core.lifecycle import Cancel, Context, Replied, decide, submit
-from core.messages import AgentRequest, AgentResponse, OrderSubmitted, encode, parse_message
-from core.order import Order
-from core.workflows import ORDER_WORKFLOW
+from domain.lifecycle import Cancel, Context, Replied, decide, submit
+from domain.messages import AgentRequest, AgentResponse, OrderSubmitted, encode, parse_message
+from domain.order import Order
+from domain.workflows import ORDER_WORKFLOW
+from service import resume
+from service.consistency import disagreement
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,9 +1,9 @@
-"""The Agent function (agent.handler): the AgentResponse it sends for each outcome of the
+"""The Agent function (service.agent): the AgentResponse it sends for each outcome of the
 remote call, what it sends nothing for, and what it alerts.
 
 The remote service answers through a stand-in for the worker's remote HTTP
 (tests/support/remote_http.py) and the runtime is a stand-in holding only what the agent uses
-of core.runtime.Runtime (it records what the bus
+of service.runtime.Runtime (it records what the bus
 sends, after encoding it as the real one does); each response sent is encoded and parsed back,
 so it is a valid message.
 """
@@ -21,13 +21,7 @@ import anyio
 import pytest
 
 from adapters.remote_http import Answer
-from agent import handler
-from agent.circuit import BreakerSettings, CircuitBreaker, breaker_for
-from agent.consistency import INCONSISTENT_REASON
-from agent.handler import handle_request, remote_client
-from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
-from agent.remote_client import RemoteServiceClient
-from core.messages import (
+from domain.messages import (
     EXPIRED,
     MAX_MESSAGE_BYTES,
     AgentRequest,
@@ -38,6 +32,12 @@ from core.messages import (
     message_id_for,
     parse_message,
 )
+from service import agent as handler
+from service.agent import handle_request, remote_client
+from service.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from service.consistency import INCONSISTENT_REASON
+from service.remote_call import MIN_DEFER_SECONDS, RetryPolicy
+from service.remote_calls import RemoteServiceClient
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, json_answer
 from tests.support.sent import as_sent
 
@@ -84,7 +84,7 @@ class Bus:
 
 
 class Runtime:
-    """What handle_request uses of core.runtime.Runtime, and no more."""
+    """What handle_request uses of service.runtime.Runtime, and no more."""
 
     def __init__(self, service: Handler, **breaker: Any):
         self.clock_ = Clock()
@@ -536,8 +536,8 @@ async def test_a_request_without_a_snapshot_is_carried_out_unchecked() -> None:
 async def test_every_answer_echoes_the_requests_snapshot_unchanged(
     service: Callable[[Post], Answer], operation: str, outcome: str
 ) -> None:
-    """The snapshot is the Scheduler's (core.resume): the agent checks the request against it
-    (agent.consistency), passes it back as it came and never sends it to the remote service."""
+    """The snapshot is the Scheduler's (service.resume): the agent checks the request against it
+    (service.consistency), passes it back as it came and never sends it to the remote service."""
     rt = Runtime(service, failure_threshold=100)
     carrying = as_sent(request(operation))
     assert carrying.resume is not None

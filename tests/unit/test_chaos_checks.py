@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.chaos import status_problem
-from core.states import ProcessState
+from domain.states import ProcessState
 
 PROCESSED = [(0, "Pending"), (1, "Processing"), (2, "Processing"), (3, "Processed")]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from adapters.settings import Settings
 from benchmarks.nemeses import (
     FIRST_BROKER_S,
     FIRST_PAUSE_S,
@@ -17,10 +18,9 @@ from benchmarks.nemeses import (
     pause_seconds,
     skew_offsets,
 )
-from core.settings import Settings
-from devstack.demo import QUICK_SETTINGS
 from devstack.faults.storage_proxy import FaultRates
 from devstack.stack.local_stack import base_settings
+from orderctl.demo import QUICK_SETTINGS
 
 pytestmark = pytest.mark.anyio
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from benchmarks.chaos import failed_attempts, threshold_failures
-from core.lifecycle import Context, submit
-from core.messages import OrderSubmitted
-from core.order import NO_FAILURES, Failures, Order, StepState
-from core.workflows import ORDER_WORKFLOW
+from domain.lifecycle import Context, submit
+from domain.messages import OrderSubmitted
+from domain.order import NO_FAILURES, Failures, Order, StepState
+from domain.workflows import ORDER_WORKFLOW
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,5 +1,6 @@
-"""Circuit rows and the overview's per-agent view (core.circuits), and how the breaker reports
-its transitions (agent.circuit): only transitions, from a task of their own off the calling
+"""Circuit rows and the overview's per-agent view (adapters.store.circuits), and how the breaker
+reports
+its transitions (service.circuit): only transitions, from a task of their own off the calling
 path, never failing the call."""
 
 from __future__ import annotations
@@ -13,16 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import circuit
-from agent.circuit import (
-    BreakerSettings,
-    BreakerState,
-    CircuitBreaker,
-    CircuitReporter,
-    Transition,
-)
-from core import circuits, ids, metrics
-from core.circuits import (
+from adapters import metrics
+from adapters.store import circuits
+from adapters.store.circuits import (
     DROP_AFTER,
     STALE_GRACE,
     CircuitRow,
@@ -30,6 +24,15 @@ from core.circuits import (
     Shown,
     effective_state,
     overview,
+)
+from domain import ids
+from service import circuit
+from service.circuit import (
+    BreakerSettings,
+    BreakerState,
+    CircuitBreaker,
+    CircuitReporter,
+    Transition,
 )
 
 pytestmark = pytest.mark.anyio

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from devstack.cli import app
-from devstack.cli_output import validate
 from devstack.orders import build_order, parse_item
 from devstack.stack.local_stack import StackInfo
+from orderctl.cli import app
+from orderctl.output import validate
 
 runner = CliRunner()
 
@@ -82,11 +82,11 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     from contextlib import asynccontextmanager
     from datetime import UTC, datetime
 
-    from core.order import Order, StepRecord, StepState, TimelineEntry
-    from core.state_models import OrderRecord
-    from core.states import ProcessState
-    from devstack import cli
-    from operator_api.models import OrderDetail
+    from adapters.store.rows import OrderRecord
+    from domain.order import Order, StepRecord, StepState, TimelineEntry
+    from domain.states import ProcessState
+    from orderctl import cli
+    from service.operations.models import OrderDetail
 
     now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
     submitted = build_order("order-7", ["SKU-1:1:100"], "c-1", "EUR", "order", None)
@@ -146,12 +146,12 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     from contextlib import asynccontextmanager
     from datetime import UTC, datetime, timedelta
 
-    from core.memory import MemoryBus, MemoryStore
-    from core.runtime import Runtime
-    from core.settings import Settings
-    from core.supervision import BucketLease, Member
-    from devstack import cli
-    from operator_api.operations import Operations
+    from adapters.settings import Settings
+    from adapters.store.supervision import BucketLease, Member
+    from devstack.memory import MemoryBus, MemoryStore
+    from orderctl import cli
+    from service.operations.operations import Operations
+    from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
 
     now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -189,11 +189,11 @@ def _memory_operations(monkeypatch, clock):
     """`orderctl` on a real Operations over the in-memory store and archive."""
     from contextlib import asynccontextmanager
 
-    from core.memory import MemoryArchive, MemoryBus, MemoryStore
-    from core.runtime import Runtime
-    from core.settings import Settings
-    from devstack import cli
-    from operator_api.operations import Operations
+    from adapters.settings import Settings
+    from devstack.memory import MemoryArchive, MemoryBus, MemoryStore
+    from orderctl import cli
+    from service.operations.operations import Operations
+    from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
 
     store = MemoryStore(clock)
@@ -431,7 +431,7 @@ def test_trace_reads_the_directory_the_stack_recorded(tmp_path):
     ],
 )
 def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, args, expected):
-    import devstack.cli as cli
+    import orderctl.cli as cli
 
     made: list[dict] = []
 
@@ -459,7 +459,7 @@ def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, a
 
 
 def test_the_stack_hands_its_hosts_the_telemetry_setting(tmp_path):
-    from core.telemetry import TELEMETRY_DIR_SETTING
+    from adapters.telemetry import TELEMETRY_DIR_SETTING
     from devstack.stack.local_stack import TELEMETRY_SETTING, LocalStack, telemetry_dir
 
     assert TELEMETRY_SETTING == TELEMETRY_DIR_SETTING

@@ -10,8 +10,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from devstack import cli
-from devstack.plain_text import printable
+from orderctl import cli
+from orderctl.plain_text import printable
 from tests.unit.cli_views import use_ops
 
 runner = CliRunner()
@@ -107,7 +107,7 @@ def test_json_carries_the_exact_text(monkeypatch, command, args, shows_stored_te
 def test_a_hostile_error_message_stays_one_escaped_line(monkeypatch):
     from contextlib import asynccontextmanager
 
-    from operator_api.errors import OperatorError
+    from service.operations.errors import OperatorError
 
     @asynccontextmanager
     async def operations(workdir):

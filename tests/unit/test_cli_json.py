@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from devstack import cli
-from devstack.cli_output import reference, shapes, validate
 from devstack.stack.processes import REPO_ROOT
+from orderctl import cli
+from orderctl.output import reference, shapes, validate
 from tests.unit.cli_views import fake_running_stack, use_ops
 
 runner = CliRunner()
@@ -36,7 +36,7 @@ def test_every_command_has_json_and_a_documented_shape():
 
 def test_docs_hold_the_current_reference():
     docs = (REPO_ROOT / "docs" / "orderctl.md").read_text()
-    assert reference().strip() in docs, "regenerate: python -m devstack.cli_output"
+    assert reference().strip() in docs, "regenerate: python -m orderctl.output"
 
 
 def one_document(command: str, result) -> dict:
@@ -128,7 +128,7 @@ def test_stack_commands_print_their_shape(monkeypatch, tmp_path):
 
 
 def test_demo_json_to_stdout(monkeypatch, tmp_path):
-    from devstack import demo
+    from orderctl import demo
 
     class FakeDemo:
         def __init__(self, **options):

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from devstack import cli
-from devstack.cli_output import validate
 from devstack.fakes.remote_services import FakeServices
-from devstack.plain_text import join_url
 from devstack.stack.local_stack import STATE_FILE
-from operator_api.models import HealthView
+from orderctl import cli
+from orderctl.output import validate
+from orderctl.plain_text import join_url
+from service.operations.models import HealthView
 from tests.unit.cli_views import Ops, fake_running_stack, use_ops
 
 runner = CliRunner()
@@ -153,10 +153,10 @@ async def test_a_filter_matching_nothing_says_so_and_asks_nothing(recording, mon
 
 
 def _memory(monkeypatch):
-    from core.memory import MemoryBus, MemoryStore
-    from core.runtime import Runtime
-    from core.settings import Settings
-    from operator_api.operations import Operations
+    from adapters.settings import Settings
+    from devstack.memory import MemoryBus, MemoryStore
+    from service.operations.operations import Operations
+    from service.runtime import Runtime
     from tests.integration.test_state_store import T0, Clock
     from tests.support.app import EXAMPLE_SETTINGS
 
@@ -419,7 +419,7 @@ def test_ps_prints_no_double_slash_in_urls(tmp_path):
 
 def test_fault_prints_a_hostile_profile_description_as_text(stack_with_fakes, monkeypatch):
     from devstack.fakes.profiles import Profile
-    from devstack.plain_text import printable
+    from orderctl.plain_text import printable
     from tests.unit.test_cli_hostile_text import HOSTILE
 
     workdir, fakes = stack_with_fakes

@@ -20,9 +20,9 @@ from typing import ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from devstack import cli
 from devstack.host import LocalHost
 from operator_api import functions as api
+from orderctl import cli
 from tests.unit.cli_views import Ops, use_ops
 from tests.unit.test_cli_hostile_text import CONTROL, MARKUP
 from tests.unit.test_cli_json import OPERATOR_COMMANDS

@@ -1,5 +1,5 @@
 """Remote mode's pieces on their own: the azd env values and the target they give, and the
-HTTP client (devstack.remote) against httpx.MockTransport: paths, credentials, and every kind
+HTTP client (orderctl.remote) against httpx.MockTransport: paths, credentials, and every kind
 of answer turned into the operation's model, its refusal, or one line saying what to check."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from devstack.operator_backend import OperatorBackend
-from devstack.remote import RemoteOperations, path, seconds
-from devstack.remote_config import (
+from orderctl.backend import OperatorBackend
+from orderctl.remote import RemoteOperations, path, seconds
+from orderctl.remote_config import (
     RemoteConfig,
     RemoteError,
     RemoteOptions,
@@ -23,8 +23,8 @@ from devstack.remote_config import (
     parse_azd_values,
     resolve,
 )
-from operator_api.errors import Busy, Conflict, InvalidRequest, NotFound
-from operator_api.operations import Operations
+from service.operations.errors import Busy, Conflict, InvalidRequest, NotFound
+from service.operations.operations import Operations
 from tests.unit.cli_views import Ops
 
 pytestmark = pytest.mark.anyio

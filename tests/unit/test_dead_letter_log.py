@@ -1,4 +1,4 @@
-"""operator_api.dead_letter_log offline: rows round-trip, and a damaged row or outcome hides
+"""service.operations.dead_letter_log offline: rows round-trip, and a damaged row or outcome hides
 nothing else (the operator still sees every other action)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from operator_api.dead_letter_log import DeadLetterLog, from_entity, to_entity, to_view
-from operator_api.models import DeadLetterOutcome
+from service.operations.dead_letter_log import DeadLetterLog, from_entity, to_entity, to_view
+from service.operations.models import DeadLetterOutcome
 
 pytestmark = pytest.mark.anyio
 

@@ -12,10 +12,10 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError
 
-from core import signing
-from operator_api.dead_letters import Settler, selection
-from operator_api.errors import InvalidRequest
-from operator_api.queues import Send, properties_of, replay_copy
+from adapters.queues import Send, properties_of, replay_copy
+from domain import signing
+from service.operations.dead_letters import Settler, selection
+from service.operations.errors import InvalidRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from devstack import demo
-from devstack.demo import Demo, Progress, Summary
 from devstack.fakes.profiles import example_profile
 from devstack.fakes.remote_services import FakeServices
 from devstack.stack.local_stack import STATE_FILE, StackInfo
+from orderctl import demo
+from orderctl.demo import Demo, Progress, Summary
 from tests.unit.cli_views import fake_running_stack
 
 pytestmark = pytest.mark.anyio
@@ -143,11 +143,11 @@ async def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_b
         async def close(self):
             pass
 
-    import core.runtime
-    import operator_api.operations
+    import service.operations.operations
+    import service.runtime
 
-    monkeypatch.setattr(core.runtime, "Runtime", Runtime)
-    monkeypatch.setattr(operator_api.operations, "Operations", Operations)
+    monkeypatch.setattr(service.runtime, "Runtime", Runtime)
+    monkeypatch.setattr(service.operations.operations, "Operations", Operations)
 
     async def run(self, info):
         await self._operator_resubmits(info, "demo-1-00002")

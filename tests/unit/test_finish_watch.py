@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.states import ProcessState
 from devstack.observe import FinishWatch
+from domain.states import ProcessState
 from tests.support.world import World
 
 pytestmark = pytest.mark.anyio

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from devstack.follow import EXIT_ERROR, EXIT_PROCESSED, EXIT_TIMEOUT, exit_code, follow
-from operator_api.errors import NotFound
-from operator_api.models import WatchView
+from orderctl.follow import EXIT_ERROR, EXIT_PROCESSED, EXIT_TIMEOUT, exit_code, follow
+from service.operations.errors import NotFound
+from service.operations.models import WatchView
 from tests.unit.cli_views import order_detail
 
 pytestmark = pytest.mark.anyio

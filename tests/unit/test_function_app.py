@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from core.settings import (
+from adapters.settings import (
     DEFAULT_PURGE_SCHEDULE,
     QUEUE_SETTINGS,
     SERVICEBUS_CONNECTION,

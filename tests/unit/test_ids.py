@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core import ids
-from core.ids import InvalidId
+from domain import ids
+from domain.ids import InvalidId
 
 HOSTILE_ORDER_IDS = [
     pytest.param("x' or PartitionKey ne '", '"\'" at position 1', id="odata-injection"),

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.lifecycle import (
+from adapters.store.rows import order_entity, order_from_entity
+from domain.lifecycle import (
     DEFAULT_FLUSH_GRACE,
     DEFAULT_STALE_AFTER,
     REPLY_HOLD_LIMIT,
@@ -31,7 +32,7 @@ from core.lifecycle import (
     due_at,
     submit,
 )
-from core.messages import (
+from domain.messages import (
     EXPIRED,
     AgentRequest,
     AgentResponse,
@@ -41,10 +42,9 @@ from core.messages import (
     StatusUpdate,
     message_id_for,
 )
-from core.order import TERMINAL_ALERT_REASONS, Failures, Order, Requests, StepState
-from core.state_models import order_entity, order_from_entity
-from core.states import ProcessState, transition_allowed
-from core.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
+from domain.order import TERMINAL_ALERT_REASONS, Failures, Order, Requests, StepState
+from domain.states import ProcessState, transition_allowed
+from domain.workflows import ORDER_WORKFLOW, ORDER_WORKFLOW_V2, SINGLE_STEP_WORKFLOW
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FLOW = ORDER_WORKFLOW

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core.ids import Operation
-from core.states import ProcessState
+from domain.ids import Operation
+from domain.states import ProcessState
 from tests.support.world import FAILURE_THRESHOLD, FAULTS, LIES, Lie, World, order_id
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded

@@ -1,5 +1,5 @@
 """The stateful lifecycle exploration (test_lifecycle_stateful) with agents that echo the order's
-snapshot (core.resume), as the real agent does, so that replies are applied without a read.
+snapshot (service.resume), as the real agent does, so that replies are applied without a read.
 Answers to requests never asked for carry the order's latest snapshot too.
 
 Everything that test explores - lost, late, duplicated and reordered replies, deadlines, the
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import tests.unit.test_lifecycle_stateful as plain
-from core.messages import AgentRequest, AgentResponse
+from domain.messages import AgentRequest, AgentResponse
 from tests.support.world import QUEUES, World
 
 pytestmark = pytest.mark.timeout(900)

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from core import messages
-from core.messages import (
+from domain import messages
+from domain.messages import (
     AgentRequest,
     AgentResponse,
     BadMessage,
@@ -22,7 +22,7 @@ from core.messages import (
     parse_any_message,
     parse_message,
 )
-from core.states import ProcessState
+from domain.states import ProcessState
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
@@ -288,7 +288,7 @@ class TestAgentMessages:
 
 
 class TestResume:
-    """``resume``: the order's snapshot a request and its reply carry (core.resume); opaque
+    """``resume``: the order's snapshot a request and its reply carry (service.resume); opaque
     here, bounded, and absent from the wire when there is none."""
 
     TOKEN = "r1.eyJ0IjoiZTEifQ"

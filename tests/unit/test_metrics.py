@@ -1,4 +1,4 @@
-"""The order metrics (core.metrics): recorded once per committed transition, in the shell, by
+"""The order metrics (adapters.metrics): recorded once per committed transition, in the shell, by
 the app's real handlers on the in-memory world (tests/support/world.py). A duplicate, a lost
 race and a redelivery after a crash record nothing more; with no meter provider bound, the hot
 path builds nothing at all.
@@ -18,12 +18,13 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-import supervisor.metrics as supervisor_metrics
-from core import apply, metrics
-from core.lifecycle import Replied
-from core.messages import AgentRequest
-from core.state_models import ConcurrencyConflict
-from core.states import ProcessState
+import service.sweep_metrics as supervisor_metrics
+from adapters import metrics
+from adapters.store.rows import ConcurrencyConflict
+from domain.lifecycle import Replied
+from domain.messages import AgentRequest
+from domain.states import ProcessState
+from service import apply
 from tests.support.world import FAULTS, QUEUES, World
 
 pytestmark = pytest.mark.anyio

@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.lifecycle import Context, submit
-from core.messages import OrderSubmitted
-from core.order import Order, TimelineEntry
-from core.order_listing import (
+from domain.lifecycle import Context, submit
+from domain.messages import OrderSubmitted
+from domain.order import Order, TimelineEntry
+from domain.states import ProcessState
+from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
+from service.listing import (
     InvalidCursor,
     OrderFilter,
     _history_query,
@@ -21,11 +23,9 @@ from core.order_listing import (
     encode_cursor,
     encode_sorted_cursor,
 )
-from core.states import ProcessState
-from core.workflows import ORDER_WORKFLOW, WORKFLOWS
-from operator_api import filters
-from operator_api.alert_resolution import needs_timeline, resolution
-from operator_api.errors import InvalidRequest
+from service.operations import filters
+from service.operations.alert_resolution import needs_timeline, resolution
+from service.operations.errors import InvalidRequest
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

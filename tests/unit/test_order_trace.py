@@ -1,6 +1,6 @@
 """One order, one trace: the ``traceparent`` an order records at intake, and the spans that
 continue it when the Supervisor recovers the order or an operator acts on it
-(:func:`core.telemetry.continuing`). In memory: the store and bus of :mod:`core.memory`, and
+(:func:`adapters.telemetry.continuing`). In memory: the store and bus of :mod:`devstack.memory`, and
 the OpenTelemetry SDK exporting to memory."""
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from core import resume, telemetry
-from core.memory import MemoryBus, MemoryStore
-from core.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
-from core.order import TRACE_PARENT_CHARS, trace_id_of, valid_trace_parent
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.states import ProcessState
-from scheduler import control
-from scheduler.intake import handle_submission
-from supervisor.tick import RECOVER_SPAN, run_tick
+from adapters import telemetry
+from adapters.settings import Connection, Settings
+from devstack.memory import MemoryBus, MemoryStore
+from domain.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
+from domain.order import TRACE_PARENT_CHARS, trace_id_of, valid_trace_parent
+from domain.states import ProcessState
+from service import control, resume
+from service.intake import handle_submission
+from service.runtime import Runtime
+from service.sweep import RECOVER_SPAN, run_tick
 from tests.support.spans import recording
 from tests.support.world import QUEUES
 
@@ -303,7 +303,7 @@ async def test_a_refused_operator_action_records_its_span_as_failed(spans):
 
 
 async def test_a_resume_snapshot_keeps_the_traceparent_for_96_more_characters(spans):
-    """A reply decided on its snapshot (core.resume) writes the row back whole: the snapshot
+    """A reply decided on its snapshot (service.resume) writes the row back whole: the snapshot
     must carry the traceparent, or the answer's write would drop it from the order."""
     store, clock = MemoryStore(), Clock()
     created = await submitted(store, clock, "o-resume")

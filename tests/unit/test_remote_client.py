@@ -1,4 +1,4 @@
-"""RemoteServiceClient (agent.remote_client): retries, refusals, the deadline, undo and the
+"""RemoteServiceClient (service.remote_calls): retries, refusals, the deadline, undo and the
 circuit breaker against a stand-in for its remote HTTP (adapters.remote_http) on a fake clock
 (no sockets, no real sleeps), with every outcome and every wait of a few scenarios pinned; it
 must give up its half-open trial when cancelled. On the real adapters.remote_http, against
@@ -25,12 +25,12 @@ import anyio
 import pytest
 
 from adapters.remote_http import Answer, CallFailed, CallTimedOut, RemoteHttp, RemoteService
-from agent.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
-from agent.http_errors import error_details, parse_retry_after
-from agent.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
-from agent.remote_call import MIN_DEFER_SECONDS, RetryPolicy
-from agent.remote_client import RemoteServiceClient
 from devstack.fakes.remote_services import FakeServices
+from service.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
+from service.http_errors import error_details, parse_retry_after
+from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from service.remote_call import MIN_DEFER_SECONDS, RetryPolicy
+from service.remote_calls import RemoteServiceClient
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
 from tests.support.scripted_http import Reply, Script, ScriptedServer
 from tests.support.scripted_http import answer as raw_answer
@@ -532,9 +532,9 @@ async def test_logs_one_debug_line_per_attempt_and_one_info_line_per_call(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     h = Harness(responses(error(503, "unavailable"), error(503, "unavailable"), ok()))
-    with caplog.at_level(logging.DEBUG, logger="agent.remote_client"):
+    with caplog.at_level(logging.DEBUG, logger="service.remote_calls"):
         await h.call()
-    records = [r for r in caplog.records if r.name == "agent.remote_client"]
+    records = [r for r in caplog.records if r.name == "service.remote_calls"]
     attempts = [r.getMessage() for r in records if r.levelno == logging.DEBUG]
     finals = [r.getMessage() for r in records if r.levelno == logging.INFO]
     assert len(attempts) == 3 and len(finals) == 1

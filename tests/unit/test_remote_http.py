@@ -26,7 +26,7 @@ from adapters.remote_http import (
     RemoteHttp,
     RemoteService,
 )
-from core.settings import ServiceLimits, Settings
+from adapters.settings import ServiceLimits, Settings
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
 from tests.support.spans import recording

@@ -19,9 +19,9 @@ from azure.servicebus.exceptions import (
     ServiceBusConnectionError,
 )
 
-from core.apply_common import refuses
-from core.messages import OperatorAlert
-from core.states import ProcessState
+from domain.messages import OperatorAlert
+from domain.states import ProcessState
+from service.apply_common import refuses
 from tests.support.world import QUEUES, World, order_id
 
 pytestmark = pytest.mark.anyio

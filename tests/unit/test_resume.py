@@ -1,8 +1,8 @@
-"""Resume snapshots (core.resume): the order as stored, carried by a request or retry command and
+"""Resume snapshots (service.resume): the order as stored, carried by a request or retry command and
 echoed by the reply, so the Scheduler applies the answer without reading the order first.
 
 The codec round trip, its refusal of anything malformed, and the shell's use of it
-(core.apply.handle) on the in-memory store: no read when the snapshot is current, and the read
+(service.apply.handle) on the in-memory store: no read when the snapshot is current, and the read
 it always did when the snapshot is stale (412), forged, about another order or absent.
 """
 
@@ -15,9 +15,9 @@ from datetime import timedelta
 
 import pytest
 
-from core import apply, resume
-from core.lifecycle import Replied
-from core.messages import (
+from adapters.store.rows import order_entity, order_from_entity
+from domain.lifecycle import Replied
+from domain.messages import (
     MAX_RESUME_CHARS,
     AgentRequest,
     AgentResponse,
@@ -26,9 +26,9 @@ from core.messages import (
     message_id_for,
     parse_message,
 )
-from core.order import Failures, Order, StepState
-from core.state_models import order_entity, order_from_entity
-from core.states import ProcessState
+from domain.order import Failures, Order, StepState
+from domain.states import ProcessState
+from service import apply, resume
 from tests.support.world import QUEUES, Envelope, World
 
 pytestmark = pytest.mark.anyio

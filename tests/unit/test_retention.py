@@ -1,4 +1,5 @@
-"""Retention's pure decisions (core.retention) and the archive's line format (core.archive)."""
+"""Retention's pure decisions (domain.retention) and the archive's line format
+(adapters.archive)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import archive
-from core.archive import ArchivedOrder
-from core.lifecycle import Context, submit
-from core.memory import MemoryArchive
-from core.messages import OrderSubmitted
-from core.order import TERMINAL_ALERT_REASONS, Failures, Order, TimelineEntry
-from core.retention import (
+from adapters import archive
+from adapters.archive import ArchivedOrder
+from devstack.memory import MemoryArchive
+from domain.lifecycle import Context, submit
+from domain.messages import OrderSubmitted
+from domain.order import TERMINAL_ALERT_REASONS, Failures, Order, TimelineEntry
+from domain.retention import (
     ACK_EVENT,
     MAX_BATCH,
     PURGEABLE_STATES,
@@ -27,8 +28,8 @@ from core.retention import (
     error_resolved,
     verdict,
 )
-from core.states import ProcessState
-from core.workflows import get_workflow
+from domain.states import ProcessState
+from domain.workflows import get_workflow
 
 pytestmark = pytest.mark.anyio
 

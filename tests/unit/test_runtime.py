@@ -1,4 +1,4 @@
-"""The Runtime (core.runtime) and clients (core.clients), without a broker: what
+"""The Runtime (service.runtime) and clients (adapters.clients), without a broker: what
 ``from_settings`` builds, where alerts and status updates go, that ``close`` closes everything,
 and the async credentials (azure.identity.aio) the clients authenticate with. The broker round
 trips are in tests/integration/test_bus.py."""
@@ -15,12 +15,16 @@ from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus.aio import ServiceBusClient
 from azure.storage.blob.aio import BlobServiceClient
 
+from adapters import clients
+from adapters import servicebus as bus
 from adapters.remote_http import RemoteHttp
+from adapters.settings import Connection, Settings
+from adapters.store import state_store
 from adapters.tables import TableService
 from adapters.tables.pipeline import BearerTokenPolicy
-from core import bus, clients, runtime, signing, state_store
-from core.messages import OperatorAlert, StatusUpdate, message_id_for
-from core.settings import Connection, Settings
+from domain import signing
+from domain.messages import OperatorAlert, StatusUpdate, message_id_for
+from service import runtime
 from tests.support.app import EXAMPLE_SETTINGS
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +87,7 @@ class FakeClient:
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
-    """The Service Bus clients core.clients builds, faked (no broker), in order."""
+    """The Service Bus clients adapters.clients builds, faked (no broker), in order."""
     built: list[FakeClient] = []
 
     def servicebus_client(conn: Connection, **options: Any) -> FakeClient:

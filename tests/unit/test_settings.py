@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from core.settings import MAX_RUN_BUDGET, ServiceLimits, Settings, SettingsError
-from core.signing import local_keyring, new_key_text, parse_keyring
-from core.workflows import ORDER_WORKFLOW, WORKFLOWS
+from adapters.settings import MAX_RUN_BUDGET, ServiceLimits, Settings, SettingsError
 from devstack.stack.processes import REPO_ROOT
+from domain.signing import local_keyring, new_key_text, parse_keyring
+from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
 from tests.support.app import EXAMPLE_SETTINGS
 
 

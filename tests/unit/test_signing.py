@@ -1,4 +1,5 @@
-"""Message signatures (core.signing) and the door of the internal queues (core.inbound), pure."""
+"""Message signatures (domain.signing) and the door of the internal queues (service.inbound),
+pure."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import inbound, signing
-from core.messages import AgentResponse, encode, message_id_for
-from core.signing import Keyring, Rejected, SigningKey, Verified, sign, verify
+from domain import signing
+from domain.messages import AgentResponse, encode, message_id_for
+from domain.signing import Keyring, Rejected, SigningKey, Verified, sign, verify
+from service import inbound
 
 KEY_A = SigningKey("a", b"\x01" * 32)
 KEY_B = SigningKey("b", b"\x02" * 32)
@@ -119,7 +121,7 @@ def test_properties_may_come_as_bytes_keys():
     assert signing.signature_of(None) is None
 
 
-# -------------------------------------------------------------------------- core.inbound
+# -------------------------------------------------------------------------- service.inbound
 
 
 def reply() -> AgentResponse:

@@ -14,20 +14,7 @@ from typing import Any
 import pytest
 from azure.data.tables import EntityProperty
 
-from adapters.tables import TableService
-from core import ids, lifecycle
-from core.ids import InvalidId
-from core.messages import (
-    MESSAGE_TYPES,
-    AgentRequest,
-    AgentResponse,
-    OperatorAlert,
-    OrderSubmitted,
-    SchedulerCommand,
-    StatusUpdate,
-)
-from core.order import Failures, Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
-from core.state_models import (
+from adapters.store.rows import (
     DETAILS_ROW,
     JSON_CHUNK_CHARS,
     MAX_LAST_ERROR_BYTES,
@@ -46,9 +33,22 @@ from core.state_models import (
     timeline_row_key,
     utc,
 )
-from core.state_store import OrderStateStore
-from core.states import ProcessState
-from core.workflows import ORDER_WORKFLOW
+from adapters.store.state_store import OrderStateStore
+from adapters.tables import TableService
+from domain import ids, lifecycle
+from domain.ids import InvalidId
+from domain.messages import (
+    MESSAGE_TYPES,
+    AgentRequest,
+    AgentResponse,
+    OperatorAlert,
+    OrderSubmitted,
+    SchedulerCommand,
+    StatusUpdate,
+)
+from domain.order import Failures, Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
+from domain.states import ProcessState
+from domain.workflows import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +57,7 @@ PLUS2 = timezone(timedelta(hours=2))
 ETAG = "W/\"datetime'2025-03-04T05%3A06%3A07.890123Z'\""
 MAX_PROPERTY_BYTES = 64 * 1024  # a Table string property: at most 64 KiB of UTF-16
 HOSTILE = "x' or PartitionKey ne '"
-TRUNCATED = "...[truncated]"  # the marker core.messages.truncate_utf8 appends
+TRUNCATED = "...[truncated]"  # the marker domain.messages.truncate_utf8 appends
 UNREACHABLE = (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
     "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"

@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from core.lifecycle import Context, Replied, Restart, RetryDue, Swept, decide, submit
-from core.messages import (
+from domain.lifecycle import Context, Replied, Restart, RetryDue, Swept, decide, submit
+from domain.messages import (
     EXPIRED,
     AgentRequest,
     AgentResponse,
     OrderSubmitted,
     SchedulerCommand,
 )
-from core.order import Order, TimelineEntry
-from core.workflows import ORDER_WORKFLOW
-from operator_api.step_activity import MAX_REASONS, step_activity
+from domain.order import Order, TimelineEntry
+from domain.workflows import ORDER_WORKFLOW
+from service.operations.step_activity import MAX_REASONS, step_activity
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

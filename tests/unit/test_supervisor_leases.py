@@ -1,5 +1,5 @@
-"""Supervisor bucket leases: :func:`supervisor.leases.plan` and the lease protocol of
-``supervisor.tick.run_tick`` (claim short, extend or give up at the checkpoint) on one
+"""Supervisor bucket leases: :func:`service.leases.plan` and the lease protocol of
+``service.sweep.run_tick`` (claim short, extend or give up at the checkpoint) on one
 :class:`MemorySupervision`.
 
 Plain examples of ``plan()``, Hypothesis properties of one plan on any roster, and a stateful
@@ -38,14 +38,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from core.active_index import INDEX_BUCKETS
-from core.memory import MemoryBus, MemoryStore, MemorySupervision
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.state_models import ConcurrencyConflict
-from core.supervision import BucketLease, Member, Roster, Sweep
-from supervisor.leases import REAP_AFTER_LEASES, REAP_PER_TICK, plan
-from supervisor.tick import run_tick
+from adapters.settings import Connection, Settings
+from adapters.store.active_index import INDEX_BUCKETS
+from adapters.store.rows import ConcurrencyConflict
+from adapters.store.supervision import BucketLease, Member, Roster, Sweep
+from devstack.memory import MemoryBus, MemoryStore, MemorySupervision
+from service.leases import REAP_AFTER_LEASES, REAP_PER_TICK, plan
+from service.runtime import Runtime
+from service.sweep import run_tick
 
 # A failing stateful example can take minutes to shrink on a loaded machine: that must read as
 # the failure it is, not as a pytest-timeout.

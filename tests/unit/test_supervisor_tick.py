@@ -1,4 +1,4 @@
-"""``supervisor.tick.run_tick`` on the in-memory store: what a tick costs, what its time budget
+"""``service.sweep.run_tick`` on the in-memory store: what a tick costs, what its time budget
 leaves for the next tick, the order rows are handled in, the lease protocol (claimed short,
 extended or given up when the tick ends, renew-only after lost races), two Supervisor instances
 sharing the buckets and one order, and the tick's metrics.
@@ -25,16 +25,16 @@ from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
-import supervisor.metrics as supervisor_metrics
-from core.active_index import INDEX_BUCKETS, bucket_partition, index_partition
-from core.memory import MemoryBus, MemoryStore, MemorySupervision, Sent
-from core.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
-from core.runtime import Runtime
-from core.settings import Connection, Settings
-from core.state_models import ActiveRow, ConcurrencyConflict
-from scheduler.intake import handle_submission
-from supervisor.report import TickReport
-from supervisor.tick import run_tick
+import service.sweep_metrics as supervisor_metrics
+from adapters.settings import Connection, Settings
+from adapters.store.active_index import INDEX_BUCKETS, bucket_partition, index_partition
+from adapters.store.rows import ActiveRow, ConcurrencyConflict
+from devstack.memory import MemoryBus, MemoryStore, MemorySupervision, Sent
+from domain.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
+from service.intake import handle_submission
+from service.runtime import Runtime
+from service.sweep import run_tick
+from service.sweep_report import TickReport
 from tests.support.world import QUEUES
 
 pytestmark = pytest.mark.anyio
@@ -595,7 +595,7 @@ def _reader() -> InMemoryMetricReader:
 
 @pytest.fixture
 def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
-    """What ``supervisor.metrics`` records during the test (counters as deltas).
+    """What ``service.sweep_metrics`` records during the test (counters as deltas).
 
     The module's meter comes from the global proxy, so installing an SDK provider globally
     (once per process: it cannot be replaced) makes its instruments record there. If another
@@ -701,7 +701,7 @@ async def test_sweep_tasks_run_in_the_ticks_context() -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from supervisor.tick import _gather
+    from service.sweep import _gather
 
     marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="none")
     marker.set("tick")

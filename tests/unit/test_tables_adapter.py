@@ -855,7 +855,7 @@ async def test_the_apps_credential_is_async_and_the_table_client_takes_it() -> N
     from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 
     from adapters.credentials import credential
-    from core.settings import Connection
+    from adapters.settings import Connection
 
     endpoint = "https://acct.table.core.windows.net"
     chosen = credential(Connection("st", endpoint=endpoint, client_id="app-id"))

@@ -18,12 +18,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import scheduler.functions
-from core import metrics, telemetry, trace_files
-from core.bus import to_servicebus_message
-from core.messages import OrderSubmitted
+from adapters import metrics, telemetry, trace_files
+from adapters.servicebus import to_servicebus_message
 from devstack.host.indexing import IndexedFunction, ServiceBusTrigger, TimerTrigger, Trigger
 from devstack.host.invoke import Invoker, worker_telemetry
 from devstack.host.ncrontab import NcrontabSchedule
+from domain.messages import OrderSubmitted
 from tests.support.spans import recording
 
 _EXPORTER = InMemorySpanExporter()
@@ -358,7 +358,7 @@ def test_the_worker_switch_setting(settings, on):
 
 @pytest.fixture
 def unconfigured(monkeypatch):
-    """configure() as in a fresh process; core.metrics' binding restored afterwards."""
+    """configure() as in a fresh process; adapters.metrics' binding restored afterwards."""
     monkeypatch.setattr(telemetry, "_configured", False)
     monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
     monkeypatch.setattr(metrics, "_bound", metrics._bound)

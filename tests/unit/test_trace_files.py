@@ -1,4 +1,4 @@
-"""Reading the local telemetry files back (core.trace_files): one order's spans, arranged in
+"""Reading the local telemetry files back (adapters.trace_files): one order's spans, arranged in
 trees by parent whatever order the files list them in, with parts missing or written twice."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.trace_files import (
+from adapters.trace_files import (
     Node,
     SpanRecord,
     build_traces,
@@ -185,7 +185,7 @@ def test_an_empty_or_missing_directory_has_no_spans(tmp_path: Path) -> None:
 
 
 def test_origin_says_why_a_trace_is_separate() -> None:
-    from core.trace_files import origin
+    from adapters.trace_files import origin
 
     def only(*spans: SpanRecord) -> str:
         (found,) = build_traces(list(spans))

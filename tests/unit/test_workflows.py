@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from core.workflows import (
+from domain.workflows import (
     ORDER_WORKFLOW,
     ORDER_WORKFLOW_V2,
     SINGLE_STEP_WORKFLOW,

@@ -1,0 +1,285 @@
+"""The active-order index: which orders are in flight, at a cost that ignores finished ones.
+
+The Supervisor must look at every order in flight on every tick, and at nothing else, so that
+its cost grows with the orders in flight and not with every order ever processed. The orders
+table cannot answer "which orders are in flight" without a scan, so a second table does:
+
+- One row per in-flight order *generation*: PartitionKey ``a<nn>`` (crc32 of the order id
+  modulo 16, spreading writes over partitions), RowKey ``<order_id>.<generation>``, with
+  ``OrderID``, ``Generation``, ``Workflow``, ``WrittenAt``. No copies of mutable fields such as
+  CompleteBy: a copy written outside the order's own transaction can be stale in the direction
+  that hides an expired order, so the Supervisor point-reads each listed process row instead.
+- Crash ordering (there are no cross-table transactions): the row is written BEFORE the
+  transaction that puts an order generation in flight (create, resubmit) and deleted AFTER the
+  messages of the transaction that made it terminal (Processed, Error) were sent. A crash
+  leaves at worst an extra row, never an in-flight order without one; a finished order whose
+  row is still there may still owe its final messages, and the Supervisor sends them.
+- ``DueAt``: when the Supervisor must look at the order next, never later than the truth
+  (:func:`domain.lifecycle.due_at`), so a tick reads only rows that are due (one query per
+  bucket) instead of every order in flight. There is no cross-table transaction, so the row is
+  kept *early*, never late: a write that moves an order's due time earlier updates the row
+  BEFORE the order write (a lost race then leaves it early, which is harmless); a write that
+  moves it later leaves the row as it was (early); the Supervisor, finding a row due whose
+  order is not, moves the row up to the order's due time, conditional on the row's ETag, so a
+  concurrent earlier write always wins.
+- Rows whose order is missing or at a later generation are garbage, removed by
+  :meth:`ActiveOrderIndex.reap` once older than a grace period (a create may still be on its
+  way after its row was written) and unchanged since listed (ETag: a resubmit may have
+  re-written it meanwhile). The generation in the RowKey keeps the cleanup after an Error from
+  deleting the row of a resubmission that followed it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import UpdateMode
+
+from adapters.store.index_rows import (
+    DEFAULT_GRACE,
+    bucket_partition,
+    index_partition,
+    index_row_key,
+)
+from adapters.store.index_rows import INDEX_BUCKETS as INDEX_BUCKETS  # re-exported
+from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, utc
+from adapters.tables import Entity, Table
+from domain.order import Order
+
+MAX_PAGE: Final = 1000  # the most rows one Table query response holds
+
+_log = logging.getLogger(__name__)
+
+
+class ActiveOrderIndex:
+    """Rows of the ``activeorders`` table. Ids are validated by the caller (the state store)."""
+
+    def __init__(self, table: Table, clock: Callable[[], datetime]) -> None:
+        self._table = table
+        self._clock = clock
+
+    async def put(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None = None
+    ) -> None:
+        """Write (or refresh) the row of an order generation, due at ``due``.
+
+        Without ``due`` the row is due at once, which is always safe (early): the Supervisor
+        reads the order on its next tick and moves the row up to the order's due time.
+        """
+        row = self._row(order_id, generation, workflow, due)
+        await self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
+
+    async def add(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None = None
+    ) -> bool:
+        """Insert the row unless it exists; True if this call created it.
+
+        A create uses this: an existing row may be the one thing saying that a finished order
+        still owes its final messages, so a duplicate submission must neither replace it nor
+        remove it.
+        """
+        try:
+            await self._table.create_entity(self._row(order_id, generation, workflow, due))
+        except ResourceExistsError:
+            return False
+        return True
+
+    async def postpone(self, row: ActiveRow, due: datetime) -> bool:
+        """Move ``row``'s due time to ``due`` unless the row changed since it was read (an
+        earlier due time written meanwhile must win); True if moved."""
+        try:
+            await self._table.update_entity(
+                {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
+                mode=UpdateMode.MERGE,
+                etag=row.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
+
+    async def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
+        """Up to ``limit`` rows of one bucket due at or before ``now``, earliest first.
+
+        One query (more only when the service splits its answer into pages). Rows past
+        ``limit`` wait for the next tick, which sees them first.
+        """
+        query = self._table.query_entities(
+            "PartitionKey eq @pk and DueAt le @now",
+            parameters={"pk": bucket_partition(bucket), "now": utc(now)},
+            results_per_page=min(limit, MAX_PAGE),
+        )
+        rows: list[ActiveRow] = []
+        async for entity in query:
+            rows.append(_active_row(entity))
+            if len(rows) >= limit:
+                break
+        return tuple(sorted(rows, key=lambda r: (r.due_at, r.row_key)))
+
+    def _row(
+        self, order_id: str, generation: int, workflow: str, due: datetime | None
+    ) -> dict[str, object]:
+        now = utc(self._clock())
+        return {
+            "PartitionKey": index_partition(order_id),
+            "RowKey": index_row_key(order_id, generation),
+            "OrderID": order_id,
+            "Generation": generation,
+            "Workflow": workflow,
+            "WrittenAt": now,
+            "DueAt": now if due is None else utc(due),
+        }
+
+    async def discard(self, order_id: str, generation: int) -> None:
+        """Delete the row of an order generation that has ended; failures are only logged.
+
+        The order's own transition has committed by now and :meth:`reap` removes whatever is
+        left behind, so a failure here must not make the caller retry that transition.
+        """
+        try:
+            await self._table.delete_entity(
+                index_partition(order_id), index_row_key(order_id, generation)
+            )
+        except HttpResponseError as exc:
+            _log.warning(
+                "could not delete index row %s (left for the supervisor to reap): %s",
+                index_row_key(order_id, generation),
+                exc,
+            )
+
+    async def has(self, order_id: str, generation: int) -> bool:
+        """Whether the row of an order generation exists (one point read)."""
+        try:
+            await self._table.get_entity(
+                index_partition(order_id), index_row_key(order_id, generation)
+            )
+        except ResourceNotFoundError:
+            return False
+        return True
+
+    async def list(self, limit: int = MAX_PAGE, *, continuation: str | None = None) -> ActivePage:
+        """One page of at most ``limit`` rows, and where to go on (None: that was the last).
+
+        One request per page. The Supervisor point-reads each listed order's process row, so a
+        full pass costs one request per ``limit`` rows plus one per order in flight.
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
+        token = _decode_continuation(continuation)
+        entities = self._table.list_entities(results_per_page=limit)
+        # The Tables SDK's continuation tokens are dicts, whatever ItemPaged's hints say.
+        pages = entities.by_page(continuation_token=token)  # type: ignore[arg-type]
+        async for page in pages:  # the first page only
+            rows = tuple([_active_row(entity) async for entity in page])
+            next_token = pages.continuation_token  # type: ignore[attr-defined]
+            return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
+        return ActivePage(rows=(), continuation=None)
+
+    async def page_after(
+        self, limit: int, *, after: tuple[str, str] | None = None
+    ) -> tuple[tuple[ActiveRow, ...], bool]:
+        """Up to ``limit`` rows after the key ``after`` (PartitionKey, RowKey), in key order.
+
+        One request (more only if the service answers with empty pages). Returns the rows and
+        whether more may follow. Unlike :meth:`list`, a caller
+        can resume after any row it has consumed, not only at a page boundary (operator
+        listings stop mid-page once they have collected enough matching orders).
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
+        if after is None:
+            entities = self._table.list_entities(results_per_page=limit)
+        else:
+            entities = self._table.query_entities(
+                "(PartitionKey eq @pk and RowKey gt @rk) or PartitionKey gt @pk",
+                parameters={"pk": after[0], "rk": after[1]},
+                results_per_page=limit,
+            )
+        pages = entities.by_page()
+        # The service may answer a query with an empty page and a continuation token; only a
+        # page with rows gives a key to resume after.
+        async for page in pages:
+            rows = tuple([_active_row(entity) async for entity in page])
+            if rows:
+                return rows, pages.continuation_token is not None  # type: ignore[attr-defined]
+        return (), False
+
+    async def reap(
+        self, row: ActiveRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
+    ) -> bool:
+        """Delete ``row`` if it is garbage: its order is missing or at a later generation.
+
+        ``process`` must have been read AFTER ``row`` was listed (None: the order is missing).
+        A row of the order's current generation is never garbage, even once the order finished:
+        it says the order may still owe its final messages (the shell or the Supervisor removes
+        it after sending them). The row is also kept while younger than ``grace`` (a create may
+        be on its way) and if it changed since it was listed. True once the row is gone.
+        """
+        live = process is not None and process.generation == row.generation
+        if live or utc(self._clock()) - row.written_at < grace:
+            return False
+        return await delete_unchanged(self._table, row.partition_key, row.row_key, row.etag)
+
+
+async def delete_unchanged(table: Table, partition_key: str, row_key: str, etag: str) -> bool:
+    """Delete a row only if it is still the version read (ETag). False if it changed since;
+    True once it is gone (the Table client does not tell a row deleted now from one gone
+    already)."""
+    try:
+        await table.delete_entity(
+            partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
+        )
+    except ResourceModifiedError:
+        return False
+    return True
+
+
+def _active_row(entity: Entity) -> ActiveRow:
+    try:
+        return ActiveRow(
+            order_id=entity["OrderID"],
+            generation=int(entity["Generation"]),
+            workflow=entity.get("Workflow", ""),
+            written_at=utc(entity["WrittenAt"]),
+            due_at=utc(entity.get("DueAt") or entity["WrittenAt"]),
+            partition_key=entity["PartitionKey"],
+            row_key=entity["RowKey"],
+            etag=etag_of(entity),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptOrderState(
+            f"index row {entity.get('RowKey')} is unreadable: {exc!r}"
+        ) from None
+
+
+def _encode_continuation(token: Any) -> str | None:
+    if not token:
+        return None
+    return json.dumps(token, separators=(",", ":"), sort_keys=True)
+
+
+def _decode_continuation(value: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    try:
+        token = json.loads(value)
+    except ValueError:
+        token = None
+    if (
+        not isinstance(token, dict)
+        or set(token) != {"PartitionKey", "RowKey"}
+        or not all(isinstance(v, str) for v in token.values())
+    ):
+        raise ValueError("continuation is not a token returned by list_active")
+    return token

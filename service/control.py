@@ -1,0 +1,126 @@
+"""Operator actions on one order: cancel, resubmit and restart. One implementation for every
+front end.
+
+The HTTP API and the CLI (through :mod:`service.operations.operations`) and SchedulerCommand
+messages
+(through :mod:`service.commands`) all call these; the lifecycle decides
+(:mod:`domain.lifecycle`). The operator is the ``actor`` of the timeline entries they write.
+
+Cancel (an order in flight, not already being undone) acts at once, whatever the order waits
+for: every step that may have taken effect - the one in flight too - is undone, latest first,
+each undo naming the forward call it undoes (a forward call that lands later is refused by the
+service), then Error "cancelled" with one alert.
+
+Resubmit (an Error order): if undos are left (compensation incomplete), the compensation
+resumes, same Generation, so each undo keeps its idempotency key. Otherwise the order resumes at
+its first step that has not succeeded, with Generation + 1 (new idempotency keys); completed
+steps are not redone.
+
+Each action runs in a span in the order's trace (``operator_cancel``, ...), linked to the
+request or message that asked for it, so the messages it sends continue the order's trace
+(:func:`adapters.telemetry.continuing`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from adapters.store.rows import OrderNotFound
+from domain.lifecycle import Cancel, Decision, Event, Refused, Restart, Resubmit
+from domain.order import Order
+from domain.states import ProcessState
+from service import apply
+from service.runtime import Runtime
+
+log = logging.getLogger("service.control")
+
+__all__ = ["ActionResult", "Refused", "cancel", "restart", "resubmit"]
+
+Outcome = Literal["compensating", "failed", "resubmitted", "compensation_resumed", "restarted"]
+Action = Literal["cancel", "resubmit", "restart"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    order_id: str
+    action: Action
+    outcome: Outcome
+    state: ProcessState
+    step: str | None
+    generation: int
+    requested_by: str
+    detail: str
+
+
+async def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
+    """Cancel an order in flight (see the module docstring)."""
+    order, decision = await _act(rt, order_id, Cancel(actor, reason), actor, "cancel")
+    outcome: Outcome = "failed" if order.state is ProcessState.ERROR else "compensating"
+    return _result(order, "cancel", outcome, actor, decision.entry.detail if decision.entry else "")
+
+
+async def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
+    """Resubmit an Error order (see the module docstring)."""
+
+    async def event(order: Order) -> Resubmit:
+        # The Error order's alert and status are on its record until sent; its active-index row
+        # is deleted only after they were, so its absence says they need no resending.
+        delivered = not await rt.store.index.has(order.order_id, order.generation)
+        return Resubmit(actor, reason, outbox_delivered=delivered)
+
+    order, decision = await _act(rt, order_id, event, actor, "resubmit")
+    outcome: Outcome = (
+        "compensation_resumed" if order.state is ProcessState.COMPENSATING else "resubmitted"
+    )
+    return _result(
+        order, "resubmit", outcome, actor, decision.entry.detail if decision.entry else ""
+    )
+
+
+async def restart(
+    rt: Runtime, order_id: str, *, step: str, actor: str, reason: str
+) -> ActionResult:
+    """Restart an Error order from ``step`` (see the module docstring)."""
+
+    async def event(order: Order) -> Restart:
+        delivered = not await rt.store.index.has(order.order_id, order.generation)
+        return Restart(actor, reason, step, outbox_delivered=delivered)
+
+    order, decision = await _act(rt, order_id, event, actor, "restart")
+    detail = decision.entry.detail if decision.entry else ""
+    return _result(order, "restart", "restarted", actor, detail)
+
+
+async def _act(
+    rt: Runtime,
+    order_id: str,
+    event: Event | Callable[[Order], Awaitable[Event]],
+    actor: str,
+    action: Action,
+) -> tuple[Order, Decision]:
+    try:
+        return await apply.handle(rt, order_id, event, actor=actor, span=f"operator_{action}")
+    except OrderNotFound:
+        raise Refused("not_found", f"order {order_id} does not exist") from None
+    except apply.Busy as busy:
+        raise Refused("busy", f"{busy}; try again in a moment") from None
+    except apply.Parked as parked:
+        raise Refused("conflict", str(parked)) from None
+
+
+def _result(
+    order: Order, action: Action, outcome: Outcome, actor: str, detail: str
+) -> ActionResult:
+    return ActionResult(
+        order_id=order.order_id,
+        action=action,
+        outcome=outcome,
+        state=order.state,
+        step=order.current_step,
+        generation=order.generation,
+        requested_by=actor,
+        detail=detail,
+    )

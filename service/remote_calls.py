@@ -1,0 +1,308 @@
+"""The agent's call to its remote service: retries with backoff, a circuit breaker, a deadline.
+
+One ``call`` POSTs ``{the service's URL}/{operation}`` with a JSON body and an
+``Idempotency-Key`` header that stays the same on every attempt, so the service applies the
+effect at most once however often the request is repeated. Each attempt is one traced call
+through the worker's :class:`adapters.remote_http.RemoteHttp` (its shared aiohttp session,
+bounded per service by the settings), which never sends a POST twice itself. An undo also names
+the forward call it undoes (``"undoes"`` in the body); the service answers ``{"status":
+"nothing_to_undo"}`` when that call never took effect, which is ``NothingToUndo``
+(docs/remote-service-contract.md).
+
+- Transient failures (timeouts, connection errors, an answer over ``max_response_bytes``, 408,
+  429, 5xx) are retried by tenacity with exponential backoff and full jitter, or after the
+  server's Retry-After when it sends one.
+- Every other 4xx is a business refusal: no retry, ``Failed(transient=False)``.
+- Nothing runs past ``complete_by``: an attempt's timeout, which bounds the whole exchange
+  (waiting for a connection, sending, reading the answer whole), is the smaller of the
+  configured one and the time left; no sleep and no attempt starts unless it can end before
+  complete-by. When that stops the call, the outcome is ``DeadlinePassed`` (the agent
+  reports it as a transient failure: service.responses.out_of_time).
+- The per-service circuit breaker counts only transient failures; while it is open, a call is
+  not attempted (or, if the circuit opens between its attempts, not attempted again) and the
+  outcome is ``Deferred(retry_at)``: the time of the breaker's next trial, at least
+  ``MIN_DEFER_SECONDS`` away. Only a call with no definitive answer is ever deferred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception_type,
+    wait_exponential,
+)
+
+from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, RemoteHttp
+from service.circuit import BreakerState, CircuitBreaker, breaker_for
+from service.http_errors import error_details, is_transient_status, parse_retry_after
+from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
+from service.remote_call import (
+    _KEY,
+    _OPERATION,
+    IDEMPOTENCY_HEADER,
+    MIN_DEFER_SECONDS,
+    NOTHING_TO_UNDO,
+    UNDOES_FIELD,
+    RetryPolicy,
+    _CallState,
+    _CircuitOpen,
+    _NoTimeLeft,
+    _TransientFailure,
+    _utc_now,
+)
+
+log = logging.getLogger("service.remote_calls")
+
+
+class RemoteServiceClient:
+    """Calls one remote service through ``http``, which knows its URL and limits; safe to share
+    between the tasks of one event loop (state lives per call)."""
+
+    def __init__(
+        self,
+        service: str,
+        http: RemoteHttp,
+        breaker: CircuitBreaker | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        now: Callable[[], datetime] = _utc_now,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.service = service
+        self.policy = policy or RetryPolicy()
+        self.breaker = breaker if breaker is not None else breaker_for(service)
+        self._http = http
+        self._now = now
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._backoff = wait_exponential(
+            multiplier=self.policy.backoff_initial, max=self.policy.backoff_max
+        )
+
+    async def call(
+        self,
+        operation: str,
+        payload: Mapping[str, Any],
+        idempotency_key: str,
+        complete_by: datetime,
+        *,
+        undoes: str | None = None,
+    ) -> CallOutcome:
+        """Run ``operation`` until it succeeds, is refused, or complete-by stops it.
+
+        ``undoes``: for an undo, the Idempotency-Key of the forward call it undoes; it is added
+        to the body as ``"undoes"``.
+
+        Raises ValueError for arguments that no attempt could fix (naive ``complete_by``, bad
+        operation name or key, a payload that is not JSON); every remote failure is an outcome.
+        """
+        if complete_by.tzinfo is None:
+            raise ValueError("complete_by must be timezone-aware")
+        if not _OPERATION.match(operation):
+            raise ValueError(f"invalid operation name {operation!r}")
+        if not _KEY.match(idempotency_key):
+            raise ValueError("idempotency_key must be 1-255 visible ASCII characters, no spaces")
+        fields = dict(payload)
+        if undoes is not None:
+            if not _KEY.match(undoes) or undoes == idempotency_key:
+                raise ValueError(
+                    "undoes must be the forward call's idempotency key (1-255 visible ASCII "
+                    "characters, no spaces), not the undo's own"
+                )
+            if fields.get(UNDOES_FIELD, undoes) != undoes:
+                raise ValueError("the payload's 'undoes' differs from the undoes argument")
+            fields[UNDOES_FIELD] = undoes
+        body = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+        state = _CallState(operation, idempotency_key, complete_by, undoes)
+        outcome = await self._run(state, body)
+        self._log_outcome(state, outcome)
+        return outcome
+
+    async def _run(self, state: _CallState, body: bytes) -> CallOutcome:
+        retrying = AsyncRetrying(
+            sleep=self._sleep,
+            stop=lambda rs: self._should_stop(state, rs),
+            wait=self._wait,
+            retry=retry_if_exception_type(_TransientFailure),
+            reraise=False,
+        )
+        try:
+            return await retrying(self._attempt, state, body)
+        except RetryError as stopped:
+            failure = stopped.last_attempt.exception()
+            if not isinstance(failure, _TransientFailure):  # only these are retried
+                raise TypeError("retry stopped on an unexpected outcome") from stopped
+            if state.stopped_by_circuit:
+                return self._deferred(state)
+            if state.stopped_by_deadline:
+                return DeadlinePassed(state.last_error, state.attempts)
+            return Failed(failure.code, failure.message, transient=True, attempts=state.attempts)
+        except _NoTimeLeft:
+            return DeadlinePassed(state.last_error, state.attempts)
+        except _CircuitOpen:
+            return self._deferred(state)
+
+    def _deferred(self, state: _CallState) -> Deferred | DeadlinePassed:
+        """Every attempt so far (maybe none) failed transiently and the circuit is open.
+
+        Past complete-by there is nothing to defer: the attempt's time is over.
+        """
+        if self._time_left(state.complete_by) <= 0:
+            return DeadlinePassed(state.last_error, state.attempts)
+        wait = max(MIN_DEFER_SECONDS, self.breaker.retry_in())
+        return Deferred(self._now() + timedelta(seconds=wait), state.attempts, state.last_error)
+
+    def _time_left(self, complete_by: datetime) -> float:
+        return (complete_by - self._now()).total_seconds()
+
+    def _should_stop(self, state: _CallState, rs: RetryCallState) -> bool:
+        if self.breaker.state is BreakerState.OPEN:  # opened by this call or another: defer now
+            state.stopped_by_circuit = True
+            return True
+        if self.policy.max_attempts is not None and rs.attempt_number >= self.policy.max_attempts:
+            return True
+        left = self._time_left(state.complete_by)
+        if rs.upcoming_sleep + self.policy.min_attempt_time > left:
+            state.stopped_by_deadline = True
+            return True
+        return False
+
+    def _wait(self, rs: RetryCallState) -> float:
+        failure = rs.outcome.exception() if rs.outcome is not None else None
+        if isinstance(failure, _TransientFailure) and failure.retry_after is not None:
+            return failure.retry_after
+        return self._rng.uniform(0.0, self._backoff(rs))
+
+    async def _attempt(self, state: _CallState, body: bytes) -> CallOutcome:
+        left = self._time_left(state.complete_by)
+        if left < self.policy.min_attempt_time:
+            raise _NoTimeLeft
+        if not self.breaker.acquire():
+            raise _CircuitOpen
+        state.attempts += 1
+        timeout = min(self.policy.attempt_timeout, left)
+        started = time.monotonic()
+        try:
+            outcome = await self._exchange(state, body, timeout)
+        except _TransientFailure as failure:
+            self.breaker.record_failure()
+            state.last_error = str(failure)
+            self._log_attempt(state, timeout, started, f"transient {failure}")
+            raise
+        except BaseException:
+            self.breaker.release()
+            raise
+        # A refusal is a healthy service answering: only transient failures trip the breaker.
+        self.breaker.record_success()
+        match outcome:
+            case Succeeded():
+                result = "ok"
+            case NothingToUndo():
+                result = "nothing to undo"
+            case Failed(code=code):
+                result = f"refused {code}"
+        self._log_attempt(state, timeout, started, result)
+        return outcome
+
+    async def _exchange(
+        self, state: _CallState, body: bytes, timeout: float
+    ) -> Succeeded | NothingToUndo | Failed:
+        headers = {
+            IDEMPOTENCY_HEADER: state.key,
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        try:
+            answer = await self._http.post(
+                self.service,
+                state.operation,
+                body,
+                headers,
+                timeout=timeout,
+                max_answer_bytes=self.policy.max_response_bytes,
+            )
+        except CallTimedOut as exc:
+            raise _TransientFailure("timeout", str(exc)) from exc
+        except AnswerTooLarge as exc:
+            raise _TransientFailure("response_too_large", str(exc)) from exc
+        except CallFailed as exc:
+            raise _TransientFailure("connection_error", str(exc)) from exc
+        return self._answered(answer.status, answer.body, answer.headers.get("Retry-After"), state)
+
+    def _answered(
+        self, status: int, data: bytes, retry_after: str | None, state: _CallState
+    ) -> Succeeded | NothingToUndo | Failed:
+        """What a whole answer means: a success, a refusal, or (raised) a transient failure
+        to retry, after the server's ``Retry-After`` when it sends one."""
+        if 200 <= status < 300:
+            return self._success(status, data, state)
+        code, message = error_details(status, data)
+        if is_transient_status(status):
+            raise _TransientFailure(code, message, parse_retry_after(retry_after, self._now()))
+        return Failed(code, message, transient=False, attempts=state.attempts)
+
+    @staticmethod
+    def _success(status: int, data: bytes, state: _CallState) -> Succeeded | NothingToUndo | Failed:
+        attempts = state.attempts
+        if not data.strip():
+            return Succeeded({}, attempts)
+        try:
+            result = json.loads(data)
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            return Failed(
+                "invalid_response",
+                f"HTTP {status} body is not a JSON object",
+                transient=False,
+                attempts=attempts,
+            )
+        if state.undoes is not None and result.get("status") == NOTHING_TO_UNDO:
+            return NothingToUndo(result, attempts)
+        return Succeeded(result, attempts)
+
+    def _log_attempt(self, state: _CallState, timeout: float, started: float, result: str) -> None:
+        log.debug(
+            "remote attempt service=%s operation=%s key=%s attempt=%d timeout=%.3fs "
+            "elapsed=%.3fs result=%s",
+            self.service,
+            state.operation,
+            state.key,
+            state.attempts,
+            timeout,
+            time.monotonic() - started,
+            result,
+        )
+
+    def _log_outcome(self, state: _CallState, outcome: CallOutcome) -> None:
+        match outcome:
+            case Succeeded():
+                detail = "succeeded"
+            case NothingToUndo():
+                detail = "nothing_to_undo"
+            case Failed(code=code, transient=transient):
+                detail = f"failed code={code} transient={transient}"
+            case Deferred(retry_at=retry_at, last_error=last_error):
+                detail = f"deferred retry_at={retry_at.isoformat()} last_error={last_error}"
+            case DeadlinePassed(last_error=last_error):
+                detail = f"deadline_passed last_error={last_error}"
+        log.info(
+            "remote call service=%s operation=%s key=%s attempts=%d outcome=%s",
+            self.service,
+            state.operation,
+            state.key,
+            state.attempts,
+            detail,
+        )

@@ -1,0 +1,140 @@
+"""What a handler needs to do its work, built once per process from the app settings.
+
+Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
+same code; `current()` builds the process-wide one lazily on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from adapters import clients
+from adapters.remote_http import RemoteHttp
+from adapters.servicebus import Bus
+from adapters.settings import Settings
+from adapters.store.state_store import OrderStateStore
+from domain.messages import OperatorAlert, utc_now
+from domain.workflows import Workflow, resolve
+from service.instance_ids import new_instance_id
+
+log = logging.getLogger("runtime")
+
+STATUS_SENDERS = 64
+"""Reply-queue senders kept open per process (each holds an AMQP link)."""
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: OrderStateStore
+    bus: Bus
+    workflows: Mapping[str, Workflow]
+    instance_id: str = field(default_factory=new_instance_id)
+    clock: Callable[[], datetime] = utc_now
+    rng: random.Random = field(default_factory=random.Random)
+    _remote_http: RemoteHttp | None = None
+    agent_clients: dict[str, Any] = field(default_factory=dict)
+    """Remote-service clients the agents built on this runtime (see service.agent)."""
+    _status_bus: Bus | None = None
+    _status_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: object) -> Runtime:
+        workflows = settings.workflows()
+        store = OrderStateStore(
+            clients.table_service(settings.storage),
+            orders_table=settings.orders_table,
+            active_table=settings.active_table,
+            supervision_table=settings.supervision_table,
+            clock=overrides.get("clock", utc_now),  # type: ignore[arg-type]
+            owns_service=True,  # the service is the store's alone: close() closes its pool
+        )
+        # The app's own messages are signed; status updates to submitters' queues are not.
+        bus = Bus(lambda: clients.servicebus_client(settings.servicebus), keyring=settings.keyring)
+        return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
+
+    @property
+    def remote_http(self) -> RemoteHttp:
+        """The worker's HTTP to the agents' remote services, their URLs, timeout and connection
+        limit from the settings; built on first use, its session opened on the first call."""
+        with self._status_lock:
+            if self._remote_http is None:
+                self._remote_http = RemoteHttp.from_settings(self.settings)
+            return self._remote_http
+
+    def actor(self, role: str) -> str:
+        return f"{role}:{self.instance_id}"
+
+    def workflow(self, ref: str) -> Workflow:
+        """The definition an order recorded (``order@2``; a bare name is version 1), or
+        :class:`domain.workflows.UnknownWorkflow` if this deployment does not carry it."""
+        return resolve(self.workflows, ref)
+
+    async def alert(self, alert: OperatorAlert) -> None:
+        log.warning(
+            "operator alert (%s) for %s: %s — %s",
+            alert.severity,
+            alert.order_id or "unknown order",
+            alert.reason,
+            alert.detail,
+        )
+        await self.bus.send(self.settings.queue("alerts"), alert)
+
+    def status_bus(self) -> Bus:
+        """The sender to submitters' reply queues, apart from the app's own messaging.
+
+        Its client retries once, quickly: a reply queue that does not exist fails in about a
+        second instead of the default retry schedule's fifteen, and an order never waits long
+        for its submitter's queue. Its sender cache is bounded (queue names come from outside).
+        """
+        with self._status_lock:
+            if self._status_bus is None:
+                conn = self.settings.servicebus
+                self._status_bus = Bus(
+                    lambda: clients.servicebus_client(
+                        conn, retry_total=1, retry_backoff_factor=0.2
+                    ),
+                    max_senders=STATUS_SENDERS,
+                )
+            return self._status_bus
+
+    async def close(self) -> None:
+        await self.bus.close()
+        if self._status_bus is not None:
+            await self._status_bus.close()
+        await self.store.close()
+        if self._remote_http is not None:
+            await self._remote_http.close()
+
+
+_current: Runtime | None = None
+_lock = threading.Lock()
+
+
+def current() -> Runtime:
+    """The process-wide Runtime, built from the environment on first use."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = Runtime.from_settings(Settings.from_env())
+            log.info("runtime ready as %s", _current.instance_id)
+        return _current
+
+
+def installed() -> Runtime | None:
+    """The process-wide Runtime if one was built or installed; never builds one."""
+    return _current
+
+
+def install(runtime: Runtime | None) -> Runtime | None:
+    """Replace the process-wide Runtime (the local host and tests); returns the previous one."""
+    global _current
+    with _lock:
+        previous, _current = _current, runtime
+        return previous
