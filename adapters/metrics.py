@@ -41,7 +41,7 @@ CIRCUIT_STATE: Final = "agent.circuit.state"
 NAMES: Final[frozenset[str]] = frozenset(
     {ORDERS_STARTED, ORDERS_FINISHED, ORDERS_FAILED, STEP_DURATION, STEP_RETRIES, CIRCUIT_STATE}
 )
-"""Every instrument this module records (service.sweep_metrics.NAMES has the Supervisor's)."""
+"""Every instrument this module records (service.sweep_report.NAMES has the Supervisor's)."""
 
 ATTRIBUTES: Final[Mapping[str, frozenset[str]]] = {
     ORDERS_STARTED: frozenset({"workflow"}),

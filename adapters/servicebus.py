@@ -22,14 +22,15 @@ from asyncio import Lock
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
+from adapters import telemetry
 from adapters.op_counts import COUNTS
-from adapters.servicebus_messages import to_servicebus_message
 from domain import signing
-from domain.messages import MessageBase, message_id_for
+from domain.messages import MessageBase, encode, message_id_for
 
 log = logging.getLogger("bus")
 
@@ -112,3 +113,30 @@ async def _close_quietly(sender: ServiceBusSender) -> None:
         await sender.close()
     except Exception as exc:  # closing a broken link may fail too; nothing is lost
         log.debug("closing a sender failed: %s", exc)
+
+
+def to_servicebus_message(
+    message: MessageBase,
+    scheduled_at: datetime | None = None,
+    *,
+    signed_for: tuple[str, signing.Keyring] | None = None,
+) -> ServiceBusMessage:
+    """``signed_for``: (destination queue, keyring) to sign the message for that queue."""
+    body = encode(message)
+    message_id = message_id_for(message)
+    properties: dict[str | bytes, Any] = {"schema_version": message.schema_version}
+    if signed_for is not None:
+        queue, keyring = signed_for
+        properties[signing.SIGNATURE_PROPERTY] = signing.sign(
+            keyring, queue=queue, message_id=message_id, body=body
+        )
+    telemetry.inject(properties)
+    return ServiceBusMessage(
+        body,
+        message_id=message_id,
+        correlation_id=getattr(message, "order_id", None),
+        subject=message.type,  # type: ignore[attr-defined]
+        content_type="application/json",
+        application_properties=properties,
+        scheduled_enqueue_time_utc=scheduled_at,
+    )

@@ -30,13 +30,12 @@ from typing import Any
 from adapters import archive
 from adapters.store.active_index import (
     DEFAULT_GRACE,
+    INDEX_BUCKETS,
     bucket_partition,
     index_partition,
     index_row_key,
 )
-from adapters.store.index_rows import INDEX_BUCKETS
-from adapters.store.purge_runs import MAX_RECENT, run_row_key
-from adapters.store.roster import BucketLease, Member, Roster, Sweep, member_row_key, swept_lease
+from adapters.store.purge_log import MAX_RECENT, run_row_key
 from adapters.store.rows import (
     ActivePage,
     ActiveRow,
@@ -45,6 +44,14 @@ from adapters.store.rows import (
     OrderNotFound,
     OrderRecord,
     utc,
+)
+from adapters.store.supervision import (
+    BucketLease,
+    Member,
+    Roster,
+    Sweep,
+    member_row_key,
+    swept_lease,
 )
 from domain.messages import MessageBase, OrderSubmitted, message_id_for, utc_now
 from domain.order import Order, TimelineEntry

@@ -1,7 +1,7 @@
 """What one call to a remote service came to, as the Agent function sees it.
 
 The Agent replies to the Scheduler for each: ``DeadlinePassed`` is reported as a transient
-``Failed`` (:func:`service.responses.out_of_time`), which counts only while its attempt is in
+``Failed`` (:func:`service.agent.out_of_time`), which counts only while its attempt is in
 flight; after complete-by the Supervisor recovers the step.
 """
 

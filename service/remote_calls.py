@@ -17,7 +17,7 @@ the forward call it undoes (``"undoes"`` in the body); the service answers ``{"s
   (waiting for a connection, sending, reading the answer whole), is the smaller of the
   configured one and the time left; no sleep and no attempt starts unless it can end before
   complete-by. When that stops the call, the outcome is ``DeadlinePassed`` (the agent
-  reports it as a transient failure: service.responses.out_of_time).
+  reports it as a transient failure: service.agent.out_of_time).
 - The per-service circuit breaker counts only transient failures; while it is open, a call is
   not attempted (or, if the circuit opens between its attempts, not attempted again) and the
   outcome is ``Deferred(retry_at)``: the time of the breaker's next trial, at least
@@ -30,9 +30,11 @@ import asyncio
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tenacity import (
@@ -47,20 +49,79 @@ from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, Remot
 from service.circuit import BreakerState, CircuitBreaker, breaker_for
 from service.http_errors import error_details, is_transient_status, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
-from service.remote_call import (
-    _KEY,
-    _OPERATION,
-    IDEMPOTENCY_HEADER,
-    MIN_DEFER_SECONDS,
-    NOTHING_TO_UNDO,
-    UNDOES_FIELD,
-    RetryPolicy,
-    _CallState,
-    _CircuitOpen,
-    _NoTimeLeft,
-    _TransientFailure,
-    _utc_now,
-)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_OPERATION = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_KEY = re.compile(r"^[!-~]{1,255}$")  # visible ASCII: safe in a header, same rule as the fakes
+UNDOES_FIELD = "undoes"
+NOTHING_TO_UNDO = "nothing_to_undo"
+MIN_DEFER_SECONDS = 0.5
+"""A deferred call is retried no sooner than this, even when the breaker's trial is due now."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard one call tries. All times in seconds.
+
+    ``max_attempts``: attempts per call (None: as many as fit before complete-by).
+    ``attempt_timeout``: upper bound for one attempt (cut to the time left).
+    ``backoff_initial`` / ``backoff_max``: full jitter, the n-th wait is
+    uniform(0, min(backoff_max, backoff_initial * 2 ** (n - 1))).
+    ``min_attempt_time``: an attempt is not started with less time than this left.
+    ``max_response_bytes``: larger answers are refused.
+    """
+
+    max_attempts: int | None = 5
+    attempt_timeout: float = 10.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+    min_attempt_time: float = 0.05
+    max_response_bytes: int = 1_048_576
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1 (or None)")
+        if self.attempt_timeout <= 0 or self.min_attempt_time <= 0:
+            raise ValueError("attempt_timeout and min_attempt_time must be positive")
+        if self.backoff_initial < 0 or self.backoff_max < self.backoff_initial:
+            raise ValueError("need 0 <= backoff_initial <= backoff_max")
+        if self.max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be positive")
+
+
+class _TransientFailure(Exception):
+    """One attempt failed in a way that a later attempt may not."""
+
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+class _CircuitOpen(Exception):
+    pass
+
+
+class _NoTimeLeft(Exception):
+    pass
+
+
+@dataclass
+class _CallState:
+    operation: str
+    key: str
+    complete_by: datetime
+    undoes: str | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    stopped_by_deadline: bool = False
+    stopped_by_circuit: bool = False
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
 
 log = logging.getLogger("service.remote_calls")
 

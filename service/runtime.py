@@ -7,8 +7,11 @@ same code; `current()` builds the process-wide one lazily on first use.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +24,13 @@ from adapters.settings import Settings
 from adapters.store.state_store import OrderStateStore
 from domain.messages import OperatorAlert, utc_now
 from domain.workflows import Workflow, resolve
-from service.instance_ids import new_instance_id
+
+
+def new_instance_id(role: str = "app") -> str:
+    """Who acts, as recorded in LockedBy and the timeline: host, process and a random part."""
+    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-.")[:40] or "host"
+    return f"{role}@{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
 
 log = logging.getLogger("runtime")
 

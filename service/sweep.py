@@ -46,8 +46,7 @@ from domain.lifecycle import Swept, decide
 from domain.workflows import UnknownWorkflow
 from service import apply, leases
 from service.runtime import Runtime
-from service.sweep_metrics import record_tick
-from service.sweep_report import TickReport
+from service.sweep_report import TickReport, record_tick
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -46,16 +47,25 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from adapters.store.index_rows import (
-    DEFAULT_GRACE,
-    bucket_partition,
-    index_partition,
-    index_row_key,
-)
-from adapters.store.index_rows import INDEX_BUCKETS as INDEX_BUCKETS  # re-exported
 from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, utc
 from adapters.tables import Entity, Table
 from domain.order import Order
+
+INDEX_BUCKETS: Final = 16
+DEFAULT_GRACE: Final = timedelta(minutes=15)
+
+
+def index_partition(order_id: str) -> str:
+    return bucket_partition(zlib.crc32(order_id.encode("ascii")) % INDEX_BUCKETS)
+
+
+def bucket_partition(bucket: int) -> str:
+    return f"a{bucket:02d}"
+
+
+def index_row_key(order_id: str, generation: int) -> str:
+    return f"{order_id}.{generation}"
+
 
 MAX_PAGE: Final = 1000  # the most rows one Table query response holds
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -27,11 +28,27 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 
 from adapters.store.active_index import delete_unchanged
-from adapters.store.index_rows import ErrorRow, ErrorRowPage
 from adapters.store.rows import CorruptOrderState, etag_of, utc
 from adapters.tables import Entity, Table
 from domain.order import Order
 from domain.states import ProcessState
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRow:
+    order_id: str
+    generation: int
+    written_at: datetime
+    row_key: str
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRowPage:
+    rows: tuple[ErrorRow, ...]
+    last_key: str | None
+    """RowKey to continue after (None: the index ended with this page)."""
+
 
 ERROR_PARTITION: Final = "~error"
 MAX_PAGE: Final = 1000

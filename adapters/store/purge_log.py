@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from azure.data.tables import UpdateMode
 
-from adapters.store.purge_runs import MAX_RECENT, PURGE_PARTITION, run_row_key
 from adapters.store.rows import CorruptOrderState, utc
 from adapters.tables import Table
 
@@ -56,3 +55,13 @@ class PurgeLog:
             if len(reports) >= limit:
                 break
         return reports
+
+
+PURGE_PARTITION: Final = "~purge"
+MAX_RECENT: Final = 100
+_INVERT_MS: Final = 10**13  # past the year 2286 in milliseconds since the epoch
+
+
+def run_row_key(at: datetime, run_id: str) -> str:
+    millis = int(utc(at).timestamp() * 1000)
+    return f"{_INVERT_MS - millis:013d}.{run_id}"

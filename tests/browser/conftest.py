@@ -237,9 +237,10 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 async def _close_operations() -> None:
     """Close, on the functions' loop, what the API and the overview opened there."""
     from dashboard import functions as dashboard
+    from operator_api import functions as operator_api
 
     # The Operations of the Runtime this module installed for the host.
-    await (await service.operations.operations()).close()
+    await (await operator_api.operations()).close()
     if dashboard._summary is not None:
         await dashboard._summary.close()
         dashboard._summary = None

@@ -10,7 +10,7 @@ What the code reads and emits comes from the code itself (:func:`code_facts`): t
 module is run against a recording environment, the bindings come from indexing ``function_app``
 the way the Functions host does, the Supervisor's metrics from recording one tick's metrics
 with an in-memory OpenTelemetry reader, the metric names the workbook must chart from
-``adapters.metrics.NAMES`` and ``service.sweep_metrics.NAMES``, and what each function does to
+``adapters.metrics.NAMES`` and ``service.sweep_report.NAMES``, and what each function does to
 queues,
 tables, blob containers and secrets from reading its code (:mod:`tests.infra.code_access`),
 which :func:`check_data_roles` holds against the role assignments of the app's identity. The
@@ -371,10 +371,10 @@ class CodeFacts:
     http_auth_levels: Mapping[str, str] = field(default_factory=dict, compare=False)
     """HTTP-triggered function -> the ``authLevel`` of its trigger, as indexed."""
     metric_names: frozenset[str] = frozenset()
-    """Every metric the code defines: ``adapters.metrics.NAMES | service.sweep_metrics.NAMES``."""
+    """Every metric the code defines: ``adapters.metrics.NAMES | service.sweep_report.NAMES``."""
     metric_attributes: Mapping[str, frozenset[str]] = field(default_factory=dict, compare=False)
     """Metric -> the attributes it is recorded with (``adapters.metrics.ATTRIBUTES``,
-    ``service.sweep_metrics.ATTRIBUTES``)."""
+    ``service.sweep_report.ATTRIBUTES``)."""
 
     @property
     def storage_name_settings(self) -> dict[str, str]:
@@ -509,7 +509,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-from service.sweep_metrics import record_tick
+from service.sweep_report import record_tick
 from service.sweep_report import TickReport
 record_tick(TickReport())
 json.dump({m.name: type(m.data).__name__ for rm in reader.get_metrics_data().resource_metrics
@@ -527,7 +527,7 @@ def metrics_recorded_by_a_tick(root: Path = REPO_ROOT) -> dict[str, str]:
 _METRIC_NAMES_SCRIPT = """
 import json, sys
 from adapters.metrics import ATTRIBUTES as orders_attributes, NAMES as orders
-from service.sweep_metrics import ATTRIBUTES as supervisor_attributes, NAMES as supervisor
+from service.sweep_report import ATTRIBUTES as supervisor_attributes, NAMES as supervisor
 attributes = {**orders_attributes, **supervisor_attributes}
 json.dump({"names": sorted(orders | supervisor),
            "attributes": {name: sorted(keys) for name, keys in attributes.items()}}, sys.stdout)
@@ -535,7 +535,7 @@ json.dump({"names": sorted(orders | supervisor),
 
 
 def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
-    """``adapters.metrics.NAMES | service.sweep_metrics.NAMES`` of the code under ``root``, and each
+    """``adapters.metrics.NAMES | service.sweep_report.NAMES`` of the code under ``root``, and each
     one's attributes, read in a fresh interpreter (like the other facts: nothing is imported
     into the test process)."""
     found = _fresh_json(_METRIC_NAMES_SCRIPT, root, "reading the metric names")
@@ -1697,7 +1697,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
         recorded = facts.metrics.get(metric)
         if recorded is None:
             problems.append(
-                f"a Supervisor tick records no metric {metric!r} (service/sweep_metrics.py), "
+                f"a Supervisor tick records no metric {metric!r} (service/sweep_report.py), "
                 "but an alert queries it"
             )
         elif kind is not None and recorded != kind:

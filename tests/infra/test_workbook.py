@@ -178,7 +178,7 @@ def test_a_chart_reads_only_the_attributes_its_metrics_are_recorded_with():
     )
     assert workbook.problems(by_reason, DEFINED, "wb.json", attributes) == [
         "wb.json: chart 'orders': reads customDimensions.reason, but 'orders.started' is "
-        "recorded with ['workflow'] (adapters.metrics.ATTRIBUTES, service.sweep_metrics.ATTRIBUTES)"
+        "recorded with ['workflow'] (adapters.metrics.ATTRIBUTES, service.sweep_report.ATTRIBUTES)"
     ]
 
 

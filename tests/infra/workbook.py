@@ -359,7 +359,7 @@ def problems(
         charted |= chart.kql.metrics
     if not defined_metrics:
         found.append(
-            "the code defines no metric (adapters.metrics.NAMES | service.sweep_metrics.NAMES is "
+            "the code defines no metric (adapters.metrics.NAMES | service.sweep_report.NAMES is "
             "empty): nothing to hold the workbook against"
         )
     for metric in sorted(defined_metrics - charted):
@@ -382,7 +382,7 @@ def _dimension_problems(
                 found.append(
                     f"{at}: reads customDimensions.{dimension}, but {metric!r} is recorded "
                     f"with {sorted(attributes[metric]) or 'no attributes'} "
-                    "(adapters.metrics.ATTRIBUTES, service.sweep_metrics.ATTRIBUTES)"
+                    "(adapters.metrics.ATTRIBUTES, service.sweep_report.ATTRIBUTES)"
                 )
     return found
 
@@ -454,6 +454,6 @@ def _chart_problems(
         for metric in sorted(kql.metrics - defined_metrics):
             found.append(
                 f"{at}: queries metric {metric!r}, which the code does not define "
-                "(adapters.metrics.NAMES, service.sweep_metrics.NAMES)"
+                "(adapters.metrics.NAMES, service.sweep_report.NAMES)"
             )
     return found

@@ -33,10 +33,9 @@ from domain.order import Order
 from domain.states import ProcessState
 from service import apply, inbound, resume
 from service.apply import Parked, forget_failures
-from service.instance_ids import new_instance_id
 from service.intake import handle_submission
 from service.replies import handle_response
-from service.runtime import Runtime
+from service.runtime import Runtime, new_instance_id
 from tests.support.app import QueueReader
 from tests.support.pattern import alerts_for, new_order
 

@@ -24,10 +24,8 @@ from azure.data.tables import TableTransactionError
 from adapters.op_counts import OperationCounts
 from adapters.store import state_store as store_module
 from adapters.store.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_partition
-from adapters.store.error_index import ErrorOrderIndex
-from adapters.store.index_rows import ErrorRow
+from adapters.store.error_index import ErrorOrderIndex, ErrorRow
 from adapters.store.purge_log import PurgeLog
-from adapters.store.roster import BucketLease, Member, Sweep
 from adapters.store.rows import (
     ActiveRow,
     AlreadyExists,
@@ -37,7 +35,7 @@ from adapters.store.rows import (
     Unconfirmed,
 )
 from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
-from adapters.store.supervision import SupervisionTable
+from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
 from adapters.tables import TableService
 from devstack.memory import MemoryStore
 from domain import lifecycle

@@ -36,8 +36,7 @@ from service import agent as handler
 from service.agent import handle_request, remote_client
 from service.circuit import BreakerSettings, CircuitBreaker, breaker_for
 from service.consistency import INCONSISTENT_REASON
-from service.remote_call import MIN_DEFER_SECONDS, RetryPolicy
-from service.remote_calls import RemoteServiceClient
+from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, json_answer
 from tests.support.sent import as_sent
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-import service.sweep_metrics as supervisor_metrics
+import service.sweep_report as supervisor_metrics
 from adapters import metrics
 from adapters.store.rows import ConcurrencyConflict
 from domain.lifecycle import Replied

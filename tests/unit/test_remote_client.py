@@ -29,8 +29,7 @@ from devstack.fakes.remote_services import FakeServices
 from service.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
 from service.http_errors import error_details, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
-from service.remote_call import MIN_DEFER_SECONDS, RetryPolicy
-from service.remote_calls import RemoteServiceClient
+from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
 from tests.support.scripted_http import Reply, Script, ScriptedServer
 from tests.support.scripted_http import answer as raw_answer

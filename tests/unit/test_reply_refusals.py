@@ -21,7 +21,7 @@ from azure.servicebus.exceptions import (
 
 from domain.messages import OperatorAlert
 from domain.states import ProcessState
-from service.apply_common import refuses
+from service.apply import refuses
 from tests.support.world import QUEUES, World, order_id
 
 pytestmark = pytest.mark.anyio

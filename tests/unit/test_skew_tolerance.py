@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 
 from adapters.settings import CLOCK_SKEW_SETTING, Settings, SettingsError
-from adapters.store.roster import recovery_bound
+from adapters.store.supervision import recovery_bound
 from domain.lifecycle import (
     DEFAULT_FLUSH_GRACE,
     DEFAULT_STALE_AFTER,

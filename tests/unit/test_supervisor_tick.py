@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
-import service.sweep_metrics as supervisor_metrics
+import service.sweep_report as supervisor_metrics
 from adapters.settings import Connection, Settings
 from adapters.store.active_index import INDEX_BUCKETS, bucket_partition, index_partition
 from adapters.store.rows import ActiveRow, ConcurrencyConflict
