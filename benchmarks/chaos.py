@@ -254,7 +254,7 @@ def make_orders(count: int, workflow: str) -> list[OrderSubmitted]:
     ]
 
 
-async def skew_tolerance(offsets: dict[int, int] | None) -> dict[str, str]:
+def skew_tolerance(offsets: dict[int, int] | None) -> dict[str, str]:
     """The app's tolerated clock skew for hosts run ``offsets`` seconds off: the widest gap
     between two of them (and the host clock, which the stack's other processes keep)."""
     if not offsets:

@@ -363,6 +363,7 @@ class Backend:
             servicebus=Connection("servicebus"),
             storage=Connection("storage", connection_string=self.connection),
             supervisor_schedule=f"*/{period} * * * * *",
+            clock_skew=timedelta(0),  # every instance here runs on this machine's one clock
             **self.tables,
         )
 

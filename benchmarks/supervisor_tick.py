@@ -89,6 +89,7 @@ async def runtime(connection_string: str) -> Runtime:
         service_urls={},
         servicebus=Connection("servicebus"),
         storage=Connection("storage", connection_string=connection_string),
+        clock_skew=timedelta(0),  # one machine, one clock
     )
     store = OrderStateStore(clients.table_service(settings.storage))
     await store.ensure_tables()

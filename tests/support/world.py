@@ -20,6 +20,7 @@ app: :class:`ReplyQueue`); it takes them again once everything is left to settle
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -233,6 +234,10 @@ class Envelope:
 
 
 FAILURE_THRESHOLD = 3
+CLOCK_SKEW = timedelta(seconds=10)
+"""The skew the world's app tolerates; its Supervisor's clock runs up to this far off."""
+RECOVERIES = frozenset({"released", "compensation_started", "error"})
+"""Timeline events a Supervisor's sweep writes when it finds an order late."""
 
 
 class World:
@@ -250,6 +255,7 @@ class World:
             retry_max_delay=RETRY_CAP,
             compensation_budget=COMPENSATION_BUDGET,
             compensation_warn_after=COMPENSATION_BUDGET / 3,
+            clock_skew=CLOCK_SKEW,
         )
         self.store = RecordingStore(self.clock)
         self.bus = MemoryBus()
@@ -264,6 +270,11 @@ class World:
         )
         self.replies = ReplyQueue(self.bus)
         self.rt._status_bus = self.replies  # type: ignore[assignment]
+        self.supervisor_offset = timedelta(0)
+        """How far the Supervisor's clock runs ahead (negative: behind) of the world's."""
+        self.supervisor_rt = dataclasses.replace(
+            self.rt, instance_id="test-supervisor", clock=self.supervisor_clock
+        )
         apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
@@ -280,6 +291,9 @@ class World:
 
     def clock(self) -> datetime:
         return self.now
+
+    def supervisor_clock(self) -> datetime:
+        return self.now + self.supervisor_offset
 
     # -------------------------------------------------------------------------- plumbing
 
@@ -348,7 +362,15 @@ class World:
         await self.run(lambda: self._answer(request, decline=False), None)
 
     async def tick(self, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
-        return await self.run(lambda: run_tick(self.rt), crash_after)
+        """A Supervisor tick, on the Supervisor's own clock; it must find no order late that is
+        not late in real time (the world's)."""
+        before = {o.order_id: o for o in self.store.orders()}
+        done = await self.run(lambda: run_tick(self.supervisor_rt), crash_after)
+        for order in self.store.orders():
+            was = before.get(order.order_id)
+            if was is not None and order.timeline_seq > was.timeline_seq:
+                await self._check_not_early(was)
+        return done
 
     async def cancel(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
         return await self.run(
@@ -626,6 +648,30 @@ class World:
         for reply in self.consumed:
             await self._check_applied(reply)
         self._check_lies_alerted()
+
+    async def _check_not_early(self, was: Order) -> None:
+        """A Supervisor that recovered ``was`` for being late did so no earlier, in real time,
+        than it was late by the stamps of the hosts that wrote it, whatever its own clock."""
+        timeline = await self.store.get_timeline(was.order_id)
+        recovered = [
+            e
+            for e in timeline
+            if e.seq > was.timeline_seq
+            and e.actor.startswith("supervisor:")
+            and e.event in RECOVERIES
+        ]
+        if not recovered or was.state.terminal:
+            return
+        if was.locked_by is not None and was.complete_by is not None:
+            late_at = was.complete_by
+        else:
+            stale = self.rt.settings.pending_stale_after
+            late_at = (was.next_attempt_at or was.updated_at) + stale
+        early = (late_at - self.now).total_seconds()
+        assert early <= 0, (
+            f"{was.order_id}: recovered ({recovered[0].event}) {early} s before it was late, "
+            f"by a Supervisor {self.supervisor_offset} off"
+        )
 
     def _check_agrees(self, order_id: str, step: StepRecord) -> None:
         """A step's recorded state agrees with what its service was asked and answered."""

@@ -17,7 +17,9 @@ once everything has settled:
 - each step's record agrees with what its service was asked and answered, and an answer to a
   request never asked for changes nothing and raises one alert;
 - once an order ended, only its settling changes it (and records about it: held status
-  updates sent again, whose failure an attempt was).
+  updates sent again, whose failure an attempt was);
+- with the Supervisor's clock up to the tolerated skew ahead of or behind the others', no order
+  is recovered before it is late in real time.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Coroutine
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -34,13 +37,22 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from domain.ids import Operation
 from domain.states import ProcessState
-from tests.support.world import FAILURE_THRESHOLD, FAULTS, LIES, Lie, World, order_id
+from tests.support.world import (
+    CLOCK_SKEW,
+    FAILURE_THRESHOLD,
+    FAULTS,
+    LIES,
+    Lie,
+    World,
+    order_id,
+)
 
 # pytest-timeout interrupting Hypothesis mid-example would read as a flaky failure; a loaded
 # CI machine may take several times the ~20 s this takes alone.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.anyio]
 
 MAX_ORDERS = 3
+CLOCK_SKEW_S = int(CLOCK_SKEW.total_seconds())
 crash = st.none() | st.integers(min_value=0, max_value=4)
 T = TypeVar("T")
 
@@ -119,9 +131,16 @@ class Lifecycle(RuleBasedStateMachine):
     def supervisor_tick(self, crash_after: int | None) -> None:
         self.run(self.world.tick(crash_after))
 
-    @rule(seconds=st.sampled_from([1, 5, 31, 130, 400]))
+    @rule(seconds=st.sampled_from([1, 5, 31, 85, 130, 400]))
     def time_passes(self, seconds: int) -> None:
         self.world.advance(seconds)
+
+    @rule(offset=st.integers(-CLOCK_SKEW_S, CLOCK_SKEW_S))
+    def supervisor_clock_drifts(self, offset: int) -> None:
+        """The Supervisor's host clock runs ahead of or behind the others', within the skew the
+        app tolerates: it must recover no order early (World.tick checks) nor any later than
+        its deadline plus the tolerance (the recovery bound)."""
+        self.world.supervisor_offset = timedelta(seconds=offset)
 
     @rule(refusing=st.booleans())
     def reply_queue(self, refusing: bool) -> None:

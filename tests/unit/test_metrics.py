@@ -25,7 +25,7 @@ from domain.lifecycle import Replied
 from domain.messages import AgentRequest
 from domain.states import ProcessState
 from service import apply
-from tests.support.world import FAULTS, QUEUES, World
+from tests.support.world import CLOCK_SKEW, FAULTS, QUEUES, World
 
 pytestmark = pytest.mark.anyio
 
@@ -192,7 +192,7 @@ async def test_the_supervisor_releasing_a_timed_out_attempt_counts_a_timeout_ret
     await world.submit("ORD-1")
     (request,) = agent_requests(world)
     await world.deliver(request, "lost_before")  # the agent died with it: no reply ever
-    world.now = (await world.store.load("ORD-1")).complete_by + timedelta(seconds=1)
+    world.now = (await world.store.load("ORD-1")).complete_by + CLOCK_SKEW + timedelta(seconds=1)
     assert await world.tick()
     found = points(reader)
     assert total(found, "step.retries", step="reserve_inventory", cause="timeout") == 1

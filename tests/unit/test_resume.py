@@ -29,7 +29,7 @@ from domain.messages import (
 from domain.order import Failures, Order, StepState
 from domain.states import ProcessState
 from service import apply, resume
-from tests.support.world import QUEUES, Envelope, World
+from tests.support.world import CLOCK_SKEW, QUEUES, Envelope, World
 
 pytestmark = pytest.mark.anyio
 
@@ -293,7 +293,7 @@ async def test_a_stale_snapshot_loses_its_write_and_the_fresh_state_decides(monk
     once."""
     world = await world_with_order()
     request = the_request(world)
-    world.advance((request.complete_by - world.now).total_seconds() + 1)
+    world.advance((request.complete_by + CLOCK_SKEW - world.now).total_seconds() + 1)
     assert await world.tick()
     released = await world.store.load(ORDER)
     assert (released.state, released.locked_by, released.failure_count) == (
@@ -349,7 +349,7 @@ async def test_an_answer_for_a_replaced_attempt_loses_its_write_and_changes_noth
     answer for an attempt no longer in flight, which says only whose failure attempt 1 was."""
     world = await world_with_order()
     request = the_request(world)
-    world.advance((request.complete_by - world.now).total_seconds() + 1)
+    world.advance((request.complete_by + CLOCK_SKEW - world.now).total_seconds() + 1)
     await world.tick()
     (retry,) = [e for e in world.pending if e.queue == QUEUES["commands"]]
     await world.deliver(retry)

@@ -26,11 +26,13 @@ from domain.lifecycle import (
     decide,
     due_at,
 )
+from tests.support.world import World, order_id
 from tests.unit.test_lifecycle import T0, answer, apply, ctx, new_order, request_of
 from tests.unit.test_settings import env
 from tests.unit.test_supervisor_leases import SETTINGS
 
 SKEW = timedelta(seconds=10)
+pytestmark = pytest.mark.anyio
 
 
 def sweep_at(order, at: float, skew: timedelta = SKEW):  # type: ignore[no-untyped-def]
@@ -86,3 +88,19 @@ def test_the_tolerance_is_a_setting_and_a_clock_too_far_off_is_refused():
         Settings.from_env(env(**{CLOCK_SKEW_SETTING: "301"}))
     with pytest.raises(SettingsError, match=r"CLOCK_SKEW_TOLERANCE_SECONDS must be zero or more"):
         Settings.from_env(env(**{CLOCK_SKEW_SETTING: "-1"}))
+
+
+async def test_a_supervisor_whose_clock_runs_ahead_recovers_nothing_early():
+    """The world's Supervisor, 8 s ahead, ticks 5 s before the order's deadline (3 s past it on
+    its own clock): it must leave the order alone, and recover it once it is late for real."""
+    world = World()
+    await world.submit(order_id(0))
+    order = await world.store.load(order_id(0))
+    assert order.complete_by is not None
+    world.supervisor_offset = timedelta(seconds=8)
+    world.now = order.complete_by - timedelta(seconds=5)
+    await world.tick()
+    assert (await world.store.load(order_id(0))).timeline_seq == order.timeline_seq
+    world.now = order.complete_by + timedelta(seconds=3)  # 11 s past it on the Supervisor's
+    await world.tick()
+    assert (await world.store.load(order_id(0))).failure_count == 1
