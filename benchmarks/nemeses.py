@@ -48,6 +48,9 @@ PAUSE_GAP_S = (10.0, 30.0)
 FIRST_PAUSE_S = 4.0
 BROKER_GAP_S = (8.0, 16.0)
 FIRST_BROKER_S = 5.0
+SECOND_BROKER_S = (3.0, 5.0)
+"""After the first restart the connection reset follows soon, so that even a short run sees
+both kinds; the gaps after that are :data:`BROKER_GAP_S`."""
 WAKE_GRACE_S = 5.0
 """A run does not end sooner than this after a paused host woke: what it does on waking is
 part of the run."""
@@ -145,7 +148,9 @@ class Nemeses:
             self._next["kill"] = self.clock() + self.rng.uniform(*self.kill_every)
         if "broker" in self.chosen and now >= self._next["broker"]:
             await self._broker()
-            self._next["broker"] = self.clock() + self.rng.uniform(*BROKER_GAP_S)
+            first = self._count("broker") == 1
+            gap = SECOND_BROKER_S if first else BROKER_GAP_S
+            self._next["broker"] = self.clock() + self.rng.uniform(*gap)
 
     def quiet(self) -> bool:
         """No host paused, and the last one to wake has had :data:`WAKE_GRACE_S` to act."""
