@@ -120,30 +120,12 @@ def order_started(workflow: str) -> None:
     on.started.add(1, {"workflow": workflow})
 
 
-def order_finished(workflow: str) -> None:
-    if (on := _bound) is None:
-        return
-    on.finished.add(1, {"workflow": workflow})
-
-
-def order_failed(workflow: str, reason: str) -> None:
-    if (on := _bound) is None:
-        return
-    on.failed.add(1, {"workflow": workflow, "reason": reason})
-
-
 def step_finished(step: str, outcome: str, operation: str, seconds: float) -> None:
     """One step attempt's reply applied, ``seconds`` after the attempt was dispatched."""
     if (on := _bound) is None:
         return
     attributes = {"step": step, "outcome": outcome, "operation": operation}
     on.step_duration.record(max(0.0, seconds), attributes)
-
-
-def step_retried(step: str, cause: str) -> None:
-    if (on := _bound) is None:
-        return
-    on.step_retries.add(1, {"step": step, "cause": cause})
 
 
 def record_circuit_state(agent: str, state: str) -> None:
