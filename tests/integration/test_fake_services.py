@@ -372,7 +372,7 @@ def test_example_profiles_load() -> None:
 
 def _quick_settings() -> dict[str, str]:
     """orderctl.demo.QUICK_SETTINGS, read from the source (importing the demo starts a lot)."""
-    tree = ast.parse((REPO / "devstack" / "demo.py").read_text())
+    tree = ast.parse((REPO / "orderctl" / "demo.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "QUICK_SETTINGS":
             return ast.literal_eval(node.value)
