@@ -40,42 +40,64 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import functools
-import getpass
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ParamSpec
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from typer.core import TyperGroup
-from typer.exceptions import TyperException
 
 from devstack.stack import processes
 from devstack.stack.local_stack import (
     DEFAULT_WORKDIR,
     TELEMETRY_SETTING,
-    TELEMETRY_SUBDIR,
     LocalStack,
     StackInfo,
     telemetry_dir,
 )
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
+from orderctl import connection
 from orderctl import views as views
+from orderctl.app import (
+    MODE,
+    app,
+    at_edge,
+    confirm,
+    console,
+    emit,
+    err_console,
+    fail,
+    output,
+    validation_problems,
+)
+from orderctl.options import (
+    OPERATOR,
+    DryRun,
+    Json,
+    NewerThan,
+    OlderThan,
+    Operator,
+    Reason,
+    StepFilter,
+    Telemetry,
+    TelemetryDir,
+    TextFilter,
+    Wide,
+    Workdir,
+    Yes,
+)
 from orderctl.output import (
     ComponentView,
     DownView,
-    ErrorView,
     FaultView,
     MigrateView,
     StackView,
@@ -91,310 +113,21 @@ from orderctl.output import (
     write_json_line,
 )
 from orderctl.plain_text import join_url, printable, text
-from orderctl.remote_config import (
-    API_URL_ENV,
-    AUTH_ENV,
-    FUNCTION_KEY_ENV,
-    SCOPE_ENV,
-    RemoteError,
-    RemoteOptions,
-    resolve,
-)
-from service.operations.errors import OperatorError
 
 if TYPE_CHECKING:
     from orderctl.backend import OperatorBackend
-
-P = ParamSpec("P")
 
 DEFAULT_API_PORT = 7071  # as `func start`
 SUPERVISOR_LOG = "supervisor.log"
 SUPERVISOR_PID = "supervisor.pid"
 LOCK_FILE = "stack.lock"
 DETACH_TIMEOUT_S = 240.0
-WIDE = 1_000_000  # columns: --wide never wraps or cuts
-
-
-@dataclass
-class Mode:
-    """How this invocation prints: set from the global and per-command options."""
-
-    json: bool = False
-    wide: bool = False
-    debug: bool = False
-    remote: RemoteOptions | None = None
-    """Remote mode (--api-url, --azd-env): operator commands go over the HTTP API."""
-    command: str = ""
-
-
-MODE = Mode()
-
-
-class SafeGroup(TyperGroup):
-    """Turns any error a command did not expect into one line and exit code 1 (with
-    ``--debug``: the traceback)."""
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (TyperException, typer.Exit, typer.Abort):
-            raise
-        except Exception as error:
-            if MODE.debug:
-                raise
-            raise fail(describe(error), 1) from None
-
-
-app = typer.Typer(
-    cls=SafeGroup,
-    help="Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker), "
-    "and operate it or a deployed app (--api-url).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-err_console = Console(stderr=True)
-
-
-def at_edge(command: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
-    """A command written as a coroutine function, run by ``asyncio.run``: the one event loop
-    of the invocation, at its edge (the app's I/O is async only)."""
-
-    @functools.wraps(command)
-    def run(*args: P.args, **kwargs: P.kwargs) -> None:
-        asyncio.run(command(*args, **kwargs))
-
-    return run
-
-
-Workdir = Annotated[
-    Path, typer.Option(help="where the stack keeps its logs and stack.json", show_default=True)
-]
-Json = Annotated[
-    bool, typer.Option("--json", help="print one JSON document (shapes: docs/orderctl.md)")
-]
-Wide = Annotated[bool, typer.Option("--wide", help="show every column in full: never cut")]
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("scheduler-agent-supervisor")
-    except PackageNotFoundError:
-        return "unknown (not installed: run scripts/bootstrap)"
-
-
-def show_version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"orderctl {version()} (Python {sys.version.split()[0]})\n")
-        raise typer.Exit()
-
-
-REMOTE = "Remote mode (docs/orderctl.md)"
-
-
-@app.callback()
-def options(
-    ctx: typer.Context,
-    debug: Annotated[
-        bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")
-    ] = False,
-    _version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=show_version, is_eager=True, help="print the version and exit"
-        ),
-    ] = False,
-    api_url: Annotated[
-        str | None,
-        typer.Option(
-            "--api-url",
-            envvar=API_URL_ENV,
-            metavar="URL",
-            help="run the operator commands over this operator HTTP API instead of in process: "
-            "https://<app>.azurewebsites.net/api/, or a local stack's (`orderctl ps`)",
-            rich_help_panel=REMOTE,
-        ),
-    ] = None,
-    azd_env: Annotated[
-        str | None,
-        typer.Option(
-            "--azd-env",
-            metavar="FILE|-",
-            help="take the API's URL (and ORDERCTL_* values) from `azd env get-values` output "
-            "in FILE, or on stdin with -",
-            rich_help_panel=REMOTE,
-        ),
-    ] = None,
-    function_key: Annotated[
-        str | None,
-        typer.Option(
-            "--function-key",
-            envvar=FUNCTION_KEY_ENV,
-            metavar="KEY",
-            help="send this function key (x-functions-key); prefer the environment variable",
-            rich_help_panel=REMOTE,
-        ),
-    ] = None,
-    entra: Annotated[
-        bool,
-        typer.Option(
-            "--entra",
-            help=f"also send an Entra ID token (azure-identity DefaultAzureCredential; "
-            f"{AUTH_ENV}=entra): who acts, for App Service Authentication",
-            rich_help_panel=REMOTE,
-        ),
-    ] = False,
-    scope: Annotated[
-        str | None,
-        typer.Option(
-            "--scope",
-            envvar=SCOPE_ENV,
-            metavar="SCOPE",
-            help="with --entra: the token's scope, api://<app-client-id>/.default",
-            rich_help_panel=REMOTE,
-        ),
-    ] = None,
-) -> None:
-    """Run the Scheduler Agent Supervisor pattern locally (no Azure account, no Docker), and
-    operate it, or a deployed app (--api-url)."""
-    MODE.debug = debug
-    MODE.json = MODE.wide = False
-    MODE.command = ctx.invoked_subcommand or ""
-    remote = RemoteOptions(
-        api_url=api_url,
-        function_key=function_key,
-        entra=entra,
-        scope=scope,
-        azd_env=azd_env,
-        auth=os.environ.get(AUTH_ENV),
-    )
-    MODE.remote = remote if remote.requested else None
-
-
-def output(json_out: bool = False, wide: bool = False) -> Console:
-    """Note how this command prints; the console for people (wide: never wraps)."""
-    MODE.json, MODE.wide = json_out, wide
-    return Console(width=WIDE) if wide else console
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``message`` as one line on stderr (and, with --json, an ErrorView on stdout)."""
-    lines = [line for line in str(message).strip().splitlines() if line.strip()] or ["failed"]
-    first = lines[0].rstrip(":")
-    if len(lines) > 1 and not MODE.debug:
-        first += " (rerun with --debug for the details)"
-    err_console.print(Text.assemble(("error: ", "bold red"), printable(first)), soft_wrap=True)
-    if MODE.debug and len(lines) > 1:
-        err_console.print(Text("\n".join(printable(line) for line in lines[1:])))
-    if MODE.json:
-        write_json(ErrorView(error=first, exit_code=code))
-    return typer.Exit(code)
-
-
-def describe(error: Exception) -> str:
-    """What went wrong and what to do, for an error no command expected."""
-    if isinstance(error, ValidationError):
-        return f"invalid data: {validation_problems(error)}"
-    name = type(error).__name__
-    detail = str(error).strip().splitlines()[0] if str(error).strip() else name
-    unreachable = ("ServiceRequestError", "ServiceBusConnectionError", "ConnectError")
-    if name in unreachable or isinstance(error, ConnectionError):
-        return (
-            f"cannot reach the local stack ({detail}): is it running? "
-            "See `orderctl ps`; restart it with `orderctl down && orderctl up --detach`"
-        )
-    return f"{name}: {detail} (rerun with --debug for the traceback)"
-
-
-def validation_problems(error: ValidationError) -> str:
-    """A pydantic error as one line: ``field: problem; field: problem``."""
-    parts = []
-    for problem in error.errors():
-        where = ".".join(str(p) for p in problem["loc"]) or "value"
-        parts.append(f"{where}: {problem['msg']}")
-    return "; ".join(parts)
-
-
-def emit(value: BaseModel, show: Any, *args: Any) -> None:
-    """``value`` as JSON with --json, else ``show(value, *args)`` for people."""
-    if MODE.json:
-        write_json(value)
-    else:
-        show(value, *args)
-
-
-def confirm(question: str, yes: bool) -> None:
-    """Go on only if the user agrees (or gave --yes); otherwise stop, nothing done."""
-    if yes:
-        return
-    try:
-        agreed = typer.confirm(question, default=False, err=True)
-    except typer.Abort:
-        err_console.print()  # the prompt's line was left open
-        agreed = False
-    if not agreed:
-        raise fail("not confirmed: nothing was done (--yes acts without asking)", 1)
-
-
-def check_installed() -> None:
-    if not (REPO_ROOT / "node_modules" / ".bin" / "azurite").exists():
-        raise fail("Azurite is not installed: run scripts/bootstrap (it runs `npm ci`)", 2)
-
-
-def check_profile(profile: str) -> None:
-    """Refuse a bad fault profile before anything starts, naming the line or field at fault."""
-    from devstack.fakes.profiles import ProfileError, load_profile
-    from devstack.stack.local_stack import profile_path
-
-    try:
-        load_profile(profile_path(profile))
-    except (ProfileError, ValueError, OSError) as error:
-        raise fail(f"fault profile: {' '.join(str(error).split())}", 2) from None
-
-
-def running_stack(workdir: Path) -> StackInfo:
-    if MODE.remote is not None:
-        raise fail(
-            f"`orderctl {MODE.command}` works on the local stack only (the operator HTTP API does "
-            f"not serve it): run it without --api-url/--azd-env, and {API_URL_ENV} unset",
-            2,
-        )
-    info = StackInfo.load(workdir)
-    if info is None:
-        raise fail(
-            f"no running stack in {workdir}: start one with `orderctl up --detach` "
-            "(or run `orderctl demo`, which starts its own)",
-            2,
-        )
-    return info
 
 
 # ------------------------------------------------------------------------------ the stack
 
 
 Hosts = Annotated[int, typer.Option(min=1, max=8, help="function host processes")]
-Telemetry = Annotated[
-    bool,
-    typer.Option(
-        "--telemetry",
-        help="the hosts write spans and metrics to files (`orderctl trace ID` reads them), in "
-        "WORKDIR/telemetry unless --telemetry-dir says where",
-    ),
-]
-TelemetryDir = Annotated[
-    Path | None,
-    typer.Option(metavar="DIR", help="write the telemetry files here (implies --telemetry)"),
-]
-
-
-def telemetry_path(workdir: Path, on: bool, directory: Path | None) -> Path | None:
-    """Where a stack started now writes its telemetry: None when off."""
-    if directory is not None:
-        return directory.resolve()
-    return (workdir / TELEMETRY_SUBDIR).resolve() if on else None
 
 
 @app.command()
@@ -430,8 +163,8 @@ def up(
     With --telemetry the hosts write spans and metrics to files: `orderctl trace ID`."""
     screen = output(json_out, wide)
     MODE.debug = MODE.debug or supervise  # a detached supervisor's log gets every detail
-    check_installed()
-    check_profile(profile)
+    connection.check_installed()
+    connection.check_profile(profile)
     workdir = workdir.resolve()
     if Path(profile).exists():
         profile = str(Path(profile).resolve())
@@ -450,7 +183,7 @@ def up(
         "hosts": hosts,
         "concurrency": concurrency,
         "profile": profile,
-        "telemetry": telemetry_path(workdir, telemetry, telemetry_dir),
+        "telemetry": connection.telemetry_path(workdir, telemetry, telemetry_dir),
     }
     if detach:
         start_detached(workdir, api_port, screen, **stack_args)
@@ -736,7 +469,7 @@ async def submit(
     from devstack.orders import build_order, send_orders
 
     screen = output(json_out)
-    info = running_stack(workdir)
+    info = connection.running_stack(workdir)
     try:
         order = build_order(
             order_id, item or ["SKU-1:1:1999"], customer, currency, workflow, reply_to
@@ -758,7 +491,7 @@ async def submit(
         return
     if not MODE.json:
         show_submitted(view, screen)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         followed = await follow_order(ops, order.order_id, timeout, screen, created=False)
     last = followed.last
     view = view.model_copy(
@@ -853,72 +586,6 @@ def client_span(info: StackInfo, order_id: str) -> Iterator[None]:
         meter_provider.shutdown()
 
 
-@asynccontextmanager
-async def operations(workdir: Path) -> AsyncIterator[OperatorBackend]:
-    """The operator operations: in process on the running local stack, or in remote mode over
-    the operator HTTP API. A refusal or a failure of either is one line and an exit code."""
-    async with backend(workdir) as ops:
-        try:
-            yield ops
-        except OperatorError as error:
-            raise fail(f"{error.message} ({error.code})", 2) from None
-        except RemoteError as error:
-            raise fail(error.message, error.exit_code) from None
-
-
-@asynccontextmanager
-async def backend(workdir: Path) -> AsyncIterator[OperatorBackend]:
-    """:class:`service.operations.operations.Operations` on the stack running from ``workdir``, or
-    in remote mode :class:`orderctl.remote.RemoteOperations` on the API the options name."""
-    if MODE.remote is not None:
-        from orderctl.remote import RemoteOperations
-
-        try:
-            config = resolve(MODE.remote, read_text)
-        except RemoteError as error:
-            raise fail(error.message, error.exit_code) from None
-        remote = RemoteOperations(config)
-        try:
-            yield remote
-        finally:
-            await remote.close()
-        return
-    from adapters.settings import Settings
-    from service.operations.operations import Operations
-    from service.runtime import Runtime
-
-    info = running_stack(workdir)
-    runtime = Runtime.from_settings(Settings.from_env(info.settings))
-    ops = Operations(runtime)
-    try:
-        yield ops
-    finally:
-        await ops.close()
-        await runtime.close()
-
-
-def read_text(source: str) -> str:
-    """A file's text, or stdin's with ``-`` (the azd env values)."""
-    if source == "-":
-        return sys.stdin.read()
-    try:
-        return Path(source).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise RemoteError(f"cannot read --azd-env {source}: {reason}") from None
-
-
-OPERATOR = getpass.getuser()
-Operator = Annotated[
-    str,
-    typer.Option(
-        help="who acts, recorded in the order's timeline (remote mode: the API records the "
-        "caller it authenticated instead)"
-    ),
-]
-Reason = Annotated[str, typer.Option(help="why, recorded in the order's timeline")]
-
-
 @app.command()
 @at_edge
 async def status(
@@ -942,7 +609,7 @@ async def status(
     """Show an order's state, steps (with how long each took, its attempts and why they
     failed) and timeline; --watch follows it until it is done."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         if watch:
             followed = await follow_order(ops, order_id, timeout, screen, created=True)
         else:
@@ -991,21 +658,6 @@ def show_order(order: Any, screen: Console) -> None:
     screen.print(events)
 
 
-OlderThan = Annotated[
-    str | None,
-    typer.Option("--older-than", help="only orders created longer ago: 90s, 15m, 2h, 7d"),
-]
-NewerThan = Annotated[
-    str | None,
-    typer.Option("--newer-than", help="only orders created more recently: 90s, 15m, 2h, 7d"),
-]
-StepFilter = Annotated[str | None, typer.Option("--step", help="only orders now at this step")]
-TextFilter = Annotated[
-    str | None,
-    typer.Option("--text", help="only orders with this in their id, last error or reason"),
-]
-
-
 @app.command()
 @at_edge
 async def orders(
@@ -1032,7 +684,7 @@ async def orders(
     flight: the active-order index; Error: the Error index; Processed: a bounded query of the
     orders table — docs/orderctl.md says what each costs)."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         page = await ops.list_orders(
             state,
             step=step,
@@ -1094,7 +746,7 @@ async def alerts(
     """List operator alerts waiting on the alerts queue (peeked; acknowledge with `ack`), each
     with whether its order has recovered since (resolved) or is being retried."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         page = await ops.list_alerts(limit=limit, open_only=open_only)
     emit(page, show_alerts, screen)
 
@@ -1139,7 +791,7 @@ async def ack(
     """Acknowledge (remove) an alert by its sequence number, recorded with --reason in the
     order's timeline."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         done = await ops.acknowledge_alert(sequence_number, operator=operator, reason=reason)
     emit(done, show_ack, screen)
 
@@ -1148,8 +800,6 @@ def show_ack(done: Any, screen: Console) -> None:
     screen.print(text(f"alert {done.sequence_number} acknowledged by {done.acknowledged_by}"))
 
 
-Yes = Annotated[bool, typer.Option("--yes", "-y", help="act without asking")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="only list what would be acted on")]
 StateFilter = Annotated[str | None, typer.Option("--state", help="only orders in this state")]
 BulkLimit = Annotated[int, typer.Option(min=1, max=100, help="orders acted on at most")]
 
@@ -1179,7 +829,7 @@ async def resubmit(
     screen = output(json_out, wide)
     chosen = {"state": state, "step": step, "older_than": older_than,
               "newer_than": newer_than, "text": text_}  # fmt: skip
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         if order_id is None:
             await act_on_matching(
                 ops, "resubmit", chosen, reason, operator, dry_run, yes, limit, screen
@@ -1216,7 +866,7 @@ async def cancel(
     screen = output(json_out, wide)
     chosen = {"state": state, "step": step, "older_than": older_than,
               "newer_than": newer_than, "text": text_}  # fmt: skip
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         if order_id is None:
             await act_on_matching(
                 ops, "cancel", chosen, reason, operator, dry_run, yes, limit, screen
@@ -1272,7 +922,7 @@ async def restart(
     idempotency keys), even a result that was kept; the steps before it resume as a resubmit
     does. Recorded in the order's timeline with your name."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         done = await ops.restart(order_id, step=from_step, operator=operator, reason=reason)
     emit(done, show_action, screen)
 
@@ -1290,7 +940,7 @@ async def supervisor(
 ) -> None:
     """Show the Supervisor's lag, who sweeps which bucket, and the recovery bound."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         view = await ops.supervisor()
     emit(view, show_supervisor, screen)
 
@@ -1351,7 +1001,7 @@ async def purge(
 ) -> None:
     """Archive, then delete, finished orders (never one in flight); recorded with your name."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         report = await ops.purge(
             operator=operator,
             state=state,
@@ -1381,7 +1031,7 @@ async def workflows(
     from service.versions import missing, versions_in_use
 
     screen = output(json_out, wide)
-    info = running_stack(workdir)
+    info = connection.running_stack(workdir)
     settings = Settings.from_env(info.settings)
     async with open_store(info.settings) as store:
         in_use = await versions_in_use(store)
@@ -1464,7 +1114,7 @@ async def migrate(
     from service.runtime import Runtime
 
     screen = output(json_out)
-    info = running_stack(workdir)
+    info = connection.running_stack(workdir)
     runtime = Runtime.from_settings(Settings.from_env(info.settings))
     try:
         report = await run_migration(
@@ -1544,7 +1194,7 @@ async def purges(
 ) -> None:
     """List the recorded purge runs (the timer's and operators'), newest first."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         view = await ops.purge_runs(limit=limit)
     emit(view, show_purges, screen)
 
@@ -1577,7 +1227,7 @@ async def archived(
 ) -> None:
     """Show a purged order (state, steps, timeline) read back from the archive."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         view = await ops.archived_order(order_id, day=day)
     emit(view, show_archived, screen)
 
@@ -1628,7 +1278,7 @@ async def dead_letters(
     action = words[0] if words and words[0] in ("replay", "purge") else None
     if action is None and (len(words) > 1 or all_ or dry_run):
         raise fail("to act on dead letters: dead-letters replay|purge QUEUE [SEQ]... [--all]", 2)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         if action is not None:
             await settle_dead_letters(
                 ops, action, words[1:], all_, dry_run, yes, operator, reason, screen
@@ -1700,7 +1350,7 @@ async def dead_letter_log(
     """List the dead-letter replays and purges operators ran (when, who, the queue, why, and
     what became of each message), newest first."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         view = await ops.dead_letter_log(limit=limit)
     emit(view, views.show_dead_letter_log, screen, MODE.wide)
 
@@ -1737,10 +1387,10 @@ def fault(
     from devstack.stack.local_stack import profile_path
 
     screen = output(json_out)
-    info = running_stack(workdir)
+    info = connection.running_stack(workdir)
     change: dict[str, Any] = {}
     if profile is not None:
-        check_profile(profile)
+        connection.check_profile(profile)
         path = profile_path(profile)
         change |= {"profile": json.loads(path.read_text()), "source": source_name(path)}
     if decline_next is not None:
@@ -1769,7 +1419,7 @@ async def health(
     """Check that the app can work: its settings, the orders table and Service Bus (exit 1 if
     not), as `GET /api/health` does."""
     screen = output(json_out, wide)
-    async with operations(workdir) as ops:
+    async with connection.operations(workdir) as ops:
         view = await ops.health()
     emit(view, views.show_health, screen)
     if view.status != "ok":
@@ -1991,9 +1641,9 @@ async def demo(
 
     to_stdout = json_out == "-"
     output(to_stdout)
-    check_installed()
+    connection.check_installed()
     if profile is not None:
-        check_profile(profile)
+        connection.check_profile(profile)
     try:
         summary = await Demo(
             orders=orders,
@@ -2006,7 +1656,7 @@ async def demo(
             workdir=workdir,
             rate=rate,
             console=err_console if to_stdout else console,
-            telemetry=telemetry_path(workdir.resolve(), telemetry, telemetry_dir),
+            telemetry=connection.telemetry_path(workdir.resolve(), telemetry, telemetry_dir),
         ).run()
     except (ServiceStartError, OSError) as error:
         raise fail(str(error)) from None

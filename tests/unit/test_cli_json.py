@@ -163,7 +163,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch):
         raise KeyError("the broken thing")
         yield
 
-    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr("orderctl.connection.operations", operations)
     result = runner.invoke(cli.app, ["supervisor"])
     assert result.exit_code == 1
     assert result.stderr.strip() == (
