@@ -2,7 +2,8 @@
 --version, remote mode), the one event loop at a command's edge, and how a command prints,
 fails and asks (people's tables, or one --json document; one-line errors with exit codes).
 
-The commands are declared on :data:`app` in :mod:`orderctl.cli`, which runs it.
+The commands are declared on :data:`app` by the ``*_commands`` modules beside this one, one
+concern each; :mod:`orderctl.cli` imports them all and runs the app.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from orderctl.remote_config import (
 P = ParamSpec("P")
 
 WIDE = 1_000_000  # columns: --wide never wraps or cuts
+COMMAND_ORDER = (
+    "up", "down", "ps", "submit", "status", "orders", "alerts", "ack", "resubmit", "cancel",
+    "restart", "supervisor", "purge", "workflows", "workflow-diff", "migrate", "purges",
+    "archived", "dead-letters", "dead-letter-log", "fault", "health", "trace", "demo",
+)  # fmt: skip
+"""The order `orderctl --help` (and shell completion) lists the commands in, whichever module
+declares each."""
 
 
 @dataclass
@@ -65,6 +73,11 @@ class SafeGroup(TyperGroup):
             if MODE.debug:
                 raise
             raise fail(describe(error), 1) from None
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The commands in :data:`COMMAND_ORDER` (one it does not name: last, as declared)."""
+        rank = {name: n for n, name in enumerate(COMMAND_ORDER)}
+        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
 
 
 app = typer.Typer(

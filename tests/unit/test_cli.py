@@ -443,12 +443,12 @@ def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, a
             made.append(kwargs)
 
     monkeypatch.setattr("orderctl.connection.check_installed", lambda: None)
-    monkeypatch.setattr("orderctl.cli.LocalStack", Stack)
+    monkeypatch.setattr("orderctl.stack_commands.LocalStack", Stack)
 
     async def run_supervised(*args, **kwargs) -> None:
         pass
 
-    monkeypatch.setattr("orderctl.cli.run_supervised", run_supervised)
+    monkeypatch.setattr("orderctl.stack_commands.run_supervised", run_supervised)
     monkeypatch.chdir(tmp_path)
     result = run("up", *args, "--workdir", str(tmp_path / "wd"))
     assert result.exit_code == 0, result.output
