@@ -1,6 +1,6 @@
-"""How `orderctl` shows the operator views to people: steps with what they went through, an
-order's changes as it is followed, bulk actions, dead-letter actions and their log, faults and
-health.
+"""How `orderctl` shows the operator views to people: an order (status, archived), steps with
+what they went through, an order's changes as it is followed, bulk actions, dead-letter actions
+and their log, faults and health.
 
 Stored data (reasons, details, ids, operator names, message ids) goes through
 :func:`orderctl.plain_text.text`: printed as text, never as markup, control characters escaped.
@@ -80,6 +80,44 @@ def show_reasons(steps: Any, screen: Console, wide: bool) -> None:
     for step in steps:
         for reason in step.reasons:
             screen.print(Text.assemble("  ", text(step.name, "bold"), ": ", text(reason)))
+
+
+def show_order(order: Any, screen: Console, wide: bool) -> None:
+    """An order's state, steps and timeline (an OrderDetail)."""
+    p = order.order
+    screen.print(
+        Text.assemble(
+            (printable(p.order_id), "bold"),
+            printable(
+                f"  {p.state}  step {p.current_step} ({p.current_operation}), "
+                f"generation {p.generation}, attempt {p.attempt}, failures {p.failure_count}, "
+                f"locked by {p.locked_by or '-'}"
+            ),
+        )
+    )
+    if p.next_attempt_at:
+        screen.print(Text(f"next attempt due {p.next_attempt_at:%H:%M:%S}"))
+    if p.settling:
+        screen.print(text(f"settling: an answer may still change {', '.join(p.settling)}"))
+    if p.compensation_cause:
+        since = f" since {p.compensating_since:%Y-%m-%d %H:%M:%S}" if p.compensating_since else ""
+        why = p.compensation_reason or "-"
+        screen.print(text(f"compensation ({p.compensation_cause}){since}: {why}"))
+    if p.last_error:
+        screen.print(text(f"last error: {p.last_error}"))
+    screen.print(step_table(order.steps, wide))
+    show_reasons(order.steps, screen, wide)
+    events = Table("#", "at", "actor", "event", "from → to", "detail", title="timeline")
+    for entry in order.timeline:
+        events.add_row(
+            str(entry.seq),
+            entry.at.strftime("%H:%M:%S.%f")[:-3],
+            text(entry.actor),
+            text(entry.event),
+            text(f"{entry.from_state or ''} → {entry.to_state}"),
+            text(entry.detail),
+        )
+    screen.print(events)
 
 
 def timeline_line(entry: Any, wide: bool = True) -> Text:

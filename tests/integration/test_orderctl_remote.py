@@ -34,6 +34,7 @@ from domain.messages import encode
 from domain.states import ProcessState
 from operator_api import functions as api
 from orderctl import cli
+from orderctl.options import OPERATOR
 from orderctl.output import validate
 from service.intake import handle_submission
 from service.operations.operations import Operations
@@ -111,7 +112,7 @@ class Orderctl:
 
     @property
     def actor(self) -> str:
-        return f"operator:{PRINCIPAL if self.backend == 'remote' else cli.OPERATOR}"
+        return f"operator:{PRINCIPAL if self.backend == 'remote' else OPERATOR}"
 
     async def __call__(self, *args: str, input: str | None = None) -> Any:
         if self.backend == "remote":

@@ -237,14 +237,14 @@ class Ops:
 
 
 def use_ops(monkeypatch, s: str, width: int = 120) -> None:
-    from orderctl import cli
+    from rich.console import Console
 
     @asynccontextmanager
     async def operations(workdir):
         yield Ops(s)
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=width))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=width))
 
 
 def fake_running_stack(workdir: Path) -> None:

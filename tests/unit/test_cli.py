@@ -82,10 +82,11 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     from contextlib import asynccontextmanager
     from datetime import UTC, datetime
 
+    from rich.console import Console
+
     from adapters.store.rows import OrderRecord
     from domain.order import Order, StepRecord, StepState, TimelineEntry
     from domain.states import ProcessState
-    from orderctl import cli
     from service.operations.models import OrderDetail
 
     now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -129,8 +130,8 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
     async def operations(workdir):
         yield Ops()
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=200))
     result = run("status", "order-7")
     assert result.exit_code == 0, result.output
     assert "Compensating" in result.output
@@ -146,10 +147,11 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     from contextlib import asynccontextmanager
     from datetime import UTC, datetime, timedelta
 
+    from rich.console import Console
+
     from adapters.settings import Settings
     from adapters.store.supervision import BucketLease, Member
     from devstack.memory import MemoryBus, MemoryStore
-    from orderctl import cli
     from service.operations.operations import Operations
     from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
@@ -175,8 +177,8 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     async def operations(workdir):
         yield Operations(rt)
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=200))
     result = await run_beside("supervisor")
     assert result.exit_code == 0, result.output
     assert "deadline to recovery at most 42.2 s" in result.output  # 41.25 + 1 s of skew
@@ -189,9 +191,12 @@ def _memory_operations(monkeypatch, clock):
     """`orderctl` on a real Operations over the in-memory store and archive."""
     from contextlib import asynccontextmanager
 
+    from rich.console import Console
+
     from adapters.settings import Settings
     from devstack.memory import MemoryArchive, MemoryBus, MemoryStore
-    from orderctl import cli
+    from orderctl.app import fail
+    from service.operations.errors import OperatorError
     from service.operations.operations import Operations
     from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
@@ -212,11 +217,11 @@ def _memory_operations(monkeypatch, clock):
     async def operations(workdir):
         try:
             yield ops
-        except cli.OperatorError as error:
-            raise cli.fail(f"{error.message} ({error.code})", 2) from None
+        except OperatorError as error:
+            raise fail(f"{error.message} ({error.code})", 2) from None
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=200))
     return store
 
 
@@ -431,21 +436,19 @@ def test_trace_reads_the_directory_the_stack_recorded(tmp_path):
     ],
 )
 def test_up_passes_the_telemetry_directory_to_the_stack(tmp_path, monkeypatch, args, expected):
-    import orderctl.cli as cli
-
     made: list[dict] = []
 
     class Stack:
         def __init__(self, workdir, **kwargs):
             made.append(kwargs)
 
-    monkeypatch.setattr(cli, "check_installed", lambda: None)
-    monkeypatch.setattr(cli, "LocalStack", Stack)
+    monkeypatch.setattr("orderctl.connection.check_installed", lambda: None)
+    monkeypatch.setattr("orderctl.stack_commands.LocalStack", Stack)
 
     async def run_supervised(*args, **kwargs) -> None:
         pass
 
-    monkeypatch.setattr(cli, "run_supervised", run_supervised)
+    monkeypatch.setattr("orderctl.stack_commands.run_supervised", run_supervised)
     monkeypatch.chdir(tmp_path)
     result = run("up", *args, "--workdir", str(tmp_path / "wd"))
     assert result.exit_code == 0, result.output

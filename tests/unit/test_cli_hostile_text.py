@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orderctl import cli
+from orderctl.app import fail
 from orderctl.plain_text import printable
 from tests.unit.cli_views import use_ops
 
@@ -114,9 +115,9 @@ def test_a_hostile_error_message_stays_one_escaped_line(monkeypatch):
         try:
             yield None
         except AttributeError:
-            raise cli.fail(f"{OperatorError('x', HOSTILE).message}", 2) from None
+            raise fail(f"{OperatorError('x', HOSTILE).message}", 2) from None
 
-    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr("orderctl.connection.operations", operations)
     result = runner.invoke(cli.app, ["status", "o-1"])
     assert result.exit_code == 2
     assert "\x1b" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

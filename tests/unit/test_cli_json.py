@@ -34,6 +34,17 @@ def test_every_command_has_json_and_a_documented_shape():
         assert "--json" in result.output, name
 
 
+def test_the_help_lists_every_command_where_command_order_puts_it():
+    import typer
+    from typer.main import get_command
+
+    from orderctl.app import COMMAND_ORDER, SafeGroup
+
+    group = get_command(cli.app)
+    assert isinstance(group, SafeGroup)
+    assert group.list_commands(typer.Context(group)) == list(COMMAND_ORDER)
+
+
 def test_docs_hold_the_current_reference():
     docs = (REPO_ROOT / "docs" / "orderctl.md").read_text()
     assert reference().strip() in docs, "regenerate: python -m orderctl.output"
@@ -163,7 +174,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch):
         raise KeyError("the broken thing")
         yield
 
-    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr("orderctl.connection.operations", operations)
     result = runner.invoke(cli.app, ["supervisor"])
     assert result.exit_code == 1
     assert result.stderr.strip() == (

@@ -12,13 +12,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from devstack.fakes.remote_services import FakeServices
 from devstack.stack.local_stack import STATE_FILE
 from orderctl import cli
+from orderctl.app import fail
+from orderctl.options import OPERATOR
 from orderctl.output import validate
 from orderctl.plain_text import join_url
+from service.operations.errors import OperatorError
 from service.operations.models import HealthView
 from tests.unit.cli_views import Ops, fake_running_stack, use_ops
 
@@ -75,11 +79,11 @@ def recording(monkeypatch) -> Recording:
     async def operations(workdir):
         try:
             yield ops
-        except cli.OperatorError as error:
-            raise cli.fail(f"{error.message} ({error.code})", 2) from None
+        except OperatorError as error:
+            raise fail(f"{error.message} ({error.code})", 2) from None
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=200))
     return ops
 
 
@@ -176,11 +180,11 @@ def _memory(monkeypatch):
     async def operations(workdir):
         try:
             yield Operations(rt)
-        except cli.OperatorError as error:
-            raise cli.fail(f"{error.message} ({error.code})", 2) from None
+        except OperatorError as error:
+            raise fail(f"{error.message} ({error.code})", 2) from None
 
-    monkeypatch.setattr(cli, "operations", operations)
-    monkeypatch.setattr(cli, "console", cli.Console(width=200))
+    monkeypatch.setattr("orderctl.connection.operations", operations)
+    monkeypatch.setattr("orderctl.app.console", Console(width=200))
     store.clock = clock  # type: ignore[attr-defined]
     return store
 
@@ -307,7 +311,7 @@ def test_a_replay_says_what_it_would_do_then_asks(recording):
     validate("dead-letters", json.loads(done.stdout))
     (_, preview), (_, acted) = recording.calls
     assert preview["sequence_numbers"] == [1] and preview["dry_run"] is True
-    assert acted == {"operator": cli.OPERATOR, "sequence_numbers": [1], "reason": "not JSON"}
+    assert acted == {"operator": OPERATOR, "sequence_numbers": [1], "reason": "not JSON"}
 
 
 # -------------------------------------------------------------------- alerts and health
@@ -332,7 +336,7 @@ def test_health_exits_1_when_a_check_fails(monkeypatch):
     async def operations(workdir):
         yield Failing("x")
 
-    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr("orderctl.connection.operations", operations)
     result = invoke("health")
     assert result.exit_code == 1 and "NO" in result.stdout and "failing" in result.stdout
 
@@ -424,7 +428,7 @@ def test_fault_prints_a_hostile_profile_description_as_text(stack_with_fakes, mo
 
     workdir, fakes = stack_with_fakes
     fakes.engine.set_profile(Profile(description=HOSTILE), source="[red]x[/red] :smile:")
-    monkeypatch.setattr(cli, "console", cli.Console(width=1_000_000))
+    monkeypatch.setattr("orderctl.app.console", Console(width=1_000_000))
     result = invoke("fault", "--workdir", str(workdir))
     assert result.exit_code == 0, result.output[:500]
     assert printable(HOSTILE) in result.stdout and "[red]x[/red] :smile:" in result.stdout
@@ -473,7 +477,7 @@ def test_the_dead_letter_log_asks_for_the_limit_and_says_when_it_is_empty(monkey
     async def operations(workdir):
         yield Empty("x")
 
-    monkeypatch.setattr(cli, "operations", operations)
+    monkeypatch.setattr("orderctl.connection.operations", operations)
     result = invoke("dead-letter-log", "--limit", "7")
     assert result.exit_code == 0, result.output
     assert asked == [7] and "no dead-letter replay or purge is recorded" in result.stdout

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from devstack.host import LocalHost
@@ -94,7 +95,7 @@ def in_process(monkeypatch, *args: str):
 
 
 def remote(monkeypatch, url: str, *args: str, **options):
-    monkeypatch.setattr(cli, "console", cli.Console(width=WIDTH))
+    monkeypatch.setattr("orderctl.app.console", Console(width=WIDTH))
     return invoke("--api-url", url, *args, **options)
 
 
@@ -224,7 +225,7 @@ def test_no_api_there_is_one_line_saying_what_to_check():
 def test_azd_env_values_from_a_file_or_stdin_configure_it(monkeypatch, api_url, tmp_path):
     values = f'AZURE_ENV_NAME="dev"\nAZURE_FUNCTION_APP_NAME="x"\nORDERCTL_API_URL="{api_url}"\n'
     (tmp_path / "values.env").write_text(values)
-    monkeypatch.setattr(cli, "console", cli.Console(width=WIDTH))
+    monkeypatch.setattr("orderctl.app.console", Console(width=WIDTH))
     from_file = invoke("--azd-env", str(tmp_path / "values.env"), "supervisor", "--json")
     assert from_file.exit_code == 0, from_file.output
     from_stdin = invoke("--azd-env", "-", "supervisor", "--json", input=values)
