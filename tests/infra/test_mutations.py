@@ -1184,7 +1184,7 @@ CODE_MUTATIONS = [
         "retention/functions.py",
         first_line_of(
             "retention_purge",
-            "from core import clients\n"
+            "from adapters import clients\n"
             "service = clients.blob_service(runtime.current().settings.storage)\n"
             'service.get_container_client("exports").upload_blob("x", b"")',
         ),
@@ -1196,7 +1196,7 @@ CODE_MUTATIONS = [
         "retention/functions.py",
         first_line_of(
             "retention_purge",
-            "from core import clients\n"
+            "from adapters import clients\n"
             "service = clients.table_service(runtime.current().settings.storage)\n"
             'await service.get_table_client("exports").upsert_entity({})',
         ),
