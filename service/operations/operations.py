@@ -25,8 +25,9 @@ showing them peeks (nothing changes) and says whether each is resolved, from its
 and timeline (:mod:`service.operations.alert_resolution`); acknowledging completes the message (see
 :mod:`adapters.queues`) and, when the alert names an order, records the acknowledgement in
 that order's timeline. Dead letters are peeked, replayed or purged per queue
-(:mod:`service.operations.dead_letters`), the queue named by its role (``orders``, ``commands``,
-``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``), never by a free-form name.
+(:mod:`service.operations.dead_letter_settler`), the queue named by its role (``orders``,
+``commands``, ``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``), never by a
+free-form name.
 
 :meth:`Operations.health` says, cheaply, whether the app can work: settings loaded, the orders
 table and Service Bus reachable.
@@ -65,7 +66,7 @@ from domain.retention import PURGEABLE_STATES, ack_detail
 from domain.states import ProcessState
 from service import control
 from service.listing import MAX_LIMIT, InvalidCursor, list_orders
-from service.operations import alert_resolution, bulk, dead_letter_log, dead_letters, filters
+from service.operations import alert_resolution, bulk, dead_letter_log, dead_letter_settler, filters
 from service.operations.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from service.operations.models import (
     AckView,
@@ -122,7 +123,7 @@ class Operations:
         rt: Runtime,
         *,
         servicebus: Callable[[], ServiceBusClient] | None = None,
-        duplicate_window: timedelta = dead_letters.DUPLICATE_WINDOW,
+        duplicate_window: timedelta = dead_letter_settler.DUPLICATE_WINDOW,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.rt = rt
@@ -680,8 +681,8 @@ class Operations:
         reason: str | None = None,
     ) -> DeadLetterActionView:
         """Send dead letters back to their queue as first sent, then remove them from the
-        dead letters (see :mod:`service.operations.dead_letters` for what is refused, and why).
-        ``reason`` is required unless ``dry_run``."""
+        dead letters (see :mod:`service.operations.dead_letter_settler` for what is refused, and
+        why). ``reason`` is required unless ``dry_run``."""
         return await self._settle(
             "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
         )
@@ -704,7 +705,7 @@ class Operations:
 
     async def _settle(
         self,
-        kind: dead_letters.Kind,
+        kind: dead_letter_settler.Kind,
         queue: str,
         operator: str,
         sequence_numbers: Sequence[int] | None,
@@ -715,14 +716,14 @@ class Operations:
     ) -> DeadLetterActionView:
         entity = self._queue(queue)
         actor = operator_actor(operator)
-        wanted = dead_letters.selection(
+        wanted = dead_letter_settler.selection(
             list(sequence_numbers) if sequence_numbers else None, everything
         )
-        _check_limit(limit, dead_letters.MAX_SELECTED)
+        _check_limit(limit, dead_letter_settler.MAX_SELECTED)
         if not isinstance(dry_run, bool):
             raise InvalidRequest("invalid_request", "dry_run must be true or false")
         why = "" if dry_run and not reason else _reason(reason)
-        settler = dead_letters.Settler(
+        settler = dead_letter_settler.Settler(
             kind=kind,
             role=queue,
             entity=entity,
@@ -731,7 +732,7 @@ class Operations:
             wanted=wanted,
             window=self._duplicate_window,
         )
-        scan = limit if wanted is None else dead_letters.MAX_SCAN
+        scan = limit if wanted is None else dead_letter_settler.MAX_SCAN
         if dry_run:
             start = 1 if wanted is None else min(wanted)
             seen = await self._queues.peek(
