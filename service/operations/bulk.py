@@ -5,6 +5,8 @@ Selection walks the listing (:mod:`service.listing`) in index order, at most ``l
 orders and ``MAX_SCAN`` rows per call; ``more`` says to run it again. A dry run only selects.
 A confirmed run may name the orders its dry run listed (``order_ids``): each is read again and
 acted on only if it still matches, so an operator never acts on an order they did not see.
+Each order's outcome is listed: acted on, refused (and why), skipped (no longer matches), or what
+a dry run would do.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from domain import ids
 from domain.order import Order
 from domain.states import ProcessState
 from service.listing import MAX_LIMIT, OrderFilter, list_orders
-from service.operations.errors import InvalidRequest
+from service.operations import filters, orders, validation
+from service.operations.context import OperatorContext
+from service.operations.errors import InvalidRequest, OperatorError
 from service.operations.filters import state_of
+from service.operations.models import BulkItem, BulkView, OrderSummary
 
 BulkAction = Literal["resubmit", "cancel"]
 MAX_BULK: Final = 100
@@ -84,3 +89,94 @@ def named(order_ids: object) -> list[str]:
 
 def still_matches(order: Order | None, states: Sequence[ProcessState], where: OrderFilter) -> bool:
     return order is not None and order.state in states and where.matches(order)
+
+
+async def bulk(
+    ctx: OperatorContext,
+    action: BulkAction,
+    *,
+    operator: str,
+    reason: str | None,
+    state: str | None = None,
+    step: str | None = None,
+    older_than: str | None = None,
+    newer_than: str | None = None,
+    text: str | None = None,
+    dry_run: bool = False,
+    order_ids: Sequence[str] | None = None,
+    limit: int = MAX_BULK,
+) -> BulkView:
+    """Resubmit or cancel the orders a filter selects (a state, step, age or text; at
+    least one), at most ``limit``; a dry run only lists them. With ``order_ids`` (what a
+    dry run listed), only those, each if it still matches."""
+    actor = validation.operator_actor(operator)
+    if action not in STATES:
+        raise InvalidRequest("invalid_request", "action must be resubmit or cancel")
+    validation.dry_run(dry_run)
+    why = "" if dry_run and not reason else validation.reason(reason)
+    states = states_for(action, state)
+    chosen = orders.criteria(ctx, step, older_than, newer_than, text)
+    if state in (None, "") and chosen.where.empty:
+        raise InvalidRequest(
+            "empty_filter",
+            "say which orders: a state, step, age or text filter (or name one order)",
+        )
+    validation.check_limit(limit, MAX_BULK)
+    shown = chosen.shown | ({"state": str(state)} if state else {})
+    if order_ids is None:
+        selected, more = await select(ctx.rt.store, states, chosen.where, limit)
+        candidates: list[tuple[str, Order | None]] = [(o.order_id, o) for o in selected]
+    else:
+        candidates = [(i, await ctx.rt.store.find(i)) for i in named(order_ids)]
+        more = False
+    items = [
+        await _item(ctx, action, order_id, order, states, chosen, actor, why, dry_run)
+        for order_id, order in candidates
+    ]
+    return BulkView(
+        action=action,
+        dry_run=dry_run,
+        states=[s.value for s in states],
+        filters=shown,
+        items=items,
+        acted=sum(1 for item in items if item.state is not None),
+        more=more,
+    )
+
+
+async def _item(
+    ctx: OperatorContext,
+    action: BulkAction,
+    order_id: str,
+    order: Order | None,
+    states: Sequence[ProcessState],
+    chosen: filters.Criteria,
+    actor: str,
+    reason: str,
+    dry_run: bool,
+) -> BulkItem:
+    summary = OrderSummary.of(order) if order is not None else None
+    if order is None or not still_matches(order, states, chosen.where):
+        detail = "no longer matches the filter" if order else "no longer exists"
+        return BulkItem(
+            order_id=order_id, order=summary, outcome="skipped", detail=detail, state=None
+        )
+    if dry_run:
+        return BulkItem(
+            order_id=order_id, order=summary, outcome=f"would_{action}", detail="", state=None
+        )
+    act = orders.resubmit if action == "resubmit" else orders.cancel
+    try:
+        done = await act(ctx, order_id, operator=actor, reason=reason)
+    except OperatorError as refused:
+        detail = f"{refused.message} ({refused.code})"
+        return BulkItem(
+            order_id=order_id, order=summary, outcome="refused", detail=detail, state=None
+        )
+    return BulkItem(
+        order_id=order_id,
+        order=summary,
+        outcome=done.outcome,
+        detail=done.detail,
+        state=done.state,
+    )

@@ -1,111 +1,53 @@
-"""The dead-letter log: every replay and purge an operator ran, who ran it, why, and what became
-of each message, including messages that name no order (or none that can be trusted), whose
-action no order timeline can hold.
-
-One row per action that was not a dry run, in a partition of the orders table (no extra table
-to deploy, like the purge log, :mod:`adapters.store.purge_log`): PartitionKey ``~deadletters`` (no
-order
-id starts with ``~``, see :mod:`domain.ids`), RowKey ``<inverted milliseconds>.<action id>`` so a
-query of the partition lists the newest first, with ``At``, ``Actor``, ``Action``, ``Queue``,
-``Reason`` and ``Outcomes`` (JSON: sequence number, message id, order id, outcome). A few rows
-a day at most: operators act by hand.
+"""The dead-letter log as operators see it: every replay and purge that was not a dry run is
+written to it, whole (who, when, why, each message's outcome), including messages that name no
+order, whose action no order timeline can hold; it is read back newest first. The rows are
+:mod:`adapters.store.dead_letter_log`'s, in a partition of the orders table.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final
 
-from azure.data.tables import UpdateMode
+from adapters.store.dead_letter_log import MAX_RECENT, DeadLetterLog, LoggedAction, to_entity
+from service.operations import validation
+from service.operations.context import OperatorContext
+from service.operations.models import (
+    DeadLetterLogEntry,
+    DeadLetterLogView,
+    DeadLetterOutcome,
+    LoggedDeadLetter,
+)
 
-from adapters.store.rows import utc
-from adapters.tables import Table
-from service.operations.models import DeadLetterLogEntry, DeadLetterOutcome, LoggedDeadLetter
-
-log = logging.getLogger("service.operations.dead_letter_log")
-
-PARTITION: Final = "~deadletters"
-MAX_RECENT: Final = 100
-MAX_OUTCOMES_CHARS: Final = 30_000
-"""Table Storage holds 32 K characters in a string property: a longer list is cut, and says so."""
-_INVERT_MS: Final = 10**13
+log = logging.getLogger("operator_api")
 
 
-@dataclass(frozen=True, slots=True)
-class LoggedAction:
-    at: datetime
-    actor: str
-    action: str
-    queue: str
-    reason: str
-    outcomes: list[dict[str, Any]]
-    truncated: bool
+async def dead_letter_log(ctx: OperatorContext, *, limit: int = 20) -> DeadLetterLogView:
+    """The latest dead-letter replays and purges (who, when, why, each message's outcome),
+    newest first."""
+    validation.check_limit(limit, MAX_RECENT)
+    logged = await DeadLetterLog(ctx.orders_table()).recent(limit)
+    return DeadLetterLogView(actions=[to_view(a) for a in logged])
 
 
-def row_key(at: datetime, action_id: str) -> str:
-    millis = int(utc(at).timestamp() * 1000)
-    return f"{_INVERT_MS - millis:013d}.{action_id}"
-
-
-def to_entity(
-    at: datetime,
+async def record(
+    ctx: OperatorContext,
     actor: str,
-    action: str,
+    kind: str,
     queue: str,
-    reason: str,
-    outcomes: Sequence[DeadLetterOutcome],
-) -> dict[str, Any]:
-    listed = [
-        {
-            "sequence_number": o.sequence_number,
-            "message_id": o.message_id,
-            "order_id": o.order_id,
-            "outcome": o.outcome,
-        }
-        for o in outcomes
-    ]
-    text = json.dumps(listed, separators=(",", ":"))
-    truncated = False
-    while len(text) > MAX_OUTCOMES_CHARS and listed:
-        listed = listed[: len(listed) // 2]
-        text = json.dumps(listed, separators=(",", ":"))
-        truncated = True
-    return {
-        "PartitionKey": PARTITION,
-        "RowKey": row_key(at, uuid.uuid4().hex[:12]),
-        "At": utc(at),
-        "Actor": actor,
-        "Action": action,
-        "Queue": queue,
-        "Reason": reason,
-        "Outcomes": text,
-        "Truncated": truncated,
-    }
-
-
-def from_entity(entity: dict[str, Any]) -> LoggedAction:
-    """A stored row; raises KeyError, TypeError or ValueError when its columns are not there.
-    A list of outcomes that does not read is left out and the action says ``truncated``."""
+    why: str,
+    items: list[DeadLetterOutcome],
+) -> bool:
+    """Write the action to the dead-letter log; False (and a warning) if it cannot be: the
+    messages are settled already, so the action stands and the answer says so."""
+    entity = to_entity(ctx.rt.clock(), actor, kind, queue, why, items)
     try:
-        outcomes = json.loads(str(entity.get("Outcomes") or "[]"))
-    except ValueError:
-        outcomes = None
-    readable = isinstance(outcomes, list)
-    return LoggedAction(
-        at=utc(entity["At"]),
-        actor=str(entity["Actor"]),
-        action=str(entity["Action"]),
-        queue=str(entity["Queue"]),
-        reason=str(entity.get("Reason") or ""),
-        outcomes=outcomes if isinstance(outcomes, list) else [],
-        truncated=bool(entity.get("Truncated")) or not readable,
-    )
+        await DeadLetterLog(ctx.orders_table()).record(entity)
+    except Exception:
+        log.warning("%s %s of %s not written to the dead-letter log", actor, kind, queue,
+                    exc_info=True)  # fmt: skip
+        return False
+    return True
 
 
 def to_view(logged: LoggedAction) -> DeadLetterLogEntry:
@@ -128,29 +70,3 @@ def to_view(logged: LoggedAction) -> DeadLetterLogEntry:
         outcomes=outcomes,
         truncated=logged.truncated or len(outcomes) < len(logged.outcomes),
     )
-
-
-class DeadLetterLog:
-    """The ``~deadletters`` partition of the orders table."""
-
-    def __init__(self, table: Table) -> None:
-        self._table = table
-
-    async def record(self, entity: dict[str, Any]) -> None:
-        await self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
-
-    async def recent(self, limit: int = 20) -> list[LoggedAction]:
-        """The newest ``limit`` actions first (at most ``MAX_RECENT``)."""
-        limit = max(1, min(limit, MAX_RECENT))
-        pages = self._table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=limit
-        ).by_page()
-        found: list[LoggedAction] = []
-        async for page in pages:
-            for entity in page:
-                try:
-                    found.append(from_entity(entity))
-                except (KeyError, TypeError, ValueError):  # one damaged row hides no other
-                    log.warning("dead-letter log row %r is damaged; left out", entity.get("RowKey"))
-            break
-        return found[:limit]

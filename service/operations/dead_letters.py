@@ -1,186 +1,204 @@
-"""Replaying and purging dead letters: which messages, whether each may be replayed, and what
-each became.
+"""Dead letters, per queue, the queue named by its role (``orders``, ``commands``,
+``responses``, ``alerts``, ``inventory``, ``payment``, ``shipping``), never by a free-form name:
+how many each queue holds, listing them (peek), and replaying or purging them.
 
-**Replay** sends a dead letter back to its queue as it was first sent (:func:`replay_copy`:
-same body, MessageId and application properties) and only then completes it in the dead-letter
-queue. Two things are checked first, per message:
-
-- A queue whose trigger accepts only the app's signed messages (agent requests, replies,
-  commands) gets back only a message whose signature verifies: anything else would be refused
-  there with an ``untrusted_message`` alert. It stays; purge it instead.
-- Service Bus duplicate detection drops a message whose MessageId it saw within its window
-  (``DUPLICATE_WINDOW``, 10 minutes for every queue of this app: devstack/servicebus/Config.json
-  and infra/), counted from when the message was first sent. A replay inside it would be
-  dropped without a word, so it is refused until the window has passed. A replay that was sent
-  but not completed (a crash between the two) is sent again by the next replay, and dropped
-  then as the duplicate it is.
-
-**Purge** completes dead letters: they are gone.
-
-Both record ``dead_letter_replayed`` / ``dead_letter_purged`` in the timeline of the order the
-message names, when the name can be trusted: a message the app signed, or a submission (the
-orders queue holds the submitters' own, unsigned, messages).
+What a replay refuses, and why, is :mod:`service.operations.dead_letter_settler`'s. A replay or
+purge is recorded in the timeline of each order a message names (when the name can be trusted)
+and, whole, in the dead-letter log (:mod:`service.operations.dead_letter_log`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
 
 from azure.servicebus import ServiceBusReceivedMessage
-from azure.servicebus.exceptions import ServiceBusError
 
-from adapters.queues import Send, body_of, properties_of, replay_copy
-from domain import ids, signing
-from domain.agents import AGENT_NAMES
-from service.operations.errors import InvalidRequest
-from service.operations.models import DeadLetterOutcome, DeadLetterOutcomeKind
+from adapters.queues import body_of
+from domain.messages import excerpt
+from service.listing import MAX_LIMIT
+from service.operations import dead_letter_log, dead_letter_settler, validation
+from service.operations.annotate import annotate
+from service.operations.context import OperatorContext
+from service.operations.models import (
+    DeadLetterActionView,
+    DeadLetterCount,
+    DeadLetterOutcome,
+    DeadLetterPage,
+    DeadLetterSummary,
+    DeadLetterView,
+)
 
-Kind = Literal["replay", "purge"]
-DUPLICATE_WINDOW: Final = timedelta(minutes=10)
-SIGNED_ROLES: Final = frozenset({"commands", "responses", *AGENT_NAMES})
-"""Queues whose trigger handles only messages the app signed for them (service.inbound)."""
-MAX_SCAN: Final = 500
-"""Dead letters received at most while looking for the ones named."""
-MAX_SELECTED: Final = 100
+audit = logging.getLogger("operator_api.audit")
 
-
-def selection(sequence_numbers: object, everything: object) -> frozenset[int] | None:
-    """The sequence numbers asked for (None: every dead letter)."""
-    if everything is True:
-        if sequence_numbers:
-            raise InvalidRequest("invalid_selection", "give sequence numbers or all, not both")
-        return None
-    if not isinstance(sequence_numbers, list | tuple) or not sequence_numbers:
-        raise InvalidRequest(
-            "invalid_selection",
-            "say which dead letters: their sequence numbers (see the dead-letter listing), or all",
-        )
-    numbers = frozenset(sequence_numbers)
-    if len(numbers) > MAX_SELECTED or not all(
-        isinstance(n, int) and not isinstance(n, bool) and 1 <= n < 2**63 for n in numbers
-    ):
-        raise InvalidRequest(
-            "invalid_selection",
-            f"sequence numbers are integers >= 1, at most {MAX_SELECTED} at a time",
-        )
-    return numbers
+MAX_BODY_SHOWN: Final = 16 * 1024
 
 
-@dataclass
-class Settler:
-    """Decides, message by message, what a replay or purge of one queue does with it, and
-    remembers the outcomes. ``keyring``: the app's signing keys; ``now``: the clock;
-    ``wanted``: the sequence numbers asked for (None: any)."""
-
-    kind: Kind
-    role: str
-    entity: str
-    keyring: signing.Keyring
-    now: Callable[[], datetime]
-    wanted: frozenset[int] | None
-    window: timedelta = DUPLICATE_WINDOW
-    outcomes: dict[int, DeadLetterOutcome] = field(default_factory=dict)
-
-    def enough(self) -> bool:
-        return self.wanted is not None and self.wanted <= self.outcomes.keys()
-
-    def consider(self, message: ServiceBusReceivedMessage) -> None:
-        """A dry run's verdict on one dead letter (peeked)."""
-        if not self._wanted(message):
-            return
-        refusal = self._refusal(message) if self.kind == "replay" else None
-        would: DeadLetterOutcomeKind = "would_replay" if self.kind == "replay" else "would_purge"
-        self._note(message, "refused" if refusal else would, refusal or "")
-
-    async def act(self, message: ServiceBusReceivedMessage, send: Send) -> bool:
-        """Settle one dead letter (received): True to complete it."""
-        if not self._wanted(message):
-            return False
-        if self.kind == "purge":
-            self._note(message, "purged", "removed from the dead letters")
-            return True
-        refusal = self._refusal(message)
-        if refusal:
-            self._note(message, "refused", refusal)
-            return False
-        try:
-            await send(replay_copy(message))
-        except ServiceBusError as error:
-            self._note(message, "failed", f"not sent back, it stays: {type(error).__name__}")
-            return False
-        self._note(message, "replayed", f"sent back to {self.entity}")
-        return True
-
-    def missing(self) -> list[DeadLetterOutcome]:
-        """The sequence numbers asked for that were not found."""
-        return [
-            DeadLetterOutcome(
-                sequence_number=n,
-                message_id=None,
-                order_id=None,
-                outcome="not_found",
-                detail=f"no dead letter {n} in {self.entity} (replayed or purged already?)",
-                recorded_in_timeline=False,
+async def dead_letter_summary(ctx: OperatorContext, *, limit: int = 100) -> DeadLetterSummary:
+    """How many dead letters each of the app's queues holds (counted up to ``limit``)."""
+    validation.check_limit(limit, MAX_LIMIT)
+    counts = []
+    queues = ctx.rt.settings.queues
+    peeked = await ctx.queues.peek_each(
+        queues.values(), from_sequence=1, limit=limit + 1, dead_letter=True
+    )
+    for (role, entity), seen in zip(queues.items(), peeked, strict=True):
+        counts.append(
+            DeadLetterCount(
+                queue=role, entity=entity, count=min(len(seen), limit), more=len(seen) > limit
             )
-            for n in sorted((self.wanted or frozenset()) - self.outcomes.keys())
-        ]
-
-    def _wanted(self, message: ServiceBusReceivedMessage) -> bool:
-        number = message.sequence_number or 0
-        return number not in self.outcomes and (self.wanted is None or number in self.wanted)
-
-    def _refusal(self, message: ServiceBusReceivedMessage) -> str | None:
-        if self.role in SIGNED_ROLES:
-            verdict = self._verify(message)
-            if isinstance(verdict, signing.Rejected):
-                return (
-                    f"not replayed: {verdict.problem}: {verdict.detail}; the {self.role} "
-                    "trigger would refuse it (purge it instead)"
-                )
-        sent = message.enqueued_time_utc
-        if sent is not None:
-            sent = sent if sent.tzinfo else sent.replace(tzinfo=UTC)
-            until = sent + self.window
-            if self.now() < until:
-                return (
-                    f"not replayed yet: first sent {sent:%H:%M:%S} UTC, and Service Bus drops "
-                    f"a copy with the same MessageId until {until:%H:%M:%S} UTC (duplicate "
-                    "detection); replay it after that"
-                )
-        return None
-
-    def _verify(self, message: ServiceBusReceivedMessage) -> signing.Verified | signing.Rejected:
-        return signing.verify(
-            self.keyring,
-            signing.signature_of(properties_of(message)),
-            queue=self.entity,
-            message_id=message.message_id or "",
-            body=body_of(message),
         )
+    return DeadLetterSummary(queues=counts)
 
-    def _note(
-        self, message: ServiceBusReceivedMessage, outcome: DeadLetterOutcomeKind, detail: str
-    ) -> None:
-        number = message.sequence_number or 0
-        self.outcomes[number] = DeadLetterOutcome(
-            sequence_number=number,
-            message_id=message.message_id,
-            order_id=self._order_named(message),
-            outcome=outcome,
-            detail=detail,
-            recorded_in_timeline=False,
+
+async def list_dead_letters(
+    ctx: OperatorContext, queue: str, *, limit: int = 50, continuation: str | None = None
+) -> DeadLetterPage:
+    """The dead letters of one of the app's queues, oldest first (peek)."""
+    entity = ctx.queue(queue)
+    validation.check_limit(limit, MAX_LIMIT)
+    start = validation.sequence_cursor(continuation)
+    messages = await ctx.queues.peek(entity, from_sequence=start, limit=limit, dead_letter=True)
+    more = len(messages) == limit
+    return DeadLetterPage(
+        queue=queue,
+        entity=entity,
+        items=[_view(m) for m in messages],
+        continuation=str(messages[-1].sequence_number + 1) if more else None,
+    )
+
+
+async def replay_dead_letters(
+    ctx: OperatorContext,
+    queue: str,
+    *,
+    operator: str,
+    sequence_numbers: Sequence[int] | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+    limit: int = 100,
+    reason: str | None = None,
+) -> DeadLetterActionView:
+    """Send dead letters back to their queue as first sent, then remove them from the
+    dead letters (see :mod:`service.operations.dead_letter_settler` for what is refused, and
+    why). ``reason`` is required unless ``dry_run``."""
+    return await _settle(
+        ctx, "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+    )
+
+
+async def purge_dead_letters(
+    ctx: OperatorContext,
+    queue: str,
+    *,
+    operator: str,
+    sequence_numbers: Sequence[int] | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+    limit: int = 100,
+    reason: str | None = None,
+) -> DeadLetterActionView:
+    """Remove dead letters for good. ``reason`` is required unless ``dry_run``."""
+    return await _settle(
+        ctx, "purge", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+    )
+
+
+async def _settle(
+    ctx: OperatorContext,
+    kind: dead_letter_settler.Kind,
+    queue: str,
+    operator: str,
+    sequence_numbers: Sequence[int] | None,
+    everything: bool,
+    dry_run: bool,
+    limit: int,
+    reason: str | None,
+) -> DeadLetterActionView:
+    entity = ctx.queue(queue)
+    actor = validation.operator_actor(operator)
+    wanted = dead_letter_settler.selection(
+        list(sequence_numbers) if sequence_numbers else None, everything
+    )
+    validation.check_limit(limit, dead_letter_settler.MAX_SELECTED)
+    validation.dry_run(dry_run)
+    why = "" if dry_run and not reason else validation.reason(reason)
+    settler = dead_letter_settler.Settler(
+        kind=kind,
+        role=queue,
+        entity=entity,
+        keyring=ctx.rt.settings.keyring,
+        now=ctx.rt.clock,
+        wanted=wanted,
+        window=ctx.duplicate_window,
+    )
+    scan = limit if wanted is None else dead_letter_settler.MAX_SCAN
+    if dry_run:
+        start = 1 if wanted is None else min(wanted)
+        seen = await ctx.queues.peek(entity, from_sequence=start, limit=scan, dead_letter=True)
+        for message in seen:
+            settler.consider(message)
+        more = len(seen) == scan and not settler.enough()
+    else:
+        more = await ctx.queues.settle_dead_letters(
+            entity, settler.act, max_scan=scan, enough=settler.enough
         )
+    items = [await _recorded(ctx, o, actor, kind, entity, why) for o in settler.outcomes.values()]
+    items = sorted(items + settler.missing(), key=lambda o: o.sequence_number)
+    audit.info("%s %s dead letters of %s: %d: %s", actor, kind, entity, len(items), why)
+    logged = not dry_run and await dead_letter_log.record(ctx, actor, kind, queue, why, items)
+    return DeadLetterActionView(
+        action=kind,
+        queue=queue,
+        entity=entity,
+        dry_run=dry_run,
+        items=items,
+        more=more and wanted is None,
+        recorded_in_log=logged,
+    )
 
-    def _order_named(self, message: ServiceBusReceivedMessage) -> str | None:
-        trusted = self.role == "orders" or isinstance(self._verify(message), signing.Verified)
-        if not trusted:
-            return None
+
+async def _recorded(
+    ctx: OperatorContext,
+    outcome: DeadLetterOutcome,
+    actor: str,
+    kind: str,
+    entity: str,
+    why: str,
+) -> DeadLetterOutcome:
+    if outcome.order_id is None or outcome.outcome not in ("replayed", "purged"):
+        return outcome
+    detail = f"{entity} dead letter {outcome.sequence_number} ({outcome.message_id}): {why}"
+    event = f"dead_letter_{outcome.outcome}"
+    recorded = await annotate(ctx, outcome.order_id, actor, event, detail)
+    return outcome.model_copy(update={"recorded_in_timeline": recorded})
+
+
+def _view(message: ServiceBusReceivedMessage) -> DeadLetterView:
+    raw = body_of(message)
+    body: Any = None
+    shown: str | None = None
+    if len(raw) <= MAX_BODY_SHOWN:
         try:
-            data = json.loads(body_of(message)[:65536])
-            return ids.validate_order_id(data.get("order_id"))
-        except (ValueError, AttributeError, ids.InvalidId, RecursionError):
-            return None
+            body = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            shown = excerpt(raw)
+    else:
+        shown = excerpt(raw)
+    return DeadLetterView(
+        sequence_number=message.sequence_number or 0,
+        message_id=message.message_id,
+        enqueued_at=message.enqueued_time_utc,
+        delivery_count=message.delivery_count,
+        reason=message.dead_letter_reason,
+        description=message.dead_letter_error_description,
+        subject=message.subject,
+        body=body,
+        raw=shown,
+    )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -1174,8 +1174,8 @@ CODE_MUTATIONS = [
     ),
     CodeMutation(
         "the operator API peeks a queue the app has no Receiver on",
-        "service/operations/operations.py",
-        first_line_of("list_alerts", 'self._queues.peek("order-status", from_sequence=1, limit=1)'),
+        "service/operations/alerts.py",
+        first_line_of("list_alerts", 'ctx.queues.peek("order-status", from_sequence=1, limit=1)'),
         "data_roles",
         "operator_list_alerts: receives from queue 'order-status' at adapters/queues.py",
     ),

@@ -1,4 +1,5 @@
-"""service.operations.dead_letter_log offline: rows round-trip, and a damaged row or outcome hides
+"""The dead-letter log offline (adapters.store.dead_letter_log's rows, read back into the API's
+view by service.operations.dead_letter_log): rows round-trip, and a damaged row or outcome hides
 nothing else (the operator still sees every other action)."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.operations.dead_letter_log import DeadLetterLog, from_entity, to_entity, to_view
+from adapters.store.dead_letter_log import DeadLetterLog, from_entity, to_entity
+from service.operations.dead_letter_log import to_view
 from service.operations.models import DeadLetterOutcome
 
 pytestmark = pytest.mark.anyio

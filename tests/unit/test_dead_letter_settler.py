@@ -14,7 +14,7 @@ from azure.servicebus.exceptions import ServiceBusConnectionError
 
 from adapters.queues import Send, properties_of, replay_copy
 from domain import signing
-from service.operations.dead_letters import Settler, selection
+from service.operations.dead_letter_settler import Settler, selection
 from service.operations.errors import InvalidRequest
 
 pytestmark = pytest.mark.anyio
