@@ -589,7 +589,7 @@ async def test_rows_are_read_a_page_at_a_time_and_pages_resume(serve) -> None:
     assert len(server.requests) == 3 + 1 + 2 + 3
 
 
-async def test_a_failed_page_says_where_it_started(serve) -> None:
+async def test_a_failed_page_says_where_it_started(serve, quick_backoff) -> None:
     server = await serve(paging(fail_at=4))
     async with tables(server) as service:
         pages = service.get_table_client("t").list_entities().by_page()
