@@ -85,6 +85,7 @@ def open_store(settings: dict[str, str]) -> OrderStateStore:
         orders_table=config.orders_table,
         active_table=config.active_table,
         supervision_table=config.supervision_table,
+        owns_service=True,  # closing the store closes its HTTP session
     )
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from devstack.faults import clock
 from devstack.stack.processes import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -52,3 +53,18 @@ def test_broker_restarts_and_dropped_connections_break_no_invariant(tmp_path):
     counts = report["nemeses"]["counts"]
     assert counts["broker_restarts"] >= 1 and counts["broker_connection_resets"] >= 1, counts
     assert report["locks"]["broker"]["broker_processes"] == counts["broker_restarts"] + 1
+
+
+@pytest.mark.skipif(
+    clock.library() is None, reason=f"datefudge is not installed: {clock.INSTALL_HINT}"
+)
+def test_hosts_whose_clocks_disagree_by_up_to_the_tolerance_break_no_invariant(tmp_path):
+    """The run-level check of the tolerated skew; what fails without the tolerance is shown
+    in memory, where the World drifts the Supervisor's clock on every step
+    (tests/unit/test_skew_tolerance.py): at this scale an order rarely falls in the window."""
+    report = chaos(tmp_path, "skew", "--skew-max", "9")
+    skewed = report["nemeses"]["counts"]["skewed_hosts"]
+    assert len(skewed) == 2 and all(abs(offset) <= 9 for offset in skewed.values()), skewed
+    assert any(offset > 0 for offset in skewed.values()), "one host runs ahead"
+    assert any(offset < 0 for offset in skewed.values()), "one host runs behind"
+    assert report["early_recoveries"]["count"] == 0, report["early_recoveries"]
