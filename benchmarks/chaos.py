@@ -6,6 +6,7 @@ exits 1 if any fails.
     python -m benchmarks.chaos [--orders 1000] [--hosts 2] [--nemesis kill]
                                [--kill-min 3 --kill-max 7] [--skew-max 10]
                                [--storage-rates throttle=0.03,...] [--profile stress] [--seed 7]
+                               [--lock-seconds 20]
 
 ``--nemesis`` takes any of ``pause,skew,storage,broker,kill`` (default ``kill``); what each does,
 and the record of it in ``nemeses`` (every action with its target, start and end; the counts of
@@ -141,6 +142,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_STORAGE_RATES,
         help=f"the storage proxy's fault rates (default {DEFAULT_STORAGE_RATES})",
     )
+    parser.add_argument(
+        "--lock-seconds",
+        type=int,
+        help="every queue's message lock (default: the entity config's minute); a pause "
+        "lasts this plus 5 s",
+    )
     parser.add_argument("--profile", default="stress")
     parser.add_argument("--workflow", default="order")
     parser.add_argument("--timeout", type=float, default=1200.0)
@@ -181,6 +188,7 @@ async def run(args: argparse.Namespace) -> int:
         persist="broker" in chosen,  # a restarted broker comes back with its messages
         clock_offsets=offsets,
         storage_faults=args.storage_rates if "storage" in chosen else None,
+        lock_seconds=args.lock_seconds,
     )
     info = await stack.start(progress=lambda step: print(f"… {step}", file=sys.stderr))
     try:
@@ -193,7 +201,7 @@ async def run(args: argparse.Namespace) -> int:
             chosen,
             rng,
             kill_every=(args.kill_min, args.kill_max),
-            pause_s=pause_seconds(Settings.from_env(info.settings)),
+            pause_s=pause_seconds(Settings.from_env(info.settings), stack.broker_config()),
             started=started,
         )
         await send_orders(info.settings, orders)

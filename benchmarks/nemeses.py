@@ -77,10 +77,10 @@ def skew_offsets(rng: random.Random, hosts: int, skew_max: int) -> dict[int, int
     }
 
 
-def pause_seconds(settings: Settings) -> float:
+def pause_seconds(settings: Settings, broker_config: Path = DEFAULT_CONFIG) -> float:
     """Longer than every queue's lock (the broker's entity config) and the Supervisor's lease."""
     longest_lock = max(
-        q.lock_duration.total_seconds() for q in load_queues([DEFAULT_CONFIG]).values()
+        q.lock_duration.total_seconds() for q in load_queues([broker_config]).values()
     )
     return max(longest_lock, settings.supervisor_lease.total_seconds()) + PAUSE_MARGIN_S
 

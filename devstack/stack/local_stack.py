@@ -128,6 +128,7 @@ class LocalStack:
         telemetry: Path | None = None,
         clock_offsets: Mapping[int, int] | None = None,
         storage_faults: FaultRates | None = None,
+        lock_seconds: int | None = None,
     ) -> None:
         """``api_port``: where host 0 serves the operator HTTP API: this port, or the next free
         one above it if it is taken (0: any free port). ``persist``: Azurite and the broker keep
@@ -135,7 +136,9 @@ class LocalStack:
         the directory the hosts write spans and metrics to (:func:`telemetry_dir`); None: off.
         ``clock_offsets``: seconds each host's wall clock runs ahead (negative: behind), by host
         number, kept across its restarts. ``storage_faults``: the hosts reach Azurite's Table
-        endpoint through the storage proxy, which injects these faults (seeded by ``seed``)."""
+        endpoint through the storage proxy, which injects these faults (seeded by ``seed``).
+        ``lock_seconds``: every queue's message lock lasts this long instead of the entity
+        config's minute (the chaos tests' small runs wait out fewer seconds of lost locks)."""
         self.workdir = Path(workdir)
         self.hosts = hosts
         self.concurrency = concurrency
@@ -147,6 +150,7 @@ class LocalStack:
         self.telemetry = Path(telemetry).resolve() if telemetry is not None else None
         self.clock_offsets = dict(clock_offsets or {})
         self.storage_faults = storage_faults
+        self.lock_seconds = lock_seconds
         self.paused: set[int] = set()
         self._azurite: AzuriteProcess | None = None
         self._broker: BrokerProcess | None = None
@@ -163,6 +167,19 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+
+    def broker_config(self) -> Path:
+        """The broker's entity config: the repository's, or a copy in the workdir with every
+        queue's lock set to :attr:`lock_seconds`."""
+        if self.lock_seconds is None:
+            return DEFAULT_CONFIG
+        config = json.loads(DEFAULT_CONFIG.read_text())
+        for namespace in config["UserConfig"]["Namespaces"]:
+            for queue in namespace["Queues"]:
+                queue["Properties"]["LockDuration"] = f"PT{self.lock_seconds}S"
+        path = self.workdir / "broker-config.json"
+        path.write_text(json.dumps(config, indent=2))
+        return path
 
     async def _start(self, progress: Progress) -> StackInfo:
         for stale in self.workdir.glob("host-*.stats.json"):
@@ -181,7 +198,7 @@ class LocalStack:
             host_account = self._start_storage_proxy(account)
         progress("starting the Service Bus development broker")
         self._broker = BrokerProcess(
-            [DEFAULT_CONFIG],
+            [self.broker_config()],
             data_dir=self.workdir / "broker-data" if self.persist else None,
             log_path=self.workdir / "broker.log",
         )

@@ -26,6 +26,8 @@ def test_killing_hosts_breaks_no_invariant(tmp_path):
             "6",
             "--kill-max",
             "9",
+            "--lock-seconds",
+            "20",  # a killed host's messages come back in seconds, not the config's minute
             "--timeout",
             "300",
             "--workdir",

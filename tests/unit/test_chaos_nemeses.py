@@ -19,7 +19,9 @@ from benchmarks.nemeses import (
     skew_offsets,
 )
 from devstack.faults.storage_proxy import FaultRates
-from devstack.stack.local_stack import base_settings
+from devstack.servicebus.config import load_queues
+from devstack.stack.broker import DEFAULT_CONFIG
+from devstack.stack.local_stack import LocalStack, base_settings
 from orderctl.demo import QUICK_SETTINGS
 
 pytestmark = pytest.mark.anyio
@@ -94,6 +96,19 @@ def test_a_pause_outlasts_the_locks_and_the_supervisor_lease():
     settings = Settings.from_env(base_settings() | QUICK_SETTINGS)
     assert settings.supervisor_lease.total_seconds() < 60
     assert pause_seconds(settings) == 60 + 5, "the broker's 60 s locks, and a margin"
+
+
+def test_a_stack_with_short_locks_gives_its_broker_them_and_pauses_past_them(tmp_path):
+    settings = Settings.from_env(base_settings() | QUICK_SETTINGS)
+    assert LocalStack(tmp_path).broker_config() == DEFAULT_CONFIG
+    config = LocalStack(tmp_path, lock_seconds=20).broker_config()
+    queues, defaults = load_queues([config]), load_queues([DEFAULT_CONFIG])
+    assert queues.keys() == defaults.keys()
+    assert {q.lock_duration.total_seconds() for q in queues.values()} == {20}
+    assert [q.max_delivery_count for q in queues.values()] == [
+        q.max_delivery_count for q in defaults.values()
+    ], "only the locks change"
+    assert pause_seconds(settings, config) == 20 + 5
 
 
 async def test_a_pause_ends_after_its_time_and_the_run_waits_for_the_woken_host(tmp_path):
