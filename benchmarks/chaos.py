@@ -21,7 +21,11 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
 - ``undo_without_do``: an undo that reversed nothing at the service;
 - ``effects_left_after_compensation``: an Error order with a forward effect still in place;
 - ``errors_whose_failing_step_succeeded``: an order failed at the threshold on a step whose
-  forward call did take effect at the service;
+  forward call did take effect at the service, with a failed attempt of that step that was not
+  the service's own (ours, or given up on unanswered): a failure we counted that did not happen.
+  One whose every failed attempt was the service's (it timed out each time, and a late call
+  landed: what the profile's hangs are for) is the pattern working and is reported apart, in
+  ``threshold_failures_at_service_that_landed``;
 - ``status_sequences_incomplete``: an order whose status updates did not all arrive, 0, 1, 2,
   ... up to StatusSeq - 1, in order; or whose last update does not say the state it ended in;
   or where not exactly one update says it finished (Processed or Error);
@@ -100,7 +104,14 @@ from devstack.orders import open_orders_table, open_store, send_orders
 from devstack.servicebus import stats as broker_stats
 from devstack.stack.local_stack import LocalStack
 from domain.messages import OrderSubmitted
-from domain.order import TERMINAL_ALERT_REASONS, Order, StepRecord, StepState, TimelineEntry
+from domain.order import (
+    TERMINAL_ALERT_REASONS,
+    Failures,
+    Order,
+    StepRecord,
+    StepState,
+    TimelineEntry,
+)
 from domain.states import ProcessState
 from orderctl.demo import QUICK_SETTINGS
 
@@ -542,6 +553,7 @@ async def check_invariants(  # type: ignore[no-untyped-def]
     error_causes: Counter[str] = Counter()
     errors: set[str] = set()
     lost, stuck, wrong_alerts, spurious, incomplete = [], [], [], [], []
+    service_failed: list[dict[str, Any]] = []
     max_stall = 0.0
     longest: dict[str, object] = {}
     recoveries: list[float] = []
@@ -570,7 +582,10 @@ async def check_invariants(  # type: ignore[no-untyped-def]
                         f"{e.at.time()} {e.event}: {e.detail[:160]}"
                         for e in timelines.get(order_id, [])
                     ]
-                    spurious.append({"order_id": order_id, "timeline": timeline})
+                    if all_at_service(step.forward_failures):
+                        service_failed.append({"order_id": order_id, "timeline": timeline})
+                    else:
+                        spurious.append({"order_id": order_id, "timeline": timeline})
         elif alerts[order_id]:
             wrong_alerts.append((order_id, alerts[order_id]))
         problem = status_problem(statuses.get(order_id, []), order.status_seq, order.state)
@@ -636,6 +651,10 @@ async def check_invariants(  # type: ignore[no-untyped-def]
             "max_early_s": max((e["early_s"] for e in early), default=0),
             "examples": early[:3],
         },
+        "threshold_failures_at_service_that_landed": {
+            "count": len(service_failed),
+            "examples": service_failed[:3],
+        },
         "compensation_incomplete": sum(1 for o in found if _incomplete(o)),
         "failed_attempts": failed_attempts(found),
         "failure_threshold_orders": threshold_failures(found),
@@ -664,6 +683,12 @@ def failed_attempts(orders: list[Order]) -> dict[str, dict[str, int]]:
                 split[direction]["on_our_side"] += failures.on_our_side
                 split[direction]["unanswered"] += len(failures.unanswered)
     return {direction: dict(counts) for direction, counts in split.items()}
+
+
+def all_at_service(failures: Failures) -> bool:
+    """Every failed attempt was the service's own (it failed or did not answer in time), none
+    ours and none given up on unanswered."""
+    return failures.total > 0 and not failures.on_our_side and not failures.unanswered
 
 
 def threshold_failures(orders: list[Order]) -> dict[str, int]:

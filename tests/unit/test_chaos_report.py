@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from benchmarks.chaos import failed_attempts, threshold_failures
+from benchmarks.chaos import all_at_service, failed_attempts, threshold_failures
 from domain.lifecycle import Context, submit
 from domain.messages import OrderSubmitted
 from domain.order import NO_FAILURES, Failures, Order, StepState
@@ -66,3 +66,12 @@ def test_orders_failed_at_the_threshold_are_split_by_their_failing_step():
         "any_on_our_side": 1,
         "unknown": 1,
     }
+
+
+def test_only_a_failure_not_the_services_own_makes_a_landed_call_a_wrong_failure():
+    """A step that failed at the threshold although its call landed is a failure we counted
+    wrongly unless every failed attempt was the service's own (it timed out each time)."""
+    assert all_at_service(Failures(at_service=3))
+    assert not all_at_service(Failures(at_service=2, on_our_side=1))
+    assert not all_at_service(Failures(at_service=2, unanswered=(3,)))
+    assert not all_at_service(NO_FAILURES), "a step that never failed did not fail at the service"
