@@ -53,6 +53,23 @@ Res: TypeAlias = tuple[str, str]
 """("setting", NAME): the resource an app setting names; ("literal", name); ("runtime", the
 expression that names it at run time)."""
 
+AST_RETRIES = 3
+
+
+def parse(source: str, filename: str = "<unknown>", mode: str = "exec") -> Any:
+    """``ast.parse``, tried again on CPython 3.11's "AST constructor recursion depth mismatch":
+    its AST constructor kept its recursion count in interpreter-wide state (CPython gh-106905), so a
+    compile on another thread of the test process at the same moment (a local host importing,
+    a finalizer) can trip it. The error says nothing about the source; the next try parses it."""
+    for attempt in range(AST_RETRIES):
+        try:
+            return ast.parse(source, filename=filename, mode=mode)
+        except SystemError as error:
+            if "recursion depth mismatch" not in str(error) or attempt == AST_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 APP_ENTRY = "function_app"
 SEND_PRIMITIVES: Mapping[str, str] = {
     # function key -> the parameter naming the queue it sends to
@@ -432,7 +449,7 @@ class Program:
         path = self.module_path(name)
         if path is None:
             return
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = parse(path.read_text(encoding="utf-8"), filename=str(path))
         module = Module(name, path, str(path.relative_to(self.root)), tree)
         self.modules[name] = module
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -1201,7 +1218,7 @@ class Analyzer:
             return NOTHING
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             try:
-                parsed = ast.parse(node.value, mode="eval").body
+                parsed = parse(node.value, mode="eval").body
             except SyntaxError:
                 return NOTHING
             return self.annotation(parsed, module, cls)
