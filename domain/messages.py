@@ -454,9 +454,6 @@ class OperatorAlert(MessageBase):
     raised_at: UtcDatetime = Field(default_factory=utc_now)
 
 
-Message = (
-    OrderSubmitted | AgentRequest | AgentResponse | SchedulerCommand | StatusUpdate | OperatorAlert
-)
 MESSAGE_TYPES: Final[dict[str, type[MessageBase]]] = {
     cls.MESSAGE_TYPE: cls
     for cls in (
@@ -628,22 +625,6 @@ def parse_message(body: bytes | str, expected: type[T]) -> T:
     raw = _as_bytes(body)
     data = _decode_object(raw, expected.MESSAGE_TYPE)
     return _validate(raw, data, expected)
-
-
-def parse_any_message(body: bytes | str) -> Message:
-    """Parse a body of any known type, chosen by its ``type`` (tools reading dead letters)."""
-    raw = _as_bytes(body)
-    data = _decode_object(raw, "any message")
-    kind = data.get("type")
-    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise BadMessage(
-            f"message type {repr(kind)[:80]} is not one of: {', '.join(MESSAGE_TYPES)}",
-            expected="any message",
-            order_id=_order_id_of(data),
-            raw_excerpt=excerpt(raw),
-        )
-    return _validate(raw, data, cls)  # type: ignore[return-value]
 
 
 def _json_kind(value: Any) -> str:

@@ -19,7 +19,6 @@ from domain.messages import (
     StatusUpdate,
     encode,
     message_id_for,
-    parse_any_message,
     parse_message,
 )
 from domain.states import ProcessState
@@ -110,7 +109,6 @@ def test_round_trip_through_encode_and_parse(message):
     assert b": " not in body and b", " not in body  # compact
     assert parse_message(body, type(message)) == message
     assert parse_message(body.decode(), type(message)) == message
-    assert parse_any_message(body) == message
 
 
 @pytest.mark.parametrize("message", ALL_MESSAGES, ids=lambda m: m.MESSAGE_TYPE)
@@ -471,10 +469,6 @@ class TestParseMessage:
         assert alert.detail.startswith("rejected OrderSubmitted: body is not valid UTF-8")
         assert alert.raw_excerpt == "\\xfe\\xff"
         assert parse_message(encode(alert), OperatorAlert) == alert
-
-    def test_unknown_type_for_parse_any(self):
-        with pytest.raises(BadMessage, match="message type 'Nope' is not one of: OrderSubmitted"):
-            parse_any_message(b'{"type": "Nope", "order_id": "o-1"}')
 
     def test_non_bytes_body_is_a_programming_error(self):
         with pytest.raises(TypeError):
