@@ -798,8 +798,7 @@ def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decis
 
 def _retry_due(failures: int, ctx: Context) -> datetime:
     """When retry number ``failures`` is due: the workflow's growing delay, jittered."""
-    retry = ctx.workflow.retry
-    return ctx.now + retry.nominal_delay(failures) * (1.0 - retry.jitter * ctx.jitter)
+    return ctx.now + ctx.workflow.retry.delay(failures, ctx.jitter)
 
 
 def _warn_if_long(order: Order, ctx: Context) -> Order:

@@ -10,8 +10,7 @@ and redelivery, so the service applies each direction of each step at most once 
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import MappingProxyType
@@ -73,9 +72,9 @@ class RetryPolicy:
             seconds = cap_s
         return timedelta(seconds=min(seconds, cap_s))
 
-    def delay(self, failure_count: int, rng: random.Random) -> timedelta:
-        nominal = self.nominal_delay(failure_count)
-        return nominal * (1.0 - self.jitter * rng.random())
+    def delay(self, failure_count: int, draw: float) -> timedelta:
+        """The nominal delay less up to ``jitter`` of it: ``draw`` (0 to 1) says how much."""
+        return self.nominal_delay(failure_count) * (1.0 - self.jitter * draw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,15 +224,6 @@ class Workflow:
                 )
         return None
 
-    def compensation_steps(self, completed: Iterable[str]) -> tuple[Step, ...]:
-        """The completed steps that have an undo, latest first (the order to undo them in)."""
-        done = {self.index_of(name) for name in completed}
-        return tuple(
-            self.steps[position]
-            for position in sorted(done, reverse=True)
-            if self.steps[position].compensable
-        )
-
 
 DEFAULT_RETRY: Final = RetryPolicy(
     base_delay=timedelta(seconds=5), factor=2.0, cap=timedelta(minutes=5), jitter=0.2
@@ -336,7 +326,3 @@ def resolve(flows: Mapping[str, Workflow], ref: str) -> Workflow:
             f"{', '.join(sorted(flows))}"
         )
     return flow
-
-
-def get_workflow(ref: str) -> Workflow:
-    return resolve(WORKFLOWS, ref)

@@ -93,12 +93,12 @@ def workflow_diff(
     json_out: Json = False,
 ) -> None:
     """What changed between two workflow versions this code carries."""
-    from domain.workflows import UnknownWorkflow, get_workflow
+    from domain.workflows import WORKFLOWS, UnknownWorkflow, resolve
     from service.versions import diff
 
     screen = output(json_out)
     try:
-        a, b = get_workflow(old), get_workflow(new)
+        a, b = resolve(WORKFLOWS, old), resolve(WORKFLOWS, new)
     except UnknownWorkflow as error:
         raise fail(str(error), 2) from None
     view = WorkflowDiffView(old=a.ref, new=b.ref, changes=diff(a, b))

@@ -44,7 +44,7 @@ from domain.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderS
 from domain.order import Order, StepState, TimelineEntry
 from domain.retention import DeleteOutcome
 from domain.states import ProcessState
-from domain.workflows import get_workflow
+from domain.workflows import WORKFLOWS, resolve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -173,7 +173,7 @@ def submitted(order_id: str = "o-1", **overrides: Any) -> OrderSubmitted:
 
 
 def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> lifecycle.Context:
-    return lifecycle.Context(workflow=get_workflow(workflow), now=clock(), actor=actor)
+    return lifecycle.Context(workflow=resolve(WORKFLOWS, workflow), now=clock(), actor=actor)
 
 
 def new_order(clock: Clock, order: OrderSubmitted) -> tuple[Order, TimelineEntry]:

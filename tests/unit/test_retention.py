@@ -29,7 +29,7 @@ from domain.retention import (
     verdict,
 )
 from domain.states import ProcessState
-from domain.workflows import get_workflow
+from domain.workflows import WORKFLOWS, resolve
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +53,7 @@ def an_order(state: ProcessState, updated_at: datetime) -> Order:
         currency="EUR",
         submitted_at=updated_at,
     )
-    context = Context(workflow=get_workflow("order"), now=updated_at, actor="scheduler-1")
+    context = Context(workflow=resolve(WORKFLOWS, "order"), now=updated_at, actor="scheduler-1")
     created = submit(submitted, context).order
     assert created is not None
     return dataclasses.replace(created, state=state, updated_at=updated_at)
