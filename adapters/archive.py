@@ -112,14 +112,6 @@ async def find_all(
     return []
 
 
-async def read_day(archive: Archive, day: date) -> list[ArchivedOrder]:
-    """The orders archived on ``day``, one per order id (de-duplicated), in archive order."""
-    records = [
-        decode(line) for blob in await archive.blobs(day) async for line in archive.lines(blob)
-    ]
-    return latest(records)
-
-
 def latest(records: Iterable[ArchivedOrder]) -> list[ArchivedOrder]:
     """One record per order id: the copy with the highest timeline sequence, then the latest
     ``archived_at`` (a crash between archive and delete archives an order twice)."""

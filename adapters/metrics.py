@@ -102,13 +102,6 @@ def bind(provider: MeterProvider | None = None) -> None:
         _bound = _Instruments(provider or metrics.get_meter_provider())
 
 
-def unbind() -> None:
-    """Stop recording (tests)."""
-    global _bound
-    with _bind_lock:
-        _bound = None
-
-
 def enabled() -> bool:
     """Whether recording does anything; callers that must compute an attribute check first."""
     return _bound is not None
@@ -118,14 +111,6 @@ def order_started(workflow: str) -> None:
     if (on := _bound) is None:
         return
     on.started.add(1, {"workflow": workflow})
-
-
-def step_finished(step: str, outcome: str, operation: str, seconds: float) -> None:
-    """One step attempt's reply applied, ``seconds`` after the attempt was dispatched."""
-    if (on := _bound) is None:
-        return
-    attributes = {"step": step, "outcome": outcome, "operation": operation}
-    on.step_duration.record(max(0.0, seconds), attributes)
 
 
 def record_circuit_state(agent: str, state: str) -> None:

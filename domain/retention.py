@@ -164,9 +164,6 @@ class DeletePlan:
     def atomic(self) -> bool:
         return not self.middle and not self.last
 
-    def transactions(self) -> int:
-        return 1 + len(self.middle) + (1 if self.last else 0)
-
 
 def delete_plan(
     process: str, details: str, others: Sequence[str], batch: int = MAX_BATCH

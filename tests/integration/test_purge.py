@@ -38,6 +38,7 @@ from tests.integration.test_state_store import (
     to_error,
     to_processed,
 )
+from tests.support.archive import archived_on
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -321,7 +322,7 @@ async def test_a_crash_between_archive_and_delete_archives_twice_and_reads_back_
     assert (report.archived, report.purged) == (1, 1)
     assert len(await archive.find_all(backend.archive, "p-1")) == 2, "archived twice"
     assert_archived_as(await archive.find(backend.archive, "p-1"), before)
-    day = await archive.read_day(backend.archive, clock().date())
+    day = await archived_on(backend.archive, clock().date())
     assert [r.order_id for r in day] == ["p-1"]
     with pytest.raises(OrderNotFound):
         await store.load("p-1")

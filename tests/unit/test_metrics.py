@@ -7,7 +7,6 @@ path builds nothing at all.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -33,13 +32,11 @@ Points = dict[str, Counter[tuple[tuple[str, Any], ...]]]
 
 
 @pytest.fixture
-def reader() -> Iterator[InMemoryMetricReader]:
+def reader(monkeypatch: pytest.MonkeyPatch) -> InMemoryMetricReader:
+    monkeypatch.setattr(metrics, "_bound", None)  # unbound again after the test
     found = InMemoryMetricReader()
     metrics.bind(MeterProvider(metric_readers=[found]))
-    try:
-        yield found
-    finally:
-        metrics.unbind()
+    return found
 
 
 def points(reader: InMemoryMetricReader) -> Points:
@@ -224,7 +221,7 @@ async def test_cancel_fails_the_order_once_with_reason_cancelled(reader) -> None
 
 
 async def test_with_no_provider_bound_nothing_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    metrics.unbind()
+    monkeypatch.setattr(metrics, "_bound", None)
 
     def not_expected(*_: Any, **__: Any) -> Any:
         raise AssertionError("observed with metrics off")

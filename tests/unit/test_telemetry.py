@@ -428,14 +428,16 @@ def test_metrics_round_trip_through_the_files(tmp_path, monkeypatch):
         metrics.bind(meter_provider)
         metrics.order_started("order")
         metrics.order_started("order")
-        metrics.step_finished("charge_payment", "succeeded", "do", 0.25)
-        metrics.step_finished("charge_payment", "succeeded", "do", 0.75)
+        attributes = (("step", "charge_payment"), ("outcome", "succeeded"), ("operation", "do"))
+        metrics.record(
+            metrics.Observation(metrics.STEP_DURATION, seconds, attributes)
+            for seconds in (0.25, 0.75)
+        )
         metrics.record_circuit_state("payment", "open")
         assert meter_provider.force_flush()
         metrics.order_started("order")  # the next interval holds only what happened in it
         assert meter_provider.force_flush()
     finally:
-        metrics.unbind()
         meter_provider.shutdown()
         tracer_provider.shutdown()
 
