@@ -5,8 +5,9 @@ The OpenAPI document (:mod:`operator_api.openapi`) is generated from these same 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -20,10 +21,19 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class ActionRequest(BaseModel):
-    """Body of a cancel or resubmit."""
+class _Body(BaseModel):
+    """A request body: unknown fields and values of another type (no coercion) are refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _attributes(source: object, names: Iterable[str]) -> dict[str, Any]:
+    """The attributes ``names`` of ``source``: the fields a view shares with what it shows."""
+    return {name: getattr(source, name) for name in names}
+
+
+class ActionRequest(_Body):
+    """Body of a cancel or resubmit."""
 
     operator: str | None = Field(
         default=None,
@@ -44,10 +54,8 @@ class RestartRequest(ActionRequest):
     )
 
 
-class OrderFilterBody(BaseModel):
+class OrderFilterBody(_Body):
     """Which orders: the same filters as GET /orders (every one optional, at least one given)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     state: str | None = Field(
         default=None,
@@ -85,10 +93,8 @@ class BulkRequest(OrderFilterBody):
     limit: int = Field(default=100, ge=1, le=100, description="Orders acted on at most")
 
 
-class AckRequest(BaseModel):
+class AckRequest(_Body):
     """Body of an alert acknowledgement."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     operator: str | None = Field(
         default=None,
@@ -144,24 +150,8 @@ class OrderSummary(_Model):
     @classmethod
     def of(cls, p: Order) -> OrderSummary:
         return cls(
-            order_id=p.order_id,
-            workflow=p.workflow,
-            state=p.state.value,
-            generation=p.generation,
-            attempt=p.attempt,
-            failure_count=p.failure_count,
-            current_step=p.current_step,
-            current_operation=p.current_operation,
-            locked_by=p.locked_by,
-            complete_by=p.complete_by,
-            next_attempt_at=p.next_attempt_at,
-            last_error=p.last_error,
-            compensation_cause=p.compensation_cause,
-            compensation_reason=p.compensation_reason,
+            **_attributes(p, cls.model_fields.keys() - {"compensating_since", "settling"}),
             compensating_since=p.compensation_started_at,
-            reply_to=p.reply_to,
-            created_at=p.created_at,
-            updated_at=p.updated_at,
             settling=[s.name for s in p.open_steps] if p.settling else [],
         )
 
@@ -231,29 +221,10 @@ class StepView(_Model):
 
     @classmethod
     def of(cls, s: StepRecord, activity: StepActivity | None = None) -> StepView:
-        done = {}
-        if activity is not None:
-            done = {
-                "started_at": activity.started_at,
-                "duration_s": activity.duration_s,
-                "requests": activity.requests,
-                "failures": activity.failures,
-                "deferrals": activity.deferrals,
-                "reasons": list(activity.reasons),
-            }
-        return cls(
-            name=s.name,
-            index=s.index,
-            state=s.state.value,
-            generation=s.generation,
-            attempt=s.attempt,
-            result=s.result,
-            error_code=s.error_code,
-            error_message=s.error_message,
-            completed_at=s.completed_at,
-            compensated_at=s.compensated_at,
-            **done,
-        )
+        """The step as recorded, and its activity (from the timeline) when given."""
+        measured = {"started_at", "duration_s", "requests", "failures", "deferrals", "reasons"}
+        done = _attributes(activity, measured) if activity is not None else {}
+        return cls(**_attributes(s, cls.model_fields.keys() - measured), **done)
 
 
 class TimelineView(_Model):
@@ -269,17 +240,7 @@ class TimelineView(_Model):
 
     @classmethod
     def of(cls, t: TimelineEntry) -> TimelineView:
-        return cls(
-            seq=t.seq,
-            at=t.at,
-            actor=t.actor,
-            event=t.event,
-            from_state=t.from_state.value if t.from_state else None,
-            to_state=t.to_state.value,
-            step=t.step,
-            attempt=t.attempt,
-            detail=t.detail,
-        )
+        return cls.model_validate(t, from_attributes=True)
 
 
 class OrderDetail(_Model):
@@ -411,10 +372,8 @@ class DeadLetterSummary(_Model):
     queues: list[DeadLetterCount]
 
 
-class DeadLetterActionRequest(BaseModel):
+class DeadLetterActionRequest(_Body):
     """Body of a dead-letter replay or purge: which messages, and whether to change anything."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     operator: str | None = Field(
         default=None, max_length=128, description="Ignored: who acts is the signed-in caller"
@@ -591,10 +550,8 @@ class ErrorBody(_Model):
     error: ErrorDetail
 
 
-class PurgeBody(BaseModel):
+class PurgeBody(_Body):
     """Body of a purge: which finished orders, how old, and whether to change anything."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     operator: str | None = Field(
         default=None,
