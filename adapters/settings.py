@@ -196,77 +196,44 @@ class Settings:
         """The settings in ``env`` (default: the process environment), every one checked; a
         SettingsError names every wrong or missing setting at once, not only the first."""
         env = os.environ if env is None else env
-        reader = _Reader(env)
+        read = _Reader(env)
         check = _Problems()
-        queues = {
-            role: check(lambda n=name: ids.validate_entity_name(reader.required(n), n))
-            for role, name in QUEUE_SETTINGS.items()
-        }
-        urls = {
-            service: check(lambda n=name: _http_url(reader.required(n), n))
-            for service, name in SERVICE_URL_SETTINGS.items()
-        }
-        servicebus = check(lambda: reader.servicebus(SERVICEBUS_CONNECTION))
+        queues = {role: check(read.entity, name) for role, name in QUEUE_SETTINGS.items()}
+        urls = {agent: check(read.http_url, name) for agent, name in SERVICE_URL_SETTINGS.items()}
+        servicebus = check(read.servicebus, SERVICEBUS_CONNECTION)
         fields = {
             "queues": queues,
             "service_urls": urls,
-            "remote_limits": check(reader.remote_limits),
+            "remote_limits": check(read.remote_limits),
             "servicebus": servicebus,
-            "signing_keys": check(lambda: servicebus and reader.signing_keys(servicebus)),
-            "storage": check(lambda: reader.storage(STATE_STORAGE_CONNECTION)),
-            "orders_table": check(lambda: _table(reader.optional("ORDERS_TABLE", "orders"))),
-            "active_table": check(
-                lambda: _table(reader.optional("ACTIVE_ORDERS_TABLE", "activeorders"))
-            ),
-            "supervision_table": check(
-                lambda: _table(reader.optional("SUPERVISION_TABLE", "supervision"))
-            ),
-            "supervisor_schedule": check(
-                lambda: _fixed_interval(reader.optional("SUPERVISOR_SCHEDULE", "*/15 * * * * *"))
-            ),
-            "supervisor_concurrency": check(
-                lambda: reader.int_or_none("SUPERVISOR_CONCURRENCY") or 4
-            ),
+            "signing_keys": servicebus and check(read.signing_keys, servicebus),
+            "storage": check(read.storage, STATE_STORAGE_CONNECTION),
+            "orders_table": check(read.table, "ORDERS_TABLE", "orders"),
+            "active_table": check(read.table, "ACTIVE_ORDERS_TABLE", "activeorders"),
+            "supervision_table": check(read.table, "SUPERVISION_TABLE", "supervision"),
+            "supervisor_schedule": check(read.fixed_interval, "SUPERVISOR_SCHEDULE"),
+            "supervisor_concurrency": check(read.int_or_none, "SUPERVISOR_CONCURRENCY") or 4,
             "pending_stale_after": check(
-                lambda: reader.seconds("PENDING_STALE_AFTER_SECONDS", 120.0)
+                read.seconds, "PENDING_STALE_AFTER_SECONDS", timedelta(minutes=2)
             ),
-            "step_timeout": check(
-                lambda: _run_budget(reader.seconds_or_none("STEP_TIMEOUT_SECONDS"))
-            ),
-            "step_queue": check(
-                lambda: reader.seconds_or_none("STEP_QUEUE_SECONDS", allow_zero=True)
-            ),
-            "failure_threshold": check(lambda: reader.int_or_none("FAILURE_THRESHOLD")),
-            "retry_base_delay": check(lambda: reader.seconds_or_none("RETRY_BASE_DELAY_SECONDS")),
-            "retry_max_delay": check(lambda: reader.seconds_or_none("RETRY_MAX_DELAY_SECONDS")),
+            "step_timeout": check(read.run_budget, "STEP_TIMEOUT_SECONDS"),
+            "step_queue": check(read.seconds_or_none, "STEP_QUEUE_SECONDS", allow_zero=True),
+            "failure_threshold": check(read.int_or_none, "FAILURE_THRESHOLD"),
+            "retry_base_delay": check(read.seconds_or_none, "RETRY_BASE_DELAY_SECONDS"),
+            "retry_max_delay": check(read.seconds_or_none, "RETRY_MAX_DELAY_SECONDS"),
             "compensation_budget": check(
-                lambda: reader.seconds(
-                    COMPENSATION_BUDGET_SETTING, DEFAULT_COMPENSATION_BUDGET.total_seconds()
-                )
+                read.seconds, COMPENSATION_BUDGET_SETTING, DEFAULT_COMPENSATION_BUDGET
             ),
             "compensation_warn_after": check(
-                lambda: reader.seconds(
-                    COMPENSATION_WARN_SETTING, DEFAULT_COMPENSATION_WARN_AFTER.total_seconds()
-                )
+                read.seconds, COMPENSATION_WARN_SETTING, DEFAULT_COMPENSATION_WARN_AFTER
             ),
-            "clock_skew": check(
-                lambda: _skew(reader.seconds_or_none(CLOCK_SKEW_SETTING, allow_zero=True))
-            ),
-            "workflow_versions": check(lambda: reader.workflow_versions("WORKFLOW_VERSIONS")),
-            "retention_days": check(
-                lambda: reader.days(RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS)
-            ),
-            "purge_schedule": check(lambda: purge_schedule(env)),
-            "archive_container": check(
-                lambda: validate_container_name(
-                    reader.optional(ARCHIVE_CONTAINER_SETTING, DEFAULT_ARCHIVE_CONTAINER),
-                    ARCHIVE_CONTAINER_SETTING,
-                )
-            ),
+            "clock_skew": check(read.skew, CLOCK_SKEW_SETTING),
+            "workflow_versions": check(read.workflow_versions, "WORKFLOW_VERSIONS"),
+            "retention_days": check(read.days, RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS),
+            "purge_schedule": check(purge_schedule, env),
+            "archive_container": check(read.container, ARCHIVE_CONTAINER_SETTING),
         }
-        check(
-            lambda: _warned_within(fields["compensation_warn_after"], fields["compensation_budget"])
-        )
+        check(_warned_within, fields["compensation_warn_after"], fields["compensation_budget"])
         check.raise_if_any()
         return cls(**fields)
 
@@ -279,18 +246,6 @@ class Settings:
         env = os.environ if env is None else env
         if any(name.startswith(CONNECTION_NAMES) for name in env):
             cls.from_env(env)
-
-
-def _skew(value: timedelta | None) -> timedelta:
-    if value is None:
-        return DEFAULT_SKEW
-    if value > MAX_CLOCK_SKEW:
-        raise SettingsError(
-            f"{CLOCK_SKEW_SETTING} must be at most {MAX_CLOCK_SKEW.total_seconds():g} seconds, got "
-            f"{value.total_seconds():g}: clocks that far apart need fixing (NTP), not tolerating; "
-            "every recovery waits this long past its deadline"
-        )
-    return value
 
 
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)
@@ -375,9 +330,9 @@ class _Problems:
     def __init__(self) -> None:
         self.found: list[str] = []
 
-    def __call__(self, read: Callable[[], Any]) -> Any:
+    def __call__(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return read()
+            return read(*args, **kwargs)
         except ValueError as problem:  # SettingsError and the id validators' errors
             self.found.append(str(problem))
             return None
@@ -390,23 +345,6 @@ class _Problems:
             raise SettingsError(f"{len(self.found)} app settings are wrong:\n{listed}")
 
 
-def _http_url(url: str, name: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
-    return url
-
-
-def _run_budget(budget: timedelta | None) -> timedelta | None:
-    if budget is not None and budget > MAX_RUN_BUDGET:
-        raise SettingsError(
-            f"STEP_TIMEOUT_SECONDS must be at most {MAX_RUN_BUDGET.total_seconds():.0f}: the "
-            "agent holds its message's lock while the call runs, and host.json renews a lock "
-            f"for 5 minutes at most; got {budget.total_seconds():g}. Give a long backlog room "
-            "with STEP_QUEUE_SECONDS instead."
-        )
-    return budget
-
-
 def _warned_within(warn_after: timedelta | None, budget: timedelta | None) -> None:
     if warn_after is not None and budget is not None and warn_after >= budget:
         raise SettingsError(
@@ -414,16 +352,6 @@ def _warned_within(warn_after: timedelta | None, budget: timedelta | None) -> No
             f"{COMPENSATION_BUDGET_SETTING} ({budget.total_seconds():g}): the warning says an "
             "order is still compensating, so it must come before compensation gives up"
         )
-
-
-def _table(name: str) -> str:
-    ids.validate_table_name(name)
-    return name
-
-
-def _fixed_interval(schedule: str) -> str:
-    schedule_period(schedule)  # refuse a schedule without a fixed period now
-    return schedule
 
 
 class _Reader:
@@ -442,8 +370,51 @@ class _Reader:
     def optional(self, name: str, default: str) -> str:
         return self.env.get(name, "").strip() or default
 
-    def seconds(self, name: str, default: float) -> timedelta:
-        return self.seconds_or_none(name) or timedelta(seconds=default)
+    def entity(self, name: str) -> str:
+        return ids.validate_entity_name(self.required(name), name)
+
+    def table(self, name: str, default: str) -> str:
+        return ids.validate_table_name(self.optional(name, default))
+
+    def container(self, name: str) -> str:
+        return validate_container_name(self.optional(name, DEFAULT_ARCHIVE_CONTAINER), name)
+
+    def http_url(self, name: str) -> str:
+        url = self.required(name)
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
+        return url
+
+    def fixed_interval(self, name: str) -> str:
+        schedule = self.optional(name, "*/15 * * * * *")
+        schedule_period(schedule)  # refuse a schedule without a fixed period now
+        return schedule
+
+    def seconds(self, name: str, default: timedelta) -> timedelta:
+        return self.seconds_or_none(name) or default
+
+    def run_budget(self, name: str) -> timedelta | None:
+        budget = self.seconds_or_none(name)
+        if budget is not None and budget > MAX_RUN_BUDGET:
+            raise SettingsError(
+                f"{name} must be at most {MAX_RUN_BUDGET.total_seconds():.0f}: the agent holds "
+                "its message's lock while the call runs, and host.json renews a lock for 5 "
+                f"minutes at most; got {budget.total_seconds():g}. Give a long backlog room "
+                "with STEP_QUEUE_SECONDS instead."
+            )
+        return budget
+
+    def skew(self, name: str) -> timedelta:
+        value = self.seconds_or_none(name, allow_zero=True)
+        if value is None:
+            return DEFAULT_SKEW
+        if value > MAX_CLOCK_SKEW:
+            raise SettingsError(
+                f"{name} must be at most {MAX_CLOCK_SKEW.total_seconds():g} seconds, got "
+                f"{value.total_seconds():g}: clocks that far apart need fixing (NTP), not "
+                "tolerating; every recovery waits this long past its deadline"
+            )
+        return value
 
     def seconds_or_none(self, name: str, *, allow_zero: bool = False) -> timedelta | None:
         raw = self.env.get(name, "").strip()
@@ -495,7 +466,9 @@ class _Reader:
 
     def remote_limits(self) -> ServiceLimits:
         return ServiceLimits(
-            self.seconds(REMOTE_TIMEOUT_SETTING, DEFAULT_REMOTE_TIMEOUT_S).total_seconds(),
+            self.seconds(
+                REMOTE_TIMEOUT_SETTING, timedelta(seconds=DEFAULT_REMOTE_TIMEOUT_S)
+            ).total_seconds(),
             self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING) or DEFAULT_REMOTE_MAX_CONNECTIONS,
         )
 
