@@ -45,39 +45,36 @@ async def handle_submission(
     except BadMessage as bad:
         await rt.alert(bad.to_alert(source=actor, caused_by=caused_by))
         return
-    if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
+
+    async def refuse(reason: str, detail: str) -> None:
+        """An error alert that the submission was not applied, quoting its body."""
         await rt.alert(
             OperatorAlert(
                 order_id=order.order_id,
                 severity="error",
-                reason="forbidden_reply_to",
-                detail=(
-                    f"order {order.order_id} names reply_to {order.reply_to!r}, one of this "
-                    "app's own queues; the order was refused. Name a queue of the submitter's own."
-                ),
+                reason=reason,
+                detail=detail,
                 raw_excerpt=excerpt(body),
                 source=actor,
                 caused_by=caused_by,
             )
         )
+
+    if order.reply_to is not None and is_app_queue(rt.settings, order.reply_to):
+        await refuse(
+            "forbidden_reply_to",
+            f"order {order.order_id} names reply_to {order.reply_to!r}, one of this app's own "
+            "queues; the order was refused. Name a queue of the submitter's own.",
+        )
         return
     try:
         ctx = apply.context(rt, apply.new_order_ref(rt, order), rt.actor("scheduler"))
     except UnknownWorkflow as missing:
-        await rt.alert(
-            OperatorAlert(
-                order_id=order.order_id,
-                severity="error",
-                reason="unknown_workflow_version",
-                detail=(
-                    f"order {order.order_id} asks for version {order.workflow_version} of "
-                    f"workflow {order.workflow}: {missing}. The order was not created; submit "
-                    "it without workflow_version (the current one) or with a carried one."
-                ),
-                raw_excerpt=excerpt(body),
-                source=actor,
-                caused_by=caused_by,
-            )
+        await refuse(
+            "unknown_workflow_version",
+            f"order {order.order_id} asks for version {order.workflow_version} of workflow "
+            f"{order.workflow}: {missing}. The order was not created; submit it without "
+            "workflow_version (the current one) or with a carried one.",
         )
         return
     decision = lifecycle.submit(order, ctx)
@@ -89,21 +86,11 @@ async def handle_submission(
         await apply.send(rt, result, decision.send)
         return
     if not result.same_payload:
-        await rt.alert(
-            OperatorAlert(
-                order_id=order.order_id,
-                severity="error",
-                reason="conflicting_submission",
-                detail=(
-                    f"order {order.order_id} already exists with a different payload "
-                    f"(stored hash {result.existing_payload_hash[:12]}, submitted "
-                    f"{order.content_hash()[:12]}); the new submission was not applied. "
-                    "Submit changes under a new order id."
-                ),
-                raw_excerpt=excerpt(body),
-                source=actor,
-                caused_by=caused_by,
-            )
+        await refuse(
+            "conflicting_submission",
+            f"order {order.order_id} already exists with a different payload (stored hash "
+            f"{result.existing_payload_hash[:12]}, submitted {order.content_hash()[:12]}); the "
+            "new submission was not applied. Submit changes under a new order id.",
         )
         return
     log.info("order %s: duplicate submission; state %s", order.order_id, result.order.state)
