@@ -17,8 +17,6 @@ secret>`` separated by commas, newest first. Messages are signed with the first 
 under any. To rotate, put the new key first and keep the old one until the messages it signed
 have drained (the longest a message may wait: retry delays and dead letters included), then
 drop it.
-
-Everything here is pure except :func:`new_key_text`, which draws a random secret.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import binascii
 import hashlib
 import hmac
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -115,13 +112,6 @@ def local_keyring(shared_access_key: str) -> Keyring:
     """
     secret = hmac.new(shared_access_key.encode("utf-8"), _LOCAL_KEY_LABEL, hashlib.sha256)
     return Keyring((SigningKey("local", secret.digest()),))
-
-
-def new_key_text(key_id: str = "k1") -> str:
-    """A fresh ``<key id>:<base64 secret>`` entry (random; for tests and first deployments)."""
-    if not _KEY_ID.fullmatch(key_id):
-        raise KeyringError(f"key id {key_id!r}: use 1-32 letters, digits, '-' or '_'")
-    return f"{key_id}:{base64.b64encode(secrets.token_bytes(MIN_SECRET_BYTES)).decode('ascii')}"
 
 
 def _canonical(queue: str, message_id: str, body: bytes) -> bytes:

@@ -437,6 +437,7 @@ def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]
     Azure."""
     from adapters import settings as settings_module
     from domain import signing
+    from tests.support.keys import new_key_text
 
     example = json.loads(Layout(root).local_settings_example.read_text())["Values"]
     sb, st = settings_module.SERVICEBUS_CONNECTION, settings_module.STATE_STORAGE_CONNECTION
@@ -449,7 +450,7 @@ def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]
         f"{st}__blobServiceUri": "https://example.blob.core.windows.net/",
         f"{st}__clientId": "00000000-0000-0000-0000-000000000000",
         # In Azure a Key Vault reference, resolved by the platform before the code reads it.
-        signing.SIGNING_KEYS_SETTING: signing.new_key_text("k1"),
+        signing.SIGNING_KEYS_SETTING: new_key_text("k1"),
     }
     return env, local_only
 

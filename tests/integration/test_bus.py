@@ -38,10 +38,11 @@ from service.runtime import Runtime
 from tests.support.app import app_settings
 from tests.support.azurite import StorageAccount
 from tests.support.broker import ServiceBusNamespace
+from tests.support.keys import new_key_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
-KEYRING = signing.parse_keyring(signing.new_key_text("bus"))
+KEYRING = signing.parse_keyring(new_key_text("bus"))
 
 
 def order(order_id: str) -> OrderSubmitted:

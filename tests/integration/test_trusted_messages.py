@@ -27,11 +27,12 @@ from agent.functions import on_request
 from devstack.host.servicebus_runner import to_function_message
 from domain.agents import AGENTS
 from domain.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
-from domain.signing import SIGNING_KEYS_SETTING, new_key_text
+from domain.signing import SIGNING_KEYS_SETTING
 from domain.states import ProcessState
 from scheduler.functions import on_command, on_reply
 from service.intake import handle_submission
 from tests.support.app import QueueReader, make_runtime
+from tests.support.keys import new_key_text
 from tests.support.pattern import effects, new_order, queue
 
 pytestmark = pytest.mark.anyio

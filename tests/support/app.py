@@ -23,9 +23,10 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, Servic
 
 from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
 from domain.messages import utc_now
-from domain.signing import SIGNING_KEYS_SETTING, new_key_text
+from domain.signing import SIGNING_KEYS_SETTING
 from service import runtime
 from service.runtime import Runtime, new_instance_id
+from tests.support.keys import new_key_text
 
 if TYPE_CHECKING:
     from devstack.host.host import LocalHost

@@ -16,10 +16,11 @@ from adapters.queues import Send, properties_of, replay_copy
 from domain import signing
 from service.operations.dead_letter_settler import Settler, selection
 from service.operations.errors import InvalidRequest
+from tests.support.keys import new_key_text
 
 pytestmark = pytest.mark.anyio
 
-KEYS = signing.parse_keyring(signing.new_key_text("k1"))
+KEYS = signing.parse_keyring(new_key_text("k1"))
 QUEUE = "scheduler-commands"
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BODY = json.dumps({"type": "SchedulerCommand", "order_id": "o-1"}).encode()

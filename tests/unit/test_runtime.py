@@ -26,6 +26,7 @@ from domain import signing
 from domain.messages import OperatorAlert, StatusUpdate, message_id_for
 from service import runtime
 from tests.support.app import EXAMPLE_SETTINGS
+from tests.support.keys import new_key_text
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +40,7 @@ def app_env() -> dict[str, str]:
     return {
         **EXAMPLE_SETTINGS,
         "ServiceBusConnection": SERVICEBUS,
-        signing.SIGNING_KEYS_SETTING: signing.new_key_text("unit"),
+        signing.SIGNING_KEYS_SETTING: new_key_text("unit"),
     }
 
 

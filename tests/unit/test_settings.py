@@ -9,9 +9,10 @@ import pytest
 
 from adapters.settings import MAX_RUN_BUDGET, ServiceLimits, Settings, SettingsError
 from devstack.stack.processes import REPO_ROOT
-from domain.signing import local_keyring, new_key_text, parse_keyring
+from domain.signing import local_keyring, parse_keyring
 from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
 from tests.support.app import EXAMPLE_SETTINGS
+from tests.support.keys import new_key_text
 
 
 def env(**changes: str | None) -> dict[str, str]:

@@ -13,6 +13,7 @@ from domain import signing
 from domain.messages import AgentResponse, encode, message_id_for
 from domain.signing import Keyring, Rejected, SigningKey, Verified, sign, verify
 from service import inbound
+from tests.support.keys import new_key_text
 
 KEY_A = SigningKey("a", b"\x01" * 32)
 KEY_B = SigningKey("b", b"\x02" * 32)
@@ -105,7 +106,7 @@ def test_rotation_signs_with_the_newest_and_accepts_both(body):
     )
 )
 def test_keyring_text_round_trips(ids):
-    text = ",".join(signing.new_key_text(key_id) for key_id in ids)
+    text = ",".join(new_key_text(key_id) for key_id in ids)
     ring = signing.parse_keyring(text)
     assert [key.key_id for key in ring.keys] == ids
     assert ring.signing_key.key_id == ids[0]
