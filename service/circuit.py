@@ -26,7 +26,6 @@ whenever Table Storage is slow.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import threading
 import time
@@ -48,10 +47,8 @@ FLUSH_POLL_S = 0.02
 """How often :meth:`CircuitReporter.flush` looks at a writer on another thread's loop."""
 
 
-class BreakerState(enum.StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
+BreakerState = CircuitState
+"""A breaker's state: the one its row records (:class:`adapters.store.circuits.CircuitState`)."""
 
 
 @dataclass(frozen=True)
@@ -402,7 +399,7 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
     return CircuitRow(
         agent=transition.service,
         instance=instance,
-        state=CircuitState(transition.new.value),
+        state=transition.new,
         since=transition.since,
         consecutive_failures=transition.consecutive_failures,
         retry_at=transition.retry_at,

@@ -52,7 +52,7 @@ MAX_READ_PAGES: Final = 5
 
 
 class CircuitState(enum.StrEnum):
-    """A breaker's state (the values of :class:`service.circuit.BreakerState`)."""
+    """A breaker's state (:class:`service.circuit.CircuitBreaker` is in one of these)."""
 
     CLOSED = "closed"
     OPEN = "open"

@@ -41,7 +41,6 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any, Final, Self
 
 from azure.core import MatchConditions
@@ -162,12 +161,7 @@ class OrderStateStore:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.close()
 
     # ----------------------------------------------------------------------------- create
