@@ -145,7 +145,6 @@ class Summary:
         self._since: datetime | None = None
         self._offset = 0
         self._background_reads: set[asyncio.Task[None]] = set()
-        self._table: tuple[Operations, Table] | None = None
         self._circuit_table: tuple[Operations, Table] | None = None
         self._own: Operations | None = None
         self._closed = False
@@ -159,9 +158,8 @@ class Summary:
             for read in reads:
                 read.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
-        for held in (self._table, self._circuit_table):
-            if held is not None:
-                await held[1].close()
+        if self._circuit_table is not None:
+            await self._circuit_table[1].close()
         if self._own is not None:
             await self._own.close()
 
@@ -345,7 +343,7 @@ class Summary:
         self, ops: Operations, since: datetime
     ) -> tuple[list[Order], bool, int]:
         pages = (
-            (await self._orders_table(ops))
+            ops.ctx.orders_table()  # Processed orders have no index
             .query_entities(
                 "RowKey eq @row and ProcessState eq @state and UpdatedAt ge @since",
                 parameters={
@@ -369,19 +367,12 @@ class Summary:
                 return orders, True, requests
         return orders, False, requests
 
-    async def _orders_table(self, ops: Operations) -> Table:
-        """The orders table (Processed orders have no index), one client per Operations."""
-        if self._table is None or self._table[0] is not ops:
-            previous = self._table
-            self._table = (ops, _table(ops, ops.rt.settings.orders_table))
-            if previous is not None:
-                await previous[1].close()
-        return self._table[1]
-
     async def _circuits(self, ops: Operations, now: datetime) -> dict[str, Any]:
         if self._circuit_table is None or self._circuit_table[0] is not ops:
             previous = self._circuit_table
-            self._circuit_table = (ops, _table(ops, ops.rt.settings.supervision_table))
+            service = clients.table_service(ops.rt.settings.storage)
+            table = service.get_table_client(ops.rt.settings.supervision_table, owns_service=True)
+            self._circuit_table = (ops, table)
             if previous is not None:
                 await previous[1].close()
         store = CircuitTable(self._circuit_table[1])
@@ -439,12 +430,6 @@ class Summary:
 
 
 # ----------------------------------------------------------------------------- readers
-
-
-def _table(ops: Operations, name: str) -> Table:
-    """A client of table ``name`` with an HTTP pool of its own, closed with it."""
-    service = clients.table_service(ops.rt.settings.storage)
-    return service.get_table_client(name, owns_service=True)
 
 
 async def _timed(
