@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from domain import ids, signing
-from domain.agents import AGENT_NAMES, AGENTS
+from domain.agents import AGENTS
 from domain.lifecycle import (
     DEFAULT_COMPENSATION_BUDGET,
     DEFAULT_COMPENSATION_WARN_AFTER,
@@ -32,7 +32,6 @@ CONNECTION_NAMES = (SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION)
 MAX_RUN_BUDGET = timedelta(seconds=270)
 """The longest a step's call may run: the agent holds its message's lock meanwhile, and host.json
 renews a lock for at most 5 minutes (``maxAutoLockRenewalDuration``); 30 s are left to reply."""
-AGENT_SERVICES = AGENT_NAMES
 
 QUEUE_SETTINGS = {
     "orders": "ORDERS_QUEUE",

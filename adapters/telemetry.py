@@ -68,7 +68,6 @@ TELEMETRY_DIR_SETTING = "TELEMETRY_DIR"
 WORKER_SWITCH_SETTING = "PYTHON_ENABLE_OPENTELEMETRY"
 """The Python worker's switch: make the host's invocation context current in each call."""
 TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 DIAGNOSTIC_ID = "Diagnostic-Id"
 
 log = logging.getLogger("telemetry")

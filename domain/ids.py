@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
 Operation = Literal["do", "undo"]
-OPERATIONS: Final[tuple[Operation, ...]] = ("do", "undo")
 
 ID_MAX_LENGTH: Final = 64
 NAME_MAX_LENGTH: Final = 40
