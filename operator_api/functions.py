@@ -1,4 +1,4 @@
-"""The operator HTTP API: HTTP-triggered functions over :mod:`service.operations.operations`.
+"""The operator HTTP API: HTTP-triggered functions over the use cases of :mod:`service.operations`.
 
 Every function has ``auth_level=FUNCTION``: the Functions host refuses a request without a valid
 function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
@@ -33,7 +33,18 @@ from pydantic import BaseModel, ValidationError
 from domain.states import ProcessState
 from operator_api.openapi import openapi_document
 from service import runtime
+from service.operations import (
+    alerts,
+    bulk,
+    dead_letter_log,
+    dead_letters,
+    health,
+    orders,
+    purge,
+    supervisor,
+)
 from service.operations.bulk import BulkAction
+from service.operations.context import OperatorContext
 from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
 from service.operations.models import (
     AckRequest,
@@ -44,7 +55,6 @@ from service.operations.models import (
     PurgeBody,
     RestartRequest,
 )
-from service.operations.operations import Operations
 
 B = TypeVar("B", bound=BaseModel)
 bp = func.Blueprint()
@@ -57,22 +67,22 @@ _INTEGER: Final = re.compile(r"-?[0-9]{1,18}", re.ASCII)
 _NUMBER: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,3})?", re.ASCII)
 _BOOLEANS: Final = {"true": True, "1": True, "false": False, "0": False}
 
-_ops: tuple[runtime.Runtime, Operations] | None = None
+_ctx: tuple[runtime.Runtime, OperatorContext] | None = None
 
 
-async def operations() -> Operations:
-    """The Operations of the process-wide Runtime (rebuilt if that Runtime is replaced).
+async def context() -> OperatorContext:
+    """The OperatorContext of the process-wide Runtime (rebuilt if that Runtime is replaced).
 
     Its clients belong to the event loop the functions run on. The swap awaits nothing, so
-    requests on the loop never build two; the Operations it replaces is closed after."""
-    global _ops
+    requests on the loop never build two; the context it replaces is closed after."""
+    global _ctx
     rt = runtime.current()
-    if _ops is None or _ops[0] is not rt:
-        previous = _ops
-        _ops = (rt, Operations(rt))
+    if _ctx is None or _ctx[0] is not rt:
+        previous = _ctx
+        _ctx = (rt, OperatorContext(rt))
         if previous is not None:
             await previous[1].close()
-    return _ops[1]
+    return _ctx[1]
 
 
 # ---------------------------------------------------------------------------------- orders
@@ -81,7 +91,8 @@ async def operations() -> Operations:
 @bp.route(route="orders", methods=["GET"], auth_level=AUTH)
 async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.list_orders(
+        lambda ctx: orders.list_orders(
+            ctx,
             _required_param(req, "state"),
             step=req.params.get("step"),
             older_than=req.params.get("older_than"),
@@ -97,7 +108,8 @@ async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="orders/{order_id}", methods=["GET"], auth_level=AUTH)
 async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.show_order(
+        lambda ctx: orders.show_order(
+            ctx,
             req.route_params.get("order_id", ""),
             timeline_after=_int_param(req, "timeline_after", -1),
             timeline_limit=_int_param(req, "timeline_limit", 200),
@@ -108,7 +120,8 @@ async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="orders/{order_id}/watch", methods=["GET"], auth_level=AUTH)
 async def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.watch_order(
+        lambda ctx: orders.watch_order(
+            ctx,
             req.route_params.get("order_id", ""),
             after_seq=_int_param(req, "after", -1),
             wait_s=_number_param(req, "wait", 20.0),
@@ -118,9 +131,10 @@ async def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="orders/{order_id}/restart", methods=["POST"], auth_level=AUTH)
 async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
-    async def restart(ops: Operations) -> BaseModel:
+    async def restart(ctx: OperatorContext) -> BaseModel:
         body = _json_body(req, RestartRequest)
-        return await ops.restart(
+        return await orders.restart(
+            ctx,
             req.route_params.get("order_id", ""),
             step=body.step or "",
             operator=_operator(req),
@@ -132,22 +146,22 @@ async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="bulk/resubmit", methods=["POST"], auth_level=AUTH)
 async def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _bulk(req, ops, "resubmit"))
+    return await _respond(lambda ctx: _bulk(req, ctx, "resubmit"))
 
 
 @bp.route(route="bulk/cancel", methods=["POST"], auth_level=AUTH)
 async def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _bulk(req, ops, "cancel"))
+    return await _respond(lambda ctx: _bulk(req, ctx, "cancel"))
 
 
 @bp.route(route="orders/{order_id}/resubmit", methods=["POST"], auth_level=AUTH)
 async def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _action(req, ops.resubmit), status=_action_status)
+    return await _respond(lambda ctx: _action(req, ctx, orders.resubmit), status=_action_status)
 
 
 @bp.route(route="orders/{order_id}/cancel", methods=["POST"], auth_level=AUTH)
 async def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _action(req, ops.cancel), status=_action_status)
+    return await _respond(lambda ctx: _action(req, ctx, orders.cancel), status=_action_status)
 
 
 # ---------------------------------------------------------------------------------- alerts
@@ -156,7 +170,8 @@ async def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="alerts", methods=["GET"], auth_level=AUTH)
 async def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.list_alerts(
+        lambda ctx: alerts.list_alerts(
+            ctx,
             limit=_int_param(req, "limit", 50),
             continuation=req.params.get("continuation"),
             open_only=_bool_param(req, "open", False),
@@ -166,15 +181,15 @@ async def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="alerts/{sequence_number}", methods=["GET"], auth_level=AUTH)
 async def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.peek_alert(_sequence_param(req)))
+    return await _respond(lambda ctx: alerts.peek_alert(ctx, _sequence_param(req)))
 
 
 @bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
 async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
-    async def ack(ops: Operations) -> BaseModel:
+    async def ack(ctx: OperatorContext) -> BaseModel:
         body = _json_body(req, AckRequest)
-        return await ops.acknowledge_alert(
-            _sequence_param(req), operator=_operator(req), reason=body.reason or ""
+        return await alerts.acknowledge_alert(
+            ctx, _sequence_param(req), operator=_operator(req), reason=body.reason or ""
         )
 
     return await _respond(ack)
@@ -185,13 +200,16 @@ async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="dead-letters", methods=["GET"], auth_level=AUTH)
 async def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.dead_letter_summary(limit=_int_param(req, "limit", 100)))
+    return await _respond(
+        lambda ctx: dead_letters.dead_letter_summary(ctx, limit=_int_param(req, "limit", 100))
+    )
 
 
 @bp.route(route="dead-letters/{queue}", methods=["GET"], auth_level=AUTH)
 async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.list_dead_letters(
+        lambda ctx: dead_letters.list_dead_letters(
+            ctx,
             req.route_params.get("queue", ""),
             limit=_int_param(req, "limit", 50),
             continuation=req.params.get("continuation"),
@@ -201,17 +219,19 @@ async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse
 
 @bp.route(route="dead-letters/{queue}/replay", methods=["POST"], auth_level=AUTH)
 async def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _dead_letters(req, ops, ops.replay_dead_letters))
+    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.replay_dead_letters))
 
 
 @bp.route(route="dead-letters/{queue}/purge", methods=["POST"], auth_level=AUTH)
 async def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
+    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.purge_dead_letters))
 
 
 @bp.route(route="dead-letter-log", methods=["GET"], auth_level=AUTH)
 async def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.dead_letter_log(limit=_int_param(req, "limit", 20)))
+    return await _respond(
+        lambda ctx: dead_letter_log.dead_letter_log(ctx, limit=_int_param(req, "limit", 20))
+    )
 
 
 # ------------------------------------------------------------------------------ supervisor
@@ -219,7 +239,7 @@ async def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="supervisor", methods=["GET"], auth_level=AUTH)
 async def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.supervisor())
+    return await _respond(supervisor.supervisor)
 
 
 # ----------------------------------------------------------------------------------- purge
@@ -227,9 +247,10 @@ async def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="purge", methods=["POST"], auth_level=AUTH)
 async def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
-    async def purge(ops: Operations) -> BaseModel:
+    async def run(ctx: OperatorContext) -> BaseModel:
         body = _json_body(req, PurgeBody)
-        return await ops.purge(
+        return await purge.purge(
+            ctx,
             operator=_operator(req),
             state=body.state,
             older_than_days=body.older_than_days,
@@ -237,19 +258,19 @@ async def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
             limit=body.limit,
         )
 
-    return await _respond(purge)
+    return await _respond(run)
 
 
 @bp.route(route="purge", methods=["GET"], auth_level=AUTH)
 async def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.purge_runs(limit=_int_param(req, "limit", 20)))
+    return await _respond(lambda ctx: purge.purge_runs(ctx, limit=_int_param(req, "limit", 20)))
 
 
 @bp.route(route="archive/{order_id}", methods=["GET"], auth_level=AUTH)
 async def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(
-        lambda ops: ops.archived_order(
-            req.route_params.get("order_id", ""), day=req.params.get("day")
+        lambda ctx: purge.archived_order(
+            ctx, req.route_params.get("order_id", ""), day=req.params.get("day")
         )
     )
 
@@ -262,7 +283,7 @@ async def operator_health(req: func.HttpRequest) -> func.HttpResponse:
     def healthy(result: BaseModel) -> int:
         return 200 if isinstance(result, HealthView) and result.status == "ok" else 503
 
-    return await _respond(lambda ops: ops.health(), status=healthy)
+    return await _respond(health.health, status=healthy)
 
 
 # --------------------------------------------------------------------------------- openapi
@@ -277,12 +298,12 @@ async def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
 
 
 async def _respond(
-    call: Callable[[Operations], Awaitable[BaseModel]],
+    call: Callable[[OperatorContext], Awaitable[BaseModel]],
     *,
     status: Callable[[BaseModel], int] = lambda _: 200,
 ) -> func.HttpResponse:
     try:
-        result = await call(await operations())
+        result = await call(await context())
     except OperatorError as refused:
         return _json(refused.status, refused.to_json())
     except Exception:
@@ -311,18 +332,22 @@ def _json(status: int, body: Any) -> func.HttpResponse:
     )
 
 
-async def _action(req: func.HttpRequest, act: Callable[..., Awaitable[BaseModel]]) -> BaseModel:
+async def _action(
+    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
+) -> BaseModel:
     body = _json_body(req, ActionRequest)
     return await act(
+        ctx,
         req.route_params.get("order_id", ""),
         operator=_operator(req),
         reason=body.reason,
     )
 
 
-async def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseModel:
+async def _bulk(req: func.HttpRequest, ctx: OperatorContext, action: BulkAction) -> BaseModel:
     body = _json_body(req, BulkRequest)
-    return await ops.bulk(
+    return await bulk.bulk(
+        ctx,
         action,
         operator=_operator(req),
         reason=body.reason,
@@ -338,10 +363,11 @@ async def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> B
 
 
 async def _dead_letters(
-    req: func.HttpRequest, ops: Operations, act: Callable[..., Awaitable[BaseModel]]
+    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
 ) -> BaseModel:
     body = _json_body(req, DeadLetterActionRequest)
     return await act(
+        ctx,
         req.route_params.get("queue", ""),
         operator=_operator(req),
         sequence_numbers=body.sequence_numbers,
