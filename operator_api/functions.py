@@ -42,7 +42,6 @@ from operator_api.params import (
     Continuation,
     Integer,
     Number,
-    OrderId,
     OrderPath,
     Present,
     QueuePath,
@@ -167,8 +166,7 @@ async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(lambda ctx: orders.list_orders(ctx, **read(req, ListOrders)))
 
 
-class ShowOrder(BaseModel):
-    order_id: OrderId
+class ShowOrder(OrderPath):
     timeline_after: Integer = param(
         -1, "Show timeline entries after this sequence number", minimum=-1
     )
@@ -182,8 +180,7 @@ async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(lambda ctx: orders.show_order(ctx, **read(req, ShowOrder)))
 
 
-class WatchOrder(BaseModel):
-    order_id: OrderId
+class WatchOrder(OrderPath):
     after_seq: Integer = param(-1, "The last timeline entry seen", alias="after", minimum=-1)
     wait_s: Number = param(
         20.0, "Seconds to wait for a change", alias="wait", minimum=0, maximum=60
@@ -461,8 +458,7 @@ async def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(lambda ctx: purge.purge_runs(ctx, **read(req, PurgeRuns)))
 
 
-class ArchivedOrder(BaseModel):
-    order_id: OrderId
+class ArchivedOrder(OrderPath):
     day: str | None = param(None, "Only the archive of this day (UTC, YYYY-MM-DD)", format="date")
 
 

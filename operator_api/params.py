@@ -93,13 +93,12 @@ Boolean = Annotated[bool, BeforeValidator(_boolean)]
 Present = Annotated[str, BeforeValidator(_present)]
 """A string that must be given, and not empty."""
 Continuation = Annotated[str | None, param(None, "The `continuation` of the previous page")]
-OrderId = Annotated[
-    str, param(..., "Order id", pattern=f"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{ID_MAX_LENGTH - 1}}}$")
-]
 
 
 class OrderPath(BaseModel):
-    order_id: OrderId
+    order_id: str = param(
+        ..., "Order id", pattern=f"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{ID_MAX_LENGTH - 1}}}$"
+    )
 
 
 class AlertPath(BaseModel):
