@@ -31,7 +31,7 @@ import azure.functions as func
 
 from dashboard import assets, traces
 from domain import ids
-from operator_api.functions import AUTH, PRINCIPAL_HEADER, operations
+from operator_api.functions import AUTH, PRINCIPAL_HEADER, context
 from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 
 bp = func.Blueprint()
@@ -76,7 +76,7 @@ def summary() -> Summary:
     """The process's overview summary (one per process: its caches serve every browser)."""
     global _summary
     if _summary is None:
-        _summary = Summary(operations)
+        _summary = Summary(context)
     return _summary
 
 

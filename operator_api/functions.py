@@ -1,4 +1,4 @@
-"""The operator HTTP API: HTTP-triggered functions over :mod:`service.operations.operations`.
+"""The operator HTTP API: HTTP-triggered functions over the use cases of :mod:`service.operations`.
 
 Every function has ``auth_level=FUNCTION``: the Functions host refuses a request without a valid
 function or host key (``x-functions-key`` header or ``code`` query parameter) with 401 before
@@ -16,14 +16,16 @@ input), 404 (unknown order, alert or queue), 409 (the action does not apply to t
 state), 413 (body too large), 503 (busy; try again) or 500 (a fault of ours; details are
 logged, not returned). Lists are paged: pass a response's ``continuation`` back as the
 ``continuation`` query parameter; null means there is no more. The OpenAPI 3.1 description is
-served at ``GET /api/openapi.json``.
+served at ``GET /api/openapi.json``: each function's route declaration (:func:`route`), its
+docstring (summary, then description) and the model of its parameters
+(:mod:`operator_api.params`) make both the function and its entry there.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -31,97 +33,190 @@ import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
 from domain.states import ProcessState
-from operator_api.openapi import openapi_document
-from service import runtime
-from service.operations.bulk import BulkAction
-from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
-from service.operations.models import (
-    AckRequest,
-    ActionRequest,
-    BulkRequest,
-    DeadLetterActionRequest,
-    HealthView,
-    PurgeBody,
-    RestartRequest,
+from operator_api import openapi
+from operator_api.openapi import Answer, Operation
+from operator_api.params import (
+    AGE,
+    AlertPath,
+    Boolean,
+    Continuation,
+    Integer,
+    Number,
+    OrderPath,
+    Present,
+    QueuePath,
+    param,
+    read,
 )
-from service.operations.operations import Operations
+from service import runtime
+from service.listing import LISTABLE_STATES, MAX_LIMIT, SORTS
+from service.operations import (
+    alerts,
+    bulk,
+    dead_letter_log,
+    dead_letters,
+    health,
+    models,
+    orders,
+    purge,
+    supervisor,
+)
+from service.operations.bulk import BulkAction
+from service.operations.context import OperatorContext
+from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
 
 B = TypeVar("B", bound=BaseModel)
+Handler = Callable[[func.HttpRequest], Awaitable[func.HttpResponse]]
 bp = func.Blueprint()
 log = logging.getLogger("operator_api.http")
 
 AUTH: Final = func.AuthLevel.FUNCTION
 MAX_BODY_BYTES: Final = 16 * 1024
 PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
-_INTEGER: Final = re.compile(r"-?[0-9]{1,18}", re.ASCII)
-_NUMBER: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,3})?", re.ASCII)
-_BOOLEANS: Final = {"true": True, "1": True, "false": False, "0": False}
+DONE: Final = (models.ActionView, "Done: the order is now terminal")
+ACCEPTED: Final = {202: (models.ActionView, "Accepted: the order goes on asynchronously")}
+ACTION_ERRORS: Final = (400, 404, 409, 413, 503)
+INTERNAL: Final = {
+    "error": {
+        "code": "internal",
+        "message": "the request failed on our side; it is logged with its stack trace",
+    }
+}
 
-_ops: tuple[runtime.Runtime, Operations] | None = None
+_ctx: tuple[runtime.Runtime, OperatorContext] | None = None
 
 
-async def operations() -> Operations:
-    """The Operations of the process-wide Runtime (rebuilt if that Runtime is replaced).
+def route(
+    method: str,
+    path: str,
+    operation_id: str,
+    tag: str,
+    answer: Answer,
+    errors: tuple[int, ...] = (),
+    *,
+    params: type[BaseModel] | None = None,
+    body: type[BaseModel] | None = None,
+    also: dict[int, Answer] | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers the function for ``method`` on ``/api/<path>`` and describes it in the OpenAPI
+    document: ``answer`` is its 200 (model, meaning), ``also`` its other successes, ``errors``
+    the statuses of its refusals; ``params`` reads its parameters, ``body`` its body. The
+    function's docstring says what it does: its first line is the summary, the rest the
+    description."""
+
+    def register(function: Handler) -> Any:
+        summary, _, description = inspect.cleandoc(function.__doc__ or "").partition("\n")
+        description = " ".join(description.split()) or None
+        responses = {200: answer} | (also or {})
+        operation = Operation(
+            operation_id, tag, summary, description, responses, errors, params, body
+        )
+        openapi.describe(method, path, operation)
+        return bp.route(route=path, methods=[method], auth_level=AUTH)(function)
+
+    return register
+
+
+async def context() -> OperatorContext:
+    """The OperatorContext of the process-wide Runtime (rebuilt if that Runtime is replaced).
 
     Its clients belong to the event loop the functions run on. The swap awaits nothing, so
-    requests on the loop never build two; the Operations it replaces is closed after."""
-    global _ops
+    requests on the loop never build two; the context it replaces is closed after."""
+    global _ctx
     rt = runtime.current()
-    if _ops is None or _ops[0] is not rt:
-        previous = _ops
-        _ops = (rt, Operations(rt))
+    if _ctx is None or _ctx[0] is not rt:
+        previous = _ctx
+        _ctx = (rt, OperatorContext(rt))
         if previous is not None:
             await previous[1].close()
-    return _ops[1]
+    return _ctx[1]
 
 
 # ---------------------------------------------------------------------------------- orders
 
 
-@bp.route(route="orders", methods=["GET"], auth_level=AUTH)
+class ListOrders(BaseModel):
+    state: Present = param(
+        ..., "Order state (case-insensitive)", enum=[s.value for s in LISTABLE_STATES]
+    )
+    step: str | None = param(None, "Only orders now at this step")
+    older_than: str | None = param(None, "Created longer ago: 90s, 15m, 2h, 7d", pattern=AGE)
+    newer_than: str | None = param(None, "Created more recently than this", pattern=AGE)
+    text: str | None = param(
+        None, "Found in the id, last error or compensation reason (any case)", maxLength=200
+    )
+    sort: str = param("index", "Order of items", enum=list(SORTS))
+    limit: Integer = param(50, "Page size", minimum=1, maximum=MAX_LIMIT)
+    continuation: Continuation = None
+
+
+@route("GET", "orders", "listOrders", "orders", (models.OrderPage, "One page"), (400,),
+       params=ListOrders)  # fmt: skip
 async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(
-        lambda ops: ops.list_orders(
-            _required_param(req, "state"),
-            step=req.params.get("step"),
-            older_than=req.params.get("older_than"),
-            newer_than=req.params.get("newer_than"),
-            text=req.params.get("text"),
-            sort=req.params.get("sort"),
-            limit=_int_param(req, "limit", 50),
-            continuation=req.params.get("continuation"),
-        )
+    """List orders in one state, filtered, sorted, paged
+
+    In-flight states are read from the active-order index and Error from the Error index, with a
+    point read per index row looked at. Processed is read from the orders table with a query on
+    the process rows (at most 5 requests of up to 200 rows per call; the service scans the table
+    to answer it). Filters: the current step, the age since created, a text in the id, last
+    error or compensation reason. `sort=index` pages in the source's key order; any other sort
+    reads every candidate (up to 500) per page and says `partial` when they did not all fit. A
+    page may hold fewer than `limit` orders and still have a continuation.
+    """
+    return await _respond(lambda ctx: orders.list_orders(ctx, **read(req, ListOrders)))
+
+
+class ShowOrder(OrderPath):
+    timeline_after: Integer = param(
+        -1, "Show timeline entries after this sequence number", minimum=-1
     )
+    timeline_limit: Integer = param(200, "Timeline entries per page", minimum=1, maximum=1000)
 
 
-@bp.route(route="orders/{order_id}", methods=["GET"], auth_level=AUTH)
+@route("GET", "orders/{order_id}", "showOrder", "orders", (models.OrderDetail, "The order"),
+       (400, 404), params=ShowOrder)  # fmt: skip
 async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(
-        lambda ops: ops.show_order(
-            req.route_params.get("order_id", ""),
-            timeline_after=_int_param(req, "timeline_after", -1),
-            timeline_limit=_int_param(req, "timeline_limit", 200),
-        )
+    """One order with its steps and timeline"""
+    return await _respond(lambda ctx: orders.show_order(ctx, **read(req, ShowOrder)))
+
+
+class WatchOrder(OrderPath):
+    after_seq: Integer = param(-1, "The last timeline entry seen", alias="after", minimum=-1)
+    wait_s: Number = param(
+        20.0, "Seconds to wait for a change", alias="wait", minimum=0, maximum=60
     )
 
 
-@bp.route(route="orders/{order_id}/watch", methods=["GET"], auth_level=AUTH)
+@route("GET", "orders/{order_id}/watch", "watchOrder", "orders",
+       (models.WatchView, "A change, or none within `wait`"), (400, 404),
+       params=WatchOrder)  # fmt: skip
 async def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(
-        lambda ops: ops.watch_order(
-            req.route_params.get("order_id", ""),
-            after_seq=_int_param(req, "after", -1),
-            wait_s=_number_param(req, "wait", 20.0),
-        )
-    )
+    """Wait for an order's next change
+
+    Answers once the order has timeline entries after `after` (those entries, and the order
+    now), at once if it is finished, or after `wait` seconds with `changed: false`. Call again
+    with the last entry's `seq` to follow it until `terminal`.
+    """
+    return await _respond(lambda ctx: orders.watch_order(ctx, **read(req, WatchOrder)))
 
 
-@bp.route(route="orders/{order_id}/restart", methods=["POST"], auth_level=AUTH)
+@route("POST", "orders/{order_id}/restart", "restartOrder", "orders", DONE, ACTION_ERRORS,
+       params=OrderPath, body=models.RestartRequest, also=ACCEPTED)  # fmt: skip
 async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
-    async def restart(ops: Operations) -> BaseModel:
-        body = _json_body(req, RestartRequest)
-        return await ops.restart(
-            req.route_params.get("order_id", ""),
+    """Restart an Error order from a named step
+
+    The step (one of the order's workflow version) and every later one are redone with the next
+    generation, even a step whose result was kept; the steps before it resume as a resubmit
+    does (those that did not succeed are redone). Refused (409) for an order not in Error or
+    with undos left (resubmit it first), 400 for a step the workflow lacks. Recorded in the
+    timeline (event restarted).
+    """
+
+    async def restart(ctx: OperatorContext) -> BaseModel:
+        body = _json_body(req, models.RestartRequest)
+        return await orders.restart(
+            ctx,
+            **read(req, OrderPath),
             step=body.step or "",
             operator=_operator(req),
             reason=body.reason or "",
@@ -130,51 +225,101 @@ async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
     return await _respond(restart, status=_action_status)
 
 
-@bp.route(route="bulk/resubmit", methods=["POST"], auth_level=AUTH)
+@route("POST", "bulk/resubmit", "bulkResubmit", "orders",
+       (models.BulkView, "What was done to each order"), (400, 413),
+       body=models.BulkRequest)  # fmt: skip
 async def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _bulk(req, ops, "resubmit"))
+    """Resubmit the orders a filter selects
+
+    Selects Error orders by state, current step, age and text (at least one filter), at most
+    `limit`; a dry run only lists them. Give `order_ids` (what a dry run listed) to act only on
+    those, each only if it still matches. Each is acted on as POST /orders/{order_id}/resubmit
+    is, with its own outcome. `more`: more orders match, run it again.
+    """
+    return await _respond(lambda ctx: _bulk(req, ctx, "resubmit"))
 
 
-@bp.route(route="bulk/cancel", methods=["POST"], auth_level=AUTH)
+@route("POST", "bulk/cancel", "bulkCancel", "orders",
+       (models.BulkView, "What was done to each order"), (400, 413),
+       body=models.BulkRequest)  # fmt: skip
 async def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _bulk(req, ops, "cancel"))
+    """Cancel the orders a filter selects
+
+    Selects Pending or Processing orders by state, current step, age and text (at least one
+    filter), at most `limit`; a dry run only lists them. Give `order_ids` (what a dry run
+    listed) to act only on those, each only if it still matches. Each is acted on as POST
+    /orders/{order_id}/cancel is, with its own outcome. `more`: more orders match, run it again.
+    """
+    return await _respond(lambda ctx: _bulk(req, ctx, "cancel"))
 
 
-@bp.route(route="orders/{order_id}/resubmit", methods=["POST"], auth_level=AUTH)
+@route("POST", "orders/{order_id}/resubmit", "resubmitOrder", "orders", DONE, ACTION_ERRORS,
+       params=OrderPath, body=models.ActionRequest, also=ACCEPTED)  # fmt: skip
 async def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _action(req, ops.resubmit), status=_action_status)
+    """Resubmit an Error order
+
+    Resumes at the first step that did not succeed, with the next generation (new idempotency
+    keys; steps that were compensated are redone, succeeded ones are kept): outcome
+    resubmitted. If undos are left (an incomplete compensation), it retries them instead, same
+    generation so each undo keeps its key: outcome compensation_resumed.
+    """
+    return await _respond(lambda ctx: _action(req, ctx, orders.resubmit), status=_action_status)
 
 
-@bp.route(route="orders/{order_id}/cancel", methods=["POST"], auth_level=AUTH)
+@route("POST", "orders/{order_id}/cancel", "cancelOrder", "orders", DONE, ACTION_ERRORS,
+       params=OrderPath, body=models.ActionRequest, also=ACCEPTED)  # fmt: skip
 async def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _action(req, ops.cancel), status=_action_status)
+    """Cancel a Pending or Processing order
+
+    Acts at once, whatever the order waits for: every step that may have taken effect
+    (succeeded, or requested with the outcome unknown: the one in flight too) is undone, latest
+    first, each undo naming the forward call it undoes (one landing later is refused by the
+    service); then Error (cancelled) with one alert. Outcome compensating (202), or failed when
+    nothing can have taken effect (200: Error now). An order already being undone, or finished,
+    is refused (409).
+    """
+    return await _respond(lambda ctx: _action(req, ctx, orders.cancel), status=_action_status)
 
 
 # ---------------------------------------------------------------------------------- alerts
 
 
-@bp.route(route="alerts", methods=["GET"], auth_level=AUTH)
+class ListAlerts(BaseModel):
+    limit: Integer = param(50, "Page size", minimum=1, maximum=MAX_LIMIT)
+    continuation: Continuation = None
+    open_only: Boolean = param(False, "Only alerts still open or retrying", alias="open")
+
+
+@route("GET", "alerts", "listAlerts", "alerts", (models.AlertPage, "One page"), (400,),
+       params=ListAlerts)  # fmt: skip
 async def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(
-        lambda ops: ops.list_alerts(
-            limit=_int_param(req, "limit", 50),
-            continuation=req.params.get("continuation"),
-            open_only=_bool_param(req, "open", False),
-        )
-    )
+    """Alerts waiting in the alerts queue (peek: nothing is removed)
+
+    Each alert says whether it is resolved, from the state and timeline of the order it names (a
+    point read per order; nothing is written when an order recovers): resolved once the order is
+    Processed, retrying while a resubmitted order is in flight. `open=true` lists only open and
+    retrying ones.
+    """
+    return await _respond(lambda ctx: alerts.list_alerts(ctx, **read(req, ListAlerts)))
 
 
-@bp.route(route="alerts/{sequence_number}", methods=["GET"], auth_level=AUTH)
+@route("GET", "alerts/{sequence_number}", "peekAlert", "alerts", (models.AlertView, "The alert"),
+       (400, 404), params=AlertPath)  # fmt: skip
 async def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.peek_alert(_sequence_param(req)))
+    """One alert"""
+    return await _respond(lambda ctx: alerts.peek_alert(ctx, **read(req, AlertPath)))
 
 
-@bp.route(route="alerts/{sequence_number}/ack", methods=["POST"], auth_level=AUTH)
+@route("POST", "alerts/{sequence_number}/ack", "acknowledgeAlert", "alerts",
+       (models.AckView, "Acknowledged"), (400, 404, 409, 413), params=AlertPath,
+       body=models.AckRequest)  # fmt: skip
 async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
-    async def ack(ops: Operations) -> BaseModel:
-        body = _json_body(req, AckRequest)
-        return await ops.acknowledge_alert(
-            _sequence_param(req), operator=_operator(req), reason=body.reason or ""
+    """Acknowledge an alert: remove it from the queue, record who did and why"""
+
+    async def ack(ctx: OperatorContext) -> BaseModel:
+        body = _json_body(req, models.AckRequest)
+        return await alerts.acknowledge_alert(
+            ctx, **read(req, AlertPath), operator=_operator(req), reason=body.reason or ""
         )
 
     return await _respond(ack)
@@ -183,119 +328,196 @@ async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
 # ---------------------------------------------------------------------------- dead letters
 
 
-@bp.route(route="dead-letters", methods=["GET"], auth_level=AUTH)
+class DeadLetterCounts(BaseModel):
+    limit: Integer = param(100, "Page size", minimum=1, maximum=MAX_LIMIT)
+
+
+@route("GET", "dead-letters", "deadLetterSummary", "dead letters",
+       (models.DeadLetterSummary, "Counts"), (400,), params=DeadLetterCounts)  # fmt: skip
 async def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.dead_letter_summary(limit=_int_param(req, "limit", 100)))
-
-
-@bp.route(route="dead-letters/{queue}", methods=["GET"], auth_level=AUTH)
-async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    """Dead-letter counts of every queue of the app"""
     return await _respond(
-        lambda ops: ops.list_dead_letters(
-            req.route_params.get("queue", ""),
-            limit=_int_param(req, "limit", 50),
-            continuation=req.params.get("continuation"),
-        )
+        lambda ctx: dead_letters.dead_letter_summary(ctx, **read(req, DeadLetterCounts))
     )
 
 
-@bp.route(route="dead-letters/{queue}/replay", methods=["POST"], auth_level=AUTH)
+class ListDeadLetters(QueuePath):
+    limit: Integer = param(50, "Page size", minimum=1, maximum=MAX_LIMIT)
+    continuation: Continuation = None
+
+
+@route("GET", "dead-letters/{queue}", "listDeadLetters", "dead letters",
+       (models.DeadLetterPage, "One page"), (400, 404), params=ListDeadLetters)  # fmt: skip
+async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
+    """Dead letters of one queue (peek)"""
+    return await _respond(
+        lambda ctx: dead_letters.list_dead_letters(ctx, **read(req, ListDeadLetters))
+    )
+
+
+@route("POST", "dead-letters/{queue}/replay", "replayDeadLetters", "dead letters",
+       (models.DeadLetterActionView, "What became of each"), (400, 404, 413), params=QueuePath,
+       body=models.DeadLetterActionRequest)  # fmt: skip
 async def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _dead_letters(req, ops, ops.replay_dead_letters))
+    """Send dead letters back to their queue, then remove them from the dead letters
+
+    Each is sent as first sent (same body, MessageId and properties: a signature still
+    verifies), then completed in the dead-letter queue. Refused, and kept: a message on a queue
+    of signed messages whose signature does not verify (its trigger would refuse it), and one
+    first sent less than 10 minutes ago (duplicate detection would drop the copy). Recorded in
+    the timeline of the order a trusted message names. Name the dead letters by sequence
+    number, or `all`; `dry_run` says what would be done. Say why (`reason`, required unless
+    `dry_run`): it is recorded in the timeline of each order a message names and in the
+    dead-letter log.
+    """
+    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.replay_dead_letters))
 
 
-@bp.route(route="dead-letters/{queue}/purge", methods=["POST"], auth_level=AUTH)
+@route("POST", "dead-letters/{queue}/purge", "purgeDeadLetters", "dead letters",
+       (models.DeadLetterActionView, "What became of each"), (400, 404, 413), params=QueuePath,
+       body=models.DeadLetterActionRequest)  # fmt: skip
 async def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: _dead_letters(req, ops, ops.purge_dead_letters))
+    """Remove dead letters for good
+
+    Recorded in the timeline of the order a trusted message names. Name the dead letters by
+    sequence number, or `all`; `dry_run` says what would be done. Say why (`reason`, required
+    unless `dry_run`): it is recorded in the timeline of each order a message names and in the
+    dead-letter log.
+    """
+    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.purge_dead_letters))
 
 
-@bp.route(route="dead-letter-log", methods=["GET"], auth_level=AUTH)
+class DeadLetterLog(BaseModel):
+    limit: Integer = param(20, "Actions to show", minimum=1, maximum=dead_letter_log.MAX_RECENT)
+
+
+@route("GET", "dead-letter-log", "deadLetterLog", "dead letters",
+       (models.DeadLetterLogView, "The actions"), (400,), params=DeadLetterLog)  # fmt: skip
 async def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.dead_letter_log(limit=_int_param(req, "limit", 20)))
+    """Dead-letter replays and purges operators ran, newest first
+
+    One entry per replay or purge that was not a dry run: when, who, the queue, the reason
+    given, and each message's sequence number, MessageId, order (when one can be trusted) and
+    outcome. Actions on messages that name no order are recorded only here.
+    """
+    return await _respond(
+        lambda ctx: dead_letter_log.dead_letter_log(ctx, **read(req, DeadLetterLog))
+    )
 
 
 # ------------------------------------------------------------------------------ supervisor
 
 
-@bp.route(route="supervisor", methods=["GET"], auth_level=AUTH)
+@route("GET", "supervisor", "showSupervisor", "supervisor",
+       (models.SupervisorView, "The Supervisor's state"))  # fmt: skip
 async def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.supervisor())
+    """The Supervisor's lag, sweeps, leases and recovery bound
+
+    One read of the Supervisor's roster: per bucket of the active-order index, who holds its
+    lease, when it was last swept and how overdue the most overdue order was then; and the bound
+    on recovery latency computed from the settings.
+    """
+    return await _respond(supervisor.supervisor)
 
 
 # ----------------------------------------------------------------------------------- purge
 
 
-@bp.route(route="purge", methods=["POST"], auth_level=AUTH)
+@route("POST", "purge", "purge", "retention", (models.PurgeView, "What the run did"), (400, 413),
+       body=models.PurgeBody)  # fmt: skip
 async def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
-    async def purge(ops: Operations) -> BaseModel:
-        body = _json_body(req, PurgeBody)
-        return await ops.purge(
-            operator=_operator(req),
-            state=body.state,
-            older_than_days=body.older_than_days,
-            dry_run=body.dry_run,
-            limit=body.limit,
+    """Archive, then delete, finished orders past an age
+
+    Processed orders, and Error orders once resolved (their terminal alert acknowledged after
+    they last entered Error), last changed more than `older_than_days` ago (default: the
+    RETENTION_DAYS setting). Each is appended to the day's archive blob, then its rows are
+    deleted in Table transactions conditional on the ETag it was read with: one that changed
+    meanwhile is skipped untouched (`skipped_changed`). Orders in flight, unresolved Errors and
+    orders that may still owe their final messages are never purged. `dry_run` only counts.
+    Non-dry runs are recorded (GET /purge). One call examines at most `limit` candidates and
+    stops after 60 s; `more` says whether to call again.
+    """
+
+    async def run(ctx: OperatorContext) -> BaseModel:
+        body = _json_body(req, models.PurgeBody)
+        return await purge.purge(
+            ctx, operator=_operator(req), **body.model_dump(exclude={"operator"})
         )
 
-    return await _respond(purge)
+    return await _respond(run)
 
 
-@bp.route(route="purge", methods=["GET"], auth_level=AUTH)
+class PurgeRuns(BaseModel):
+    limit: Integer = param(20, "Runs to show", minimum=1, maximum=MAX_LIMIT)
+
+
+@route("GET", "purge", "listPurgeRuns", "retention", (models.PurgeRunsView, "The runs"), (400,),
+       params=PurgeRuns)  # fmt: skip
 async def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(lambda ops: ops.purge_runs(limit=_int_param(req, "limit", 20)))
+    """Recorded purge runs (the timer's and operators'), newest first"""
+    return await _respond(lambda ctx: purge.purge_runs(ctx, **read(req, PurgeRuns)))
 
 
-@bp.route(route="archive/{order_id}", methods=["GET"], auth_level=AUTH)
+class ArchivedOrder(OrderPath):
+    day: str | None = param(None, "Only the archive of this day (UTC, YYYY-MM-DD)", format="date")
+
+
+@route("GET", "archive/{order_id}", "showArchivedOrder", "retention",
+       (models.ArchivedOrderView, "The archived order"), (400, 404, 409),
+       params=ArchivedOrder)  # fmt: skip
 async def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
-    return await _respond(
-        lambda ops: ops.archived_order(
-            req.route_params.get("order_id", ""), day=req.params.get("day")
-        )
-    )
+    """A purged order, read back from the archive
+
+    Searches the archive's day blobs, newest first (or only `day`). An order archived more than
+    once (a purge retried after a crash) is shown once: its latest copy.
+    """
+    return await _respond(lambda ctx: purge.archived_order(ctx, **read(req, ArchivedOrder)))
 
 
 # ---------------------------------------------------------------------------------- health
 
 
-@bp.route(route="health", methods=["GET"], auth_level=AUTH)
+@route("GET", "health", "health", "meta", (models.HealthView, "Every check passed"),
+       also={503: (models.HealthView, "A check failed")})  # fmt: skip
 async def operator_health(req: func.HttpRequest) -> func.HttpResponse:
-    def healthy(result: BaseModel) -> int:
-        return 200 if isinstance(result, HealthView) and result.status == "ok" else 503
+    """Whether the app can work
 
-    return await _respond(lambda ops: ops.health(), status=healthy)
+    Checked cheaply on each call: the settings loaded (the app would not have started
+    otherwise), the orders table answers (one point read of a row that never exists), Service
+    Bus answers (one peek of the alerts queue). 200 when all pass, 503 when one fails; each
+    check says why.
+    """
+
+    def healthy(result: BaseModel) -> int:
+        return 200 if isinstance(result, models.HealthView) and result.status == "ok" else 503
+
+    return await _respond(health.health, status=healthy)
 
 
 # --------------------------------------------------------------------------------- openapi
 
 
-@bp.route(route="openapi.json", methods=["GET"], auth_level=AUTH)
+@route("GET", "openapi.json", "openapi", "meta", (None, "OpenAPI 3.1 document"))
 async def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
-    return _json(200, openapi_document())
+    """This document"""
+    return _json(200, openapi.openapi_document())
 
 
 # --------------------------------------------------------------------------------- helpers
 
 
 async def _respond(
-    call: Callable[[Operations], Awaitable[BaseModel]],
+    call: Callable[[OperatorContext], Awaitable[BaseModel]],
     *,
     status: Callable[[BaseModel], int] = lambda _: 200,
 ) -> func.HttpResponse:
     try:
-        result = await call(await operations())
+        result = await call(await context())
     except OperatorError as refused:
         return _json(refused.status, refused.to_json())
     except Exception:
         log.exception("operator API request failed")
-        return _json(
-            500,
-            {
-                "error": {
-                    "code": "internal",
-                    "message": "the request failed on our side; it is logged with its stack trace",
-                }
-            },
-        )
+        return _json(500, INTERNAL)
     return _json(status(result), result.model_dump(mode="json"))
 
 
@@ -311,44 +533,30 @@ def _json(status: int, body: Any) -> func.HttpResponse:
     )
 
 
-async def _action(req: func.HttpRequest, act: Callable[..., Awaitable[BaseModel]]) -> BaseModel:
-    body = _json_body(req, ActionRequest)
-    return await act(
-        req.route_params.get("order_id", ""),
-        operator=_operator(req),
-        reason=body.reason,
-    )
+async def _action(
+    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
+) -> BaseModel:
+    body = _json_body(req, models.ActionRequest)
+    return await act(ctx, **read(req, OrderPath), operator=_operator(req), reason=body.reason)
 
 
-async def _bulk(req: func.HttpRequest, ops: Operations, action: BulkAction) -> BaseModel:
-    body = _json_body(req, BulkRequest)
-    return await ops.bulk(
-        action,
-        operator=_operator(req),
-        reason=body.reason,
-        state=body.state,
-        step=body.step,
-        older_than=body.older_than,
-        newer_than=body.newer_than,
-        text=body.text,
-        dry_run=body.dry_run,
-        order_ids=body.order_ids,
-        limit=body.limit,
+async def _bulk(req: func.HttpRequest, ctx: OperatorContext, action: BulkAction) -> BaseModel:
+    body = _json_body(req, models.BulkRequest)
+    return await bulk.bulk(
+        ctx, action, operator=_operator(req), **body.model_dump(exclude={"operator"})
     )
 
 
 async def _dead_letters(
-    req: func.HttpRequest, ops: Operations, act: Callable[..., Awaitable[BaseModel]]
+    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
 ) -> BaseModel:
-    body = _json_body(req, DeadLetterActionRequest)
+    body = _json_body(req, models.DeadLetterActionRequest)
     return await act(
-        req.route_params.get("queue", ""),
+        ctx,
+        **read(req, QueuePath),
         operator=_operator(req),
-        sequence_numbers=body.sequence_numbers,
         everything=body.all,
-        dry_run=body.dry_run,
-        limit=body.limit,
-        reason=body.reason,
+        **body.model_dump(exclude={"operator", "all"}),
     )
 
 
@@ -389,47 +597,3 @@ def _json_body(req: func.HttpRequest, model: type[B]) -> B:
             for e in exc.errors(include_url=False, include_input=False)[:5]
         )
         raise InvalidRequest("invalid_request", f"the body is invalid: {problems}") from None
-
-
-def _required_param(req: func.HttpRequest, name: str) -> str:
-    value = req.params.get(name)
-    if not value:
-        raise InvalidRequest("invalid_request", f"query parameter {name!r} is required")
-    return value
-
-
-def _int_param(req: func.HttpRequest, name: str, default: int) -> int:
-    value = req.params.get(name)
-    if value is None:
-        return default
-    if not _INTEGER.fullmatch(value.strip()):
-        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be an integer")
-    return int(value)
-
-
-def _number_param(req: func.HttpRequest, name: str, default: float) -> float:
-    value = req.params.get(name)
-    if value is None:
-        return default
-    if not _NUMBER.fullmatch(value.strip()):
-        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be a number")
-    return float(value)
-
-
-def _bool_param(req: func.HttpRequest, name: str, default: bool) -> bool:
-    value = req.params.get(name)
-    if value is None:
-        return default
-    if value.strip().lower() not in _BOOLEANS:
-        raise InvalidRequest("invalid_request", f"query parameter {name!r} must be true or false")
-    return _BOOLEANS[value.strip().lower()]
-
-
-def _sequence_param(req: func.HttpRequest) -> int:
-    text = req.route_params.get("sequence_number", "")
-    if not text.isascii() or not text.isdigit() or len(text) > 19:
-        raise InvalidRequest(
-            "invalid_sequence_number",
-            f"{text[:40]!r} is not an alert sequence number (an integer >= 1)",
-        )
-    return int(text)

@@ -1,6 +1,6 @@
 """What `orderctl`'s operator commands need from a backend: the operator operations.
 
-Two implementations: :class:`service.operations.operations.Operations`, in process on the running
+Two implementations: :class:`orderctl.local.LocalOperations`, in process on the running
 local stack, and :class:`orderctl.remote.RemoteOperations`, over the operator HTTP API (remote
 mode). Both return the API's own models (:mod:`service.operations.models`) and refuse with an
 :class:`service.operations.errors.OperatorError`, so each command has one code path for both.

@@ -7,7 +7,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from devstack.stack.local_stack import TELEMETRY_SUBDIR, StackInfo
 from devstack.stack.processes import REPO_ROOT
@@ -74,7 +74,7 @@ async def operations(workdir: Path) -> AsyncIterator[OperatorBackend]:
 
 @asynccontextmanager
 async def backend(workdir: Path) -> AsyncIterator[OperatorBackend]:
-    """:class:`service.operations.operations.Operations` on the stack running from ``workdir``, or
+    """:class:`orderctl.local.LocalOperations` on the stack running from ``workdir``, or
     in remote mode :class:`orderctl.remote.RemoteOperations` on the API the options name."""
     if MODE.remote is not None:
         from orderctl.remote import RemoteOperations
@@ -90,14 +90,14 @@ async def backend(workdir: Path) -> AsyncIterator[OperatorBackend]:
             await remote.close()
         return
     from adapters.settings import Settings
-    from service.operations.operations import Operations
+    from orderctl.local import LocalOperations
     from service.runtime import Runtime
 
     info = running_stack(workdir)
     runtime = Runtime.from_settings(Settings.from_env(info.settings))
-    ops = Operations(runtime)
+    ops = LocalOperations(runtime)
     try:
-        yield ops
+        yield cast("OperatorBackend", ops)  # its use cases, set per instance, are the protocol's
     finally:
         await ops.close()
         await runtime.close()

@@ -345,7 +345,7 @@ class Demo:
 
     async def _operator_resubmits(self, info: StackInfo, order_id: str) -> dict[str, str]:
         """Play the operator: the services recover, an Error order is resubmitted, and done."""
-        from service.operations.operations import Operations
+        from orderctl.local import LocalOperations
         from service.runtime import Runtime
 
         self.console.print()
@@ -362,7 +362,7 @@ class Demo:
         )
         await self._set_faults(info, {"profile": {}, "source": "clean"})
         runtime = Runtime.from_settings(Settings.from_env(info.settings))
-        ops = Operations(runtime)
+        ops = LocalOperations(runtime)
         try:
             done = await ops.resubmit(
                 order_id, operator="demo-operator", reason="services recovered"

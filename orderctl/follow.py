@@ -1,7 +1,7 @@
 """Following an order until it finishes: `orderctl status ID --watch` and `submit --wait`.
 
 Over the operator operation that waits for an order's next change
-(:meth:`service.operations.operations.Operations.watch_order`, ``GET /api/orders/{id}/watch``): each
+(:func:`service.operations.orders.watch_order`, ``GET /api/orders/{id}/watch``): each
 call returns once the order has new timeline entries, or after a few seconds without one, and
 the next call asks for what came after the last entry seen. No polling loop of its own beyond
 that, and nothing is printed twice.
@@ -30,7 +30,7 @@ WAIT_PER_CALL: Final = 10.0
 NOT_YET_PAUSE: Final = 0.5
 
 Watch = Callable[[int, float], Awaitable[WatchView]]
-"""``watch(after_seq, wait_s)``: the order's next change (Operations.watch_order)."""
+"""``watch(after_seq, wait_s)``: the order's next change (orders.watch_order)."""
 
 
 @dataclass(frozen=True, slots=True)

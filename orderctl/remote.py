@@ -1,7 +1,7 @@
 """Remote mode: the operator operations over the operator HTTP API (``/api/...``).
 
 :class:`RemoteOperations` has the methods `orderctl` calls on
-:class:`service.operations.operations.Operations` (:class:`orderctl.backend.OperatorBackend`);
+:class:`orderctl.local.LocalOperations` (:class:`orderctl.backend.OperatorBackend`);
 each is one request, and the JSON answer is read into the same model the in-process call
 returns, so every command prints the same tables and ``--json`` documents either way.
 

@@ -1,7 +1,7 @@
 """Operator actions on one order: cancel, resubmit and restart. One implementation for every
 front end.
 
-The HTTP API and the CLI (through :mod:`service.operations.operations`) and SchedulerCommand
+The HTTP API and the CLI (through :mod:`service.operations.orders`) and SchedulerCommand
 messages
 (through :mod:`service.commands`) all call these; the lifecycle decides
 (:mod:`domain.lifecycle`). The operator is the ``actor`` of the timeline entries they write.

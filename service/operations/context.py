@@ -1,8 +1,9 @@
 """What every operator use case works with: the Runtime (settings, state store, clock), the
 queues (peeks and settling, :mod:`adapters.queues`), the orders table itself and the archive.
 
-One context per :class:`service.operations.operations.Operations`; its clients are built on first
-use (building awaits nothing, so calls on the event loop never build two) and closed with it.
+One context per front end (the operator API, the dashboard summary, `orderctl`); its clients
+are built on first use (building awaits nothing, so calls on the event loop never build two)
+and closed with it.
 """
 
 from __future__ import annotations

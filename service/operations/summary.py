@@ -22,11 +22,12 @@ browsers refreshing every few seconds cost one read per part per period and inst
   budget the series says ``partial``. Throughput per interval, latency (created to Processed,
   first generation only: a resubmitted order's age includes its time in Error) p50 and p99,
   and the requests those orders needed beyond one per step (retries).
-- **Supervisor** (every ``SUPERVISOR_TTL``): one read of its roster (:meth:`Operations.supervisor`).
+- **Supervisor** (every ``SUPERVISOR_TTL``): one read of its roster
+  (:func:`service.operations.supervisor.supervisor`).
 - **Alerts** (every ``ALERTS_TTL``): a peek of the alerts queue with each alert's resolution
-  (:meth:`Operations.list_alerts`, a point read per order named).
+  (:func:`service.operations.alerts.list_alerts`, a point read per order named).
 - **Dead letters** (every ``DEAD_LETTERS_TTL``): one peek per queue
-  (:meth:`Operations.dead_letter_summary`).
+  (:func:`service.operations.dead_letters.dead_letter_summary`).
 - **Circuits** (every ``CIRCUITS_TTL``): one query of the ``circuits`` partition of the
   supervision table, where each agent instance writes its breaker's state on each transition
   (:mod:`adapters.store.circuits`): per agent, the worst current state across instances, since
@@ -66,8 +67,11 @@ from domain.agents import AGENT_NAMES
 from domain.order import Order, StepState
 from domain.states import ProcessState
 from service.listing import SUMMARY_COLUMNS
+from service.operations import alerts as alert_views
+from service.operations import dead_letters as dead_letter_views
+from service.operations import supervisor as supervisor_view
 from service.operations.alert_resolution import STILL_OPEN
-from service.operations.operations import Operations
+from service.operations.context import OperatorContext
 
 log = logging.getLogger("service.operations.summary")
 
@@ -124,18 +128,18 @@ class _Cached:
 class Summary:
     """The overview of one app process: see the module docstring for what it reads.
 
-    ``operations`` returns the operator API's :class:`Operations`, whose Runtime the summary
-    follows (the local host and tests replace it); ``monotonic`` and the Runtime's clock are
+    ``context`` returns the operator API's :class:`OperatorContext`, whose Runtime the
+    summary follows (the local host and tests replace it); ``monotonic`` and the Runtime's clock are
     the time. One event loop uses it (its clients and background reads belong to that loop).
     """
 
     def __init__(
         self,
-        operations: Callable[[], Awaitable[Operations]],
+        context: Callable[[], Awaitable[OperatorContext]],
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._operations = operations
+        self._context = context
         self._monotonic = monotonic
         self._lock = asyncio.Lock()
         """One summary at a time: a second waits, then finds the parts the first read."""
@@ -145,8 +149,8 @@ class Summary:
         self._since: datetime | None = None
         self._offset = 0
         self._background_reads: set[asyncio.Task[None]] = set()
-        self._circuit_table: tuple[Operations, Table] | None = None
-        self._own: Operations | None = None
+        self._circuit_table: tuple[OperatorContext, Table] | None = None
+        self._own: OperatorContext | None = None
         self._closed = False
 
     async def close(self, *, wait: bool = False) -> None:
@@ -170,36 +174,36 @@ class Summary:
         ``MAX_WINDOW_S``), as JSON-ready data."""
         window_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, int(window_s)))
         async with self._lock:
-            shared = await self._operations()
+            shared = await self._context()
             if self._own is None or self._own.rt is not shared.rt:
                 # A new Runtime (the local host, tests): start afresh. The summary has an
-                # Operations of its own: Service Bus peeks take one at a time per Operations,
-                # and its background reads must not hold up the operator API's.
+                # context of its own: Service Bus peeks take one at a time per context, and its
+                # background reads must not hold up the operator API's.
                 self._cache.clear()
                 previous = self._own
-                self._own = Operations(shared.rt)
+                self._own = OperatorContext(shared.rt)
                 if previous is not None:
                     await previous.close()
                 self._history.clear()
                 self._since = None
-            ops = self._own
-            now = utc(ops.rt.clock())
+            ctx = self._own
+            now = utc(ctx.rt.clock())
             if self._since is None:
                 self._since = now
-            active = await self._part("active", ACTIVE_TTL, lambda: self._active(ops, now))
+            active = await self._part("active", ACTIVE_TTL, lambda: self._active(ctx, now))
             errors = await self._part(
-                f"errors:{window_s}", ERROR_TTL, lambda: self._errors(ops, now, window_s)
+                f"errors:{window_s}", ERROR_TTL, lambda: self._errors(ctx, now, window_s)
             )
             finished = await self._part(
                 f"finished:{window_s}",
                 FINISHED_TTL,
-                lambda: self._finished(ops, now, window_s),
+                lambda: self._finished(ctx, now, window_s),
             )
-            supervisor = await self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ops))
-            alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ops))
-            dead = self._background("dead_letters", DEAD_LETTERS_TTL, lambda: _dead_letters(ops))
+            supervisor = await self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ctx))
+            alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ctx))
+            dead = self._background("dead_letters", DEAD_LETTERS_TTL, lambda: _dead_letters(ctx))
             circuit_view = await self._part(
-                "circuits", CIRCUITS_TTL, lambda: self._circuits(ops, now)
+                "circuits", CIRCUITS_TTL, lambda: self._circuits(ctx, now)
             )
             self._remember(now, active, errors, supervisor)
             return {
@@ -244,11 +248,11 @@ class Summary:
         value = await _timed(name, read, quiet=lambda: self._closed)
         cached.value, cached.at, cached.refreshing = value, self._monotonic(), False
 
-    async def _active(self, ops: Operations, now: datetime) -> dict[str, Any]:
-        rows, partial = await _all_pages(lambda token: _active_page(ops, token))
+    async def _active(self, ctx: OperatorContext, now: datetime) -> dict[str, Any]:
+        rows, partial = await _all_pages(lambda token: _active_page(ctx, token))
         overdue = sum(1 for row in rows if row.due_at <= now)
         sample = self._rotating_sample(rows)
-        found = await self._read_orders(ops, [row.order_id for row in sample])
+        found = await self._read_orders(ctx, [row.order_id for row in sample])
         counts: Counter[str] = Counter()
         finishing = 0
         for row in sample:
@@ -280,12 +284,12 @@ class Summary:
         self._offset = start + STATE_READS
         return [rows[(start + i) % len(rows)] for i in range(STATE_READS)]
 
-    async def _errors(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
-        rows, partial = await _all_pages(lambda after: _error_page(ops, after))
+    async def _errors(self, ctx: OperatorContext, now: datetime, window_s: int) -> dict[str, Any]:
+        rows, partial = await _all_pages(lambda after: _error_page(ctx, after))
         since = now - timedelta(seconds=window_s)
         recent = sorted((r for r in rows if r.written_at >= since), key=lambda r: r.written_at)
         examined = recent[-ERROR_READS:]
-        found = await self._read_orders(ops, [row.order_id for row in examined])
+        found = await self._read_orders(ctx, [row.order_id for row in examined])
         causes: Counter[str] = Counter()
         for row in examined:
             order = found.get(row.order_id)
@@ -302,9 +306,9 @@ class Summary:
             "per_bucket": _bucket_counts((r.written_at for r in recent), now, bucket_s),
         }
 
-    async def _finished(self, ops: Operations, now: datetime, window_s: int) -> dict[str, Any]:
+    async def _finished(self, ctx: OperatorContext, now: datetime, window_s: int) -> dict[str, Any]:
         since = now - timedelta(seconds=window_s)
-        orders, partial, requests = await self._processed_since(ops, since)
+        orders, partial, requests = await self._processed_since(ctx, since)
         bucket_s = window_s // BUCKETS
         first = now - timedelta(seconds=bucket_s * BUCKETS)
         buckets: list[list[Order]] = [[] for _ in range(BUCKETS)]
@@ -312,7 +316,7 @@ class Summary:
             index = int((utc(order.updated_at) - first).total_seconds() // bucket_s)
             if 0 <= index < BUCKETS:
                 buckets[index].append(order)
-        steps = {ref: len(flow.steps) for ref, flow in ops.rt.workflows.items()}
+        steps = {ref: len(flow.steps) for ref, flow in ctx.rt.workflows.items()}
         series = []
         for index, members in enumerate(buckets):
             latencies = _latencies(members)
@@ -340,10 +344,10 @@ class Summary:
         }
 
     async def _processed_since(
-        self, ops: Operations, since: datetime
+        self, ctx: OperatorContext, since: datetime
     ) -> tuple[list[Order], bool, int]:
         pages = (
-            ops.ctx.orders_table()  # Processed orders have no index
+            ctx.orders_table()  # Processed orders have no index
             .query_entities(
                 "RowKey eq @row and ProcessState eq @state and UpdatedAt ge @since",
                 parameters={
@@ -367,12 +371,12 @@ class Summary:
                 return orders, True, requests
         return orders, False, requests
 
-    async def _circuits(self, ops: Operations, now: datetime) -> dict[str, Any]:
-        if self._circuit_table is None or self._circuit_table[0] is not ops:
+    async def _circuits(self, ctx: OperatorContext, now: datetime) -> dict[str, Any]:
+        if self._circuit_table is None or self._circuit_table[0] is not ctx:
             previous = self._circuit_table
-            service = clients.table_service(ops.rt.settings.storage)
-            table = service.get_table_client(ops.rt.settings.supervision_table, owns_service=True)
-            self._circuit_table = (ops, table)
+            service = clients.table_service(ctx.rt.settings.storage)
+            table = service.get_table_client(ctx.rt.settings.supervision_table, owns_service=True)
+            self._circuit_table = (ctx, table)
             if previous is not None:
                 await previous[1].close()
         store = CircuitTable(self._circuit_table[1])
@@ -396,14 +400,16 @@ class Summary:
             "reaped": reaped,
         }
 
-    async def _read_orders(self, ops: Operations, order_ids: Sequence[str]) -> dict[str, Order]:
+    async def _read_orders(
+        self, ctx: OperatorContext, order_ids: Sequence[str]
+    ) -> dict[str, Order]:
         """Point reads of ``order_ids``, ``READ_CONCURRENCY`` at a time; missing orders are
         left out."""
         reads = asyncio.Semaphore(READ_CONCURRENCY)
 
         async def find(order_id: str) -> Order | None:
             async with reads:
-                return await ops.rt.store.find(order_id)
+                return await ctx.rt.store.find(order_id)
 
         found = await asyncio.gather(*(find(order_id) for order_id in order_ids))
         return {order.order_id: order for order in found if order is not None}
@@ -467,19 +473,21 @@ async def _all_pages(
 
 
 async def _active_page(
-    ops: Operations, token: str | None
+    ctx: OperatorContext, token: str | None
 ) -> tuple[Sequence[ActiveRow], str | None]:
-    page = await ops.rt.store.list_active(INDEX_PAGE, continuation=token)
+    page = await ctx.rt.store.list_active(INDEX_PAGE, continuation=token)
     return page.rows, page.continuation
 
 
-async def _error_page(ops: Operations, after: str | None) -> tuple[Sequence[ErrorRow], str | None]:
-    page = await ops.rt.store.errors.page(INDEX_PAGE, after=after)
+async def _error_page(
+    ctx: OperatorContext, after: str | None
+) -> tuple[Sequence[ErrorRow], str | None]:
+    page = await ctx.rt.store.errors.page(INDEX_PAGE, after=after)
     return page.rows, page.last_key
 
 
-async def _supervisor(ops: Operations) -> dict[str, Any]:
-    view = await ops.supervisor()
+async def _supervisor(ctx: OperatorContext) -> dict[str, Any]:
+    view = await supervisor_view.supervisor(ctx)
     return {
         "lag_s": view.lag_s,
         "oldest_sweep_s": view.oldest_sweep_s,
@@ -491,8 +499,8 @@ async def _supervisor(ops: Operations) -> dict[str, Any]:
     }
 
 
-async def _alerts(ops: Operations) -> dict[str, Any]:
-    page = await ops.list_alerts(limit=100)
+async def _alerts(ctx: OperatorContext) -> dict[str, Any]:
+    page = await alert_views.list_alerts(ctx, limit=100)
     resolutions: Counter[str] = Counter(view.resolution for view in page.items)
     severities: Counter[str] = Counter(
         str((view.alert or {}).get("severity") or "unreadable")
@@ -509,8 +517,8 @@ async def _alerts(ops: Operations) -> dict[str, Any]:
     }
 
 
-async def _dead_letters(ops: Operations) -> dict[str, Any]:
-    summary = await ops.dead_letter_summary(limit=100)
+async def _dead_letters(ctx: OperatorContext) -> dict[str, Any]:
+    summary = await dead_letter_views.dead_letter_summary(ctx, limit=100)
     return {
         "total": sum(q.count for q in summary.queues),
         "more": any(q.more for q in summary.queues),

@@ -239,8 +239,8 @@ async def _close_operations() -> None:
     from dashboard import functions as dashboard
     from operator_api import functions as operator_api
 
-    # The Operations of the Runtime this module installed for the host.
-    await (await operator_api.operations()).close()
+    # The operator context of the Runtime this module installed for the host.
+    await (await operator_api.context()).close()
     if dashboard._summary is not None:
         await dashboard._summary.close()
         dashboard._summary = None

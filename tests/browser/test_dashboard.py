@@ -21,10 +21,10 @@ from playwright.sync_api import Page, expect
 
 from domain.messages import utc_now
 from domain.states import ProcessState
+from orderctl.local import LocalOperations
 from service import circuit
 from service.agent import remote_client
 from service.circuit import BreakerState, breaker_for, reset_breakers
-from service.operations.operations import Operations
 from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, SUBMITTER, Stack, api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -224,7 +224,7 @@ def test_dead_letters_replay_refused_purge_done_markup_shown_as_text(
     expect(submission).to_have_count(1)
     stack.scenario.dead_letters.remove("not-json")  # the overview counts what is left
     # The purged message names no order: the dead-letter log holds who purged it, and why.
-    ops = Operations(stack.rt)
+    ops = LocalOperations(stack.rt)
     try:
         actions = stack.run(ops.dead_letter_log(limit=10)).actions
     finally:

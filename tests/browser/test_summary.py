@@ -18,7 +18,7 @@ from adapters.tables import TableService
 from benchmarks.history import fill_history, finished_rows
 from benchmarks.history import new_order as history_order
 from domain.messages import utc_now
-from service.operations.operations import Operations
+from service.operations.context import OperatorContext
 from service.operations.summary import Summary
 from service.runtime import Runtime
 from tests.support.app import app_settings, make_runtime
@@ -53,12 +53,12 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
         servicebus, azurite.connection_string, lambda s: f"http://127.0.0.1:9/{s}", unique_name("s")
     )
     rt = await make_runtime(env, "summary")
-    ops = Operations(rt)
+    ctx = OperatorContext(rt)
     try:
         report = await filled(rt, env)
-        snapshot, later, elapsed, cost = await summarized(ops)
+        snapshot, later, elapsed, cost = await summarized(ctx)
     finally:
-        await ops.close()
+        await ctx.close()
         await rt.close()
     assert report["orders"] == HISTORY
     assert later["dead_letters"]["total"] == 0 and later["alerts"]["open"] == 0
@@ -79,12 +79,12 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
     assert elapsed < 10, f"the summary took {elapsed:.1f} s over {HISTORY} orders"
 
 
-async def summarized(ops: Operations) -> tuple[dict, dict, float, dict[str, int]]:
+async def summarized(ctx: OperatorContext) -> tuple[dict, dict, float, dict[str, int]]:
     """A first summary (how long it took, what it cost), and one once the background parts are
     in."""
 
-    async def shared() -> Operations:
-        return ops
+    async def shared() -> OperatorContext:
+        return ctx
 
     summary = Summary(shared)
     try:

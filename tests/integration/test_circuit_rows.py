@@ -16,7 +16,7 @@ from adapters.tables import TableService
 from domain.messages import utc_now
 from service import circuit, runtime
 from service.circuit import breaker_for, reset_breakers
-from service.operations.operations import Operations
+from service.operations.context import OperatorContext
 from service.operations.summary import Summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -77,12 +77,12 @@ async def _written_nowhere() -> None:
 async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
     await _written_nowhere()
     previous = runtime.install(rt)
-    ops = Operations(rt)
+    ctx = OperatorContext(rt)
 
-    async def operations() -> Operations:
-        return ops
+    async def context() -> OperatorContext:
+        return ctx
 
-    summary = Summary(operations)
+    summary = Summary(context)
     try:
         reset_breakers()
         breaker = breaker_for("payment")
@@ -112,7 +112,7 @@ async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table)
         reset_breakers()
         await circuit.reporter.flush(timeout=10)
         await summary.close()
-        await ops.close()
+        await ctx.close()
         runtime.install(previous)
 
 

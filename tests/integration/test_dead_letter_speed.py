@@ -9,8 +9,8 @@ import time
 import pytest
 
 from operator_api import functions as api
+from orderctl.local import LocalOperations
 from service import runtime
-from service.operations.operations import Operations
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -19,12 +19,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.operations()).close()
+    await (await api.context()).close()
     runtime.install(previous)
 
 
 async def test_dead_letter_summary_is_quick(installed):
-    ops = Operations(installed)
+    ops = LocalOperations(installed)
     try:
         started = time.perf_counter()
         first = await ops.dead_letter_summary()

@@ -51,7 +51,7 @@ def handlers(app_functions) -> dict[str, Handler]:
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.operations()).close()
+    await (await api.context()).close()
     runtime.install(previous)
 
 

@@ -21,10 +21,11 @@ from adapters.settings import Settings
 from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
 from operator_api import functions as api
+from orderctl.local import LocalOperations
 from service import inbound, runtime
 from service.intake import handle_submission
+from service.operations import orders
 from service.operations.errors import InvalidRequest
-from service.operations.operations import Operations
 from service.runtime import Runtime
 from tests.integration.test_operator_api import call, declined_order, find_alert
 from tests.support.app import make_runtime
@@ -50,13 +51,13 @@ def handlers() -> dict:
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.operations()).close()
+    await (await api.context()).close()
     runtime.install(previous)
 
 
 @pytest.fixture
 async def ops(installed):
-    operations = Operations(installed)
+    operations = LocalOperations(installed)
     yield operations
     await operations.close()
 
@@ -295,7 +296,7 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     assert all([(await rt.store.load(o)).state is ProcessState.ERROR for o in errored])
 
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
-    await (await api.operations()).resubmit(errored[0], operator="bob", reason="by hand")
+    await orders.resubmit(await api.context(), errored[0], operator="bob", reason="by hand")
     status, done = await call(
         handlers, "operator_bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
@@ -333,7 +334,7 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
-    await (await api.operations()).resubmit(order_id, operator="ann", reason="restocked")
+    await orders.resubmit(await api.context(), order_id, operator="ann", reason="restocked")
     _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
@@ -349,7 +350,7 @@ async def test_an_alert_whose_order_failed_again_is_superseded(installed, handle
     rt = installed
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
-    await (await api.operations()).resubmit(order_id, operator="ann", reason="try again")
+    await orders.resubmit(await api.context(), order_id, operator="ann", reason="try again")
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
     alerts = [
@@ -412,7 +413,7 @@ async def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -
     raise AssertionError(f"{message.message_id} was sent but never received")
 
 
-async def dead_letter_number(ops: Operations, role: str, message_id: str) -> int:
+async def dead_letter_number(ops: LocalOperations, role: str, message_id: str) -> int:
     page = await ops.list_dead_letters(role, limit=100)
     [found] = [i for i in page.items if i.message_id == message_id]
     return found.sequence_number
@@ -435,8 +436,8 @@ async def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_v
     )
     original = rt.bus.prepare(commands, command)
     await dead_letter(servicebus, commands, original)
-    ops = Operations(rt, duplicate_window=REPLAY_WINDOW)
-    strict = Operations(rt)  # this app's queues' window: 10 minutes
+    ops = LocalOperations(rt, duplicate_window=REPLAY_WINDOW)
+    strict = LocalOperations(rt)  # this app's queues' window: 10 minutes
     try:
         number = await dead_letter_number(ops, "commands", original.message_id)
         early = await strict.replay_dead_letters(
@@ -509,7 +510,7 @@ async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(rep
     )
     for message in (unsigned, altered):
         await dead_letter(servicebus, commands, message)
-    ops = Operations(rt, duplicate_window=timedelta(0))
+    ops = LocalOperations(rt, duplicate_window=timedelta(0))
     try:
         numbers = [
             await dead_letter_number(ops, "commands", m.message_id) for m in (unsigned, altered)
@@ -617,7 +618,7 @@ async def test_health_checks_the_table_and_the_bus(installed, handlers, env, uni
     assert all(c["ok"] for c in health["checks"])
 
     broken = Runtime.from_settings(Settings.from_env(env | {"ORDERS_TABLE": unique_name("nope")}))
-    ops = Operations(broken)
+    ops = LocalOperations(broken)
     try:
         view = await ops.health()
     finally:

@@ -34,10 +34,10 @@ from domain.messages import encode
 from domain.states import ProcessState
 from operator_api import functions as api
 from orderctl import cli
+from orderctl.local import LocalOperations
 from orderctl.options import OPERATOR
 from orderctl.output import validate
 from service.intake import handle_submission
-from service.operations.operations import Operations
 from tests.support.app import install_for_host
 from tests.support.pattern import new_order, queue, run_agent_step
 
@@ -51,8 +51,8 @@ runner = CliRunner()
 
 def start_host(settings: dict[str, str], rt) -> LocalHost:  # type: ignore[no-untyped-def]
     """A functions host serving only the operator HTTP API, on a free port, its functions on
-    a Runtime like ``rt``; when it stops, the Operations they built and that Runtime are closed
-    on its loop."""
+    a Runtime like ``rt``; when it stops, the context they built and that Runtime are closed on
+    its loop."""
     sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp object
     host = LocalHost(
         "function_app", settings=settings, host_json=None, functions=OPERATOR_FUNCTIONS,
@@ -64,7 +64,7 @@ def start_host(settings: dict[str, str], rt) -> LocalHost:  # type: ignore[no-un
 
 
 async def close_operations() -> None:
-    await (await api.operations()).close()
+    await (await api.context()).close()
 
 
 @pytest.fixture(autouse=True)
@@ -312,7 +312,7 @@ async def test_health_and_supervisor(orderctl):
 
 async def test_both_backends_print_the_same_documents(both, rt, reader, fakes):
     order_id = await declined(rt, reader, fakes)
-    ops = Operations(rt)
+    ops = LocalOperations(rt)
     try:  # a purge of a dead letter that is not there is logged all the same
         await ops.purge_dead_letters(
             "orders", operator="ann", sequence_numbers=[10**12], reason="x"

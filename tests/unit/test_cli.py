@@ -152,7 +152,7 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
     from adapters.settings import Settings
     from adapters.store.supervision import BucketLease, Member
     from devstack.memory import MemoryBus, MemoryStore
-    from service.operations.operations import Operations
+    from orderctl.local import LocalOperations
     from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
 
@@ -175,7 +175,7 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
 
     @asynccontextmanager
     async def operations(workdir):
-        yield Operations(rt)
+        yield LocalOperations(rt)
 
     monkeypatch.setattr("orderctl.connection.operations", operations)
     monkeypatch.setattr("orderctl.app.console", Console(width=200))
@@ -188,7 +188,7 @@ async def test_supervisor_shows_lag_holders_and_the_bound(monkeypatch):
 
 
 def _memory_operations(monkeypatch, clock):
-    """`orderctl` on a real Operations over the in-memory store and archive."""
+    """`orderctl` on a real LocalOperations over the in-memory store and archive."""
     from contextlib import asynccontextmanager
 
     from rich.console import Console
@@ -196,8 +196,8 @@ def _memory_operations(monkeypatch, clock):
     from adapters.settings import Settings
     from devstack.memory import MemoryArchive, MemoryBus, MemoryStore
     from orderctl.app import fail
+    from orderctl.local import LocalOperations
     from service.operations.errors import OperatorError
-    from service.operations.operations import Operations
     from service.runtime import Runtime
     from tests.support.app import EXAMPLE_SETTINGS
 
@@ -210,7 +210,7 @@ def _memory_operations(monkeypatch, clock):
         workflows=settings.workflows(),
         clock=clock,
     )
-    ops = Operations(rt)
+    ops = LocalOperations(rt)
     ops.use_archive(MemoryArchive())
 
     @asynccontextmanager

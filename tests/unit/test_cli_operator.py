@@ -159,7 +159,7 @@ async def test_a_filter_matching_nothing_says_so_and_asks_nothing(recording, mon
 def _memory(monkeypatch):
     from adapters.settings import Settings
     from devstack.memory import MemoryBus, MemoryStore
-    from service.operations.operations import Operations
+    from orderctl.local import LocalOperations
     from service.runtime import Runtime
     from tests.integration.test_state_store import T0, Clock
     from tests.support.app import EXAMPLE_SETTINGS
@@ -179,7 +179,7 @@ def _memory(monkeypatch):
     @asynccontextmanager
     async def operations(workdir):
         try:
-            yield Operations(rt)
+            yield LocalOperations(rt)
         except OperatorError as error:
             raise fail(f"{error.message} ({error.code})", 2) from None
 

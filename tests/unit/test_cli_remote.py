@@ -10,12 +10,13 @@ the commands that only work on the local stack.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from rich.console import Console
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 from devstack.host import LocalHost
 from operator_api import functions as api
 from orderctl import cli
+from orderctl.local import USE_CASES
 from tests.unit.cli_views import Ops, use_ops
 from tests.unit.test_cli_hostile_text import CONTROL, MARKUP
 from tests.unit.test_cli_json import OPERATOR_COMMANDS
@@ -52,13 +54,20 @@ class Served(Ops):
         return await super().list_dead_letters(queue)
 
 
-def serving(ops: Ops):
-    """What the HTTP functions' ``operations()`` gives: ``ops``."""
+def serve(patch: pytest.MonkeyPatch, ops: Ops) -> None:
+    """The use cases the HTTP functions call answer as ``ops``' methods of the same names (with
+    no context: the functions' ``context()`` gives None)."""
 
-    async def operations() -> Ops:
-        return ops
+    async def no_context() -> None:
+        return None
 
-    return operations
+    async def answer(name: str, ctx: None, *args: Any, **options: Any) -> Any:
+        return await getattr(ops, name)(*args, **options)
+
+    patch.setattr(api, "context", no_context)
+    for use_case in USE_CASES:
+        module = sys.modules[use_case.__module__]
+        patch.setattr(module, use_case.__name__, functools.partial(answer, use_case.__name__))
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +81,7 @@ def api_url() -> Iterator[str]:
     """The operator HTTP API on a local functions host, over Served views."""
     with pytest.MonkeyPatch.context() as patch:
         served = Served(STORED)
-        patch.setattr(api, "operations", serving(served))
+        serve(patch, served)
         sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
         functions = [name for name in dir(api) if name.startswith("operator_")]
         host = LocalHost("function_app", settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
@@ -132,7 +141,7 @@ def test_the_operator_is_the_one_the_api_authenticated(monkeypatch, api_url):
     served = Served(STORED)
     monkeypatch.setattr(served, "resubmit", lambda order_id, **o: calls.append(o) or
                         Ops.resubmit(served, order_id, **o))  # fmt: skip
-    monkeypatch.setattr(api, "operations", serving(served))
+    serve(monkeypatch, served)
     result = remote(monkeypatch, api_url, "resubmit", "o-1", "--reason", "r", "--operator", "x")
     assert result.exit_code == 0, result.output
     assert calls == [{"operator": "ann", "reason": "r"}]

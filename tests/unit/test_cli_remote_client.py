@@ -24,7 +24,6 @@ from orderctl.remote_config import (
     resolve,
 )
 from service.operations.errors import Busy, Conflict, InvalidRequest, NotFound
-from service.operations.operations import Operations
 from tests.unit.cli_views import Ops
 
 pytestmark = pytest.mark.anyio
@@ -160,20 +159,20 @@ def test_credentials_never_go_over_plain_http_but_to_this_machine():
 # ---------------------------------------------------------------------------- the client
 
 
-def test_both_backends_offer_every_operation_the_cli_calls():
-    """RemoteOperations and Operations each accept what the protocol declares, by name."""
+def test_the_remote_backend_offers_every_operation_the_cli_calls():
+    """RemoteOperations accepts what the protocol declares, by name (the local backend's use
+    cases: tests/unit/test_local_backend.py)."""
     wanted = {
         name: inspect.signature(member)
         for name, member in vars(OperatorBackend).items()
         if callable(member) and not name.startswith("_")
     }
     assert {"show_order", "bulk", "health", "close"} <= set(wanted)
-    for backend in (Operations, RemoteOperations):
-        for name, signature in wanted.items():
-            offered = inspect.signature(getattr(backend, name)).parameters
-            for parameter in signature.parameters.values():
-                assert parameter.name in offered, (backend.__name__, name, parameter.name)
-                assert offered[parameter.name].kind == parameter.kind, (backend, name)
+    for name, signature in wanted.items():
+        offered = inspect.signature(getattr(RemoteOperations, name)).parameters
+        for parameter in signature.parameters.values():
+            assert parameter.name in offered, (name, parameter.name)
+            assert offered[parameter.name].kind == parameter.kind, name
 
 
 class Recorder:

@@ -132,7 +132,7 @@ async def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_b
         async def close(self):
             pass
 
-    class Operations:
+    class LocalOperations:
         def __init__(self, runtime):
             pass
 
@@ -143,11 +143,11 @@ async def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_b
         async def close(self):
             pass
 
-    import service.operations.operations
+    import orderctl.local
     import service.runtime
 
     monkeypatch.setattr(service.runtime, "Runtime", Runtime)
-    monkeypatch.setattr(service.operations.operations, "Operations", Operations)
+    monkeypatch.setattr(orderctl.local, "LocalOperations", LocalOperations)
 
     async def run(self, info):
         await self._operator_resubmits(info, "demo-1-00002")
