@@ -43,19 +43,21 @@ from benchmarks.peers import OursSide, load_1m, tmpfs_dir
 HOPS: Final = {
     "submit_to_intake": "submission → intake starts (the orders queue)",
     "intake": "intake's own work: validate, decide, serialise",
-    "request_queue": "request sent → agent starts (the step queues)",
+    "request_queue": "request's send starts → agent starts (send, broker, receive)",
     "agent": "agent's own work around the call",
     "remote_call": "the remote call (the fakes answer after 1 ms)",
-    "reply_queue": "reply sent → reply handling starts (the responses queue)",
+    "reply_queue": "reply's send starts → reply handling starts (send, broker, receive)",
     "reply_handling": "reply handling's own work: decide, serialise",
     "table": "Table requests, all handlers",
-    "send": "Service Bus sends, all handlers",
+    "send": "other Service Bus sends on the path (the last handler's)",
 }
 """The budget's hops, in path order; they add up to the whole. The path runs through each
-handler up to the end of its last send (its work after that, settling, runs beside the next
-hop), then through the queue to the next handler's start; the last handler's path ends with it.
-A handler's part of the path is cut into its Table requests, sends and remote call, and the
-rest, its own work."""
+handler up to the start of its last send, then through that send, the broker and the next
+handler's receive to the next handler's start (the queue hops: the broker has delivered the
+message before the sender's span ends with its acknowledgement, so a queue measured from the
+send's end could be negative). What a handler does after its last send starts runs beside the
+next hop; the last handler's path ends with it. A handler's part of the path is cut into the
+Table requests, sends and remote call it finished on the path, and the rest: its own work."""
 
 HANDLER_KIND: Final = {"scheduler_intake": "intake", "scheduler_replies": "reply_handling"}
 SEND_SPAN: Final = "ServiceBus.send"
@@ -150,7 +152,7 @@ def order_budget(
     hops[FIRST_QUEUE] = handlers[0].start - submitted
     path_ends = []
     for before, handler in itertools.pairwise(handlers):
-        sends = [c.end for c in before.children if c.name == SEND_SPAN]
+        sends = [c.start for c in before.children if c.name == SEND_SPAN]
         if not sends:
             return None
         path_ends.append(max(sends))
@@ -238,6 +240,10 @@ async def measure(
         "traced": len(per_order),
         "load_1m": load_1m(),
         "hops_ms": summary(per_order),
+        "per_order_ms": {
+            order_id: {hop: round(s * 1000, 2) for hop, s in hops.items()}
+            for order_id, hops in sorted(per_order.items())
+        },
     }
 
 

@@ -52,9 +52,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from azure.servicebus.aio import ServiceBusClient
@@ -93,6 +93,7 @@ query). Times come from the orders' own timestamps, so this only bounds how soon
 FAKE_START_S = 20.0
 
 Side = Literal["dbos", "ours"]
+T = TypeVar("T")
 Mode = Literal["burst", "paced"]
 
 
@@ -414,14 +415,24 @@ async def submit(settings: dict[str, str], orders: Iterator[OrderSubmitted], rat
     async with ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client:
         async with client.get_queue_sender(queue) as sender:
             await sender.create_message_batch()  # opens the link
-            started = time.monotonic()
             if rate <= 0:
                 while chunk := list(itertools.islice(orders, SEND_BATCH)):
                     await sender.send_messages([to_servicebus_message(o) for o in chunk])
                 return
-            for n, order in enumerate(orders):
-                await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+            async for order in paced(orders, rate):
                 await sender.send_messages(to_servicebus_message(order))
+
+
+async def paced(items: Iterator[T], rate: float) -> AsyncIterator[T]:
+    """``items`` at ``rate`` per second, each taken from the iterator when its slot comes: an
+    order is built then, so its ``submitted_at`` is when it is sent, not a slot earlier."""
+    started = time.monotonic()
+    for n in itertools.count():
+        await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+        item = next(items, None)
+        if item is None:
+            return
+        yield item
 
 
 def invocations(workdir: Path) -> dict[str, int]:

@@ -4,13 +4,17 @@ the queues. Checked on hand-made spans whose hops are known."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from benchmarks.latency import budgets, medians, summary
+from benchmarks.peers import paced
 
 REMOTE = "http://127.0.0.1:9000"
 TABLES = "http://127.0.0.1:10002/devstoreaccount1"
@@ -80,14 +84,14 @@ def test_every_hop_of_a_one_step_order() -> None:
     hops = budgets(one_step_order(), {"o-1": at(0)}, REMOTE)["o-1"]
     expected = {
         "submit_to_intake": 10,
-        "intake": (19 - 10) - 4 - 3,  # up to its send's end: the rest is off the path
-        "request_queue": 25 - 19,
-        "agent": (38 - 25) - 6 - 4,
+        "intake": (16 - 10) - 4,  # up to its send's start: the rest is beside the next hop
+        "request_queue": 25 - 16,
+        "agent": (34 - 25) - 6,
         "remote_call": 6,
-        "reply_queue": 45 - 38,
+        "reply_queue": 45 - 34,
         "reply_handling": 15 - 6 - 4,
         "table": 4 + 6,
-        "send": 3 + 4 + 4,
+        "send": 4,  # the last handler's; the others' are in the queue hops
         "total": 60,
     }
     assert {k: round(v * 1000, 3) for k, v in hops.items()} == expected
@@ -113,3 +117,26 @@ def test_orders_are_told_apart_by_trace_and_summarised_in_milliseconds() -> None
     assert table["submit_to_intake"]["p99"] == pytest.approx(20, abs=0.2)
     assert table["remote_call"] == {"p50": 6.0, "p99": 6.0}
     assert medians([table, table])["total"] == table["total"]
+
+
+def test_a_paced_order_is_built_when_its_slot_comes_not_a_slot_earlier() -> None:
+    """benchmarks.peers stamps ``submitted_at`` when it builds an order: built before the wait
+    for its slot, every paced order's latency would include up to a slot (1/rate)."""
+    rate = 50.0
+    built: list[float] = []
+
+    def orders() -> Iterator[int]:
+        for n in range(5):
+            built.append(time.monotonic())
+            yield n
+
+    async def take() -> tuple[float, list[int]]:
+        started = time.monotonic()
+        return started, [n async for n in paced(orders(), rate)]
+
+    started, taken = asyncio.run(take())
+    assert taken == [0, 1, 2, 3, 4]
+    for n, at_ in enumerate(built):
+        assert at_ >= started + n / rate - 0.002, (
+            f"order {n} built {started + n / rate - at_} s early"
+        )
