@@ -52,9 +52,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from azure.servicebus.aio import ServiceBusClient
@@ -93,6 +93,7 @@ query). Times come from the orders' own timestamps, so this only bounds how soon
 FAKE_START_S = 20.0
 
 Side = Literal["dbos", "ours"]
+T = TypeVar("T")
 Mode = Literal["burst", "paced"]
 
 
@@ -189,11 +190,12 @@ def _dbos_version(python: Path) -> str | None:
     return answer.stdout.strip() if answer.returncode == 0 else None
 
 
-def tmpfs_dir() -> Path:
-    """Where DBOS keeps its SQLite files: tmpfs when there is one (our stack is in memory)."""
+def tmpfs_dir(prefix: str = "peers-dbos-") -> Path:
+    """A new directory on tmpfs when there is one (our stack is in memory): DBOS's SQLite
+    files, the latency benchmark's span files."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="peers-dbos-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 class DbosSide:
@@ -271,9 +273,18 @@ class OursSide:
     """The local stack, started when our side runs and stopped while DBOS does."""
 
     def __init__(
-        self, workdir: Path, *, hosts: int, warmup: int, timeout: float, say: Callable[[str], None]
+        self,
+        workdir: Path,
+        *,
+        hosts: int,
+        warmup: int,
+        timeout: float,
+        say: Callable[[str], None],
+        telemetry: Path | None = None,
     ) -> None:
+        """``telemetry``: the hosts write their spans there (benchmarks.latency); None: off."""
         self.workdir = workdir
+        self.telemetry = telemetry
         self.hosts = hosts
         self.warmup = warmup
         self.timeout = timeout
@@ -284,7 +295,10 @@ class OursSide:
     async def ensure_started(self) -> StackInfo:
         if self._info is None:
             self._stack = LocalStack(
-                self.workdir, hosts=self.hosts, profile=example_profile(PROFILE)
+                self.workdir,
+                hosts=self.hosts,
+                profile=example_profile(PROFILE),
+                telemetry=self.telemetry,
             )
             self._info = await self._stack.start(progress=lambda step: self.say(f"ours: {step}"))
         return self._info
@@ -300,16 +314,16 @@ class OursSide:
         info = await self.ensure_started()
         run = uuid.uuid4().hex[:6]
         if self.warmup:
-            warm = await self._batch(info, workflow, self.warmup, 0.0, f"peers-warm-{run}-")
-            await self._finals(info, warm)
+            warm = await self.batch(info, workflow, self.warmup, 0.0, f"peers-warm-{run}-")
+            await self.finals(info, warm)
         # The hosts rewrite their stats files every second: wait for fresh ones, or the
         # warm-up's last requests would be counted in this run.
         ops_before = await host_operations_after(self.workdir, time.time())
         calls_before = invocations(self.workdir)
         cpu_before = process_cpu(info.pids)
-        submitted = await self._batch(info, workflow, count, rate, f"peers-{run}-")
+        submitted = await self.batch(info, workflow, count, rate, f"peers-{run}-")
         cpu_after = process_cpu(info.pids)
-        finals = await self._finals(info, submitted)
+        finals = await self.finals(info, submitted)
         ops_after = await host_operations_after(self.workdir, time.time())
         calls = sum(invocations(self.workdir).values()) - sum(calls_before.values())
         when = {o.order_id: o.submitted_at.timestamp() for o in submitted}
@@ -335,7 +349,7 @@ class OursSide:
             **timing(pairs),
         )
 
-    async def _batch(
+    async def batch(
         self, info: StackInfo, workflow: str, count: int, rate: float, prefix: str
     ) -> list[OrderSubmitted]:
         """Send ``count`` orders (each built just before it is sent, so its ``submitted_at``
@@ -370,7 +384,7 @@ class OursSide:
             sending.cancel()  # done by now, unless the wait failed: then stop sending
         return submitted
 
-    async def _finals(
+    async def finals(
         self, info: StackInfo, submitted: Sequence[OrderSubmitted]
     ) -> dict[str, Order]:
         """Each order's final state, read once the batch is over. An order still running (a
@@ -401,14 +415,24 @@ async def submit(settings: dict[str, str], orders: Iterator[OrderSubmitted], rat
     async with ServiceBusClient.from_connection_string(settings["ServiceBusConnection"]) as client:
         async with client.get_queue_sender(queue) as sender:
             await sender.create_message_batch()  # opens the link
-            started = time.monotonic()
             if rate <= 0:
                 while chunk := list(itertools.islice(orders, SEND_BATCH)):
                     await sender.send_messages([to_servicebus_message(o) for o in chunk])
                 return
-            for n, order in enumerate(orders):
-                await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+            async for order in paced(orders, rate):
                 await sender.send_messages(to_servicebus_message(order))
+
+
+async def paced(items: Iterator[T], rate: float) -> AsyncIterator[T]:
+    """``items`` at ``rate`` per second, each taken from the iterator when its slot comes: an
+    order is built then, so its ``submitted_at`` is when it is sent, not a slot earlier."""
+    started = time.monotonic()
+    for n in itertools.count():
+        await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+        item = next(items, None)
+        if item is None:
+            return
+        yield item
 
 
 def invocations(workdir: Path) -> dict[str, int]:
