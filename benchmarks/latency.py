@@ -234,6 +234,8 @@ async def measure(
     per_order = budgets(
         read_spans(telemetry), {o.order_id: o.submitted_at for o in submitted}, remote_url
     )
+    sent = {o.order_id: o.submitted_at.timestamp() for o in submitted}
+    first = min(sent.values())
     return {
         "orders": orders,
         "finished": len(finals),
@@ -241,7 +243,10 @@ async def measure(
         "load_1m": load_1m(),
         "hops_ms": summary(per_order),
         "per_order_ms": {
-            order_id: {hop: round(s * 1000, 2) for hop, s in hops.items()}
+            order_id: {
+                "submitted_s": round(sent[order_id] - first, 3),
+                **{hop: round(s * 1000, 2) for hop, s in hops.items()},
+            }
             for order_id, hops in sorted(per_order.items())
         },
     }
