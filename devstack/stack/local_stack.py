@@ -447,11 +447,13 @@ class LocalStack:
         return proc
 
     def stop(self) -> None:
-        """Stop hosts first (they finish or abandon in-flight work), then the services. A
-        paused host is resumed first, so that it too stops gracefully."""
+        """Stop hosts first (they finish or abandon in-flight work; all of them at once), then
+        the services. A paused host is resumed first, so that it too stops gracefully."""
         for n in list(self.paused):
             self.resume_host(n)
-        for name in sorted(self._children, key=lambda n: not n.startswith("host")):
+        hosts = sorted(name for name in self._children if name.startswith("host"))
+        processes.stop_all([self._children.pop(name) for name in hosts])
+        for name in sorted(self._children):
             processes.stop(self._children.pop(name))
         if self._broker is not None:
             self._broker.stop()

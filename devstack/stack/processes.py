@@ -118,6 +118,24 @@ def stop(proc: subprocess.Popen, grace: float = DEFAULT_STOP_GRACE_S) -> int | N
         _live.pop(proc.pid, None)
 
 
+def stop_all(procs: Sequence[subprocess.Popen], grace: float = DEFAULT_STOP_GRACE_S) -> None:
+    """:func:`stop` for several processes at once: all are sent SIGTERM together, so their
+    graceful shutdowns overlap (the wait is the slowest one's, not the sum of them); any still
+    running ``grace`` seconds later is SIGKILLed."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            _live.pop(proc.pid, None)
+
+
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
