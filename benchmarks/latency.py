@@ -36,7 +36,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from adapters.trace_files import SPANS_GLOB
+from adapters.trace_files import SpanRecord, iter_spans
 from benchmarks.history import quantiles
 from benchmarks.peers import OursSide, load_1m, tmpfs_dir
 
@@ -77,16 +77,16 @@ class Span:
     children: list[Span] = field(default_factory=list)
 
     @classmethod
-    def of(cls, record: Mapping[str, Any]) -> Span:
+    def of(cls, record: SpanRecord) -> Span:
         return cls(
-            span_id=record["span_id"],
-            parent_id=record["parent_id"],
-            trace_id=record["trace_id"],
-            name=record["name"],
-            kind=record["kind"],
-            start=record["start_ns"] / 1e9,
-            end=record["end_ns"] / 1e9,
-            attributes=record.get("attributes") or {},
+            span_id=record.span_id,
+            parent_id=record.parent_id,
+            trace_id=record.trace_id,
+            name=record.name,
+            kind=record.kind,
+            start=record.start_ns / 1e9,
+            end=record.end_ns / 1e9,
+            attributes=record.attributes,
         )
 
     @property
@@ -101,20 +101,8 @@ class Span:
         return HANDLER_KIND.get(self.name, "agent")
 
 
-def read_spans(directory: Path) -> list[dict[str, Any]]:
-    """Every span record of the span files in ``directory`` (a torn last line is skipped)."""
-    records = []
-    for path in sorted(directory.glob(SPANS_GLOB)):
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-    return records
-
-
 def budgets(
-    records: Iterable[Mapping[str, Any]], submitted_at: Mapping[str, datetime], remote_url: str
+    records: Iterable[SpanRecord], submitted_at: Mapping[str, datetime], remote_url: str
 ) -> dict[str, dict[str, float]]:
     """Each order's hops (:data:`HOPS`, seconds) plus ``total``, for the orders of
     ``submitted_at`` whose trace is complete: its intake, and a reply handled after every
@@ -232,7 +220,7 @@ async def measure(
     finally:
         side.stop()  # the hosts write their last spans as they exit
     per_order = budgets(
-        read_spans(telemetry), {o.order_id: o.submitted_at for o in submitted}, remote_url
+        iter_spans(telemetry), {o.order_id: o.submitted_at for o in submitted}, remote_url
     )
     sent = {o.order_id: o.submitted_at.timestamp() for o in submitted}
     first = min(sent.values())

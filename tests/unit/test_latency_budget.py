@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from adapters.trace_files import SpanRecord
 from benchmarks.latency import budgets, medians, summary
 from benchmarks.peers import paced
 
@@ -26,25 +27,27 @@ def span(
     name: str,
     start_ms: float,
     end_ms: float,
-    parent: dict[str, Any] | None = None,
+    parent: SpanRecord | None = None,
     *,
     kind: str = "CLIENT",
     trace: str = "t1",
     **attributes: Any,
-) -> dict[str, Any]:
-    return {
-        "trace_id": trace,
-        "span_id": f"{next(_ids):016x}",
-        "parent_id": parent["span_id"] if parent else None,
-        "name": name,
-        "kind": kind,
-        "start_ns": int((T0 + start_ms / 1000) * 1e9),
-        "end_ns": int((T0 + end_ms / 1000) * 1e9),
-        "attributes": attributes,
-    }
+) -> SpanRecord:
+    return SpanRecord(
+        trace_id=trace,
+        span_id=f"{next(_ids):016x}",
+        parent_id=parent.span_id if parent else None,
+        name=name,
+        kind=kind,
+        start_ns=int((T0 + start_ms / 1000) * 1e9),
+        end_ns=int((T0 + end_ms / 1000) * 1e9),
+        attributes=attributes,
+    )
 
 
-def handler(name: str, start: float, end: float, parent: dict | None, order: str, trace: str):
+def handler(
+    name: str, start: float, end: float, parent: SpanRecord | None, order: str, trace: str
+) -> SpanRecord:
     return span(
         name,
         start,
@@ -56,7 +59,7 @@ def handler(name: str, start: float, end: float, parent: dict | None, order: str
     )
 
 
-def one_step_order(order: str = "o-1", trace: str = "t1", shift: float = 0.0) -> list[dict]:
+def one_step_order(order: str = "o-1", trace: str = "t1", shift: float = 0.0) -> list[SpanRecord]:
     """Submitted at 0: intake 10-20 (table 11-15, send 16-19), agent 25-40 (call 27-33, send
     34-38), reply handling 45-60 (table 46-52, send 53-57)."""
     s = shift
@@ -100,9 +103,9 @@ def test_every_hop_of_a_one_step_order() -> None:
 
 def test_an_order_whose_trace_is_incomplete_or_retried_is_left_out() -> None:
     spans = one_step_order()
-    no_reply = [s for s in spans if s["name"] != "scheduler_replies"]
+    no_reply = [s for s in spans if s.name != "scheduler_replies"]
     assert budgets(no_reply, {"o-1": at(0)}, REMOTE) == {}
-    agent = next(s for s in spans if s["name"] == "inventory_agent")
+    agent = next(s for s in spans if s.name == "inventory_agent")
     retried = [*spans, handler("inventory_agent", 70, 80, agent, "o-1", "t1")]
     assert budgets(retried, {"o-1": at(0)}, REMOTE) == {}
     assert budgets(spans, {"someone-else": at(0)}, REMOTE) == {}
