@@ -46,27 +46,25 @@ class OperatorContext:
             lambda: clients.servicebus_client(conn, retry_total=1, retry_backoff_factor=0.2)
         )
         self.queues = QueueTools(factory)
-        self._tables: dict[str, Table] = {}
+        self._orders_table: Table | None = None
         self._archive: archive.Archive | None = None
 
     async def close(self) -> None:
         await self.queues.close()
         if isinstance(self._archive, BlobArchive):
             await self._archive.close()
-        for table in self._tables.values():
-            await table.close()
+        if self._orders_table is not None:
+            await self._orders_table.close()
 
     def orders_table(self) -> Table:
         """The orders table itself, for reads the state store has no index for and for the
         dead-letter log's partition."""
-        return self.table(self.rt.settings.orders_table)
-
-    def table(self, name: str) -> Table:
-        """A client of table ``name``, made on first use and closed with the context."""
-        if name not in self._tables:
+        if self._orders_table is None:
             service = clients.table_service(self.rt.settings.storage)
-            self._tables[name] = service.get_table_client(name, owns_service=True)
-        return self._tables[name]
+            self._orders_table = service.get_table_client(
+                self.rt.settings.orders_table, owns_service=True
+            )
+        return self._orders_table
 
     def archive(self) -> archive.Archive:
         if self._archive is None:
