@@ -32,16 +32,23 @@ def _attributes(source: object, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(source, name) for name in names}
 
 
+def _operator(who: str = "who acts is the signed-in caller") -> Any:
+    """A body's ``operator``: ignored, since a body says whatever its sender wants."""
+    return Field(default=None, max_length=128, description=f"Ignored: {who}")
+
+
+def _reason(description: str = "Why (required)") -> Any:
+    return Field(default=None, description=description, max_length=1024)
+
+
 class ActionRequest(_Body):
     """Body of a cancel or resubmit."""
 
-    operator: str | None = Field(
-        default=None,
-        description="Ignored: who acts is the caller App Service Authentication signed in "
-        "(X-MS-CLIENT-PRINCIPAL-NAME), recorded as operator:<name>",
-        max_length=128,
+    operator: str | None = _operator(
+        "who acts is the caller App Service Authentication signed in "
+        "(X-MS-CLIENT-PRINCIPAL-NAME), recorded as operator:<name>"
     )
-    reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
+    reason: str | None = _reason()
 
 
 class RestartRequest(ActionRequest):
@@ -79,10 +86,8 @@ class OrderFilterBody(_Body):
 class BulkRequest(OrderFilterBody):
     """Body of a bulk resubmit or cancel."""
 
-    operator: str | None = Field(
-        default=None, max_length=128, description="Ignored: who acts is the signed-in caller"
-    )
-    reason: str | None = Field(default=None, description="Why (required)", max_length=1024)
+    operator: str | None = _operator()
+    reason: str | None = _reason()
     dry_run: bool = Field(default=False, description="Only list the orders that would be acted on")
     order_ids: list[str] | None = Field(
         default=None,
@@ -96,15 +101,9 @@ class BulkRequest(OrderFilterBody):
 class AckRequest(_Body):
     """Body of an alert acknowledgement."""
 
-    operator: str | None = Field(
-        default=None,
-        max_length=128,
-        description="Ignored: who acknowledges is the signed-in caller",
-    )
-    reason: str | None = Field(
-        default=None,
-        description="Why (required): recorded in the order's timeline when the alert names one",
-        max_length=1024,
+    operator: str | None = _operator("who acknowledges is the signed-in caller")
+    reason: str | None = _reason(
+        "Why (required): recorded in the order's timeline when the alert names one"
     )
 
 
@@ -375,19 +374,15 @@ class DeadLetterSummary(_Model):
 class DeadLetterActionRequest(_Body):
     """Body of a dead-letter replay or purge: which messages, and whether to change anything."""
 
-    operator: str | None = Field(
-        default=None, max_length=128, description="Ignored: who acts is the signed-in caller"
-    )
+    operator: str | None = _operator()
     sequence_numbers: list[int] | None = Field(
         default=None, max_length=100, description="These dead letters (their sequence numbers)"
     )
     all: bool = Field(default=False, description="Every dead letter of the queue (up to `limit`)")
     dry_run: bool = Field(default=False, description="Only say what would be done")
-    reason: str | None = Field(
-        default=None,
-        description="Why (required unless dry_run): recorded in the timeline of each order a "
-        "message names, and in the dead-letter log",
-        max_length=1024,
+    reason: str | None = _reason(
+        "Why (required unless dry_run): recorded in the timeline of each order a message "
+        "names, and in the dead-letter log"
     )
     limit: int = Field(default=100, ge=1, le=100, description="Dead letters examined at most")
 
@@ -553,11 +548,7 @@ class ErrorBody(_Model):
 class PurgeBody(_Body):
     """Body of a purge: which finished orders, how old, and whether to change anything."""
 
-    operator: str | None = Field(
-        default=None,
-        max_length=128,
-        description="Ignored: who purges is the signed-in caller (recorded with the run)",
-    )
+    operator: str | None = _operator("who purges is the signed-in caller (recorded with the run)")
     state: Literal["Processed", "Error", "all"] = Field(
         default="all",
         description="Processed, Error (only those resolved: terminal alert acknowledged after "
