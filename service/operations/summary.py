@@ -522,10 +522,7 @@ async def _dead_letters(ctx: OperatorContext) -> dict[str, Any]:
     return {
         "total": sum(q.count for q in summary.queues),
         "more": any(q.more for q in summary.queues),
-        "queues": [
-            {"queue": q.queue, "entity": q.entity, "count": q.count, "more": q.more}
-            for q in summary.queues
-        ],
+        "queues": [q.model_dump() for q in summary.queues],
     }
 
 
