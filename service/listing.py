@@ -149,20 +149,15 @@ async def list_orders(
     if sort not in SORTS:
         raise ValueError(f"sort must be one of: {', '.join(SORTS)}")
     if sort == "index":
-        return await _index_page(store, history, state, where, limit, cursor, max_scan)
-    return await _sorted_page(store, history, state, where, sort, limit, cursor, max_scan)
+        scan = _Scan(store, history, state, where, decode_cursor(cursor, state), max_scan)
+        return await _index_page(scan, limit)
+    after = decode_sorted_cursor(cursor, state, sort)
+    return await _sorted_page(
+        _Scan(store, history, state, where, None, max_scan), sort, limit, after
+    )
 
 
-async def _index_page(
-    store: OrderStateStore,
-    history: Table | None,
-    state: ProcessState,
-    where: OrderFilter,
-    limit: int,
-    cursor: str | None,
-    max_scan: int,
-) -> OrderListing:
-    scan = _Scan(store, history, state, where, decode_cursor(cursor, state), max_scan)
+async def _index_page(scan: _Scan, limit: int) -> OrderListing:
     found: list[Order] = []
     async for order in scan:
         if order is not None:
@@ -170,22 +165,13 @@ async def _index_page(
             if len(found) >= limit:
                 break
     more = not scan.exhausted and scan.position is not None
-    next_cursor = encode_cursor(state, scan.position) if more and scan.position else None
-    return OrderListing(state, tuple(found), next_cursor, scan.scanned)
+    next_cursor = encode_cursor(scan.state, scan.position) if more and scan.position else None
+    return OrderListing(scan.state, tuple(found), next_cursor, scan.scanned)
 
 
 async def _sorted_page(
-    store: OrderStateStore,
-    history: Table | None,
-    state: ProcessState,
-    where: OrderFilter,
-    sort: str,
-    limit: int,
-    cursor: str | None,
-    max_scan: int,
+    scan: _Scan, sort: str, limit: int, after: tuple[str, str] | None
 ) -> OrderListing:
-    after = decode_sorted_cursor(cursor, state, sort)
-    scan = _Scan(store, history, state, where, None, max_scan)
     key = _sort_key(sort)
     newest_first = sort.startswith("-")
     read = [o async for o in scan if o is not None]
@@ -194,8 +180,10 @@ async def _sorted_page(
         ordered = [o for o in ordered if (key(o) < after if newest_first else key(o) > after)]
     page = ordered[:limit]
     more = len(ordered) > limit
-    next_cursor = encode_sorted_cursor(state, sort, key(page[-1])) if more else None
-    return OrderListing(state, tuple(page), next_cursor, scan.scanned, partial=not scan.exhausted)
+    next_cursor = encode_sorted_cursor(scan.state, sort, key(page[-1])) if more else None
+    return OrderListing(
+        scan.state, tuple(page), next_cursor, scan.scanned, partial=not scan.exhausted
+    )
 
 
 def _sort_key(sort: str) -> Callable[[Order], tuple[str, str]]:
@@ -211,57 +199,49 @@ def _stamp(value: datetime) -> str:
     return f"{utc(value):%Y-%m-%dT%H:%M:%S.%f}"
 
 
+@dataclass
 class _Scan:
-    """The rows of one state's source from ``after`` on, each examined once. Iterating yields,
-    per row, its order if it is one in ``state`` that ``where`` keeps, else None. Once iteration
-    stops (or is stopped), ``position`` is the key after which to go on and ``exhausted`` says
-    there is nothing after it."""
+    """The rows of one state's source from ``position`` on, each examined once. Iterating
+    yields, per row, its order if it is one in ``state`` that ``where`` keeps, else None. Once
+    iteration stops (or is stopped), ``position`` is the key after which to go on and
+    ``exhausted`` says there is nothing after it."""
 
-    def __init__(
-        self,
-        store: OrderStateStore,
-        history: Table | None,
-        state: ProcessState,
-        where: OrderFilter,
-        after: tuple[str, str] | None,
-        max_scan: int,
-    ) -> None:
-        self._store = store
-        self._history = history
-        self._state = state
-        self._where = where
-        self._max_scan = max_scan
-        self.position = after
-        self.scanned = 0
-        self.exhausted = False
+    store: OrderStateStore
+    history: Table | None
+    state: ProcessState
+    where: OrderFilter
+    position: tuple[str, str] | None
+    max_scan: int
+    scanned: int = 0
+    exhausted: bool = False
 
     def __aiter__(self) -> AsyncIterator[Order | None]:
-        if self._state is ProcessState.PROCESSED:
-            assert self._history is not None
-            return self._history_rows(self._history)
+        if self.state is ProcessState.PROCESSED:
+            assert self.history is not None
+            return self._history_rows(self.history)
         return self._index_rows()
 
     async def _index_rows(self) -> AsyncIterator[Order | None]:
         more = True
-        while more and self.scanned < self._max_scan:
-            size = min(FETCH, self._max_scan - self.scanned)
-            rows, more = await _fetch(self._store, self._state, size, self.position)
+        while more and self.scanned < self.max_scan:
+            size = min(FETCH, self.max_scan - self.scanned)
+            rows, more = await _fetch(self.store, self.state, size, self.position)
             for position, row in enumerate(rows):
                 self.scanned += 1
                 self.position = _key(row)
                 self.exhausted = not more and position == len(rows) - 1
-                process = await self._store.find(row.order_id)
-                if _matches(process, row, self._state):
+                process = await self.store.find(row.order_id)
+                if _matches(process, row, self.state):
                     assert process is not None
-                    yield process if self._where.matches(process) else None
+                    yield process if self.where.matches(process) else None
                     continue
                 if isinstance(row, ErrorRow):
-                    await self._store.errors.reap(row, process)
+                    await self.store.errors.reap(row, process)
                 yield None
         self.exhausted = self.exhausted or not more
 
     async def _history_rows(self, history: Table) -> AsyncIterator[Order | None]:
-        condition, parameters = _history_query(self._state, self._where, self.position)
+        condition, parameters = _history_query(self.state, self.where, self.position)
         pages = history.query_entities(
             condition, parameters=parameters, select=SUMMARY_COLUMNS, results_per_page=FETCH
         ).by_page()
@@ -275,8 +255,8 @@ class _Scan:
                 self.position = (entity["PartitionKey"], PROCESS_ROW)
                 self.exhausted = token is None and position == len(rows) - 1
                 order = order_from_entity(entity, etag_of(entity))
-                yield order if self._where.matches(order) else None
-                if self.scanned >= self._max_scan:
+                yield order if self.where.matches(order) else None
+                if self.scanned >= self.max_scan:
                     return
             if token is None:
                 self.exhausted = True
@@ -343,7 +323,8 @@ def _encode(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def _decode(cursor: str) -> dict[str, Any]:
+def _decode(cursor: str, valid: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The data of ``cursor``, if ``valid`` says it is a cursor for this listing."""
     bad = InvalidCursor(
         "cursor is not one returned by a listing of this state and sort; start again without it"
     )
@@ -353,7 +334,7 @@ def _decode(cursor: str) -> dict[str, Any]:
         data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise bad from None
-    if not isinstance(data, dict) or data.get("v") != _CURSOR_VERSION:
+    if not isinstance(data, dict) or data.get("v") != _CURSOR_VERSION or not valid(data):
         raise bad
     return data
 
@@ -365,16 +346,15 @@ def encode_cursor(state: ProcessState, after: tuple[str, str]) -> str:
 def decode_cursor(cursor: str | None, state: ProcessState) -> tuple[str, str] | None:
     if cursor is None:
         return None
-    data = _decode(cursor)
-    if (
-        data.get("s") != state.value
-        or "o" in data
-        or not isinstance(data.get("pk"), str)
-        or not isinstance(data.get("rk"), str)
-    ):
-        raise InvalidCursor(
-            "cursor is not one returned by a listing of this state and sort; start again without it"
-        )
+    data = _decode(
+        cursor,
+        lambda d: (
+            d.get("s") == state.value
+            and "o" not in d
+            and isinstance(d.get("pk"), str)
+            and isinstance(d.get("rk"), str)
+        ),
+    )
     return data["pk"], data["rk"]
 
 
@@ -387,16 +367,14 @@ def decode_sorted_cursor(
 ) -> tuple[str, str] | None:
     if cursor is None:
         return None
-    data = _decode(cursor)
-    key = data.get("k")
-    if (
-        data.get("s") != state.value
-        or data.get("o") != sort
-        or not isinstance(key, list)
-        or len(key) != 2
-        or not all(isinstance(part, str) for part in key)
-    ):
-        raise InvalidCursor(
-            "cursor is not one returned by a listing of this state and sort; start again without it"
-        )
-    return key[0], key[1]
+    data = _decode(
+        cursor,
+        lambda d: (
+            d.get("s") == state.value
+            and d.get("o") == sort
+            and isinstance(d.get("k"), list)
+            and len(d["k"]) == 2
+            and all(isinstance(part, str) for part in d["k"])
+        ),
+    )
+    return data["k"][0], data["k"][1]
