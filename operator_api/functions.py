@@ -61,7 +61,6 @@ from service.operations import (
     purge,
     supervisor,
 )
-from service.operations.bulk import BulkAction
 from service.operations.context import OperatorContext
 from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
 
@@ -163,7 +162,7 @@ async def operator_list_orders(req: func.HttpRequest) -> func.HttpResponse:
     reads every candidate (up to 500) per page and says `partial` when they did not all fit. A
     page may hold fewer than `limit` orders and still have a continuation.
     """
-    return await _respond(lambda ctx: orders.list_orders(ctx, **read(req, ListOrders)))
+    return await _respond(req, orders.list_orders, ListOrders)
 
 
 class ShowOrder(OrderPath):
@@ -177,7 +176,7 @@ class ShowOrder(OrderPath):
        (400, 404), params=ShowOrder)  # fmt: skip
 async def operator_show_order(req: func.HttpRequest) -> func.HttpResponse:
     """One order with its steps and timeline"""
-    return await _respond(lambda ctx: orders.show_order(ctx, **read(req, ShowOrder)))
+    return await _respond(req, orders.show_order, ShowOrder)
 
 
 class WatchOrder(OrderPath):
@@ -197,7 +196,7 @@ async def operator_watch_order(req: func.HttpRequest) -> func.HttpResponse:
     now), at once if it is finished, or after `wait` seconds with `changed: false`. Call again
     with the last entry's `seq` to follow it until `terminal`.
     """
-    return await _respond(lambda ctx: orders.watch_order(ctx, **read(req, WatchOrder)))
+    return await _respond(req, orders.watch_order, WatchOrder)
 
 
 @route("POST", "orders/{order_id}/restart", "restartOrder", "orders", DONE, ACTION_ERRORS,
@@ -222,7 +221,7 @@ async def operator_restart_order(req: func.HttpRequest) -> func.HttpResponse:
             reason=body.reason or "",
         )
 
-    return await _respond(restart, status=_action_status)
+    return await _respond(req, restart, status=_action_status)
 
 
 @route("POST", "bulk/resubmit", "bulkResubmit", "orders",
@@ -236,7 +235,7 @@ async def operator_bulk_resubmit(req: func.HttpRequest) -> func.HttpResponse:
     those, each only if it still matches. Each is acted on as POST /orders/{order_id}/resubmit
     is, with its own outcome. `more`: more orders match, run it again.
     """
-    return await _respond(lambda ctx: _bulk(req, ctx, "resubmit"))
+    return await _respond(req, bulk.bulk, body=models.BulkRequest, action="resubmit")
 
 
 @route("POST", "bulk/cancel", "bulkCancel", "orders",
@@ -250,7 +249,7 @@ async def operator_bulk_cancel(req: func.HttpRequest) -> func.HttpResponse:
     listed) to act only on those, each only if it still matches. Each is acted on as POST
     /orders/{order_id}/cancel is, with its own outcome. `more`: more orders match, run it again.
     """
-    return await _respond(lambda ctx: _bulk(req, ctx, "cancel"))
+    return await _respond(req, bulk.bulk, body=models.BulkRequest, action="cancel")
 
 
 @route("POST", "orders/{order_id}/resubmit", "resubmitOrder", "orders", DONE, ACTION_ERRORS,
@@ -263,7 +262,9 @@ async def operator_resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
     resubmitted. If undos are left (an incomplete compensation), it retries them instead, same
     generation so each undo keeps its key: outcome compensation_resumed.
     """
-    return await _respond(lambda ctx: _action(req, ctx, orders.resubmit), status=_action_status)
+    return await _respond(
+        req, orders.resubmit, OrderPath, body=models.ActionRequest, status=_action_status
+    )
 
 
 @route("POST", "orders/{order_id}/cancel", "cancelOrder", "orders", DONE, ACTION_ERRORS,
@@ -278,7 +279,9 @@ async def operator_cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     nothing can have taken effect (200: Error now). An order already being undone, or finished,
     is refused (409).
     """
-    return await _respond(lambda ctx: _action(req, ctx, orders.cancel), status=_action_status)
+    return await _respond(
+        req, orders.cancel, OrderPath, body=models.ActionRequest, status=_action_status
+    )
 
 
 # ---------------------------------------------------------------------------------- alerts
@@ -300,14 +303,14 @@ async def operator_list_alerts(req: func.HttpRequest) -> func.HttpResponse:
     Processed, retrying while a resubmitted order is in flight. `open=true` lists only open and
     retrying ones.
     """
-    return await _respond(lambda ctx: alerts.list_alerts(ctx, **read(req, ListAlerts)))
+    return await _respond(req, alerts.list_alerts, ListAlerts)
 
 
 @route("GET", "alerts/{sequence_number}", "peekAlert", "alerts", (models.AlertView, "The alert"),
        (400, 404), params=AlertPath)  # fmt: skip
 async def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
     """One alert"""
-    return await _respond(lambda ctx: alerts.peek_alert(ctx, **read(req, AlertPath)))
+    return await _respond(req, alerts.peek_alert, AlertPath)
 
 
 @route("POST", "alerts/{sequence_number}/ack", "acknowledgeAlert", "alerts",
@@ -315,14 +318,7 @@ async def operator_peek_alert(req: func.HttpRequest) -> func.HttpResponse:
        body=models.AckRequest)  # fmt: skip
 async def operator_ack_alert(req: func.HttpRequest) -> func.HttpResponse:
     """Acknowledge an alert: remove it from the queue, record who did and why"""
-
-    async def ack(ctx: OperatorContext) -> BaseModel:
-        body = _json_body(req, models.AckRequest)
-        return await alerts.acknowledge_alert(
-            ctx, **read(req, AlertPath), operator=_operator(req), reason=body.reason or ""
-        )
-
-    return await _respond(ack)
+    return await _respond(req, alerts.acknowledge_alert, AlertPath, body=models.AckRequest)
 
 
 # ---------------------------------------------------------------------------- dead letters
@@ -336,9 +332,7 @@ class DeadLetterCounts(BaseModel):
        (models.DeadLetterSummary, "Counts"), (400,), params=DeadLetterCounts)  # fmt: skip
 async def operator_dead_letter_summary(req: func.HttpRequest) -> func.HttpResponse:
     """Dead-letter counts of every queue of the app"""
-    return await _respond(
-        lambda ctx: dead_letters.dead_letter_summary(ctx, **read(req, DeadLetterCounts))
-    )
+    return await _respond(req, dead_letters.dead_letter_summary, DeadLetterCounts)
 
 
 class ListDeadLetters(QueuePath):
@@ -350,9 +344,7 @@ class ListDeadLetters(QueuePath):
        (models.DeadLetterPage, "One page"), (400, 404), params=ListDeadLetters)  # fmt: skip
 async def operator_list_dead_letters(req: func.HttpRequest) -> func.HttpResponse:
     """Dead letters of one queue (peek)"""
-    return await _respond(
-        lambda ctx: dead_letters.list_dead_letters(ctx, **read(req, ListDeadLetters))
-    )
+    return await _respond(req, dead_letters.list_dead_letters, ListDeadLetters)
 
 
 @route("POST", "dead-letters/{queue}/replay", "replayDeadLetters", "dead letters",
@@ -370,7 +362,9 @@ async def operator_replay_dead_letters(req: func.HttpRequest) -> func.HttpRespon
     `dry_run`): it is recorded in the timeline of each order a message names and in the
     dead-letter log.
     """
-    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.replay_dead_letters))
+    return await _respond(
+        req, dead_letters.replay_dead_letters, QueuePath, body=models.DeadLetterActionRequest
+    )
 
 
 @route("POST", "dead-letters/{queue}/purge", "purgeDeadLetters", "dead letters",
@@ -384,7 +378,9 @@ async def operator_purge_dead_letters(req: func.HttpRequest) -> func.HttpRespons
     unless `dry_run`): it is recorded in the timeline of each order a message names and in the
     dead-letter log.
     """
-    return await _respond(lambda ctx: _dead_letters(req, ctx, dead_letters.purge_dead_letters))
+    return await _respond(
+        req, dead_letters.purge_dead_letters, QueuePath, body=models.DeadLetterActionRequest
+    )
 
 
 class DeadLetterLog(BaseModel):
@@ -400,9 +396,7 @@ async def operator_dead_letter_log(req: func.HttpRequest) -> func.HttpResponse:
     given, and each message's sequence number, MessageId, order (when one can be trusted) and
     outcome. Actions on messages that name no order are recorded only here.
     """
-    return await _respond(
-        lambda ctx: dead_letter_log.dead_letter_log(ctx, **read(req, DeadLetterLog))
-    )
+    return await _respond(req, dead_letter_log.dead_letter_log, DeadLetterLog)
 
 
 # ------------------------------------------------------------------------------ supervisor
@@ -417,7 +411,7 @@ async def operator_supervisor(req: func.HttpRequest) -> func.HttpResponse:
     lease, when it was last swept and how overdue the most overdue order was then; and the bound
     on recovery latency computed from the settings.
     """
-    return await _respond(supervisor.supervisor)
+    return await _respond(req, supervisor.supervisor)
 
 
 # ----------------------------------------------------------------------------------- purge
@@ -437,14 +431,7 @@ async def operator_purge(req: func.HttpRequest) -> func.HttpResponse:
     Non-dry runs are recorded (GET /purge). One call examines at most `limit` candidates and
     stops after 60 s; `more` says whether to call again.
     """
-
-    async def run(ctx: OperatorContext) -> BaseModel:
-        body = _json_body(req, models.PurgeBody)
-        return await purge.purge(
-            ctx, operator=_operator(req), **body.model_dump(exclude={"operator"})
-        )
-
-    return await _respond(run)
+    return await _respond(req, purge.purge, body=models.PurgeBody)
 
 
 class PurgeRuns(BaseModel):
@@ -455,7 +442,7 @@ class PurgeRuns(BaseModel):
        params=PurgeRuns)  # fmt: skip
 async def operator_purge_runs(req: func.HttpRequest) -> func.HttpResponse:
     """Recorded purge runs (the timer's and operators'), newest first"""
-    return await _respond(lambda ctx: purge.purge_runs(ctx, **read(req, PurgeRuns)))
+    return await _respond(req, purge.purge_runs, PurgeRuns)
 
 
 class ArchivedOrder(OrderPath):
@@ -471,7 +458,7 @@ async def operator_archived_order(req: func.HttpRequest) -> func.HttpResponse:
     Searches the archive's day blobs, newest first (or only `day`). An order archived more than
     once (a purge retried after a crash) is shown once: its latest copy.
     """
-    return await _respond(lambda ctx: purge.archived_order(ctx, **read(req, ArchivedOrder)))
+    return await _respond(req, purge.archived_order, ArchivedOrder)
 
 
 # ---------------------------------------------------------------------------------- health
@@ -491,7 +478,7 @@ async def operator_health(req: func.HttpRequest) -> func.HttpResponse:
     def healthy(result: BaseModel) -> int:
         return 200 if isinstance(result, models.HealthView) and result.status == "ok" else 503
 
-    return await _respond(health.health, status=healthy)
+    return await _respond(req, health.health, status=healthy)
 
 
 # --------------------------------------------------------------------------------- openapi
@@ -507,12 +494,25 @@ async def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
 
 
 async def _respond(
-    call: Callable[[OperatorContext], Awaitable[BaseModel]],
+    req: func.HttpRequest,
+    use_case: Callable[..., Awaitable[BaseModel]],
+    params: type[BaseModel] | None = None,
     *,
+    body: type[BaseModel] | None = None,
     status: Callable[[BaseModel], int] = lambda _: 200,
+    **fixed: Any,
 ) -> func.HttpResponse:
+    """The answer of ``use_case`` called with ``fixed``, the request's ``params`` and, for an
+    action (a ``body``), the signed-in caller as ``operator`` and the body's fields by their
+    (serialization) names."""
     try:
-        result = await call(await context())
+        ctx = await context()
+        if body is None:
+            result = await use_case(ctx, **fixed, **(read(req, params) if params else {}))
+        else:
+            given = _json_body(req, body).model_dump(exclude={"operator"}, by_alias=True)
+            where = read(req, params) if params else {}
+            result = await use_case(ctx, **fixed, **where, operator=_operator(req), **given)
     except OperatorError as refused:
         return _json(refused.status, refused.to_json())
     except Exception:
@@ -530,33 +530,6 @@ def _json(status: int, body: Any) -> func.HttpResponse:
         # The body may quote stored text from outside (alert details, order ids): a browser
         # must take it as JSON, never sniff it as a page.
         headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
-    )
-
-
-async def _action(
-    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
-) -> BaseModel:
-    body = _json_body(req, models.ActionRequest)
-    return await act(ctx, **read(req, OrderPath), operator=_operator(req), reason=body.reason)
-
-
-async def _bulk(req: func.HttpRequest, ctx: OperatorContext, action: BulkAction) -> BaseModel:
-    body = _json_body(req, models.BulkRequest)
-    return await bulk.bulk(
-        ctx, action, operator=_operator(req), **body.model_dump(exclude={"operator"})
-    )
-
-
-async def _dead_letters(
-    req: func.HttpRequest, ctx: OperatorContext, act: Callable[..., Awaitable[BaseModel]]
-) -> BaseModel:
-    body = _json_body(req, models.DeadLetterActionRequest)
-    return await act(
-        ctx,
-        **read(req, QueuePath),
-        operator=_operator(req),
-        everything=body.all,
-        **body.model_dump(exclude={"operator", "all"}),
     )
 
 

@@ -378,7 +378,11 @@ class DeadLetterActionRequest(_Body):
     sequence_numbers: list[int] | None = Field(
         default=None, max_length=100, description="These dead letters (their sequence numbers)"
     )
-    all: bool = Field(default=False, description="Every dead letter of the queue (up to `limit`)")
+    all: bool = Field(
+        default=False,
+        description="Every dead letter of the queue (up to `limit`)",
+        serialization_alias="everything",  # the use case's keyword
+    )
     dry_run: bool = Field(default=False, description="Only say what would be done")
     reason: str | None = _reason(
         "Why (required unless dry_run): recorded in the timeline of each order a message "
