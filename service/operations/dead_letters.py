@@ -71,24 +71,7 @@ async def list_dead_letters(
 
 
 async def replay_dead_letters(
-    ctx: OperatorContext, queue: str, **options: Any
-) -> DeadLetterActionView:
-    """Send dead letters back to their queue as first sent, then remove them from the
-    dead letters (see :mod:`service.operations.dead_letter_settler` for what is refused, and
-    why). ``options``: :func:`_settle`'s."""
-    return await _settle(ctx, "replay", queue, **options)
-
-
-async def purge_dead_letters(
-    ctx: OperatorContext, queue: str, **options: Any
-) -> DeadLetterActionView:
-    """Remove dead letters for good. ``options``: :func:`_settle`'s."""
-    return await _settle(ctx, "purge", queue, **options)
-
-
-async def _settle(
     ctx: OperatorContext,
-    kind: dead_letter_settler.Kind,
     queue: str,
     *,
     operator: str,
@@ -98,8 +81,42 @@ async def _settle(
     limit: int = 100,
     reason: str | None = None,
 ) -> DeadLetterActionView:
-    """The dead letters named by ``sequence_numbers`` (or ``everything``), at most ``limit``,
-    replayed or purged; ``reason`` is required unless ``dry_run``."""
+    """Send dead letters back to their queue as first sent, then remove them from the
+    dead letters (see :mod:`service.operations.dead_letter_settler` for what is refused, and
+    why). ``reason`` is required unless ``dry_run``."""
+    return await _settle(
+        ctx, "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+    )
+
+
+async def purge_dead_letters(
+    ctx: OperatorContext,
+    queue: str,
+    *,
+    operator: str,
+    sequence_numbers: Sequence[int] | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+    limit: int = 100,
+    reason: str | None = None,
+) -> DeadLetterActionView:
+    """Remove dead letters for good. ``reason`` is required unless ``dry_run``."""
+    return await _settle(
+        ctx, "purge", queue, operator, sequence_numbers, everything, dry_run, limit, reason
+    )
+
+
+async def _settle(
+    ctx: OperatorContext,
+    kind: dead_letter_settler.Kind,
+    queue: str,
+    operator: str,
+    sequence_numbers: Sequence[int] | None,
+    everything: bool,
+    dry_run: bool,
+    limit: int,
+    reason: str | None,
+) -> DeadLetterActionView:
     entity = ctx.queue(queue)
     actor = validation.operator_actor(operator)
     wanted = dead_letter_settler.selection(
