@@ -20,7 +20,7 @@ from service.listing import MAX_LIMIT, InvalidCursor
 from service.listing import list_orders as list_by_state
 from service.operations import filters, validation
 from service.operations.context import OperatorContext
-from service.operations.errors import Busy, Conflict, InvalidRequest, NotFound
+from service.operations.errors import Busy, Conflict, InvalidRequest, NotFound, OperatorError
 from service.operations.models import ActionView, OrderDetail, OrderPage, OrderSummary, WatchView
 
 audit = logging.getLogger("operator_api.audit")
@@ -29,6 +29,12 @@ MAX_TIMELINE_LIMIT: Final = 1000
 MAX_WAIT_SECONDS: Final = 60.0
 WATCH_POLL_SECONDS: Final = 0.5
 """How often a watch reads the order (one point read) while it waits for a change."""
+_REFUSALS: Final[dict[str, tuple[type[OperatorError], str]]] = {
+    "not_found": (NotFound, "order_not_found"),
+    "busy": (Busy, "busy"),
+    "invalid": (InvalidRequest, "unknown_step"),
+}
+"""The lifecycle's refusals by code, as operator errors (any other: wrong_state, 409)."""
 
 
 async def list_orders(
@@ -95,9 +101,7 @@ async def show_order(
     """One order: its state, submitted details, steps (state, generation, attempts, and
     what the timeline says each went through) and timeline (paged)."""
     order_id = validation.order_id(order_id)
-    if isinstance(timeline_after, bool) or not isinstance(timeline_after, int):
-        raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
-    if not -1 <= timeline_after <= 10**8:
+    if not _integer(timeline_after) or not -1 <= timeline_after <= 10**8:
         raise InvalidRequest("invalid_request", "timeline_after must be an integer >= -1")
     validation.check_limit(timeline_limit, MAX_TIMELINE_LIMIT, name="timeline_limit")
     store = ctx.rt.store
@@ -120,11 +124,9 @@ async def watch_order(
     entries), or after ``wait_s`` seconds without a change; at once if it is finished.
     While it waits it reads the order every half second (one point read)."""
     order_id = validation.order_id(order_id)
-    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < -1:
+    if not _integer(after_seq) or after_seq < -1:
         raise InvalidRequest("invalid_request", "after must be an integer >= -1")
-    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
-        raise InvalidRequest("invalid_wait", f"wait must be 0 to {MAX_WAIT_SECONDS:g} s")
-    if not 0 <= wait_s <= MAX_WAIT_SECONDS:
+    if not _integer(wait_s, float) or not 0 <= wait_s <= MAX_WAIT_SECONDS:
         raise InvalidRequest("invalid_wait", f"wait must be 0 to {MAX_WAIT_SECONDS:g} s")
     deadline = time.monotonic() + wait_s
     while True:
@@ -178,21 +180,12 @@ async def _act(
     try:
         result = await action(ctx.rt, order_id, actor=actor, reason=reason)
     except control.Refused as refused:
-        if refused.code == "not_found":
-            raise NotFound("order_not_found", refused.message) from None
-        if refused.code == "busy":
-            raise Busy("busy", refused.message) from None
-        if refused.code == "invalid":
-            raise InvalidRequest("unknown_step", refused.message) from None
-        raise Conflict("wrong_state", refused.message) from None
+        error, code = _REFUSALS.get(refused.code, (Conflict, "wrong_state"))
+        raise error(code, refused.message) from None
     audit.info("%s %s %s: %s", actor, result.action, order_id, result.outcome)
-    return ActionView(
-        order_id=result.order_id,
-        action=result.action,
-        outcome=result.outcome,
-        state=result.state.value,
-        step=result.step,
-        generation=result.generation,
-        requested_by=result.requested_by,
-        detail=result.detail,
-    )
+    return ActionView.model_validate(result, from_attributes=True)
+
+
+def _integer(value: object, *also: type) -> bool:
+    """An int (not a bool), or one of the types ``also``."""
+    return not isinstance(value, bool) and isinstance(value, (int, *also))
