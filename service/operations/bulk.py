@@ -11,6 +11,7 @@ a dry run would do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Final, Literal
 
@@ -155,28 +156,17 @@ async def _item(
     reason: str,
     dry_run: bool,
 ) -> BulkItem:
-    summary = OrderSummary.of(order) if order is not None else None
+    item = functools.partial(
+        BulkItem, order_id=order_id, order=OrderSummary.of(order) if order is not None else None
+    )
     if order is None or not still_matches(order, states, chosen.where):
         detail = "no longer matches the filter" if order else "no longer exists"
-        return BulkItem(
-            order_id=order_id, order=summary, outcome="skipped", detail=detail, state=None
-        )
+        return item(outcome="skipped", detail=detail, state=None)
     if dry_run:
-        return BulkItem(
-            order_id=order_id, order=summary, outcome=f"would_{action}", detail="", state=None
-        )
+        return item(outcome=f"would_{action}", detail="", state=None)
     act = orders.resubmit if action == "resubmit" else orders.cancel
     try:
         done = await act(ctx, order_id, operator=actor, reason=reason)
     except OperatorError as refused:
-        detail = f"{refused.message} ({refused.code})"
-        return BulkItem(
-            order_id=order_id, order=summary, outcome="refused", detail=detail, state=None
-        )
-    return BulkItem(
-        order_id=order_id,
-        order=summary,
-        outcome=done.outcome,
-        detail=done.detail,
-        state=done.state,
-    )
+        return item(outcome="refused", detail=f"{refused.message} ({refused.code})", state=None)
+    return item(outcome=done.outcome, detail=done.detail, state=done.state)
