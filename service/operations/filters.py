@@ -84,16 +84,8 @@ def criteria(
             f"older_than {older_than} and newer_than {newer_than} select nothing: an order "
             "older than the first is older than the second too; make newer_than the longer",
         )
-    shown = {
-        name: str(value)
-        for name, value in (
-            ("step", step),
-            ("older_than", older_than),
-            ("newer_than", newer_than),
-            ("text", text),
-        )
-        if value not in (None, "")
-    }
+    given = {"step": step, "older_than": older_than, "newer_than": newer_than, "text": text}
+    shown = {name: str(value) for name, value in given.items() if value not in (None, "")}
     where = OrderFilter(
         step=step_of(step, workflows.values()),
         created_before=now - older if older else None,
