@@ -31,7 +31,7 @@ import azure.functions as func
 
 from dashboard import assets, traces
 from domain import ids
-from operator_api.functions import AUTH, PRINCIPAL_HEADER, context
+from operator_api.functions import AUTH, PRINCIPAL_HEADER, context, json_response
 from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 
 bp = func.Blueprint()
@@ -148,7 +148,8 @@ async def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="dashboard/me", methods=["GET"], auth_level=AUTH)
 async def dashboard_me(req: func.HttpRequest) -> func.HttpResponse:
-    return _json(200, caller(req.headers, auth_enabled=_auth_enabled()))
+    auth_enabled = os.environ.get(AUTH_ENABLED_SETTING, "").strip().lower() == "true"
+    return _json(200, caller(req.headers, auth_enabled=auth_enabled))
 
 
 def caller(headers: Any, *, auth_enabled: bool) -> dict[str, Any]:
@@ -196,10 +197,6 @@ def _claims(raw: str | None) -> dict[str, Any] | None:
     }
     idp = data.get("auth_typ") if isinstance(data.get("auth_typ"), str) else None
     return {"roles": roles, "idp": idp}
-
-
-def _auth_enabled() -> bool:
-    return os.environ.get(AUTH_ENABLED_SETTING, "").strip().lower() == "true"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -262,13 +259,7 @@ def _window(value: str | None) -> int | None:
 
 
 def _json(status: int, body: Any) -> func.HttpResponse:
-    return func.HttpResponse(
-        json.dumps(body, ensure_ascii=False, separators=(",", ":")),
-        status_code=status,
-        mimetype="application/json",
-        charset="utf-8",
-        headers={"Cache-Control": "no-store", **SECURITY_HEADERS},
-    )
+    return json_response(status, body, SECURITY_HEADERS)
 
 
 def _error(status: int, code: str, message: str) -> func.HttpResponse:

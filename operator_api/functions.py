@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import azure.functions as func
@@ -487,7 +487,7 @@ async def operator_health(req: func.HttpRequest) -> func.HttpResponse:
 @route("GET", "openapi.json", "openapi", "meta", (None, "OpenAPI 3.1 document"))
 async def operator_openapi(req: func.HttpRequest) -> func.HttpResponse:
     """This document"""
-    return _json(200, openapi.openapi_document())
+    return json_response(200, openapi.openapi_document())
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -514,14 +514,17 @@ async def _respond(
             where = read(req, params) if params else {}
             result = await use_case(ctx, **fixed, **where, operator=_operator(req), **given)
     except OperatorError as refused:
-        return _json(refused.status, refused.to_json())
+        return json_response(refused.status, refused.to_json())
     except Exception:
         log.exception("operator API request failed")
-        return _json(500, INTERNAL)
-    return _json(status(result), result.model_dump(mode="json"))
+        return json_response(500, INTERNAL)
+    return json_response(status(result), result.model_dump(mode="json"))
 
 
-def _json(status: int, body: Any) -> func.HttpResponse:
+def json_response(
+    status: int, body: Any, extra: Mapping[str, str] | None = None
+) -> func.HttpResponse:
+    """``body`` as JSON, never cached, with the ``extra`` headers too."""
     return func.HttpResponse(
         json.dumps(body, ensure_ascii=False, separators=(",", ":")),
         status_code=status,
@@ -529,7 +532,7 @@ def _json(status: int, body: Any) -> func.HttpResponse:
         charset="utf-8",
         # The body may quote stored text from outside (alert details, order ids): a browser
         # must take it as JSON, never sniff it as a page.
-        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", **(extra or {})},
     )
 
 
