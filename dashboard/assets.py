@@ -68,7 +68,7 @@ class Assets:
 
     def get(self, name: str) -> Asset:
         """The file ``name`` of this folder, or :class:`MissingAsset`."""
-        content_type = _content_type(name)
+        content_type = next((t for s, t in CONTENT_TYPES.items() if name.endswith(s)), None)
         if not _NAME.fullmatch(name) or content_type is None:
             raise MissingAsset(name)
         path = self.folder / name
@@ -118,10 +118,3 @@ def render_page(name: str, key: str | None) -> bytes:
         return html.escape(asset_url(match.group(1), match.group(2), usable), quote=True)
 
     return _ASSET_REF.sub(fill, template).encode("utf-8")
-
-
-def _content_type(name: str) -> str | None:
-    for suffix, content_type in CONTENT_TYPES.items():
-        if name.endswith(suffix):
-            return content_type
-    return None

@@ -73,7 +73,9 @@ def traces_body(traces: list[Trace]) -> list[dict[str, Any]]:
             "offset_ms": _ms((found.start - first).total_seconds()),
             "duration_ms": _ms((found.end - found.start).total_seconds()),
             "why": origin(found) if n else None,
-            "spans": [_node(root, _first_ns(found)) for root in found.roots],
+            "spans": [
+                _node(root, min(r.span.start_ns for r in found.roots)) for root in found.roots
+            ],
         }
         for n, found in enumerate(traces)
     ]
@@ -94,10 +96,6 @@ def _node(node: Node, base_ns: int) -> dict[str, Any]:
         "orphan": node.orphan,
         "children": [_node(child, base_ns) for child in node.children],
     }
-
-
-def _first_ns(found: Trace) -> int:
-    return min(root.span.start_ns for root in found.roots)
 
 
 def _ms(seconds: float) -> float:
