@@ -231,8 +231,11 @@ class _Scan:
                 self.position = _key(row)
                 self.exhausted = not more and position == len(rows) - 1
                 process = await self.store.find(row.order_id)
-                if _matches(process, row, self.state):
-                    assert process is not None
+                if (
+                    process is not None
+                    and process.state is self.state
+                    and process.generation == row.generation
+                ):
                     yield process if self.where.matches(process) else None
                     continue
                 if isinstance(row, ErrorRow):
@@ -309,10 +312,6 @@ def _key(row: ActiveRow | ErrorRow) -> tuple[str, str]:
     if isinstance(row, ErrorRow):
         return (ERROR_PARTITION, row.row_key)
     return (row.partition_key, row.row_key)
-
-
-def _matches(process: Order | None, row: ActiveRow | ErrorRow, state: ProcessState) -> bool:
-    return process is not None and process.state is state and process.generation == row.generation
 
 
 # -------------------------------------------------------------------------------- cursors

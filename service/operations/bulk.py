@@ -88,10 +88,6 @@ def named(order_ids: object) -> list[str]:
         raise InvalidRequest("invalid_order_id", str(exc)) from None
 
 
-def still_matches(order: Order | None, states: Sequence[ProcessState], where: OrderFilter) -> bool:
-    return order is not None and order.state in states and where.matches(order)
-
-
 async def bulk(
     ctx: OperatorContext,
     action: BulkAction,
@@ -159,7 +155,7 @@ async def _item(
     item = functools.partial(
         BulkItem, order_id=order_id, order=OrderSummary.of(order) if order is not None else None
     )
-    if order is None or not still_matches(order, states, chosen.where):
+    if order is None or order.state not in states or not chosen.where.matches(order):
         detail = "no longer matches the filter" if order else "no longer exists"
         return item(outcome="skipped", detail=detail, state=None)
     if dry_run:
