@@ -9,6 +9,7 @@ and, whole, in the dead-letter log (:mod:`service.operations.dead_letter_log`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -179,14 +180,10 @@ async def _recorded(
 def _view(message: ServiceBusReceivedMessage) -> DeadLetterView:
     raw = body_of(message)
     body: Any = None
-    shown: str | None = None
+    shown: str | None = excerpt(raw)
     if len(raw) <= MAX_BODY_SHOWN:
-        try:
-            body = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            shown = excerpt(raw)
-    else:
-        shown = excerpt(raw)
+        with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
+            body, shown = json.loads(raw, parse_constant=_no_constant), None
     return DeadLetterView(
         sequence_number=message.sequence_number or 0,
         message_id=message.message_id,

@@ -45,7 +45,6 @@ async def _table_check(ctx: OperatorContext) -> tuple[bool, str]:
     except ResourceNotFoundError as missing:
         if getattr(missing, "error_code", None) == "TableNotFound":
             return False, f"table {name} does not exist"
-        return True, f"table {name} answers"
     return True, f"table {name} answers"
 
 

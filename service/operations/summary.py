@@ -195,9 +195,7 @@ class Summary:
                 f"errors:{window_s}", ERROR_TTL, lambda: self._errors(ctx, now, window_s)
             )
             finished = await self._part(
-                f"finished:{window_s}",
-                FINISHED_TTL,
-                lambda: self._finished(ctx, now, window_s),
+                f"finished:{window_s}", FINISHED_TTL, lambda: self._finished(ctx, now, window_s)
             )
             supervisor = await self._part("supervisor", SUPERVISOR_TTL, lambda: _supervisor(ctx))
             alerts = self._background("alerts", ALERTS_TTL, lambda: _alerts(ctx))
