@@ -46,7 +46,6 @@ FUNCTION_KEY: Final = re.compile(r"[A-Za-z0-9+/=_-]{1,256}")
 
 @dataclass(frozen=True)
 class Asset:
-    name: str
     body: bytes
     gzipped: bytes | None
     etag: str
@@ -83,7 +82,6 @@ class Assets:
         body = path.read_bytes()
         compress = name.endswith(COMPRESSIBLE) and len(body) > 1024
         asset = Asset(
-            name=name,
             body=body,
             gzipped=gzip.compress(body, compresslevel=6, mtime=0) if compress else None,
             etag='"' + hashlib.sha256(body).hexdigest()[:32] + '"',
