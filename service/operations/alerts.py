@@ -14,7 +14,6 @@ from typing import Any, Final
 from azure.servicebus import ServiceBusReceivedMessage
 
 from adapters.queues import body_of
-from domain import ids
 from domain.messages import BadMessage, OperatorAlert, excerpt, parse_message
 from domain.order import Order
 from domain.retention import ack_detail
@@ -98,7 +97,7 @@ async def _resolved(ctx: OperatorContext, views: list[AlertView]) -> list[AlertV
         alert = view.alert or {}
         order_id = _order_named(view)
         if order_id is not None and order_id not in orders:
-            orders[order_id] = await _find_order(ctx, order_id)
+            orders[order_id] = await ctx.rt.store.find(order_id)
         order = orders.get(order_id) if order_id else None
         after = alert_resolution.needs_timeline(alert, order)
         later = (
@@ -115,13 +114,6 @@ async def _resolved(ctx: OperatorContext, views: list[AlertView]) -> list[AlertV
             )
         )
     return shown
-
-
-async def _find_order(ctx: OperatorContext, order_id: str) -> Order | None:
-    try:
-        return await ctx.rt.store.find(order_id)
-    except ids.InvalidId:
-        return None
 
 
 async def _find(ctx: OperatorContext, sequence: int) -> ServiceBusReceivedMessage:
