@@ -6,6 +6,7 @@ order, whose action no order timeline can hold; it is read back newest first. Th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 
@@ -55,10 +56,8 @@ def to_view(logged: LoggedAction) -> DeadLetterLogEntry:
     outcome that does not read is left out, and the action says ``truncated``."""
     outcomes: list[LoggedDeadLetter] = []
     for stored in logged.outcomes:
-        try:
+        with contextlib.suppress(ValueError):
             outcomes.append(LoggedDeadLetter.model_validate(stored))
-        except ValueError:
-            continue
     return DeadLetterLogEntry(
         at=logged.at,
         actor=logged.actor,

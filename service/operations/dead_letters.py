@@ -40,17 +40,16 @@ MAX_BODY_SHOWN: Final = 16 * 1024
 async def dead_letter_summary(ctx: OperatorContext, *, limit: int = 100) -> DeadLetterSummary:
     """How many dead letters each of the app's queues holds (counted up to ``limit``)."""
     validation.check_limit(limit, MAX_LIMIT)
-    counts = []
     queues = ctx.rt.settings.queues
     peeked = await ctx.queues.peek_each(
         queues.values(), from_sequence=1, limit=limit + 1, dead_letter=True
     )
-    for (role, entity), seen in zip(queues.items(), peeked, strict=True):
-        counts.append(
-            DeadLetterCount(
-                queue=role, entity=entity, count=min(len(seen), limit), more=len(seen) > limit
-            )
+    counts = [
+        DeadLetterCount(
+            queue=role, entity=entity, count=min(len(seen), limit), more=len(seen) > limit
         )
+        for (role, entity), seen in zip(queues.items(), peeked, strict=True)
+    ]
     return DeadLetterSummary(queues=counts)
 
 

@@ -22,9 +22,7 @@ class OperatorError(Exception):
 
 
 class InvalidRequest(OperatorError):
-    """The request itself is wrong: fix it before trying again."""
-
-    status = 400
+    """The request itself is wrong: fix it before trying again (status 400, the default)."""
 
 
 class Unauthenticated(OperatorError):
