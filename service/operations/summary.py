@@ -76,7 +76,9 @@ from service.operations.context import OperatorContext
 log = logging.getLogger("service.operations.summary")
 
 T = TypeVar("T")
-_Read = Callable[[], Awaitable[dict[str, Any]]]
+Part = dict[str, Any]
+"""One part of the summary, JSON-ready."""
+_Read = Callable[[], Awaitable[Part]]
 """Reads one part of the summary."""
 
 ACTIVE_TTL: Final = 3.0
@@ -144,7 +146,7 @@ class Summary:
         self._lock = asyncio.Lock()
         """One summary at a time: a second waits, then finds the parts the first read."""
         self._cache: dict[str, _Cached] = {}
-        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
+        self._history: deque[Part] = deque(maxlen=HISTORY_POINTS)
         self._history_at = -math.inf
         self._since: datetime | None = None
         self._offset = 0
@@ -169,7 +171,7 @@ class Summary:
 
     # ----------------------------------------------------------------------------- public
 
-    async def snapshot(self, window_s: int = DEFAULT_WINDOW_S) -> dict[str, Any]:
+    async def snapshot(self, window_s: int = DEFAULT_WINDOW_S) -> Part:
         """The overview over the last ``window_s`` seconds (``MIN_WINDOW_S`` to
         ``MAX_WINDOW_S``), as JSON-ready data."""
         window_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, int(window_s)))
@@ -223,14 +225,14 @@ class Summary:
 
     # ---------------------------------------------------------------------------- parts
 
-    async def _part(self, name: str, ttl: float, read: _Read) -> dict[str, Any]:
+    async def _part(self, name: str, ttl: float, read: _Read) -> Part:
         """The part ``name``, read now if its copy is older than ``ttl`` seconds."""
         cached = self._cache.setdefault(name, _Cached())
         if self._monotonic() - cached.at >= ttl:
             cached.value, cached.at = await _timed(name, read), self._monotonic()
         return cached.value
 
-    def _background(self, name: str, ttl: float, read: _Read) -> dict[str, Any]:
+    def _background(self, name: str, ttl: float, read: _Read) -> Part:
         """The part ``name`` as last read, reading it again in a task of its own when its copy
         is older than ``ttl`` seconds: the Service Bus peeks behind alerts and dead letters take
         a second or more each (a link per peek), and the overview must not wait for them."""
@@ -246,7 +248,7 @@ class Summary:
         value = await _timed(name, read, quiet=lambda: self._closed)
         cached.value, cached.at, cached.refreshing = value, self._monotonic(), False
 
-    async def _active(self, ctx: OperatorContext, now: datetime) -> dict[str, Any]:
+    async def _active(self, ctx: OperatorContext, now: datetime) -> Part:
         rows, partial = await _all_pages(lambda token: _active_page(ctx, token))
         overdue = sum(1 for row in rows if row.due_at <= now)
         sample = self._rotating_sample(rows)
@@ -282,7 +284,7 @@ class Summary:
         self._offset = start + STATE_READS
         return [rows[(start + i) % len(rows)] for i in range(STATE_READS)]
 
-    async def _errors(self, ctx: OperatorContext, now: datetime, window_s: int) -> dict[str, Any]:
+    async def _errors(self, ctx: OperatorContext, now: datetime, window_s: int) -> Part:
         rows, partial = await _all_pages(lambda after: _error_page(ctx, after))
         since = now - timedelta(seconds=window_s)
         recent = sorted((r for r in rows if r.written_at >= since), key=lambda r: r.written_at)
@@ -304,7 +306,7 @@ class Summary:
             "per_bucket": _bucket_counts((r.written_at for r in recent), now, bucket_s),
         }
 
-    async def _finished(self, ctx: OperatorContext, now: datetime, window_s: int) -> dict[str, Any]:
+    async def _finished(self, ctx: OperatorContext, now: datetime, window_s: int) -> Part:
         since = now - timedelta(seconds=window_s)
         orders, partial, requests = await self._processed_since(ctx, since)
         bucket_s = window_s // BUCKETS
@@ -369,7 +371,7 @@ class Summary:
                 return orders, True, requests
         return orders, False, requests
 
-    async def _circuits(self, ctx: OperatorContext, now: datetime) -> dict[str, Any]:
+    async def _circuits(self, ctx: OperatorContext, now: datetime) -> Part:
         if self._circuit_table is None or self._circuit_table[0] is not ctx:
             previous = self._circuit_table
             service = clients.table_service(ctx.rt.settings.storage)
@@ -412,13 +414,7 @@ class Summary:
         found = await asyncio.gather(*(find(order_id) for order_id in order_ids))
         return {order.order_id: order for order in found if order is not None}
 
-    def _remember(
-        self,
-        now: datetime,
-        active: dict[str, Any],
-        errors: dict[str, Any],
-        supervisor: dict[str, Any],
-    ) -> None:
+    def _remember(self, now: datetime, active: Part, errors: Part, supervisor: Part) -> None:
         if self._monotonic() - self._history_at < HISTORY_EVERY_S:
             return
         self._history_at = self._monotonic()
@@ -436,9 +432,7 @@ class Summary:
 # ----------------------------------------------------------------------------- readers
 
 
-async def _timed(
-    name: str, read: _Read, *, quiet: Callable[[], bool] = lambda: False
-) -> dict[str, Any]:
+async def _timed(name: str, read: _Read, *, quiet: Callable[[], bool] = lambda: False) -> Part:
     """``read()`` with how long it took; a failure is reported in the part, not raised (and
     logged unless ``quiet()``: a summary being closed)."""
     started = time.perf_counter()
@@ -484,7 +478,7 @@ async def _error_page(
     return page.rows, page.last_key
 
 
-async def _supervisor(ctx: OperatorContext) -> dict[str, Any]:
+async def _supervisor(ctx: OperatorContext) -> Part:
     view = await supervisor_view.supervisor(ctx)
     return {
         "lag_s": view.lag_s,
@@ -497,7 +491,7 @@ async def _supervisor(ctx: OperatorContext) -> dict[str, Any]:
     }
 
 
-async def _alerts(ctx: OperatorContext) -> dict[str, Any]:
+async def _alerts(ctx: OperatorContext) -> Part:
     page = await alert_views.list_alerts(ctx, limit=100)
     resolutions: Counter[str] = Counter(view.resolution for view in page.items)
     severities: Counter[str] = Counter(
@@ -515,7 +509,7 @@ async def _alerts(ctx: OperatorContext) -> dict[str, Any]:
     }
 
 
-async def _dead_letters(ctx: OperatorContext) -> dict[str, Any]:
+async def _dead_letters(ctx: OperatorContext) -> Part:
     summary = await dead_letter_views.dead_letter_summary(ctx, limit=100)
     return {
         "total": sum(q.count for q in summary.queues),
@@ -527,7 +521,7 @@ async def _dead_letters(ctx: OperatorContext) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- arithmetic
 
 
-def _states(active: dict[str, Any], errors: dict[str, Any]) -> dict[str, int | None]:
+def _states(active: Part, errors: Part) -> dict[str, int | None]:
     by_state = active.get("by_state") or {}
     states: dict[str, int | None] = {s.value: by_state.get(s.value) for s in IN_FLIGHT_STATES}
     states[ProcessState.ERROR.value] = errors.get("total")
