@@ -82,7 +82,7 @@ INTERNAL: Final = {
     }
 }
 
-_ctx: tuple[runtime.Runtime, OperatorContext] | None = None
+_ctx: OperatorContext | None = None
 
 
 def route(
@@ -123,12 +123,11 @@ async def context() -> OperatorContext:
     requests on the loop never build two; the context it replaces is closed after."""
     global _ctx
     rt = runtime.current()
-    if _ctx is None or _ctx[0] is not rt:
-        previous = _ctx
-        _ctx = (rt, OperatorContext(rt))
+    if _ctx is None or _ctx.rt is not rt:
+        previous, _ctx = _ctx, OperatorContext(rt)
         if previous is not None:
-            await previous[1].close()
-    return _ctx[1]
+            await previous.close()
+    return _ctx
 
 
 # ---------------------------------------------------------------------------------- orders

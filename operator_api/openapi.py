@@ -113,19 +113,16 @@ def parameters(model: type[BaseModel], path: str) -> list[dict[str, Any]]:
     """The parameters ``model`` reads, each in the path if ``path`` names it, else in the query."""
     schema = model.model_json_schema(by_alias=True)
     required = set(schema.get("required", ()))
-    described = []
-    for name, field in schema["properties"].items():
-        where = "path" if f"{{{name}}}" in path else "query"
-        described.append(
-            {
-                "name": name,
-                "in": where,
-                "required": where == "path" or name in required,
-                "schema": _plain(field),
-                "description": field["description"],
-            }
-        )
-    return described
+    return [
+        {
+            "name": name,
+            "in": "path" if f"{{{name}}}" in path else "query",
+            "required": f"{{{name}}}" in path or name in required,
+            "schema": _plain(field),
+            "description": field["description"],
+        }
+        for name, field in schema["properties"].items()
+    ]
 
 
 def _plain(field: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ purged order read back from the archive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import date, timedelta
 from typing import Any, Final
@@ -123,8 +124,6 @@ def _day(value: Any) -> date | None:
     if value is None:
         return None
     if isinstance(value, str) and len(value) == 10:
-        try:
+        with contextlib.suppress(ValueError):
             return date.fromisoformat(value)
-        except ValueError:
-            pass
     raise InvalidRequest("invalid_day", f"day {str(value)[:20]!r} is not a date like 2025-06-01")
