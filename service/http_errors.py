@@ -23,10 +23,9 @@ def error_details(status: int, body: bytes) -> tuple[str, str]:
         parsed = json.loads(text) if text else None
     except ValueError:
         parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        error = parsed["error"]
-        code = error.get("code")
-        message = error.get("message")
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        code, message = error.get("code"), error.get("message")
         return (
             code if isinstance(code, str) and code else fallback_code,
             _clip(message if isinstance(message, str) else json.dumps(error)),

@@ -79,7 +79,13 @@ async def acknowledge_alert(
             "right now. Try again in a moment.",
         )
     order_id = _order_named(view)
-    recorded = order_id is not None and await _record_ack(ctx, order_id, sequence, view, actor, why)
+    recorded = False
+    if order_id is not None:
+        alert = view.alert or {}
+        # domain.retention reads the alert's reason back from the start of the detail (a
+        # terminal alert acknowledged resolves an Error): the operator's reason goes after it.
+        detail = f"{ack_detail(sequence, alert.get('severity'), alert.get('reason'))}: {why}"
+        recorded = await annotate(ctx, order_id, actor, "alert_acknowledged", detail)
     audit.info("%s acknowledged alert %d (order %s): %s", actor, sequence, order_id or "-", why)
     return AckView(
         sequence_number=sequence,
@@ -124,16 +130,6 @@ async def _find(ctx: OperatorContext, sequence: int) -> ServiceBusReceivedMessag
             f"no alert with sequence number {sequence} (it may have been acknowledged)",
         )
     return found[0]
-
-
-async def _record_ack(
-    ctx: OperatorContext, order_id: str, sequence: int, view: AlertView, actor: str, why: str
-) -> bool:
-    alert = view.alert or {}
-    # domain.retention reads the alert's reason back from the start of the detail (a terminal
-    # alert acknowledged resolves an Error): the operator's reason goes after it.
-    detail = ack_detail(sequence, alert.get("severity"), alert.get("reason"))
-    return await annotate(ctx, order_id, actor, "alert_acknowledged", f"{detail}: {why}")
 
 
 def _view(message: ServiceBusReceivedMessage) -> AlertView:

@@ -59,13 +59,8 @@ async def select(
     for state in states:
         cursor = None
         while True:
-            listing = await list_orders(
-                store,
-                state,
-                where=where,
-                limit=min(MAX_LIMIT, limit + 1 - len(found)),
-                cursor=cursor,
-            )
+            size = min(MAX_LIMIT, limit + 1 - len(found))
+            listing = await list_orders(store, state, where=where, limit=size, cursor=cursor)
             found += listing.orders
             scanned += listing.scanned
             cursor = listing.cursor
