@@ -145,7 +145,7 @@ async def _settle(
         more = await ctx.queues.settle_dead_letters(
             entity, settler.act, max_scan=scan, enough=settler.enough
         )
-    items = [await _recorded(ctx, o, actor, kind, entity, why) for o in settler.outcomes.values()]
+    items = [await _recorded(ctx, o, actor, entity, why) for o in settler.outcomes.values()]
     items = sorted(items + settler.missing(), key=lambda o: o.sequence_number)
     audit.info("%s %s dead letters of %s: %d: %s", actor, kind, entity, len(items), why)
     logged = not dry_run and await dead_letter_log.record(ctx, actor, kind, queue, why, items)
@@ -161,12 +161,7 @@ async def _settle(
 
 
 async def _recorded(
-    ctx: OperatorContext,
-    outcome: DeadLetterOutcome,
-    actor: str,
-    kind: str,
-    entity: str,
-    why: str,
+    ctx: OperatorContext, outcome: DeadLetterOutcome, actor: str, entity: str, why: str
 ) -> DeadLetterOutcome:
     if outcome.order_id is None or outcome.outcome not in ("replayed", "purged"):
         return outcome

@@ -293,9 +293,8 @@ class Summary:
         causes: Counter[str] = Counter()
         for row in examined:
             order = found.get(row.order_id)
-            if order is None or order.generation != row.generation:
-                continue
-            causes[_cause(order)] += 1
+            if order is not None and order.generation == row.generation:
+                causes[_cause(order)] += 1
         bucket_s = window_s // BUCKETS
         return {
             "total": len(rows),
