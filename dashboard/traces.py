@@ -25,6 +25,10 @@ IN_AZURE: Final = (
     "Application Insights (Transaction search) to see them. Locally, start the stack with "
     "`orderctl up --telemetry` to see them on this page."
 )
+NO_SPANS_YET: Final = (
+    "No spans of this order in the telemetry files yet: they are written every few seconds, "
+    "and only while the stack runs with --telemetry."
+)
 
 
 def telemetry_dir(settings: Mapping[str, str]) -> Path | None:
@@ -49,12 +53,7 @@ def order_trace(order_id: str, directory: Path | None) -> dict[str, Any]:
         "local": True,
         "span_count": len(spans),
         "truncated": len(spans) > len(kept),
-        "hint": None
-        if spans
-        else (
-            "No spans of this order in the telemetry files yet: they are written every few "
-            "seconds, and only while the stack runs with --telemetry."
-        ),
+        "hint": None if spans else NO_SPANS_YET,
         "traces": traces_body(build_traces(kept)),
     }
 
