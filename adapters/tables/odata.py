@@ -14,7 +14,7 @@ import math
 import re
 import uuid
 from binascii import hexlify
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Final
@@ -38,26 +38,9 @@ class Page(list[Entity]):
     """One page of a query's rows (the client's ``by_page``): a list, which
     async code may also walk with ``async for``, as it walks azure-core's async pages."""
 
-    def __aiter__(self) -> AsyncIterator[Entity]:
-        return _Rows(iter(self))
-
-
-class _Rows:
-    """The rows of a page, as an async iterator (nothing to wait for: they have arrived)."""
-
-    __slots__ = ("_rows",)
-
-    def __init__(self, rows: Iterator[Entity]) -> None:
-        self._rows = rows
-
-    def __aiter__(self) -> _Rows:
-        return self
-
-    async def __anext__(self) -> Entity:
-        try:
-            return next(self._rows)
-        except StopIteration:
-            raise StopAsyncIteration from None
+    async def __aiter__(self) -> AsyncIterator[Entity]:
+        for row in self:  # nothing to wait for: the rows have arrived
+            yield row
 
 
 def format_datetime(value: datetime) -> str:
