@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from azure.core import MatchConditions
 from azure.data.tables import EntityProperty
 
 from adapters.tables import Entity
@@ -100,17 +101,8 @@ def utc(value: datetime) -> datetime:
     """A plain aware UTC datetime; naive datetimes are refused (they would be read as local)."""
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"datetime {value.isoformat()} has no timezone; use an aware UTC one")
-    value = value.astimezone(UTC)
-    return datetime(
-        value.year,
-        value.month,
-        value.day,
-        value.hour,
-        value.minute,
-        value.second,
-        value.microsecond,
-        tzinfo=UTC,
-    )
+    value = value.astimezone(UTC)  # a datetime subclass (the SDK's) is rebuilt as a plain one
+    return datetime(*value.timetuple()[:6], value.microsecond, tzinfo=UTC)
 
 
 def etag_of(entity: Entity) -> str:
@@ -118,6 +110,11 @@ def etag_of(entity: Entity) -> str:
     if not etag:
         raise CorruptOrderState(f"row {entity.get('RowKey')} came back without an ETag")
     return str(etag)
+
+
+def if_unchanged(etag: str | None) -> dict[str, Any]:
+    """The condition of a write or delete that must find the row as it was read (its ETag)."""
+    return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
 def timeline_row_key(seq: int) -> str:
