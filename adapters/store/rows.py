@@ -242,11 +242,11 @@ def _clip(text: str | None) -> str | None:
     return None if text is None else truncate_utf8(text, MAX_LAST_ERROR_BYTES)
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _parse_dt(value: str | None) -> datetime | None:
+def parse_iso(value: str | None) -> datetime | None:
     return None if value is None else utc(datetime.fromisoformat(value))
 
 
@@ -260,8 +260,8 @@ def step_json(step: StepRecord) -> dict[str, Any]:
         "result": step.result,
         "error_code": step.error_code,
         "error_message": _clip(step.error_message),
-        "completed_at": _iso(step.completed_at),
-        "compensated_at": _iso(step.compensated_at),
+        "completed_at": iso(step.completed_at),
+        "compensated_at": iso(step.compensated_at),
         "requests": None
         if step.requests is None
         else [[run.operation, run.first, run.last] for run in step.requests],
@@ -288,8 +288,8 @@ def step_of(item: Mapping[str, Any]) -> StepRecord:
         result=item.get("result"),
         error_code=item.get("error_code"),
         error_message=item.get("error_message"),
-        completed_at=_parse_dt(item.get("completed_at")),
-        compensated_at=_parse_dt(item.get("compensated_at")),
+        completed_at=parse_iso(item.get("completed_at")),
+        compensated_at=parse_iso(item.get("compensated_at")),
         requests=_requests_of(item, state),
         forward_failures=_failures_of(item, "do"),
         undo_failures=_failures_of(item, "undo"),
@@ -339,7 +339,7 @@ def outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
         "to": outgoing.to,
         "type": outgoing.message.MESSAGE_TYPE,
         "message": outgoing.message.model_dump(mode="json"),
-        "not_before": _iso(outgoing.not_before),
+        "not_before": iso(outgoing.not_before),
     }
 
 
@@ -348,7 +348,7 @@ def outgoing_of(item: Mapping[str, Any]) -> Outgoing:
     return Outgoing(
         to=item["to"],
         message=message_type.model_validate(item["message"]),
-        not_before=_parse_dt(item.get("not_before")),
+        not_before=parse_iso(item.get("not_before")),
     )
 
 
