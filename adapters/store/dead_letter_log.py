@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 
 from azure.data.tables import UpdateMode
 
+from adapters.store.purge_log import run_row_key
 from adapters.store.rows import utc
 from adapters.tables import Table
 
@@ -34,7 +35,6 @@ PARTITION: Final = "~deadletters"
 MAX_RECENT: Final = 100
 MAX_OUTCOMES_CHARS: Final = 30_000
 """Table Storage holds 32 K characters in a string property: a longer list is cut, and says so."""
-_INVERT_MS: Final = 10**13
 
 
 class Outcome(Protocol):
@@ -59,11 +59,6 @@ class LoggedAction:
     reason: str
     outcomes: list[dict[str, Any]]
     truncated: bool
-
-
-def row_key(at: datetime, action_id: str) -> str:
-    millis = int(utc(at).timestamp() * 1000)
-    return f"{_INVERT_MS - millis:013d}.{action_id}"
 
 
 def to_entity(
@@ -91,7 +86,7 @@ def to_entity(
         truncated = True
     return {
         "PartitionKey": PARTITION,
-        "RowKey": row_key(at, uuid.uuid4().hex[:12]),
+        "RowKey": run_row_key(at, uuid.uuid4().hex[:12]),
         "At": utc(at),
         "Actor": actor,
         "Action": action,
@@ -116,7 +111,7 @@ def from_entity(entity: dict[str, Any]) -> LoggedAction:
         action=str(entity["Action"]),
         queue=str(entity["Queue"]),
         reason=str(entity.get("Reason") or ""),
-        outcomes=outcomes if isinstance(outcomes, list) else [],
+        outcomes=outcomes if readable else [],
         truncated=bool(entity.get("Truncated")) or not readable,
     )
 
