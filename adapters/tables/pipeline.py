@@ -248,11 +248,8 @@ class Sender:
         """The answer, its body read, whatever its status; raises azure-core's errors when no
         answer came (``ServiceRequestError``, ``ServiceResponseError`` and their timeouts).
         ``batch_urls``: a transaction's operations, for the request hook."""
-        if batch_urls and self._hooked:
-            answer = await self._bound().run(request, **{BATCH_URLS: batch_urls})
-        else:
-            answer = await self._bound().run(request)
-        return answer.http_response
+        options = {BATCH_URLS: batch_urls} if batch_urls and self._hooked else {}
+        return (await self._bound().run(request, **options)).http_response
 
     def _bound(self) -> AsyncPipeline:
         loop = asyncio.get_running_loop()
