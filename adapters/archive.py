@@ -167,11 +167,9 @@ class BlobArchive:
             block_id = base64.b64encode(uuid.uuid4().hex.encode()).decode()
             try:
                 await blob.stage_block(block_id, data, length=len(data))
-                condition: dict[str, Any] = (
-                    {"etag": etag, "match_condition": MatchConditions.IfNotModified}
-                    if etag
-                    else {"match_condition": MatchConditions.IfMissing}
-                )
+                condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}
+                if etag:
+                    condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
                 await blob.commit_block_list(
                     [*committed, BlobBlock(block_id=block_id)], **condition
                 )

@@ -270,9 +270,7 @@ def _active_row(entity: Entity) -> ActiveRow:
 
 
 def _encode_continuation(token: Any) -> str | None:
-    if not token:
-        return None
-    return json.dumps(token, separators=(",", ":"), sort_keys=True)
+    return json.dumps(token, separators=(",", ":"), sort_keys=True) if token else None
 
 
 def _decode_continuation(value: str | None) -> dict[str, str] | None:

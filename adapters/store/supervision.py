@@ -23,6 +23,7 @@ The rows' model, the recovery bound and the lag below are pure; the roster in me
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -318,10 +319,7 @@ def lag(roster: Roster, now: datetime, bound: RecoveryBound) -> Lag:
         (now - b.swept_at).total_seconds() if b.swept_at is not None else None
         for b in roster.buckets
     ]
-    holders: dict[str, int] = {}
-    for b in roster.buckets:
-        if not b.free(now):
-            holders[b.holder] = holders.get(b.holder, 0) + 1
+    holders = dict(Counter(b.holder for b in roster.buckets if not b.free(now)))
     return Lag(
         lag_s=max((b.lag_s for b in roster.buckets), default=0.0),
         oldest_sweep_s=None if None in ages else max(a for a in ages if a is not None),
