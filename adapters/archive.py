@@ -149,10 +149,6 @@ class BlobArchive:
         if self._owner is not None:
             await self._owner.close()
 
-    @property
-    def container(self) -> str:
-        return self._container.container_name
-
     async def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
         """Append ``records`` to ``day``'s blob as one block; returns the blob's name."""
         data = b"".join(encode(record) for record in records)

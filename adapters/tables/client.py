@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import ssl
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -325,26 +325,16 @@ class Paged:
     def __init__(self, table: Table, params: dict[str, str]) -> None:
         self._table = table
         self._params = params
-        self._pages: Pages | None = None
-        self._rows: Iterator[odata.Entity] = iter(())
 
     def by_page(self, continuation_token: dict[str, str] | None = None) -> Pages:
         """The pages from the start, or from where ``continuation_token`` (a page iterator's
         ``continuation_token``) says the listing stopped."""
         return Pages(self._table, self._params, continuation_token)
 
-    def __aiter__(self) -> Paged:
-        return self
-
-    async def __anext__(self) -> odata.Entity:
-        while True:
-            row = next(self._rows, None)
-            if row is not None:
-                return row
-            if self._pages is None:
-                self._pages = self.by_page()
-            page = await self._pages.__anext__()
-            self._rows = iter(page)
+    async def __aiter__(self) -> AsyncIterator[odata.Entity]:
+        async for page in self.by_page():
+            for row in page:
+                yield row
 
 
 class Pages:
