@@ -50,6 +50,9 @@ class Outcome(Protocol):
     def outcome(self) -> str: ...
 
 
+_OUTCOME_FIELDS: Final = ("sequence_number", "message_id", "order_id", "outcome")
+
+
 @dataclass(frozen=True, slots=True)
 class LoggedAction:
     at: datetime
@@ -69,15 +72,7 @@ def to_entity(
     reason: str,
     outcomes: Sequence[Outcome],
 ) -> dict[str, Any]:
-    listed = [
-        {
-            "sequence_number": o.sequence_number,
-            "message_id": o.message_id,
-            "order_id": o.order_id,
-            "outcome": o.outcome,
-        }
-        for o in outcomes
-    ]
+    listed = [{name: getattr(o, name) for name in _OUTCOME_FIELDS} for o in outcomes]
     text = json.dumps(listed, separators=(",", ":"))
     truncated = False
     while len(text) > MAX_OUTCOMES_CHARS and listed:

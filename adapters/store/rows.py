@@ -155,10 +155,6 @@ def _dt(value: Any) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def _int64(value: int) -> EntityProperty:
-    return EntityProperty(value, "Edm.Int64")
-
-
 def order_entity(order: Order) -> dict[str, Any]:
     """The ``process`` row of ``order``. None values are left out by REPLACE (LockedBy = null)."""
     entity: dict[str, Any] = {
@@ -360,7 +356,7 @@ def details_entity(submitted: OrderSubmitted, payload_hash: str) -> dict[str, An
         "PayloadHash": payload_hash,
         "CustomerId": submitted.customer_id,
         "Currency": submitted.currency,
-        "TotalCents": _int64(submitted.total_cents),
+        "TotalCents": EntityProperty(submitted.total_cents, "Edm.Int64"),
         "ItemCount": len(submitted.items),
         "SubmittedAt": utc(submitted.submitted_at),
     }
