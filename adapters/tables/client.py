@@ -19,7 +19,6 @@ their pages lists. Safe to use from several tasks of one event loop.
 from __future__ import annotations
 
 import json
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -59,7 +58,8 @@ class TableService:
 
     ``credential``: a :class:`~adapters.tables.auth.SharedKey` (connection strings: Azurite),
     or an async token credential (``azure.identity.aio``). ``request_hook`` is told of every
-    attempt, retries included (:class:`~adapters.tables.pipeline.Sent`).
+    attempt, retries included (:class:`~adapters.tables.pipeline.Sent`). ``options`` set the
+    connections (:class:`~adapters.tables.pipeline.Sender`: their number, timeouts, TLS).
     """
 
     def __init__(
@@ -68,20 +68,12 @@ class TableService:
         credential: SharedKey | Any,
         *,
         request_hook: pipeline.Hook | None = None,
-        max_connections: int = 64,
-        connect_timeout: float = pipeline.CONNECT_TIMEOUT_S,
-        read_timeout: float = pipeline.READ_TIMEOUT_S,
-        ssl_context: ssl.SSLContext | None = None,
+        **options: Any,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._headers = {**_HEADERS, "User-Agent": pipeline.user_agent()}
-        self._sender = pipeline.Sender(
-            pipeline.policies(self.endpoint, credential, request_hook),
-            max_connections=max_connections,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            ssl_context=ssl_context,
-        )
+        policies = pipeline.policies(self.endpoint, credential, request_hook)
+        self._sender = pipeline.Sender(policies, **options)
 
     @classmethod
     def from_connection_string(cls, text: str, **options: Any) -> TableService:
@@ -101,9 +93,8 @@ class TableService:
 
     async def create_table_if_not_exists(self, table_name: str) -> None:
         answer = await self.request("POST", "Tables", body={"TableName": table_name})
-        if answer.status_code == 409:
-            return
-        raise_for(answer, f"creating table {table_name}")
+        if answer.status_code != 409:  # the table exists already
+            raise_for(answer, f"creating table {table_name}")
 
     async def delete_table(self, table_name: str) -> None:
         answer = await self.request("DELETE", f"Tables('{quote(table_name, safe='')}')")
