@@ -36,7 +36,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -183,13 +183,11 @@ class ActiveOrderIndex:
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
         token = _decode_continuation(continuation)
-        entities = self._table.list_entities(results_per_page=limit)
-        pages = entities.by_page(continuation_token=token)
-        async for page in pages:  # the first page only
-            rows = tuple(_active_row(entity) for entity in page)
-            next_token = pages.continuation_token
-            return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
-        return ActivePage(rows=(), continuation=None)
+        pages = self._table.list_entities(results_per_page=limit).by_page(continuation_token=token)
+        rows = tuple(_active_row(entity) for entity in await anext(pages))  # the first page only
+        token = pages.continuation_token
+        encoded = json.dumps(token, separators=(",", ":"), sort_keys=True) if token else None
+        return ActivePage(rows=rows, continuation=encoded)
 
     async def page_after(
         self, limit: int, *, after: tuple[str, str] | None = None
@@ -267,10 +265,6 @@ def _active_row(entity: Entity) -> ActiveRow:
         raise CorruptOrderState(
             f"index row {entity.get('RowKey')} is unreadable: {exc!r}"
         ) from None
-
-
-def _encode_continuation(token: Any) -> str | None:
-    return json.dumps(token, separators=(",", ":"), sort_keys=True) if token else None
 
 
 def _decode_continuation(value: str | None) -> dict[str, str] | None:

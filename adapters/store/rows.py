@@ -26,6 +26,7 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -264,7 +265,7 @@ def step_json(step: StepRecord) -> dict[str, Any]:
     }
     # Most steps never fail: their JSON (and every snapshot of the order) stays as it was.
     failed = {
-        operation: _failures_json(failures)
+        operation: dataclasses.asdict(failures)  # "unanswered" a tuple: a list in JSON
         for operation, failures in (("do", step.forward_failures), ("undo", step.undo_failures))
         if failures != NO_FAILURES
     }
@@ -290,14 +291,6 @@ def step_of(item: Mapping[str, Any]) -> StepRecord:
         forward_failures=_failures_of(item, "do"),
         undo_failures=_failures_of(item, "undo"),
     )
-
-
-def _failures_json(failures: Failures) -> dict[str, Any]:
-    return {
-        "at_service": failures.at_service,
-        "on_our_side": failures.on_our_side,
-        "unanswered": list(failures.unanswered),
-    }
 
 
 def _failures_of(step: Mapping[str, Any], operation: str) -> Failures:

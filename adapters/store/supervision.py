@@ -120,11 +120,8 @@ def _write(lease: BucketLease) -> tuple[Any, ...]:
     None: a new row)."""
     if lease.etag is None:
         return ("create", _lease_entity(lease))
-    return (
-        "update",
-        _lease_entity(lease),
-        {"mode": UpdateMode.REPLACE, **if_unchanged(lease.etag)},
-    )
+    replace = {"mode": UpdateMode.REPLACE, **if_unchanged(lease.etag)}
+    return ("update", _lease_entity(lease), replace)
 
 
 PARTITION: Final = "supervisor"

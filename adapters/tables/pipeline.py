@@ -45,6 +45,7 @@ failures surface through the errors).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 import ssl
@@ -117,16 +118,14 @@ class RequestHook(SansIOHTTPPolicy):
         self._hook(Sent(sent.method, sent.url, context[BATCH_URLS]))
 
 
-_date: tuple[int, str] = (0, "")
-
-
 def _dated(request: HttpRequest) -> None:
     """``x-ms-date``, now (the text made once a second)."""
-    global _date
-    second = int(time.time())
-    if _date[0] != second:
-        _date = (second, formatdate(second, usegmt=True))
-    request.headers["x-ms-date"] = _date[1]
+    request.headers["x-ms-date"] = _http_date(int(time.time()))
+
+
+@functools.lru_cache(maxsize=1)
+def _http_date(second: int) -> str:
+    return formatdate(second, usegmt=True)
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):
