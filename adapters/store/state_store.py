@@ -435,9 +435,8 @@ class OrderStateStore:
         except TableTransactionError as exc:
             if exc.status_code not in (404, 409, 412):
                 raise
-            return (
-                DeleteOutcome.GONE if await self.find(order_id) is None else DeleteOutcome.CHANGED
-            )
+            gone = await self.find(order_id) is None
+            return DeleteOutcome.GONE if gone else DeleteOutcome.CHANGED
         if not plan.atomic:
             for rows in plan.middle:
                 await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
