@@ -35,7 +35,7 @@ from azure.core.exceptions import HttpResponseError, ResourceModifiedError, Reso
 from azure.storage.blob import BlobBlock
 from azure.storage.blob.aio import ContainerClient
 
-from adapters.store.rows import outgoing_json, outgoing_of, step_json, step_of, utc
+from adapters.store.rows import iso, outgoing_json, outgoing_of, parse_iso, step_json, step_of, utc
 from domain import ids
 from domain.messages import OrderSubmitted
 from domain.order import Order, TimelineEntry
@@ -149,10 +149,6 @@ class BlobArchive:
         if self._owner is not None:
             await self._owner.close()
 
-    @property
-    def container(self) -> str:
-        return self._container.container_name
-
     async def append(self, day: date, records: Sequence[ArchivedOrder]) -> str:
         """Append ``records`` to ``day``'s blob as one block; returns the blob's name."""
         data = b"".join(encode(record) for record in records)
@@ -167,11 +163,9 @@ class BlobArchive:
             block_id = base64.b64encode(uuid.uuid4().hex.encode()).decode()
             try:
                 await blob.stage_block(block_id, data, length=len(data))
-                condition: dict[str, Any] = (
-                    {"etag": etag, "match_condition": MatchConditions.IfNotModified}
-                    if etag
-                    else {"match_condition": MatchConditions.IfMissing}
-                )
+                condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}
+                if etag:
+                    condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
                 await blob.commit_block_list(
                     [*committed, BlobBlock(block_id=block_id)], **condition
                 )
@@ -245,7 +239,7 @@ def decode(line: bytes) -> ArchivedOrder:
             raise ValueError(f"unknown archive format {document.get('format')!r}")
         return ArchivedOrder(
             order_id=document["order_id"],
-            archived_at=_dt(document["archived_at"]),
+            archived_at=parse_iso(document["archived_at"]),
             run_id=document["run_id"],
             submitted=OrderSubmitted.model_validate(document["submitted"]),
             payload_hash=document["payload_hash"],
@@ -262,7 +256,7 @@ def order_json(order: Order) -> dict[str, Any]:
         "workflow": order.workflow,
         "state": order.state.value,
         "locked_by": order.locked_by,
-        "complete_by": _iso(order.complete_by),
+        "complete_by": iso(order.complete_by),
         "failure_count": order.failure_count,
         "attempt": order.attempt,
         "generation": order.generation,
@@ -271,13 +265,13 @@ def order_json(order: Order) -> dict[str, Any]:
         "reply_to": order.reply_to,
         "payload": order.payload,
         "steps": [step_json(step) for step in order.steps],
-        "created_at": _iso(order.created_at),
-        "updated_at": _iso(order.updated_at),
-        "next_attempt_at": _iso(order.next_attempt_at),
+        "created_at": iso(order.created_at),
+        "updated_at": iso(order.updated_at),
+        "next_attempt_at": iso(order.next_attempt_at),
         "last_error": order.last_error,
         "compensation_cause": order.compensation_cause,
         "compensation_reason": order.compensation_reason,
-        "compensation_started_at": _iso(order.compensation_started_at),
+        "compensation_started_at": iso(order.compensation_started_at),
         "compensation_warned": order.compensation_warned,
         "status_seq": order.status_seq,
         "outbox": [outgoing_json(o) for o in order.outbox],
@@ -291,7 +285,7 @@ def order_of(item: Mapping[str, Any]) -> Order:
         workflow=item["workflow"],
         state=ProcessState(item["state"]),
         locked_by=item["locked_by"],
-        complete_by=_dt(item["complete_by"]),
+        complete_by=parse_iso(item["complete_by"]),
         failure_count=int(item["failure_count"]),
         attempt=int(item["attempt"]),
         generation=int(item["generation"]),
@@ -302,12 +296,12 @@ def order_of(item: Mapping[str, Any]) -> Order:
         steps=tuple(step_of(step) for step in item["steps"]),
         created_at=_required_dt(item["created_at"]),
         updated_at=_required_dt(item["updated_at"]),
-        next_attempt_at=_dt(item["next_attempt_at"]),
+        next_attempt_at=parse_iso(item["next_attempt_at"]),
         last_error=item["last_error"],
         compensation_cause=item["compensation_cause"],
         compensation_reason=item["compensation_reason"],
         # Absent from lines archived before compensation had a budget.
-        compensation_started_at=_dt(item.get("compensation_started_at")),
+        compensation_started_at=parse_iso(item.get("compensation_started_at")),
         compensation_warned=bool(item.get("compensation_warned")),
         status_seq=int(item["status_seq"]),
         outbox=tuple(outgoing_of(o) for o in item["outbox"]),
@@ -341,14 +335,6 @@ def timeline_of(item: Mapping[str, Any]) -> TimelineEntry:
         attempt=int(item["attempt"]),
         detail=item["detail"],
     )
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def _dt(value: str | None) -> datetime | None:
-    return None if value is None else utc(datetime.fromisoformat(value))
 
 
 def _required_dt(value: str) -> datetime:

@@ -208,12 +208,6 @@ class QueueTools:
         if client is not None:
             await client.close()
 
-    async def __aenter__(self) -> QueueTools:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()
-
 
 async def _each(call: Callable[[_Kept], Awaitable[None]], kept: list[_Kept]) -> None:
     """``call`` on each of ``kept``, at most ``LINKS_AT_ONCE`` at a time."""

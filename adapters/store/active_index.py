@@ -36,9 +36,8 @@ import logging
 import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final, TypeVar
 
-from azure.core import MatchConditions
 from azure.core.exceptions import (
     HttpResponseError,
     ResourceExistsError,
@@ -47,12 +46,13 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, utc
-from adapters.tables import Entity, Table
+from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, if_unchanged, utc
+from adapters.tables import Entity, Pages, Table
 from domain.order import Order
 
 INDEX_BUCKETS: Final = 16
 DEFAULT_GRACE: Final = timedelta(minutes=15)
+Row = TypeVar("Row")
 
 
 def index_partition(order_id: str) -> str:
@@ -112,8 +112,7 @@ class ActiveOrderIndex:
             await self._table.update_entity(
                 {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
                 mode=UpdateMode.MERGE,
-                etag=row.etag,
-                match_condition=MatchConditions.IfNotModified,
+                **if_unchanged(row.etag),
             )
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
@@ -157,15 +156,12 @@ class ActiveOrderIndex:
         The order's own transition has committed by now and :meth:`reap` removes whatever is
         left behind, so a failure here must not make the caller retry that transition.
         """
+        key = index_row_key(order_id, generation)
         try:
-            await self._table.delete_entity(
-                index_partition(order_id), index_row_key(order_id, generation)
-            )
+            await self._table.delete_entity(index_partition(order_id), key)
         except HttpResponseError as exc:
             _log.warning(
-                "could not delete index row %s (left for the supervisor to reap): %s",
-                index_row_key(order_id, generation),
-                exc,
+                "could not delete index row %s (left for the supervisor to reap): %s", key, exc
             )
 
     async def has(self, order_id: str, generation: int) -> bool:
@@ -187,14 +183,11 @@ class ActiveOrderIndex:
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be from 1 to {MAX_PAGE} (one Table page)")
         token = _decode_continuation(continuation)
-        entities = self._table.list_entities(results_per_page=limit)
-        # The Tables SDK's continuation tokens are dicts, whatever ItemPaged's hints say.
-        pages = entities.by_page(continuation_token=token)  # type: ignore[arg-type]
-        async for page in pages:  # the first page only
-            rows = tuple([_active_row(entity) async for entity in page])
-            next_token = pages.continuation_token  # type: ignore[attr-defined]
-            return ActivePage(rows=rows, continuation=_encode_continuation(next_token))
-        return ActivePage(rows=(), continuation=None)
+        pages = self._table.list_entities(results_per_page=limit).by_page(continuation_token=token)
+        rows = tuple(_active_row(entity) for entity in await anext(pages))  # the first page only
+        token = pages.continuation_token
+        encoded = json.dumps(token, separators=(",", ":"), sort_keys=True) if token else None
+        return ActivePage(rows=rows, continuation=encoded)
 
     async def page_after(
         self, limit: int, *, after: tuple[str, str] | None = None
@@ -216,14 +209,7 @@ class ActiveOrderIndex:
                 parameters={"pk": after[0], "rk": after[1]},
                 results_per_page=limit,
             )
-        pages = entities.by_page()
-        # The service may answer a query with an empty page and a continuation token; only a
-        # page with rows gives a key to resume after.
-        async for page in pages:
-            rows = tuple([_active_row(entity) async for entity in page])
-            if rows:
-                return rows, pages.continuation_token is not None  # type: ignore[attr-defined]
-        return (), False
+        return await first_rows(entities.by_page(), _active_row)
 
     async def reap(
         self, row: ActiveRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE
@@ -247,12 +233,20 @@ async def delete_unchanged(table: Table, partition_key: str, row_key: str, etag:
     True once it is gone (the Table client does not tell a row deleted now from one gone
     already)."""
     try:
-        await table.delete_entity(
-            partition_key, row_key, etag=etag, match_condition=MatchConditions.IfNotModified
-        )
+        await table.delete_entity(partition_key, row_key, **if_unchanged(etag))
     except ResourceModifiedError:
         return False
     return True
+
+
+async def first_rows(pages: Pages, decode: Callable[[Entity], Row]) -> tuple[tuple[Row, ...], bool]:
+    """The rows of the first page that has any, decoded, and whether more may follow. The
+    service may answer a query with an empty page and a continuation token; only a page with
+    rows gives a key to resume after."""
+    async for page in pages:
+        if page:
+            return tuple(decode(entity) for entity in page), pages.continuation_token is not None
+    return (), False
 
 
 def _active_row(entity: Entity) -> ActiveRow:
@@ -271,12 +265,6 @@ def _active_row(entity: Entity) -> ActiveRow:
         raise CorruptOrderState(
             f"index row {entity.get('RowKey')} is unreadable: {exc!r}"
         ) from None
-
-
-def _encode_continuation(token: Any) -> str | None:
-    if not token:
-        return None
-    return json.dumps(token, separators=(",", ":"), sort_keys=True)
 
 
 def _decode_continuation(value: str | None) -> dict[str, str] | None:

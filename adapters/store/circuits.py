@@ -3,10 +3,9 @@
 A breaker lives in one process (:mod:`service.circuit`); on each transition that process writes
 its breaker's state here, best effort, so the dashboard can show every instance's breakers.
 The rows live in the ``circuits`` partition of the supervision table (SUPERVISION_TABLE): the
-Supervisor reads and writes only its own ``supervisor`` partition
-(:mod:`adapters.store.supervision`:
-one query by PartitionKey, writes by key), so the two never meet in a query or a batch, and a
-partition of its own keeps the breakers' writes out of the roster's throughput.
+Supervisor reads and writes only its own ``supervisor`` partition (one query by PartitionKey,
+writes by key: :mod:`adapters.store.supervision`), so the two never meet in a query or a batch,
+and a partition of its own keeps the breakers' writes out of the roster's throughput.
 
 Row: PartitionKey ``circuits``, RowKey ``<agent>:<instance>``; ``Agent``, ``Instance``,
 ``State`` (closed, open, half_open), ``Since`` (when it entered that state),
@@ -28,15 +27,15 @@ from __future__ import annotations
 import enum
 import os
 import socket
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError
 from azure.data.tables import UpdateMode
 
+from adapters.store.active_index import delete_unchanged
 from adapters.store.rows import utc
 from adapters.tables import Table
 from domain import ids
@@ -188,28 +187,17 @@ class CircuitTable:
                     rows.append(from_entity(entity, entity.metadata.get("etag")))
                 except BadCircuitRow:
                     unreadable += 1
-            if pages.continuation_token is None:
-                return CircuitRead(tuple(rows), unreadable, False, requests)
             if requests >= MAX_READ_PAGES:
-                return CircuitRead(tuple(rows), unreadable, True, requests)
-        return CircuitRead(tuple(rows), unreadable, False, requests)
+                break
+        partial = pages.continuation_token is not None
+        return CircuitRead(tuple(rows), unreadable, partial, requests)
 
     async def reap(self, rows: Iterable[CircuitRow]) -> int:
         """Delete ``rows`` unless rewritten since they were read (ETag); how many went."""
         deleted = 0
-        for row in rows:
-            if row.etag is None:
-                continue
-            try:
-                await self._table.delete_entity(
-                    PARTITION,
-                    row.row_key,
-                    etag=row.etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except ResourceModifiedError:  # rewritten since it was read: current again
-                continue
-            deleted += 1
+        for row in rows:  # one rewritten since it was read is current again
+            if row.etag is not None:
+                deleted += await delete_unchanged(self._table, PARTITION, row.row_key, row.etag)
         return deleted
 
 
@@ -274,9 +262,7 @@ def overview(
         mine = [r for r in rows if r.agent == agent and not expired(r, now)]
         shown = [(r, effective_state(r, now)) for r in mine]
         current = [(r, s) for r, s in shown if s is not Shown.STALE]
-        by_state: dict[str, int] = {}
-        for _, state in current:
-            by_state[state.value] = by_state.get(state.value, 0) + 1
+        by_state = dict(Counter(state.value for _, state in current))
         worst = max((s for _, s in current), key=_SEVERITY.__getitem__, default=None)
         in_worst = [r for r, s in current if s is worst]
         since = min((r.since for r in in_worst), default=None)

@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 
 from azure.data.tables import UpdateMode
 
+from adapters.store.purge_log import run_row_key
 from adapters.store.rows import utc
 from adapters.tables import Table
 
@@ -34,7 +35,6 @@ PARTITION: Final = "~deadletters"
 MAX_RECENT: Final = 100
 MAX_OUTCOMES_CHARS: Final = 30_000
 """Table Storage holds 32 K characters in a string property: a longer list is cut, and says so."""
-_INVERT_MS: Final = 10**13
 
 
 class Outcome(Protocol):
@@ -50,6 +50,9 @@ class Outcome(Protocol):
     def outcome(self) -> str: ...
 
 
+_OUTCOME_FIELDS: Final = ("sequence_number", "message_id", "order_id", "outcome")
+
+
 @dataclass(frozen=True, slots=True)
 class LoggedAction:
     at: datetime
@@ -61,11 +64,6 @@ class LoggedAction:
     truncated: bool
 
 
-def row_key(at: datetime, action_id: str) -> str:
-    millis = int(utc(at).timestamp() * 1000)
-    return f"{_INVERT_MS - millis:013d}.{action_id}"
-
-
 def to_entity(
     at: datetime,
     actor: str,
@@ -74,15 +72,7 @@ def to_entity(
     reason: str,
     outcomes: Sequence[Outcome],
 ) -> dict[str, Any]:
-    listed = [
-        {
-            "sequence_number": o.sequence_number,
-            "message_id": o.message_id,
-            "order_id": o.order_id,
-            "outcome": o.outcome,
-        }
-        for o in outcomes
-    ]
+    listed = [{name: getattr(o, name) for name in _OUTCOME_FIELDS} for o in outcomes]
     text = json.dumps(listed, separators=(",", ":"))
     truncated = False
     while len(text) > MAX_OUTCOMES_CHARS and listed:
@@ -91,7 +81,7 @@ def to_entity(
         truncated = True
     return {
         "PartitionKey": PARTITION,
-        "RowKey": row_key(at, uuid.uuid4().hex[:12]),
+        "RowKey": run_row_key(at, uuid.uuid4().hex[:12]),
         "At": utc(at),
         "Actor": actor,
         "Action": action,
@@ -116,7 +106,7 @@ def from_entity(entity: dict[str, Any]) -> LoggedAction:
         action=str(entity["Action"]),
         queue=str(entity["Queue"]),
         reason=str(entity.get("Reason") or ""),
-        outcomes=outcomes if isinstance(outcomes, list) else [],
+        outcomes=outcomes if readable else [],
         truncated=bool(entity.get("Truncated")) or not readable,
     )
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 
-from adapters.store.active_index import delete_unchanged
-from adapters.store.rows import CorruptOrderState, etag_of, utc
+from adapters.store.active_index import DEFAULT_GRACE, MAX_PAGE, delete_unchanged, first_rows
+from adapters.store.active_index import index_row_key as error_row_key
+from adapters.store.rows import CorruptOrderState, etag_of, if_unchanged, utc
 from adapters.tables import Entity, Table
 from domain.order import Order
 from domain.states import ProcessState
@@ -51,14 +51,8 @@ class ErrorRowPage:
 
 
 ERROR_PARTITION: Final = "~error"
-MAX_PAGE: Final = 1000
-DEFAULT_GRACE: Final = timedelta(minutes=15)
 
 _log = logging.getLogger(__name__)
-
-
-def error_row_key(order_id: str, generation: int) -> str:
-    return f"{order_id}.{generation}"
 
 
 class ErrorOrderIndex:
@@ -93,12 +87,9 @@ class ErrorOrderIndex:
         """
         key = error_row_key(order_id, generation)
         try:
-            if etag:
-                await self._table.delete_entity(
-                    ERROR_PARTITION, key, etag=etag, match_condition=MatchConditions.IfNotModified
-                )
-            else:
-                await self._table.delete_entity(ERROR_PARTITION, key)
+            await self._table.delete_entity(
+                ERROR_PARTITION, key, **(if_unchanged(etag) if etag else {})
+            )
         except ResourceModifiedError:
             pass
         except HttpResponseError as exc:
@@ -113,13 +104,8 @@ class ErrorOrderIndex:
             parameters={"pk": ERROR_PARTITION, "after": after or ""},
             results_per_page=limit,
         )
-        pages = query.by_page()
-        async for page in pages:  # skip empty pages the service may send with a continuation
-            rows = tuple([_error_row(entity) async for entity in page])
-            if rows:
-                more = pages.continuation_token is not None  # type: ignore[attr-defined]
-                return ErrorRowPage(rows=rows, last_key=rows[-1].row_key if more else None)
-        return ErrorRowPage(rows=(), last_key=None)
+        rows, more = await first_rows(query.by_page(), _error_row)
+        return ErrorRowPage(rows=rows, last_key=rows[-1].row_key if more else None)
 
     async def reap(
         self, row: ErrorRow, process: Order | None, *, grace: timedelta = DEFAULT_GRACE

@@ -63,5 +63,6 @@ _INVERT_MS: Final = 10**13  # past the year 2286 in milliseconds since the epoch
 
 
 def run_row_key(at: datetime, run_id: str) -> str:
+    """Newest first in key order (the dead-letter log keys its rows so too)."""
     millis = int(utc(at).timestamp() * 1000)
     return f"{_INVERT_MS - millis:013d}.{run_id}"

@@ -26,12 +26,14 @@ Row layout of one order (PartitionKey = order id), in RowKey order:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from azure.core import MatchConditions
 from azure.data.tables import EntityProperty
 
 from adapters.tables import Entity
@@ -100,17 +102,8 @@ def utc(value: datetime) -> datetime:
     """A plain aware UTC datetime; naive datetimes are refused (they would be read as local)."""
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"datetime {value.isoformat()} has no timezone; use an aware UTC one")
-    value = value.astimezone(UTC)
-    return datetime(
-        value.year,
-        value.month,
-        value.day,
-        value.hour,
-        value.minute,
-        value.second,
-        value.microsecond,
-        tzinfo=UTC,
-    )
+    value = value.astimezone(UTC)  # a datetime subclass (the SDK's) is rebuilt as a plain one
+    return datetime(*value.timetuple()[:6], value.microsecond, tzinfo=UTC)
 
 
 def etag_of(entity: Entity) -> str:
@@ -118,6 +111,11 @@ def etag_of(entity: Entity) -> str:
     if not etag:
         raise CorruptOrderState(f"row {entity.get('RowKey')} came back without an ETag")
     return str(etag)
+
+
+def if_unchanged(etag: str | None) -> dict[str, Any]:
+    """The condition of a write or delete that must find the row as it was read (its ETag)."""
+    return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
 def timeline_row_key(seq: int) -> str:
@@ -156,10 +154,6 @@ def _int(value: Any, default: int = 0) -> int:
 
 def _dt(value: Any) -> datetime | None:
     return None if value is None else utc(value)
-
-
-def _int64(value: int) -> EntityProperty:
-    return EntityProperty(value, "Edm.Int64")
 
 
 def order_entity(order: Order) -> dict[str, Any]:
@@ -245,11 +239,11 @@ def _clip(text: str | None) -> str | None:
     return None if text is None else truncate_utf8(text, MAX_LAST_ERROR_BYTES)
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _parse_dt(value: str | None) -> datetime | None:
+def parse_iso(value: str | None) -> datetime | None:
     return None if value is None else utc(datetime.fromisoformat(value))
 
 
@@ -263,15 +257,15 @@ def step_json(step: StepRecord) -> dict[str, Any]:
         "result": step.result,
         "error_code": step.error_code,
         "error_message": _clip(step.error_message),
-        "completed_at": _iso(step.completed_at),
-        "compensated_at": _iso(step.compensated_at),
+        "completed_at": iso(step.completed_at),
+        "compensated_at": iso(step.compensated_at),
         "requests": None
         if step.requests is None
         else [[run.operation, run.first, run.last] for run in step.requests],
     }
     # Most steps never fail: their JSON (and every snapshot of the order) stays as it was.
     failed = {
-        operation: _failures_json(failures)
+        operation: dataclasses.asdict(failures)  # "unanswered" a tuple: a list in JSON
         for operation, failures in (("do", step.forward_failures), ("undo", step.undo_failures))
         if failures != NO_FAILURES
     }
@@ -291,20 +285,12 @@ def step_of(item: Mapping[str, Any]) -> StepRecord:
         result=item.get("result"),
         error_code=item.get("error_code"),
         error_message=item.get("error_message"),
-        completed_at=_parse_dt(item.get("completed_at")),
-        compensated_at=_parse_dt(item.get("compensated_at")),
+        completed_at=parse_iso(item.get("completed_at")),
+        compensated_at=parse_iso(item.get("compensated_at")),
         requests=_requests_of(item, state),
         forward_failures=_failures_of(item, "do"),
         undo_failures=_failures_of(item, "undo"),
     )
-
-
-def _failures_json(failures: Failures) -> dict[str, Any]:
-    return {
-        "at_service": failures.at_service,
-        "on_our_side": failures.on_our_side,
-        "unanswered": list(failures.unanswered),
-    }
 
 
 def _failures_of(step: Mapping[str, Any], operation: str) -> Failures:
@@ -342,7 +328,7 @@ def outgoing_json(outgoing: Outgoing) -> dict[str, Any]:
         "to": outgoing.to,
         "type": outgoing.message.MESSAGE_TYPE,
         "message": outgoing.message.model_dump(mode="json"),
-        "not_before": _iso(outgoing.not_before),
+        "not_before": iso(outgoing.not_before),
     }
 
 
@@ -351,7 +337,7 @@ def outgoing_of(item: Mapping[str, Any]) -> Outgoing:
     return Outgoing(
         to=item["to"],
         message=message_type.model_validate(item["message"]),
-        not_before=_parse_dt(item.get("not_before")),
+        not_before=parse_iso(item.get("not_before")),
     )
 
 
@@ -363,7 +349,7 @@ def details_entity(submitted: OrderSubmitted, payload_hash: str) -> dict[str, An
         "PayloadHash": payload_hash,
         "CustomerId": submitted.customer_id,
         "Currency": submitted.currency,
-        "TotalCents": _int64(submitted.total_cents),
+        "TotalCents": EntityProperty(submitted.total_cents, "Edm.Int64"),
         "ItemCount": len(submitted.items),
         "SubmittedAt": utc(submitted.submitted_at),
     }

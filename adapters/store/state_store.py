@@ -20,9 +20,8 @@ generation that is in flight or still owes messages. It is written BEFORE the tr
 puts a generation in flight (create, resubmit) and deleted by the shell AFTER a finished
 order's outbox was sent (:mod:`service.apply`), so a crash leaves at worst a row too many, which
 the Supervisor resolves: it resends what a finished order owes, then deletes the row. The Error
-index (:mod:`adapters.store.error_index`) is written before the write that enters Error and deleted
-after
-the one that leaves it.
+index (:mod:`adapters.store.error_index`) is written before the write that enters Error and
+deleted after the one that leaves it.
 
 Purge (:mod:`service.purge`, off the hot path): :meth:`OrderStateStore.purge_candidates` scans the
 process rows of finished orders last changed before a cutoff (one pass over the table per run;
@@ -43,7 +42,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, Self
 
-from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
 from azure.data.tables import TableTransactionError, UpdateMode
 
@@ -66,6 +64,7 @@ from adapters.store.rows import (
     details_entity,
     etag_of,
     get_json,
+    if_unchanged,
     order_entity,
     order_from_entity,
     timeline_entity,
@@ -74,7 +73,7 @@ from adapters.store.rows import (
     utc,
 )
 from adapters.store.supervision import SupervisionTable
-from adapters.tables import Table, TableService
+from adapters.tables import Entity, Table, TableService
 from domain import ids
 from domain.messages import OrderSubmitted, utc_now
 from domain.order import Order, TimelineEntry
@@ -117,8 +116,8 @@ class OrderStateStore:
         self._orders_name = ids.validate_table_name(orders_table)
         self._active_name = ids.validate_table_name(active_table)
         self._supervision_name = ids.validate_table_name(supervision_table)
-        names = {self._orders_name.lower(), self._active_name.lower()}
-        if len(names | {self._supervision_name.lower()}) != 3:
+        names = (self._orders_name, self._active_name, self._supervision_name)
+        if len({name.lower() for name in names}) != 3:
             raise ValueError("the orders, active-order and supervision tables must differ")
         self._orders: Table = service.get_table_client(self._orders_name)
         self._active: Table = service.get_table_client(self._active_name)
@@ -143,18 +142,12 @@ class OrderStateStore:
     def orders_table(self) -> str:
         return self._orders_name
 
-    @property
-    def active_table(self) -> str:
-        return self._active_name
-
     async def ensure_tables(self) -> None:
         for name in (self._orders_name, self._active_name, self._supervision_name):
             await self._service.create_table_if_not_exists(name)
 
     async def close(self) -> None:
-        await self._orders.close()
-        await self._active.close()
-        await self._supervision.close()
+        """The tables' clients share the service's pipeline: closing the service closes them."""
         if self._owns_service:
             await self._service.close()
 
@@ -207,8 +200,7 @@ class OrderStateStore:
     async def _existing(
         self, order_id: str, payload_hash: str, *, remove_index_row: bool
     ) -> AlreadyExists:
-        rows = {row["RowKey"]: row for row in await self._details_and_process(order_id)}
-        details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
+        details, process = await self._details_and_process(order_id)
         if details is None or process is None:
             raise CorruptOrderState(
                 f"order {order_id} has rows but no {'details' if details is None else 'process'}"
@@ -241,31 +233,26 @@ class OrderStateStore:
     async def get_order(self, order_id: str) -> OrderRecord:
         """What was submitted and the order's state, for operators (two point reads)."""
         order_id = ids.validate_order_id(order_id)
-        rows = {row["RowKey"]: row for row in await self._details_and_process(order_id)}
-        if not rows:
+        details, process = await self._details_and_process(order_id)
+        if details is None and process is None:
             raise OrderNotFound(order_id)
-        details, process = rows.get(DETAILS_ROW), rows.get(PROCESS_ROW)
         if details is None or process is None:
             raise CorruptOrderState(f"order {order_id} lacks its details or process row")
-        try:
-            submitted = OrderSubmitted.model_validate_json(get_json(details, "Payload") or "")
-        except ValueError as exc:
-            raise CorruptOrderState(f"details of order {order_id} are unreadable: {exc}") from None
         return OrderRecord(
-            details=submitted,
+            details=_submitted(order_id, details),
             payload_hash=details.get("PayloadHash", ""),
             process=order_from_entity(process, etag_of(process)),
         )
 
-    async def _details_and_process(self, order_id: str) -> list[Any]:
-        """The order's details and process rows (those that exist): two point reads. A
-        partition query would do it in one request, but Azurite answers any query by scanning
-        the whole table, and a duplicate submission is on the hot path."""
-        rows = []
-        for row_key in (DETAILS_ROW, PROCESS_ROW):
+    async def _details_and_process(self, order_id: str) -> tuple[Entity | None, Entity | None]:
+        """The order's details and process rows (None for one that does not exist): two point
+        reads. A partition query would do it in one request, but Azurite answers any query by
+        scanning the whole table, and a duplicate submission is on the hot path."""
+        rows: list[Entity | None] = [None, None]
+        for n, row_key in enumerate((DETAILS_ROW, PROCESS_ROW)):
             with contextlib.suppress(ResourceNotFoundError):
-                rows.append(await self._orders.get_entity(order_id, row_key))
-        return rows
+                rows[n] = await self._orders.get_entity(order_id, row_key)
+        return rows[0], rows[1]
 
     async def get_timeline(
         self, order_id: str, *, after_seq: int = -1, limit: int = 1000
@@ -303,26 +290,16 @@ class OrderStateStore:
         ids.validate_instance_id(entry.actor, "actor")
         ids.validate_name(entry.event, "event")
         after = dataclasses.replace(after, write_id=uuid.uuid4().hex)
+        replace = {"mode": UpdateMode.REPLACE, **if_unchanged(before.etag)}
         operations: list[tuple[Any, ...]] = [
-            (
-                "update",
-                order_entity(after),
-                {
-                    "mode": UpdateMode.REPLACE,
-                    "etag": before.etag,
-                    "match_condition": MatchConditions.IfNotModified,
-                },
-            ),
+            ("update", order_entity(after), replace),
             ("create", timeline_entity(before.order_id, entry)),
         ]
         if due is not None or (before.state.terminal and after.state.in_flight):
             await self.index.put(after.order_id, after.generation, after.workflow, due)
-        entering_error = (
-            after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR
-        )
-        error_row = (
-            await self.errors.put(after.order_id, after.generation) if entering_error else None
-        )
+        error_row = None
+        if after.state is ProcessState.ERROR and before.state is not ProcessState.ERROR:
+            error_row = await self.errors.put(after.order_id, after.generation)
         try:
             saved = await self._submit(before, after, operations)
         except (ConcurrencyConflict, OrderNotFound) as lost:
@@ -365,20 +342,17 @@ class OrderStateStore:
                 raise
             # 412: the process row changed; 409: our timeline row exists. Either way someone
             # else wrote - unless that someone was an SDK retry of this very batch.
-            stored = await self.find(before.order_id)
-            if stored is not None and stored.write_id == after.write_id:
-                return stored
-            raise ConcurrencyConflict(before.order_id, _moved(before, stored)) from None
+            error, lost = ConcurrencyConflict, ""
         except (ServiceResponseError, HttpResponseError) as exc:
             if not _outcome_unknown(exc):
                 raise
-            stored = await self.find(before.order_id)
-            if stored is not None and stored.write_id == after.write_id:
-                return stored
-            raise Unconfirmed(
-                before.order_id, f"the write's answer was lost ({exc}); " + _moved(before, stored)
-            ) from None
-        return dataclasses.replace(after, etag=results[0]["etag"])
+            error, lost = Unconfirmed, f"the write's answer was lost ({exc}); "
+        else:
+            return dataclasses.replace(after, etag=results[0]["etag"])
+        stored = await self.find(before.order_id)
+        if stored is not None and stored.write_id == after.write_id:
+            return stored
+        raise error(before.order_id, lost + _moved(before, stored)) from None
 
     # ------------------------------------------------------------------------------ purge
 
@@ -427,13 +401,9 @@ class OrderStateStore:
             return None
         if details is None:
             raise CorruptOrderState(f"order {order_id} has a process row but no details row")
-        try:
-            submitted = OrderSubmitted.model_validate_json(get_json(details, "Payload") or "")
-        except ValueError as exc:
-            raise CorruptOrderState(f"details of order {order_id} are unreadable: {exc}") from None
         others = sorted(key for key in rows if key not in (DETAILS_ROW, PROCESS_ROW))
         return OrderSnapshot(
-            submitted=submitted,
+            submitted=_submitted(order_id, details),
             payload_hash=details.get("PayloadHash", ""),
             process=order_from_entity(process, etag_of(process)),
             timeline=tuple(
@@ -451,10 +421,7 @@ class OrderStateStore:
         """
         order_id = ids.validate_order_id(snapshot.process.order_id)
         plan = delete_plan(PROCESS_ROW, DETAILS_ROW, snapshot.other_rows, MAX_BATCH)
-        condition = {
-            "etag": snapshot.process.etag,
-            "match_condition": MatchConditions.IfNotModified,
-        }
+        condition = if_unchanged(snapshot.process.etag)
         first: list[tuple[Any, ...]] = [("delete", _key(order_id, PROCESS_ROW), condition)]
         first += [("delete", _key(order_id, row)) for row in plan.first[1:]]
         if not plan.atomic:
@@ -468,9 +435,8 @@ class OrderStateStore:
         except TableTransactionError as exc:
             if exc.status_code not in (404, 409, 412):
                 raise
-            return (
-                DeleteOutcome.GONE if await self.find(order_id) is None else DeleteOutcome.CHANGED
-            )
+            gone = await self.find(order_id) is None
+            return DeleteOutcome.GONE if gone else DeleteOutcome.CHANGED
         if not plan.atomic:
             for rows in plan.middle:
                 await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
@@ -526,6 +492,13 @@ class OrderStateStore:
     ) -> bool:
         """Delete an index row that is garbage (see :meth:`ActiveOrderIndex.reap`)."""
         return await self.index.reap(row, order, grace=grace)
+
+
+def _submitted(order_id: str, details: Entity) -> OrderSubmitted:
+    try:
+        return OrderSubmitted.model_validate_json(get_json(details, "Payload") or "")
+    except ValueError as exc:
+        raise CorruptOrderState(f"details of order {order_id} are unreadable: {exc}") from None
 
 
 def _key(partition_key: str, row_key: str) -> dict[str, Any]:

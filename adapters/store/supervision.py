@@ -16,26 +16,25 @@ claim is all or nothing: a lost race writes nothing. Leases are an optimisation,
 orders correct: every change to an order is ETag-conditional, so two instances sweeping one
 bucket at once never both recover an order.
 
-The rows' model, the recovery bound and the lag are pure and live in :mod:`adapters.store.roster`;
-the
-roster in memory is :class:`devstack.memory.MemorySupervision`.
+The rows' model, the recovery bound and the lag below are pure; the roster in memory is
+:class:`devstack.memory.MemorySupervision`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from azure.core import MatchConditions
 from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.settings import Settings
 from adapters.store.active_index import INDEX_BUCKETS
-from adapters.store.rows import ConcurrencyConflict, etag_of, utc
+from adapters.store.rows import ConcurrencyConflict, etag_of, if_unchanged, utc
 from adapters.tables import Table
 from domain import ids
 
@@ -49,10 +48,7 @@ def _lease_entity(lease: BucketLease) -> dict[str, Any]:
         "LagSeconds": float(lease.lag_s),
         "DueFound": int(lease.due_found),
     }
-    for name, value in (
-        ("LeasedUntil", lease.until),
-        ("SweptAt", lease.swept_at),
-    ):
+    for name, value in (("LeasedUntil", lease.until), ("SweptAt", lease.swept_at)):
         if value is not None:
             entity[name] = utc(value)
     return entity
@@ -80,28 +76,11 @@ class SupervisionTable:
         """Renew ``member``, take or renew ``hold`` (their ``holder``/``until`` already set),
         give up ``release`` and delete ``reap``, all or nothing. Returns the held buckets' new
         ETags. Raises :class:`ConcurrencyConflict` if any row changed since it was read."""
-        operations: list[tuple[Any, ...]] = [
-            (
-                "upsert",
-                {
-                    "PartitionKey": PARTITION,
-                    "RowKey": member_row_key(member.instance),
-                    "Until": utc(member.until),
-                },
-                {"mode": UpdateMode.REPLACE},
-            )
-        ]
+        renewed = _member_key(member.instance) | {"Until": utc(member.until)}
+        operations: list[tuple[Any, ...]] = [("upsert", renewed, {"mode": UpdateMode.REPLACE})]
         changed = [*hold, *release]
-        for lease in changed:
-            operations.append(_write(lease))
-        for gone in reap:
-            operations.append(
-                (
-                    "delete",
-                    {"PartitionKey": PARTITION, "RowKey": member_row_key(gone.instance)},
-                    {"etag": gone.etag, "match_condition": MatchConditions.IfNotModified},
-                )
-            )
+        operations += [_write(lease) for lease in changed]
+        operations += [("delete", _member_key(g.instance), if_unchanged(g.etag)) for g in reap]
         try:
             results = await self._table.submit_transaction(operations)  # type: ignore[arg-type]
         except TableTransactionError as exc:
@@ -129,10 +108,7 @@ class SupervisionTable:
     async def _write_unless_changed(self, lease: BucketLease) -> bool:
         try:
             await self._table.update_entity(
-                _lease_entity(lease),
-                mode=UpdateMode.REPLACE,
-                etag=lease.etag,
-                match_condition=MatchConditions.IfNotModified,
+                _lease_entity(lease), mode=UpdateMode.REPLACE, **if_unchanged(lease.etag)
             )
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
@@ -144,15 +120,8 @@ def _write(lease: BucketLease) -> tuple[Any, ...]:
     None: a new row)."""
     if lease.etag is None:
         return ("create", _lease_entity(lease))
-    return (
-        "update",
-        _lease_entity(lease),
-        {
-            "mode": UpdateMode.REPLACE,
-            "etag": lease.etag,
-            "match_condition": MatchConditions.IfNotModified,
-        },
-    )
+    replace = {"mode": UpdateMode.REPLACE, **if_unchanged(lease.etag)}
+    return ("update", _lease_entity(lease), replace)
 
 
 PARTITION: Final = "supervisor"
@@ -209,6 +178,10 @@ def bucket_row_key(bucket: int) -> str:
 
 def member_row_key(instance: str) -> str:
     return _MEMBER_PREFIX + ids.validate_instance_id(instance)
+
+
+def _member_key(instance: str) -> dict[str, Any]:
+    return {"PartitionKey": PARTITION, "RowKey": member_row_key(instance)}
 
 
 def roster_from_entities(entities: Sequence[dict[str, Any]]) -> Roster:
@@ -343,10 +316,7 @@ def lag(roster: Roster, now: datetime, bound: RecoveryBound) -> Lag:
         (now - b.swept_at).total_seconds() if b.swept_at is not None else None
         for b in roster.buckets
     ]
-    holders: dict[str, int] = {}
-    for b in roster.buckets:
-        if not b.free(now):
-            holders[b.holder] = holders.get(b.holder, 0) + 1
+    holders = dict(Counter(b.holder for b in roster.buckets if not b.free(now)))
     return Lag(
         lag_s=max((b.lag_s for b in roster.buckets), default=0.0),
         oldest_sweep_s=None if None in ages else max(a for a in ages if a is not None),

@@ -19,9 +19,8 @@ their pages lists. Safe to use from several tasks of one event loop.
 from __future__ import annotations
 
 import json
-import ssl
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -59,7 +58,8 @@ class TableService:
 
     ``credential``: a :class:`~adapters.tables.auth.SharedKey` (connection strings: Azurite),
     or an async token credential (``azure.identity.aio``). ``request_hook`` is told of every
-    attempt, retries included (:class:`~adapters.tables.pipeline.Sent`).
+    attempt, retries included (:class:`~adapters.tables.pipeline.Sent`). ``options`` set the
+    connections (:class:`~adapters.tables.pipeline.Sender`: their number, timeouts, TLS).
     """
 
     def __init__(
@@ -68,20 +68,12 @@ class TableService:
         credential: SharedKey | Any,
         *,
         request_hook: pipeline.Hook | None = None,
-        max_connections: int = 64,
-        connect_timeout: float = pipeline.CONNECT_TIMEOUT_S,
-        read_timeout: float = pipeline.READ_TIMEOUT_S,
-        ssl_context: ssl.SSLContext | None = None,
+        **options: Any,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._headers = {**_HEADERS, "User-Agent": pipeline.user_agent()}
-        self._sender = pipeline.Sender(
-            pipeline.policies(self.endpoint, credential, request_hook),
-            max_connections=max_connections,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            ssl_context=ssl_context,
-        )
+        policies = pipeline.policies(self.endpoint, credential, request_hook)
+        self._sender = pipeline.Sender(policies, **options)
 
     @classmethod
     def from_connection_string(cls, text: str, **options: Any) -> TableService:
@@ -101,9 +93,8 @@ class TableService:
 
     async def create_table_if_not_exists(self, table_name: str) -> None:
         answer = await self.request("POST", "Tables", body={"TableName": table_name})
-        if answer.status_code == 409:
-            return
-        raise_for(answer, f"creating table {table_name}")
+        if answer.status_code != 409:  # the table exists already
+            raise_for(answer, f"creating table {table_name}")
 
     async def delete_table(self, table_name: str) -> None:
         answer = await self.request("DELETE", f"Tables('{quote(table_name, safe='')}')")
@@ -325,26 +316,16 @@ class Paged:
     def __init__(self, table: Table, params: dict[str, str]) -> None:
         self._table = table
         self._params = params
-        self._pages: Pages | None = None
-        self._rows: Iterator[odata.Entity] = iter(())
 
     def by_page(self, continuation_token: dict[str, str] | None = None) -> Pages:
         """The pages from the start, or from where ``continuation_token`` (a page iterator's
         ``continuation_token``) says the listing stopped."""
         return Pages(self._table, self._params, continuation_token)
 
-    def __aiter__(self) -> Paged:
-        return self
-
-    async def __anext__(self) -> odata.Entity:
-        while True:
-            row = next(self._rows, None)
-            if row is not None:
-                return row
-            if self._pages is None:
-                self._pages = self.by_page()
-            page = await self._pages.__anext__()
-            self._rows = iter(page)
+    async def __aiter__(self) -> AsyncIterator[odata.Entity]:
+        async for page in self.by_page():
+            for row in page:
+                yield row
 
 
 class Pages:

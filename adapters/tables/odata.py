@@ -14,7 +14,7 @@ import math
 import re
 import uuid
 from binascii import hexlify
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Final
@@ -38,26 +38,9 @@ class Page(list[Entity]):
     """One page of a query's rows (the client's ``by_page``): a list, which
     async code may also walk with ``async for``, as it walks azure-core's async pages."""
 
-    def __aiter__(self) -> AsyncIterator[Entity]:
-        return _Rows(iter(self))
-
-
-class _Rows:
-    """The rows of a page, as an async iterator (nothing to wait for: they have arrived)."""
-
-    __slots__ = ("_rows",)
-
-    def __init__(self, rows: Iterator[Entity]) -> None:
-        self._rows = rows
-
-    def __aiter__(self) -> _Rows:
-        return self
-
-    async def __anext__(self) -> Entity:
-        try:
-            return next(self._rows)
-        except StopIteration:
-            raise StopAsyncIteration from None
+    async def __aiter__(self) -> AsyncIterator[Entity]:
+        for row in self:  # nothing to wait for: the rows have arrived
+            yield row
 
 
 def format_datetime(value: datetime) -> str:
@@ -94,8 +77,10 @@ def _typed(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, int):
         return (None, value) if value in _INT32 else (EdmType.INT64.value, str(value))
     if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return EdmType.DOUBLE.value, "NaN" if math.isnan(value) else _infinity(value)
+        if math.isnan(value):
+            return EdmType.DOUBLE.value, "NaN"
+        if math.isinf(value):
+            return EdmType.DOUBLE.value, "Infinity" if value > 0 else "-Infinity"
         return EdmType.DOUBLE.value, value
     if isinstance(value, datetime):
         return EdmType.DATETIME.value, format_datetime(value)
@@ -106,10 +91,6 @@ def _typed(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, Enum):
         return _typed(value.value)
     raise TypeError(f"a Table property cannot hold a {type(value).__name__}")
-
-
-def _infinity(value: float) -> str:
-    return "Infinity" if value > 0 else "-Infinity"
 
 
 def _edm_name(edm: Any) -> str | None:
@@ -126,26 +107,21 @@ def decode(row: Mapping[str, Any]) -> Entity:
         if name == "Timestamp":
             entity.metadata["timestamp"] = parse_datetime(value)
             continue
-        entity[name] = _value(types.get(name), value)
+        decode_value = _DECODE.get(types.get(name))
+        entity[name] = value if decode_value is None else decode_value(value)
     if "odata.etag" in row:
         entity.metadata["etag"] = row["odata.etag"]
     return entity
 
 
-def _value(edm: str | None, value: Any) -> Any:
-    if edm is None:
-        return value
-    if edm == EdmType.INT64.value:
-        return EntityProperty(int(value), EdmType.INT64)
-    if edm == EdmType.DATETIME.value:
-        return parse_datetime(value)
-    if edm == EdmType.DOUBLE.value:
-        return float(value)
-    if edm == EdmType.GUID.value:
-        return uuid.UUID(value)
-    if edm == EdmType.BINARY.value:
-        return base64.b64decode(value)
-    return value
+_DECODE: Final[dict[str | None, Callable[[Any], Any]]] = {
+    EdmType.INT64.value: lambda value: EntityProperty(int(value), EdmType.INT64),
+    EdmType.DATETIME.value: parse_datetime,
+    EdmType.DOUBLE.value: float,
+    EdmType.GUID.value: uuid.UUID,
+    EdmType.BINARY.value: base64.b64decode,
+}
+"""How a typed property is read; one of another type (or none) is read as it came."""
 
 
 def entity_path(table: str, partition_key: str, row_key: str) -> str:

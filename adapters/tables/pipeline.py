@@ -15,7 +15,7 @@ more in it; these keep its semantics, not its code):
 3. ``ProxyPolicy``, only when the environment names a proxy for the endpoint
    (``HTTPS_PROXY``/``HTTP_PROXY``, less ``NO_PROXY``): read once, when the service is built,
    rather than by aiohttp on every request (``trust_env``), which scans the environment twice.
-4. :func:`retry_policy`: azure-core's ``AsyncRetryPolicy``, as azure-data-tables'
+4. azure-core's ``AsyncRetryPolicy``, as azure-data-tables'
    ``AsyncTablesRetryPolicy`` configures it (that class adds only retries to a secondary
    region, which the app does not use): a failed answer is retried when it is 408, 429, 500,
    502, 503 or 504, or carries ``Retry-After``; a POST or PATCH only on 500, 503 or 504 or with
@@ -45,6 +45,7 @@ failures surface through the errors).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 import ssl
@@ -117,16 +118,14 @@ class RequestHook(SansIOHTTPPolicy):
         self._hook(Sent(sent.method, sent.url, context[BATCH_URLS]))
 
 
-_date: tuple[int, str] = (0, "")
-
-
 def _dated(request: HttpRequest) -> None:
     """``x-ms-date``, now (the text made once a second)."""
-    global _date
-    second = int(time.time())
-    if _date[0] != second:
-        _date = (second, formatdate(second, usegmt=True))
-    request.headers["x-ms-date"] = _date[1]
+    request.headers["x-ms-date"] = _http_date(int(time.time()))
+
+
+@functools.lru_cache(maxsize=1)
+def _http_date(second: int) -> str:
+    return formatdate(second, usegmt=True)
 
 
 class SharedKeyPolicy(SansIOHTTPPolicy):
@@ -189,19 +188,6 @@ def challenge_tenant(challenge: str | None) -> str | None:
     return found[1] if found else None
 
 
-def retry_policy() -> AsyncRetryPolicy:
-    """azure-core's retry policy with the Tables SDK's totals and backoff (the module's
-    docstring says what it retries and the one count that differs)."""
-    return AsyncRetryPolicy(
-        retry_total=TOTAL_RETRIES,
-        retry_connect=CONNECT_RETRIES,
-        retry_read=READ_RETRIES,
-        retry_status=STATUS_RETRIES,
-        retry_backoff_factor=BACKOFF_FACTOR_S,
-        retry_backoff_max=BACKOFF_MAX_S,
-    )
-
-
 def user_agent() -> str:
     """This client's ``User-Agent``, as azure-core's ``UserAgentPolicy`` writes it."""
     return UserAgentPolicy(sdk_moniker=MONIKER).user_agent
@@ -217,7 +203,14 @@ def policies(endpoint: str, credential: SharedKey | Any, request_hook: Hook | No
     proxy = env_proxy(endpoint)
     return [
         *([ProxyPolicy(proxies={urlsplit(endpoint).scheme: proxy})] if proxy else []),
-        retry_policy(),
+        AsyncRetryPolicy(  # the Tables SDK's totals and backoff but one (module docstring)
+            retry_total=TOTAL_RETRIES,
+            retry_connect=CONNECT_RETRIES,
+            retry_read=READ_RETRIES,
+            retry_status=STATUS_RETRIES,
+            retry_backoff_factor=BACKOFF_FACTOR_S,
+            retry_backoff_max=BACKOFF_MAX_S,
+        ),
         *([RequestHook(request_hook)] if request_hook is not None else []),
         DistributedTracingPolicy(),
         auth,
@@ -254,11 +247,8 @@ class Sender:
         """The answer, its body read, whatever its status; raises azure-core's errors when no
         answer came (``ServiceRequestError``, ``ServiceResponseError`` and their timeouts).
         ``batch_urls``: a transaction's operations, for the request hook."""
-        if batch_urls and self._hooked:
-            answer = await self._bound().run(request, **{BATCH_URLS: batch_urls})
-        else:
-            answer = await self._bound().run(request)
-        return answer.http_response
+        options = {BATCH_URLS: batch_urls} if batch_urls and self._hooked else {}
+        return (await self._bound().run(request, **options)).http_response
 
     def _bound(self) -> AsyncPipeline:
         loop = asyncio.get_running_loop()
