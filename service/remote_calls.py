@@ -34,7 +34,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from tenacity import (
@@ -46,6 +46,7 @@ from tenacity import (
 )
 
 from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, RemoteHttp
+from domain.messages import utc_now
 from service.circuit import BreakerState, CircuitBreaker, breaker_for
 from service.http_errors import error_details, is_transient_status, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
@@ -119,10 +120,6 @@ class _CallState:
     stopped_by_circuit: bool = False
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 log = logging.getLogger("service.remote_calls")
 
 
@@ -137,7 +134,7 @@ class RemoteServiceClient:
         breaker: CircuitBreaker | None = None,
         *,
         policy: RetryPolicy | None = None,
-        now: Callable[[], datetime] = _utc_now,
+        now: Callable[[], datetime] = utc_now,
         sleep: Callable[[float], Any] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
