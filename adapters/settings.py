@@ -169,13 +169,9 @@ class Settings:
         return self.workflow_versions.get(name, 1)
 
     def _tuned(self, flow: Workflow) -> Workflow:
-        steps = flow.steps
-        if self.step_timeout is not None:
-            steps = tuple(
-                dataclasses.replace(step, complete_by_budget=self.step_timeout) for step in steps
-            )
-        if self.step_queue is not None:
-            steps = tuple(dataclasses.replace(step, queue_budget=self.step_queue) for step in steps)
+        budgets = {"complete_by_budget": self.step_timeout, "queue_budget": self.step_queue}
+        set_budgets = {name: budget for name, budget in budgets.items() if budget is not None}
+        steps = tuple(dataclasses.replace(step, **set_budgets) for step in flow.steps)
         retry = flow.retry
         if self.retry_base_delay is not None or self.retry_max_delay is not None:
             base = self.retry_base_delay or retry.base_delay

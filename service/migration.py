@@ -33,13 +33,7 @@ class MigrationReport:
 
 
 async def migrate(
-    rt: Runtime,
-    from_ref: str,
-    to_ref: str,
-    *,
-    actor: str,
-    reason: str,
-    dry_run: bool = True,
+    rt: Runtime, from_ref: str, to_ref: str, *, actor: str, reason: str, dry_run: bool = True
 ) -> MigrationReport:
     """Walk the active-order index (one request per 1,000 rows) and move each order of
     ``from_ref`` that may move (one point read each, and one write each unless ``dry_run``)."""
