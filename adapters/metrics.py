@@ -193,11 +193,8 @@ def _attempt_duration(
     before: Order, entry: TimelineEntry, event: Replied, workflow: Workflow
 ) -> float | None:
     r = event.response
-    answered = (before.current_step, before.current_operation, before.attempt) == (
-        r.step,
-        r.operation,
-        r.attempt,
-    )
+    in_flight = (before.current_step, before.current_operation, before.attempt)
+    answered = in_flight == (r.step, r.operation, r.attempt)
     if not answered or before.locked_by is None or before.complete_by is None:
         return None  # not the attempt in flight: when it was dispatched is not on record
     try:
