@@ -31,7 +31,6 @@ from adapters import clients
 from adapters.archive import Archive, ArchivedOrder, BlobArchive
 from adapters.settings import Settings
 from adapters.store.rows import StoreError, utc
-from domain.order import Order
 from domain.retention import (
     PURGEABLE_STATES,
     Candidate,
@@ -226,7 +225,7 @@ async def _archive_then_delete(
             run_id=report.run_id,
             submitted=s.submitted,
             payload_hash=s.payload_hash,
-            process=_without_etag(s),
+            process=replace(s.process, etag="", write_id=""),
             timeline=s.timeline,
         )
         for s in chunk
@@ -247,10 +246,6 @@ async def _archive_then_delete(
             log.info("purge: order %s changed after it was read; left in place", order.order_id)
         else:
             report.already_gone += 1
-
-
-def _without_etag(snapshot: OrderSnapshot) -> Order:
-    return replace(snapshot.process, etag="", write_id="")
 
 
 def open_archive(settings: Settings) -> BlobArchive:
