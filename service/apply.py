@@ -387,13 +387,11 @@ class _FailureMemory:
     def get(self, queue: str, now: datetime) -> str | None:
         key = queue.casefold()
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if now - entry[0] > FAILURE_MEMORY:
+            at, failure = self._entries.get(key, (now, None))
+            if now - at > FAILURE_MEMORY:
                 del self._entries[key]
                 return None
-            return entry[1]
+            return failure
 
     def put(self, queue: str, failure: str, now: datetime) -> None:
         key = queue.casefold()
