@@ -213,5 +213,4 @@ def _error_code(code: str) -> str:
     """The service's error code, made fit for AgentResponse (a real service may send any text)."""
     if _ERROR_CODE.match(code):
         return code
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64]
-    return cleaned if cleaned else "remote_error"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64] or "remote_error"
