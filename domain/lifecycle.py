@@ -114,6 +114,7 @@ REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
 """How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
+Severity = Literal["warning", "error", "critical"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,15 +418,7 @@ def _refuse_answer(
         "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
         f"signing key: find who sent message {message_id_for(r)} to the response queue."
     )
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity="critical",
-        reason=UNREQUESTED_REASON,
-        detail=detail,
-        source=ctx.actor,
-        caused_by=caused_by,
-        raised_at=ctx.now,
-    )
+    alert = _alert(ctx, order.order_id, "critical", UNREQUESTED_REASON, detail, caused_by=caused_by)
     return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
 
 
@@ -806,15 +799,8 @@ def _warn_if_long(order: Order, ctx: Context) -> Order:
         f"until {(started + ctx.compensation_budget).isoformat()}; if it has not succeeded by "
         "then, the order ends in Error with a critical alert naming what is left in place."
     )
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity="warning",
-        reason=COMPENSATION_DELAYED,
-        detail=detail,
-        source=ctx.actor,
-        timeline_seq=order.timeline_seq + 1,
-        raised_at=ctx.now,
-    )
+    seq = order.timeline_seq + 1
+    alert = _alert(ctx, order.order_id, "warning", COMPENSATION_DELAYED, detail, timeline_seq=seq)
     return replace(_owe(order, Outgoing("alerts", alert)), compensation_warned=True)
 
 
@@ -920,7 +906,7 @@ def _fail(
     final: str,
     ctx: Context,
     *,
-    severity: Literal["warning", "error", "critical"] | None = None,
+    severity: Severity | None = None,
     advice: str | None = None,
     step: str | None = None,
 ) -> Decision:
@@ -933,15 +919,8 @@ def _fail(
             else "The order is in Error; resubmit it once the cause is fixed."
         )
     order = _unlocked(order, _P.ERROR, next_attempt_at=None, last_error=final)
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity=severity,
-        reason=cause,
-        detail=f"{final}. {advice}",
-        source=ctx.actor,
-        timeline_seq=before.timeline_seq + 1,
-        raised_at=ctx.now,
-    )
+    seq = before.timeline_seq + 1
+    alert = _alert(ctx, order.order_id, severity, cause, f"{final}. {advice}", timeline_seq=seq)
     order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
     left = ", ".join(s.name for s in order.open_steps)
     settling = f"; settling: an answer may still change {left}" if left else ""
@@ -1218,13 +1197,21 @@ def _flush(order: Order, note: str) -> Decision:
 
 
 def _reject(ctx: Context, reply: AgentResponse, caused_by: str | None, detail: str) -> Decision:
-    alert = OperatorAlert(
-        order_id=reply.order_id,
-        severity="error",
-        reason="bad_message",
+    alert = _alert(ctx, reply.order_id, "error", "bad_message", detail, caused_by=caused_by)
+    return Decision(None, (Outgoing("alerts", alert),), note=detail)
+
+
+def _alert(
+    ctx: Context, order_id: str, severity: Severity, reason: str, detail: str, **naming: object
+) -> OperatorAlert:
+    """An alert the decision raises, by ``ctx.actor`` at ``ctx.now``. ``naming``: its
+    ``caused_by`` or ``timeline_seq``, which make it one alert (messages.message_id_for)."""
+    return OperatorAlert(
+        order_id=order_id,
+        severity=severity,
+        reason=reason,
         detail=detail,
         source=ctx.actor,
-        caused_by=caused_by,
         raised_at=ctx.now,
+        **naming,
     )
-    return Decision(None, (Outgoing("alerts", alert),), note=detail)
