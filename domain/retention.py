@@ -174,12 +174,11 @@ def delete_plan(
     if 2 + len(others) <= batch:
         return DeletePlan(first=(process, details, *others), middle=(), last=())
     # first: process + marker create + timeline rows; last: timeline rows + details + marker.
-    head = batch - 2
-    first = (process, *others[:head])
-    rest = list(others[head:])
-    tail_room = batch - 2
+    room = batch - 2
+    first = (process, *others[:room])
+    rest = list(others[room:])
     middle: list[tuple[str, ...]] = []
-    while len(rest) > tail_room:
+    while len(rest) > room:
         middle.append(tuple(rest[:batch]))
         rest = rest[batch:]
     return DeletePlan(first=first, middle=tuple(middle), last=(*rest, details))
