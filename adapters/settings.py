@@ -328,7 +328,7 @@ class _Problems:
     def __call__(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return read(*args, **kwargs)
-        except ValueError as problem:  # SettingsError and the id validators' errors
+        except ValueError as problem:  # SettingsError, the id validators' and the keyring's
             self.found.append(str(problem))
             return None
 
@@ -486,10 +486,7 @@ class _Reader:
         name = signing.SIGNING_KEYS_SETTING
         raw = self.env.get(name, "").strip()
         if raw:
-            try:
-                return signing.parse_keyring(raw, setting=name)
-            except signing.KeyringError as exc:
-                raise SettingsError(str(exc)) from None
+            return signing.parse_keyring(raw, setting=name)
         sas_key = development_sas_key(servicebus.connection_string)
         if sas_key is not None:
             return signing.local_keyring(sas_key)
