@@ -26,9 +26,5 @@ telemetry.configure()
 Settings.check_on_load()
 
 app = func.FunctionApp()
-app.register_functions(scheduler)
-app.register_functions(agents)
-app.register_functions(supervisor)
-app.register_functions(retention)
-app.register_functions(operator_api)
-app.register_functions(dashboard)
+for blueprint in (scheduler, agents, supervisor, retention, operator_api, dashboard):
+    app.register_functions(blueprint)

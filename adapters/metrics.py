@@ -66,23 +66,20 @@ DURATION_BUCKETS_S: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 class _Instruments:
     def __init__(self, provider: MeterProvider) -> None:
         meter = provider.get_meter(METER_NAME)
-        self.started = meter.create_counter(
-            ORDERS_STARTED, unit="{order}", description="Orders accepted by intake"
-        )
-        self.finished = meter.create_counter(
-            ORDERS_FINISHED, unit="{order}", description="Orders that reached Processed"
-        )
-        self.failed = meter.create_counter(
-            ORDERS_FAILED, unit="{order}", description="Orders that reached Error"
-        )
+        self.counters = {
+            name: meter.create_counter(name, unit=unit, description=description)
+            for name, unit, description in (
+                (ORDERS_STARTED, "{order}", "Orders accepted by intake"),
+                (ORDERS_FINISHED, "{order}", "Orders that reached Processed"),
+                (ORDERS_FAILED, "{order}", "Orders that reached Error"),
+                (STEP_RETRIES, "{attempt}", "Step attempts dispatched again"),
+            )
+        }
         self.step_duration = meter.create_histogram(
             STEP_DURATION,
             unit="s",
             description="From a step attempt's dispatch to its reply being applied",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-        )
-        self.step_retries = meter.create_counter(
-            STEP_RETRIES, unit="{attempt}", description="Step attempts dispatched again"
         )
         self.circuit_state = meter.create_gauge(
             CIRCUIT_STATE,
@@ -110,7 +107,7 @@ def enabled() -> bool:
 def order_started(workflow: str) -> None:
     if (on := _bound) is None:
         return
-    on.started.add(1, {"workflow": workflow})
+    on.counters[ORDERS_STARTED].add(1, {"workflow": workflow})
 
 
 def record_circuit_state(agent: str, state: str) -> None:
@@ -196,11 +193,8 @@ def _attempt_duration(
     before: Order, entry: TimelineEntry, event: Replied, workflow: Workflow
 ) -> float | None:
     r = event.response
-    answered = (before.current_step, before.current_operation, before.attempt) == (
-        r.step,
-        r.operation,
-        r.attempt,
-    )
+    in_flight = (before.current_step, before.current_operation, before.attempt)
+    answered = in_flight == (r.step, r.operation, r.attempt)
     if not answered or before.locked_by is None or before.complete_by is None:
         return None  # not the attempt in flight: when it was dispatched is not on record
     try:
@@ -226,14 +220,8 @@ def record(observations: Iterable[Observation]) -> None:
         attributes = dict(o.attributes)
         if o.name == STEP_DURATION:
             on.step_duration.record(o.value, attributes)
-        elif o.name == ORDERS_FINISHED:
-            on.finished.add(int(o.value), attributes)
-        elif o.name == ORDERS_FAILED:
-            on.failed.add(int(o.value), attributes)
-        elif o.name == STEP_RETRIES:
-            on.step_retries.add(int(o.value), attributes)
-        elif o.name == ORDERS_STARTED:
-            on.started.add(int(o.value), attributes)
+        elif o.name in on.counters:
+            on.counters[o.name].add(int(o.value), attributes)
         else:
             raise ValueError(f"no instrument {o.name!r} in adapters.metrics")
 

@@ -169,13 +169,9 @@ class Settings:
         return self.workflow_versions.get(name, 1)
 
     def _tuned(self, flow: Workflow) -> Workflow:
-        steps = flow.steps
-        if self.step_timeout is not None:
-            steps = tuple(
-                dataclasses.replace(step, complete_by_budget=self.step_timeout) for step in steps
-            )
-        if self.step_queue is not None:
-            steps = tuple(dataclasses.replace(step, queue_budget=self.step_queue) for step in steps)
+        budgets = {"complete_by_budget": self.step_timeout, "queue_budget": self.step_queue}
+        set_budgets = {name: budget for name, budget in budgets.items() if budget is not None}
+        steps = tuple(dataclasses.replace(step, **set_budgets) for step in flow.steps)
         retry = flow.retry
         if self.retry_base_delay is not None or self.retry_max_delay is not None:
             base = self.retry_base_delay or retry.base_delay
@@ -332,7 +328,7 @@ class _Problems:
     def __call__(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return read(*args, **kwargs)
-        except ValueError as problem:  # SettingsError and the id validators' errors
+        except ValueError as problem:  # SettingsError, the id validators' and the keyring's
             self.found.append(str(problem))
             return None
 
@@ -490,10 +486,7 @@ class _Reader:
         name = signing.SIGNING_KEYS_SETTING
         raw = self.env.get(name, "").strip()
         if raw:
-            try:
-                return signing.parse_keyring(raw, setting=name)
-            except signing.KeyringError as exc:
-                raise SettingsError(str(exc)) from None
+            return signing.parse_keyring(raw, setting=name)
         sas_key = development_sas_key(servicebus.connection_string)
         if sas_key is not None:
             return signing.local_keyring(sas_key)

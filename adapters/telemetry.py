@@ -256,12 +256,9 @@ def consuming(message: Any, name: str, queue: str) -> Iterator[Span]:
         "messaging.destination.name": queue,
         "messaging.operation.type": "process",
     }
-    order_id = getattr(message, "correlation_id", None)
-    if order_id:
-        attributes["order.id"] = str(order_id)
-    message_id = getattr(message, "message_id", None)
-    if message_id:
-        attributes["messaging.message.id"] = str(message_id)
+    for key, field in (("order.id", "correlation_id"), ("messaging.message.id", "message_id")):
+        if value := getattr(message, field, None):
+            attributes[key] = str(value)
     sent = extract(message_properties(message))
     invocation = trace.get_current_span().get_span_context()
     if invocation.is_valid:
@@ -310,10 +307,7 @@ def span_context_of(trace_parent: str | None) -> SpanContext | None:
 
 @contextmanager
 def continuing(
-    name: str,
-    order_id: str,
-    trace_parent: str | None,
-    attributes: Mapping[str, str] | None = None,
+    name: str, order_id: str, trace_parent: str | None, attributes: Mapping[str, str] | None = None
 ) -> Iterator[Span]:
     """A span for work on order ``order_id`` that did not arrive in the order's trace: parented
     on ``trace_parent`` (the order's, as stored) and linked to the current span (module

@@ -31,9 +31,7 @@ async def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> 
             await handle_request(body, agent.name, rt, caused_by=delivery.cause(agent.name))
 
 
-def _agent_function(
-    agent: Agent,
-) -> Callable[[func.ServiceBusMessage], Coroutine[Any, Any, None]]:
+def _agent_function(agent: Agent) -> Callable[[func.ServiceBusMessage], Coroutine[Any, Any, None]]:
     async def run(msg: func.ServiceBusMessage) -> None:
         await on_request(msg, agent, runtime.current())
 

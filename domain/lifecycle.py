@@ -114,6 +114,7 @@ REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
 """How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
+Severity = Literal["warning", "error", "critical"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,14 +357,9 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
         for o in order.outbox
     )
     draft = _answered_late(_begin(order, delivered), r)
-    if r.operation == "do":
-        in_flight = order.state in (_P.PENDING, _P.PROCESSING)
-    else:
-        in_flight = order.state is _P.COMPENSATING
-    in_flight = in_flight and (order.current_step, order.current_operation) == (
-        r.step,
-        r.operation,
-    )
+    moving = (_P.PENDING, _P.PROCESSING) if r.operation == "do" else (_P.COMPENSATING,)
+    at_step = (order.current_step, order.current_operation) == (r.step, r.operation)
+    in_flight = order.state in moving and at_step
     current = in_flight and order.locked_by is not None and r.attempt == order.attempt
     what = f"{r.operation} {r.step} attempt {r.attempt}"
     if r.outcome == "deferred":
@@ -422,15 +418,7 @@ def _refuse_answer(
         "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
         f"signing key: find who sent message {message_id_for(r)} to the response queue."
     )
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity="critical",
-        reason=UNREQUESTED_REASON,
-        detail=detail,
-        source=ctx.actor,
-        caused_by=caused_by,
-        raised_at=ctx.now,
-    )
+    alert = _alert(ctx, order.order_id, "critical", UNREQUESTED_REASON, detail, caused_by=caused_by)
     return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")
 
 
@@ -580,12 +568,7 @@ def _on_migrate(order: Order, to: Workflow, actor: str, reason: str, ctx: Contex
 
 
 def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Context) -> Decision:
-    if order.state is not _P.ERROR:
-        raise Refused(
-            "conflict",
-            f"order {order.order_id} is {order.state}; only Error orders can be resubmitted",
-        )
-    draft = replace(order, outbox=() if delivered else order.outbox)
+    draft = _errored(order, delivered, "resubmitted")
     left = _undo_plan(draft, ctx.workflow)
     if left:
         resumed = replace(
@@ -600,12 +583,9 @@ def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Co
         detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
         resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
         return _write(order, _claim(resumed, ctx), ctx, "compensation_resumed", detail)
-    steps = tuple(
-        s if s.state is StepState.SUCCEEDED else StepRecord(s.name, s.index) for s in draft.steps
-    )
-    if all(s.state is StepState.SUCCEEDED for s in steps):
+    if all(s.state is StepState.SUCCEEDED for s in draft.steps):
         raise Refused("conflict", f"order {order.order_id} has no step left to do")
-    return _redo(order, draft, steps, "resubmitted", reason, ctx)
+    return _redo(order, draft, len(draft.steps), "resubmitted", reason, ctx)
 
 
 def _on_restart(
@@ -618,12 +598,7 @@ def _on_restart(
             f"workflow {flow.ref} has no step {step[:64]!r}; restart from one of: "
             f"{', '.join(flow.step_names)}",
         )
-    if order.state is not _P.ERROR:
-        raise Refused(
-            "conflict",
-            f"order {order.order_id} is {order.state}; only Error orders can be restarted",
-        )
-    draft = replace(order, outbox=() if delivered else order.outbox)
+    draft = _errored(order, delivered, "restarted")
     left = _undo_plan(draft, flow)
     if left:
         raise Refused(
@@ -632,21 +607,27 @@ def _on_restart(
             "resubmit it to finish its compensation, then restart it",
         )
     start = flow.index_of(step)
+    why = f"{reason}; restart from {step}: redo {', '.join(flow.step_names[start:])}"
+    return _redo(order, draft, start, "restarted", why, ctx)
+
+
+def _errored(order: Order, delivered: bool, done: str) -> Order:
+    """The draft an operator's action on an Error order starts from (its outbox dropped if
+    ``delivered``); Refused for an order not in Error."""
+    if order.state is not _P.ERROR:
+        raise Refused(
+            "conflict", f"order {order.order_id} is {order.state}; only Error orders can be {done}"
+        )
+    return replace(order, outbox=() if delivered else order.outbox)
+
+
+def _redo(order: Order, draft: Order, start: int, event: str, why: str, ctx: Context) -> Decision:
+    """Put an Error order back in flight with the next generation, from its first step not
+    Succeeded: every step from index ``start`` on, and every one not Succeeded, starts afresh."""
     steps = tuple(
         s if s.state is StepState.SUCCEEDED and s.index < start else StepRecord(s.name, s.index)
         for s in draft.steps
     )
-    redone = ", ".join(flow.step_names[start:])
-    return _redo(
-        order, draft, steps, "restarted", f"{reason}; restart from {step}: redo {redone}", ctx
-    )
-
-
-def _redo(
-    order: Order, draft: Order, steps: tuple[StepRecord, ...], event: str, why: str, ctx: Context
-) -> Decision:
-    """Put an Error order back in flight with the next generation: ``steps`` (those not
-    Succeeded start afresh) from the first one not Succeeded."""
     first = next(s for s in steps if s.state is not StepState.SUCCEEDED)
     kept = [s.name for s in steps if s.state is StepState.SUCCEEDED]
     detail = f"{why}; resumes at {first.name}" + (f"; kept: {', '.join(kept)}" if kept else "")
@@ -677,9 +658,7 @@ def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decis
     if following is None:
         # One update says the order finished: the step's own still reports it Processing.
         order = _status(order, ctx, "step_completed", step=done_step)
-        order = replace(
-            order, state=_P.PROCESSED, locked_by=None, complete_by=None, next_attempt_at=None
-        )
+        order = _unlocked(order, _P.PROCESSED, next_attempt_at=None)
         order = _status(order, ctx, "processed")
         return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
     order = replace(order, current_step=following.name, current_operation="do")
@@ -820,15 +799,8 @@ def _warn_if_long(order: Order, ctx: Context) -> Order:
         f"until {(started + ctx.compensation_budget).isoformat()}; if it has not succeeded by "
         "then, the order ends in Error with a critical alert naming what is left in place."
     )
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity="warning",
-        reason=COMPENSATION_DELAYED,
-        detail=detail,
-        source=ctx.actor,
-        timeline_seq=order.timeline_seq + 1,
-        raised_at=ctx.now,
-    )
+    seq = order.timeline_seq + 1
+    alert = _alert(ctx, order.order_id, "warning", COMPENSATION_DELAYED, detail, timeline_seq=seq)
     return replace(_owe(order, Outgoing("alerts", alert)), compensation_warned=True)
 
 
@@ -843,14 +815,8 @@ def _release(
     order: Order, due: datetime, reason: str, ctx: Context, *, failure_count: int
 ) -> Order:
     state = _P.COMPENSATING if order.current_operation == "undo" else _P.PENDING
-    order = replace(
-        order,
-        state=state,
-        locked_by=None,
-        complete_by=None,
-        failure_count=failure_count,
-        next_attempt_at=due,
-        last_error=reason,
+    order = _unlocked(
+        order, state, failure_count=failure_count, next_attempt_at=due, last_error=reason
     )
     command = SchedulerCommand(
         order_id=order.order_id,
@@ -862,6 +828,11 @@ def _release(
         requested_at=ctx.now,
     )
     return _owe(order, Outgoing("commands", command, not_before=due))
+
+
+def _unlocked(order: Order, state: ProcessState, **changes: object) -> Order:
+    """``order`` in ``state`` with no attempt in flight: nobody holds it, no CompleteBy."""
+    return replace(order, state=state, locked_by=None, complete_by=None, **changes)
 
 
 def _compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Context) -> Decision:
@@ -935,7 +906,7 @@ def _fail(
     final: str,
     ctx: Context,
     *,
-    severity: Literal["warning", "error", "critical"] | None = None,
+    severity: Severity | None = None,
     advice: str | None = None,
     step: str | None = None,
 ) -> Decision:
@@ -947,23 +918,9 @@ def _fail(
             if cause == "cancelled"
             else "The order is in Error; resubmit it once the cause is fixed."
         )
-    order = replace(
-        order,
-        state=_P.ERROR,
-        locked_by=None,
-        complete_by=None,
-        next_attempt_at=None,
-        last_error=final,
-    )
-    alert = OperatorAlert(
-        order_id=order.order_id,
-        severity=severity,
-        reason=cause,
-        detail=f"{final}. {advice}",
-        source=ctx.actor,
-        timeline_seq=before.timeline_seq + 1,
-        raised_at=ctx.now,
-    )
+    order = _unlocked(order, _P.ERROR, next_attempt_at=None, last_error=final)
+    seq = before.timeline_seq + 1
+    alert = _alert(ctx, order.order_id, severity, cause, f"{final}. {advice}", timeline_seq=seq)
     order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
     left = ", ".join(s.name for s in order.open_steps)
     settling = f"; settling: an answer may still change {left}" if left else ""
@@ -1033,13 +990,8 @@ def _late_answer(order: Order, draft: Order, r: AgentResponse, note: str, ctx: C
         whose = "its agent did not call the service, whose circuit was open"
     else:
         whose = "it reached the service"
-    return _write(
-        order,
-        draft,
-        ctx,
-        "late_answer",
-        f"{note}; attempt {r.attempt} was given up on unanswered, and {whose}",
-    )
+    detail = f"{note}; attempt {r.attempt} was given up on unanswered, and {whose}"
+    return _write(order, draft, ctx, "late_answer", detail)
 
 
 # ------------------------------------------------------------------------------- outbox
@@ -1245,13 +1197,21 @@ def _flush(order: Order, note: str) -> Decision:
 
 
 def _reject(ctx: Context, reply: AgentResponse, caused_by: str | None, detail: str) -> Decision:
-    alert = OperatorAlert(
-        order_id=reply.order_id,
-        severity="error",
-        reason="bad_message",
+    alert = _alert(ctx, reply.order_id, "error", "bad_message", detail, caused_by=caused_by)
+    return Decision(None, (Outgoing("alerts", alert),), note=detail)
+
+
+def _alert(
+    ctx: Context, order_id: str, severity: Severity, reason: str, detail: str, **naming: object
+) -> OperatorAlert:
+    """An alert the decision raises, by ``ctx.actor`` at ``ctx.now``. ``naming``: its
+    ``caused_by`` or ``timeline_seq``, which make it one alert (messages.message_id_for)."""
+    return OperatorAlert(
+        order_id=order_id,
+        severity=severity,
+        reason=reason,
         detail=detail,
         source=ctx.actor,
-        caused_by=caused_by,
         raised_at=ctx.now,
+        **naming,
     )
-    return Decision(None, (Outgoing("alerts", alert),), note=detail)

@@ -152,6 +152,7 @@ ErrorCode = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
 Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPT)]
 MAX_RUN_BUDGET_S: Final = 86_400.0
+RunBudget = Annotated[float, Field(gt=0, le=MAX_RUN_BUDGET_S, allow_inf_nan=False)]
 Counter = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPT)]
 Detail = Annotated[str, _truncator(MAX_DETAIL_BYTES)]
 Resume = Annotated[
@@ -303,9 +304,7 @@ class AgentRequest(MessageBase):
     action: ActionName
     attempt: Attempt
     complete_by: UtcDatetime
-    run_budget_s: Annotated[float, Field(gt=0, le=MAX_RUN_BUDGET_S, allow_inf_nan=False)] | None = (
-        None
-    )
+    run_budget_s: RunBudget | None = None
     idempotency_key: str
     undoes: str | None = None
     payload: JsonObject = Field(default_factory=dict)
@@ -315,12 +314,7 @@ class AgentRequest(MessageBase):
 
     @model_validator(mode="after")
     def _check_key(self) -> AgentRequest:
-        key = ids.parse_idempotency_key(self.idempotency_key)
-        if (key.order_id, key.step, key.operation) != (self.order_id, self.step, self.operation):
-            raise ValueError(
-                f"idempotency_key {self.idempotency_key!r} does not belong to "
-                f"{self.order_id}:{self.step}:{self.operation}"
-            )
+        key = _own_key(self)
         forward = str(key._replace(operation="do"))
         if self.operation == "undo" and self.undoes != forward:
             raise ValueError(f"an undo must name the forward key it undoes: undoes={forward!r}")
@@ -337,6 +331,15 @@ class AgentRequest(MessageBase):
         if self.run_budget_s is None:
             return self.complete_by
         return min(self.complete_by, started + timedelta(seconds=self.run_budget_s))
+
+
+def _own_key(message: AgentRequest | AgentResponse) -> ids.IdempotencyKey:
+    """``message``'s idempotency key, which must name its order, step and operation."""
+    key = ids.parse_idempotency_key(message.idempotency_key)
+    owner = f"{message.order_id}:{message.step}:{message.operation}"
+    if f"{key.order_id}:{key.step}:{key.operation}" != owner:
+        raise ValueError(f"idempotency_key {message.idempotency_key!r} does not belong to {owner}")
+    return key
 
 
 EXPIRED: Final = "expired"
@@ -376,12 +379,7 @@ class AgentResponse(MessageBase):
 
     @model_validator(mode="after")
     def _check_outcome(self) -> AgentResponse:
-        key = ids.parse_idempotency_key(self.idempotency_key)
-        if (key.order_id, key.step, key.operation) != (self.order_id, self.step, self.operation):
-            raise ValueError(
-                f"idempotency_key {self.idempotency_key!r} does not belong to "
-                f"{self.order_id}:{self.step}:{self.operation}"
-            )
+        _own_key(self)
         if self.outcome == "failed":
             if self.error_code is None:
                 raise ValueError("a failed response needs an error_code")
@@ -628,15 +626,9 @@ def parse_message(body: bytes | str, expected: type[T]) -> T:
 
 
 def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
 
 
 def encode(message: MessageBase) -> bytes:

@@ -13,9 +13,8 @@ An order is **purgeable** when all of these hold:
   annotations included) is before ``now - older_than``. Counting from the last change, not
   from the finish, keeps an order that someone still looks at or acknowledges.
 - Its active-index row is gone: the row of a finished order is deleted only after its final
-  messages were sent (:mod:`adapters.store.active_index`), so a row still there means the order may
-  owe
-  them and the Supervisor will send them.
+  messages were sent (:mod:`adapters.store.active_index`), so a row still there means the order
+  may owe them and the Supervisor will send them.
 
 The purge itself (:mod:`service.purge`) deletes an order's rows in Table transactions of at most
 :data:`MAX_BATCH` operations, conditional on the process row's ETag: :func:`delete_plan` says
@@ -175,12 +174,11 @@ def delete_plan(
     if 2 + len(others) <= batch:
         return DeletePlan(first=(process, details, *others), middle=(), last=())
     # first: process + marker create + timeline rows; last: timeline rows + details + marker.
-    head = batch - 2
-    first = (process, *others[:head])
-    rest = list(others[head:])
-    tail_room = batch - 2
+    room = batch - 2
+    first = (process, *others[:room])
+    rest = list(others[room:])
     middle: list[tuple[str, ...]] = []
-    while len(rest) > tail_room:
+    while len(rest) > room:
         middle.append(tuple(rest[:batch]))
         rest = rest[batch:]
     return DeletePlan(first=first, middle=tuple(middle), last=(*rest, details))

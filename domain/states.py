@@ -40,21 +40,15 @@ _P = ProcessState
 # Error is left only by an operator's resubmit (-> Processing, the first step claimed at once)
 # or a resumed compensation. Operators' annotations (an acknowledgement) are timeline rows of
 # the state store, not transitions.
-ALLOWED_TRANSITIONS: Final[MappingProxyType[ProcessState, frozenset[ProcessState]]] = (
-    MappingProxyType(
-        {
-            # -> Processed and -> Error: a released step's late answer finishes the order.
-            _P.PENDING: frozenset(
-                {_P.PENDING, _P.PROCESSING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
-            ),
-            _P.PROCESSING: frozenset(
-                {_P.PROCESSING, _P.PENDING, _P.COMPENSATING, _P.PROCESSED, _P.ERROR}
-            ),
-            _P.COMPENSATING: frozenset({_P.COMPENSATING, _P.ERROR}),
-            _P.PROCESSED: frozenset(),
-            _P.ERROR: frozenset({_P.ERROR, _P.PROCESSING, _P.COMPENSATING}),
-        }
-    )
+ALLOWED_TRANSITIONS: Final = MappingProxyType(
+    {
+        # Any state; -> Processed and -> Error too: a released step's late answer finishes it.
+        _P.PENDING: frozenset(_P),
+        _P.PROCESSING: frozenset(_P),
+        _P.COMPENSATING: frozenset({_P.COMPENSATING, _P.ERROR}),
+        _P.PROCESSED: frozenset(),
+        _P.ERROR: frozenset({_P.ERROR, _P.PROCESSING, _P.COMPENSATING}),
+    }
 )
 
 

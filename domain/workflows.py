@@ -209,20 +209,18 @@ class Workflow:
             return f"the order is on {self.ref} already"
         shared = self.index_of(through) + 1
         for position, step in enumerate(self.steps[:shared]):
-            other = to.steps[position] if position < len(to.steps) else None
-            same = other is not None and (
-                other.name,
-                other.agent,
-                other.operation,
-                other.undo_operation,
-            ) == (step.name, step.agent, step.operation, step.undo_operation)
-            if not same:
+            if position >= len(to.steps) or _calls(to.steps[position]) != _calls(step):
                 return (
                     f"{to.ref} does not keep {self.ref}'s step {step.name} as step "
                     f"{position + 1} (same agent, operation and undo), and the order has reached "
                     f"{through}"
                 )
         return None
+
+
+def _calls(step: Step) -> tuple[str, str, str, str | None]:
+    """What a step does and undoes, and where (its budgets aside)."""
+    return step.name, step.agent, step.operation, step.undo_operation
 
 
 DEFAULT_RETRY: Final = RetryPolicy(
@@ -232,33 +230,18 @@ DEFAULT_RETRY: Final = RetryPolicy(
 DEFAULT_QUEUE_BUDGET: Final = timedelta(seconds=60)
 """Room for a backlog or a cold start: an attempt's request may wait this long for an agent."""
 
+
+def _shipped_step(name: str, agent: str, operation: str, undo_operation: str | None) -> Step:
+    """A step of the workflows below: 30 s per call, after up to DEFAULT_QUEUE_BUDGET queued."""
+    return Step(name, agent, operation, undo_operation, timedelta(seconds=30), DEFAULT_QUEUE_BUDGET)
+
+
 ORDER_WORKFLOW: Final = Workflow(
     name="order",
     steps=(
-        Step(
-            name="reserve_inventory",
-            agent="inventory",
-            operation="reserve",
-            undo_operation="release",
-            complete_by_budget=timedelta(seconds=30),
-            queue_budget=DEFAULT_QUEUE_BUDGET,
-        ),
-        Step(
-            name="charge_payment",
-            agent="payment",
-            operation="charge",
-            undo_operation="refund",
-            complete_by_budget=timedelta(seconds=30),
-            queue_budget=DEFAULT_QUEUE_BUDGET,
-        ),
-        Step(
-            name="create_shipment",
-            agent="shipping",
-            operation="create",
-            undo_operation="cancel",
-            complete_by_budget=timedelta(seconds=30),
-            queue_budget=DEFAULT_QUEUE_BUDGET,
-        ),
+        _shipped_step("reserve_inventory", "inventory", "reserve", "release"),
+        _shipped_step("charge_payment", "payment", "charge", "refund"),
+        _shipped_step("create_shipment", "shipping", "create", "cancel"),
     ),
     retry=DEFAULT_RETRY,
 )
@@ -269,14 +252,7 @@ ORDER_WORKFLOW_V2: Final = Workflow(
     steps=(
         ORDER_WORKFLOW.step_named("reserve_inventory"),
         replace(ORDER_WORKFLOW.step_named("charge_payment"), undo_operation="void"),
-        Step(
-            name="verify_address",
-            agent="shipping",
-            operation="verify",
-            undo_operation=None,
-            complete_by_budget=timedelta(seconds=30),
-            queue_budget=DEFAULT_QUEUE_BUDGET,
-        ),
+        _shipped_step("verify_address", "shipping", "verify", None),
         ORDER_WORKFLOW.step_named("create_shipment"),
     ),
     retry=DEFAULT_RETRY,
@@ -286,9 +262,7 @@ shipping address is verified before a shipment is created. A new step in the mid
 different undo are breaking changes: orders started on version 1 finish on version 1."""
 
 SINGLE_STEP_WORKFLOW: Final = Workflow(
-    name="single_step",
-    steps=(ORDER_WORKFLOW.step_named("reserve_inventory"),),
-    retry=DEFAULT_RETRY,
+    name="single_step", steps=(ORDER_WORKFLOW.step_named("reserve_inventory"),), retry=DEFAULT_RETRY
 )
 """One step only: for benchmarks that measure the machinery rather than the flow."""
 

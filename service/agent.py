@@ -64,8 +64,22 @@ async def handle_request(
         return
     problem = disagreement(request)
     if problem is not None:
-        source = rt.actor(f"agent-{service}")
-        await rt.alert(_inconsistent(request, service, problem, source, caused_by))
+        await rt.alert(
+            OperatorAlert(
+                order_id=request.order_id,
+                severity="error",
+                reason=INCONSISTENT_REASON,
+                detail=(
+                    f"{service} refused {request.operation} {request.step} attempt "
+                    f"{request.attempt} (key {request.idempotency_key}) without calling its "
+                    f"service: {problem}. A signed request that disagrees with the order it "
+                    "carries is a bug upstream or a mixed-up message; the step is retried from "
+                    "the order's record once its deadline passes."
+                ),
+                source=rt.actor(f"agent-{service}"),
+                caused_by=caused_by,
+            )
+        )
         return
     started = rt.clock()
     if request.complete_by <= started:
@@ -112,25 +126,6 @@ async def handle_request(
             outcome.last_error,
         )
     await _reply(rt, response_for(request, outcome))
-
-
-def _inconsistent(
-    request: AgentRequest, service: str, problem: str, source: str, caused_by: str | None
-) -> OperatorAlert:
-    return OperatorAlert(
-        order_id=request.order_id,
-        severity="error",
-        reason=INCONSISTENT_REASON,
-        detail=(
-            f"{service} refused {request.operation} {request.step} attempt {request.attempt} "
-            f"(key {request.idempotency_key}) without calling its service: {problem}. A "
-            "signed request that disagrees with the order it carries is a bug upstream or a "
-            "mixed-up message; the step is retried from the order's record once its deadline "
-            "passes."
-        ),
-        source=source,
-        caused_by=caused_by,
-    )
 
 
 async def _reply(rt: Runtime, response: AgentResponse) -> None:
@@ -218,5 +213,4 @@ def _error_code(code: str) -> str:
     """The service's error code, made fit for AgentResponse (a real service may send any text)."""
     if _ERROR_CODE.match(code):
         return code
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64]
-    return cleaned if cleaned else "remote_error"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", code).strip("_.-")[:64] or "remote_error"

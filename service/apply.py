@@ -147,8 +147,7 @@ async def handle(
     """Load the order, decide on ``event``, carry the decision out; again on a lost race.
 
     ``event`` may be a coroutine function of the order (an operator action that must look
-    first).
-    Raises :class:`adapters.store.rows.OrderNotFound`, :class:`domain.lifecycle.Refused`,
+    first). Raises :class:`adapters.store.rows.OrderNotFound`, :class:`domain.lifecycle.Refused`,
     :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
     :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
 
@@ -263,11 +262,7 @@ async def send(rt: Runtime, order: Order, outgoing: tuple[Outgoing, ...]) -> boo
 
 
 async def _hold(
-    rt: Runtime,
-    order: Order,
-    update: StatusUpdate,
-    refusal: str,
-    before: tuple[Outgoing, ...],
+    rt: Runtime, order: Order, update: StatusUpdate, refusal: str, before: tuple[Outgoing, ...]
 ) -> None:
     """Record on the order that ``update`` (and those after it) wait for the submitter's queue,
     then send what it still owes: decided on the order as it is now, which may have moved on."""
@@ -367,10 +362,9 @@ def _writes_beside(rt: Runtime, before: Order, after: Order) -> bool:
 def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
     """The due time to write to the order's index row before writing ``after``, if any.
 
-    The row must never be later than the order's due time (adapters.store.active_index): an order
-    back
-    in flight gets its row, and one whose due time moves earlier moves its row first. A due
-    time that moves later leaves the row early; the Supervisor moves it up when it finds it.
+    The row must never be later than the order's due time (adapters.store.active_index): an
+    order back in flight gets its row, and one whose due time moves earlier moves its row first.
+    A due time that moves later leaves the row early; the Supervisor moves it up when it finds it.
     """
     if after.state.terminal:
         return None
@@ -393,13 +387,11 @@ class _FailureMemory:
     def get(self, queue: str, now: datetime) -> str | None:
         key = queue.casefold()
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if now - entry[0] > FAILURE_MEMORY:
+            at, failure = self._entries.get(key, (now, None))
+            if now - at > FAILURE_MEMORY:
                 del self._entries[key]
                 return None
-            return entry[1]
+            return failure
 
     def put(self, queue: str, failure: str, now: datetime) -> None:
         key = queue.casefold()

@@ -15,12 +15,11 @@ Each transition is reported to the breaker's listener, after its lock is release
 process-wide breakers (:func:`breaker_for`) report to :func:`report_transition`: it sets the
 ``agent.circuit.state`` metric and hands the new state to :class:`CircuitReporter`, which writes
 it to this instance's row of :mod:`adapters.store.circuits` from a task of its own on the event
-loop.
-Only transitions are reported, never calls, so the hot path gains no request; and the write is
-off the calling path (fire and forget) rather than awaited on it with a short timeout, because
-a transition to open is exactly when things are slow, and the call that opened the circuit must
-answer ("retry after T") at once: a timeout, however short, would still be paid by that call
-whenever Table Storage is slow.
+loop. Only transitions are reported, never calls, so the hot path gains no request; and the
+write is off the calling path (fire and forget) rather than awaited on it with a short timeout,
+because a transition to open is exactly when things are slow, and the call that opened the
+circuit must answer ("retry after T") at once: a timeout, however short, would still be paid by
+that call whenever Table Storage is slow.
 """
 
 from __future__ import annotations
@@ -31,13 +30,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from adapters import clients, metrics
 from adapters.store import circuits
 from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
 from adapters.store.state_store import OrderStateStore
 from adapters.tables import Table
+from domain.messages import utc_now
 from service import runtime
 from service.runtime import Runtime
 
@@ -84,10 +84,6 @@ class Transition:
 TransitionListener = Callable[[Transition], None]
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class _Guard:
     """The breaker's lock as a context manager that, on release, has the breaker tell its
     listener of the transitions made under it (a class, not a generator: it runs on every call,
@@ -125,7 +121,7 @@ class CircuitBreaker:
         settings: BreakerSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = _utc_now,
+        now: Callable[[], datetime] = utc_now,
         on_transition: TransitionListener | None = None,
     ) -> None:
         self.name = name
@@ -140,11 +136,8 @@ class CircuitBreaker:
         self._trial_in_flight = False
         self._heard: list[Transition] = []
         self._seq = 0
-        self._guard = _Guard(self)
-
-    def _locked(self) -> _Guard:
-        """The lock; transitions made under it are told to the listener once it is released."""
-        return self._guard
+        # The lock; transitions made under it are told to the listener once it is released.
+        self._locked = _Guard(self)
 
     def _tell(self) -> None:
         """Called by the guard after the lock is released, when transitions were heard."""
@@ -160,25 +153,25 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        with self._locked():
+        with self._locked:
             self._maybe_half_open()
             return self._state
 
     @property
     def consecutive_failures(self) -> int:
-        with self._locked():
+        with self._locked:
             return self._failures
 
     def retry_in(self) -> float:
         """Seconds until an open circuit admits a trial call (0 unless open)."""
-        with self._locked():
+        with self._locked:
             if self._state is not BreakerState.OPEN:
                 return 0.0
             return max(0.0, self._opened_at + self.settings.reset_timeout - self._clock())
 
     def acquire(self) -> bool:
         """Return True when a call may go ahead; the caller must then report exactly once."""
-        with self._locked():
+        with self._locked:
             self._maybe_half_open()
             if self._state is BreakerState.CLOSED:
                 return True
@@ -188,7 +181,7 @@ class CircuitBreaker:
             return False
 
     def record_success(self) -> None:
-        with self._locked():
+        with self._locked:
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
                 self._transition(BreakerState.CLOSED)
@@ -196,7 +189,7 @@ class CircuitBreaker:
                 self._failures = 0
 
     def record_failure(self) -> None:
-        with self._locked():
+        with self._locked:
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
                 self._open()
@@ -208,12 +201,12 @@ class CircuitBreaker:
 
     def release(self) -> None:
         """The admitted call ended without a verdict (e.g. it was never sent)."""
-        with self._locked():
+        with self._locked:
             if self._state is BreakerState.HALF_OPEN:
                 self._trial_in_flight = False
 
     def reset(self) -> None:
-        with self._locked():
+        with self._locked:
             self._transition(BreakerState.CLOSED)
             self._failures = 0
             self._trial_in_flight = False
@@ -246,11 +239,8 @@ class CircuitBreaker:
         if new is BreakerState.CLOSED:
             self._failures = 0
         since = self._now()
-        retry_at = (
-            since + timedelta(seconds=self.settings.reset_timeout)
-            if new is BreakerState.OPEN
-            else None
-        )
+        opened = new is BreakerState.OPEN
+        retry_at = since + timedelta(seconds=self.settings.reset_timeout) if opened else None
         self._seq += 1
         self._heard.append(
             Transition(self.name, old, new, since, self._failures, retry_at, self._seq)
@@ -367,21 +357,18 @@ class CircuitReporter:
                     await self._write(transition)
                     written.add(transition.service)
             except asyncio.CancelledError:  # the loop is closing: the next writer has them
-                self._put_back(batch, written)
+                with self._lock:
+                    for service, transition in batch.items():
+                        if service not in written:
+                            self._waiting.setdefault(service, transition)
                 raise
-
-    def _put_back(self, batch: dict[str, Transition], written: set[str]) -> None:
-        with self._lock:
-            for service, transition in batch.items():
-                if service not in written:
-                    self._waiting.setdefault(service, transition)
 
     async def _write(self, transition: Transition) -> None:
         try:
             table = await self._table()
             if table is None:
                 return
-            await table.record(row_of(transition, self._instance, _utc_now()))
+            await table.record(row_of(transition, self._instance, utc_now()))
             self.written += 1
         except Exception as error:
             self.failed += 1

@@ -2,8 +2,7 @@
 front end.
 
 The HTTP API and the CLI (through :mod:`service.operations.orders`) and SchedulerCommand
-messages
-(through :mod:`service.commands`) all call these; the lifecycle decides
+messages (through :mod:`service.commands`) all call these; the lifecycle decides
 (:mod:`domain.lifecycle`). The operator is the ``actor`` of the timeline entries they write.
 
 Cancel (an order in flight, not already being undone) acts at once, whatever the order waits
@@ -23,19 +22,16 @@ request or message that asked for it, so the messages it sends continue the orde
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from adapters.store.rows import OrderNotFound
-from domain.lifecycle import Cancel, Decision, Event, Refused, Restart, Resubmit
+from domain.lifecycle import Cancel, Event, Refused, Restart, Resubmit
 from domain.order import Order
 from domain.states import ProcessState
 from service import apply
 from service.runtime import Runtime
-
-log = logging.getLogger("service.control")
 
 __all__ = ["ActionResult", "Refused", "cancel", "restart", "resubmit"]
 
@@ -57,27 +53,22 @@ class ActionResult:
 
 async def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Cancel an order in flight (see the module docstring)."""
-    order, decision = await _act(rt, order_id, Cancel(actor, reason), actor, "cancel")
-    outcome: Outcome = "failed" if order.state is ProcessState.ERROR else "compensating"
-    return _result(order, "cancel", outcome, actor, decision.entry.detail if decision.entry else "")
+    result = await _act(rt, order_id, Cancel(actor, reason), actor, "cancel", "compensating")
+    if result.state is ProcessState.ERROR:
+        return replace(result, outcome="failed")
+    return result
 
 
 async def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Resubmit an Error order (see the module docstring)."""
 
     async def event(order: Order) -> Resubmit:
-        # The Error order's alert and status are on its record until sent; its active-index row
-        # is deleted only after they were, so its absence says they need no resending.
-        delivered = not await rt.store.index.has(order.order_id, order.generation)
-        return Resubmit(actor, reason, outbox_delivered=delivered)
+        return Resubmit(actor, reason, outbox_delivered=await _delivered(rt, order))
 
-    order, decision = await _act(rt, order_id, event, actor, "resubmit")
-    outcome: Outcome = (
-        "compensation_resumed" if order.state is ProcessState.COMPENSATING else "resubmitted"
-    )
-    return _result(
-        order, "resubmit", outcome, actor, decision.entry.detail if decision.entry else ""
-    )
+    result = await _act(rt, order_id, event, actor, "resubmit", "resubmitted")
+    if result.state is ProcessState.COMPENSATING:
+        return replace(result, outcome="compensation_resumed")
+    return result
 
 
 async def restart(
@@ -86,12 +77,15 @@ async def restart(
     """Restart an Error order from ``step`` (see the module docstring)."""
 
     async def event(order: Order) -> Restart:
-        delivered = not await rt.store.index.has(order.order_id, order.generation)
-        return Restart(actor, reason, step, outbox_delivered=delivered)
+        return Restart(actor, reason, step, outbox_delivered=await _delivered(rt, order))
 
-    order, decision = await _act(rt, order_id, event, actor, "restart")
-    detail = decision.entry.detail if decision.entry else ""
-    return _result(order, "restart", "restarted", actor, detail)
+    return await _act(rt, order_id, event, actor, "restart", "restarted")
+
+
+async def _delivered(rt: Runtime, order: Order) -> bool:
+    """Whether the Error order's alert and status were sent: they are on its record until
+    then, and its active-index row is deleted only after they were."""
+    return not await rt.store.index.has(order.order_id, order.generation)
 
 
 async def _act(
@@ -100,20 +94,17 @@ async def _act(
     event: Event | Callable[[Order], Awaitable[Event]],
     actor: str,
     action: Action,
-) -> tuple[Order, Decision]:
+    outcome: Outcome,
+) -> ActionResult:
     try:
-        return await apply.handle(rt, order_id, event, actor=actor, span=f"operator_{action}")
+        span = f"operator_{action}"
+        order, decision = await apply.handle(rt, order_id, event, actor=actor, span=span)
     except OrderNotFound:
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:
         raise Refused("busy", f"{busy}; try again in a moment") from None
     except apply.Parked as parked:
         raise Refused("conflict", str(parked)) from None
-
-
-def _result(
-    order: Order, action: Action, outcome: Outcome, actor: str, detail: str
-) -> ActionResult:
     return ActionResult(
         order_id=order.order_id,
         action=action,
@@ -122,5 +113,5 @@ def _result(
         step=order.current_step,
         generation=order.generation,
         requested_by=actor,
-        detail=detail,
+        detail=decision.entry.detail if decision.entry else "",
     )

@@ -73,7 +73,7 @@ def plan(
         # Beyond its share, an instance also takes a free bucket nobody has swept for a lease:
         # an orphan the others did not take (one counted in the shares may have died). It gives
         # the surplus up when the tick ends.
-        orphans = [b for b in rotated[room:] if _unswept_for(b, now, lease)]
+        orphans = [b for b in rotated[room:] if b.swept_at is None or now - b.swept_at > lease]
     surplus = {b.bucket for b in [*mine[share:], *orphans]}
     hold = sorted(
         (dataclasses.replace(b, holder=me, until=now + claim) for b in [*mine, *taken, *orphans]),
@@ -84,22 +84,15 @@ def plan(
         cutoff = now - lease * REAP_AFTER_LEASES
         reap = tuple(m for m in roster.members if m.until < cutoff and m.instance != me)
         reap = reap[:REAP_PER_TICK]
+    etag = next((m.etag for m in roster.members if m.instance == me), None)
     return Plan(
-        member=Member(instance=me, until=now + lease, etag=_etag_of(roster, me)),
+        member=Member(instance=me, until=now + lease, etag=etag),
         hold=tuple(hold),
         release=tuple(b for b in hold if b.bucket in surplus),
         reap=reap if take else (),
     )
 
 
-def _unswept_for(lease: BucketLease, now: datetime, span: timedelta) -> bool:
-    return lease.swept_at is None or now - lease.swept_at > span
-
-
 def _oldest_first(lease: BucketLease) -> tuple[bool, datetime, int]:
     swept = lease.swept_at
     return (swept is not None, swept.replace(tzinfo=None) if swept else _NEVER, lease.bucket)
-
-
-def _etag_of(roster: Roster, me: str) -> str | None:
-    return next((m.etag for m in roster.members if m.instance == me), None)

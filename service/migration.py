@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from adapters.store.rows import ActiveRow
 from domain.lifecycle import Migrate, Refused, decide
 from domain.workflows import UnknownWorkflow
 from service import apply
@@ -33,13 +34,7 @@ class MigrationReport:
 
 
 async def migrate(
-    rt: Runtime,
-    from_ref: str,
-    to_ref: str,
-    *,
-    actor: str,
-    reason: str,
-    dry_run: bool = True,
+    rt: Runtime, from_ref: str, to_ref: str, *, actor: str, reason: str, dry_run: bool = True
 ) -> MigrationReport:
     """Walk the active-order index (one request per 1,000 rows) and move each order of
     ``from_ref`` that may move (one point read each, and one write each unless ``dry_run``)."""
@@ -51,27 +46,22 @@ async def migrate(
     event = Migrate(target, actor, reason)
     async for row in rt.store.all_active():
         if canonical(row.workflow) == source.ref:
-            await _one(rt, row.order_id, row.generation, source.ref, event, report)
+            await _one(rt, row, event, report)
     return report
 
 
-async def _one(
-    rt: Runtime,
-    order_id: str,
-    generation: int,
-    source: str,
-    event: Migrate,
-    report: MigrationReport,
-) -> None:
-    order = await rt.store.find(order_id)
-    if order is None or order.generation != generation or canonical(order.workflow) != source:
+async def _one(rt: Runtime, row: ActiveRow, event: Migrate, report: MigrationReport) -> None:
+    order = await rt.store.find(row.order_id)
+    if order is None or order.generation != row.generation:
+        return
+    if canonical(order.workflow) != report.from_ref:
         return
     report.examined += 1
     try:
         if report.dry_run:
             decide(order, event, apply.context(rt, order.workflow, event.actor))
         else:
-            await apply.handle(rt, order_id, event, actor=event.actor, span="operator_migrate")
+            await apply.handle(rt, row.order_id, event, actor=event.actor, span="operator_migrate")
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

@@ -3,8 +3,7 @@
 One run (the retention timer, ``POST /api/purge`` or ``orderctl purge``):
 
 1. Scan for candidates (:meth:`adapters.store.state_store.OrderStateStore.purge_candidates`):
-process
-   rows of the selected finished states last changed before the cutoff.
+   process rows of the selected finished states last changed before the cutoff.
 2. Per chunk of candidates, read each order whole (one partition query) and whether its
    active-index row is still there (one point read), and decide (:func:`domain.retention.verdict`):
    never an order in flight, never an unresolved Error, never one that may still owe messages.
@@ -32,7 +31,6 @@ from adapters import clients
 from adapters.archive import Archive, ArchivedOrder, BlobArchive
 from adapters.settings import Settings
 from adapters.store.rows import StoreError, utc
-from domain.order import Order
 from domain.retention import (
     PURGEABLE_STATES,
     Candidate,
@@ -227,7 +225,7 @@ async def _archive_then_delete(
             run_id=report.run_id,
             submitted=s.submitted,
             payload_hash=s.payload_hash,
-            process=_without_etag(s),
+            process=replace(s.process, etag="", write_id=""),
             timeline=s.timeline,
         )
         for s in chunk
@@ -248,10 +246,6 @@ async def _archive_then_delete(
             log.info("purge: order %s changed after it was read; left in place", order.order_id)
         else:
             report.already_gone += 1
-
-
-def _without_etag(snapshot: OrderSnapshot) -> Order:
-    return replace(snapshot.process, etag="", write_id="")
 
 
 def open_archive(settings: Settings) -> BlobArchive:

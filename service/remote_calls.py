@@ -34,7 +34,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from tenacity import (
@@ -46,6 +46,7 @@ from tenacity import (
 )
 
 from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, RemoteHttp
+from domain.messages import utc_now
 from service.circuit import BreakerState, CircuitBreaker, breaker_for
 from service.http_errors import error_details, is_transient_status, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
@@ -115,12 +116,6 @@ class _CallState:
     undoes: str | None = None
     attempts: int = 0
     last_error: str | None = None
-    stopped_by_deadline: bool = False
-    stopped_by_circuit: bool = False
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 log = logging.getLogger("service.remote_calls")
@@ -137,7 +132,7 @@ class RemoteServiceClient:
         breaker: CircuitBreaker | None = None,
         *,
         policy: RetryPolicy | None = None,
-        now: Callable[[], datetime] = _utc_now,
+        now: Callable[[], datetime] = utc_now,
         sleep: Callable[[float], Any] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -201,14 +196,10 @@ class RemoteServiceClient:
         )
         try:
             return await retrying(self._attempt, state, body)
-        except RetryError as stopped:
+        except RetryError as stopped:  # out of attempts
             failure = stopped.last_attempt.exception()
             if not isinstance(failure, _TransientFailure):  # only these are retried
                 raise TypeError("retry stopped on an unexpected outcome") from stopped
-            if state.stopped_by_circuit:
-                return self._deferred(state)
-            if state.stopped_by_deadline:
-                return DeadlinePassed(state.last_error, state.attempts)
             return Failed(failure.code, failure.message, transient=True, attempts=state.attempts)
         except _NoTimeLeft:
             return DeadlinePassed(state.last_error, state.attempts)
@@ -229,15 +220,15 @@ class RemoteServiceClient:
         return (complete_by - self._now()).total_seconds()
 
     def _should_stop(self, state: _CallState, rs: RetryCallState) -> bool:
+        """Whether to stop retrying after a transient failure: True when out of attempts; when the
+        circuit is open or no attempt would fit before complete-by, it raises what :meth:`_run`
+        turns into the outcome, as when that stops a first attempt (:meth:`_attempt`)."""
         if self.breaker.state is BreakerState.OPEN:  # opened by this call or another: defer now
-            state.stopped_by_circuit = True
-            return True
+            raise _CircuitOpen
         if self.policy.max_attempts is not None and rs.attempt_number >= self.policy.max_attempts:
             return True
-        left = self._time_left(state.complete_by)
-        if rs.upcoming_sleep + self.policy.min_attempt_time > left:
-            state.stopped_by_deadline = True
-            return True
+        if rs.upcoming_sleep + self.policy.min_attempt_time > self._time_left(state.complete_by):
+            raise _NoTimeLeft
         return False
 
     def _wait(self, rs: RetryCallState) -> float:

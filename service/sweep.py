@@ -1,10 +1,9 @@
 """One Supervisor tick: claim a fair share of the index's buckets, sweep what is due in them.
 
 The active-order index keeps, per order in flight, a due time never later than when the
-Supervisor must look at it (:mod:`adapters.store.active_index`), so sweeping a bucket is one query
-for the
-rows due now plus a point read of each of those orders: a tick costs what is due, not what is
-in flight or was ever processed. For each order the lifecycle decides
+Supervisor must look at it (:mod:`adapters.store.active_index`), so sweeping a bucket is one
+query for the rows due now plus a point read of each of those orders: a tick costs what is due,
+not what is in flight or was ever processed. For each order the lifecycle decides
 (:mod:`domain.lifecycle`, event ``Swept``): an order past CompleteBy (an agent or scheduler died,
 or the agent gave up silently at its deadline) or waiting without progress is released for a
 delayed retry, resent what it owes, or compensated at the failure threshold; a finished order
@@ -100,8 +99,7 @@ async def _claim(rt: Runtime) -> leases.Plan:
         except ConcurrencyConflict:
             continue  # read the roster again
         return dataclasses.replace(
-            plan,
-            hold=tuple(dataclasses.replace(b, etag=etags[b.bucket]) for b in plan.hold),
+            plan, hold=tuple(dataclasses.replace(b, etag=etags[b.bucket]) for b in plan.hold)
         )
     log.info("supervisor roster kept changing; sweeping nothing this tick")
     return leases.Plan(member=plan.member, hold=(), release=(), reap=())
@@ -139,11 +137,7 @@ async def _due(rt: Runtime, lease: BucketLease) -> _Found:
 
 
 async def _sweep(
-    rt: Runtime,
-    limit: asyncio.Semaphore,
-    found: list[_Found],
-    deadline: float,
-    report: TickReport,
+    rt: Runtime, limit: asyncio.Semaphore, found: list[_Found], deadline: float, report: TickReport
 ) -> list[Sweep]:
     """Handle the rows found due, most overdue first across all held buckets, until the budget
     is spent; the buckets whose rows were all handled are swept."""
@@ -200,11 +194,10 @@ async def _inspect(row: ActiveRow, rt: Runtime) -> str:
     if order is None or order.generation != row.generation:
         if await rt.store.reap_active(row, order):
             return "reaped"
-        else:
-            # Young garbage, or a create on its way: look again before that order could be
-            # due, and reap it once it is old enough.
-            recheck = apply.earliest_due(rt, rt.clock())
-            await rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
+        # Young garbage, or a create on its way: look again before that order could be due,
+        # and reap it once it is old enough.
+        recheck = apply.earliest_due(rt, rt.clock())
+        await rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
         return ""
     try:
         ctx = apply.context(rt, order.workflow, rt.actor("supervisor"))
