@@ -26,7 +26,7 @@ def table_service(conn: Connection) -> TableService:
     if conn.connection_string:
         return TableService.from_connection_string(conn.connection_string, request_hook=hook)
     assert conn.endpoint is not None
-    return TableService.with_credential(conn.endpoint, credential(conn), request_hook=hook)
+    return TableService(conn.endpoint, credential(conn), request_hook=hook)
 
 
 def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:

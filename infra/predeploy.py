@@ -42,7 +42,7 @@ def table_service(env: Mapping[str, str]) -> TableService:
         )
     from azure.identity import DefaultAzureCredential
 
-    return TableService.with_credential(endpoint, DefaultAzureCredential())
+    return TableService(endpoint, DefaultAzureCredential())
 
 
 async def versions_needed(env: Mapping[str, str]) -> dict[str, VersionUse]:

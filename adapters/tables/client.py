@@ -80,12 +80,6 @@ class TableService:
         parsed = parse_connection_string(text)
         return cls(parsed.endpoint, parsed.auth, **options)
 
-    @classmethod
-    def with_credential(cls, endpoint: str, credential: Any, **options: Any) -> TableService:
-        """An endpoint reached with an async Entra token credential (managed identity in
-        Azure: :func:`adapters.credentials.credential`)."""
-        return cls(endpoint, credential, **options)
-
     def get_table_client(self, table_name: str, *, owns_service: bool = False) -> Table:
         """A client of one table; with ``owns_service``, closing it closes this service too
         (a caller that keeps only the table)."""

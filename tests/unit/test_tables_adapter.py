@@ -121,7 +121,7 @@ def test_io_is_awaited_and_building_is_not() -> None:
         assert inspect.iscoroutinefunction(getattr(client.Table, name)), name
     for name in ("create_table_if_not_exists", "delete_table", "request", "close"):
         assert inspect.iscoroutinefunction(getattr(client.TableService, name)), name
-    for name in ("from_connection_string", "with_credential", "get_table_client", "url"):
+    for name in ("from_connection_string", "get_table_client", "url"):
         assert not inspect.iscoroutinefunction(getattr(client.TableService, name)), name
     assert not inspect.iscoroutinefunction(client.Table.query_entities)
     assert Sent is pipeline.Sent
@@ -629,9 +629,7 @@ class AsyncCredential:
 
 
 def https_tables(server: ScriptedServer, certificates: Certificates, credential: Any):
-    return TableService.with_credential(
-        f"{server.origin}/acct", credential, ssl_context=certificates.trusting_ca()
-    )
+    return TableService(f"{server.origin}/acct", credential, ssl_context=certificates.trusting_ca())
 
 
 async def test_requests_carry_a_bearer_token_from_an_async_credential(serve, certificates) -> None:
@@ -706,7 +704,7 @@ def test_a_sync_credential_is_refused_by_name() -> None:
             raise AssertionError("never called")
 
     with pytest.raises(TypeError, match="async credential"):
-        TableService.with_credential("https://a.table.core.windows.net", SyncCredential())
+        TableService("https://a.table.core.windows.net", SyncCredential())
 
 
 @pytest.mark.parametrize(
@@ -860,7 +858,7 @@ async def test_the_apps_credential_is_async_and_the_table_client_takes_it() -> N
     endpoint = "https://acct.table.core.windows.net"
     chosen = credential(Connection("st", endpoint=endpoint, client_id="app-id"))
     assert isinstance(chosen, ManagedIdentityCredential)
-    async with TableService.with_credential(endpoint, chosen):
+    async with TableService(endpoint, chosen):
         pass
     await chosen.close()
     fallback = credential(Connection("st", endpoint=endpoint))
