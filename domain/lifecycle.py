@@ -81,6 +81,7 @@ from domain.messages import (
     OperatorAlert,
     OrderSubmitted,
     SchedulerCommand,
+    Severity,
     StatusEvent,
     StatusUpdate,
     message_id_for,
@@ -114,7 +115,6 @@ REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
 """How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
-Severity = Literal["warning", "error", "critical"]
 
 
 @dataclass(frozen=True, slots=True)

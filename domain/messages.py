@@ -149,6 +149,7 @@ ReasonCode = Annotated[str, AfterValidator(lambda v: ids.validate_name(v, "reaso
 QueueName = Annotated[str, AfterValidator(lambda v: ids.validate_entity_name(v, "reply_to"))]
 Actor = Annotated[str, AfterValidator(ids.validate_instance_id)]
 ErrorCode = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+Severity = Literal["warning", "error", "critical"]
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
 Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPT)]
 MAX_RUN_BUDGET_S: Final = 86_400.0
@@ -438,7 +439,7 @@ class OperatorAlert(MessageBase):
 
     type: Literal["OperatorAlert"] = "OperatorAlert"
     order_id: OrderId | None
-    severity: Literal["warning", "error", "critical"]
+    severity: Severity
     reason: ReasonCode
     detail: Detail
     raw_excerpt: Annotated[str, _truncator(MAX_RAW_EXCERPT_BYTES)] | None = None

@@ -103,7 +103,7 @@ def utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"datetime {value.isoformat()} has no timezone; use an aware UTC one")
     value = value.astimezone(UTC)  # a datetime subclass (the SDK's) is rebuilt as a plain one
-    return datetime(*value.timetuple()[:6], value.microsecond, tzinfo=UTC)
+    return datetime.combine(value, value.timetz())
 
 
 def etag_of(entity: Entity) -> str:
