@@ -35,7 +35,7 @@ from adapters.store.active_index import (
     index_partition,
     index_row_key,
 )
-from adapters.store.purge_log import MAX_RECENT, run_row_key
+from adapters.store.purge_log import MAX_RECENT
 from adapters.store.rows import (
     ActivePage,
     ActiveRow,
@@ -43,6 +43,7 @@ from adapters.store.rows import (
     ConcurrencyConflict,
     OrderNotFound,
     OrderRecord,
+    newest_first_key,
     utc,
 )
 from adapters.store.supervision import (
@@ -232,7 +233,7 @@ class MemoryPurgeLog:
 
     async def record(self, run_id: str, at: datetime, report: Mapping[str, Any]) -> None:
         await _round_trip()
-        self._rows[run_row_key(at, run_id)] = json.loads(json.dumps(report, default=str))
+        self._rows[newest_first_key(at, run_id)] = json.loads(json.dumps(report, default=str))
 
     async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
         await _round_trip()

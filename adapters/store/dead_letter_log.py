@@ -25,8 +25,7 @@ from typing import Any, Final, Protocol
 
 from azure.data.tables import UpdateMode
 
-from adapters.store.purge_log import run_row_key
-from adapters.store.rows import utc
+from adapters.store.rows import newest_first_key, utc
 from adapters.tables import Table
 
 log = logging.getLogger("adapters.store.dead_letter_log")
@@ -81,7 +80,7 @@ def to_entity(
         truncated = True
     return {
         "PartitionKey": PARTITION,
-        "RowKey": run_row_key(at, uuid.uuid4().hex[:12]),
+        "RowKey": newest_first_key(at, uuid.uuid4().hex[:12]),
         "At": utc(at),
         "Actor": actor,
         "Action": action,

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from azure.data.tables import UpdateMode
 
-from adapters.store.rows import CorruptOrderState, utc
+from adapters.store.rows import CorruptOrderState, newest_first_key, utc
 from adapters.tables import Table
 
 
@@ -30,7 +30,7 @@ class PurgeLog:
         await self._table.upsert_entity(
             {
                 "PartitionKey": PURGE_PARTITION,
-                "RowKey": run_row_key(at, run_id),
+                "RowKey": newest_first_key(at, run_id),
                 "At": utc(at),
                 "Report": json.dumps(report, separators=(",", ":"), default=str),
             },
@@ -59,10 +59,3 @@ class PurgeLog:
 
 PURGE_PARTITION: Final = "~purge"
 MAX_RECENT: Final = 100
-_INVERT_MS: Final = 10**13  # past the year 2286 in milliseconds since the epoch
-
-
-def run_row_key(at: datetime, run_id: str) -> str:
-    """Newest first in key order (the dead-letter log keys its rows so too)."""
-    millis = int(utc(at).timestamp() * 1000)
-    return f"{_INVERT_MS - millis:013d}.{run_id}"

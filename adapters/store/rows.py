@@ -118,6 +118,15 @@ def if_unchanged(etag: str | None) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
+_INVERT_MS: Final = 10**13  # past the year 2286 in milliseconds since the epoch
+
+
+def newest_first_key(at: datetime, suffix: str) -> str:
+    """A RowKey that sorts rows newest first (the purge and dead-letter logs' runs)."""
+    millis = int(utc(at).timestamp() * 1000)
+    return f"{_INVERT_MS - millis:013d}.{suffix}"
+
+
 def timeline_row_key(seq: int) -> str:
     if not 0 <= seq <= MAX_TIMELINE_SEQ:
         raise ValueError(f"timeline sequence {seq} is outside 0..{MAX_TIMELINE_SEQ}")
