@@ -32,14 +32,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from adapters import clients, metrics
+from adapters import metrics
 from adapters.store import circuits
 from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
 from adapters.store.state_store import OrderStateStore
-from adapters.tables import Table
 from domain.messages import utc_now
 from service import runtime
-from service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -394,47 +392,17 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
     )
 
 
-class _RuntimeTable:
-    """The circuits partition of the installed Runtime's supervision table: one client per
-    Runtime and event loop (a client's connections belong to the loop that opened them). It
-    never builds a Runtime: a transition outside any handler (a test driving a breaker) must
-    not build one from the environment as a side effect."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._for: tuple[Runtime, asyncio.AbstractEventLoop, CircuitTable, Table] | None = None
-
-    async def __call__(self) -> CircuitTable | None:
-        rt = runtime.installed()
-        if rt is None or not isinstance(rt.store, OrderStateStore):
-            return None
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            current = self._for
-            if current is not None and current[0] is rt and current[1] is loop:
-                return current[2]
-            service = clients.table_service(rt.settings.storage)
-            table = service.get_table_client(rt.settings.supervision_table, owns_service=True)
-            made = CircuitTable(table)
-            self._for = (rt, loop, made, table)
-        if current is not None:
-            await _close(current[3], current[1])
-        return made
+async def _runtime_circuits() -> CircuitTable | None:
+    """The installed Runtime's circuit rows (its store's client), or None: in memory, or with
+    no Runtime installed (a transition outside any handler, a test driving a breaker, must not
+    build one from the environment as a side effect)."""
+    rt = runtime.installed()
+    if rt is None or not isinstance(rt.store, OrderStateStore):
+        return None
+    return rt.store.circuits
 
 
-async def _close(table: Table, on: asyncio.AbstractEventLoop) -> None:
-    """Close a client no longer used, on the loop its connections belong to (none to close if
-    that loop has closed)."""
-    try:
-        if on is asyncio.get_running_loop():
-            await table.close()
-        elif not on.is_closed():
-            asyncio.run_coroutine_threadsafe(table.close(), on)
-    except Exception:
-        log.debug("closing a circuit table client failed", exc_info=True)
-
-
-reporter = CircuitReporter(_RuntimeTable(), circuits.instance_id())
+reporter = CircuitReporter(_runtime_circuits, circuits.instance_id())
 """The process's reporter (tests flush it)."""
 
 

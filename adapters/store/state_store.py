@@ -46,6 +46,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, Serv
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.store.active_index import DEFAULT_GRACE, ActiveOrderIndex
+from adapters.store.circuits import CircuitTable
 from adapters.store.error_index import ErrorOrderIndex
 from adapters.store.purge_log import PurgeLog
 from adapters.store.rows import (
@@ -130,6 +131,8 @@ class OrderStateStore:
         self._supervision: Table = service.get_table_client(self._supervision_name)
         self.supervision = SupervisionTable(self._supervision)
         """The Supervisor instances' bucket leases and sweep checkpoints."""
+        self.circuits = CircuitTable(self._supervision)
+        """Each instance's circuit breakers, as the dashboard shows them."""
         self._clock = clock
         self._owns_service = owns_service
 

@@ -56,13 +56,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
-from adapters import clients
 from adapters.store import circuits
 from adapters.store.active_index import ActiveRow
 from adapters.store.circuits import CircuitTable
 from adapters.store.error_index import ErrorRow
 from adapters.store.rows import PROCESS_ROW, etag_of, order_from_entity, utc
-from adapters.tables import Table
 from domain.agents import AGENT_NAMES
 from domain.order import Order, StepState
 from domain.states import ProcessState
@@ -151,7 +149,6 @@ class Summary:
         self._since: datetime | None = None
         self._offset = 0
         self._background_reads: set[asyncio.Task[None]] = set()
-        self._circuit_table: tuple[OperatorContext, Table] | None = None
         self._own: OperatorContext | None = None
         self._closed = False
 
@@ -164,8 +161,6 @@ class Summary:
             for read in reads:
                 read.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
-        if self._circuit_table is not None:
-            await self._circuit_table[1].close()
         if self._own is not None:
             await self._own.close()
 
@@ -371,14 +366,7 @@ class Summary:
         return orders, False, requests
 
     async def _circuits(self, ctx: OperatorContext, now: datetime) -> Part:
-        if self._circuit_table is None or self._circuit_table[0] is not ctx:
-            previous = self._circuit_table
-            service = clients.table_service(ctx.rt.settings.storage)
-            table = service.get_table_client(ctx.rt.settings.supervision_table, owns_service=True)
-            self._circuit_table = (ctx, table)
-            if previous is not None:
-                await previous[1].close()
-        store = CircuitTable(self._circuit_table[1])
+        store: CircuitTable = ctx.rt.store.circuits
         read = await store.read()
         if read.unreadable:
             log.warning("dashboard summary: %d circuit rows are unreadable", read.unreadable)

@@ -12,6 +12,7 @@ import pytest
 
 from adapters.store import circuits
 from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
+from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from domain.messages import utc_now
 from service import circuit, runtime
@@ -117,16 +118,8 @@ async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table)
 
 
 async def test_an_unreachable_table_never_fails_the_call(rt, caplog):
-    broken = dataclasses.replace(rt, store=rt.store)
-    broken.settings = dataclasses.replace(
-        rt.settings,
-        storage=dataclasses.replace(
-            rt.settings.storage,
-            connection_string=rt.settings.storage.connection_string.replace(
-                "127.0.0.1:", "127.0.0.1:1"
-            ),
-        ),
-    )
+    nowhere = rt.settings.storage.connection_string.replace("127.0.0.1:", "127.0.0.1:1")
+    broken = dataclasses.replace(rt, store=OrderStateStore.from_connection_string(nowhere))
     await _written_nowhere()
     previous = runtime.install(broken)
     try:
@@ -142,3 +135,4 @@ async def test_an_unreachable_table_never_fails_the_call(rt, caplog):
         runtime.install(previous)
         reset_breakers()
         await circuit.reporter.flush(timeout=60)
+        await broken.store.close()
