@@ -41,6 +41,14 @@ AGENT = {agent.name: agent for agent in AGENTS}
 
 
 @pytest.fixture
+def env(env):
+    """The shared settings with a step budget no test here comes near: these tests wait out
+    queues (a second each) between a step's claim and its genuine request, and the shared
+    five seconds could pass on a loaded machine; no deadline is under test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
+@pytest.fixture
 def sender(servicebus) -> Iterator[ServiceBusClient]:
     with ServiceBusClient.from_connection_string(servicebus.connection_string) as client:
         yield client
