@@ -28,7 +28,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -286,7 +286,7 @@ class CircuitReporter:
     write, or None for nowhere (an in-memory runtime).
     """
 
-    def __init__(self, table: Callable[[], Awaitable[CircuitTable | None]], instance: str) -> None:
+    def __init__(self, table: Callable[[], CircuitTable | None], instance: str) -> None:
         self._table = table
         self._instance = instance
         self._lock = threading.Lock()  # breakers are thread-safe: any thread may submit
@@ -363,7 +363,7 @@ class CircuitReporter:
 
     async def _write(self, transition: Transition) -> None:
         try:
-            table = await self._table()
+            table = self._table()
             if table is None:
                 return
             await table.record(row_of(transition, self._instance, utc_now()))
@@ -392,7 +392,7 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
     )
 
 
-async def _runtime_circuits() -> CircuitTable | None:
+def _runtime_circuits() -> CircuitTable | None:
     """The installed Runtime's circuit rows (its store's client), or None: in memory, or with
     no Runtime installed (a transition outside any handler, a test driving a breaker, must not
     build one from the environment as a side effect)."""

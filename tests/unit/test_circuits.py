@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -258,13 +258,9 @@ class FakeTable:
         self.rows.append(value)
 
 
-def where(table: FakeTable | None) -> Callable[[], Awaitable[FakeTable | None]]:
+def where(table: FakeTable | None) -> Callable[[], FakeTable | None]:
     """The reporter's ``table()``: where to write."""
-
-    async def table_() -> FakeTable | None:
-        return table
-
-    return table_
+    return lambda: table
 
 
 def reporter_on(table: FakeTable | None) -> CircuitReporter:
