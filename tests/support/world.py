@@ -766,9 +766,14 @@ class World:
             if order.state is ProcessState.ERROR:
                 known = {s.forward_key(order_id) for s in order.steps if s.state.may_have_effect}
                 left = {k for k in self.forward_keys(order_id) if self.services.in_place(k)}
-                # Left in place only if its service refused the undo, or the budget ran out.
+                # Left in place only if its service refused the undo, or the budget ran out;
+                # a refused undo ends compensation at once (the operator decides what next), so
+                # the steps before the refused one, which it had not reached, stay too.
                 if not await self.budget_spent(order_id):
-                    unrefused = left - self.services.refused_undos
+                    index = {s.forward_key(order_id): s.index for s in order.steps if s.generation}
+                    refused = set(index) & self.services.refused_undos  # in place or undone since
+                    reached = max((index[k] for k in refused if k in index), default=-1)
+                    unrefused = {k for k in left - refused if index.get(k, len(index)) > reached}
                     assert not unrefused, (
                         f"{order_id} ended in Error with effects in place whose undo no service "
                         f"refused, within its compensation budget: {unrefused}; "

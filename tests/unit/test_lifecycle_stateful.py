@@ -222,3 +222,25 @@ async def test_an_undo_that_lands_after_the_order_ended_settles_it():
         "reserve_inventory: Compensated (after the end; nothing is open now)",
     )
     await world.check_final()
+
+
+async def test_a_refused_undo_leaves_the_earlier_steps_for_the_operator():
+    """Found by the exploration: cancelled while the charge was in flight, the charge then
+    landing, and its refund refused. Compensation ends there (the operator decides what next):
+    the reservation, which it had not reached, stays in place with the charge."""
+    world = World()
+    oid = order_id(0)
+    await world.submit(oid, reply_to=None)
+    await world.deliver(world.deliverable("agent")[0], "ok")  # reserve_inventory took effect
+    await world.deliver(world.deliverable("responses")[0])
+    await world.cancel(oid)
+    await world.deliver(world.deliverable("agent")[0], "ok")  # the charge lands after all
+    await world.deliver(world.deliverable("agent")[0], "refuse_undo")  # its refund is refused
+    await world.drain()
+    ended = await world.store.load(oid)
+    assert ended.state is ProcessState.ERROR
+    assert "undo of charge_payment refused" in (ended.last_error or "")
+    assert "steps left to undo: charge_payment (refund at payment), reserve_inventory" in (
+        ended.last_error or ""
+    )
+    await world.check_final()
