@@ -360,7 +360,7 @@ def page(chromium, stack) -> Iterator[Any]:
             else None
         ),
     )
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(30_000)
     page.problems = problems  # type: ignore[attr-defined]
     try:
         yield page

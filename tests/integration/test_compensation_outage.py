@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(400),
 ]
 
 FROZEN_DEADLINES = 3
