@@ -403,7 +403,9 @@ async def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -
         async with client.get_queue_sender(queue_name) as sender:
             await sender.send_messages(message)
         async with client.get_queue_receiver(queue_name, max_wait_time=5) as receiver:
-            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
+            while received := await receiver.receive_messages(
+                max_message_count=1, max_wait_time=30
+            ):
                 if received[0].message_id == message.message_id:
                     await receiver.dead_letter_message(
                         received[0], reason="MaxDeliveryCountExceeded"

@@ -262,7 +262,9 @@ async def test_dead_letters_listed_replay_refused_then_purged(orderctl, rt, serv
         async with client.get_queue_sender(orders_queue) as sender:
             await sender.send_messages(message)
         async with client.get_queue_receiver(orders_queue, max_wait_time=5) as receiver:
-            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
+            while received := await receiver.receive_messages(
+                max_message_count=1, max_wait_time=30
+            ):
                 if received[0].message_id == message.message_id:
                     await receiver.dead_letter_message(
                         received[0], reason="MaxDeliveryCountExceeded"
