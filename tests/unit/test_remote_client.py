@@ -489,7 +489,7 @@ async def test_a_cancelled_call_gives_its_half_open_trial_back() -> None:
     h.clock.advance(5.0)  # half-open: the next call is the trial
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(h.call)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             await entered.wait()
         tasks.cancel_scope.cancel()
     assert h.breaker.state is BreakerState.HALF_OPEN
@@ -514,7 +514,7 @@ async def test_calls_through_one_breaker_are_not_serialised() -> None:
     async def slow() -> None:
         results.append(await h.call(key="slow", order_id="slow"))
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(slow)
             await entered.wait()
