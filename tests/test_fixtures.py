@@ -67,7 +67,7 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path):
     )
     log = tmp_path / "stubborn.log"
     proc = processes.spawn([sys.executable, "-c", stubborn], log_path=log)
-    assert processes.wait_until(lambda: "ready" in log.read_text(), timeout=10, proc=proc)
+    assert processes.wait_until(lambda: "ready" in log.read_text(), timeout=60, proc=proc)
     assert processes.stop(proc, grace=0.5) == -9  # SIGKILL after the grace period
     assert proc.poll() == -9
 
