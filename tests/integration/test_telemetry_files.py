@@ -300,7 +300,10 @@ def recovery_problems(view: Any, order_id: str, first: str) -> list[str]:
         return ["no trace"]
     if len(view.traces) != 1:
         return [f"{len(view.traces)} traces: {[t.why for t in view.traces]}"]
-    (root,) = view.traces[0].spans
+    roots = view.traces[0].spans  # a span whose parent is not written yet is a root of its own
+    if len(roots) != 1:
+        return [f"{len(roots)} roots: {[r.name for r in roots]}"]
+    (root,) = roots
     if (root.name, root.role) != ("submit", "orderctl"):
         return [f"the root is {root.name} of {root.role}"]
     intakes = [s for s in find(root, "scheduler_intake") if s.kind == "INTERNAL"]
