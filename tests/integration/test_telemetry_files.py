@@ -140,9 +140,12 @@ async def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
             return False
         view = validate("trace", json.loads(result.stdout))
         found = names([span for t in view.traces for span in t.spans])
-        return found.count("scheduler_replies") >= 2 * 3 and all(n in found for n in expected)
+        # Both spans of every hop (the invocation ends after the app's span: a flush may
+        # write one before the other).
+        hops = all(found.count(n) >= 2 for n in expected) and found.count("scheduler_replies") >= 6
+        return hops and "submit" in found
 
-    await wait_until(whole, 30, "every hop's spans in the files")  # written every 2 s
+    await wait_until(whole, 60, "every hop's spans in the files")  # written every 2 s
 
     result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
     view = validate("trace", json.loads(result.stdout))
