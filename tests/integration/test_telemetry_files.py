@@ -205,7 +205,7 @@ async def test_the_host_writes_the_order_metrics(stack) -> None:
     def recorded(name: str) -> float:
         return sum(r.get("value", r.get("count", 0)) for r in lines() if r["name"] == name)
 
-    await wait_until(lambda: recorded("orders.finished") >= 1, 20, "the metrics flush (every 5 s)")
+    await wait_until(lambda: recorded("orders.finished") >= 1, 60, "the metrics flush (every 5 s)")
     assert recorded("orders.started") >= 1
     durations = [r for r in lines() if r["name"] == "step.duration"]
     steps = {r["attributes"]["step"] for r in durations}
