@@ -11,6 +11,7 @@ from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
 from devstack.stack import processes
+from tests.support.app import APP_QUEUES, QueueReader
 from tests.support.broker import write_suffixed_config
 
 pytestmark = pytest.mark.integration
@@ -100,3 +101,15 @@ def test_suffixed_config_renames_queues_and_their_forwards(tmp_path):
     assert ns["Queues"][1]["Properties"]["ForwardTo"] == ""
     assert ns["Topics"][0]["Name"] == "events-ab12"
     assert ns["Topics"][0]["Subscriptions"][0]["Properties"]["ForwardTo"] == "alerts-ab12"
+
+
+def test_a_queue_reader_checks_a_queue_it_never_read_within_a_short_wait(servicebus):
+    """A check that nothing came waits half a second or less; the receiver's link is opened
+    apart from it, so its first check does not fail for the link taking longer to open (on a
+    loaded machine it did: OperationTimeoutError)."""
+    reader = QueueReader(servicebus.connection_string)
+    try:
+        for logical in APP_QUEUES.values():
+            assert reader.take(servicebus.queue(logical), "no-such-order", wait=0.05) is None
+    finally:
+        reader.close()
