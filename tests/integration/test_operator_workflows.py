@@ -37,6 +37,15 @@ pytestmark = [
     pytest.mark.servicebus_config("tests/integration/replay_config.json"),
 ]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: orders are moved through their steps between operator
+    calls that wait on the API, and the shared five seconds could pass on a loaded machine. No
+    deadline is under test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 HOUR = 3600
 
 

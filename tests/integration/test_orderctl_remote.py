@@ -43,6 +43,15 @@ from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: orders are moved through their steps between operator
+    commands, and the shared five seconds could pass on a loaded machine. No deadline is under
+    test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 PRINCIPAL = "remote-op"
 BACKENDS = ["local", "remote"]
 OPERATOR_FUNCTIONS = sorted(name for name in dir(api) if name.startswith("operator_"))
