@@ -29,7 +29,7 @@ from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, SUBMITTER, Stack, a
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
 expect.set_options(timeout=30_000)  # a loaded machine: a bound, not a target
-SLOW = 30_000
+SLOW = 60_000
 """For what waits on Service Bus peeks (a second per queue on the development broker) or on a
 summary part's refresh period."""
 
