@@ -227,7 +227,7 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _run_scenario(stack)
         yield stack
     finally:
-        host.stop(timeout=5)
+        host.stop(timeout=30)
         loop.run(rt.close())
         loop.close()
         fakes.stop()
@@ -389,6 +389,6 @@ def api(stack: Stack, path: str) -> Any:
     """GET /api/<path> as JSON (what the page reads, for the tests' own checks)."""
     import httpx
 
-    response = httpx.get(stack.url + path, timeout=10)
+    response = httpx.get(stack.url + path, timeout=60)  # a bound: a loaded machine is slow
     response.raise_for_status()
     return json.loads(response.content)

@@ -260,7 +260,7 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
     closes. No order is involved: the others' counts stay as they are."""
     fault = stack.fakes.base_url + "/_fault"
     failing = {"profile": {"services": {"payment": {"transient_rate": 1.0}}}, "source": "test"}
-    assert httpx.post(fault, json=failing, timeout=5).status_code == 200
+    assert httpx.post(fault, json=failing, timeout=60).status_code == 200
     try:
         client = remote_client(stack.rt, "payment")
         deadline = time.monotonic() + 60
@@ -286,7 +286,7 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
         shoot(page, "overview-circuit-open")
     finally:
         clean = {"profile": {}, "source": "clean"}
-        assert httpx.post(fault, json=clean, timeout=5).status_code == 200
+        assert httpx.post(fault, json=clean, timeout=60).status_code == 200
         reset_breakers()  # the service is back: close it now rather than wait for a trial
         stack.run(circuit.reporter.flush(timeout=30))
     expect(payment).to_have_attribute("data-state", "closed", timeout=SLOW)
@@ -359,5 +359,5 @@ def test_an_orders_trace_panel_shows_its_hops_or_where_to_find_them(
     expect(panel.get_by_text(HOSTILE_MARKUP, exact=True)).to_be_hidden()
     expect(panel.get_by_text("scheduler_replies", exact=True)).to_be_visible()
 
-    bad = httpx.get(stack.url + "dashboard/orders/%20bad%3Cid%3E/trace", timeout=10)
+    bad = httpx.get(stack.url + "dashboard/orders/%20bad%3Cid%3E/trace", timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_order_id"
