@@ -203,11 +203,11 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     forget_failures()
     env = app_settings(namespace, azurite.connection_string, fakes.url, unique_name("b"))
     env["DEVHOST_PRINCIPAL_NAME"] = OPERATOR
-    # A request may wait 30 s for its agent (receivers starting with the host, on a loaded
-    # machine), then has 5 s to run: the hung call of the retried order outruns that, no other
-    # call does.
-    env["STEP_QUEUE_SECONDS"] = "30"
-    env["STEP_TIMEOUT_SECONDS"] = "5"
+    # A request may wait 60 s for its agent (receivers starting with the host), then has 15 s to
+    # run: the hung call of the retried order outruns that, no other call does, even on a loaded
+    # machine (an unplanned retry would change what the tests count).
+    env["STEP_QUEUE_SECONDS"] = "60"
+    env["STEP_TIMEOUT_SECONDS"] = "15"
     loop = LoopThread()
     rt = loop.run(make_runtime(env, "browser"))
     scenario = Scenario()
@@ -298,7 +298,7 @@ def _run_scenario(stack: Stack) -> None:
     _wait(stack, [*scenario.processed, *scenario.errors], 180)
     # The shipping call of one order hangs past its run budget: the agent reports it timed out,
     # the step is released and the Scheduler retries it after a delay, and the retry succeeds.
-    fakes.set_profile({"services": {"shipping": {"hang_rate": 1.0, "hang_seconds": 12}}})
+    fakes.set_profile({"services": {"shipping": {"hang_rate": 1.0, "hang_seconds": 45}}})
     retried = new_order()
     scenario.retried = retried.order_id
     with trace.use_span(trace.NonRecordingSpan(SUBMITTER)):

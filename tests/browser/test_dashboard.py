@@ -112,7 +112,10 @@ def test_order_timeline_shows_attempts_retries_and_undo(page: Page, stack: Stack
     expect(page.get_by_test_id("order-state")).to_have_text("Error")
     expect(page.locator("dl.facts")).to_contain_text("no: settled, only an operator changes it")
     bars = page.get_by_test_id("gantt-bar")
-    # reserve_inventory (do), charge_payment (do, declined), then the undo of the reservation.
+    # reserve_inventory (do), charge_payment (do, declined), then the undo of the reservation:
+    # four entries (a retry the scenario did not plan would show here first, named).
+    events = [t["event"] for t in api(stack, f"orders/{stack.scenario.compensated}")["timeline"]]
+    assert len(events) == 4, events
     expect(bars).to_have_count(3)
     expect(page.locator('[data-testid=gantt-bar][data-kind="undo"]')).to_have_count(1)
     expect(page.locator('[data-testid=gantt-bar][data-outcome="declined"]')).to_have_attribute(
