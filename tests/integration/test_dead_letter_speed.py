@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from operator_api import functions as api
+from operator_api import http as api
 from orderctl.local import LocalOperations
 from service import runtime
 

@@ -6,9 +6,7 @@ signed message still verifies) and purged; health."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
-import sys
 import time
 from datetime import timedelta
 
@@ -20,15 +18,16 @@ from adapters.op_counts import COUNTS
 from adapters.settings import Settings
 from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
-from operator_api import functions as api
+from operator_api import http as api
 from orderctl.local import LocalOperations
 from service import inbound, runtime
 from service.intake import handle_submission
 from service.operations import orders
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
-from tests.integration.test_operator_api import call, declined_order, find_alert
+from tests.integration.test_operator_api import declined_order, find_alert
 from tests.support.app import make_runtime
+from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
@@ -41,10 +40,8 @@ HOUR = 3600
 
 
 @pytest.fixture(scope="module")
-def handlers() -> dict:
-    sys.modules.pop("function_app", None)
-    functions = importlib.import_module("function_app").app.get_functions()
-    return {f.get_function_name(): f.get_user_function() for f in functions}
+def handlers() -> OperationsApp:
+    return load()
 
 
 @pytest.fixture
