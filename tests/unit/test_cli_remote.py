@@ -250,7 +250,7 @@ def test_bad_azd_env_input_is_one_line(tmp_path):
     assert missing.stderr.strip().endswith("nothing.env: No such file or directory")
     nameless = invoke("--azd-env", "-", "health", input='AZURE_ENV_NAME="dev"\n')
     assert nameless.exit_code == 2
-    assert "no function app in stdin: expected AZURE_FUNCTION_APP_NAME" in nameless.stderr
+    assert "no operations app in stdin: expected AZURE_OPERATIONS_APP_NAME" in nameless.stderr
     bad = invoke("--azd-env", "-", "health", "--json", input="ORDERCTL_FUNCTION_KEY s3cr3t\n")
     assert bad.exit_code == 2 and "s3cr3t" not in bad.output
     assert json.loads(bad.stdout)["error"] == 'stdin line 1 is not KEY="value" (azd env get-values)'
