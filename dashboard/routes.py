@@ -32,7 +32,8 @@ from fastapi import APIRouter, Request, Response
 
 from dashboard import assets, traces
 from domain import ids
-from operator_api.http import PRINCIPAL_HEADER, context, json_response
+from operator_api.http import PRINCIPAL_HEADER, json_response
+from service.operations.context import current
 from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 
 router = APIRouter(prefix="/dashboard")
@@ -77,7 +78,7 @@ def summary() -> Summary:
     """The process's overview summary (one per process: its caches serve every browser)."""
     global _summary
     if _summary is None:
-        _summary = Summary(context)
+        _summary = Summary(current)
     return _summary
 
 

@@ -1,12 +1,6 @@
 """The operations app's FastAPI application: the operator API's routes, the dashboard's beside
-them, and the OpenAPI 3.1 document, FastAPI's, made from the routes and the models of
-:mod:`service.operations.models` (GET /api/openapi.json; Swagger UI is the dashboard's, from
-vendored files: FastAPI's own docs pages load from a CDN and are off).
-
-Everything is served under ``/api``, the Functions host's route prefix, through the Python
-worker's ASGI support (operations_app.py). In Azure the host refuses a request without a
-function or host key with 401 before any code here runs; locally, keys are not checked.
-"""
+them, and the OpenAPI 3.1 document, FastAPI's (GET /api/openapi.json; Swagger UI is the
+dashboard's, from vendored files), all under ``/api``, the Functions host's route prefix."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""How the operator API answers and refuses, for its routes (:mod:`operator_api.routes`) and the
-dashboard's: JSON never cached and never sniffed (an answer may quote stored text from outside);
-every refusal ``{"error": {"code", "message"}}`` with its status: 400 (bad input), 401 (no
-signed-in caller), 404 (unknown order, alert or queue), 409 (the action does not apply to the
-order as it is), 413 (body too large), 503 (busy; try again), 500 (a fault of ours: logged, not
-returned). Never FastAPI's 422.
-
-Who acts is the caller App Service Authentication names in ``X-MS-CLIENT-PRINCIPAL-NAME``
-(external requests cannot set it; the local host sets it to ``DEVHOST_PRINCIPAL_NAME``); an
-``operator`` in a body is ignored: a body says whatever its sender wants.
+"""How the operator API answers and refuses: JSON never cached and never sniffed (an answer may
+quote stored text from outside); every refusal ``{"error": {"code", "message"}}`` with its status
+(:mod:`service.operations.errors`), never FastAPI's 422. Who acts is the caller App Service
+Authentication names (the local host: ``DEVHOST_PRINCIPAL_NAME``), never a body's ``operator``.
 """
 
 from __future__ import annotations
@@ -23,22 +17,21 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, APIKeyQuery
 from pydantic import BaseModel
 
-from service import runtime
-from service.operations.context import OperatorContext
-from service.operations.errors import InvalidRequest, OperatorError, TooLarge, Unauthenticated
+from service.operations.context import OperatorContext, current
+from service.operations.errors import (
+    InvalidRequest,
+    OperatorError,
+    ServerFault,
+    TooLarge,
+    Unauthenticated,
+)
 from service.operations.models import ErrorBody
 
 log = logging.getLogger("operator_api.http")
 
 MAX_BODY_BYTES: Final = 16 * 1024
 PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
-
-
-class Internal(OperatorError):
-    status = 500
-
-
-INTERNAL: Final = Internal("internal", "the request failed on our side; it is logged")
+INTERNAL: Final = ServerFault("internal", "the request failed on our side; it is logged")
 ERRORS: Final = {
     400: "Invalid input: the message says what to fix",
     404: "Unknown order, alert or queue (or an order not in the archive)",
@@ -127,23 +120,7 @@ def route(
     return register
 
 
-_ctx: OperatorContext | None = None
-
-
-async def context() -> OperatorContext:
-    """The OperatorContext of the process-wide Runtime (rebuilt if that Runtime is replaced).
-    Its clients belong to the event loop the app runs on; the swap awaits nothing, so requests
-    on the loop never build two; the context it replaces is closed after."""
-    global _ctx
-    rt = runtime.current()
-    if _ctx is None or _ctx.rt is not rt:
-        previous, _ctx = _ctx, OperatorContext(rt)
-        if previous is not None:
-            await previous.close()
-    return _ctx
-
-
-Context = Annotated[OperatorContext, Depends(context)]
+Context = Annotated[OperatorContext, Depends(current)]
 
 
 def operator(request: Request) -> str:

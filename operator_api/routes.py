@@ -46,9 +46,6 @@ def given(body: BaseModel) -> dict[str, object]:
     return body.model_dump(exclude={"operator"}, by_alias=True)
 
 
-# ---------------------------------------------------------------------------------- orders
-
-
 @route("GET", "orders", "listOrders", "orders", "List orders in one state, filtered, sorted, paged",
        (models.OrderPage, "One page"), (400,))  # fmt: skip
 async def operator_list_orders(query: Annotated[q.ListOrders, Query()], ctx: Context) -> Response:
@@ -143,9 +140,6 @@ async def operator_cancel_order(
     return action(await orders.cancel(ctx, order_id, operator=operator(req), **given(body)))
 
 
-# ---------------------------------------------------------------------------------- alerts
-
-
 @route("GET", "alerts", "listAlerts", "alerts",
        "Alerts waiting in the alerts queue (peek: nothing is removed)",
        (models.AlertPage, "One page"), (400,))  # fmt: skip
@@ -171,9 +165,6 @@ async def operator_ack_alert(
 ) -> Response:
     ack = alerts.acknowledge_alert
     return answer(await ack(ctx, sequence_number, operator=operator(req), **given(body)))
-
-
-# ---------------------------------------------------------------------------- dead letters
 
 
 @route("GET", "dead-letters", "deadLetterSummary", "dead letters",
@@ -238,9 +229,6 @@ async def operator_dead_letter_log(
     return answer(await dead_letter_log.dead_letter_log(ctx, **dict(query)))
 
 
-# ---------------------------------------------------------------------- supervisor, retention
-
-
 @route("GET", "supervisor", "showSupervisor", "supervisor",
        "The Supervisor's lag, sweeps, leases and recovery bound",
        (models.SupervisorView, "The Supervisor's state"))  # fmt: skip
@@ -281,9 +269,6 @@ async def operator_archived_order(
     """Searches the archive's day blobs, newest first (or only `day`). An order archived more
     than once (a purge retried after a crash) is shown once: its latest copy."""
     return answer(await purge.archived_order(ctx, order_id, **dict(query)))
-
-
-# ----------------------------------------------------------------------------------- meta
 
 
 @route("GET", "health", "health", "meta", "Whether the app can work",

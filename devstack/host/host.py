@@ -90,6 +90,7 @@ class LocalHost:
         self.concurrency = concurrency_override or self.options.max_concurrent_calls
         modules = [app_module] if isinstance(app_module, str | ModuleType) else app_module
         apps = [load_app(module, app_attribute) for module in modules]
+        self._apps = [app for app, _ in apps]
         self._functions = index_apps(apps, self.settings, only=functions)
         self._connections: dict[str, Connection] = {}
         for function in self._functions:
@@ -246,6 +247,8 @@ class LocalHost:
             runner.wait(max(0.0, grace - time.monotonic()))
         stragglers = [name for runner in self._runners for name in runner.running()]
         self._on_loop(self._clients.close() if self._clients is not None else None, "clients")
+        for app in self._apps:
+            self._on_loop(_asgi_shutdown(app), f"the ASGI app of {app!r}")
         for close in self._at_stop:
             self._on_loop(close(), repr(close))
         self._invoker.close()
@@ -278,3 +281,12 @@ class LocalHost:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+async def _asgi_shutdown(app: object) -> None:
+    """An ASGI app's lifespan shutdown, on the loop it started on, as a server sends it when it
+    stops (``func.AsgiFunctionApp`` starts it with the first request; its own ``__del__`` would
+    otherwise try it later, from whatever thread collects it, on a new loop)."""
+    if getattr(app, "startup_task_done", False):
+        await app.middleware.notify_shutdown()  # type: ignore[attr-defined]
+        app.startup_task_done = False  # type: ignore[attr-defined]

@@ -240,10 +240,10 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 async def _close_operations() -> None:
     """Close, on the functions' loop, what the API and the overview opened there."""
     from dashboard import routes as dashboard
-    from operator_api import http as operator_api
+    from service.operations.context import current
 
     # The operator context of the Runtime this module installed for the host.
-    await (await operator_api.context()).close()
+    await (await current()).close()
     if dashboard._summary is not None:
         await dashboard._summary.close()
         dashboard._summary = None

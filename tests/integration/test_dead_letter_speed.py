@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from operator_api import http as api
 from orderctl.local import LocalOperations
 from service import runtime
+from service.operations.context import current
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
 
 

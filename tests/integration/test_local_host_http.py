@@ -198,3 +198,14 @@ def test_an_asgi_app_is_indexed_as_one_catch_all_http_function(asgi_host):
     missing = httpx.get(f"{asgi_host.http.base_url}nothing/here/at/all", timeout=5)
     assert missing.status_code == 404  # the ASGI app's answer: the host routed it there
     assert asgi_host.stats()["http_app_func"].invocations == 3
+
+
+def test_the_asgi_app_starts_with_its_first_request_and_shuts_down_with_the_host(asgi_host):
+    """Its lifespan, as a server drives it: startup before the first request is served, and
+    shutdown on the same loop when the host stops."""
+    events = sys.modules[ASGI_MODULE].lifespan_events
+    assert events == []
+    assert httpx.get(f"{asgi_host.http.base_url}items/1", timeout=5).status_code == 200
+    assert events == ["startup"]
+    assert asgi_host.stop(timeout=2)
+    assert events == ["startup", "shutdown"]

@@ -22,6 +22,7 @@ from operator_api import http as api
 from operator_api.http import router
 from service import runtime
 from service.intake import handle_submission
+from service.operations.context import current
 from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import (
     new_order,
@@ -43,7 +44,7 @@ def handlers() -> OperationsApp:
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
 
 

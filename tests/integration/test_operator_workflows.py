@@ -18,11 +18,11 @@ from adapters.op_counts import COUNTS
 from adapters.settings import Settings
 from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
-from operator_api import http as api
 from orderctl.local import LocalOperations
 from service import inbound, runtime
 from service.intake import handle_submission
 from service.operations import orders
+from service.operations.context import current
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
 from tests.integration.test_operator_api import declined_order, find_alert
@@ -48,7 +48,7 @@ def handlers() -> OperationsApp:
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
 
 
@@ -293,7 +293,7 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     assert all([(await rt.store.load(o)).state is ProcessState.ERROR for o in errored])
 
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
-    await orders.resubmit(await api.context(), errored[0], operator="bob", reason="by hand")
+    await orders.resubmit(await current(), errored[0], operator="bob", reason="by hand")
     status, done = await call(
         handlers, "operator_bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
@@ -331,7 +331,7 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
-    await orders.resubmit(await api.context(), order_id, operator="ann", reason="restocked")
+    await orders.resubmit(await current(), order_id, operator="ann", reason="restocked")
     _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
@@ -347,7 +347,7 @@ async def test_an_alert_whose_order_failed_again_is_superseded(installed, handle
     rt = installed
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
-    await orders.resubmit(await api.context(), order_id, operator="ann", reason="try again")
+    await orders.resubmit(await current(), order_id, operator="ann", reason="try again")
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
     alerts = [

@@ -33,12 +33,12 @@ from devstack.host import LocalHost
 from devstack.stack.local_stack import STATE_FILE, base_settings
 from domain.messages import encode
 from domain.states import ProcessState
-from operator_api import http as api
 from orderctl import cli
 from orderctl.local import LocalOperations
 from orderctl.options import OPERATOR
 from orderctl.output import validate
 from service.intake import handle_submission
+from service.operations.context import current
 from tests.support.app import install_for_host
 from tests.support.pattern import new_order, queue, run_agent_step
 
@@ -61,7 +61,7 @@ def start_host(settings: dict[str, str], rt) -> LocalHost:  # type: ignore[no-un
 
 
 async def close_operations() -> None:
-    await (await api.context()).close()
+    await (await current()).close()
 
 
 @pytest.fixture(autouse=True)

@@ -26,9 +26,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from devstack.host import LocalHost
-from operator_api.http import context
 from orderctl import cli
 from orderctl.local import USE_CASES
+from service.operations.context import current
 from tests.unit.cli_views import Ops, use_ops
 from tests.unit.test_cli_hostile_text import CONTROL, MARKUP
 from tests.unit.test_cli_json import OPERATOR_COMMANDS
@@ -67,7 +67,7 @@ def serve(patch: pytest.MonkeyPatch, ops: Ops, app: FastAPI) -> None:
     async def answer(name: str, ctx: None, *args: Any, **options: Any) -> Any:
         return await getattr(ops, name)(*args, **options)
 
-    patch.setitem(app.dependency_overrides, context, no_context)
+    patch.setitem(app.dependency_overrides, current, no_context)
     for use_case in USE_CASES:
         module = sys.modules[use_case.__module__]
         patch.setattr(module, use_case.__name__, functools.partial(answer, use_case.__name__))

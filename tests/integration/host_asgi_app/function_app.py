@@ -1,4 +1,5 @@
 import threading
+from contextlib import asynccontextmanager
 
 import azure.functions as func
 from fastapi import FastAPI, Request
@@ -6,7 +7,14 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 api = FastAPI()
-started: list[str] = []
+lifespan_events: list[str] = []
+
+
+@asynccontextmanager
+async def lifespan(_app):
+    lifespan_events.append("startup")
+    yield
+    lifespan_events.append("shutdown")
 
 
 @api.get("/items/{item_id}")
@@ -26,5 +34,6 @@ async def add_note(item_id: str, request: Request) -> dict:
 
 
 app = func.AsgiFunctionApp(
-    app=Starlette(routes=[Mount("/api", app=api)]), http_auth_level=func.AuthLevel.FUNCTION
+    app=Starlette(routes=[Mount("/api", app=api)], lifespan=lifespan),
+    http_auth_level=func.AuthLevel.FUNCTION,
 )
