@@ -414,9 +414,10 @@ def _refuse_answer(
         answered += f" ({'transient ' if r.transient else ''}{r.error_code})"
     detail = (
         f"order {order.order_id} never sent the request this answer is for: {r.operation} "
-        f"{r.step} attempt {r.attempt}, key {r.idempotency_key}, answered {answered}. Nothing "
-        "was changed. A signed answer to a request never sent is a bug upstream or a leaked "
-        f"signing key: find who sent message {message_id_for(r)} to the response queue."
+        f"{r.step} attempt {r.attempt}, key {r.idempotency_key}, answered {answered}. The order "
+        "was not changed; what the service did under that key stands. A signed answer to a "
+        "request never sent is a bug upstream or a leaked signing key: find who sent message "
+        f"{message_id_for(r)} to the response queue."
     )
     alert = _alert(ctx, order.order_id, "critical", UNREQUESTED_REASON, detail, caused_by=caused_by)
     return Decision(None, (Outgoing("alerts", alert),), note=f"{detail} ({why})")

@@ -45,6 +45,7 @@ from domain.messages import (
     OrderSubmitted,
     StatusUpdate,
     encode,
+    message_id_for,
 )
 from domain.order import (
     COMPENSATION_DELAYED,
@@ -283,6 +284,7 @@ class World:
         """Requests a frozen agents' host holds: taken up, late, when it wakes."""
         self.submissions: dict[str, OrderSubmitted] = {}
         self._seen = 0
+        self._dropped_seen = 0
         self.crashes = 0
         self.consumed: list[AgentResponse] = []
         """Replies the Scheduler handled to the end (no crash)."""
@@ -657,6 +659,7 @@ class World:
         for reply in self.consumed:
             await self._check_applied(reply)
         self._check_lies_alerted()
+        self._check_only_copies_dropped()
 
     async def _check_not_early(self, was: Order) -> None:
         """A Supervisor that recovered ``was`` for being late did so no earlier, in real time,
@@ -737,6 +740,16 @@ class World:
             f"never asked for: {[a.detail for a in alerts]}"
         )
 
+    def _check_only_copies_dropped(self) -> None:
+        """Every message the bus dropped as a duplicate is a copy of the one it kept under that
+        MessageId: the same message but for what copies may differ in (domain.messages, "Message
+        ids"): a request's snapshot, an answer to the same request, an alert's time and author."""
+        for kept, dropped in self.bus.dropped[self._dropped_seen :]:
+            assert _one_message(kept, dropped), (
+                f"{message_id_for(kept)} names two messages: kept {kept!r}, dropped {dropped!r}"
+            )
+        self._dropped_seen = len(self.bus.dropped)
+
     async def _check_applied(self, reply: AgentResponse) -> None:
         """A definitive answer, once handled, is never thrown away: its step shows it."""
         allowed = ANSWER_STATES.get((reply.operation, reply.outcome, reply.transient))
@@ -809,6 +822,19 @@ class World:
             f"{order.order_id}: {[(u.sequence, u.event, u.state) for u in finished]} say it "
             f"finished; it did {finishes} times"
         )
+
+
+def _one_message(kept: MessageBase, dropped: MessageBase) -> bool:
+    if isinstance(kept, AgentResponse):
+        return isinstance(dropped, AgentResponse) and (
+            (kept.idempotency_key, kept.attempt) == (dropped.idempotency_key, dropped.attempt)
+        )
+    ignored = {"resume"} if isinstance(kept, AgentRequest) else set()
+    if isinstance(kept, OperatorAlert):
+        ignored = {"raised_at", "source"}
+    return type(kept) is type(dropped) and kept.model_dump(exclude=ignored) == dropped.model_dump(
+        exclude=ignored
+    )
 
 
 def _next_generation(order: Order, step: StepRecord) -> int:

@@ -609,9 +609,10 @@ def test_an_undo_answer_for_a_processed_order_that_undid_nothing_changes_nothing
     assert refusal(decision).endswith("(charge_payment was sent: do at attempt 2 (generation 1))")
     assert decision.send[0].message.detail == (  # type: ignore[attr-defined]
         "order o-1 never sent the request this answer is for: undo charge_payment attempt 3, "
-        "key o-1:charge_payment:undo:1, answered succeeded. Nothing was changed. A signed answer "
-        "to a request never sent is a bug upstream or a leaked signing key: find who sent "
-        "message rsp:o-1:charge_payment:undo:3 to the response queue."
+        "key o-1:charge_payment:undo:1, answered succeeded. The order was not changed; what the "
+        "service did under that key stands. A signed answer to a request never sent is a bug "
+        "upstream or a leaked signing key: find who sent message "
+        "rsp:o-1:charge_payment:undo:1:3 to the response queue."
     )
 
 
