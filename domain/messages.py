@@ -57,12 +57,14 @@ OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event
                     repeats within the duplicate-detection window are one alert.
 ==================  ===========================================================================
 
-No id depends on ``resume`` (the order's snapshot a request and its reply carry,
-:mod:`service.resume`): a request resent with a later snapshot is the same message, and
-duplicate detection drops it like any resend. The longest request or answer id (a 64-character
-order id, a 40-character step, ``undo``, generation 9999, attempt 1,000,000) is 127 characters;
-any id longer than Service Bus's 128 (an alert naming a long MessageId) is replaced by
-``<prefix>:<sha256 of the long id, 40 hex>``, still deterministic.
+Every rule names an order by its id, which stays taken until the order is purged, a day after
+it finished at the soonest (``RETENTION_DAYS``): far outside Service Bus's ten-minute
+duplicate-detection window. No id depends on ``resume`` (the order's snapshot a request and
+its reply carry, :mod:`service.resume`): a request resent with a later snapshot is the same
+message, and duplicate detection drops it like any resend. The longest request or answer id (a
+64-character order id, a 40-character step, ``undo``, generation 9999, attempt 1,000,000) is
+127 characters; any id longer than Service Bus's 128 (an alert naming a long MessageId) is
+replaced by ``<prefix>:<sha256 of the long id, 40 hex>``, still deterministic.
 
 Changing a rule is safe during a rolling deploy (the ``req:`` and ``rsp:`` ids gained the
 generation in issue 39): no receiver parses a MessageId or checks it against the body (the
