@@ -93,12 +93,48 @@ _RUN_BUDGET = Seconds(
     why="the agent holds its message's lock while the call runs, and host.json renews a lock "
     "for 5 minutes at most. Give a long backlog room with STEP_QUEUE_SECONDS instead.",
 )
+_CALL = Seconds(
+    most=MAX_RUN_BUDGET,
+    why="a call never outlives its step's run budget (STEP_TIMEOUT_SECONDS, at most 270): the "
+    "remote client cuts each call to the time left before it",
+)
 _WAIT_WHY = (
     "a queue keeps a message 14 days (1209600 s), and what the app waits on (a request, a "
     "retry, an undo's next try) is a message; a longer wait could not be honoured"
 )
 _WAIT = Seconds(most=MAX_WAIT, why=_WAIT_WHY)
 _WAIT_OR_ZERO = Seconds(most=MAX_WAIT, why=_WAIT_WHY, zero=True)
+_SKEW = Seconds(
+    most=MAX_CLOCK_SKEW,
+    zero=True,
+    why="clocks that far apart need fixing (NTP), not tolerating; every recovery waits this "
+    "long past its deadline",
+)
+_THRESHOLD = WholeNumber(
+    1,
+    MAX_FAILURE_THRESHOLD,
+    why="each failure waits up to RETRY_MAX_DELAY_SECONDS before the next attempt, so an order "
+    "would retry for days, and the services must keep their keys for (steps x threshold + 1) "
+    "retry cycles (docs/remote-service-contract.md)",
+)
+_CONCURRENCY = WholeNumber(
+    1,
+    MAX_SUPERVISOR_CONCURRENCY,
+    why="a tick sweeps the 16 buckets of the active-orders index; more would wait for nothing",
+)
+_CONNECTIONS = WholeNumber(
+    1,
+    MAX_REMOTE_CONNECTIONS,
+    why="each is a socket, and three services at 256 stay within the 1,024 open files a Linux "
+    "process gets by default, with room for Service Bus and Tables",
+)
+_RETENTION = WholeNumber(
+    0,
+    MAX_RETENTION_DAYS,
+    unit=" of days",
+    zero="never purge",
+    why="ten years is the longest a finished order is kept; 0 keeps it for good",
+)
 
 
 @dataclass(frozen=True)
@@ -317,87 +353,26 @@ class _AppSettingsBase(BaseSettings):
     StateStorage__blobServiceUri: Annotated[str | None, reader(plain)] = None
     StateStorage__clientId: Annotated[str | None, reader(plain)] = None
     StateStorage: Annotated[Connection | None, Field(validate_default=True)] = None
-    REMOTE_TIMEOUT_SECONDS: Annotated[
-        timedelta,
-        reader(
-            Seconds(
-                most=MAX_RUN_BUDGET,
-                why="a call never outlives its step's run budget (STEP_TIMEOUT_SECONDS, at "
-                "most 270): the remote client cuts each call to the time left before it",
-            )
-        ),
-    ] = DEFAULT_REMOTE_TIMEOUT
-    REMOTE_MAX_CONNECTIONS: Annotated[
-        int,
-        reader(
-            WholeNumber(
-                1,
-                MAX_REMOTE_CONNECTIONS,
-                why="each is a socket, and three services at 256 stay within the 1,024 open "
-                "files a Linux process gets by default, with room for Service Bus and Tables",
-            )
-        ),
-    ] = DEFAULT_REMOTE_MAX_CONNECTIONS
+    REMOTE_TIMEOUT_SECONDS: Annotated[timedelta, reader(_CALL)] = DEFAULT_REMOTE_TIMEOUT
+    REMOTE_MAX_CONNECTIONS: Annotated[int, reader(_CONNECTIONS)] = DEFAULT_REMOTE_MAX_CONNECTIONS
     ORDERS_TABLE: Annotated[str, reader(table_name)] = "orders"
     ACTIVE_ORDERS_TABLE: Annotated[str, reader(table_name)] = "activeorders"
     SUPERVISION_TABLE: Annotated[str, reader(table_name)] = "supervision"
     SUPERVISOR_SCHEDULE: Annotated[str, reader(fixed_interval)] = DEFAULT_SUPERVISOR_SCHEDULE
-    SUPERVISOR_CONCURRENCY: Annotated[
-        int,
-        reader(
-            WholeNumber(
-                1,
-                MAX_SUPERVISOR_CONCURRENCY,
-                why="a tick sweeps the 16 buckets of the active-orders index; more would wait "
-                "for nothing",
-            )
-        ),
-    ] = 4
+    SUPERVISOR_CONCURRENCY: Annotated[int, reader(_CONCURRENCY)] = 4
     PENDING_STALE_AFTER_SECONDS: Annotated[timedelta, reader(_WAIT)] = timedelta(minutes=2)
     STEP_TIMEOUT_SECONDS: Annotated[timedelta | None, reader(_RUN_BUDGET)] = None
     STEP_QUEUE_SECONDS: Annotated[timedelta | None, reader(_WAIT_OR_ZERO)] = None
-    FAILURE_THRESHOLD: Annotated[
-        int | None,
-        reader(
-            WholeNumber(
-                1,
-                MAX_FAILURE_THRESHOLD,
-                why="each failure waits up to RETRY_MAX_DELAY_SECONDS before the next attempt, "
-                "so an order would retry for days, and the services must keep their keys for "
-                "(steps x threshold + 1) retry cycles (docs/remote-service-contract.md)",
-            )
-        ),
-    ] = None
+    FAILURE_THRESHOLD: Annotated[int | None, reader(_THRESHOLD)] = None
     RETRY_BASE_DELAY_SECONDS: Annotated[timedelta | None, reader(_WAIT)] = None
     RETRY_MAX_DELAY_SECONDS: Annotated[timedelta | None, reader(_WAIT)] = None
     COMPENSATION_BUDGET_SECONDS: Annotated[timedelta, reader(_WAIT)] = DEFAULT_COMPENSATION_BUDGET
     COMPENSATION_WARN_AFTER_SECONDS: Annotated[
         timedelta, reader(_WAIT), Field(validate_default=True)
     ] = DEFAULT_COMPENSATION_WARN_AFTER
-    CLOCK_SKEW_TOLERANCE_SECONDS: Annotated[
-        timedelta,
-        reader(
-            Seconds(
-                most=MAX_CLOCK_SKEW,
-                zero=True,
-                why="clocks that far apart need fixing (NTP), not tolerating; every recovery "
-                "waits this long past its deadline",
-            )
-        ),
-    ] = DEFAULT_SKEW
+    CLOCK_SKEW_TOLERANCE_SECONDS: Annotated[timedelta, reader(_SKEW)] = DEFAULT_SKEW
     WORKFLOW_VERSIONS: Annotated[dict[str, int], reader(workflow_versions)] = {}
-    RETENTION_DAYS: Annotated[
-        int,
-        reader(
-            WholeNumber(
-                0,
-                MAX_RETENTION_DAYS,
-                unit=" of days",
-                zero="never purge",
-                why="ten years is the longest a finished order is kept; 0 keeps it for good",
-            )
-        ),
-    ] = DEFAULT_RETENTION_DAYS
+    RETENTION_DAYS: Annotated[int, reader(_RETENTION)] = DEFAULT_RETENTION_DAYS
     PURGE_SCHEDULE: Annotated[str, reader(ncrontab)] = DEFAULT_PURGE_SCHEDULE
     ARCHIVE_CONTAINER: Annotated[str, reader(container_name)] = DEFAULT_ARCHIVE_CONTAINER
 
@@ -534,12 +509,12 @@ class _Given(PydanticBaseSettingsSource):
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self.values.get(field_name), field_name, False
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> dict[str, str]:
         found = {}
         for name, field_info in self.settings_cls.model_fields.items():
             value, key, _ = self.get_field_value(field_info, name)
             if value is not None:
-                found[key] = value
+                found[key] = str(value)  # text, as the host gives it, read by each field's kind
         return found
 
 
