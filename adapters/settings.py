@@ -340,10 +340,13 @@ class _AppSettingsBase(BaseSettings):
     Fields are validated in order, so those that depend on others (a connection on its
     endpoint settings, the keys on the Service Bus connection, the warning on the budget) come
     after them and find them in ``info.data`` when they are valid. The queue and service URL
-    settings, one per agent, are added by :data:`AppSettings`.
+    settings, one per agent, are added by :data:`AppSettings`. Its schema is built when it is
+    first used (``defer_build``: this base is never built), at the check on load.
     """
 
-    model_config = SettingsConfigDict(extra="ignore", frozen=True, validate_default=False)
+    model_config = SettingsConfigDict(
+        extra="ignore", frozen=True, validate_default=False, defer_build=True
+    )
 
     ServiceBusConnection__fullyQualifiedNamespace: Annotated[str | None, reader(plain)] = None
     ServiceBusConnection__clientId: Annotated[str | None, reader(plain)] = None
