@@ -74,7 +74,7 @@ class Seconds:
         least = "0" if self.zero else "0.001"
         most = seconds_text(self.most)
         try:
-            value = Decimal(text)
+            value = Decimal(text) if text.isascii() else Decimal("NaN")
         except InvalidOperation:
             value = Decimal("NaN")
         if not value.is_finite():
@@ -125,7 +125,8 @@ class WholeNumber:
         expected = f"{setting} must be a whole number{self.unit} from {least} to {self.most}"
         if not re.fullmatch(r"[0-9]{1,18}", text, re.ASCII):
             too_long = re.fullmatch(r"[0-9]+", text, re.ASCII) is not None
-            raise SettingsError(f"{expected}, got {text[:40]!r}" + (f": {self.why}" * too_long))
+            why = f": {self.why}" if too_long else ""
+            raise SettingsError(f"{expected}, got {text[:40]!r}{why}")
         number = int(text)
         if number < self.least:
             raise SettingsError(f"{expected}, got {text!r}")
