@@ -1681,7 +1681,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
     supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
     the Application Insights component, every 5 minutes, to the email action group; and both
     metrics are what a Supervisor tick records."""
-    from adapters.settings import SettingsError, schedule_period
+    from adapters.setting_values import SettingsError, schedule_period
 
     infra = Infra.load(layout)
     problems = []
