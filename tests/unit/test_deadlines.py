@@ -7,6 +7,7 @@ tests/unit/test_tables_outcomes.py; against Azurite: tests/integration/test_tabl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -138,8 +139,26 @@ async def test_a_tick_is_bounded_by_its_claim_or_by_a_longer_budget_given(monkey
     await run_tick(rt, budget_s=100.0)
     assert all(left is not None for left in seen.left)
     first, nothing, longer = seen.left
+    assert deadlines.TICK_FLOOR.total_seconds() < claim, "the default schedule's claim"
     assert 0 < first <= claim and 0 < nothing <= claim  # type: ignore[operator]
     assert claim < longer <= 100 + slack  # type: ignore[operator]
+
+
+async def test_a_tick_on_a_schedule_of_seconds_is_bounded_by_the_floor(monkeypatch) -> None:
+    config = dataclasses.replace(settings(), supervisor_schedule="*/1 * * * * *")
+    store = MemoryStore()
+    seen = Recorded()
+    real_read = store.supervision.read
+
+    async def read() -> Any:
+        await seen()
+        return await real_read()
+
+    monkeypatch.setattr(store.supervision, "read", read)
+    await run_tick(Runtime(config, store, MemoryBus(), config.workflows()))  # type: ignore[arg-type]
+    [left] = seen.left
+    floor = deadlines.TICK_FLOOR.total_seconds()
+    assert config.supervisor_claim.total_seconds() < left <= floor  # type: ignore[operator]
 
 
 class Candidates:
