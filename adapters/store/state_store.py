@@ -32,7 +32,9 @@ process rows of finished orders last changed before a cutoff (one pass over the 
 no index, so nothing is added to the hot path), :meth:`~OrderStateStore.snapshot` reads one
 order's rows in one partition query, and :meth:`~OrderStateStore.purge` deletes them in Table
 transactions, the first conditional on the process row's ETag
-(:func:`domain.retention.delete_plan`).
+(:func:`domain.retention.delete_plan`). A first transaction whose answer was lost is settled
+by reading the process row: gone, the order is (a marker left is finished by the next run);
+unchanged, it did not land and the error is raised; changed, it is left alone.
 
 Every id is validated (:mod:`domain.ids`) before any request; every filter is parameterized.
 """
@@ -448,11 +450,16 @@ class OrderStateStore:
             first.append(("create", marker))
         try:
             await self._orders.submit_transaction(first)
-        except TableTransactionError as exc:
-            if exc.status_code not in (404, 409, 412):
+        except AzureError as exc:
+            refused = isinstance(exc, TableTransactionError) and exc.status_code in (404, 409, 412)
+            if not refused and not may_have_applied(exc):
                 raise
-            gone = await self.find(order_id) is None
-            return DeleteOutcome.GONE if gone else DeleteOutcome.CHANGED
+            stored = await self.find(order_id)
+            if stored is None:  # deleted: a marker left behind is finished by the next run
+                return DeleteOutcome.GONE
+            if not refused and stored.etag == snapshot.process.etag:
+                raise  # its answer was lost and it did not land: the next run tries again
+            return DeleteOutcome.CHANGED
         if not plan.atomic:
             for rows in plan.middle:
                 await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])

@@ -37,7 +37,7 @@ from adapters.store.rows import (
 )
 from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
-from adapters.tables import TableService
+from adapters.tables import OutcomeUnknown, TableService
 from devstack.memory import MemoryStore
 from domain import lifecycle
 from domain.ids import InvalidId
@@ -1701,6 +1701,20 @@ async def test_an_index_move_applied_then_reset_is_read_back(table_store, faulty
     assert await store.index.postpone(row, later), "moved: the row says so"
     assert proxy.faults == {"reset_after_apply": 1}
     assert [r.due_at for r in (await table_store.list_active()).rows] == [later]
+
+
+async def test_a_purge_applied_then_reset_is_settled_by_reading(table_store, faulty, clock):
+    proxy, store = faulty
+    await to_processed(table_store, clock)
+    snapshot = await table_store.snapshot("o-1")
+    assert snapshot is not None
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(OutcomeUnknown):  # not applied, and the order unchanged: next run
+        await store.purge(snapshot)
+    proxy.arm("reset_after_apply", method="POST", path="$batch")
+    assert await store.purge(snapshot) is DeleteOutcome.GONE, "deleted, as a read shows"
+    assert proxy.faults == {"reset_before_forward": 1, "reset_after_apply": 1}
+    assert await table_store.find("o-1") is None
 
 
 async def test_a_write_whose_answer_was_lost_and_did_not_land_is_decided_again(
