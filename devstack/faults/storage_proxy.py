@@ -14,9 +14,7 @@ verify) and injects, per request, from ONE seeded random sequence at the chosen 
 - ``error`` (a write): forwarded; when Azurite applied it, ``500 InternalError`` instead of its
   answer;
 - ``reset`` (any request): the connection is reset (TCP RST); for a write, one time in two
-  after Azurite applied it, else before it is forwarded;
-- ``trickle`` (any request): forwarded; Azurite's answer is sent at once but for its body,
-  which follows a byte every ``trickle_s`` (a server that never lets a read time out).
+  after Azurite applied it, else before it is forwarded.
 
 A fault drawn for a write that Azurite refused (412, 409, ...) is not injected: its answer
 passes unchanged, so every fault counted as ``*_after_apply`` hid a write that did happen.
@@ -24,7 +22,9 @@ passes unchanged, so every fault counted as ``*_after_apply`` hid a write that d
 A test scripts one exact failure instead (:meth:`StorageProxy.arm`): the next request of a
 method and path gets the fault named, whatever the rates draw — ``reset_after_apply`` (forward,
 then reset the client's connection once Azurite applied the write), ``timeout_after_apply``,
-``error_after_apply``, ``reset_before_forward``, ``throttle`` or ``trickle``.
+``error_after_apply``, ``reset_before_forward``, ``throttle``, or ``trickle``: forwarded, and
+Azurite's answer sent at once but for its body, which follows a byte every ``trickle_s`` (a
+server that never lets a read time out).
 
 The proxy keeps its counts in ``--stats-file`` (rewritten about once a second while they change,
 and at exit) and one JSON line per injected fault in ``--events-file``::
@@ -96,14 +96,13 @@ INTERNAL_ERROR = {
 
 @dataclass(frozen=True)
 class FaultRates:
-    """The fraction of requests (``throttle``, ``reset``, ``trickle``) or of writes
-    (``timeout``, ``error``) drawn for each fault."""
+    """The fraction of requests (``throttle``, ``reset``) or of writes (``timeout``,
+    ``error``) drawn for each fault."""
 
     throttle: float = 0.0
     timeout: float = 0.0
     error: float = 0.0
     reset: float = 0.0
-    trickle: float = 0.0
 
     def __post_init__(self) -> None:
         for name, rate in asdict(self).items():
@@ -136,7 +135,7 @@ class FaultRates:
         point = rng.random()
         for name, rate in asdict(self).items():
             if point < rate:
-                return name if write or name in ("throttle", "reset", "trickle") else None
+                return name if write or name in ("throttle", "reset") else None
             point -= rate
         return None
 
@@ -351,17 +350,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stats-file", type=Path)
     parser.add_argument("--events-file", type=Path, help="one JSON line per injected fault")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--rates", default="", help="throttle=R,timeout=R,error=R,reset=R,trickle=R"
-    )
+    parser.add_argument("--rates", default="", help="throttle=R,timeout=R,error=R,reset=R")
     parser.add_argument(
         "--hold", type=float, default=DEFAULT_HOLD_S, help="seconds a timeout holds the answer"
-    )
-    parser.add_argument(
-        "--trickle-every",
-        type=float,
-        default=DEFAULT_TRICKLE_S,
-        help="seconds between the bytes of a trickled answer",
     )
     return parser.parse_args(argv)
 
@@ -372,7 +363,6 @@ async def serve(args: argparse.Namespace, rates: FaultRates) -> None:
         rates,
         seed=args.seed,
         hold_s=args.hold,
-        trickle_s=args.trickle_every,
         events_path=args.events_file,
     )
     await proxy.start()
