@@ -390,9 +390,10 @@ class Sender:
     async def _within(
         self, left: float, request: HttpRequest, options: dict[str, Any]
     ) -> AsyncHttpResponse:
-        what = f"{request.method} {_path(request)}"
         if left <= 0:
-            raise ServiceRequestTimeoutError(f"{what} not sent: the invocation's deadline passed")
+            raise ServiceRequestTimeoutError(
+                f"{request.method} {_path(request)} not sent: the invocation's deadline passed"
+            )
         bound = asyncio.timeout(left)
         try:
             async with bound:
@@ -400,7 +401,10 @@ class Sender:
         except TimeoutError:
             if not bound.expired():
                 raise
-            cut = f"{what} cut at the invocation's deadline, {left:.3g} s after it started"
+            cut = (
+                f"{request.method} {_path(request)} cut at the invocation's deadline, "
+                f"{left:.3g} s after it started"
+            )
             if options[ATTEMPTS].maybe_applied:
                 raise ServiceResponseTimeoutError(cut) from None
             raise ServiceRequestTimeoutError(f"{cut}, before it was sent") from None
