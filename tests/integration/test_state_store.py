@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,7 +37,7 @@ from adapters.store.rows import (
 )
 from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
-from adapters.tables import TableService
+from adapters.tables import OutcomeUnknown, TableService
 from devstack.memory import MemoryStore
 from domain import lifecycle
 from domain.ids import InvalidId
@@ -45,6 +46,7 @@ from domain.order import Order, StepState, TimelineEntry
 from domain.retention import DeleteOutcome
 from domain.states import ProcessState
 from domain.workflows import WORKFLOWS, resolve
+from tests.support.storage_faults import through_proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -832,9 +834,7 @@ async def test_an_sdk_resend_of_a_committed_save_is_not_a_conflict(table_store, 
     assert [e.event for e in await table_store.get_timeline("o-1")] == ["created", "step_succeeded"]
 
 
-async def test_an_sdk_resend_of_a_committed_create_is_a_duplicate_of_the_same_payload(
-    table_store, clock, monkeypatch
-):
+async def test_an_sdk_resend_of_a_committed_create_is_that_create(table_store, clock, monkeypatch):
     table = table_store._orders
     real_submit = table.submit_transaction
 
@@ -847,9 +847,9 @@ async def test_an_sdk_resend_of_a_committed_create_is_a_duplicate_of_the_same_pa
     order = submitted()
     decided, entry = new_order(clock, order)
     result = await table_store.create(order, decided, entry)
-    assert isinstance(result, AlreadyExists) and result.same_payload
-    assert result.order == await table_store.load("o-1")
-    assert bare(result.order) == decided
+    assert isinstance(result, Order), "its own rows, found by its WriteId: no duplicate"
+    assert result == await table_store.load("o-1")
+    assert bare(result) == decided
     assert [row for row in (await table_store.list_active()).rows if row.order_id == "o-1"]
 
 
@@ -1594,19 +1594,141 @@ async def test_a_write_whose_answer_was_lost_before_it_landed_is_decided_again(
 
 
 async def test_a_refused_or_unsent_write_is_not_taken_for_a_lost_answer(
-    table_store, clock: Clock
+    table_store, clock: Clock, counts
 ) -> None:
+    """A 4xx refused it; a connection that could not be made never carried it: the error is
+    raised as it is, with no read (only a request that may have left is read for)."""
     order = await create(table_store, clock)
     after, entry = decide(order, succeeded(order, clock), clock)
     refused = HttpResponseError(message="400 InvalidInput")
     refused.status_code = 400
     flaky = Flaky(table_store, commit=False, error=refused)
+    counts.reset()
     with pytest.raises(HttpResponseError, match="InvalidInput"):
         await table_store.save(order, after, entry)
-    Flaky(table_store, commit=False, error=ServiceRequestError("connection refused"))
-    with pytest.raises(ServiceRequestError):
+    Flaky(table_store, commit=False, error=await unsent_write())
+    with pytest.raises(ServiceRequestError, match="Cannot connect"):
         await table_store.save(order, after, entry)
     assert flaky.calls == 1
+    assert counts.snapshot() == {}, "no read"
+
+
+async def unsent_write() -> ServiceRequestError:
+    """What the Table client raises for an insert to where nothing listens."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    conn = f"AccountName=a;AccountKey={'a' * 44};TableEndpoint=http://127.0.0.1:{port}/a"
+    async with TableService.from_connection_string(conn) as nowhere:
+        with pytest.raises(ServiceRequestError) as raised:
+            await nowhere.get_table_client("t").create_entity({"PartitionKey": "p", "RowKey": "r"})
+    return raised.value
+
+
+# Through the storage fault proxy, in front of Azurite (tests.support.storage_faults): Azurite
+# applies the write, then the proxy resets the client's connection (TCP RST) before the answer,
+# or holds the answer past the client's read timeout, or answers 500 instead. aiohttp reports
+# the reset as a connection error (azure-core: ServiceRequestError), though the write landed.
+
+LOST_ANSWERS = ["reset_after_apply", "timeout_after_apply", "error_after_apply"]
+
+
+@pytest.fixture
+async def faulty(azurite, tables, clock):
+    """The proxy, and a store over ``table_store``'s tables that reaches Azurite through it."""
+    async with through_proxy(azurite, hold_s=2.0, read_timeout=1) as (proxy, service):
+        yield proxy, OrderStateStore(service, clock=clock, **tables.kwargs())
+
+
+@pytest.mark.parametrize("fault", LOST_ANSWERS)
+async def test_a_save_applied_whose_answer_was_lost_is_ours(table_store, faulty, clock, fault):
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    proxy.arm(fault, method="POST", path="$batch")
+    saved = await store.save(order, after, entry)
+    assert proxy.faults == {fault: 1}, "the write was applied, and its answer lost"
+    stored = await table_store.load(order.order_id)
+    assert saved.etag == stored.etag and saved.write_id == stored.write_id
+    assert [e.event for e in await table_store.get_timeline(order.order_id)] == [
+        "created",
+        "step_succeeded",
+    ]
+
+
+@pytest.mark.parametrize("fault", LOST_ANSWERS)
+async def test_a_create_applied_whose_answer_was_lost_is_ours(table_store, faulty, clock, fault):
+    proxy, store = faulty
+    order = submitted("o-reset")
+    proxy.arm(fault, method="POST", path="$batch")
+    created = await store.create(order, *new_order(clock, order))
+    assert proxy.faults == {fault: 1}
+    assert isinstance(created, Order), "its own create, not a duplicate"
+    assert created == await table_store.load("o-reset")
+
+
+async def test_an_index_insert_applied_then_reset_is_settled_by_reading(
+    table_store, faulty, tables, clock
+):
+    proxy, store = faulty
+    order = submitted("o-index")
+    proxy.arm("reset_after_apply", method="POST", path=tables.active)
+    created = await store.create(order, *new_order(clock, order))
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert isinstance(created, Order)
+    assert ("o-index", 1) in await active_rows(table_store)
+
+
+async def test_an_error_row_insert_applied_then_reset_is_settled_by_reading(
+    table_store, faulty, tables, clock
+):
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, declined(order, clock), clock)
+    proxy.arm("reset_after_apply", method="POST", path=tables.orders)
+    saved = await store.save(order, after, entry)
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert saved.state is ProcessState.ERROR
+    assert await error_rows(table_store) == {("o-1", 1)}
+
+
+async def test_an_index_move_applied_then_reset_is_read_back(table_store, faulty, clock):
+    proxy, store = faulty
+    await create(table_store, clock)
+    [row] = (await table_store.list_active()).rows
+    later = clock() + timedelta(minutes=7)
+    proxy.arm("reset_after_apply", method="PATCH")
+    assert await store.index.postpone(row, later), "moved: the row says so"
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert [r.due_at for r in (await table_store.list_active()).rows] == [later]
+
+
+async def test_a_purge_applied_then_reset_is_settled_by_reading(table_store, faulty, clock):
+    proxy, store = faulty
+    await to_processed(table_store, clock)
+    snapshot = await table_store.snapshot("o-1")
+    assert snapshot is not None
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(OutcomeUnknown):  # not applied, and the order unchanged: next run
+        await store.purge(snapshot)
+    proxy.arm("reset_after_apply", method="POST", path="$batch")
+    assert await store.purge(snapshot) is DeleteOutcome.GONE, "deleted, as a read shows"
+    assert proxy.faults == {"reset_before_forward": 1, "reset_after_apply": 1}
+    assert await table_store.find("o-1") is None
+
+
+async def test_a_write_whose_answer_was_lost_and_did_not_land_is_decided_again(
+    table_store, faulty, clock
+):
+    """The proxy resets the connection before forwarding: nothing was applied, though the
+    client cannot tell; the store reads, finds the order as it was, and says so."""
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(Unconfirmed, match="the write's answer was lost"):
+        await store.save(order, after, entry)
+    assert await table_store.load(order.order_id) == order
 
 
 async def test_a_create_whose_answer_was_lost_is_settled_by_reading(
