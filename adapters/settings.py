@@ -19,11 +19,7 @@ from typing import Any
 
 from domain import ids, signing
 from domain.agents import AGENTS
-from domain.lifecycle import (
-    DEFAULT_COMPENSATION_BUDGET,
-    DEFAULT_COMPENSATION_WARN_AFTER,
-    DEFAULT_SKEW,
-)
+from domain.events import DEFAULT_COMPENSATION_BUDGET, DEFAULT_COMPENSATION_WARN_AFTER, DEFAULT_SKEW
 from domain.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -115,7 +111,7 @@ class Settings:
     """An order compensating longer than this raises one warning (not a terminal alert)."""
     clock_skew: timedelta = DEFAULT_SKEW
     """How far two hosts' clocks may disagree: the Supervisor acts on a time another host
-    stamped only once its own clock is past it by more than this (domain.lifecycle.Context)."""
+    stamped only once its own clock is past it by more than this (domain.events.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS

@@ -35,7 +35,7 @@ from adapters.settings import Connection, Settings
 from adapters.store.rows import AlreadyExists
 from devstack.memory import MemoryBus, MemoryStore, SendFailed
 from domain import ids
-from domain.lifecycle import UNREQUESTED_REASON, Refused
+from domain.lifecycle import UNREQUESTED_REASON
 from domain.messages import (
     EXPIRED,
     AgentRequest,
@@ -46,6 +46,7 @@ from domain.messages import (
     StatusUpdate,
     encode,
 )
+from domain.operator_actions import Refused
 from domain.order import (
     COMPENSATION_DELAYED,
     TERMINAL_ALERT_REASONS,
