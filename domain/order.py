@@ -60,10 +60,11 @@ _S = StepState
 # Which StepState may follow which, by the transitions of StepRecord below, when every remote
 # service keeps its contract (docs/remote-service-contract.md). A self-transition is a request
 # sent again: a do retried (Running), an undo sent (Running or Succeeded: the state waits for
-# its answer). Failed -> Voided: an undo sent while the outcome was unknown, answered "nothing
-# to undo" after the decline came. -> Pending: the step starts afresh in a new generation (an
-# operator's resubmit or restart). tests/unit/test_lifecycle_transitions.py checks that the
-# stateful exploration makes every one of these and no other.
+# its answer). An undo sent while the outcome was unknown may see the decline come first: it
+# is retried (Failed -> Failed) until answered "nothing to undo" (Failed -> Voided). -> Pending:
+# the step starts afresh in a new generation (an operator's resubmit or restart).
+# tests/unit/test_lifecycle_transitions.py checks that the stateful exploration makes every one
+# of these and no other.
 STEP_TRANSITIONS: Final = MappingProxyType(
     {
         _S.PENDING: frozenset({_S.RUNNING}),
@@ -71,7 +72,7 @@ STEP_TRANSITIONS: Final = MappingProxyType(
             {_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.COMPENSATED, _S.VOIDED, _S.PENDING}
         ),
         _S.SUCCEEDED: frozenset({_S.SUCCEEDED, _S.COMPENSATED, _S.PENDING}),
-        _S.FAILED: frozenset({_S.VOIDED, _S.PENDING}),
+        _S.FAILED: frozenset({_S.FAILED, _S.VOIDED, _S.PENDING}),
         _S.COMPENSATED: frozenset({_S.PENDING}),
         _S.VOIDED: frozenset({_S.PENDING}),
     }
