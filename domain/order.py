@@ -405,13 +405,18 @@ class Order:
         record = self.step(self.current_step)
         return self.with_record(record.failed(self.current_operation, self.attempt, whose))
 
+    # An order with no attempt in flight is unlocked: nobody holds it, it has no CompleteBy
+    # (released, processed, in_error).
+
     def released(self, due: datetime, reason: str, failure_count: int) -> Order:
         """No attempt in flight; the current step is tried again at ``due``. Pending forward,
         Compensating back."""
         backward = self.current_operation == "undo"
-        state = ProcessState.COMPENSATING if backward else ProcessState.PENDING
         return replace(
-            self._unlocked(state),
+            self,
+            state=ProcessState.COMPENSATING if backward else ProcessState.PENDING,
+            locked_by=None,
+            complete_by=None,
             failure_count=failure_count,
             next_attempt_at=due,
             last_error=reason,
@@ -426,7 +431,10 @@ class Order:
     def processed(self) -> Order:
         """Its last step succeeded: every step took effect."""
         return replace(
-            self._unlocked(ProcessState.PROCESSED),
+            self,
+            state=ProcessState.PROCESSED,
+            locked_by=None,
+            complete_by=None,
             next_attempt_at=None,
             failure_count=0,
             last_error=None,
@@ -467,7 +475,14 @@ class Order:
 
     def in_error(self, reason: str) -> Order:
         """Ended in Error, for ``reason``."""
-        return replace(self._unlocked(ProcessState.ERROR), next_attempt_at=None, last_error=reason)
+        return replace(
+            self,
+            state=ProcessState.ERROR,
+            locked_by=None,
+            complete_by=None,
+            next_attempt_at=None,
+            last_error=reason,
+        )
 
     def redone(self, start: int) -> Order:
         """An Error order back in flight with the next generation, at its first step not
@@ -498,10 +513,6 @@ class Order:
         ``kept`` steps, which that version shares; the rest are new, not requested."""
         new = tuple(StepRecord(name, index) for index, name in enumerate(steps) if index >= kept)
         return replace(self, workflow=workflow, steps=self.steps[:kept] + new)
-
-    def _unlocked(self, state: ProcessState) -> Order:
-        """In ``state`` with no attempt in flight: nobody holds it, no CompleteBy."""
-        return replace(self, state=state, locked_by=None, complete_by=None)
 
     # ------------------------------------------------------------------------- outbox
 
