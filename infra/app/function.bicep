@@ -84,10 +84,6 @@ var hostSettings = {
   // each call, so the app's spans are its children (host.json telemetryMode OpenTelemetry;
   // docs/deploy.md, Telemetry).
   PYTHON_ENABLE_OPENTELEMETRY: 'true'
-  // The Python worker runs sync functions on this many threads (its default is about cpu + 4):
-  // as many as host.json lets one trigger run at once (maxConcurrentCalls), so no message
-  // waits for a thread while its lock runs.
-  PYTHON_THREADPOOL_THREAD_COUNT: '16'
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

@@ -53,13 +53,13 @@ HOST_SETTINGS: Mapping[str, str] = {
     "AzureWebJobsStorage__clientId": "host storage: which user-assigned identity",
     "APPLICATIONINSIGHTS_CONNECTION_STRING": "host telemetry target",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING": "host telemetry with Entra ID (local auth off)",
-    "PYTHON_THREADPOOL_THREAD_COUNT": "Python worker threads for sync functions: host.json's "
-    "serviceBus.maxConcurrentCalls",
     "PYTHON_ENABLE_OPENTELEMETRY": "the Python worker makes the host's invocation span current "
     "in each call (adapters/telemetry.py)",
 }
 
 FORBIDDEN_SETTINGS: Mapping[str, str] = {
+    "PYTHON_THREADPOOL_THREAD_COUNT": "the Python worker's threads run sync functions, and every "
+    "function is async def (tests/unit/test_function_app.py): they run on its event loop",
     "ServiceBusConnection": "a connection string (secret); use the __fullyQualifiedNamespace form",
     "StateStorage": "a connection string (secret); use the __tableServiceUri form",
     "SUPERVISOR_LEASE_CONTAINER": "the Supervisor's blob lease is gone; its bucket leases are "
@@ -892,15 +892,6 @@ def _app_settings_problems(layout: Layout, infra: Infra, facts: CodeFacts, app: 
             problems.append(f"app setting {name} is {value!r}, must be 'managedidentity'")
         if name.endswith("__clientId") and not _last_name(value).lower().endswith("clientid"):
             problems.append(f"app setting {name} is {_short(value)}, not the identity's client id")
-    concurrent = json.loads(layout.host_json.read_text())["extensions"]["serviceBus"][
-        "maxConcurrentCalls"
-    ]
-    threads = settings.get("PYTHON_THREADPOOL_THREAD_COUNT")
-    if threads != str(concurrent):
-        problems.append(
-            f"PYTHON_THREADPOOL_THREAD_COUNT is {threads!r}, not host.json's maxConcurrentCalls "
-            f"({concurrent}): calls beyond the worker's threads wait holding their locks"
-        )
     return problems
 
 
@@ -1875,7 +1866,7 @@ def check_supervisor_alerts(layout: Layout, facts: Facts) -> list[str]:
     supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
     the Application Insights component, every 5 minutes, to the email action group; and both
     metrics are what a Supervisor tick records."""
-    from adapters.settings import SettingsError, schedule_period
+    from adapters.setting_values import SettingsError, schedule_period
 
     infra = Infra.load(layout)
     problems = []

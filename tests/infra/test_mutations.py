@@ -460,11 +460,11 @@ MUTATIONS = [
         "API) but is not receivedByOperations",
     ),
     Mutation(
-        "worker threads below host.json's concurrent calls",
+        "worker threads for sync functions, though every function is async",
         FUNCTION,
-        sub(r"PYTHON_THREADPOOL_THREAD_COUNT: '16'", "PYTHON_THREADPOOL_THREAD_COUNT: '4'"),
+        sub(r"(\n\s*)PYTHON_ENABLE_OPENTELEMETRY", r"\1PYTHON_THREADPOOL_THREAD_COUNT: '16'\g<0>"),
         "app_settings",
-        "PYTHON_THREADPOOL_THREAD_COUNT is '4', not host.json's maxConcurrentCalls (16)",
+        "app setting PYTHON_THREADPOOL_THREAD_COUNT is set in infra but must not be",
     ),
     Mutation(
         "no Receiver on the alerts queue the operator API settles",

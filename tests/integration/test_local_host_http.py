@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import socket
+import ssl
 import struct
 import sys
 
@@ -151,6 +153,71 @@ def test_a_too_long_url_gets_a_json_414(host):
     assert head.startswith(b"HTTP/1.1 414 ") and b"application/json" in head.lower()
     error = json.loads(body)["error"]
     assert error["code"] == "uri_too_long" and "shorten" in error["message"]
+
+
+def tls_client_hello() -> bytes:
+    """The first flight of a real TLS client (what `curl https://...` sends to the port)."""
+    tls = ssl.create_default_context().wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="localhost"
+    )
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def without_newlines(data: bytes) -> bytes:
+    return data.replace(b"\n", b"")
+
+
+def with_a_newline(data: bytes) -> bytes:
+    return data if b"\n" in data else data[:60] + b"\n" + data[60:]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "says"),
+    [
+        # A ClientHello holds random bytes: a line end in it or not, at random.
+        (lambda: without_newlines(tls_client_hello()), "TLS handshake"),
+        (lambda: with_a_newline(tls_client_hello()), "TLS handshake"),
+        (lambda: b"\x00\x01binary\r\n\r\n", "byte 0x00"),
+        (lambda: b"GET /api/items/42\r\n\r\n", "names no HTTP version"),
+        (lambda: b"garbage\r\n\r\n", "Bad request syntax"),
+        (lambda: b"GET /api/items/42 HTTP/1.1 extra\r\nHost: x\r\n\r\n", "version"),
+        (lambda: b"GET /api/items/42 SPDY/3\r\nHost: x\r\n\r\n", "version"),
+    ],
+    ids=[
+        "tls-no-newline",
+        "tls-newline",
+        "binary",
+        "http-0.9",
+        "one-word",
+        "four-words",
+        "not-http",
+    ],
+)
+def test_a_malformed_request_gets_a_real_http_400_and_the_connection_closes(
+    host, request_bytes, says
+):
+    """Issue 39: a TLS ClientHello sent to the HTTP port was answered with a JSON body and no
+    status line (the library's HTTP/0.9 answer), or not at all when it held no line end."""
+    reply = raw_exchange(host, request_bytes())
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *header_lines = head.decode("iso-8859-1").split("\r\n")
+    assert status == "HTTP/1.1 400 Bad Request", reply[:200]
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request" and says in error["message"]
+    assert host.stats()["get_item"].invocations == 0
+
+
+def test_a_tls_client_is_refused_at_once_not_left_waiting(host):
+    """Its handshake fails on the plain-HTTP answer (or the close), never on the timeout."""
+    with socket.create_connection(("127.0.0.1", host.http.port), timeout=30) as conn:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            ssl.create_default_context().wrap_socket(conn, server_hostname="localhost")
 
 
 def test_a_client_that_goes_away_is_logged_in_one_line(host, caplog, capfd):
