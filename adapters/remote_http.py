@@ -26,7 +26,11 @@ Per call (:meth:`RemoteHttp.post`):
   unbounded answer;
 - a CLIENT span per call under the current span, with the stable HTTP attributes the Azure
   Monitor exporter turns into a dependency row (method, ``url.full``, server, status; a 4xx or
-  5xx, a timeout or a failed connection marks it an error), and its ``traceparent`` sent, so
+  5xx, a timeout or a failed connection marks it an error, with ``error.type`` as the
+  OpenTelemetry HTTP conventions ask of every failed call: the status code, else the class of
+  what failed - ``CallTimedOut``, ``AnswerTooLarge``, or the connection's own error such as
+  ``ClientConnectorError``, as OpenTelemetry's instrumentations name it), and its
+  ``traceparent`` sent, so
   the service can join the trace. Written here rather than through OpenTelemetry's
   aiohttp-client instrumentation (``create_trace_config``), which does the same through
   aiohttp's trace signals for 0.1-0.15 ms more CPU per call, measured: half again what aiohttp
@@ -167,18 +171,39 @@ class RemoteHttp:
             sent = dict(headers)
             propagate.inject(sent)  # traceparent: this span's
             try:
-                async with asyncio.timeout(limit):
-                    async with slots:
-                        answer = await self._exchange(session, service, url, body, sent, longest)
-            except TimeoutError:
-                raise CallTimedOut(f"POST {url}: no whole answer within {limit:.3f} s") from None
-            except aiohttp.ClientError as error:
-                raise CallFailed(f"POST {url}: {_describe(error)}") from error
+                answer = await self._within(
+                    limit, slots, session, service, url, body, sent, longest
+                )
+            except Exception as error:
+                span.set_attribute("error.type", _error_type(error))
+                raise
             span.set_attribute("http.response.status_code", answer.status)
             if answer.status >= 400:
                 span.set_attribute("error.type", str(answer.status))
                 span.set_status(StatusCode.ERROR)
             return answer
+
+    async def _within(
+        self,
+        limit: float,
+        slots: asyncio.Semaphore,
+        session: aiohttp.ClientSession,
+        service: str,
+        url: URL,
+        body: bytes,
+        headers: Mapping[str, str],
+        longest: int,
+    ) -> Answer:
+        """The exchange within ``limit`` seconds, a connection slot included; every failure
+        without a whole answer as a :class:`RemoteHttpError`."""
+        try:
+            async with asyncio.timeout(limit):
+                async with slots:
+                    return await self._exchange(session, service, url, body, headers, longest)
+        except TimeoutError:
+            raise CallTimedOut(f"POST {url}: no whole answer within {limit:.3f} s") from None
+        except aiohttp.ClientError as error:
+            raise CallFailed(f"POST {url}: {_describe(error)}") from error
 
     async def _exchange(
         self,
@@ -233,6 +258,13 @@ class RemoteHttp:
         session, self._session = self._session, None
         if session is not None and self._loop is asyncio.get_running_loop():
             await session.close()
+
+
+def _error_type(error: Exception) -> str:
+    """A failed call's ``error.type``: the class of what failed (a failed connection's own)."""
+    if isinstance(error, CallFailed) and error.__cause__ is not None:
+        return type(error.__cause__).__qualname__
+    return type(error).__qualname__
 
 
 def _describe(error: aiohttp.ClientError) -> str:

@@ -4,35 +4,53 @@ In Azure the settings come from the Function App's configuration (infra/ declare
 clients authenticate with the app's managed identity; locally they come from
 local.settings.json or the environment and clients use connection strings. This module is the
 one place that decides which.
+
+The settings are one pydantic-settings model, a field per setting named as the setting, each
+read by its kind (:mod:`adapters.setting_values`): every wrong or missing setting is named at
+once, in one SettingsError. :class:`Settings` is what the app uses, with everything derived from
+it (the tuned workflows, the keyring, the Supervisor's period) built when it is made, so a host
+whose settings the app cannot honour refuses to load (:meth:`Settings.check_on_load`) instead
+of failing every message later.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Annotated, Any
 
-from domain import ids, signing
-from domain.agents import AGENTS
-from domain.lifecycle import (
-    DEFAULT_COMPENSATION_BUDGET,
-    DEFAULT_COMPENSATION_WARN_AFTER,
-    DEFAULT_SKEW,
+from pydantic import Field, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from adapters.setting_values import (
+    Seconds,
+    SettingsError,
+    WholeNumber,
+    container_name,
+    entity_name,
+    fixed_interval,
+    http_url,
+    ncrontab,
+    plain,
+    reader,
+    refusal,
+    schedule_period,
+    table_name,
+    workflow_versions,
 )
-from domain.workflows import WORKFLOWS, RetryPolicy, Workflow, workflow_ref
+from domain import signing
+from domain.agents import AGENTS
+from domain.events import DEFAULT_COMPENSATION_BUDGET, DEFAULT_COMPENSATION_WARN_AFTER, DEFAULT_SKEW
+from domain.workflows import WORKFLOWS, RetryPolicy, Workflow
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 STATE_STORAGE_CONNECTION = "StateStorage"
 CONNECTION_NAMES = (SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION)
-MAX_RUN_BUDGET = timedelta(seconds=270)
-"""The longest a step's call may run: the agent holds its message's lock meanwhile, and host.json
-renews a lock for at most 5 minutes (``maxAutoLockRenewalDuration``); 30 s are left to reply."""
-
 QUEUE_SETTINGS = {
     "orders": "ORDERS_QUEUE",
     "commands": "SCHEDULER_COMMANDS_QUEUE",
@@ -41,28 +59,78 @@ QUEUE_SETTINGS = {
     **{agent.name: agent.queue_setting for agent in AGENTS},
 }
 SERVICE_URL_SETTINGS = {agent.name: agent.url_setting for agent in AGENTS}
-REMOTE_TIMEOUT_SETTING = "REMOTE_TIMEOUT_SECONDS"
-REMOTE_MAX_CONNECTIONS_SETTING = "REMOTE_MAX_CONNECTIONS"
-DEFAULT_REMOTE_TIMEOUT_S = 10.0
+CLOCK_SKEW_SETTING = "CLOCK_SKEW_TOLERANCE_SECONDS"
+DEFAULT_REMOTE_TIMEOUT = timedelta(seconds=10)
 """One call's bound when no setting names one: the remote client's attempt timeout."""
 DEFAULT_REMOTE_MAX_CONNECTIONS = 32
-
-COMPENSATION_BUDGET_SETTING = "COMPENSATION_BUDGET_SECONDS"
-COMPENSATION_WARN_SETTING = "COMPENSATION_WARN_AFTER_SECONDS"
-CLOCK_SKEW_SETTING = "CLOCK_SKEW_TOLERANCE_SECONDS"
-MAX_CLOCK_SKEW = timedelta(minutes=5)
-RETENTION_DAYS_SETTING = "RETENTION_DAYS"
-PURGE_SCHEDULE_SETTING = "PURGE_SCHEDULE"
-ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
+DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
 DEFAULT_RETENTION_DAYS = 30
-MAX_RETENTION_DAYS = 3650
 DEFAULT_PURGE_SCHEDULE = "0 30 2 * * *"
 """Every day at 02:30 UTC."""
 DEFAULT_ARCHIVE_CONTAINER = "order-archive"
 
+# What the app can honour, and why: each bound is quoted when a setting is refused.
+MAX_RUN_BUDGET = timedelta(seconds=270)
+"""The longest a step's call may run: the agent holds its message's lock meanwhile, and host.json
+renews a lock for at most 5 minutes (``maxAutoLockRenewalDuration``); 30 s are left to reply."""
+MAX_WAIT = timedelta(days=14)
+"""The longest wait a setting may ask for: a queue keeps a message 14 days (the time-to-live of
+every queue of the app, in infra/ and the development broker's Config.json), and what the app
+waits on (a request for an agent, a retry, an undo's next try) is a message."""
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+MAX_FAILURE_THRESHOLD = 100
+MAX_SUPERVISOR_CONCURRENCY = 16
+"""One per bucket of the active-orders index (``adapters.store.active_index.INDEX_BUCKETS``)."""
+MAX_REMOTE_CONNECTIONS = 256
+MAX_RETENTION_DAYS = 3650
 
-class SettingsError(ValueError):
-    """A setting is missing or malformed; the message names it and says what is expected."""
+_RUN_BUDGET = Seconds(
+    most=MAX_RUN_BUDGET,
+    why="the agent holds its message's lock while the call runs, and host.json renews a lock "
+    "for 5 minutes at most. Give a long backlog room with STEP_QUEUE_SECONDS instead.",
+)
+_CALL = Seconds(
+    most=MAX_RUN_BUDGET,
+    why="a call never outlives its step's run budget (STEP_TIMEOUT_SECONDS, at most 270): the "
+    "remote client cuts each call to the time left before it",
+)
+_WAIT_WHY = (
+    "a queue keeps a message 14 days (1209600 s), and what the app waits on (a request, a "
+    "retry, an undo's next try) is a message; a longer wait could not be honoured"
+)
+_WAIT = Seconds(most=MAX_WAIT, why=_WAIT_WHY)
+_WAIT_OR_ZERO = Seconds(most=MAX_WAIT, why=_WAIT_WHY, zero=True)
+_SKEW = Seconds(
+    most=MAX_CLOCK_SKEW,
+    zero=True,
+    why="clocks that far apart need fixing (NTP), not tolerating; every recovery waits this "
+    "long past its deadline",
+)
+_THRESHOLD = WholeNumber(
+    1,
+    MAX_FAILURE_THRESHOLD,
+    why="each failure waits up to RETRY_MAX_DELAY_SECONDS before the next attempt, so an order "
+    "would retry for days, and the services must keep their keys for (steps x threshold + 1) "
+    "retry cycles (docs/remote-service-contract.md)",
+)
+_CONCURRENCY = WholeNumber(
+    1,
+    MAX_SUPERVISOR_CONCURRENCY,
+    why="a tick sweeps the 16 buckets of the active-orders index; more would wait for nothing",
+)
+_CONNECTIONS = WholeNumber(
+    1,
+    MAX_REMOTE_CONNECTIONS,
+    why="each is a socket, and three services at 256 stay within the 1,024 open files a Linux "
+    "process gets by default, with room for Service Bus and Tables",
+)
+_RETENTION = WholeNumber(
+    0,
+    MAX_RETENTION_DAYS,
+    unit=" of days",
+    zero="never purge",
+    why="ten years is the longest a finished order is kept; 0 keeps it for good",
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +154,7 @@ class ServiceLimits:
     ``timeout_s`` (the remote client cuts it further to the time left before complete-by), and
     at most ``max_connections`` calls to one service are under way at once."""
 
-    timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S
+    timeout_s: float = DEFAULT_REMOTE_TIMEOUT.total_seconds()
     max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
 
 
@@ -99,7 +167,7 @@ class Settings:
     orders_table: str = "orders"
     active_table: str = "activeorders"
     supervision_table: str = "supervision"
-    supervisor_schedule: str = "*/15 * * * * *"
+    supervisor_schedule: str = DEFAULT_SUPERVISOR_SCHEDULE
     supervisor_concurrency: int = 4
     pending_stale_after: timedelta = timedelta(minutes=2)
     step_timeout: timedelta | None = None
@@ -115,7 +183,7 @@ class Settings:
     """An order compensating longer than this raises one warning (not a terminal alert)."""
     clock_skew: timedelta = DEFAULT_SKEW
     """How far two hosts' clocks may disagree: the Supervisor acts on a time another host
-    stamped only once its own clock is past it by more than this (domain.lifecycle.Context)."""
+    stamped only once its own clock is past it by more than this (domain.events.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS
@@ -129,6 +197,15 @@ class Settings:
     remote_limits: ServiceLimits = ServiceLimits()
     """Each remote service's calls: their timeout and connections (``REMOTE_TIMEOUT_SECONDS``,
     ``REMOTE_MAX_CONNECTIONS``)."""
+    _workflows: Mapping[str, Workflow] = field(init=False, repr=False, compare=False)
+    _period: timedelta = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Build what is derived from the settings now, once: a value the workflows or the
+        schedule cannot take fails here, where the settings are checked, not on a message."""
+        tuned = {ref: self._tuned(flow) for ref, flow in WORKFLOWS.items()}
+        object.__setattr__(self, "_workflows", MappingProxyType(tuned))
+        object.__setattr__(self, "_period", schedule_period(self.supervisor_schedule))
 
     @property
     def keyring(self) -> signing.Keyring:
@@ -141,7 +218,7 @@ class Settings:
 
     @property
     def supervisor_period(self) -> timedelta:
-        return schedule_period(self.supervisor_schedule)
+        return self._period
 
     @property
     def supervisor_lease(self) -> timedelta:
@@ -161,8 +238,8 @@ class Settings:
 
     def workflows(self) -> Mapping[str, Workflow]:
         """Every version this deployment carries, by reference (``order@1``), with its budgets
-        and retry policy applied."""
-        return {ref: self._tuned(flow) for ref, flow in WORKFLOWS.items()}
+        and retry policy applied (built with the settings)."""
+        return self._workflows
 
     def current_version(self, name: str) -> int:
         """The version new orders of workflow ``name`` take (``WORKFLOW_VERSIONS``; else 1)."""
@@ -174,14 +251,14 @@ class Settings:
         steps = tuple(dataclasses.replace(step, **set_budgets) for step in flow.steps)
         retry = flow.retry
         if self.retry_base_delay is not None or self.retry_max_delay is not None:
-            base = self.retry_base_delay or retry.base_delay
+            base = retry.base_delay if self.retry_base_delay is None else self.retry_base_delay
+            cap = retry.cap if self.retry_max_delay is None else self.retry_max_delay
             retry = RetryPolicy(
-                base_delay=base,
-                factor=retry.factor,
-                cap=max(self.retry_max_delay or retry.cap, base),
-                jitter=retry.jitter,
+                base_delay=base, factor=retry.factor, cap=max(cap, base), jitter=retry.jitter
             )
-        threshold = self.failure_threshold or flow.failure_threshold
+        threshold = (
+            flow.failure_threshold if self.failure_threshold is None else self.failure_threshold
+        )
         if (steps, retry, threshold) == (flow.steps, flow.retry, flow.failure_threshold):
             return flow
         return dataclasses.replace(flow, steps=steps, retry=retry, failure_threshold=threshold)
@@ -190,120 +267,47 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings in ``env`` (default: the process environment), every one checked; a
         SettingsError names every wrong or missing setting at once, not only the first."""
-        env = os.environ if env is None else env
-        read = _Reader(env)
-        check = _Problems()
-        queues = {role: check(read.entity, name) for role, name in QUEUE_SETTINGS.items()}
-        urls = {agent: check(read.http_url, name) for agent, name in SERVICE_URL_SETTINGS.items()}
-        servicebus = check(read.servicebus, SERVICEBUS_CONNECTION)
-        fields = {
-            "queues": queues,
-            "service_urls": urls,
-            "remote_limits": check(read.remote_limits),
-            "servicebus": servicebus,
-            "signing_keys": servicebus and check(read.signing_keys, servicebus),
-            "storage": check(read.storage, STATE_STORAGE_CONNECTION),
-            "orders_table": check(read.table, "ORDERS_TABLE", "orders"),
-            "active_table": check(read.table, "ACTIVE_ORDERS_TABLE", "activeorders"),
-            "supervision_table": check(read.table, "SUPERVISION_TABLE", "supervision"),
-            "supervisor_schedule": check(read.fixed_interval, "SUPERVISOR_SCHEDULE"),
-            "supervisor_concurrency": check(read.int_or_none, "SUPERVISOR_CONCURRENCY") or 4,
-            "pending_stale_after": check(
-                read.seconds, "PENDING_STALE_AFTER_SECONDS", timedelta(minutes=2)
-            ),
-            "step_timeout": check(read.run_budget, "STEP_TIMEOUT_SECONDS"),
-            "step_queue": check(read.seconds_or_none, "STEP_QUEUE_SECONDS", allow_zero=True),
-            "failure_threshold": check(read.int_or_none, "FAILURE_THRESHOLD"),
-            "retry_base_delay": check(read.seconds_or_none, "RETRY_BASE_DELAY_SECONDS"),
-            "retry_max_delay": check(read.seconds_or_none, "RETRY_MAX_DELAY_SECONDS"),
-            "compensation_budget": check(
-                read.seconds, COMPENSATION_BUDGET_SETTING, DEFAULT_COMPENSATION_BUDGET
-            ),
-            "compensation_warn_after": check(
-                read.seconds, COMPENSATION_WARN_SETTING, DEFAULT_COMPENSATION_WARN_AFTER
-            ),
-            "clock_skew": check(read.skew, CLOCK_SKEW_SETTING),
-            "workflow_versions": check(read.workflow_versions, "WORKFLOW_VERSIONS"),
-            "retention_days": check(read.days, RETENTION_DAYS_SETTING, DEFAULT_RETENTION_DAYS),
-            "purge_schedule": check(purge_schedule, env),
-            "archive_container": check(read.container, ARCHIVE_CONTAINER_SETTING),
-        }
-        check(_warned_within, fields["compensation_warn_after"], fields["compensation_budget"])
-        check.raise_if_any()
-        return cls(**fields)
+        values = os.environ if env is None else env
+        try:
+            environment = AppSettings(_build_sources=((_Given(AppSettings, values),), {}))
+        except ValidationError as errors:
+            raise SettingsError(_listed(errors)) from None
+        return cls(**environment.fields())
 
     @classmethod
     def check_on_load(cls, env: Mapping[str, str] | None = None) -> None:
         """Called when the app is loaded: where ``env`` configures the app (it names one of its
         connections: a Functions host, in Azure or locally), wrong settings stop the load with
         every problem named, instead of failing every message later. Elsewhere (a tool that
-        only indexes the functions) there is nothing to check."""
-        env = os.environ if env is None else env
-        if any(name.startswith(CONNECTION_NAMES) for name in env):
-            cls.from_env(env)
+        only indexes the functions) there is nothing to check.
 
+        The process's own settings, once checked, are what :meth:`loaded` gives the runtime."""
+        global _checked
+        values = os.environ if env is None else env
+        if not any(name.startswith(CONNECTION_NAMES) for name in values):
+            return
+        settings = cls.from_env(values)
+        if env is None:
+            _checked = (_read(os.environ), settings)
 
-_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)
-_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}", re.ASCII)
+    @classmethod
+    def loaded(cls) -> Settings:
+        """The process's settings: those checked when the app was loaded, with everything built
+        from them, while the environment still says what it said then; else read now (a tool,
+        a test that changed the environment)."""
+        if _checked is not None and _checked[0] == _read(os.environ):
+            return _checked[1]
+        return cls.from_env()
 
 
 def purge_schedule(env: Mapping[str, str]) -> str:
-    """The purge timer's NCRONTAB schedule (six fields, seconds first, UTC).
+    """The purge timer's NCRONTAB schedule (``PURGE_SCHEDULE``: six fields, seconds first, UTC).
 
     The timer function reads this while the app is indexed (the schedule is part of its
     binding), so a bad value stops the host with this message.
     """
-    schedule = " ".join((env.get(PURGE_SCHEDULE_SETTING, "") or "").split())
-    if not schedule:
-        return DEFAULT_PURGE_SCHEDULE
-    fields = schedule.split(" ")
-    if len(fields) != 6 or not all(_CRON_FIELD.fullmatch(field) for field in fields):
-        raise SettingsError(
-            f"{PURGE_SCHEDULE_SETTING} must be an NCRONTAB schedule of six fields, seconds "
-            f"first, e.g. {DEFAULT_PURGE_SCHEDULE!r} (every day at 02:30 UTC); got {schedule!r}"
-        )
-    return schedule
-
-
-def validate_container_name(name: str, setting: str) -> str:
-    """A Blob container name: 3-63 lowercase letters, digits and single hyphens."""
-    if not _CONTAINER.fullmatch(name):
-        raise SettingsError(
-            f"{setting} must be a blob container name (3-63 lowercase letters, digits and "
-            f"single hyphens, starting and ending with a letter or digit); got {name!r}"
-        )
-    return name
-
-
-_UNITS = ((1, 60), (60, 60), (3600, 24))
-"""(seconds, cycle) of the seconds, minutes and hours fields."""
-
-
-def schedule_period(schedule: str) -> timedelta:
-    """The fixed interval of a six-field NCRONTAB schedule such as ``*/15 * * * * *``.
-
-    The Supervisor's recovery bound and its leases are stated in periods, so only schedules
-    that fire at a fixed interval are accepted: a step (``*/N``, N dividing the unit) or ``*``
-    in the seconds, minutes or hours field, whole numbers in the fields before it, ``*`` after.
-    """
-    fields = schedule.split()
-    problem = (
-        f"SUPERVISOR_SCHEDULE must fire at a fixed interval, e.g. '*/15 * * * * *' (every 15 s) "
-        f"or '0 */5 * * * *' (every 5 min); got {schedule!r}"
-    )
-    if len(fields) != 6 or fields[3:] != ["*", "*", "*"]:
-        raise SettingsError(problem)
-    for position, (seconds, cycle) in enumerate(_UNITS):
-        field = fields[position]
-        if field.isdigit():
-            continue
-        match = re.fullmatch(r"(?:\*|0)/(\d+)|\*", field)
-        step = int(match.group(1)) if match and match.group(1) else 1
-        later_fixed = fields[position + 1 : 3] != ["*"] * (2 - position)
-        if match is None or step < 1 or cycle % step or later_fixed:
-            raise SettingsError(problem)
-        return timedelta(seconds=seconds * step)
-    return timedelta(days=1)
+    text = (env.get("PURGE_SCHEDULE", "") or "").strip()
+    return ncrontab(text, "PURGE_SCHEDULE") if text else DEFAULT_PURGE_SCHEDULE
 
 
 def development_sas_key(connection_string: str | None) -> str | None:
@@ -319,178 +323,91 @@ def development_sas_key(connection_string: str | None) -> str | None:
     return parts.get("sharedaccesskey") or None
 
 
-class _Problems:
-    """Runs each check, keeping every problem instead of stopping at the first."""
-
-    def __init__(self) -> None:
-        self.found: list[str] = []
-
-    def __call__(self, read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return read(*args, **kwargs)
-        except ValueError as problem:  # SettingsError, the id validators' and the keyring's
-            self.found.append(str(problem))
-            return None
-
-    def raise_if_any(self) -> None:
-        if len(self.found) == 1:
-            raise SettingsError(self.found[0])
-        if self.found:
-            listed = "\n".join(f"- {problem}" for problem in self.found)
-            raise SettingsError(f"{len(self.found)} app settings are wrong:\n{listed}")
+_NOT_SET = (
+    "set it in local.settings.json (Values) or the environment locally, or in the Function App "
+    "configuration in Azure"
+)
 
 
-def _warned_within(warn_after: timedelta | None, budget: timedelta | None) -> None:
-    if warn_after is not None and budget is not None and warn_after >= budget:
-        raise SettingsError(
-            f"{COMPENSATION_WARN_SETTING} ({warn_after.total_seconds():g}) must be less than "
-            f"{COMPENSATION_BUDGET_SETTING} ({budget.total_seconds():g}): the warning says an "
-            "order is still compensating, so it must come before compensation gives up"
-        )
+class _AppSettingsBase(BaseSettings):
+    """The app settings as the host gives them, a field per setting named as the setting, each
+    read by its kind (:mod:`adapters.setting_values`).
 
+    Fields are validated in order, so those that depend on others (a connection on its
+    endpoint settings, the keys on the Service Bus connection, the warning on the budget) come
+    after them and find them in ``info.data`` when they are valid. The queue and service URL
+    settings, one per agent, are added by :data:`AppSettings`. Its schema is built when it is
+    first used (``defer_build``: this base is never built), at the check on load.
+    """
 
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = env
+    model_config = SettingsConfigDict(
+        extra="ignore", frozen=True, validate_default=False, defer_build=True
+    )
 
-    def required(self, name: str) -> str:
-        value = self.env.get(name, "").strip()
-        if not value:
-            raise SettingsError(
-                f"app setting {name} is not set; set it in local.settings.json (Values) or the "
-                "environment locally, or in the Function App configuration in Azure"
-            )
-        return value
+    ServiceBusConnection__fullyQualifiedNamespace: Annotated[str | None, reader(plain)] = None
+    ServiceBusConnection__clientId: Annotated[str | None, reader(plain)] = None
+    ServiceBusConnection: Annotated[Connection | None, Field(validate_default=True)] = None
+    MESSAGE_SIGNING_KEYS: Annotated[signing.Keyring | None, Field(validate_default=True)] = None
+    StateStorage__tableServiceUri: Annotated[str | None, reader(plain)] = None
+    StateStorage__blobServiceUri: Annotated[str | None, reader(plain)] = None
+    StateStorage__clientId: Annotated[str | None, reader(plain)] = None
+    StateStorage: Annotated[Connection | None, Field(validate_default=True)] = None
+    REMOTE_TIMEOUT_SECONDS: Annotated[timedelta, reader(_CALL)] = DEFAULT_REMOTE_TIMEOUT
+    REMOTE_MAX_CONNECTIONS: Annotated[int, reader(_CONNECTIONS)] = DEFAULT_REMOTE_MAX_CONNECTIONS
+    ORDERS_TABLE: Annotated[str, reader(table_name)] = "orders"
+    ACTIVE_ORDERS_TABLE: Annotated[str, reader(table_name)] = "activeorders"
+    SUPERVISION_TABLE: Annotated[str, reader(table_name)] = "supervision"
+    SUPERVISOR_SCHEDULE: Annotated[str, reader(fixed_interval)] = DEFAULT_SUPERVISOR_SCHEDULE
+    SUPERVISOR_CONCURRENCY: Annotated[int, reader(_CONCURRENCY)] = 4
+    PENDING_STALE_AFTER_SECONDS: Annotated[timedelta, reader(_WAIT)] = timedelta(minutes=2)
+    STEP_TIMEOUT_SECONDS: Annotated[timedelta | None, reader(_RUN_BUDGET)] = None
+    STEP_QUEUE_SECONDS: Annotated[timedelta | None, reader(_WAIT_OR_ZERO)] = None
+    FAILURE_THRESHOLD: Annotated[int | None, reader(_THRESHOLD)] = None
+    RETRY_BASE_DELAY_SECONDS: Annotated[timedelta | None, reader(_WAIT)] = None
+    RETRY_MAX_DELAY_SECONDS: Annotated[timedelta | None, reader(_WAIT)] = None
+    COMPENSATION_BUDGET_SECONDS: Annotated[timedelta, reader(_WAIT)] = DEFAULT_COMPENSATION_BUDGET
+    COMPENSATION_WARN_AFTER_SECONDS: Annotated[
+        timedelta, reader(_WAIT), Field(validate_default=True)
+    ] = DEFAULT_COMPENSATION_WARN_AFTER
+    CLOCK_SKEW_TOLERANCE_SECONDS: Annotated[timedelta, reader(_SKEW)] = DEFAULT_SKEW
+    WORKFLOW_VERSIONS: Annotated[dict[str, int], reader(workflow_versions)] = {}
+    RETENTION_DAYS: Annotated[int, reader(_RETENTION)] = DEFAULT_RETENTION_DAYS
+    PURGE_SCHEDULE: Annotated[str, reader(ncrontab)] = DEFAULT_PURGE_SCHEDULE
+    ARCHIVE_CONTAINER: Annotated[str, reader(container_name)] = DEFAULT_ARCHIVE_CONTAINER
 
-    def optional(self, name: str, default: str) -> str:
-        return self.env.get(name, "").strip() or default
-
-    def entity(self, name: str) -> str:
-        return ids.validate_entity_name(self.required(name), name)
-
-    def table(self, name: str, default: str) -> str:
-        return ids.validate_table_name(self.optional(name, default))
-
-    def container(self, name: str) -> str:
-        return validate_container_name(self.optional(name, DEFAULT_ARCHIVE_CONTAINER), name)
-
-    def http_url(self, name: str) -> str:
-        url = self.required(name)
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{name} must be an http(s) URL, got {url!r}")
-        return url
-
-    def fixed_interval(self, name: str) -> str:
-        schedule = self.optional(name, "*/15 * * * * *")
-        schedule_period(schedule)  # refuse a schedule without a fixed period now
-        return schedule
-
-    def seconds(self, name: str, default: timedelta) -> timedelta:
-        return self.seconds_or_none(name) or default
-
-    def run_budget(self, name: str) -> timedelta | None:
-        budget = self.seconds_or_none(name)
-        if budget is not None and budget > MAX_RUN_BUDGET:
-            raise SettingsError(
-                f"{name} must be at most {MAX_RUN_BUDGET.total_seconds():.0f}: the agent holds "
-                "its message's lock while the call runs, and host.json renews a lock for 5 "
-                f"minutes at most; got {budget.total_seconds():g}. Give a long backlog room "
-                "with STEP_QUEUE_SECONDS instead."
-            )
-        return budget
-
-    def skew(self, name: str) -> timedelta:
-        value = self.seconds_or_none(name, allow_zero=True)
-        if value is None:
-            return DEFAULT_SKEW
-        if value > MAX_CLOCK_SKEW:
-            raise SettingsError(
-                f"{name} must be at most {MAX_CLOCK_SKEW.total_seconds():g} seconds, got "
-                f"{value.total_seconds():g}: clocks that far apart need fixing (NTP), not "
-                "tolerating; every recovery waits this long past its deadline"
-            )
-        return value
-
-    def seconds_or_none(self, name: str, *, allow_zero: bool = False) -> timedelta | None:
-        raw = self.env.get(name, "").strip()
-        if not raw:
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            limit = "zero or more" if allow_zero else "positive"
-            raise SettingsError(f"{name} must be {limit} seconds, got {raw!r}")
-        return timedelta(seconds=value)
-
-    def days(self, name: str, default: int) -> int:
-        raw = self.env.get(name, "").strip()
-        if not raw:
-            return default
-        if not raw.isascii() or not raw.isdigit() or int(raw) > MAX_RETENTION_DAYS:
-            raise SettingsError(
-                f"{name} must be a whole number of days from 0 (never purge) to "
-                f"{MAX_RETENTION_DAYS}, got {raw!r}"
-            )
-        return int(raw)
-
-    def workflow_versions(self, name: str) -> dict[str, int]:
-        """``order=2,single_step=1``: each a workflow this deployment carries, at a version it
-        carries (so a typo fails the start, not the first order)."""
-        raw = self.env.get(name, "").strip()
-        versions: dict[str, int] = {}
-        for part in filter(None, (p.strip() for p in raw.split(","))):
-            workflow, _, version = part.partition("=")
-            ref = workflow_ref(workflow.strip(), int(version)) if version.isdigit() else None
-            if ref is None or ref not in WORKFLOWS:
-                raise SettingsError(
-                    f"{name}: {part!r} is not NAME=VERSION of a workflow this deployment "
-                    f"carries; known: {', '.join(WORKFLOWS)}"
-                )
-            versions[workflow.strip()] = int(version)
-        return versions
-
-    def int_or_none(self, name: str) -> int | None:
-        raw = self.env.get(name, "").strip()
-        if not raw:
-            return None
-        if not raw.isdigit() or int(raw) < 1:
-            raise SettingsError(f"{name} must be a positive integer, got {raw!r}")
-        return int(raw)
-
-    def remote_limits(self) -> ServiceLimits:
-        return ServiceLimits(
-            self.seconds(
-                REMOTE_TIMEOUT_SETTING, timedelta(seconds=DEFAULT_REMOTE_TIMEOUT_S)
-            ).total_seconds(),
-            self.int_or_none(REMOTE_MAX_CONNECTIONS_SETTING) or DEFAULT_REMOTE_MAX_CONNECTIONS,
-        )
-
-    def servicebus(self, name: str) -> Connection:
-        conn = self.env.get(name, "").strip()
-        namespace = self.env.get(f"{name}__fullyQualifiedNamespace", "").strip()
-        if conn:
-            return Connection(name, connection_string=conn)
+    @field_validator(SERVICEBUS_CONNECTION, mode="before")
+    @classmethod
+    def _servicebus(cls, value: object, info: ValidationInfo) -> Connection:
+        name = SERVICEBUS_CONNECTION
+        text = value.strip() if isinstance(value, str) else ""
+        namespace = info.data.get(f"{name}__fullyQualifiedNamespace")
+        if text:
+            return Connection(name, connection_string=text)
         if namespace:
-            return Connection(
-                name, endpoint=namespace, client_id=self.env.get(f"{name}__clientId") or None
-            )
-        raise SettingsError(
+            return Connection(name, endpoint=namespace, client_id=info.data[f"{name}__clientId"])
+        raise refusal(
             f"Service Bus connection {name} is not configured: set {name} to a connection string "
             f"(local) or {name}__fullyQualifiedNamespace (+ {name}__clientId) for a managed "
             "identity (Azure)"
         )
 
-    def signing_keys(self, servicebus: Connection) -> signing.Keyring:
+    @field_validator(signing.SIGNING_KEYS_SETTING, mode="before")
+    @classmethod
+    def _signing_keys(cls, value: object, info: ValidationInfo) -> signing.Keyring | None:
         name = signing.SIGNING_KEYS_SETTING
-        raw = self.env.get(name, "").strip()
-        if raw:
-            return signing.parse_keyring(raw, setting=name)
+        text = value.strip() if isinstance(value, str) else ""
+        if text:
+            try:
+                return signing.parse_keyring(text, setting=name)
+            except ValueError as problem:
+                raise refusal(str(problem)) from None
+        servicebus = info.data.get(SERVICEBUS_CONNECTION)
+        if servicebus is None:
+            return None  # the connection's own refusal says what is missing
         sas_key = development_sas_key(servicebus.connection_string)
         if sas_key is not None:
             return signing.local_keyring(sas_key)
-        raise SettingsError(
+        raise refusal(
             f"app setting {name} is not set: the app signs its internal messages with it. In "
             "Azure it is a Key Vault reference that infra/ provisions; elsewhere set it to "
             "k1:<base64 of 32 random bytes> "
@@ -498,27 +415,127 @@ class _Reader:
             "(UseDevelopmentEmulator=true) may go without it."
         )
 
-    def storage(self, name: str) -> Connection:
-        conn = self.env.get(name, "").strip()
-        table = self.env.get(f"{name}__tableServiceUri", "").strip()
-        blob = self.env.get(f"{name}__blobServiceUri", "").strip()
-        if conn:
-            return Connection(name, connection_string=conn)
+    @field_validator(STATE_STORAGE_CONNECTION, mode="before")
+    @classmethod
+    def _storage(cls, value: object, info: ValidationInfo) -> Connection:
+        name = STATE_STORAGE_CONNECTION
+        text = value.strip() if isinstance(value, str) else ""
+        table = info.data.get(f"{name}__tableServiceUri")
+        blob = info.data.get(f"{name}__blobServiceUri")
+        if text:
+            return Connection(name, connection_string=text)
         if table and blob:
-            return Connection(
-                name,
-                endpoint=table,
-                blob_endpoint=blob,
-                client_id=self.env.get(f"{name}__clientId") or None,
-            )
+            client_id = info.data[f"{name}__clientId"]
+            return Connection(name, endpoint=table, blob_endpoint=blob, client_id=client_id)
         if table:
-            raise SettingsError(
+            raise refusal(
                 f"{name}__blobServiceUri is not set: with a managed identity the state storage "
                 f"needs its blob service too (the purge archives finished orders there), e.g. "
                 "https://<account>.blob.core.windows.net/"
             )
-        raise SettingsError(
+        raise refusal(
             f"state storage {name} is not configured: set {name} to a connection string (local) "
             f"or {name}__tableServiceUri and {name}__blobServiceUri (+ {name}__clientId) for a "
             "managed identity (Azure)"
         )
+
+    @field_validator("COMPENSATION_WARN_AFTER_SECONDS")
+    @classmethod
+    def _warned_within_budget(cls, warn_after: timedelta, info: ValidationInfo) -> timedelta:
+        budget = info.data.get("COMPENSATION_BUDGET_SECONDS")
+        if budget is not None and warn_after >= budget:
+            raise refusal(
+                f"COMPENSATION_WARN_AFTER_SECONDS ({warn_after.total_seconds():g}) must be less "
+                f"than COMPENSATION_BUDGET_SECONDS ({budget.total_seconds():g}): the warning "
+                "says an order is still compensating, so it must come before compensation "
+                "gives up"
+            )
+        return warn_after
+
+    def fields(self) -> dict[str, Any]:
+        """What :class:`Settings` is made of, from the settings' values."""
+        return dict(
+            queues={role: getattr(self, name) for role, name in QUEUE_SETTINGS.items()},
+            service_urls={
+                agent: getattr(self, name) for agent, name in SERVICE_URL_SETTINGS.items()
+            },
+            servicebus=self.ServiceBusConnection,
+            storage=self.StateStorage,
+            orders_table=self.ORDERS_TABLE,
+            active_table=self.ACTIVE_ORDERS_TABLE,
+            supervision_table=self.SUPERVISION_TABLE,
+            supervisor_schedule=self.SUPERVISOR_SCHEDULE,
+            supervisor_concurrency=self.SUPERVISOR_CONCURRENCY,
+            pending_stale_after=self.PENDING_STALE_AFTER_SECONDS,
+            step_timeout=self.STEP_TIMEOUT_SECONDS,
+            step_queue=self.STEP_QUEUE_SECONDS,
+            failure_threshold=self.FAILURE_THRESHOLD,
+            retry_base_delay=self.RETRY_BASE_DELAY_SECONDS,
+            retry_max_delay=self.RETRY_MAX_DELAY_SECONDS,
+            compensation_budget=self.COMPENSATION_BUDGET_SECONDS,
+            compensation_warn_after=self.COMPENSATION_WARN_AFTER_SECONDS,
+            clock_skew=self.CLOCK_SKEW_TOLERANCE_SECONDS,
+            workflow_versions=self.WORKFLOW_VERSIONS,
+            retention_days=self.RETENTION_DAYS,
+            purge_schedule=self.PURGE_SCHEDULE,
+            archive_container=self.ARCHIVE_CONTAINER,
+            signing_keys=self.MESSAGE_SIGNING_KEYS,
+            remote_limits=ServiceLimits(
+                self.REMOTE_TIMEOUT_SECONDS.total_seconds(), self.REMOTE_MAX_CONNECTIONS
+            ),
+        )
+
+
+AppSettings = create_model(
+    "AppSettings",
+    __base__=_AppSettingsBase,
+    **{name: (Annotated[str, reader(entity_name)], ...) for name in QUEUE_SETTINGS.values()},
+    **{name: (Annotated[str, reader(http_url)], ...) for name in SERVICE_URL_SETTINGS.values()},
+)
+"""The app settings model: the base's fields and, required, the queue and service URL
+settings the agent catalog names (one of each per agent)."""
+
+
+class _Given(PydanticBaseSettingsSource):
+    """The settings in one mapping: the process environment (the Functions host's app
+    settings), or local.settings.json's Values (orderctl, tests). Only the names the model
+    declares are looked up (tests/infra records which the code reads)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, str]:
+        found = {}
+        for name, field_info in self.settings_cls.model_fields.items():
+            value, key, _ = self.get_field_value(field_info, name)
+            if value is not None:
+                found[key] = str(value)  # text, as the host gives it, read by each field's kind
+        return found
+
+
+def _listed(errors: ValidationError) -> str:
+    problems = [_problem(error) for error in errors.errors(include_url=False)]
+    if len(problems) == 1:
+        return problems[0]
+    listed = "\n".join(f"- {problem}" for problem in problems)
+    return f"{len(problems)} app settings are wrong:\n{listed}"
+
+
+def _problem(error: Any) -> str:
+    setting = str(error["loc"][0])
+    if error["type"] == "missing":
+        return f"app setting {setting} is not set; {_NOT_SET}"
+    message = str(error["msg"])
+    return message if setting in message else f"{setting}: {message}"
+
+
+def _read(env: Mapping[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in AppSettings.model_fields}
+
+
+_checked: tuple[dict[str, str | None], Settings] | None = None
+"""The process's settings as :meth:`Settings.check_on_load` read and built them."""

@@ -15,7 +15,7 @@ import azure.functions as func
 
 from adapters.telemetry import consuming
 from domain.agents import AGENTS, Agent
-from service import inbound, runtime
+from service import deadlines, inbound, runtime
 from service.agent import handle_request
 from service.runtime import Runtime
 
@@ -24,7 +24,7 @@ bp = func.Blueprint()
 
 async def on_request(msg: func.ServiceBusMessage, agent: Agent, rt: Runtime) -> None:
     """What the trigger does with one message, given the Runtime."""
-    with consuming(msg, agent.function_name, rt.settings.queue(agent.name)):
+    with consuming(msg, agent.function_name, rt.settings.queue(agent.name)), deadlines.message():
         delivery = inbound.Delivery.of(msg)
         body = await inbound.trusted_body(rt, delivery, agent.name, f"agent-{agent.name}")
         if body is not None:

@@ -461,7 +461,9 @@ class MemoryBus:
 
     def __init__(self) -> None:
         self.sent: list[Sent] = []
-        self._ids: set[tuple[str, str]] = set()
+        self._kept: dict[tuple[str, str], MessageBase] = {}
+        self.dropped: list[tuple[MessageBase, MessageBase]] = []
+        """Each message dropped as a duplicate, after the one kept under its MessageId."""
         self.fail_after: int | None = None
         """Sends left before every further send fails (None: never fail)."""
         self.attempts = 0
@@ -476,9 +478,11 @@ class MemoryBus:
                 raise SendFailed(f"send of {message_id_for(message)} to {queue} failed")
             self.fail_after -= 1
         key = (queue, message_id_for(message))
-        if key in self._ids:
+        kept = self._kept.get(key)
+        if kept is not None:
+            self.dropped.append((kept, message))
             return
-        self._ids.add(key)
+        self._kept[key] = message
         self.sent.append(Sent(queue, message, scheduled_at))
 
     def on(self, queue: str) -> list[Any]:

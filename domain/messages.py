@@ -15,17 +15,35 @@ NaN/Infinity, a ``type`` equal to the expected one, ``schema_version`` 1, and th
 validated strictly (no string-to-number coercion).
 
 Message ids (:func:`message_id_for`) are deterministic, so a send repeated after a crash carries
-the same id and Service Bus duplicate detection drops the copy:
+the same id and Service Bus duplicate detection drops the copy. Each names exactly one message:
+it is made of everything that tells that message from any other, so duplicate detection drops
+copies and only copies (issue 39). What an id leaves out is what two copies of one message may
+differ in, and the rule says why:
 
 ==================  ===========================================================================
-OrderSubmitted      ``sub:<order_id>:<content_hash[:16]>`` - the same order sent twice dedupes; a
+OrderSubmitted      ``sub:<order_id>:<content_hash[:16]>`` - the same order sent twice dedupes
+                    (the hash leaves out ``submitted_at``: a client's retry restamps it); a
                     different payload under the same id gets through and is rejected visibly.
-AgentRequest        ``req:<order_id>:<step>:<operation>:<attempt>`` - one request per attempt.
-AgentResponse       ``rsp:<order_id>:<step>:<operation>:<attempt>`` - one reply per attempt,
-                    whatever a redelivered request makes the agent answer the second time.
+AgentRequest        ``req:<idempotency_key>:<attempt>``, the key being
+                    ``<order_id>:<step>:<operation>:<generation>`` - one request per attempt of
+                    one key. The order's attempt counts every claim of the order, across steps
+                    and generations, and each claim sends one request, made from the order as
+                    that claim wrote it (action, payload, deadlines, the key undone): so no two
+                    requests the app makes share order, key and attempt.
+AgentResponse       ``rsp:<idempotency_key>:<attempt>`` - the answer to one request, whatever a
+                    redelivered request makes the agent answer the second time (the service
+                    answers one key once; the Scheduler applies one answer per request). An
+                    answer to a request for another key - another generation, a key never sent
+                    - is another message and reaches the Scheduler, which refuses and alerts it
+                    if the order never sent that request.
 SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one command per
-                    recovery decision; a second supervisor deciding the same thing dedupes.
-StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number.
+                    recovery decision: each release of an order is decided by one conditional
+                    write, at an attempt and failure count no other release of it has (a
+                    release follows a claim, which moves the attempt, or counts a failure);
+                    reason, author and time are that decision's. A cancel or resubmit put on
+                    the queue by hand is named alike: two at one point of the order are one.
+StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number, which one
+                    conditional write assigns and no later one reuses (not even a resubmission).
 OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
                     ``<caused_by>`` for an alert raised while handling a message (the queue's
                     role and the message's MessageId): one per message, however often it is
@@ -39,12 +57,24 @@ OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event
                     repeats within the duplicate-detection window are one alert.
 ==================  ===========================================================================
 
-An id longer than Service Bus's 128 characters (possible only with maximal ids and names) is
+Every rule names an order by its id, which stays taken until the order is purged, a day after
+it finished at the soonest (``RETENTION_DAYS``): far outside Service Bus's ten-minute
+duplicate-detection window. No id depends on ``resume`` (the order's snapshot a request and
+its reply carry, :mod:`service.resume`): a request resent with a later snapshot is the same
+message, and duplicate detection drops it like any resend. The longest request or answer id (a
+64-character order id, a 40-character step, ``undo``, generation 9999, attempt 1,000,000) is
+127 characters; any id longer than Service Bus's 128 (an alert naming a long MessageId) is
 replaced by ``<prefix>:<sha256 of the long id, 40 hex>``, still deterministic.
 
-No id depends on ``resume`` (the order's snapshot a request and its reply carry,
-:mod:`service.resume`): a request resent with a later snapshot is the same message, and
-duplicate detection drops it like any resend.
+Changing a rule is safe during a rolling deploy (the ``req:`` and ``rsp:`` ids gained the
+generation in issue 39): no receiver parses a MessageId or checks it against the body (the
+signature covers the MessageId a message came with, :mod:`domain.signing`), and the app
+compares ids only of messages it holds, computed by one rule. So a message in flight under the
+earlier rule is handled as before. What it costs is that a message sent once under each rule
+(resent from the outbox by an instance of the other version, or answered again by one) is not
+recognised as a copy and arrives twice, which every handler takes as it takes a redelivery
+after the duplicate-detection window: the idempotency key, an answer for a step already
+recorded, a status update by its sequence.
 """
 
 from __future__ import annotations
@@ -666,7 +696,8 @@ def message_id_for(message: MessageBase) -> str:
             prefix, rest = "sub", f"{message.order_id}:{message.content_hash()[:16]}"
         case AgentRequest() | AgentResponse():
             prefix = "req" if isinstance(message, AgentRequest) else "rsp"
-            rest = f"{message.order_id}:{message.step}:{message.operation}:{message.attempt}"
+            # The key names the order, step, operation and generation (_own_key checked it).
+            rest = f"{message.idempotency_key}:{message.attempt}"
         case SchedulerCommand():
             prefix = "cmd"
             rest = f"{message.order_id}:{message.command}:{message.failure_count}:{message.attempt}"

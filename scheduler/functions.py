@@ -1,9 +1,10 @@
 """The Scheduler's Service Bus triggers: submissions, agent replies and commands.
 
 Every trigger is ``async def``: the Python worker awaits it on its event loop. Each message is
-handled in a span parented on the trace context it carries (adapters.telemetry). Replies and
-commands are internal: they are handled only if the app signed them for their queue
-(service.inbound). Submissions come from outside and are validated, not signed.
+handled in a span parented on the trace context it carries (adapters.telemetry), its Table
+calls bounded by its lock (service.deadlines). Replies and commands are internal: they are
+handled only if the app signed them for their queue (service.inbound). Submissions come from
+outside and are validated, not signed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import azure.functions as func
 
 from adapters.telemetry import consuming
-from service import inbound, runtime
+from service import deadlines, inbound, runtime
 from service.commands import handle_command
 from service.intake import handle_submission
 from service.replies import handle_response
@@ -22,13 +23,16 @@ _TRIGGER = {"connection": "ServiceBusConnection", "arg_name": "msg"}
 
 
 async def on_submission(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
-    with consuming(msg, "scheduler_intake", rt.settings.queue("orders")):
+    with consuming(msg, "scheduler_intake", rt.settings.queue("orders")), deadlines.message():
         delivery = inbound.Delivery.of(msg)
         await handle_submission(delivery.body, rt, caused_by=delivery.cause("orders"))
 
 
 async def on_reply(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
-    with consuming(msg, "scheduler_replies", rt.settings.queue("responses")):
+    with (
+        consuming(msg, "scheduler_replies", rt.settings.queue("responses")),
+        deadlines.message(),
+    ):
         delivery = inbound.Delivery.of(msg)
         body = await inbound.trusted_body(rt, delivery, "responses", "replies")
         if body is not None:
@@ -36,7 +40,10 @@ async def on_reply(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
 
 
 async def on_command(msg: func.ServiceBusMessage, rt: runtime.Runtime) -> None:
-    with consuming(msg, "scheduler_commands", rt.settings.queue("commands")):
+    with (
+        consuming(msg, "scheduler_commands", rt.settings.queue("commands")),
+        deadlines.message(),
+    ):
         delivery = inbound.Delivery.of(msg)
         body = await inbound.trusted_body(rt, delivery, "commands", "commands")
         if body is not None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from adapters import metrics
+from adapters import deadline, metrics
 from adapters.store import circuits
 from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
 from adapters.store.state_store import OrderStateStore
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_POLL_S = 0.02
 """How often :meth:`CircuitReporter.flush` looks at a writer on another thread's loop."""
+ROW_WRITE_S = 30.0
+"""How long one circuit row's write may take; one that fails is dropped (the next transition
+writes the row whole again)."""
 
 
 BreakerState = CircuitState
@@ -366,7 +369,10 @@ class CircuitReporter:
             table = self._table()
             if table is None:
                 return
-            await table.record(row_of(transition, self._instance, utc_now()))
+            # A bound of the write's own: the writer task serves later invocations too, so the
+            # one it was started in (whose bound it inherits) does not bound it.
+            with deadline.within(ROW_WRITE_S, detached=True):
+                await table.record(row_of(transition, self._instance, utc_now()))
             self.written += 1
         except Exception as error:
             self.failed += 1

@@ -41,6 +41,7 @@ from domain.retention import (
     verdict,
 )
 from domain.states import ProcessState
+from service import deadlines
 
 CHUNK: Final = 50
 """Orders archived per append (one block of the day's blob)."""
@@ -150,26 +151,27 @@ async def run_purge(
         started_at=now,
     )
     stop_at = None if request.budget is None else monotonic() + request.budget.total_seconds()
-    candidates = store.purge_candidates(report.cutoff, request.states)
-    chunk: list[OrderSnapshot] = []
-    async for candidate in candidates:
-        if report.examined >= request.limit or (stop_at is not None and monotonic() > stop_at):
-            report.more = True
-            break
-        if candidate.interrupted:
-            if not request.dry_run and await store.finish_purge(candidate.order_id):
-                report.interrupted_finished += 1
-            continue
-        snapshot = await _examine(store, candidate, request, now, report)
-        if snapshot is not None:
-            chunk.append(snapshot)
-        if len(chunk) >= CHUNK:
-            await _archive_then_delete(store, archive, chunk, request, now, report)
-            chunk = []
-    await _archive_then_delete(store, archive, chunk, request, now, report)
-    report.finished_at = utc(clock())
-    if not request.dry_run:
-        await store.purges.record(report.run_id, report.started_at, report.as_dict())
+    with deadlines.purge(request.budget):
+        candidates = store.purge_candidates(report.cutoff, request.states)
+        chunk: list[OrderSnapshot] = []
+        async for candidate in candidates:
+            if report.examined >= request.limit or (stop_at is not None and monotonic() > stop_at):
+                report.more = True
+                break
+            if candidate.interrupted:
+                if not request.dry_run and await store.finish_purge(candidate.order_id):
+                    report.interrupted_finished += 1
+                continue
+            snapshot = await _examine(store, candidate, request, now, report)
+            if snapshot is not None:
+                chunk.append(snapshot)
+            if len(chunk) >= CHUNK:
+                await _archive_then_delete(store, archive, chunk, request, now, report)
+                chunk = []
+        await _archive_then_delete(store, archive, chunk, request, now, report)
+        report.finished_at = utc(clock())
+        if not request.dry_run:
+            await store.purges.record(report.run_id, report.started_at, report.as_dict())
     log.info("%s", report.summary())
     return report
 

@@ -127,11 +127,11 @@ _lock = threading.Lock()
 
 
 def current() -> Runtime:
-    """The process-wide Runtime, built from the environment on first use."""
+    """The process-wide Runtime, built on first use from the settings checked on load."""
     global _current
     with _lock:
         if _current is None:
-            _current = Runtime.from_settings(Settings.from_env())
+            _current = Runtime.from_settings(Settings.loaded())
             log.info("runtime ready as %s", _current.instance_id)
         return _current
 

@@ -41,9 +41,10 @@ from typing import TypeVar
 from adapters.store.active_index import DEFAULT_GRACE
 from adapters.store.rows import ActiveRow, ConcurrencyConflict, CorruptOrderState
 from adapters.store.supervision import BucketLease, Sweep
-from domain.lifecycle import Swept, decide
+from domain.events import Swept
+from domain.lifecycle import decide
 from domain.workflows import UnknownWorkflow
-from service import apply, leases
+from service import apply, deadlines, leases
 from service.runtime import Runtime
 from service.sweep_report import TickReport, record_tick
 
@@ -60,19 +61,22 @@ _OUTCOMES = {"released": "retried", "compensation_started": "compensating", "err
 
 
 async def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
+    """One tick: rows are taken up for ``budget_s`` (default: the settings' budget), and every
+    Table call ends by the tick's claim (:func:`service.deadlines.tick`)."""
     started = time.monotonic()
     budget = rt.settings.supervisor_budget.total_seconds() if budget_s is None else budget_s
     deadline = started + budget
     report = TickReport()
     claimed_at = rt.clock()
-    plan = await _claim(rt)
-    report.held = len(plan.hold)
-    sweeps: list[Sweep] = []
-    if plan.hold:
-        limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
-        found = await _gather(limit, lambda lease: _due(rt, lease), plan.hold)
-        sweeps = await _sweep(rt, limit, found, deadline, report)
-        await _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
+    with deadlines.tick(rt.settings, budget):
+        plan = await _claim(rt)
+        report.held = len(plan.hold)
+        sweeps: list[Sweep] = []
+        if plan.hold:
+            limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
+            found = await _gather(limit, lambda lease: _due(rt, lease), plan.hold)
+            sweeps = await _sweep(rt, limit, found, deadline, report)
+            await _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
     report.swept = len(sweeps)
     report.duration_s = round(time.monotonic() - started, 3)
     record_tick(report)

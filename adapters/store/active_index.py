@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 from typing import Final, TypeVar
 
 from azure.core.exceptions import (
+    AzureError,
     HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
@@ -47,7 +48,7 @@ from azure.core.exceptions import (
 from azure.data.tables import UpdateMode
 
 from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, if_unchanged, utc
-from adapters.tables import Entity, Pages, Table
+from adapters.tables import Entity, Pages, Table, may_have_applied
 from domain.order import Order
 
 INDEX_BUCKETS: Final = 16
@@ -97,17 +98,24 @@ class ActiveOrderIndex:
 
         A create uses this: an existing row may be the one thing saying that a finished order
         still owes its final messages, so a duplicate submission must neither replace it nor
-        remove it.
+        remove it. An insert whose answer was lost is settled by reading the row: there, it is
+        False (it may be this call's, but nothing says so, and a row too many is always safe);
+        missing, the error is raised (the create comes again).
         """
         try:
             await self._table.create_entity(self._row(order_id, generation, workflow, due))
         except ResourceExistsError:
             return False
+        except AzureError as exc:
+            if not may_have_applied(exc) or not await self.has(order_id, generation):
+                raise
+            return False
         return True
 
     async def postpone(self, row: ActiveRow, due: datetime) -> bool:
         """Move ``row``'s due time to ``due`` unless the row changed since it was read (an
-        earlier due time written meanwhile must win); True if moved."""
+        earlier due time written meanwhile must win); True if moved. A move whose answer was
+        lost is read back: moved if the row is due at ``due``."""
         try:
             await self._table.update_entity(
                 {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
@@ -116,6 +124,14 @@ class ActiveOrderIndex:
             )
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
+        except AzureError as exc:
+            if not may_have_applied(exc):
+                raise
+            try:
+                stored = await self._table.get_entity(row.partition_key, row.row_key)
+            except ResourceNotFoundError:
+                return False
+            return _active_row(stored).due_at == utc(due)
         return True
 
     async def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:

@@ -24,12 +24,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 
 from adapters.store.active_index import DEFAULT_GRACE, MAX_PAGE, delete_unchanged, first_rows
 from adapters.store.active_index import index_row_key as error_row_key
 from adapters.store.rows import CorruptOrderState, etag_of, if_unchanged, utc
-from adapters.tables import Entity, Table
+from adapters.tables import Entity, Table, may_have_applied
 from domain.order import Order
 from domain.states import ProcessState
 
@@ -65,12 +71,15 @@ class ErrorOrderIndex:
     async def put(self, order_id: str, generation: int) -> str | None:
         """Write the row of an order generation about to enter Error, if it has none; its ETag,
         or None when the row was there already (another writer entering Error, or an earlier
-        try): that row is not this writer's to delete if its order write then loses."""
+        try): that row is not this writer's to delete if its order write then loses. An insert
+        whose answer was lost is settled by reading the row: there, None (nothing says it is
+        this writer's; a stray row is reaped by listings); missing, the error is raised."""
+        key = error_row_key(order_id, generation)
         try:
             metadata = await self._table.create_entity(
                 {
                     "PartitionKey": ERROR_PARTITION,
-                    "RowKey": error_row_key(order_id, generation),
+                    "RowKey": key,
                     "OrderID": order_id,
                     "Generation": generation,
                     "WrittenAt": utc(self._clock()),
@@ -78,7 +87,18 @@ class ErrorOrderIndex:
             )
         except ResourceExistsError:
             return None
+        except AzureError as exc:
+            if not may_have_applied(exc) or not await self._exists(key):
+                raise
+            return None
         return str(metadata.get("etag", ""))
+
+    async def _exists(self, key: str) -> bool:
+        try:
+            await self._table.get_entity(ERROR_PARTITION, key)
+        except ResourceNotFoundError:
+            return False
+        return True
 
     async def discard(self, order_id: str, generation: int, *, etag: str | None = None) -> None:
         """Delete a row (only if unchanged since ``etag``, when given); failures are logged.

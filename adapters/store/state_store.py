@@ -9,11 +9,15 @@ Layout: see :mod:`adapters.store.rows`. The rules that keep it correct:
   ETag it was read with, plus the next timeline row. A lost race writes nothing at all.
 - **A write whose outcome is unknown is resolved by reading, never guessed.** The SDK may resend
   a batch whose first try committed (after a 500 or 503, as azure-core does for a POST); the 412
-  that follows would be our own write. A batch whose answer was lost (a read timeout, a reset
-  after it was sent, a 5xx the retries could not get past) may have committed or not. Each write
-  carries a random ``WriteId``: in both cases the store reads the row once; if it carries our
-  WriteId the write is ours, and otherwise the caller decides again on what is stored
-  (:class:`Unconfirmed`). A create whose answer was lost is settled the same way.
+  or 409 that follows would be our own write. A batch whose answer was lost (a read timeout, a
+  reset or a disconnect after it may have been sent, the invocation's deadline, a 5xx the
+  retries could not get past: :func:`adapters.tables.may_have_applied`) may have committed or
+  not. Each write carries a random ``WriteId``: in both cases the store reads the row once; if
+  it carries our WriteId the write is ours, and otherwise the caller decides again on what is
+  stored (:class:`Unconfirmed`). A create is settled the same way. Only a write certainly
+  refused (a 4xx) or never sent (no connection could be made for it) is not read for. A read
+  that cannot be made (the deadline has passed, the service is down) raises: the invocation
+  fails and its redelivery decides again.
 
 Active-order index (table ``activeorders``, :mod:`adapters.store.active_index`): a row per order
 generation that is in flight or still owes messages. It is written BEFORE the transaction that
@@ -28,7 +32,9 @@ process rows of finished orders last changed before a cutoff (one pass over the 
 no index, so nothing is added to the hot path), :meth:`~OrderStateStore.snapshot` reads one
 order's rows in one partition query, and :meth:`~OrderStateStore.purge` deletes them in Table
 transactions, the first conditional on the process row's ETag
-(:func:`domain.retention.delete_plan`).
+(:func:`domain.retention.delete_plan`). A first transaction whose answer was lost is settled
+by reading the process row: gone, the order is (a marker left is finished by the next run);
+unchanged, it did not land and the error is raised; changed, it is left alone.
 
 Every id is validated (:mod:`domain.ids`) before any request; every filter is parameterized.
 """
@@ -42,7 +48,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, Self
 
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
+from azure.core.exceptions import AzureError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.store.active_index import DEFAULT_GRACE, ActiveOrderIndex
@@ -74,7 +80,7 @@ from adapters.store.rows import (
     utc,
 )
 from adapters.store.supervision import SupervisionTable
-from adapters.tables import Entity, Table, TableService
+from adapters.tables import Entity, Table, TableService, may_have_applied
 from domain import ids
 from domain.messages import OrderSubmitted, utc_now
 from domain.order import Order, TimelineEntry
@@ -185,31 +191,40 @@ class OrderStateStore:
         added = await self.index.add(order_id, order.generation, order.workflow, due)
         try:
             results = await self._orders.submit_transaction(operations)
-        except TableTransactionError as exc:
-            if not _entity_exists(exc):
+        except AzureError as exc:
+            taken = _entity_exists(exc)
+            if not taken and not may_have_applied(exc):
                 raise
-            return await self._existing(order_id, payload_hash, remove_index_row=added)
-        except (ServiceResponseError, HttpResponseError) as exc:
-            if not _outcome_unknown(exc):
-                raise
-            stored = await self.find(order_id)
-            if stored is None:
-                raise  # it did not land: the submission comes again and is decided again
-            if stored.write_id == order.write_id:
-                return stored
-            return await self._existing(order_id, payload_hash, remove_index_row=added)
+            # The id is taken (by another create, or by this one: an SDK resend's 409), or the
+            # answer was lost: the rows say which.
+            existing = await self._existing(order, payload_hash, remove_index_row=added)
+            if existing is not None:
+                return existing
+            if taken:
+                raise CorruptOrderState(
+                    f"order {order_id} has rows but no details row and no process row; an "
+                    "earlier write was not one transaction"
+                ) from None
+            raise  # it did not land: the submission comes again and is decided again
         return dataclasses.replace(order, etag=results[1]["etag"])
 
     async def _existing(
-        self, order_id: str, payload_hash: str, *, remove_index_row: bool
-    ) -> AlreadyExists:
+        self, created: Order, payload_hash: str, *, remove_index_row: bool
+    ) -> Order | AlreadyExists | None:
+        """What is stored under ``created``'s id (two point reads): ``created`` itself if its
+        create landed (the process row carries its WriteId), None if there are no rows."""
+        order_id = created.order_id
         details, process = await self._details_and_process(order_id)
+        if details is None and process is None:
+            return None
         if details is None or process is None:
             raise CorruptOrderState(
                 f"order {order_id} has rows but no {'details' if details is None else 'process'}"
                 " row; an earlier write was not one transaction"
             )
         order = order_from_entity(process, etag_of(process))
+        if order.write_id == created.write_id:
+            return order
         if remove_index_row and (order.state.terminal or order.generation != 1):
             # This create just added the generation-1 index row of an order long past it.
             await self.index.discard(order_id, 1)
@@ -338,18 +353,18 @@ class OrderStateStore:
     ) -> Order:
         try:
             results = await self._orders.submit_transaction(operations)
-        except TableTransactionError as exc:
-            if exc.status_code == 404:
+        except AzureError as exc:
+            refused = exc.status_code if isinstance(exc, TableTransactionError) else None
+            if refused == 404:
                 raise OrderNotFound(before.order_id) from None
-            if exc.status_code != 412 and not _entity_exists(exc):
+            if refused == 412 or _entity_exists(exc):
+                # 412: the process row changed; 409: our timeline row exists. Either way someone
+                # else wrote - unless that someone was an SDK resend of this very batch.
+                error, lost = ConcurrencyConflict, ""
+            elif may_have_applied(exc):
+                error, lost = Unconfirmed, f"the write's answer was lost ({exc}); "
+            else:
                 raise
-            # 412: the process row changed; 409: our timeline row exists. Either way someone
-            # else wrote - unless that someone was an SDK retry of this very batch.
-            error, lost = ConcurrencyConflict, ""
-        except (ServiceResponseError, HttpResponseError) as exc:
-            if not _outcome_unknown(exc):
-                raise
-            error, lost = Unconfirmed, f"the write's answer was lost ({exc}); "
         else:
             return dataclasses.replace(after, etag=results[0]["etag"])
         stored = await self.find(before.order_id)
@@ -435,11 +450,16 @@ class OrderStateStore:
             first.append(("create", marker))
         try:
             await self._orders.submit_transaction(first)
-        except TableTransactionError as exc:
-            if exc.status_code not in (404, 409, 412):
+        except AzureError as exc:
+            refused = isinstance(exc, TableTransactionError) and exc.status_code in (404, 409, 412)
+            if not refused and not may_have_applied(exc):
                 raise
-            gone = await self.find(order_id) is None
-            return DeleteOutcome.GONE if gone else DeleteOutcome.CHANGED
+            stored = await self.find(order_id)
+            if stored is None:  # deleted: a marker left behind is finished by the next run
+                return DeleteOutcome.GONE
+            if not refused and stored.etag == snapshot.process.etag:
+                raise  # its answer was lost and it did not land: the next run tries again
+            return DeleteOutcome.CHANGED
         if not plan.atomic:
             for rows in plan.middle:
                 await self._orders.submit_transaction([("delete", _key(order_id, r)) for r in rows])
@@ -508,17 +528,13 @@ def _key(partition_key: str, row_key: str) -> dict[str, Any]:
     return {"PartitionKey": partition_key, "RowKey": row_key}
 
 
-def _entity_exists(error: TableTransactionError) -> bool:
+def _entity_exists(error: Exception) -> bool:
     # Only a row that already exists; a 409 can also mean e.g. a table being deleted.
-    return error.status_code == 409 and getattr(error, "error_code", None) == "EntityAlreadyExists"
-
-
-def _outcome_unknown(error: ServiceResponseError | HttpResponseError) -> bool:
-    """Whether a failed batch may have committed: its answer was lost after it was sent (a
-    read timeout, a reset) or was a server error. A refusal (4xx) says it did not."""
-    if isinstance(error, ServiceResponseError):
-        return True
-    return error.status_code is None or error.status_code >= 500
+    return (
+        isinstance(error, TableTransactionError)
+        and error.status_code == 409
+        and getattr(error, "error_code", None) == "EntityAlreadyExists"
+    )
 
 
 def _moved(before: Order, stored: Order | None) -> str:

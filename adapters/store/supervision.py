@@ -16,6 +16,12 @@ claim is all or nothing: a lost race writes nothing. Leases are an optimisation,
 orders correct: every change to an order is ETag-conditional, so two instances sweeping one
 bucket at once never both recover an order.
 
+Every row a claim or a checkpoint writes carries that write's random ``WriteId``, so a write
+whose outcome is unknown is read back, never guessed: its answer was lost
+(:func:`adapters.tables.may_have_applied`), or it was refused with a 412 that may answer a
+resend of itself (azure-core resends a PUT after a read timeout, aiohttp after a reset; the
+first may have landed). The rows are read; they are ours if they carry our WriteId.
+
 The rows' model, the recovery bound and the lag below are pure; the roster in memory is
 :class:`devstack.memory.MemorySupervision`.
 """
@@ -23,26 +29,28 @@ The rows' model, the recovery bound and the lag below are pure; the roster in me
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.settings import Settings
 from adapters.store.active_index import INDEX_BUCKETS
 from adapters.store.rows import ConcurrencyConflict, etag_of, if_unchanged, utc
-from adapters.tables import Table
+from adapters.tables import Entity, Table, may_have_applied
 from domain import ids
 
 
-def _lease_entity(lease: BucketLease) -> dict[str, Any]:
+def _lease_entity(lease: BucketLease, write_id: str) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": PARTITION,
         "RowKey": bucket_row_key(lease.bucket),
+        WRITE_ID: write_id,
         "Holder": lease.holder,
         "SweptBy": lease.swept_by,
         "LagSeconds": float(lease.lag_s),
@@ -61,10 +69,13 @@ class SupervisionTable:
         self._table = table
 
     async def read(self) -> Roster:
+        return roster_from_entities(await self._entities())
+
+    async def _entities(self) -> list[Entity]:
         entities = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": PARTITION}, results_per_page=1000
         )
-        return roster_from_entities([entity async for entity in entities])
+        return [entity async for entity in entities]
 
     async def claim(
         self,
@@ -75,56 +86,98 @@ class SupervisionTable:
     ) -> dict[int, str]:
         """Renew ``member``, take or renew ``hold`` (their ``holder``/``until`` already set),
         give up ``release`` and delete ``reap``, all or nothing. Returns the held buckets' new
-        ETags. Raises :class:`ConcurrencyConflict` if any row changed since it was read."""
-        renewed = _member_key(member.instance) | {"Until": utc(member.until)}
+        ETags. Raises :class:`ConcurrencyConflict` if any row changed since it was read (read
+        the roster again and plan again), unless the rows read back carry this claim: a refusal
+        or a lost answer is read back first (module docstring)."""
+        write_id = uuid.uuid4().hex
+        renewed = _member_key(member.instance) | {"Until": utc(member.until), WRITE_ID: write_id}
         operations: list[tuple[Any, ...]] = [("upsert", renewed, {"mode": UpdateMode.REPLACE})]
         changed = [*hold, *release]
-        operations += [_write(lease) for lease in changed]
+        operations += [_write(lease, write_id) for lease in changed]
         operations += [("delete", _member_key(g.instance), if_unchanged(g.etag)) for g in reap]
         try:
             results = await self._table.submit_transaction(operations)  # type: ignore[arg-type]
-        except TableTransactionError as exc:
-            raise ConcurrencyConflict("supervisor roster", str(exc.message)) from exc
+        except AzureError as exc:
+            refused = isinstance(exc, TableTransactionError)
+            if not refused and not may_have_applied(exc):
+                raise
+            landed = await self._landed(member.instance, changed, write_id)
+            if landed is not None:
+                return landed
+            lost = "" if refused else "the claim's answer was lost; the roster does not hold it: "
+            raise ConcurrencyConflict("supervisor roster", lost + str(exc.message)) from exc
         etags = [str(r.get("etag")) for r in results[1 : 1 + len(changed)]]
         return {lease.bucket: etag for lease, etag in zip(changed, etags, strict=True)}
+
+    async def _landed(
+        self, instance: str, changed: Sequence[BucketLease], write_id: str
+    ) -> dict[int, str] | None:
+        """The ETags of ``changed`` if the roster, read now, holds the claim ``write_id`` (its
+        member row and every row it changed carry it); else None."""
+        rows = {str(e["RowKey"]): e for e in await self._entities()}
+        keys = [member_row_key(instance), *(bucket_row_key(lease.bucket) for lease in changed)]
+        if any(rows.get(key, {}).get(WRITE_ID) != write_id for key in keys):
+            return None
+        return {lease.bucket: etag_of(rows[bucket_row_key(lease.bucket)]) for lease in changed}
 
     async def checkpoint(
         self, sweeps: Sequence[Sweep], by: str, *, others: Sequence[BucketLease] = ()
     ) -> int:
         """Record finished sweeps, and write ``others`` as they are (leases extended or given
         up), each on condition of the ETag from the claim (a bucket taken over meanwhile keeps
-        its new holder's record). One batch; if a lease changed, the rows one by one. Returns
-        how many rows were written."""
+        its new holder's record). One batch; if a lease changed, or the batch's answer was lost,
+        the rows one by one, each read back unless its write says it landed. Returns how many
+        rows were written."""
         rows = [swept_lease(sweep, by) for sweep in sweeps] + list(others)
         if not rows:
             return 0
+        write_id = uuid.uuid4().hex
         try:
-            await self._table.submit_transaction([_write(lease) for lease in rows])
+            await self._table.submit_transaction([_write(lease, write_id) for lease in rows])
             return len(rows)
-        except TableTransactionError:
-            # A bucket was taken over since the claim: record the others one by one.
-            return sum([await self._write_unless_changed(lease) for lease in rows])
+        except AzureError as exc:
+            if not isinstance(exc, TableTransactionError) and not may_have_applied(exc):
+                raise
+        return sum([await self._write_unless_changed(lease, write_id) for lease in rows])
 
-    async def _write_unless_changed(self, lease: BucketLease) -> bool:
+    async def _write_unless_changed(self, lease: BucketLease, write_id: str) -> bool:
+        """Write ``lease`` unless its row changed since the claim; True if the row holds it
+        (written now, or by the batch before). A refusal or a lost answer is read back."""
         try:
             await self._table.update_entity(
-                _lease_entity(lease), mode=UpdateMode.REPLACE, **if_unchanged(lease.etag)
+                _lease_entity(lease, write_id),
+                mode=UpdateMode.REPLACE,
+                **if_unchanged(lease.etag),
             )
         except (ResourceModifiedError, ResourceNotFoundError):
+            pass  # taken over since the claim; or ours, landed before: a resend's 412
+        except AzureError as exc:
+            if not may_have_applied(exc):
+                raise
+        else:
+            return True
+        return await self._carries(lease.bucket, write_id)
+
+    async def _carries(self, bucket: int, write_id: str) -> bool:
+        try:
+            row = await self._table.get_entity(PARTITION, bucket_row_key(bucket))
+        except ResourceNotFoundError:
             return False
-        return True
+        return row.get(WRITE_ID) == write_id
 
 
-def _write(lease: BucketLease) -> tuple[Any, ...]:
+def _write(lease: BucketLease, write_id: str) -> tuple[Any, ...]:
     """A batch operation writing ``lease`` over the row version it was read at (its ETag;
     None: a new row)."""
     if lease.etag is None:
-        return ("create", _lease_entity(lease))
+        return ("create", _lease_entity(lease, write_id))
     replace = {"mode": UpdateMode.REPLACE, **if_unchanged(lease.etag)}
-    return ("update", _lease_entity(lease), replace)
+    return ("update", _lease_entity(lease, write_id), replace)
 
 
 PARTITION: Final = "supervisor"
+WRITE_ID: Final = "WriteId"
+"""The random id of the claim or checkpoint that wrote a row (module docstring)."""
 _BUCKET_PREFIX: Final = "bucket-"
 _MEMBER_PREFIX: Final = "member-"
 

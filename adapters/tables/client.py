@@ -119,9 +119,10 @@ class TableService:
         batch_urls: Sequence[str] = (),
     ) -> AsyncHttpResponse:
         """Send one request (``path`` relative to the endpoint, already encoded) through the
-        pipeline, which retries what the Tables policy retries. The answer is returned whatever
-        its status, its body read; no answer raises azure-core's ``ServiceRequestError`` or
-        ``ServiceResponseError``."""
+        pipeline, which retries what the Tables policy retries, by the invocation's deadline.
+        The answer is returned whatever its status, its body read; no answer raises azure-core's
+        ``ServiceRequestError`` or ``ServiceResponseError``, or, for a write that may have been
+        applied, :class:`~adapters.tables.pipeline.OutcomeUnknown`."""
         sent = {**self._headers, "x-ms-client-request-id": str(uuid.uuid4())}
         if body is not None:
             content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
@@ -248,8 +249,13 @@ class Table:
             raise_for(answer, f"a transaction on {self.table_name}")
         parts = batch.parse(_text(answer))
         failed = next((p for p in parts if p.status >= 300), None)
-        if failed is not None or len(parts) != len(ops):
-            raise _transaction_error(failed, len(parts), len(ops))
+        if failed is not None:
+            raise _transaction_error(failed)
+        if len(parts) != len(ops):
+            raise pipeline.OutcomeUnknown(
+                f"a transaction on {self.table_name} was accepted, but its answer holds "
+                f"{len(parts)} of {len(ops)} operations; it may have been applied: read to know"
+            )
         return [_metadata(part.headers) for part in parts]
 
     def _operation(self, op: Operation) -> batch.Operation:
@@ -427,11 +433,8 @@ def raise_for(answer: AsyncHttpResponse, doing: str) -> None:
     raise error
 
 
-def _transaction_error(failed: batch.Part | None, got: int, wanted: int) -> TableTransactionError:
-    if failed is None:
-        error = TableTransactionError(message=f"0:the transaction answered {got} of {wanted}")
-        error.status_code, error.error_code = 500, None
-        return error
+def _transaction_error(failed: batch.Part) -> TableTransactionError:
+    """The failed operation's refusal: a change set is applied whole or not at all."""
     code, message = _error_of(failed.body)
     error = TableTransactionError(message=message or f"0:{failed.status}")
     error.status_code, error.error_code = failed.status, code

@@ -35,6 +35,26 @@ more in it; these keep its semantics, not its code):
    ``tracing_implementation`` setting); nothing otherwise.
 7. Authorization, per attempt, with a fresh ``x-ms-date``: :class:`SharedKeyPolicy` (connection
    strings: Azurite) or :class:`BearerTokenPolicy` (an ``azure.identity.aio`` credential).
+8. :class:`AttemptRecord`, last, so that it sees exactly what each attempt met on the wire:
+   whether any attempt of the call may have reached the service and been applied
+   (:func:`may_have_applied`), which tells a write whose outcome is unknown from one refused.
+
+**A write whose outcome is unknown** raises :class:`OutcomeUnknown`: some attempt may have been
+applied and no answer says whether it was (the answer was lost to a reset, a disconnect, a
+timeout or the invocation's deadline, or was a 5xx). Only the caller can settle it, by reading
+(:mod:`adapters.store`). A request is known not to have been sent only when no connection was
+made for it (aiohttp's ``ClientConnectorError``: refused, DNS, TLS, proxy; or its connect
+timeout), or when the deadline had passed before it was sent: aiohttp reports a reset after the
+request went out as a connection error too (``ServerDisconnectedError``, ``ClientOSError``),
+which azure-core raises as ``ServiceRequestError``, so that type alone says nothing. aiohttp
+also sends a PUT or DELETE again by itself after such an error, unseen by any policy: for those
+any connection error may follow a send, and a 412 to a conditional one is no proof that ours
+did not land (the stores read it back).
+
+**Every call ends by the invocation's deadline** (:mod:`adapters.deadline`), its retries and
+their waits included: :meth:`Sender.send` runs it under ``asyncio.timeout``. A read cut there
+raises ``ServiceResponseTimeoutError``; a write, :class:`OutcomeUnknown`; a call started with no
+time left is not sent (``ServiceRequestTimeoutError``).
 
 Left out, each for a reason: ``ContentDecodePolicy`` (the client reads its JSON itself),
 redirects (the Table service does not redirect), ``HttpLoggingPolicy`` and
@@ -57,9 +77,20 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.client import IDEMPOTENT_METHODS
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceRequestTimeoutError,
+    ServiceResponseError,
+    ServiceResponseTimeoutError,
+)
 from azure.core.pipeline import AsyncPipeline, PipelineRequest, PipelineResponse
 from azure.core.pipeline.policies import (
     AsyncBearerTokenCredentialPolicy,
+    AsyncHTTPPolicy,
     AsyncRetryPolicy,
     DistributedTracingPolicy,
     ProxyPolicy,
@@ -67,8 +98,10 @@ from azure.core.pipeline.policies import (
     UserAgentPolicy,
 )
 from azure.core.pipeline.transport import AioHttpTransport, AsyncHttpResponse, HttpRequest
+from azure.data.tables import TableTransactionError
 from yarl import URL
 
+from adapters import deadline
 from adapters.proxies import env_proxy
 from adapters.tables.auth import STORAGE_SCOPE, SharedKey
 
@@ -116,6 +149,92 @@ class RequestHook(SansIOHTTPPolicy):
             context[BATCH_URLS] = tuple(context.options.pop(BATCH_URLS, ()))
         sent = request.http_request
         self._hook(Sent(sent.method, sent.url, context[BATCH_URLS]))
+
+
+RESENT_BY_AIOHTTP: Final = IDEMPOTENT_METHODS
+"""Sent again by aiohttp itself, once, when the connection fails (:class:`AttemptRecord`)."""
+READS: Final = frozenset({"GET", "HEAD"})
+"""What is no write: a call of these that fails has no outcome to settle."""
+ATTEMPTS: Final = "table_attempts"
+"""The option (``pipeline.run(..., table_attempts=...)``) that carries a call's record."""
+
+
+class OutcomeUnknown(ServiceResponseError):
+    """A write that may have been applied though no answer says so: read to know.
+
+    Some attempt of it reached the service, or may have, and its answer was lost (a reset, a
+    disconnect, a timeout, the invocation's deadline) or was a server error that the retries did
+    not get past. The error that ended the call is ``inner_exception`` (and ``__cause__``)."""
+
+
+@dataclass(slots=True)
+class Attempts:
+    """What the attempts of one call met (:class:`AttemptRecord`)."""
+
+    maybe_applied: bool = False
+    """An attempt may have been applied without an answer saying so."""
+
+
+def may_have_applied(error: BaseException) -> bool:
+    """Whether a write that failed with ``error`` may have been applied.
+
+    No only for an answer that refused it (a 4xx, or a transaction's failed operation: the
+    service applies a change set whole or not at all), for a call that raised before any
+    request (an argument refused, the credential failing to give a token) and for a request
+    known never to have left (:func:`never_sent`). Yes for everything else: an answer lost after
+    the request went out (or may have), a 5xx or a 408, a call cut by the deadline or cancelled
+    mid-way."""
+    if isinstance(error, OutcomeUnknown):
+        return True
+    if isinstance(error, ClientAuthenticationError | TableTransactionError):
+        return False  # a 401 or no token; a change set refused whole, whatever the status
+    if isinstance(error, HttpResponseError):
+        return error.status_code is None or _status_may_have_applied(error.status_code)
+    if isinstance(error, ServiceRequestError):
+        return not never_sent(error)
+    return isinstance(error, ServiceResponseError | TimeoutError | asyncio.CancelledError)
+
+
+def never_sent(error: ServiceRequestError) -> bool:
+    """Whether no byte of the request can have reached the service: no connection was made for
+    it (aiohttp's ``ClientConnectorError``: refused, DNS, TLS, a proxy; or its connect timeout),
+    or azure-core or the deadline stopped it before it was sent (``ServiceRequestTimeoutError``
+    with no cause). aiohttp raises both only while connecting, before the request is written
+    (but see :class:`AttemptRecord` for what it sends again by itself)."""
+    cause = error.inner_exception
+    if isinstance(error, ServiceRequestTimeoutError) and cause is None:
+        return True
+    return isinstance(cause, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+
+
+def _status_may_have_applied(status: int) -> bool:
+    """A server error or a server-side timeout: the service may have applied the write first."""
+    return status >= 500 or status == 408
+
+
+class AttemptRecord(AsyncHTTPPolicy):
+    """Notes, for each attempt of a call, whether it may have been applied (:class:`Attempts`,
+    given as the ``table_attempts`` option). The last policy: it sees only the transport.
+
+    For a method aiohttp sends again by itself (PUT, DELETE: its ``IDEMPOTENT_METHODS``) after a
+    connection error, any connection error may follow a first send that nobody saw: the error
+    the attempt raises is the resend's."""
+
+    async def send(self, request: PipelineRequest) -> PipelineResponse:
+        context = request.context
+        if ATTEMPTS not in context:  # the first attempt: the option is taken once
+            context[ATTEMPTS] = context.options.pop(ATTEMPTS, None) or Attempts()
+        record: Attempts = context[ATTEMPTS]
+        try:
+            response = await self.next.send(request)
+        except BaseException as error:
+            resent = request.http_request.method in RESENT_BY_AIOHTTP
+            record.maybe_applied |= may_have_applied(error) or (
+                resent and isinstance(error, ServiceRequestError)
+            )
+            raise
+        record.maybe_applied |= _status_may_have_applied(response.http_response.status_code)
+        return response
 
 
 def _dated(request: HttpRequest) -> None:
@@ -214,6 +333,7 @@ def policies(endpoint: str, credential: SharedKey | Any, request_hook: Hook | No
         *([RequestHook(request_hook)] if request_hook is not None else []),
         DistributedTracingPolicy(),
         auth,
+        AttemptRecord(),
     ]
 
 
@@ -244,11 +364,50 @@ class Sender:
         self._pipeline: AsyncPipeline | None = None
 
     async def send(self, request: HttpRequest, batch_urls: Sequence[str] = ()) -> AsyncHttpResponse:
-        """The answer, its body read, whatever its status; raises azure-core's errors when no
-        answer came (``ServiceRequestError``, ``ServiceResponseError`` and their timeouts).
-        ``batch_urls``: a transaction's operations, for the request hook."""
-        options = {BATCH_URLS: batch_urls} if batch_urls and self._hooked else {}
-        return (await self._bound().run(request, **options)).http_response
+        """The answer, its body read, whatever its status, by the invocation's deadline (module
+        docstring). When no answer came: azure-core's errors (``ServiceRequestError``,
+        ``ServiceResponseError`` and their timeouts), or :class:`OutcomeUnknown` for a write
+        that may have been applied. ``batch_urls``: a transaction's operations, for the request
+        hook."""
+        attempts = Attempts()
+        options: dict[str, Any] = {ATTEMPTS: attempts}
+        if batch_urls and self._hooked:
+            options[BATCH_URLS] = batch_urls
+        try:
+            left = deadline.remaining()
+            if left is None:
+                return (await self._bound().run(request, **options)).http_response
+            return await self._within(left, request, options)
+        except AzureError as error:
+            if attempts.maybe_applied and request.method not in READS:
+                raise OutcomeUnknown(
+                    f"{request.method} {_path(request)}: no answer ({error}); it may have been "
+                    "applied: read to know",
+                    error=error,
+                ) from error
+            raise
+
+    async def _within(
+        self, left: float, request: HttpRequest, options: dict[str, Any]
+    ) -> AsyncHttpResponse:
+        if left <= 0:
+            raise ServiceRequestTimeoutError(
+                f"{request.method} {_path(request)} not sent: the invocation's deadline passed"
+            )
+        bound = asyncio.timeout(left)
+        try:
+            async with bound:
+                return (await self._bound().run(request, **options)).http_response
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            cut = (
+                f"{request.method} {_path(request)} cut at the invocation's deadline, "
+                f"{left:.3g} s after it started"
+            )
+            if options[ATTEMPTS].maybe_applied:
+                raise ServiceResponseTimeoutError(cut) from None
+            raise ServiceRequestTimeoutError(f"{cut}, before it was sent") from None
 
     def _bound(self) -> AsyncPipeline:
         loop = asyncio.get_running_loop()
@@ -270,3 +429,8 @@ class Sender:
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None and self._loop is asyncio.get_running_loop():
             await pipeline.__aexit__()
+
+
+def _path(request: HttpRequest) -> str:
+    """The request's path, for errors (the query may hold a filter's values)."""
+    return urlsplit(request.url).path

@@ -19,12 +19,22 @@ verify) and injects, per request, from ONE seeded random sequence at the chosen 
 A fault drawn for a write that Azurite refused (412, 409, ...) is not injected: its answer
 passes unchanged, so every fault counted as ``*_after_apply`` hid a write that did happen.
 
+A test scripts one exact failure instead (:meth:`StorageProxy.arm`): the next request of a
+method and path gets the fault named, whatever the rates draw — ``reset_after_apply`` (forward,
+then reset the client's connection once Azurite applied the write), ``timeout_after_apply``,
+``error_after_apply``, ``reset_before_forward``, ``throttle``, or ``trickle``: forwarded, and
+Azurite's answer sent at once but for its body, which follows a byte every ``trickle_s`` (a
+server that never lets a read time out).
+
 The proxy keeps its counts in ``--stats-file`` (rewritten about once a second while they change,
 and at exit) and one JSON line per injected fault in ``--events-file``::
 
     {"pid", "started_utc", "updated_utc", "rates": {kind: rate}, "requests", "writes",
      "faults": {"throttle" | "timeout_after_apply" | "error_after_apply" |
-                "reset_before_forward" | "reset_after_apply": n}}
+                "reset_before_forward" | "reset_after_apply" | "trickle": n},
+     "abandoned": n}
+
+``abandoned``: trickled answers the client stopped reading before their end.
 
 Run: ``python -m devstack.faults.storage_proxy --upstream http://127.0.0.1:10002
 --port-file PATH --seed 7 --rates throttle=0.03,timeout=0.005,error=0.01,reset=0.01``.
@@ -48,7 +58,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
@@ -62,6 +72,11 @@ _NOT_FORWARDED = frozenset(
     | {"content-length", "proxy-connection"}
 )
 DEFAULT_HOLD_S = 40.0  # the app's Table client gives up reading after 30 s
+DEFAULT_TRICKLE_S = 0.4  # well inside any read timeout: each byte restarts the client's wait
+ARMABLE = frozenset(
+    {"throttle", "reset_before_forward", "reset_after_apply", "timeout_after_apply"}
+    | {"error_after_apply", "trickle"}
+)
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a Table batch is at most 4 MiB
 STATS_EVERY_S = 1.0
 RETRY_AFTER_MS = (200, 2000)
@@ -135,17 +150,29 @@ class StorageProxy:
         *,
         seed: int,
         hold_s: float = DEFAULT_HOLD_S,
+        trickle_s: float = DEFAULT_TRICKLE_S,
         events_path: Path | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.rates = rates
         self.hold_s = hold_s
+        self.trickle_s = trickle_s
         self.events_path = events_path
         self._rng = random.Random(seed)
         self._session: aiohttp.ClientSession | None = None
+        self._armed: list[_Armed] = []
         self.requests = 0
         self.writes = 0
         self.faults: Counter[str] = Counter()
+        self.abandoned = 0
+
+    def arm(self, fault: str, *, method: str, path: str = "", times: int = 1) -> None:
+        """Give ``fault`` to the next ``times`` requests of ``method`` whose path contains
+        ``path``, whatever the rates draw (a ``*_after_apply`` fault still spares a write that
+        Azurite refused, and is spent on it)."""
+        if fault not in ARMABLE:
+            raise ValueError(f"unknown fault {fault!r}: arm one of {', '.join(sorted(ARMABLE))}")
+        self._armed.append(_Armed(fault, method.upper(), path, times))
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -166,17 +193,22 @@ class StorageProxy:
             "requests": self.requests,
             "writes": self.writes,
             "faults": dict(sorted(self.faults.items())),
+            "abandoned": self.abandoned,
         }
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         write = request.method in WRITE_METHODS
         self.requests += 1
         self.writes += int(write)
-        fault = self.rates.draw(self._rng, write)
-        after_apply = fault == "reset" and write and self._rng.random() < 0.5
+        fault = self.rates.draw(self._rng, write)  # drawn even when armed: the seed's schedule
+        armed = self._armed_for(request)
+        if armed is not None:
+            fault = _ARMED_AS.get(armed, armed)
+        if fault == "reset":  # drawn: before or after, one time in two for a write
+            fault = "reset_after_apply" if write and self._rng.random() < 0.5 else "reset_before"
         if fault == "throttle":
             return self._inject(request, "throttle", _server_busy(self._rng))
-        if fault == "reset" and not after_apply:
+        if fault == "reset_before":
             return self._inject(request, "reset_before_forward", _reset(request))
         body = await request.read()
         try:
@@ -191,9 +223,38 @@ class StorageProxy:
             return _reset(request)
         if fault == "error" and applied:
             return self._inject(request, "error_after_apply", _internal_error())
-        if fault == "reset" and applied:
+        if fault == "reset_after_apply" and applied:
             return self._inject(request, "reset_after_apply", _reset(request))
+        if fault == "trickle":
+            self._record(request, "trickle")
+            return await self._trickle(request, answer, payload)
         return web.Response(status=answer.status, headers=answer.headers, body=payload)
+
+    def _armed_for(self, request: web.Request) -> str | None:
+        """The fault armed for ``request`` (spending it), or None."""
+        for armed in self._armed:
+            if armed.method == request.method and armed.path in request.path:
+                armed.times -= 1
+                if armed.times == 0:
+                    self._armed.remove(armed)
+                return armed.fault
+        return None
+
+    async def _trickle(
+        self, request: web.Request, answer: _Answer, payload: bytes
+    ) -> web.StreamResponse:
+        """Azurite's answer, its body a byte every ``trickle_s``, until the client leaves."""
+        response = web.StreamResponse(status=answer.status, headers=answer.headers)
+        response.content_length = len(payload)
+        await response.prepare(request)
+        try:
+            for n in range(len(payload)):
+                await response.write(payload[n : n + 1])
+                await asyncio.sleep(self.trickle_s)
+            await response.write_eof()
+        except ConnectionError:  # the client stopped reading (aiohttp: a reset transport)
+            self.abandoned += 1
+        return response
 
     async def _forward(self, request: web.Request, body: bytes) -> tuple[_Answer, bytes]:
         assert self._session is not None, "start the proxy first"
@@ -223,6 +284,22 @@ class StorageProxy:
         }
         with open(self.events_path, "a") as events:
             events.write(json.dumps(event) + "\n")
+
+
+@dataclass
+class _Armed:
+    fault: str
+    method: str
+    path: str
+    times: int
+
+
+_ARMED_AS: Final = {
+    "reset_before_forward": "reset_before",
+    "timeout_after_apply": "timeout",
+    "error_after_apply": "error",
+}
+"""An armed fault by the name :meth:`StorageProxy.handle` acts on (the others: their own)."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +359,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, rates: FaultRates) -> None:
     proxy = StorageProxy(
-        args.upstream, rates, seed=args.seed, hold_s=args.hold, events_path=args.events_file
+        args.upstream,
+        rates,
+        seed=args.seed,
+        hold_s=args.hold,
+        events_path=args.events_file,
     )
     await proxy.start()
     app = web.Application(client_max_size=MAX_BODY_BYTES)

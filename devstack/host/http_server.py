@@ -1,7 +1,9 @@
 """HTTP triggers behind a local server, routed like the Functions host: `/api/<route>`.
 
 Route templates use the host's syntax (`orders/{order_id}/resubmit`, optional `{x:int}`-style
-constraints are matched as one path segment). Function keys are not checked locally, as with
+constraints are matched as one path segment; `{*rest}` takes the rest of the path, as the one
+route `func.AsgiFunctionApp` declares does, so an ASGI app such as the operations app's FastAPI
+is driven as the Azure host drives it). Function keys are not checked locally, as with
 `func start`; the Azure host enforces them (every operator function is AuthLevel.FUNCTION).
 
 As the Functions host (ASP.NET Core behind Kestrel) does: routing uses the request target's
@@ -10,8 +12,13 @@ stays encoded so that a parameter never spans two path segments; a Content-Lengt
 a non-negative integer is answered 400 and the connection closed (its body cannot be framed).
 Every answer the server makes itself is the API's JSON error, never the standard library's
 HTML page: HEAD and OPTIONS on a route that does not declare them get a 405 naming the methods
-that are allowed, a method nothing serves 501, a request line over 64 KiB 414. A client that
-goes away mid-request is logged in one line.
+that are allowed, a method nothing serves 501, a request line over 64 KiB 414. Anything that is
+not an HTTP/1.x request gets a real HTTP/1.1 400 (status line, headers, the JSON error) and the
+connection closes, as Kestrel answers it: a request line that cannot be parsed, one without a
+version (the standard library would serve it as HTTP/0.9, with no status line), and bytes that
+cannot begin a request at all - a TLS handshake sent to this plain-HTTP port is refused at its
+first byte, without waiting for a line end it may never send. A client that goes away
+mid-request is logged in one line.
 
 A coroutine function is awaited on the host's event loop, as the Python worker awaits it (the
 request's thread waits for it); a sync function runs on the request's thread, as the worker runs
@@ -62,6 +69,12 @@ _REFUSALS = {
 }
 """The API's code and message for what the standard library refuses before routing; any other
 refusal is named after its status (``bad_request``) with the library's message."""
+_METHOD_START = frozenset(
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+)
+"""The bytes an HTTP method (a token, RFC 9110) may begin with."""
+_TLS_HANDSHAKE = 0x16
+"""The first byte of a TLS record carrying a handshake (a ClientHello)."""
 _HOST = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
 _ENCODED_SLASH = re.compile(r"%2[Ff]")
 
@@ -99,7 +112,10 @@ class Route:
         for part in re.split(r"(\{[^}]+\})", trigger.route.strip("/")):
             if part.startswith("{") and part.endswith("}"):
                 name = part[1:-1].split(":", 1)[0].rstrip("?")
-                regex += f"(?P<{name}>[^/]+)"
+                # {*rest} is a catch-all: the rest of the path, slashes and all (the one
+                # route of func.AsgiFunctionApp, "/{*route}", takes every request).
+                segment = ".*" if name.startswith("*") else "[^/]+"
+                regex += f"(?P<{name.lstrip('*')}>{segment})"
             else:
                 regex += re.escape(part)
         methods = frozenset(m.upper() for m in trigger.methods)
@@ -211,6 +227,41 @@ class HttpServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # What a refusal is written as until the request line names a version: the
+            # library's default, HTTP/0.9, would answer with a bare body.
+            default_request_version = "HTTP/1.1"
+
+            def handle_one_request(self) -> None:
+                first = self.rfile.peek(1)[:1]
+                if first and first[0] not in _METHOD_START:
+                    self._refuse_at_once(first[0])
+                    return
+                super().handle_one_request()
+
+            def _refuse_at_once(self, first: int) -> None:
+                """Bytes no request begins with: answer, then close, without reading a line."""
+                self.raw_requestline, self.requestline, self.command = b"", "", ""
+                self.request_version = self.default_request_version
+                if first == _TLS_HANDSHAKE:
+                    why = "this is a TLS handshake, and this port speaks plain HTTP: use http://"
+                else:
+                    why = f"the request starts with byte 0x{first:02x}, which no HTTP method does"
+                self.send_error(HTTPStatus.BAD_REQUEST, f"not an HTTP/1.1 request: {why}")
+
+            def parse_request(self) -> bool:
+                words = self.raw_requestline.split()
+                if len(words) == 2:
+                    # "GET /path": HTTP/0.9, which the library would serve without a status
+                    # line or headers (and after waiting for headers it never gets).
+                    self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+                    self.command, self.request_version = None, self.default_request_version
+                    self.send_error(
+                        HTTPStatus.BAD_REQUEST,
+                        f"the request line {self.requestline[:80]!r} names no HTTP version: "
+                        "send '<METHOD> <target> HTTP/1.1'",
+                    )
+                    return False
+                return super().parse_request()
 
             def _serve(self) -> None:
                 length = content_length(self.headers.get_all("Content-Length") or [])

@@ -1,4 +1,5 @@
-"""Fixtures of the browser tests: the whole app in a local host serving HTTP, against Azurite,
+"""Fixtures of the browser tests: both apps (the pattern app and the operations app, which serves
+the dashboard and the operator API) in one local host serving HTTP, against Azurite,
 a broker of its own and the fake remote services, with a scenario of orders in it, and
 Chromium driven by Playwright.
 
@@ -195,7 +196,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The app in a local host (every function, HTTP served) with the scenario in it."""
+    """Both apps in one local host (every function, HTTP served) with the scenario in it: one
+    host, so that both run on one event loop, where the Runtime this module installs lives."""
     workdir = tmp_path_factory.mktemp("browser-broker")
     namespace = broker_support.start_local_namespace([broker_support.DEFAULT_CONFIG], workdir)
     fakes = FakeServices.start()
@@ -212,10 +214,11 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     rt = loop.run(make_runtime(env, "browser"))
     scenario = Scenario()
     _dead_letters(namespace, scenario)
-    sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
-    host = LocalHost(
-        importlib.import_module("function_app"), settings=env, host_json="host.json", http_port=0
-    )
+    apps = []
+    for name in ("function_app", "operations_app"):
+        sys.modules.pop(name, None)  # get_functions() runs once per FunctionApp
+        apps.append(importlib.import_module(name))
+    host = LocalHost(apps, settings=env, host_json="host.json", http_port=0)
     host.at_stop(_close_operations)  # first: while the host's Runtime is still installed
     install_for_host(rt, host)
     host.start()
@@ -237,11 +240,11 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 async def _close_operations() -> None:
     """Close, on the functions' loop, what the API and the overview opened there."""
-    from dashboard import functions as dashboard
-    from operator_api import functions as operator_api
+    from dashboard import routes as dashboard
+    from service.operations.context import current
 
     # The operator context of the Runtime this module installed for the host.
-    await (await operator_api.context()).close()
+    await (await current()).close()
     if dashboard._summary is not None:
         await dashboard._summary.close()
         dashboard._summary = None

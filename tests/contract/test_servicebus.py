@@ -355,6 +355,12 @@ async def test_unknown_queue_is_not_found(contract_ns, side):
     # Service Bus refuses the CBS token for a missing entity with 404 "could not be found"
     # before any link attaches; the Python SDK (7.x, pyamqp) raises that as an authentication
     # error with the 404 inside (and retries it, hence retry_total=0). Nothing is auto-created.
+    # Azure's own live tests of the SDK expect just that of a real namespace, with a connection
+    # string and with an Entra ID credential alike (Azure/azure-sdk-for-python,
+    # sdk/servicebus/azure-servicebus/tests: test_sb_client_bad_entity and its async twin raise
+    # ServiceBusAuthenticationError), so the development broker answers it the same way; a
+    # refusal at attach (amqp:not-found, which the SDK would raise at once as
+    # MessagingEntityNotFoundError) is not what Service Bus sends here (issue 39, item 7).
     name = "no-such-queue-" + uuid.uuid4().hex[:8]
     async with ServiceBusClient.from_connection_string(
         contract_ns.connection_string, retry_total=0

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
-from operator_api import functions as api
 from orderctl.local import LocalOperations
 from service import runtime
+from service.operations.context import current
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import socket
+import ssl
 import struct
 import sys
 
@@ -153,6 +155,71 @@ def test_a_too_long_url_gets_a_json_414(host):
     assert error["code"] == "uri_too_long" and "shorten" in error["message"]
 
 
+def tls_client_hello() -> bytes:
+    """The first flight of a real TLS client (what `curl https://...` sends to the port)."""
+    tls = ssl.create_default_context().wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="localhost"
+    )
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def without_newlines(data: bytes) -> bytes:
+    return data.replace(b"\n", b"")
+
+
+def with_a_newline(data: bytes) -> bytes:
+    return data if b"\n" in data else data[:60] + b"\n" + data[60:]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "says"),
+    [
+        # A ClientHello holds random bytes: a line end in it or not, at random.
+        (lambda: without_newlines(tls_client_hello()), "TLS handshake"),
+        (lambda: with_a_newline(tls_client_hello()), "TLS handshake"),
+        (lambda: b"\x00\x01binary\r\n\r\n", "byte 0x00"),
+        (lambda: b"GET /api/items/42\r\n\r\n", "names no HTTP version"),
+        (lambda: b"garbage\r\n\r\n", "Bad request syntax"),
+        (lambda: b"GET /api/items/42 HTTP/1.1 extra\r\nHost: x\r\n\r\n", "version"),
+        (lambda: b"GET /api/items/42 SPDY/3\r\nHost: x\r\n\r\n", "version"),
+    ],
+    ids=[
+        "tls-no-newline",
+        "tls-newline",
+        "binary",
+        "http-0.9",
+        "one-word",
+        "four-words",
+        "not-http",
+    ],
+)
+def test_a_malformed_request_gets_a_real_http_400_and_the_connection_closes(
+    host, request_bytes, says
+):
+    """Issue 39: a TLS ClientHello sent to the HTTP port was answered with a JSON body and no
+    status line (the library's HTTP/0.9 answer), or not at all when it held no line end."""
+    reply = raw_exchange(host, request_bytes())
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *header_lines = head.decode("iso-8859-1").split("\r\n")
+    assert status == "HTTP/1.1 400 Bad Request", reply[:200]
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request" and says in error["message"]
+    assert host.stats()["get_item"].invocations == 0
+
+
+def test_a_tls_client_is_refused_at_once_not_left_waiting(host):
+    """Its handshake fails on the plain-HTTP answer (or the close), never on the timeout."""
+    with socket.create_connection(("127.0.0.1", host.http.port), timeout=30) as conn:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            ssl.create_default_context().wrap_socket(conn, server_hostname="localhost")
+
+
 def test_a_client_that_goes_away_is_logged_in_one_line(host, caplog, capfd):
     caplog.set_level(logging.INFO, logger="devstack.host.http")
     with socket.create_connection(("127.0.0.1", host.http.port), timeout=5) as conn:
@@ -163,3 +230,49 @@ def test_a_client_that_goes_away_is_logged_in_one_line(host, caplog, capfd):
     (record,) = [r for r in caplog.records if "went away" in r.getMessage()]
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "Traceback" not in capfd.readouterr().err
+
+
+ASGI_MODULE = "tests.integration.host_asgi_app.function_app"
+
+
+@pytest.fixture
+def asgi_host():
+    sys.modules.pop(ASGI_MODULE, None)
+    app = importlib.import_module(ASGI_MODULE)
+    local = LocalHost(app, settings={"DEVHOST_PRINCIPAL_NAME": "ann"}, host_json=None, http_port=0)
+    local.start()
+    yield local
+    local.stop(timeout=2)
+
+
+def test_an_asgi_app_is_indexed_as_one_catch_all_http_function(asgi_host):
+    """func.AsgiFunctionApp declares one HTTP function on "/{*route}": the host routes every
+    path under /api/ to it, as the Azure host does, and the ASGI app routes from there."""
+    (info,) = asgi_host.functions
+    assert (info.name, info.trigger) == ("http_app_func", "httpTrigger")
+    assert info.target == "route=/api/{*route} methods=GET,POST,DELETE,HEAD,PATCH,PUT,OPTIONS"
+    got = httpx.get(f"{asgi_host.http.base_url}items/a%20b?verbose=yes", timeout=5)
+    assert got.status_code == 200
+    assert got.json() == {
+        "item": "a b",
+        "verbose": "yes",
+        "path": "/api/items/a b",
+        "caller": "ann",  # set by the host, as App Service Authentication would
+        "thread": "host-async-loop",  # awaited on the host's loop, as the worker does
+    }
+    posted = httpx.post(f"{asgi_host.http.base_url}items/7/notes", content=b"hi", timeout=5)
+    assert (posted.status_code, posted.json()) == (201, {"item": "7", "note": "hi"})
+    missing = httpx.get(f"{asgi_host.http.base_url}nothing/here/at/all", timeout=5)
+    assert missing.status_code == 404  # the ASGI app's answer: the host routed it there
+    assert asgi_host.stats()["http_app_func"].invocations == 3
+
+
+def test_the_asgi_app_starts_with_its_first_request_and_shuts_down_with_the_host(asgi_host):
+    """Its lifespan, as a server drives it: startup before the first request is served, and
+    shutdown on the same loop when the host stops."""
+    events = sys.modules[ASGI_MODULE].lifespan_events
+    assert events == []
+    assert httpx.get(f"{asgi_host.http.base_url}items/1", timeout=5).status_code == 200
+    assert events == ["startup"]
+    assert asgi_host.stop(timeout=2)
+    assert events == ["startup", "shutdown"]

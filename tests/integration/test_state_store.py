@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,15 +37,16 @@ from adapters.store.rows import (
 )
 from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
-from adapters.tables import TableService
+from adapters.tables import OutcomeUnknown, TableService
 from devstack.memory import MemoryStore
-from domain import lifecycle
+from domain import events, lifecycle, operator_actions
 from domain.ids import InvalidId
 from domain.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderSubmitted
 from domain.order import Order, StepState, TimelineEntry
 from domain.retention import DeleteOutcome
 from domain.states import ProcessState
 from domain.workflows import WORKFLOWS, resolve
+from tests.support.storage_faults import through_proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -172,8 +174,8 @@ def submitted(order_id: str = "o-1", **overrides: Any) -> OrderSubmitted:
     return OrderSubmitted(**fields)
 
 
-def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> lifecycle.Context:
-    return lifecycle.Context(workflow=resolve(WORKFLOWS, workflow), now=clock(), actor=actor)
+def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> events.Context:
+    return events.Context(workflow=resolve(WORKFLOWS, workflow), now=clock(), actor=actor)
 
 
 def new_order(clock: Clock, order: OrderSubmitted) -> tuple[Order, TimelineEntry]:
@@ -192,15 +194,26 @@ async def create(
 
 
 def decide(
-    order: Order, event: lifecycle.Event, clock: Clock, actor: str = "scheduler-1"
+    order: Order,
+    event: events.Event | operator_actions.Action,
+    clock: Clock,
+    actor: str = "scheduler-1",
 ) -> tuple[Order, TimelineEntry]:
-    decision = lifecycle.decide(order, event, context(clock, order.workflow, actor))
+    ctx = context(clock, order.workflow, actor)
+    if isinstance(event, operator_actions.Action):
+        decision = operator_actions.act(order, event, ctx)
+    else:
+        decision = lifecycle.decide(order, event, ctx)
     assert decision.order is not None and decision.entry is not None, decision.note
     return decision.order, decision.entry
 
 
 async def move(
-    store: Store, order: Order, event: lifecycle.Event, clock: Clock, actor: str = "scheduler-1"
+    store: Store,
+    order: Order,
+    event: events.Event | operator_actions.Action,
+    clock: Clock,
+    actor: str = "scheduler-1",
 ) -> Order:
     """Decide on ``event`` and save the decision, as the shell does."""
     return await store.save(order, *decide(order, event, clock, actor))
@@ -219,7 +232,7 @@ def replied(order: Order, clock: Clock, outcome: str = "succeeded", **fields: An
         responded_at=clock(),
         **fields,
     )
-    return lifecycle.Replied(response)
+    return events.Replied(response)
 
 
 def succeeded(order: Order, clock: Clock, result: dict | None = None):
@@ -234,7 +247,9 @@ def transient(order: Order, clock: Clock):
     return replied(order, clock, "failed", transient=True, error_code="timeout")
 
 
-RESUBMIT = lifecycle.Resubmit(actor="operator-ann", reason="stock arrived", outbox_delivered=True)
+RESUBMIT = operator_actions.Resubmit(
+    actor="operator-ann", reason="stock arrived", outbox_delivered=True
+)
 
 
 async def to_error(store: Store, clock: Clock, order_id: str = "o-1") -> Order:
@@ -323,14 +338,14 @@ async def test_a_duplicate_of_a_finished_order_keeps_the_row_of_an_outbox_still_
     # The write into Error committed but its alert was not sent yet (the send failed, or the
     # writer crashed): the active-index row is what tells the Supervisor to send it. A duplicate
     # submission arriving meanwhile must not remove that row - the intake sends nothing for a
-    # finished order (lifecycle.Resent flushes only orders in flight).
+    # finished order (events.Resent flushes only orders in flight).
     store, clock = backend.store, backend.clock
     errored = await to_error(store, clock)
     assert any(o.to == "alerts" for o in errored.outbox)
     order = submitted()
     result = await store.create(order, *new_order(clock, order))
     assert isinstance(result, AlreadyExists) and result.order == errored
-    assert lifecycle.decide(errored, lifecycle.Resent(), context(clock)).send == ()
+    assert lifecycle.decide(errored, events.Resent(), context(clock)).send == ()
     assert await backend.active_rows() == {("o-1", 1)}
 
 
@@ -387,7 +402,7 @@ async def test_save_with_a_stale_etag_raises_and_writes_nothing(backend):
     current = await create(store, clock)
     winner = await move(store, current, succeeded(current, clock), clock)
     timeline = await store.get_timeline("o-1")
-    cancel = lifecycle.Cancel(actor="operator-ann", reason="customer called")
+    cancel = operator_actions.Cancel(actor="operator-ann", reason="customer called")
     with pytest.raises(ConcurrencyConflict, match="changed by someone else"):
         await move(store, current, cancel, clock, actor="operator-ann")
     assert await store.load("o-1") == winner
@@ -404,7 +419,7 @@ async def test_concurrent_writers_from_the_same_read_exactly_one_wins(backend):
 
     async def contend(n: int) -> None:
         actor = f"operator-{n}"
-        after, entry = decide(current, lifecycle.Cancel(actor, "race"), clock, actor)
+        after, entry = decide(current, operator_actions.Cancel(actor, "race"), clock, actor)
         await barrier.wait()
         try:
             await store.save(current, after, entry)
@@ -832,9 +847,7 @@ async def test_an_sdk_resend_of_a_committed_save_is_not_a_conflict(table_store, 
     assert [e.event for e in await table_store.get_timeline("o-1")] == ["created", "step_succeeded"]
 
 
-async def test_an_sdk_resend_of_a_committed_create_is_a_duplicate_of_the_same_payload(
-    table_store, clock, monkeypatch
-):
+async def test_an_sdk_resend_of_a_committed_create_is_that_create(table_store, clock, monkeypatch):
     table = table_store._orders
     real_submit = table.submit_transaction
 
@@ -847,9 +860,9 @@ async def test_an_sdk_resend_of_a_committed_create_is_a_duplicate_of_the_same_pa
     order = submitted()
     decided, entry = new_order(clock, order)
     result = await table_store.create(order, decided, entry)
-    assert isinstance(result, AlreadyExists) and result.same_payload
-    assert result.order == await table_store.load("o-1")
-    assert bare(result.order) == decided
+    assert isinstance(result, Order), "its own rows, found by its WriteId: no duplicate"
+    assert result == await table_store.load("o-1")
+    assert bare(result) == decided
     assert [row for row in (await table_store.list_active()).rows if row.order_id == "o-1"]
 
 
@@ -1594,19 +1607,141 @@ async def test_a_write_whose_answer_was_lost_before_it_landed_is_decided_again(
 
 
 async def test_a_refused_or_unsent_write_is_not_taken_for_a_lost_answer(
-    table_store, clock: Clock
+    table_store, clock: Clock, counts
 ) -> None:
+    """A 4xx refused it; a connection that could not be made never carried it: the error is
+    raised as it is, with no read (only a request that may have left is read for)."""
     order = await create(table_store, clock)
     after, entry = decide(order, succeeded(order, clock), clock)
     refused = HttpResponseError(message="400 InvalidInput")
     refused.status_code = 400
     flaky = Flaky(table_store, commit=False, error=refused)
+    counts.reset()
     with pytest.raises(HttpResponseError, match="InvalidInput"):
         await table_store.save(order, after, entry)
-    Flaky(table_store, commit=False, error=ServiceRequestError("connection refused"))
-    with pytest.raises(ServiceRequestError):
+    Flaky(table_store, commit=False, error=await unsent_write())
+    with pytest.raises(ServiceRequestError, match="Cannot connect"):
         await table_store.save(order, after, entry)
     assert flaky.calls == 1
+    assert counts.snapshot() == {}, "no read"
+
+
+async def unsent_write() -> ServiceRequestError:
+    """What the Table client raises for an insert to where nothing listens."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    conn = f"AccountName=a;AccountKey={'a' * 44};TableEndpoint=http://127.0.0.1:{port}/a"
+    async with TableService.from_connection_string(conn) as nowhere:
+        with pytest.raises(ServiceRequestError) as raised:
+            await nowhere.get_table_client("t").create_entity({"PartitionKey": "p", "RowKey": "r"})
+    return raised.value
+
+
+# Through the storage fault proxy, in front of Azurite (tests.support.storage_faults): Azurite
+# applies the write, then the proxy resets the client's connection (TCP RST) before the answer,
+# or holds the answer past the client's read timeout, or answers 500 instead. aiohttp reports
+# the reset as a connection error (azure-core: ServiceRequestError), though the write landed.
+
+LOST_ANSWERS = ["reset_after_apply", "timeout_after_apply", "error_after_apply"]
+
+
+@pytest.fixture
+async def faulty(azurite, tables, clock):
+    """The proxy, and a store over ``table_store``'s tables that reaches Azurite through it."""
+    async with through_proxy(azurite, hold_s=2.0, read_timeout=1) as (proxy, service):
+        yield proxy, OrderStateStore(service, clock=clock, **tables.kwargs())
+
+
+@pytest.mark.parametrize("fault", LOST_ANSWERS)
+async def test_a_save_applied_whose_answer_was_lost_is_ours(table_store, faulty, clock, fault):
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    proxy.arm(fault, method="POST", path="$batch")
+    saved = await store.save(order, after, entry)
+    assert proxy.faults == {fault: 1}, "the write was applied, and its answer lost"
+    stored = await table_store.load(order.order_id)
+    assert saved.etag == stored.etag and saved.write_id == stored.write_id
+    assert [e.event for e in await table_store.get_timeline(order.order_id)] == [
+        "created",
+        "step_succeeded",
+    ]
+
+
+@pytest.mark.parametrize("fault", LOST_ANSWERS)
+async def test_a_create_applied_whose_answer_was_lost_is_ours(table_store, faulty, clock, fault):
+    proxy, store = faulty
+    order = submitted("o-reset")
+    proxy.arm(fault, method="POST", path="$batch")
+    created = await store.create(order, *new_order(clock, order))
+    assert proxy.faults == {fault: 1}
+    assert isinstance(created, Order), "its own create, not a duplicate"
+    assert created == await table_store.load("o-reset")
+
+
+async def test_an_index_insert_applied_then_reset_is_settled_by_reading(
+    table_store, faulty, tables, clock
+):
+    proxy, store = faulty
+    order = submitted("o-index")
+    proxy.arm("reset_after_apply", method="POST", path=tables.active)
+    created = await store.create(order, *new_order(clock, order))
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert isinstance(created, Order)
+    assert ("o-index", 1) in await active_rows(table_store)
+
+
+async def test_an_error_row_insert_applied_then_reset_is_settled_by_reading(
+    table_store, faulty, tables, clock
+):
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, declined(order, clock), clock)
+    proxy.arm("reset_after_apply", method="POST", path=tables.orders)
+    saved = await store.save(order, after, entry)
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert saved.state is ProcessState.ERROR
+    assert await error_rows(table_store) == {("o-1", 1)}
+
+
+async def test_an_index_move_applied_then_reset_is_read_back(table_store, faulty, clock):
+    proxy, store = faulty
+    await create(table_store, clock)
+    [row] = (await table_store.list_active()).rows
+    later = clock() + timedelta(minutes=7)
+    proxy.arm("reset_after_apply", method="PATCH")
+    assert await store.index.postpone(row, later), "moved: the row says so"
+    assert proxy.faults == {"reset_after_apply": 1}
+    assert [r.due_at for r in (await table_store.list_active()).rows] == [later]
+
+
+async def test_a_purge_applied_then_reset_is_settled_by_reading(table_store, faulty, clock):
+    proxy, store = faulty
+    await to_processed(table_store, clock)
+    snapshot = await table_store.snapshot("o-1")
+    assert snapshot is not None
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(OutcomeUnknown):  # not applied, and the order unchanged: next run
+        await store.purge(snapshot)
+    proxy.arm("reset_after_apply", method="POST", path="$batch")
+    assert await store.purge(snapshot) is DeleteOutcome.GONE, "deleted, as a read shows"
+    assert proxy.faults == {"reset_before_forward": 1, "reset_after_apply": 1}
+    assert await table_store.find("o-1") is None
+
+
+async def test_a_write_whose_answer_was_lost_and_did_not_land_is_decided_again(
+    table_store, faulty, clock
+):
+    """The proxy resets the connection before forwarding: nothing was applied, though the
+    client cannot tell; the store reads, finds the order as it was, and says so."""
+    proxy, store = faulty
+    order = await create(table_store, clock)
+    after, entry = decide(order, succeeded(order, clock), clock)
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(Unconfirmed, match="the write's answer was lost"):
+        await store.save(order, after, entry)
+    assert await table_store.load(order.order_id) == order
 
 
 async def test_a_create_whose_answer_was_lost_is_settled_by_reading(

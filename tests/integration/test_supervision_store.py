@@ -28,6 +28,7 @@ from adapters.tables import TableService
 from devstack.memory import MemorySupervision
 from domain.ids import InvalidId
 from service.leases import REAP_AFTER_LEASES, plan
+from tests.support.storage_faults import through_proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -312,3 +313,73 @@ async def test_datetimes_in_another_zone_come_back_in_utc(store: Store):
     for value in (roster.buckets[1].until, roster.buckets[1].swept_at, roster.members[0].until):
         assert value == expected
         assert value is not None and value.tzinfo == UTC
+
+
+# ------------------------------------------------------- writes whose outcome is unknown
+# Through the storage fault proxy, in front of Azurite (tests.support.storage_faults): a write
+# whose answer is lost, or whose resend is refused because the first landed, is read back. The
+# rows it wrote carry its WriteId: they are ours if they say so.
+
+
+@pytest.fixture
+async def faulty(azurite: Any, supervision_table: SupervisionTable) -> AsyncIterator[Any]:
+    """The proxy, and the roster of ``supervision_table`` through it."""
+    name = supervision_table._table.table_name
+    async with through_proxy(azurite, hold_s=2.0, read_timeout=0.5) as (proxy, service):
+        yield proxy, SupervisionTable(service.get_table_client(name))
+
+
+async def test_a_lease_write_resent_after_a_read_timeout_is_not_reported_lost(
+    supervision_table: SupervisionTable, faulty: Any
+):
+    """sup-b took bucket 1 over, so sup-a's checkpoint goes row by row. Its PUT of bucket 2
+    lands, but the answer does not come within the read timeout; azure-core sends the PUT
+    again, and the service refuses the resend (412: the row changed, by the first)."""
+    proxy, through = faulty
+    held = await claim_all(supervision_table)
+    await supervision_table.claim(member("sup-b"), [lease(1, "sup-b", held[1].etag)], [])
+    proxy.arm("timeout_after_apply", method="PUT", path="bucket-02")
+
+    sweeps = [Sweep(held[1], T0, 0.0, 0), Sweep(held[2], T0, 1.5, 4)]
+    assert await through.checkpoint(sweeps, "sup-a") == 1, "bucket 2 written, bucket 1 not"
+
+    assert proxy.faults == {"timeout_after_apply": 1}
+    roster = await supervision_table.read()
+    two = roster.buckets[2]
+    assert (two.holder, two.swept_at, two.swept_by, two.due_found) == ("sup-a", T0, "sup-a", 4)
+    assert roster.buckets[1].holder == "sup-b"
+
+
+async def test_a_claim_applied_then_reset_before_its_answer_is_read_back(
+    supervision_table: SupervisionTable, faulty: Any
+):
+    proxy, through = faulty
+    proxy.arm("reset_after_apply", method="POST", path="$batch")
+    etags = await through.claim(member(), [lease(b) for b in (3, 4)], [])
+    assert proxy.faults == {"reset_after_apply": 1}
+    roster = await supervision_table.read()
+    assert etags == {b: roster.buckets[b].etag for b in (3, 4)}
+    assert roster.buckets[3].held_by("sup-a", T0) and members(roster) == {"sup-a": T0 + LEASE}
+
+
+async def test_a_claim_whose_answer_was_lost_before_it_landed_conflicts(
+    supervision_table: SupervisionTable, faulty: Any
+):
+    proxy, through = faulty
+    proxy.arm("reset_before_forward", method="POST", path="$batch")
+    with pytest.raises(ConcurrencyConflict, match="the claim's answer was lost"):
+        await through.claim(member(), [lease(3)], [])
+    assert (await supervision_table.read()).members == (), "nothing landed: plan again"
+
+
+async def test_a_checkpoint_applied_then_reset_before_its_answer_is_read_back(
+    supervision_table: SupervisionTable, faulty: Any
+):
+    proxy, through = faulty
+    held = await claim_all(supervision_table)
+    proxy.arm("reset_after_apply", method="POST", path="$batch")
+    sweeps = [Sweep(held[b], T0, 0.25, 1) for b in (5, 6)]
+    assert await through.checkpoint(sweeps, "sup-a") == 2
+    assert proxy.faults == {"reset_after_apply": 1}
+    roster = await supervision_table.read()
+    assert [roster.buckets[b].swept_by for b in (5, 6)] == ["sup-a", "sup-a"]

@@ -22,7 +22,7 @@ from adapters import clients
 from adapters.store.active_index import INDEX_BUCKETS
 from adapters.store.rows import order_entity
 from adapters.tables import TableService
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import OrderSubmitted, encode, utc_now
 from domain.order import Order, StepState
 from domain.states import ProcessState
@@ -49,7 +49,7 @@ def new_submission() -> OrderSubmitted:
 
 def finished_order(rt) -> Order:
     """A Processed order as the store writes it, a day old: what a scan would wade through."""
-    ctx = lifecycle.Context(
+    ctx = events.Context(
         workflow=rt.workflow("order"), now=utc_now() - timedelta(days=1), actor="scheduler:old"
     )
     created = lifecycle.submit(new_submission(), ctx).order

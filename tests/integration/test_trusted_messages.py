@@ -1,4 +1,6 @@
-"""Forged internal messages change nothing and raise a security alert (issue 15, item 5).
+"""Forged internal messages change nothing and raise a security alert (issue 15, item 5), and
+a validly signed request the order never sent cannot pass its answer off as the genuine one
+(issue 39, item 6).
 
 Against Azurite, the development broker and the fake services: each forgery is sent to the real
 queue through the SDK, received like the Functions host receives it, and handed to the trigger's
@@ -25,7 +27,9 @@ from adapters.servicebus import Bus
 from adapters.store.rows import OrderNotFound
 from agent.functions import on_request
 from devstack.host.servicebus_runner import to_function_message
+from domain import signing
 from domain.agents import AGENTS
+from domain.lifecycle import UNREQUESTED_REASON
 from domain.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
 from domain.signing import SIGNING_KEYS_SETTING
 from domain.states import ProcessState
@@ -54,9 +58,15 @@ def sender(servicebus) -> Iterator[ServiceBusClient]:
         yield client
 
 
-def forge(client: ServiceBusClient, queue_name: str, body: bytes, **properties: Any) -> str:
+def forge(
+    client: ServiceBusClient,
+    queue_name: str,
+    body: bytes,
+    message_id: str | None = None,
+    **properties: Any,
+) -> str:
     """Send ``body`` as an outsider would (no key, or the ``signature`` given); its MessageId."""
-    message_id = f"forged-{uuid.uuid4().hex[:12]}"
+    message_id = message_id or f"forged-{uuid.uuid4().hex[:12]}"
     with client.get_queue_sender(queue_name) as s:
         s.send_messages(
             ServiceBusMessage(
@@ -64,6 +74,16 @@ def forge(client: ServiceBusClient, queue_name: str, body: bytes, **properties: 
             )
         )
     return message_id
+
+
+def forge_signed(client: ServiceBusClient, rt, queue_name: str, body: bytes) -> str:
+    """Send ``body`` signed with the app's own key (a leaked key, or a bug upstream) under a
+    MessageId of the sender's choosing; its MessageId."""
+    message_id = f"forged-{uuid.uuid4().hex[:12]}"
+    signature = signing.sign(
+        rt.settings.keyring, queue=queue_name, message_id=message_id, body=body
+    )
+    return forge(client, queue_name, body, message_id, signature=signature)
 
 
 def take(reader: QueueReader, queue_name: str, message_id: str) -> ServiceBusReceivedMessage:
@@ -84,6 +104,13 @@ def untrusted_alerts(rt, reader: QueueReader) -> list[dict]:
         alert = json.loads(raw)
         if alert["reason"] == "untrusted_message":
             found.append(alert)
+    return found
+
+
+def all_alerts(rt, reader: QueueReader) -> list[dict]:
+    found = []
+    while (raw := reader.take(queue(rt, "alerts"), None, wait=1.0)) is not None:
+        found.append(json.loads(raw))
     return found
 
 
@@ -212,6 +239,95 @@ async def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, s
     assert "mallory" not in json.dumps([t.actor for t in await rt.store.get_timeline(order_id)])
     alert = only_alert_for(rt, reader, commands, message_id, "unsigned")
     assert "'SchedulerCommand'" in alert["detail"]
+
+
+async def test_a_signed_request_for_a_key_never_sent_ends_in_an_unrequested_answer_alert(
+    rt, reader, fakes, sender, at_payment
+):
+    """Issue 39: a request signed with the app's own key, without a snapshot (as one too large
+    to carry it travels), for the next generation's key, at the attempt of the genuine payment
+    request that was answered moments before. The agent carries such a request out unchecked
+    (docs/how-it-works.md, "Trusted messages"); its answer was named like the genuine answer,
+    so duplicate detection dropped it: a charge in the service's ledger, no alert, no trace on
+    the order. Now the answer reaches the Scheduler, which changes nothing and raises one
+    critical ``unrequested_answer`` alert naming the key, and the order carries on."""
+    order_id, request = at_payment
+    await on_request(to_function_message(request), AGENT["payment"], rt)
+    responses = queue(rt, "responses")
+    genuine_answer = take_for(reader, responses, order_id)
+    await on_reply(to_function_message(genuine_answer), rt)
+    assert (await rt.store.load(order_id)).current_step == "create_shipment"
+
+    genuine = AgentRequest.model_validate_json(b"".join(request.body))
+    never_sent = f"{order_id}:charge_payment:do:2"
+    forged = AgentRequest.model_validate(
+        genuine.model_dump() | {"idempotency_key": never_sent, "resume": None}
+    )
+    payment = queue(rt, "payment")
+    message_id = forge_signed(sender, rt, payment, encode(forged))
+    await on_request(to_function_message(take(reader, payment, message_id)), AGENT["payment"], rt)
+    assert ("payment", "charge", never_sent) in effects(fakes, order_id)  # carried out unchecked
+
+    answer = reader.take_message(responses, lambda m: m.correlation_id == order_id)
+    assert answer is not None, "the forged request's answer was dropped as a copy of another"
+    assert answer.message_id != genuine_answer.message_id
+    before = await snapshot(rt, order_id)
+    await on_reply(to_function_message(answer), rt)
+    assert await snapshot(rt, order_id) == before
+    alerts = [a for a in all_alerts(rt, reader) if a["reason"] == UNREQUESTED_REASON]
+    assert len(alerts) == 1, alerts
+    assert alerts[0]["severity"] == "critical" and alerts[0]["order_id"] == order_id
+    assert f"key {never_sent}," in alerts[0]["detail"]
+    assert alerts[0]["caused_by"] == f"responses/{answer.message_id}"
+
+    await deliver_genuine_step(rt, reader, order_id, "shipping")
+    order = await rt.store.load(order_id)
+    assert order.state is ProcessState.PROCESSED
+    assert order.step("charge_payment").forward_key(order_id) == genuine.idempotency_key
+
+
+async def test_messages_named_by_the_earlier_id_rule_are_handled_in_a_rolling_deploy(
+    rt, reader, fakes, sender, at_payment
+):
+    """Issue 39 changed the rule for request and answer ids. During a rolling deploy an
+    instance of the previous version names the payment request and its answer
+    ``req:<order>:<step>:<operation>:<attempt>`` and ``rsp:...``; this version names them by
+    key and attempt. The signature covers whichever MessageId a message came with, so each is
+    handled; a message sent under both names arrives twice, and the second changes nothing:
+    one charge, one transition, no alert."""
+    order_id, request = at_payment
+    body = b"".join(request.body)
+    genuine = AgentRequest.model_validate_json(body)
+    earlier = f"{order_id}:{genuine.step}:{genuine.operation}:{genuine.attempt}"
+    payment, responses = queue(rt, "payment"), queue(rt, "responses")
+    signature = signing.sign(
+        rt.settings.keyring, queue=payment, message_id=f"req:{earlier}", body=body
+    )
+    forge(sender, payment, body, f"req:{earlier}", signature=signature)
+    assert request.message_id != f"req:{earlier}"
+    await on_request(
+        to_function_message(take(reader, payment, f"req:{earlier}")), AGENT["payment"], rt
+    )
+    answer = take_for(reader, responses, order_id)
+    await on_reply(to_function_message(answer), rt)
+    after = await snapshot(rt, order_id)
+    assert after[2] == "create_shipment"
+
+    # The same answer as an agent of the previous version named it, and the request resent
+    # under this version's name: both arrive, both change nothing.
+    answered = encode(AgentResponse.model_validate_json(b"".join(answer.body)))
+    signature = signing.sign(
+        rt.settings.keyring, queue=responses, message_id=f"rsp:{earlier}", body=answered
+    )
+    forge(sender, responses, answered, f"rsp:{earlier}", signature=signature)
+    await on_reply(to_function_message(take(reader, responses, f"rsp:{earlier}")), rt)
+    await on_request(to_function_message(request), AGENT["payment"], rt)
+    assert reader.take(responses, order_id, wait=1.0) is None  # a copy of the answer above
+    assert await snapshot(rt, order_id) == after
+    assert [e for e in effects(fakes, order_id) if e[0] == "payment"] == [
+        ("payment", "charge", genuine.idempotency_key)
+    ]
+    assert all_alerts(rt, reader) == []
 
 
 async def test_an_empty_body_on_an_agent_queue_is_reported(rt, reader, fakes, sender):

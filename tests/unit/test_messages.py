@@ -483,8 +483,8 @@ def test_encode_refuses_what_a_receiver_would_refuse():
 
 class TestMessageIds:
     def test_rules_per_type(self):
-        assert message_id_for(request()) == "req:o-1:charge_payment:do:2"
-        assert message_id_for(response()) == "rsp:o-1:charge_payment:do:2"
+        assert message_id_for(request()) == "req:o-1:charge_payment:do:1:2"
+        assert message_id_for(response()) == "rsp:o-1:charge_payment:do:1:2"
         assert message_id_for(ALL_MESSAGES[4]) == "cmd:o-1:retry:1:3"
         assert message_id_for(ALL_MESSAGES[5]) == "st:o-1:4"
         assert message_id_for(order()) == f"sub:o-1:{order().content_hash()[:16]}"
@@ -517,6 +517,17 @@ class TestMessageIds:
             )
         )
         assert message_id_for(order()) != message_id_for(order(customer_id="c-10"))
+
+    def test_an_answer_for_a_key_never_sent_is_not_taken_for_the_genuine_one(self):
+        """Issue 39: an answer to a request for the next generation's key, at the attempt the
+        genuine answer had, was named like it and dropped by duplicate detection unseen."""
+        genuine = response()
+        forged = response(idempotency_key="o-1:charge_payment:do:2", responded_at=T0)
+        assert message_id_for(forged) == "rsp:o-1:charge_payment:do:2:2"
+        assert message_id_for(forged) != message_id_for(genuine)
+        assert message_id_for(request(idempotency_key="o-1:charge_payment:do:2")) != (
+            message_id_for(request())
+        )
 
     def test_alerts_of_two_entries_into_error_differ(self):
         first = OperatorAlert(

@@ -307,6 +307,45 @@ async def test_a_call_without_an_answer_is_an_error_span(serve) -> None:
     (span,) = exporter.get_finished_spans()
     assert span.status.status_code is trace.StatusCode.ERROR
     assert span.events[0].attributes["exception.type"].endswith("CallTimedOut")
+    assert span.attributes["error.type"] == "CallTimedOut"  # issue 39: it had none
+
+
+@pytest.mark.parametrize(
+    ("script", "failure", "error_type"),
+    [
+        (slow(5), CallTimedOut, "CallTimedOut"),
+        (lambda request, n: None, CallFailed, "ServerDisconnectedError"),
+        (
+            lambda request, n: (b"HTTP/1.1 2xx Nope\r\n\r\n", True),
+            CallFailed,
+            "ClientResponseError",
+        ),
+        (lambda request, n: (answer(200, b"x" * 2048), False), AnswerTooLarge, "AnswerTooLarge"),
+        (None, CallFailed, "ClientConnectorError"),
+        (lambda request, n: (answer(503), False), None, "503"),
+    ],
+    ids=["timeout", "closed", "malformed", "too_large", "refused", "status"],
+)
+async def test_every_failed_call_is_an_error_span_with_an_error_type(
+    serve, script, failure, error_type
+) -> None:
+    """OpenTelemetry's HTTP conventions: ``error.type`` on every failed call (issue 39)."""
+    server = await serve(script or (lambda request, n: (answer(200), False)))
+    if script is None:
+        await server.close()  # nothing listens there any more: the connection is refused
+    timeout = 0.5 if failure is CallTimedOut else 30.0  # only the timeout may run out
+    exporter = InMemorySpanExporter()
+    with recording(exporter):
+        http = remote(server, max_answer_bytes=1500)
+        if failure is None:
+            await http.post("inventory", "reserve", b"{}", HEADERS, timeout=timeout)
+        else:
+            with pytest.raises(failure):
+                await http.post("inventory", "reserve", b"{}", HEADERS, timeout=timeout)
+        await http.close()
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert span.attributes["error.type"] == error_type
 
 
 # ---------------------------------------------------------------------------- event loops

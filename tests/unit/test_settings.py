@@ -7,10 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.settings import MAX_RUN_BUDGET, ServiceLimits, Settings, SettingsError
+from adapters.setting_values import SettingsError
+from adapters.settings import MAX_RUN_BUDGET, Connection, ServiceLimits, Settings
 from devstack.stack.processes import REPO_ROOT
 from domain.signing import local_keyring, parse_keyring
 from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
+from service import runtime
 from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.keys import new_key_text
 
@@ -63,7 +65,7 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
         ({"ServiceBusConnection": None}, "ServiceBusConnection__fullyQualifiedNamespace"),
         ({"StateStorage": None}, "StateStorage__tableServiceUri"),
         ({"PAYMENT_SERVICE_URL": "ftp://x"}, "PAYMENT_SERVICE_URL must be an http(s) URL"),
-        ({"FAILURE_THRESHOLD": "zero"}, "FAILURE_THRESHOLD must be a positive integer"),
+        ({"FAILURE_THRESHOLD": "zero"}, "FAILURE_THRESHOLD must be a whole number from 1 to"),
         ({"STEP_TIMEOUT_SECONDS": "-1"}, "STEP_TIMEOUT_SECONDS must be positive"),
         ({"ORDERS_QUEUE": "bad/queue"}, "ORDERS_QUEUE"),
         ({"RETENTION_DAYS": "-1"}, "RETENTION_DAYS must be a whole number of days from 0"),
@@ -75,7 +77,7 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
         ({"ARCHIVE_CONTAINER": "ab"}, "ARCHIVE_CONTAINER must be a blob container"),
         ({"ARCHIVE_CONTAINER": "a--b"}, "single hyphens"),
         ({"COMPENSATION_BUDGET_SECONDS": "0"}, "COMPENSATION_BUDGET_SECONDS must be positive"),
-        ({"COMPENSATION_BUDGET_SECONDS": "6h"}, "must be a number of seconds, got '6h'"),
+        ({"COMPENSATION_BUDGET_SECONDS": "6h"}, "must be a number of seconds from 0.001 to"),
         (
             {"COMPENSATION_BUDGET_SECONDS": "600", "COMPENSATION_WARN_AFTER_SECONDS": "600"},
             "COMPENSATION_WARN_AFTER_SECONDS (600) must be less than "
@@ -232,6 +234,90 @@ def test_the_app_checks_its_settings_when_a_host_configures_it():
         Settings.check_on_load(env(STEP_TIMEOUT_SECONDS="soon"))
 
 
+def test_a_duration_under_a_millisecond_is_refused_not_taken_for_unset():
+    """0.0000001 s became timedelta(0), which ``or default`` took for unset: a compensation
+    budget of a tenth of a microsecond silently meant 6 hours (issue 39, item 4)."""
+    for name in (
+        "COMPENSATION_BUDGET_SECONDS",
+        "COMPENSATION_WARN_AFTER_SECONDS",
+        "PENDING_STALE_AFTER_SECONDS",
+        "RETRY_BASE_DELAY_SECONDS",
+        "RETRY_MAX_DELAY_SECONDS",
+        "REMOTE_TIMEOUT_SECONDS",
+        "STEP_TIMEOUT_SECONDS",
+        "STEP_QUEUE_SECONDS",
+        "CLOCK_SKEW_TOLERANCE_SECONDS",
+    ):
+        with pytest.raises(SettingsError, match=rf"^{name} must be a whole number of millisec"):
+            Settings.from_env(env(**{name: "0.0000001"}))
+
+
+def test_a_step_budget_the_workflows_cannot_take_stops_the_load():
+    """STEP_TIMEOUT_SECONDS=0.0000001 passed the check on load; the workflows, built on the
+    first message, then failed every invocation naming no setting (issue 39, item 5)."""
+    with pytest.raises(SettingsError, match=r"^STEP_TIMEOUT_SECONDS .* less than a millisecond"):
+        Settings.check_on_load(env(STEP_TIMEOUT_SECONDS="0.0000001"))
+
+
+def test_zero_is_zero_where_a_setting_allows_it_and_blank_is_unset():
+    settings = Settings.from_env(
+        env(STEP_QUEUE_SECONDS="0", CLOCK_SKEW_TOLERANCE_SECONDS="0.000", RETENTION_DAYS="0")
+    )
+    assert settings.step_queue == settings.clock_skew == timedelta(0)
+    assert settings.retention_days == 0
+    steps = [step for flow in settings.workflows().values() for step in flow.steps]
+    assert {step.queue_budget for step in steps} == {timedelta(0)}
+    blank = Settings.from_env(env(STEP_QUEUE_SECONDS=" ", PENDING_STALE_AFTER_SECONDS=""))
+    assert (blank.step_queue, blank.pending_stale_after) == (None, timedelta(minutes=2))
+
+
+def test_durations_are_kept_to_the_millisecond():
+    settings = Settings.from_env(
+        env(STEP_TIMEOUT_SECONDS="0.001", RETRY_BASE_DELAY_SECONDS="2.5", STEP_QUEUE_SECONDS="1e3")
+    )
+    assert settings.step_timeout == timedelta(milliseconds=1)
+    assert settings.retry_base_delay == timedelta(seconds=2.5)
+    assert settings.step_queue == timedelta(seconds=1000)
+    with pytest.raises(SettingsError, match=r"got '2.5005', finer than a millisecond"):
+        Settings.from_env(env(RETRY_BASE_DELAY_SECONDS="2.5005"))
+
+
+def test_what_is_derived_from_the_settings_is_built_when_they_are_made():
+    def made(**fields) -> Settings:
+        return Settings(
+            queues={}, service_urls={}, servicebus=Connection("sb"), storage=Connection("st"),
+            **fields,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="complete_by_budget must be positive"):
+        made(step_timeout=timedelta(0))
+    with pytest.raises(SettingsError, match="SUPERVISOR_SCHEDULE must fire at a fixed interval"):
+        made(supervisor_schedule="0 0 * * * 1")
+    settings = made(supervisor_schedule="0 */5 * * * *", failure_threshold=2)
+    assert settings.supervisor_period == timedelta(minutes=5)
+    assert settings.workflows() is settings.workflows()
+    assert {flow.failure_threshold for flow in settings.workflows().values()} == {2}
+
+
+@pytest.mark.anyio
+async def test_the_runtime_takes_the_settings_the_load_checked(monkeypatch):
+    """What the check on load built (workflows, keyring, period) is what the handlers use."""
+    for name, value in env().items():
+        monkeypatch.setenv(name, value)
+    Settings.check_on_load()
+    checked = Settings.loaded()
+    assert Settings.loaded() is checked
+    previous = runtime.install(None)
+    try:
+        built = runtime.current()
+        assert built.settings is checked and built.workflows is checked.workflows()
+        await built.close()
+    finally:
+        runtime.install(previous)
+    monkeypatch.setenv("FAILURE_THRESHOLD", "7")  # changed since the load: read again
+    assert Settings.loaded() is not checked and Settings.loaded().failure_threshold == 7
+
+
 def test_the_run_budget_stays_inside_the_lock_renewal_of_host_json():
     host = json.loads((REPO_ROOT / "host.json").read_text())["extensions"]["serviceBus"]
     hours, minutes, seconds = map(int, host["maxAutoLockRenewalDuration"].split(":"))
@@ -255,7 +341,7 @@ def test_remote_call_limits_and_their_defaults():
     [
         ({"REMOTE_TIMEOUT_SECONDS": "0"}, "REMOTE_TIMEOUT_SECONDS must be positive"),
         ({"REMOTE_TIMEOUT_SECONDS": "soon"}, "REMOTE_TIMEOUT_SECONDS must be a number"),
-        ({"REMOTE_MAX_CONNECTIONS": "0"}, "REMOTE_MAX_CONNECTIONS must be a positive integer"),
+        ({"REMOTE_MAX_CONNECTIONS": "0"}, "REMOTE_MAX_CONNECTIONS must be a whole number from 1"),
     ],
 )
 def test_bad_remote_call_limits_say_what_to_fix(changes, message):

@@ -47,15 +47,19 @@ def through_proxy(
     *,
     upstream_status: int = 200,
     hold_s: float = 0.3,
+    arm: tuple[str, str] | None = None,
 ) -> tuple[list[Any], Upstream, StorageProxy]:
-    """Send ``requests`` (method, headers, body) one by one through a proxy; each outcome is
-    (status, headers, body) or the exception the client saw."""
+    """Send ``requests`` (method, headers, body) one by one through a proxy (``arm``: a fault
+    and the method it is armed for); each outcome is (status, headers, body) or the exception
+    the client saw."""
 
     async def run() -> tuple[list[Any], Upstream, StorageProxy]:
         upstream = Upstream()
         upstream.status = upstream_status
         upstream_runner, upstream_url = await _serve(upstream.handle)
-        proxy = StorageProxy(upstream_url, rates, seed=3, hold_s=hold_s)
+        proxy = StorageProxy(upstream_url, rates, seed=3, hold_s=hold_s, trickle_s=0.01)
+        if arm is not None:
+            proxy.arm(arm[0], method=arm[1], path="orders")
         await proxy.start()
         proxy_runner, proxy_url = await _serve(proxy.handle)
         outcomes: list[Any] = []
@@ -135,6 +139,41 @@ def test_reset_comes_before_or_after_the_write_is_applied():
     faults = proxy.stats()["faults"]
     assert faults["reset_before_forward"] > 0 and faults["reset_after_apply"] > 0
     assert len(upstream.seen) == faults["reset_after_apply"]
+
+
+def test_trickle_sends_the_answer_whole_a_byte_at_a_time():
+    outcomes, _, proxy = through_proxy(FaultRates(), [READ, READ], arm=("trickle", "GET"))
+    assert [(status, body) for status, _, body in outcomes] == [(200, b"stored")] * 2
+    assert outcomes[0][1]["ETag"] == 'W/"1"'
+    assert proxy.stats()["faults"] == {"trickle": 1} and proxy.stats()["abandoned"] == 0
+
+
+def test_an_armed_fault_goes_to_the_next_request_of_its_method_only():
+    """Forward, then reset: the write is applied, the client gets no answer; the rates (none
+    here) decide for every other request."""
+    requests = [READ, WRITE, WRITE]
+    outcomes, upstream, proxy = through_proxy(
+        FaultRates(), requests, arm=("reset_after_apply", "PUT")
+    )
+    assert outcomes[0][0] == 200
+    assert isinstance(outcomes[1], httpx.TransportError), outcomes[1]
+    assert outcomes[2][0] == 200
+    assert [m for m, *_ in upstream.seen] == ["GET", "PUT", "PUT"], "the reset one was applied"
+    assert proxy.stats()["faults"] == {"reset_after_apply": 1}
+
+
+def test_an_armed_fault_after_apply_spares_a_write_the_store_refused():
+    outcomes, upstream, proxy = through_proxy(
+        FaultRates(), [WRITE, WRITE], upstream_status=412, arm=("error_after_apply", "PUT")
+    )
+    assert [o[0] for o in outcomes] == [412, 412] and len(upstream.seen) == 2
+    assert proxy.stats()["faults"] == {}, "nothing was applied, so nothing was hidden"
+
+
+def test_only_a_known_fault_is_armed():
+    proxy = StorageProxy("http://127.0.0.1:1", FaultRates(), seed=0)
+    with pytest.raises(ValueError, match="unknown fault 'slow'"):
+        proxy.arm("slow", method="GET")
 
 
 def test_the_schedule_is_the_seeds_and_reads_never_draw_write_faults():
