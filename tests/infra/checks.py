@@ -2738,6 +2738,15 @@ def check_workbook(layout: Layout, facts: Facts) -> list[str]:
     no role assignment on it or in its module (it needs none)."""
     infra = Infra.load(layout)
     found = list(infra.resources(WORKBOOK_TYPE))
+    if not found:
+        undeployed = [
+            why
+            for bicep in infra.files.values()
+            if any(r.get("type") == WORKBOOK_TYPE for r in bicep.resources.values())
+            and (why := _deployment_problem(infra, bicep)) is not None
+        ]
+        if undeployed:
+            return undeployed
     if len(found) != 1:
         return [f"expected one {WORKBOOK_TYPE} (the operators' workbook), found {len(found)}"]
     bicep, symbol, resource = found[0]
