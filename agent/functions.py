@@ -1,8 +1,8 @@
 """One Service Bus-triggered agent function per agent of the catalog (:mod:`domain.agents`).
 
-Agents are on the hot path: ``async def`` on the async shell (``agent.aio``, ``core.aio``), one
-event loop per worker. Each request is handled in a span parented on the trace context it
-carries (adapters.telemetry), and only if the app signed it for this agent's queue
+Agents are on the hot path: ``async def``, awaited on the worker's event loop, each handing its
+request to :mod:`service.agent`. Each request is handled in a span parented on the trace
+context it carries (adapters.telemetry), and only if the app signed it for this agent's queue
 (service.inbound).
 """
 

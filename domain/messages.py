@@ -478,7 +478,7 @@ class OperatorAlert(MessageBase):
     """The order's timeline entry that raised it (an order may enter Error more than once)."""
     caused_by: Annotated[str, Field(min_length=1, max_length=MAX_CAUSE_CHARS)] | None = None
     """The message whose handling raised it, ``<queue role>/<MessageId>`` (see
-    :meth:`core.aio.inbound.Delivery.cause`): it tells two such alerts apart however alike
+    :meth:`service.inbound.Delivery.cause`): it tells two such alerts apart however alike
     their text, and a redelivery of that message from the next."""
     raised_at: UtcDatetime = Field(default_factory=utc_now)
 

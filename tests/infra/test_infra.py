@@ -449,7 +449,7 @@ ISSUE_METRICS = {
 
 
 def test_the_metric_names_are_read_from_the_code(facts):
-    """The oracle of the workbook check reflects adapters.metrics and service.sweep_metrics (an
+    """The oracle of the workbook check reflects adapters.metrics and service.sweep_report (an
     empty
     or partial set would let the coverage check pass vacuously)."""
     facts = facts["pattern"]

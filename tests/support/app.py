@@ -57,7 +57,7 @@ def app_settings(
         "STEP_QUEUE_SECONDS": "0",
         "PENDING_STALE_AFTER_SECONDS": "10",
         # The tests' processes share one clock, and these tests move it to exact deadlines;
-        # the tolerated skew has tests of its own (tests/unit/test_clock_skew.py).
+        # the tolerated skew has tests of its own (tests/unit/test_skew_tolerance.py).
         "CLOCK_SKEW_TOLERANCE_SECONDS": "0",
         "RETRY_BASE_DELAY_SECONDS": "1",
         "RETRY_MAX_DELAY_SECONDS": "4",

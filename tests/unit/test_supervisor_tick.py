@@ -596,7 +596,7 @@ def _reader() -> InMemoryMetricReader:
 
 @pytest.fixture
 def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
-    """What ``service.sweep_metrics`` records during the test (counters as deltas).
+    """What ``service.sweep_report`` records during the test (counters as deltas).
 
     The module's meter comes from the global proxy, so installing an SDK provider globally
     (once per process: it cannot be replaced) makes its instruments record there. If another
