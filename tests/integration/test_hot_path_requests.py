@@ -1,5 +1,5 @@
 """The hot path touches orders with point reads and conditional writes only, and costs exactly
-what the README's "Cost per order" table says.
+what the "Cost per order" table of docs/cost-and-throughput.md says.
 
 Every Table request goes through adapters.tables, where adapters.clients installs a request
 hook (adapters.op_counts). Here that hook is replaced by one that records, for each
@@ -174,10 +174,10 @@ async def recovered(journey: Journey) -> tuple[Counter[TableRequest], Counter[Ta
     return journey.handlers - handlers, journey.ticks - ticks
 
 
-# The README's "Cost per order" table: 6 Table requests for a three-step order (1 index insert,
-# 1 create-and-claim transaction, 3 ETag writes, 1 index delete), 4 for a single_step one. No
-# read: each reply carries the order as stored when its request was sent (service.resume), and
-# its write is conditional on that state's ETag.
+# The "Cost per order" table (docs/cost-and-throughput.md): 6 Table requests for a three-step
+# order (1 index insert, 1 create-and-claim transaction, 3 ETag writes, 1 index delete), 4 for a
+# single_step one. No read: each reply carries the order as stored when its request was sent
+# (service.resume), and its write is conditional on that state's ETag.
 THREE_STEPS = {
     "active": {"delete": 1, "insert": 1},
     "orders": {"batch": 4},
