@@ -1,4 +1,7 @@
 """Scheduler commands: the retries the lifecycle schedules, and operators' cancels and resubmits.
+The queue also carries what the operations app asks the pattern app to send for it, since it
+may send to no other queue: what an order it wrote owes (:mod:`service.handover`), and dead
+letters to send back (:mod:`service.replays`).
 
 A retry command names the attempt it was issued for; if the order has moved on since (it was
 claimed, finished, or failed again), the command is stale and changes nothing. Resubmit and
@@ -12,9 +15,16 @@ import logging
 
 from adapters.store.rows import OrderNotFound
 from domain.events import RetryDue
-from domain.messages import BadMessage, OperatorAlert, SchedulerCommand, parse_message
+from domain.messages import (
+    BadMessage,
+    OperatorAlert,
+    ReplayDeadLetter,
+    SchedulerCommand,
+    SendOwed,
+    parse_one_of,
+)
 from domain.operator_actions import Refused
-from service import apply, control
+from service import apply, control, handover, replays
 from service.runtime import Runtime
 
 log = logging.getLogger("service.commands")
@@ -23,10 +33,17 @@ log = logging.getLogger("service.commands")
 async def handle_command(body: bytes | str, rt: Runtime, *, caused_by: str | None = None) -> None:
     """``caused_by``: the command's :meth:`service.inbound.Delivery.cause`, for its alerts."""
     try:
-        command = parse_message(body, SchedulerCommand)
+        command = parse_one_of(body, SchedulerCommand, SendOwed, ReplayDeadLetter)
     except BadMessage as bad:
         await rt.alert(bad.to_alert(source=rt.actor("commands"), caused_by=caused_by))
         return
+    if isinstance(command, SendOwed):
+        await handover.send_owed(rt, command)
+        return
+    if isinstance(command, ReplayDeadLetter):
+        await replays.replay(rt, command, caused_by=caused_by)
+        return
+    assert isinstance(command, SchedulerCommand)
     if command.command == "retry":
         try:
             await apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))

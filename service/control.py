@@ -17,7 +17,8 @@ steps are not redone.
 
 Each action runs in a span in the order's trace (``operator_cancel``, ...), linked to the
 request or message that asked for it, so the messages it sends continue the order's trace
-(:func:`adapters.telemetry.continuing`).
+(:func:`adapters.telemetry.continuing`). Each is written here and sent by the pattern app
+(:mod:`service.handover`): the operations app sends to no queue but scheduler-commands.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from domain.events import Context, Decision
 from domain.operator_actions import Cancel, Refused, Restart, Resubmit, act
 from domain.order import Order
 from domain.states import ProcessState
-from service import apply
+from service import apply, handover
 from service.runtime import Runtime
 
 __all__ = ["ActionResult", "Refused", "cancel", "restart", "resubmit"]
@@ -106,7 +107,7 @@ async def _act(
 
     try:
         span = f"operator_{name}"
-        order, decision = await apply.handle_with(rt, order_id, deciding, actor=actor, span=span)
+        order, decision = await handover.write_with(rt, order_id, deciding, actor=actor, span=span)
     except OrderNotFound:
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:

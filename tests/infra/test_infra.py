@@ -213,8 +213,25 @@ def test_the_operations_are_read_from_the_code(facts):
     assert {a.resource[1] for a in operations.accesses["operator_list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()
     )
-    # The operations app's actions run the same lifecycle as the pattern app: they send.
-    assert ("queue", "send", "INVENTORY_REQUESTS_QUEUE") in ops("operator_resubmit_order")
+    # The operations app sends to the commands queue only: its actions and its dead-letter
+    # replays are sent by the pattern app, which it asks there (service/handover.py,
+    # service/replays.py); the pattern app's commands trigger sends to any queue.
+    commands = ("queue", "send", "SCHEDULER_COMMANDS_QUEUE")
+    for route in (
+        "operator_resubmit_order",
+        "operator_bulk_cancel",
+        "operator_replay_dead_letters",
+    ):
+        assert commands in ops(route)
+    assert {
+        (a.service, a.kind, a.resource[1])
+        for route in operations.accesses.values()
+        for a in route
+        if a.kind == "send"
+    } == {commands}
+    assert {("queue", "send", name) for name in QUEUE_SETTINGS.values()} <= ops(
+        "scheduler_commands"
+    )
     # The pattern app never reads the alerts queue: only operators (the operations app) do.
     assert not any(
         a.kind == "receive" and a.resource[1] == "OPERATOR_ALERTS_QUEUE"
@@ -238,7 +255,10 @@ def test_role_grants_and_key_vault_references_are_read_from_the_bicep(layout, ap
         for g in checks.role_grants(infra)
         if g.principal == f"{identity}.outputs.principalId"
     }
-    assert ("Azure Service Bus Data Sender", "queue", None) in granted, "namespace-wide"
+    # The pattern app sends to queues named at run time: a Sender on the whole namespace. The
+    # operations app sends to the commands queue only, and holds Sender there alone.
+    senders = {names for role, _, names in granted if role == "Azure Service Bus Data Sender"}
+    assert senders == ({None} if app is checks.PATTERN else {frozenset({"scheduler-commands"})})
     assert ("Storage Table Data Contributor", "storage", None) in granted
     receivers = {names for role, _, names in granted if role == "Azure Service Bus Data Receiver"}
     flagged = {n for n, q in checks.declared_queues(infra).items() if q.get(app.receive_flag)}

@@ -483,14 +483,20 @@ MUTATIONS = [
             RBAC,
             sub(rf"resource {app}ServiceBusSender [^\n]*\n(?:  [^\n]*\n)+}}\n", ""),
             "data_roles",
-            f"{app} app: {functions}: sends to a queue named at run time",
+            f"{app} app: {functions}: sends to {queue}",
         )
-        for app, functions in (
-            ("pattern", "scheduler_commands, scheduler_intake, scheduler_replies, supervisor"),
+        for app, functions, queue in (
+            (
+                "pattern",
+                "scheduler_commands, scheduler_intake, scheduler_replies, supervisor",
+                "a queue named at run time",
+            ),
             (
                 "operations",
                 "operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order, "
+                "operator_purge_dead_letters, operator_replay_dead_letters, "
                 "operator_restart_order, operator_resubmit_order",
+                "queue 'scheduler-commands' (SCHEDULER_COMMANDS_QUEUE)",
             ),
         )
     ),
@@ -516,10 +522,10 @@ MUTATIONS = [
         "sends to queue 'inventory-requests' (INVENTORY_REQUESTS_QUEUE)",
     ),
     Mutation(
-        "Sender of the operations app narrowed to the orders queue: what its actions send",
+        "Sender of the operations app moved to the orders queue: its commands go unsent",
         RBAC,
         sub(
-            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )namespace",
+            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )commandsQueue",
             r"\1submitQueue",
         ),
         "data_roles",
@@ -603,7 +609,40 @@ MUTATIONS = [
         )
         for app in ("pattern", "operations")
     ),
-    # Surplus: a role an app's code never uses.
+    # Surplus: a role an app's code never uses, or on more queues than it uses it on.
+    Mutation(
+        "the operations app granted Sender on the whole namespace: it could send to an agent",
+        RBAC,
+        sub(
+            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )commandsQueue",
+            r"\1namespace",
+        ),
+        "surplus_roles",
+        "operations app: infra/app/rbac.bicep: operationsServiceBusSender grants Azure Service "
+        "Bus Data Sender to its identity on every queue of the namespace, but its code uses it "
+        "only on scheduler-commands: grant it on those queues alone",
+    ),
+    Mutation(
+        "the operations app granted Sender on an agent's queue beside the commands queue",
+        RBAC,
+        lambda text: extra_role(
+            "operationsMetricsPublisher",
+            "operationsInventorySender",
+            "operationsPrincipalId",
+            "serviceBusDataSender",
+            "inventoryQueue",
+        )(
+            replace(
+                "resource submitQueue ",
+                "resource inventoryQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' "
+                "existing = {\n  parent: namespace\n  name: 'inventory-requests'\n}\n\n"
+                "resource submitQueue ",
+            )(text)
+        ),
+        "surplus_roles",
+        "operations app: infra/app/rbac.bicep: operationsInventorySender grants Azure Service Bus "
+        "Data Sender to its identity, but nothing in its code needs it",
+    ),
     Mutation(
         "the pattern app granted Receiver on a queue nothing reads, through a role of its own",
         RBAC,

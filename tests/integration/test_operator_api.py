@@ -21,6 +21,7 @@ from domain.states import ProcessState
 from operator_api import http as api
 from operator_api.http import router
 from service import runtime
+from service.commands import handle_command
 from service.intake import handle_submission
 from service.operations.context import current
 from tests.support.operations import OperationsApp, call, load
@@ -56,6 +57,14 @@ async def declined_order(rt, reader, fakes) -> str:
     await run_agent_step(rt, reader, order.order_id, "inventory")
     assert (await rt.store.load(order.order_id)).state is ProcessState.ERROR
     return order.order_id
+
+
+async def sent_by_the_pattern_app(rt, reader, order_id: str) -> None:
+    """What an operator's action wrote is sent by the pattern app: the operations app put one
+    SendOwed on the commands queue (and nothing anywhere else), which the commands trigger takes."""
+    asked = reader.expect(queue(rt, "commands"), order_id)
+    assert json.loads(asked)["type"] == "SendOwed"
+    await handle_command(asked, rt)
 
 
 # ----------------------------------------------------------------------------------- orders
@@ -141,6 +150,8 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
     assert status == 202, done
     assert (done["outcome"], done["generation"]) == ("resubmitted", 2)
     assert done["requested_by"] == "operator:ann@example.com"
+    assert reader.take(queue(rt, "inventory"), order_id, wait=0.5) is None, "nothing sent yet"
+    await sent_by_the_pattern_app(rt, reader, order_id)
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
@@ -159,6 +170,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
         "Compensating",
     )
     assert (cancelled["step"], cancelled["generation"]) == ("reserve_inventory", 2)
+    await sent_by_the_pattern_app(rt, reader, order_id)
     undo = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert undo["operation"] == "undo"
     assert undo["undoes"] == f"{order_id}:reserve_inventory:do:2"

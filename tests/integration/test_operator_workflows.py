@@ -20,12 +20,13 @@ from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
 from orderctl.local import LocalOperations
 from service import inbound, runtime
+from service.commands import handle_command
 from service.intake import handle_submission
 from service.operations import orders
 from service.operations.context import current
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
-from tests.integration.test_operator_api import declined_order, find_alert
+from tests.integration.test_operator_api import declined_order, find_alert, sent_by_the_pattern_app
 from tests.support.app import make_runtime
 from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import new_order, queue, run_agent_step
@@ -261,6 +262,7 @@ async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes)
     last = (await rt.store.get_timeline(order_id))[-1]
     assert (last.event, last.actor) == ("restarted", "operator:ann")
     assert "restart from charge_payment" in last.detail
+    await sent_by_the_pattern_app(rt, reader, order_id)
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
@@ -335,6 +337,7 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
+    await sent_by_the_pattern_app(rt, reader, order_id)
 
     for service in ("inventory", "payment", "shipping"):
         await run_agent_step(rt, reader, order_id, service)
@@ -348,6 +351,7 @@ async def test_an_alert_whose_order_failed_again_is_superseded(installed, handle
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
     await orders.resubmit(await current(), order_id, operator="ann", reason="try again")
+    await sent_by_the_pattern_app(rt, reader, order_id)
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
     alerts = [
@@ -468,6 +472,9 @@ async def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_v
     finally:
         await ops.close()
 
+    asked = reader.take_message(commands, lambda m: m.subject == "ReplayDeadLetter")
+    assert asked is not None, "the operations app asks the pattern app to send it back"
+    await handle_command(b"".join(asked.body), rt)
     replayed = reader.take_message(commands, lambda m: m.message_id == original.message_id)
     assert replayed is not None
     assert replayed.message_id == original.message_id
