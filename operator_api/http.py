@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, APIKeyQuery
 from pydantic import BaseModel
 
+from adapters import deadline
 from service.operations.context import OperatorContext, current
 from service.operations.errors import (
     InvalidRequest,
@@ -32,6 +33,11 @@ log = logging.getLogger("operator_api.http")
 MAX_BODY_BYTES: Final = 16 * 1024
 PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
 INTERNAL: Final = ServerFault("internal", "the request failed on our side; it is logged")
+OUT_OF_TIME: Final = ServerFault(
+    "out_of_time",
+    "the request ran out of its time before storage answered (it is logged): try it again; "
+    "an action may have been written, so look at the order first",
+)
 ERRORS: Final = {
     400: "Invalid input: the message says what to fix",
     404: "Unknown order, alert or queue (or an order not in the archive)",
@@ -72,7 +78,8 @@ class OperatorRoute(APIRoute):
                 return refusal(refused)
             except Exception:
                 log.exception("operator API request %s %s failed", request.method, self.path)
-                return refusal(INTERNAL)
+                left = deadline.remaining()
+                return refusal(OUT_OF_TIME if left is not None and left <= 0 else INTERNAL)
 
         return answer
 
