@@ -10,13 +10,10 @@ from typing import Any, Final
 from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.routing import Mount
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from operator_api import routes
 from operator_api.http import json_response
-from service import deadlines
 
 PREFIX: Final = "/api"
 DESCRIPTION: Final = (
@@ -47,20 +44,8 @@ def build(*beside: APIRouter) -> FastAPI:
 
 
 def mounted(api: FastAPI) -> Starlette:
-    """``api`` where the Functions host's requests reach it: under :data:`PREFIX`, each request
-    within its time (:func:`service.deadlines.http_request`: its Table calls end by then)."""
-    return Starlette(routes=[Mount(PREFIX, app=api)], middleware=[Middleware(_Bounded)])
-
-
-class _Bounded:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        with deadlines.http_request():
-            await self.app(scope, receive, send)
+    """``api`` where the Functions host's requests reach it: under :data:`PREFIX`."""
+    return Starlette(routes=[Mount(PREFIX, app=api)])
 
 
 async def _unrouted(request: Request, error: Exception) -> Response:

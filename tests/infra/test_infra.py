@@ -178,7 +178,7 @@ def test_the_operations_are_read_from_the_code(facts):
     for access in (pattern, operations):
         assert not access.unclassified and not access.unfollowed
     access = pattern
-    assert set(operations.accesses) >= {"operator_list_orders", "dashboard_summary"}
+    assert set(operations.accesses) >= {"list_orders", "dashboard_summary"}
     assert not set(pattern.accesses) & set(operations.accesses), "each app its own functions"
 
     def ops(function: str) -> set[tuple[str, str, str]]:
@@ -208,9 +208,9 @@ def test_the_operations_are_read_from_the_code(facts):
         assert ("queue", "send", "AGENT_RESPONSES_QUEUE") in agent_ops
     assert ("table", "write", "SUPERVISION_TABLE") in ops("supervisor")
     assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
-    assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("operator_archived_order")
-    assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("operator_ack_alert")
-    assert {a.resource[1] for a in operations.accesses["operator_list_dead_letters"]} >= set(
+    assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("show_archived_order")
+    assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("acknowledge_alert")
+    assert {a.resource[1] for a in operations.accesses["list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()
     )
     # The operations app sends to the commands queue only: its actions and its dead-letter
@@ -218,9 +218,9 @@ def test_the_operations_are_read_from_the_code(facts):
     # service/replays.py); the pattern app's commands trigger sends to any queue.
     commands = ("queue", "send", "SCHEDULER_COMMANDS_QUEUE")
     for route in (
-        "operator_resubmit_order",
-        "operator_bulk_cancel",
-        "operator_replay_dead_letters",
+        "resubmit_order",
+        "bulk_cancel",
+        "replay_dead_letters",
     ):
         assert commands in ops(route)
     assert {
@@ -392,7 +392,7 @@ def test_authentication_is_declared_and_no_http_function_is_open(layout, facts):
     assert_clean(checks.check_authentication(layout, facts))
     assert facts["pattern"].http_auth_levels == {}, "the pattern app serves no HTTP"
     assert facts["operations"].http_auth_levels == {"http_app_func": "function"}
-    assert {"dashboard_page", "dashboard_summary", "operator_resubmit_order"} <= set(
+    assert {"dashboard_page", "dashboard_summary", "resubmit_order"} <= set(
         facts["operations"].access.accesses
     )
     infra = checks.Infra.load(layout)

@@ -493,9 +493,9 @@ MUTATIONS = [
             ),
             (
                 "operations",
-                "operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order, "
-                "operator_purge_dead_letters, operator_replay_dead_letters, "
-                "operator_restart_order, operator_resubmit_order",
+                "bulk_cancel, bulk_resubmit, cancel_order, "
+                "purge_dead_letters, replay_dead_letters, "
+                "restart_order, resubmit_order",
                 "queue 'scheduler-commands' (SCHEDULER_COMMANDS_QUEUE)",
             ),
         )
@@ -529,7 +529,7 @@ MUTATIONS = [
             r"\1submitQueue",
         ),
         "data_roles",
-        "operations app: operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order",
+        "operations app: bulk_cancel, bulk_resubmit, cancel_order",
     ),
     *(
         Mutation(
@@ -551,10 +551,10 @@ MUTATIONS = [
             ),
             (
                 "operations",
-                "operator_ack_alert, operator_bulk_cancel, operator_bulk_resubmit, "
-                "operator_cancel_order, operator_list_orders, operator_purge, "
-                "operator_purge_dead_letters, operator_replay_dead_letters, "
-                "operator_resubmit_order",
+                "acknowledge_alert, bulk_cancel, bulk_resubmit, "
+                "cancel_order, list_orders, purge, "
+                "purge_dead_letters, replay_dead_letters, "
+                "resubmit_order",
             ),
         )
     ),
@@ -580,7 +580,7 @@ MUTATIONS = [
         RBAC,
         sub(r"resource operationsServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
         "data_roles",
-        "operations app: dashboard_summary, operator_ack_alert,",
+        "operations app: acknowledge_alert, dashboard_summary,",
     ),
     *(
         Mutation(
@@ -596,7 +596,7 @@ MUTATIONS = [
             "data_roles",
             f"{app} app: {function}: writes container 'order-archive' (ARCHIVE_CONTAINER)",
         )
-        for app, function in (("pattern", "retention_purge"), ("operations", "operator_purge"))
+        for app, function in (("pattern", "retention_purge"), ("operations", "purge"))
     ),
     *(
         Mutation(
@@ -1416,7 +1416,7 @@ CODE_MUTATIONS = [
         "service/operations/alerts.py",
         first_line_of("list_alerts", 'ctx.queues.peek("order-status", from_sequence=1, limit=1)'),
         "data_roles",
-        "operations app: dashboard_summary, operator_list_alerts: receives from queue "
+        "operations app: dashboard_summary, list_alerts: receives from queue "
         "'order-status' at adapters/queues.py",
         checks.OPERATIONS,
     ),

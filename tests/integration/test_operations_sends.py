@@ -109,7 +109,7 @@ async def test_operator_actions_send_only_to_the_commands_queue(installed, handl
     sent: list[str] = []
     with operations_sending(rt, sent):
         status, resubmitted = await call(
-            handlers, "operator_resubmit_order", route={"order_id": errored}, body={"reason": "r"}
+            handlers, "resubmit_order", route={"order_id": errored}, body={"reason": "r"}
         )
     assert (status, resubmitted["state"]) == (202, "Processing")
     assert reader.take(queue(rt, "inventory"), errored, wait=1.0) is None, "nothing sent yet"
@@ -119,10 +119,10 @@ async def test_operator_actions_send_only_to_the_commands_queue(installed, handl
 
     with operations_sending(rt, sent):
         status, cancelled = await call(
-            handlers, "operator_cancel_order", route={"order_id": errored}, body={"reason": "r"}
+            handlers, "cancel_order", route={"order_id": errored}, body={"reason": "r"}
         )
         body = {"order_ids": [in_flight.order_id], "state": "Processing", "reason": "r"}
-        status, bulk = await call(handlers, "operator_bulk_cancel", body=body)
+        status, bulk = await call(handlers, "bulk_cancel", body=body)
     assert (cancelled["state"], bulk["acted"]) == ("Compensating", 1)
     assert sent == [queue(rt, "commands")] * 3
     for _ in range(2):

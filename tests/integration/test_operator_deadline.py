@@ -71,7 +71,7 @@ async def test_a_request_runs_within_the_front_ends_time(installed, handlers, mo
         return await show(*args, **kwargs)
 
     monkeypatch.setattr(orders, "show_order", noting)
-    status, answer = await call(handlers, "operator_show_order", route={"order_id": "o-none"})
+    status, answer = await call(handlers, "show_order", route={"order_id": "o-none"})
     assert (status, answer["error"]["code"]) == (404, "order_not_found")
     bound = (deadlines.HTTP_TIMEOUT - deadlines.ANSWER_MARGIN).total_seconds()
     [left] = seen
@@ -86,7 +86,7 @@ async def test_a_request_whose_storage_trickles_is_cut_and_says_so(
     short = deadlines.ANSWER_MARGIN + timedelta(seconds=2)
     monkeypatch.setattr(deadlines, "HTTP_TIMEOUT", short)
     proxy.arm("trickle", method="GET", path=tables["orders_table"])
-    status, answer = await call(handlers, "operator_show_order", route={"order_id": "o-slow"})
+    status, answer = await call(handlers, "show_order", route={"order_id": "o-slow"})
     assert (status, answer["error"]["code"]) == (500, "out_of_time")
-    assert "try it again" in answer["error"]["message"]
+    assert "ran out of time: try again" in answer["error"]["message"]
     assert proxy.faults == {"trickle": 1}, "the order's answer was trickling"
