@@ -40,8 +40,7 @@ SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one
                     recovery decision: each release of an order is decided by one conditional
                     write, at an attempt and failure count no other release of it has (a
                     release follows a claim, which moves the attempt, or counts a failure);
-                    reason, author and time are that decision's. A cancel or resubmit put on
-                    the queue by hand is named alike: two at one point of the order are one.
+                    reason, author and time are that decision's.
 SendOwed            ``owed:<order_id>:<timeline_seq>`` - the operations app's request that the
                     pattern app send what one write of the order left owing: one conditional
                     write assigns each timeline number, and no later one reuses it. Copies may
@@ -441,7 +440,8 @@ class AgentResponse(MessageBase):
 
 
 class SchedulerCommand(MessageBase):
-    """Supervisor or operator -> scheduler: retry, resubmit or cancel an order.
+    """Scheduler or Supervisor -> scheduler: retry an order (operators act through the
+    operations app: :mod:`service.control`).
 
     ``attempt`` and ``failure_count`` are the order's values when the command was decided; the
     scheduler ignores a command whose context is no longer current.
@@ -449,7 +449,7 @@ class SchedulerCommand(MessageBase):
 
     type: Literal["SchedulerCommand"] = "SchedulerCommand"
     order_id: OrderId
-    command: Literal["retry", "resubmit", "cancel"]
+    command: Literal["retry"]
     attempt: Counter
     failure_count: Counter
     reason: Annotated[str, Field(min_length=1), _truncator(1024)]

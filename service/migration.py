@@ -19,7 +19,8 @@ from domain.events import Context, Decision
 from domain.operator_actions import Migrate, Refused, act
 from domain.order import Order
 from domain.workflows import UnknownWorkflow
-from service import apply, handover
+from service import apply
+from service.control import write_with
 from service.runtime import Runtime
 from service.versions import canonical
 
@@ -69,7 +70,7 @@ async def _one(rt: Runtime, row: ActiveRow, event: Migrate, report: MigrationRep
             act(order, event, apply.context(rt, order.workflow, event.actor))
         else:
             span = "operator_migrate"
-            await handover.write_with(rt, row.order_id, deciding, actor=event.actor, span=span)
+            await write_with(rt, row.order_id, deciding, actor=event.actor, span=span)
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from adapters.op_counts import COUNTS
-from domain.messages import SchedulerCommand, encode
+from domain.messages import encode
 from domain.order import StepState
 from domain.states import ProcessState
 from service import control
@@ -313,23 +313,21 @@ async def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadl
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
 
 
-async def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
-    order = new_order(workflow="single_step")
+async def test_a_cancel_command_is_not_the_pattern_apps_to_take(rt, reader):
+    """Operators act through the operations app (service.control); a cancel on the commands
+    queue is refused as a bad message, and the order is not changed."""
+    order = new_order()
     await handle_submission(encode(order), rt)
-    await run_agent_step(rt, reader, order.order_id, "inventory")
-    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
-    command = SchedulerCommand(
-        order_id=order.order_id,
-        command="cancel",
-        attempt=1,
-        failure_count=0,
-        reason="too late",
-        requested_by="operator:bob",
-    )
-    await handle_command(encode(command), rt)
+    before = await rt.store.load(order.order_id)
+    command = {
+        "type": "SchedulerCommand", "order_id": order.order_id, "command": "cancel",
+        "attempt": 1, "failure_count": 0, "reason": "r", "requested_by": "operator:bob",
+    }  # fmt: skip
+    await handle_command(json.dumps(command), rt)
     alerts = alerts_for(rt, reader, order.order_id)
-    assert [a["reason"] for a in alerts] == ["command_refused"]
-    assert "Processed" in alerts[0]["detail"]
+    assert [a["reason"] for a in alerts] == ["bad_message"]
+    assert "command: Input should be 'retry'" in alerts[0]["detail"]
+    assert (await rt.store.load(order.order_id)).etag == before.etag
 
 
 async def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, fakes, clock):

@@ -495,7 +495,7 @@ async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(rep
     await handle_submission(encode(order), rt)
     command = SchedulerCommand(
         order_id=order.order_id,
-        command="cancel",
+        command="retry",
         attempt=0,
         failure_count=0,
         reason="forged",
