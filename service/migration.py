@@ -3,7 +3,7 @@
 An order moves only if the new version keeps the old one's steps, up to and including the step
 the order has reached, exactly (same agent, operation and undo): then nothing it did, and
 nothing in flight, changes meaning, and the rest of its way follows the new version
-(:meth:`domain.workflows.Workflow.migration_problem`, decided per order by the operator action
+(:func:`domain.operator_actions.migration_problem`, decided per order by the operator action
 ``Migrate`` (:mod:`domain.operator_actions`), one ETag-conditional write, recorded in its
 timeline; sent by the pattern app, :mod:`service.handover`). Others are refused with the
 reason, and stay on their version. A dry run (the default) writes nothing.
