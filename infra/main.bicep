@@ -25,14 +25,59 @@ targetScope = 'subscription'
 @description('Name of the azd environment. With the subscription and location it makes the resource names unique.')
 param environmentName string
 
+// The regions the official azd Flex Consumption samples allow (Azure-Samples/
+// functions-quickstart-python-http-azd, infra/main.bicep, commit 7ed4638 of 2025-11-24);
+// `az functionapp list-flexconsumption-locations` prints today's list. A region where Flex
+// Consumption arrives later (a sovereign cloud's included: nothing else here is tied to one cloud)
+// is one more line.
 @minLength(1)
-@description('Region for every resource. Pick one that offers the Flex Consumption plan.')
+@description('Region for every resource: one that offers the Flex Consumption plan.')
+@allowed([
+  'australiaeast'
+  'australiasoutheast'
+  'brazilsouth'
+  'canadacentral'
+  'centralindia'
+  'centralus'
+  'eastasia'
+  'eastus'
+  'eastus2'
+  'eastus2euap'
+  'francecentral'
+  'germanywestcentral'
+  'italynorth'
+  'japaneast'
+  'koreacentral'
+  'northcentralus'
+  'northeurope'
+  'norwayeast'
+  'southafricanorth'
+  'southcentralus'
+  'southeastasia'
+  'southindia'
+  'spaincentral'
+  'swedencentral'
+  'uaenorth'
+  'uksouth'
+  'ukwest'
+  'westcentralus'
+  'westeurope'
+  'westus'
+  'westus2'
+  'westus3'
+])
 @metadata({
   azd: {
     type: 'location'
   }
 })
 param location string
+
+@description('Private network (VNET_ENABLED): both apps reach the storage account, Key Vault and Service Bus through private endpoints in a virtual network of this deployment, and those three refuse every public network. Service Bus is then Premium (its private endpoints need it; see docs/deploy.md for the cost). false (the default): public endpoints, each guarded by Entra ID alone.')
+param vnetEnabled bool = false
+
+@description('Zone redundancy (ZONE_REDUNDANT): both Flex Consumption plans spread their instances over availability zones, and the storage account is zone-redundant (ZRS). Only in regions with availability zones; the platform then keeps at least two always-ready instances per function group, billed as always ready (docs/deploy.md, Cost).')
+param zoneRedundant bool = false
 
 @description('Object id of the deploying user or pipeline principal (azd sets AZURE_PRINCIPAL_ID). It gets the data roles the smoke test needs: send to the orders queue, read the orders table. Empty: no role for anyone but the app.')
 param principalId string = ''
@@ -234,6 +279,8 @@ module storage 'app/storage.bicep' = {
       operationsPackageContainer
     ]
     archiveCoolAfterDays: archiveCoolAfterDays
+    vnetEnabled: vnetEnabled
+    zoneRedundant: zoneRedundant
   }
 }
 
@@ -244,6 +291,7 @@ module serviceBus 'app/servicebus.bicep' = {
     name: '${abbrs.serviceBusNamespaces}${resourceToken}'
     location: location
     tags: tags
+    vnetEnabled: vnetEnabled
   }
 }
 
@@ -259,6 +307,86 @@ module keyVault 'app/keyvault.bicep' = {
     signingKeyId: messageSigningKeyId
     signingSecret: messageSigningSecret
     retiringSigningKeys: retiringSigningKeys
+    vnetEnabled: vnetEnabled
+  }
+}
+
+// The private network (vnetEnabled): one virtual network, each app's outbound traffic through a
+// subnet of its own, and a private endpoint (with its private DNS zone) for each service the apps
+// reach: the storage account's blob and table services (the apps' state and archive, their hosts'
+// storage and deployment packages; no app or host uses its queues or files), Key Vault (the
+// platform resolves MESSAGE_SIGNING_KEYS through it) and the Service Bus namespace. Each zone's
+// name comes from the cloud the deployment runs in, not from a literal host name.
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  scope: rg
+  params: {
+    name: '${abbrs.networkVirtualNetworks}${resourceToken}'
+    securityGroupName: '${abbrs.networkNetworkSecurityGroups}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module blobEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'blob-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}blob-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: storage.outputs.id
+    groupId: 'blob'
+    dnsZoneName: 'privatelink.blob.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module tableEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'table-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}table-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: storage.outputs.id
+    groupId: 'table'
+    dnsZoneName: 'privatelink.table.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module vaultEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'vault-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}vault-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: keyVault.outputs.id
+    groupId: 'vault'
+    // keyvaultDns is '.vault.<cloud suffix>'; the private zone is 'privatelink.vaultcore.<suffix>'.
+    dnsZoneName: 'privatelink${replace(environment().suffixes.keyvaultDns, '.vault.', '.vaultcore.')}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module serviceBusEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'servicebus-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}servicebus-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: serviceBus.outputs.id
+    groupId: 'namespace'
+    // The namespace's host name less its own name: the cloud's Service Bus suffix.
+    dnsZoneName: 'privatelink.${skip(serviceBus.outputs.fullyQualifiedNamespace, length(serviceBus.outputs.name) + 1)}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
   }
 }
 
@@ -364,10 +492,15 @@ module rbac 'app/rbac.bicep' = {
 module pattern 'app/function.bicep' = {
   name: 'pattern-app'
   scope: rg
-  // The host starts as soon as the app exists: grant its roles first.
+  // The host starts as soon as the app exists: grant its roles first, and (vnetEnabled) open
+  // its private paths, or Key Vault references and the host storage fail at start.
   dependsOn: [
     rbac
     keyVault
+    blobEndpoint
+    tableEndpoint
+    vaultEndpoint
+    serviceBusEndpoint
   ]
   params: {
     name: '${abbrs.webSitesFunctions}${resourceToken}'
@@ -387,6 +520,8 @@ module pattern 'app/function.bicep' = {
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     alwaysReadyInstances: alwaysReadyInstances
+    zoneRedundant: zoneRedundant
+    subnetId: vnetEnabled ? network.outputs.patternSubnetId : ''
   }
 }
 
@@ -399,6 +534,10 @@ module operations 'app/function.bicep' = {
   dependsOn: [
     rbac
     keyVault
+    blobEndpoint
+    tableEndpoint
+    vaultEndpoint
+    serviceBusEndpoint
   ]
   params: {
     name: '${abbrs.webSitesFunctions}ops-${resourceToken}'
@@ -417,6 +556,8 @@ module operations 'app/function.bicep' = {
     })
     maximumInstanceCount: operationsMaximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
+    zoneRedundant: zoneRedundant
+    subnetId: vnetEnabled ? network.outputs.operationsSubnetId : ''
     authClientId: authClientId
     authTenantId: authTenantId
     authUnauthenticatedAction: authUnauthenticatedAction
@@ -462,5 +603,8 @@ output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
 output AZURE_OPERATIONS_APP_URL string = 'https://${operations.outputs.defaultHostName}/api/'
 output DASHBOARD_URL string = 'https://${operations.outputs.defaultHostName}/api/dashboard'
 output AUTH_ENABLED bool = operations.outputs.authEnabled
+// Whether the storage account, Key Vault and Service Bus refuse public networks (docs/deploy.md,
+// Private network: what then runs only from inside the virtual network).
+output VNET_ENABLED bool = vnetEnabled
 // The workbook in the portal (docs/deploy.md, Workbook).
 output WORKBOOK_URL string = '${environment().portal}/#@${tenant().tenantId}/resource${workbook.outputs.id}'

@@ -1,5 +1,7 @@
 // Service Bus namespace (Standard: scheduled messages and duplicate detection) with every queue
-// the app uses. Local (SAS key) authentication is off: senders and receivers use Entra ID.
+// the app uses. Local (SAS key) authentication is off: senders and receivers use Entra ID. With
+// vnetEnabled the namespace is Premium (one messaging unit), the tier private endpoints need, and
+// refuses every public network (docs/deploy.md, Private network, says what Premium costs).
 //
 // The queues and their properties are the same as in devstack/servicebus/Config.json, the
 // development broker's entity config; tests/infra/checks.py fails when the two differ.
@@ -13,6 +15,19 @@
 param name string
 param location string = resourceGroup().location
 param tags object = {}
+
+@description('Private network: Premium, public network access off, reached through a private endpoint only.')
+param vnetEnabled bool = false
+
+var standardSku = {
+  name: 'Standard'
+  tier: 'Standard'
+}
+var premiumSku = {
+  name: 'Premium'
+  tier: 'Premium'
+  capacity: 1
+}
 
 var queues = [
   {
@@ -133,14 +148,11 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: name
   location: location
   tags: tags
-  sku: {
-    name: 'Standard'
-    tier: 'Standard'
-  }
+  sku: vnetEnabled ? premiumSku : standardSku
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -155,5 +167,5 @@ output id string = namespace.id
 // serviceBusEndpoint is https://<name>.<cloud suffix>:443/; the SDK and the host want the host name.
 output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '//')[1], ':')[0]
 output queueNames array = [for (queue, i) in queues: queueResources[i].name]
-output patternReceiveQueueNames array = map(filter(queues, queue => queue.receivedByPattern), queue => queue.name)
-output operationsReceiveQueueNames array = map(filter(queues, queue => queue.receivedByOperations), queue => queue.name)
+output patternReceiveQueueNames array = [for queue in filter(queues, queue => queue.receivedByPattern): queue.name]
+output operationsReceiveQueueNames array = [for queue in filter(queues, queue => queue.receivedByOperations): queue.name]

@@ -1,7 +1,9 @@
 // Storage account: the Functions hosts' own storage (AzureWebJobsStorage), the deployment
 // package container Flex Consumption runs each app from, the state store tables, and the archive of
 // purged orders (block blobs of JSON lines, one per day, moved to cool storage by a lifecycle
-// rule). Shared keys are off: everything authenticates with Entra ID.
+// rule). Shared keys are off: everything authenticates with Entra ID. With vnetEnabled the account
+// refuses every public network and the apps reach its blob and table services through private
+// endpoints (main.bicep); without, it takes any network and Entra ID alone guards it.
 
 param name string
 param location string = resourceGroup().location
@@ -14,6 +16,12 @@ param deploymentContainerNames array
 @maxValue(3650)
 @description('Days after its last append that a day blob of the order archive moves to cool storage.')
 param archiveCoolAfterDays int = 30
+
+@description('Private network: public network access off, reached through private endpoints only.')
+param vnetEnabled bool = false
+
+@description('Zone-redundant storage (ZRS) instead of locally redundant (LRS): regions with availability zones only.')
+param zoneRedundant bool = false
 
 // The state store's tables (app settings ORDERS_TABLE, ACTIVE_ORDERS_TABLE, SUPERVISION_TABLE in
 // main.bicep): order state, the active-order index the Supervisor sweeps, and the Supervisor's
@@ -28,12 +36,15 @@ var tableNames = [
 var archiveContainerName = 'order-archive'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_206: redundancy is the zoneRedundant parameter's (ZRS in regions with availability zones, LRS by default); geo-replication (GRS) is not offered: the state store has no failover to a paired region, and some allowed regions have no pair
+  // checkov:skip=CKV_AZURE_59: public shape only: vnetEnabled false keeps public network access on, as the apps have no private path then (tests/infra checks both shapes)
+  // checkov:skip=CKV_AZURE_35: public shape only: vnetEnabled false lets every network in (default action Allow), as the apps have no private path then (tests/infra checks both shapes)
   name: name
   location: location
   tags: tags
   kind: 'StorageV2'
   sku: {
-    name: 'Standard_LRS'
+    name: zoneRedundant ? 'Standard_ZRS' : 'Standard_LRS'
   }
   properties: {
     accessTier: 'Hot'
@@ -43,9 +54,9 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     allowCrossTenantReplication: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     networkAcls: {
-      defaultAction: 'Allow'
+      defaultAction: vnetEnabled ? 'Deny' : 'Allow'
       bypass: 'AzureServices'
     }
   }

@@ -20,6 +20,14 @@ pycep renders a string literal and an identifier alike (``'orders'`` and ``order
 ``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
 bare name through variables and module parameters only where an expression is expected; a name
 the checks cannot read statically is reported, never guessed.
+
+The templates deploy one of two shapes (:data:`SHAPES`), chosen by main.bicep's ``vnetEnabled``:
+public endpoints, or a private network. A :class:`Layout` names the shape its checks read, and
+:func:`run_all` runs every check in each. Reading a shape evaluates only what depends on that one
+parameter (:meth:`Infra.value`): ``vnetEnabled ? a : b``, ``!x``, ``empty(x)`` and ``if (...)``
+conditions, followed through variables, module parameters and module outputs. Any other condition
+(``if (!empty(principalId))``) is the operator's choice at deploy time: its resource is read as
+deployed, as before.
 """
 
 from __future__ import annotations
@@ -44,11 +52,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------ policy
 
+SHAPE_PARAMETER = "vnetEnabled"
+SHAPES: Mapping[str, Mapping[str, Any]] = {
+    # Shape -> the main.bicep parameters that make it (docs/deploy.md, Private network).
+    "public": {SHAPE_PARAMETER: False},
+    "private": {SHAPE_PARAMETER: True},
+}
+
 HOST_SETTINGS: Mapping[str, str] = {
     # Settings of the Functions host itself, not read by the app code, so the "every setting is
     # used" rule exempts them by name. FUNCTIONS_EXTENSION_VERSION is deliberately not set:
     # Flex Consumption sets it itself (and the runtime comes from functionAppConfig).
-    "AzureWebJobsStorage__accountName": "host storage, identity-based",
+    "AzureWebJobsStorage__blobServiceUri": "host storage, identity-based: its blobs",
+    "AzureWebJobsStorage__tableServiceUri": "host storage, identity-based: its diagnostic events",
     "AzureWebJobsStorage__credential": "host storage, identity-based",
     "AzureWebJobsStorage__clientId": "host storage: which user-assigned identity",
     "APPLICATIONINSIGHTS_CONNECTION_STRING": "host telemetry target",
@@ -64,7 +80,10 @@ FORBIDDEN_SETTINGS: Mapping[str, str] = {
     "StateStorage": "a connection string (secret); use the __tableServiceUri form",
     "SUPERVISOR_LEASE_CONTAINER": "the Supervisor's blob lease is gone; its bucket leases are "
     "rows of SUPERVISION_TABLE",
-    "AzureWebJobsStorage": "a connection string (secret); use the __accountName form",
+    "AzureWebJobsStorage": "a connection string (secret); use the __blobServiceUri form",
+    "AzureWebJobsStorage__accountName": "the host builds the public cloud's host names from it; "
+    "name the services by their URIs (__blobServiceUri, __tableServiceUri), which every cloud "
+    "and a private network resolve",
     "FUNCTIONS_WORKER_RUNTIME": "Flex Consumption rejects it; the runtime is functionAppConfig",
     "FUNCTIONS_EXTENSION_VERSION": "Flex Consumption sets it itself",
     "WEBSITE_TIME_ZONE": "Flex Consumption rejects it; schedules run in UTC",
@@ -161,9 +180,11 @@ SCRIPT_FILE_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the checked files live, relative to a repository root (a real one or a copy)."""
+    """Where the checked files live, relative to a repository root (a real one or a copy), and
+    which shape of the templates (:data:`SHAPES`) the checks read."""
 
     root: Path
+    shape: str = "public"
 
     @property
     def infra(self) -> Path:
@@ -250,19 +271,27 @@ class Infra:
     files: dict[Path, BicepFile] = field(default_factory=dict)
     bound: dict[Path, str] = field(default_factory=dict)
     """Module file -> the symbol of the main.bicep module whose parameters it is read with."""
+    shape: Mapping[str, Any] = field(default_factory=dict)
+    """main.bicep parameter -> its value in the shape read (:data:`SHAPES`)."""
 
     def bind(self, app: App) -> Infra:
         """This infra as ``app``'s deployment sees it: the module file ``app.module`` deploys
         takes that module's parameters."""
-        module = self.main.modules.get(app.module)
+        return self.bind_module(app.module, f" (the {app.name} app)")
+
+    def bind_module(self, symbol: str, what: str = "") -> Infra:
+        """This infra as main.bicep's module ``symbol`` deploys its file (with its parameters)."""
+        module = self.main.modules.get(symbol)
         if module is None or module.get("type") != "local":
-            raise CheckError(f"infra/main.bicep has no module {app.module} (the {app.name} app)")
-        path = (self.main.path.parent / module["detail"]["path"]).resolve()
-        return dataclasses.replace(self, bound={**self.bound, path: app.module})
+            raise CheckError(f"infra/main.bicep has no module {symbol}{what}")
+        path = _module_path(self.main.path, module["detail"]["path"])
+        return dataclasses.replace(self, bound={**self.bound, path: symbol})
 
     @classmethod
     def load(cls, layout: Layout) -> Infra:
-        infra = cls(layout)
+        if layout.shape not in SHAPES:
+            raise CheckError(f"unknown shape {layout.shape!r}: one of {sorted(SHAPES)}")
+        infra = cls(layout, shape=SHAPES[layout.shape])
         for path in bicep_files(layout.infra):
             try:
                 infra.files[path.resolve()] = BicepFile(path, parse_bicep(path))
@@ -282,10 +311,17 @@ class Infra:
     def resources(
         self, type_: str, *, existing: bool = False
     ) -> Iterator[tuple[BicepFile, str, dict]]:
-        """(file, symbol, resource) for every resource of ``type_`` (declared, or existing)."""
+        """(file, symbol, resource) for every resource of ``type_`` (declared, or existing) that
+        this shape may deploy: in a file it deploys, under no condition it makes false."""
         for bicep in self.files.values():
+            if not self.deployed(bicep):
+                continue
             for symbol, resource in bicep.resources.items():
-                if resource.get("type") == type_ and bool(resource.get("existing")) == existing:
+                if (
+                    resource.get("type") == type_
+                    and bool(resource.get("existing")) == existing
+                    and self.may_deploy(bicep, resource)
+                ):
                     yield bicep, symbol, resource
 
     def one_resource(self, type_: str) -> tuple[BicepFile, str, dict]:
@@ -294,23 +330,111 @@ class Infra:
             raise CheckError(f"expected exactly one declared {type_}, found {len(found)}")
         return found[0]
 
-    def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
-        """(file, module config) of every local module declaration that deploys ``target``
-        (only the one it is bound to, if it is)."""
+    def declarations(self, target: BicepFile) -> Iterator[tuple[BicepFile, str, dict]]:
+        """(file, symbol, module) of every local module declaration that deploys ``target`` in
+        this shape (only the one it is bound to, if it is), from a file this shape deploys."""
         chosen = self.bound.get(target.path.resolve())
         for bicep in self.files.values():
             for symbol, module in bicep.modules.items():
-                if module.get("type") != "local":
+                if module.get("type") != "local" or chosen not in (None, symbol):
                     continue
-                path = (bicep.path.parent / module["detail"]["path"]).resolve()
-                if path == target.path.resolve() and chosen in (None, symbol):
-                    yield bicep, module["config"]
+                path = _module_path(bicep.path, module["detail"]["path"])
+                deploys = path == target.path.resolve() and self.may_deploy(bicep, module)
+                if deploys and self.deployed(bicep):
+                    yield bicep, symbol, module
+
+    def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
+        """(file, module body: name, params) of every declaration that deploys ``target``."""
+        for bicep, _, module in self.declarations(target):
+            yield bicep, _body(module)
+
+    def deployed(self, bicep: BicepFile) -> bool:
+        """Whether this shape deploys the file: main.bicep, or a module some declaration of a
+        deployed file may deploy."""
+        return bicep is self.main or next(self.declarations(bicep), None) is not None
+
+    def may_deploy(self, bicep: BicepFile, declaration: dict[str, Any]) -> bool:
+        """Whether a resource or module declaration is deployed unless its condition is false
+        in this shape (an unknown condition: deployed)."""
+        condition = (declaration.get("config") or {}).get("condition")
+        return condition is None or self.value(bicep, condition) is not False
+
+    def module_file(self, bicep: BicepFile, symbol: str) -> BicepFile | None:
+        """The file local module ``symbol`` of ``bicep`` deploys."""
+        module = bicep.modules.get(symbol)
+        if module is None or module.get("type") != "local":
+            return None
+        return self.files.get(_module_path(bicep.path, module["detail"]["path"]))
+
+    def settle(self, bicep: BicepFile, expr: Any, depth: int = 0) -> tuple[BicepFile, Any]:
+        """(file, expression) that ``expr`` comes down to in this shape: variables, module
+        parameters (through the one declaration that deploys the file) and module outputs
+        followed, and a conditional whose condition this shape decides replaced by its branch."""
+        if depth > 50:
+            raise CheckError(f"{self.rel(bicep.path)}: {_short(expr)} refers to itself")
+        if isinstance(expr, str):
+            if expr in bicep.variables:
+                return self.settle(bicep, bicep.variables[expr]["value"], depth + 1)
+            if expr in bicep.params and bicep is not self.main:
+                callers = list(self.callers(bicep))
+                if len(callers) == 1:
+                    caller, config = callers[0]
+                    passed = config.get("params") or {}
+                    if expr in passed:
+                        return self.settle(caller, passed[expr], depth + 1)
+                    default = bicep.params[expr].get("default")
+                    if default is not None:
+                        return self.settle(bicep, default, depth + 1)
+            return bicep, expr
+        operator = expr.get("operator") if isinstance(expr, dict) and len(expr) == 1 else None
+        if isinstance(operator, dict) and operator.get("type") == "conditional":
+            operands = operator["operands"]
+            condition = self.value(bicep, operands["condition"], depth + 1)
+            if isinstance(condition, bool):
+                branch = operands["true_value" if condition else "false_value"]
+                return self.settle(bicep, branch, depth + 1)
+        if isinstance(operator, dict) and operator.get("type") == "property_accessor":
+            module, _, output = _flat(expr).partition(".outputs.")
+            target = self.module_file(bicep, module) if output and "." not in output else None
+            if target is not None and output in target.outputs:
+                return self.settle(target, target.outputs[output]["value"], depth + 1)
+        return bicep, expr
+
+    def value(self, bicep: BicepFile, expr: Any, depth: int = 0) -> Any:
+        """The value of ``expr`` in this shape, or :data:`UNKNOWN`: literals; main.bicep's shape
+        parameters (any other parameter is the operator's choice: unknown); ``!x``; ``c ? a :
+        b``; ``empty(x)``; through :meth:`settle`."""
+        bicep, expr = self.settle(bicep, expr, depth)
+        if isinstance(expr, str):
+            if expr in bicep.params:
+                return self.shape.get(expr, UNKNOWN) if bicep is self.main else UNKNOWN
+            return expr
+        if not isinstance(expr, dict):
+            return expr  # bool, number, null, array
+        operator, function = expr.get("operator"), expr.get("function")
+        if len(expr) == 1 and isinstance(operator, dict):
+            if operator.get("type") == "not":
+                inner = self.value(bicep, operator["operands"]["bool_value"], depth + 1)
+                return not inner if isinstance(inner, bool) else UNKNOWN
+            return UNKNOWN
+        if len(expr) == 1 and isinstance(function, dict):
+            if function.get("type") == "empty":
+                tested = self.value(bicep, function["parameters"]["item_to_test"], depth + 1)
+                return _is_empty(tested)
+            return UNKNOWN
+        return expr  # an object literal
 
     def resolve(self, bicep: BicepFile, expr: Any) -> Any:
         """The literal value of ``expr`` in ``bicep``: follows variables and, for a module
-        parameter, the value its single caller passes. Raises CheckError when not static."""
+        parameter, the value its single caller passes; a conditional this shape decides is its
+        branch. Raises CheckError when not static."""
         if isinstance(expr, dict) and set(expr) == {"operator"}:
             op = expr["operator"]
+            if op["type"] == "conditional":
+                condition = self.value(bicep, op["operands"]["condition"])
+                if isinstance(condition, bool):
+                    branch = op["operands"]["true_value" if condition else "false_value"]
+                    return self.resolve(bicep, branch)
             if op["type"] == "property_accessor":
                 base = self.resolve(bicep, op["operands"]["operand_1"])
                 key = op["operands"]["operand_2"]
@@ -337,6 +461,29 @@ class Infra:
                 return default
             raise CheckError(f"{self.rel(bicep.path)}: parameter {expr} has no static value")
         return expr
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+UNKNOWN: Any = _Unknown()
+"""What :meth:`Infra.value` returns for a value the shape does not decide."""
+
+
+def _is_empty(value: Any) -> Any:
+    """``empty(value)``: a string with literal text beside its interpolations is never empty."""
+    if isinstance(value, str) and "${" in value:
+        return False if _INTERPOLATION.sub("", value) else UNKNOWN
+    if isinstance(value, (str, list, dict)):
+        return len(value) == 0
+    return UNKNOWN
+
+
+@cache
+def _module_path(declaring: Path, relative: str) -> Path:
+    return (declaring.parent / relative).resolve()
 
 
 def _rel(layout: Layout, path: Path) -> str:
@@ -1224,6 +1371,10 @@ def _static_array(infra: Infra, bicep: BicepFile, expr: Any) -> list[Any]:
         caller, passed = parameter_origin(infra, bicep, expr)
         if caller is not bicep or passed != expr:
             return _static_array(infra, caller, passed)
+    if isinstance(expr, dict) and "loop_type" in expr:  # [for item in array: expression]
+        detail = expr["loop_type"]["detail"]
+        items = _static_array(infra, bicep, detail["array_name"])
+        return [_apply(item, detail["item_name"], expr["config"]) for item in items]
     function = expr.get("function") if isinstance(expr, dict) else None
     if function and function["type"] in ("map", "filter"):
         params = list(function["parameters"].values())
@@ -1473,11 +1624,11 @@ def check_security(layout: Layout) -> list[str]:
         expect("storage account", symbol, props, "supportsHttpsTrafficOnly", True)
         expect("storage account", symbol, props, "allowBlobPublicAccess", False)
     namespaces = list(infra.resources("Microsoft.ServiceBus/namespaces"))
-    for _, symbol, res in namespaces:
+    for bicep, symbol, res in namespaces:
         props = _body(res).get("properties") or {}
         expect("Service Bus namespace", symbol, props, "disableLocalAuth", True)
         expect("Service Bus namespace", symbol, props, "minimumTlsVersion", "1.2")
-        sku = (_body(res).get("sku") or {}).get("name")
+        sku = _sku_name(infra, bicep, res)
         if sku not in ("Standard", "Premium"):
             problems.append(
                 f"Service Bus namespace {symbol}: sku {sku!r} has no duplicate "
@@ -1522,6 +1673,12 @@ def check_security(layout: Layout) -> list[str]:
                 f"{_rel(layout, path)} calls {call.strip()}...): templates hold no keys"
             )
     return problems
+
+
+def _sku_name(infra: Infra, bicep: BicepFile, resource: dict[str, Any]) -> Any:
+    """A resource's SKU name in this shape (its sku object may be chosen by a condition)."""
+    sku = infra.value(bicep, _body(resource).get("sku"))
+    return infra.value(bicep, sku.get("name")) if isinstance(sku, dict) else UNKNOWN
 
 
 @_checked
@@ -2223,6 +2380,349 @@ def _tests_not_empty(infra: Infra, bicep: BicepFile, condition: Any, name: Any) 
     )
 
 
+# --------------------------------------------------------------------- private network
+
+STORAGE_ACCOUNT_TYPE = "Microsoft.Storage/storageAccounts"
+KEY_VAULT_TYPE = "Microsoft.KeyVault/vaults"
+NAMESPACE_TYPE = "Microsoft.ServiceBus/namespaces"
+SITE_TYPE = "Microsoft.Web/sites"
+VIRTUAL_NETWORK_TYPE = "Microsoft.Network/virtualNetworks"
+PRIVATE_ENDPOINT_TYPE = "Microsoft.Network/privateEndpoints"
+ZONE_TYPE = "Microsoft.Network/privateDnsZones"
+ZONE_LINK_TYPE = "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+ZONE_GROUP_TYPE = "Microsoft.Network/privateEndpoints/privateDnsZoneGroups"
+FLEX_CONSUMPTION_DELEGATION = "Microsoft.App/environments"
+PRIVATE_LINK_GROUPS: Mapping[str, str] = {
+    # Private link group id -> the resource type whose endpoint it is.
+    "blob": STORAGE_ACCOUNT_TYPE,
+    "table": STORAGE_ACCOUNT_TYPE,
+    "queue": STORAGE_ACCOUNT_TYPE,
+    "vault": KEY_VAULT_TYPE,
+    "namespace": NAMESPACE_TYPE,
+}
+GATED_RESOURCES: Mapping[str, str] = {
+    # The resources the apps reach whose public network access the shape decides.
+    STORAGE_ACCOUNT_TYPE: "storage account",
+    KEY_VAULT_TYPE: "Key Vault",
+    NAMESPACE_TYPE: "Service Bus namespace",
+}
+NETWORK_RULES: frozenset[str] = frozenset({STORAGE_ACCOUNT_TYPE, KEY_VAULT_TYPE})
+"""Resources with network rules (``networkAcls``) besides public network access."""
+_SERVICE_URI_SETTING = re.compile(r"__(?P<group>blob|table|queue)ServiceUri$")
+_SUBNET_ID = re.compile(r"\$\{(?P<vnet>\w+)\.id\}/subnets/\$\{(?P<subnet>\w+)\}")
+CLOUD_HOST_NAMES = (
+    # Public-cloud host suffixes: the templates take each from the cloud they deploy to
+    # (environment().suffixes, a resource's own endpoints), so they work in every cloud.
+    "core.windows.net",
+    "servicebus.windows.net",
+    "vault.azure.net",
+    "vaultcore.azure.net",
+    "azurewebsites.net",
+    "login.microsoftonline.com",
+)
+
+
+@dataclass(frozen=True)
+class PrivateEndpoint:
+    """One private endpoint main.bicep deploys, as the checks need it."""
+
+    where: str
+    groups: frozenset[str]
+    service: str | None
+    """Resource type of what it reaches (None: not a resource the checks can name)."""
+    subnet: tuple[str, str] | None
+    """(virtual network symbol, subnet name) it takes its address in."""
+    zones: tuple[tuple[Any, tuple[str, str] | None], ...]
+    """Each DNS zone of its zone group: (zone name expression, the network it is linked to)."""
+
+
+@_checked
+def check_network(layout: Layout) -> list[str]:
+    """The private network option, in the shape read. Private (vnetEnabled): each app's
+    outbound traffic goes through a subnet of its own, delegated to Microsoft.App/environments,
+    of the one virtual network; each service the apps reach (a storage service an app or its host
+    names by URI, Key Vault for a Key Vault reference, the Service Bus namespace) has a private
+    endpoint of that group on that resource, in a subnet of the same network, with a private DNS
+    zone linked to it; the storage account, Key Vault and Service Bus refuse public networks, and
+    Service Bus is Premium (private endpoints need it). Public: none of that is deployed, the three
+    take public networks (the apps have no other path to them), and Service Bus is Standard."""
+    infra = Infra.load(layout)
+    if infra.shape.get(SHAPE_PARAMETER):
+        problems = _private_shape_problems(infra)
+    else:
+        problems = _public_shape_problems(infra)
+    return problems
+
+
+def _private_shape_problems(infra: Infra) -> list[str]:
+    problems = []
+    networks = list(infra.resources(VIRTUAL_NETWORK_TYPE))
+    if len(networks) != 1:
+        return [f"expected one virtual network in the private shape, found {len(networks)}"]
+    network = networks[0][1]
+    subnets: dict[tuple[str, str] | None, str] = {}
+    for app in APPS:
+        bound = infra.bind(app)
+        bicep, symbol, site = bound.one_resource(SITE_TYPE)
+        props = _body(site).get("properties") or {}
+        subnet = _subnet_of(bound, bicep, props.get("virtualNetworkSubnetId"))
+        where = f"{app.name} app ({infra.rel(bicep.path)}: {symbol})"
+        if subnet is None or subnet[0] != network:
+            problems.append(
+                f"{where}: virtualNetworkSubnetId is not a subnet of the virtual network "
+                f"{network}: its outbound traffic would not reach the private endpoints"
+            )
+            continue
+        delegations = _subnet_delegations(infra, subnet)
+        if FLEX_CONSUMPTION_DELEGATION not in delegations:
+            problems.append(
+                f"{where}: its subnet {subnet[1]} is not delegated to "
+                f"{FLEX_CONSUMPTION_DELEGATION} (Flex Consumption needs it), but to "
+                f"{sorted(delegations) or 'nothing'}"
+            )
+        if subnet in subnets:
+            problems.append(
+                f"{where}: shares subnet {subnet[1]} with the {subnets[subnet]} app; each app "
+                "takes a subnet of its own"
+            )
+        subnets[subnet] = app.name
+    endpoints = private_endpoints(infra)
+    for group, why in sorted(private_link_groups(infra).items()):
+        wanted = PRIVATE_LINK_GROUPS[group]
+        found = [e for e in endpoints if group in e.groups and e.service == wanted]
+        if not found:
+            problems.append(
+                f"no private endpoint of group {group!r} on the {GATED_RESOURCES[wanted]} "
+                f"({why}): the apps could not reach it with public access off"
+            )
+        for endpoint in found:
+            if endpoint.subnet is None or endpoint.subnet[0] != network:
+                problems.append(f"{endpoint.where}: not in a subnet of the virtual network")
+            elif _subnet_delegations(infra, endpoint.subnet):
+                problems.append(f"{endpoint.where}: its subnet is delegated; use the endpoints'")
+            zones = endpoint.zones
+            if not zones or any(link is None or link[1] != network for _, link in zones):
+                problems.append(
+                    f"{endpoint.where}: needs a private DNS zone group whose zone is linked to "
+                    f"the virtual network {network}, or the apps resolve the public address"
+                )
+            for zone, _ in endpoint.zones:
+                if not (isinstance(zone, str) and zone.startswith("privatelink")):
+                    problems.append(
+                        f"{endpoint.where}: DNS zone {_short(zone)} is not privatelink.*"
+                    )
+    for bicep, symbol, resource in _gated_resources(infra):
+        kind = GATED_RESOURCES[resource["type"]]
+        access = _shape_property(infra, bicep, resource, "publicNetworkAccess")
+        if access != "Disabled":
+            problems.append(
+                f"{kind} {symbol}: publicNetworkAccess is {access!r} in the private shape, must "
+                "be 'Disabled'"
+            )
+        if resource["type"] in NETWORK_RULES:
+            action = _shape_property(infra, bicep, resource, "networkAcls", "defaultAction")
+            if action != "Deny":
+                problems.append(
+                    f"{kind} {symbol}: networkAcls.defaultAction is {action!r} in the private "
+                    "shape, must be 'Deny'"
+                )
+        if resource["type"] == NAMESPACE_TYPE and _sku_name(infra, bicep, resource) != "Premium":
+            problems.append(
+                f"{kind} {symbol}: sku is {_sku_name(infra, bicep, resource)!r} in the private "
+                "shape; private endpoints need Premium"
+            )
+    return problems
+
+
+def _public_shape_problems(infra: Infra) -> list[str]:
+    problems = [
+        f"{infra.rel(bicep.path)}: {symbol} ({type_}) is deployed in the public shape, which "
+        "has no private network"
+        for type_ in (VIRTUAL_NETWORK_TYPE, PRIVATE_ENDPOINT_TYPE)
+        for bicep, symbol, _ in infra.resources(type_)
+    ]
+    for app in APPS:
+        bound = infra.bind(app)
+        bicep, symbol, site = bound.one_resource(SITE_TYPE)
+        subnet = (_body(site).get("properties") or {}).get("virtualNetworkSubnetId")
+        if bound.value(bicep, subnet) not in (None, ""):
+            problems.append(f"{app.name} app: has a virtualNetworkSubnetId in the public shape")
+    for bicep, symbol, resource in _gated_resources(infra):
+        kind = GATED_RESOURCES[resource["type"]]
+        access = _shape_property(infra, bicep, resource, "publicNetworkAccess")
+        if access != "Enabled":
+            problems.append(
+                f"{kind} {symbol}: publicNetworkAccess is {access!r} in the public shape, must be "
+                "'Enabled': the apps have no private path to it"
+            )
+        if resource["type"] in NETWORK_RULES:
+            action = _shape_property(infra, bicep, resource, "networkAcls", "defaultAction")
+            if action != "Allow":
+                problems.append(
+                    f"{kind} {symbol}: networkAcls.defaultAction is {action!r} in the public "
+                    "shape, must be 'Allow': the apps reach it from addresses that change"
+                )
+        if resource["type"] == NAMESPACE_TYPE and _sku_name(infra, bicep, resource) != "Standard":
+            problems.append(
+                f"{kind} {symbol}: sku is {_sku_name(infra, bicep, resource)!r} in the public "
+                "shape; Premium pays for private endpoints it has not (docs/deploy.md, Cost)"
+            )
+    return problems
+
+
+def _gated_resources(infra: Infra) -> list[tuple[BicepFile, str, dict[str, Any]]]:
+    found = [found for type_ in GATED_RESOURCES for found in infra.resources(type_)]
+    missing = set(GATED_RESOURCES) - {resource["type"] for _, _, resource in found}
+    if missing:
+        raise CheckError(f"no {', '.join(sorted(missing))} declared")
+    return found
+
+
+def _shape_property(infra: Infra, bicep: BicepFile, resource: dict[str, Any], *keys: str) -> Any:
+    """``properties.<keys>`` of a resource, each level's value in this shape."""
+    value: Any = _body(resource).get("properties") or {}
+    for key in keys:
+        value = infra.value(bicep, value.get(key)) if isinstance(value, dict) else UNKNOWN
+    return value
+
+
+def private_link_groups(infra: Infra) -> dict[str, str]:
+    """Private link group -> why the apps need it: each storage service an app or its host names
+    by URI (``*__blobServiceUri``...), ``vault`` for a Key Vault reference, ``namespace`` for
+    the Service Bus connection."""
+    needed: dict[str, str] = {}
+    for app in APPS:
+        bound = infra.bind(app)
+        for name in sorted(function_app_settings(bound)):
+            if match := _SERVICE_URI_SETTING.search(name):
+                needed.setdefault(match["group"], f"{app.name} app setting {name}")
+            elif name.endswith("__fullyQualifiedNamespace"):
+                needed.setdefault("namespace", f"{app.name} app setting {name}")
+        if key_vault_references(bound):
+            needed.setdefault("vault", f"{app.name} app's Key Vault reference")
+    return needed
+
+
+def private_endpoints(infra: Infra) -> list[PrivateEndpoint]:
+    """Every private endpoint this shape deploys, each read as the main.bicep module declaration
+    that deploys its file (with that declaration's parameters)."""
+    found = []
+    for symbol, module in infra.main.modules.items():
+        target = infra.module_file(infra.main, symbol)
+        if target is None or not infra.may_deploy(infra.main, module):
+            continue
+        bound = infra.bind_module(symbol)
+        for name, resource in target.resources.items():
+            if resource.get("type") != PRIVATE_ENDPOINT_TYPE or resource.get("existing"):
+                continue
+            if bound.may_deploy(target, resource):
+                found.append(_private_endpoint(bound, target, name, resource, symbol))
+    return found
+
+
+def _private_endpoint(
+    infra: Infra, bicep: BicepFile, symbol: str, resource: dict[str, Any], module: str
+) -> PrivateEndpoint:
+    props = _body(resource).get("properties") or {}
+    groups: set[str] = set()
+    services = set()
+    for connection in props.get("privateLinkServiceConnections") or []:
+        conn = connection.get("properties") or {}
+        for group in infra.resolve(bicep, conn.get("groupIds")) or []:
+            groups.add(str(infra.resolve(bicep, group)))
+        services.add(_resource_type_of_id(infra, bicep, conn.get("privateLinkServiceId")))
+    zones = []
+    for zone_group in bicep.resources.values():
+        if zone_group.get("type") != ZONE_GROUP_TYPE or _body(zone_group).get("parent") != symbol:
+            continue
+        zone_configs = (_body(zone_group).get("properties") or {}).get("privateDnsZoneConfigs")
+        for config in zone_configs or []:
+            zone_id = (config.get("properties") or {}).get("privateDnsZoneId")
+            zones.append(_zone(infra, bicep, zone_id))
+    return PrivateEndpoint(
+        where=f"main.bicep module {module} ({infra.rel(bicep.path)}: {symbol})",
+        groups=frozenset(groups),
+        service=services.pop() if len(services) == 1 else None,
+        subnet=_subnet_of(infra, bicep, (props.get("subnet") or {}).get("id")),
+        zones=tuple(zones),
+    )
+
+
+def _resource_type_of_id(infra: Infra, bicep: BicepFile, expr: Any) -> str | None:
+    """The type of the resource ``expr`` is the id of (``<resource>.id``, followed)."""
+    origin, settled = infra.settle(bicep, expr)
+    symbol = _accessed_symbol(settled)
+    resource = origin.resources.get(symbol) if symbol else None
+    if resource is None or _last_name(settled) != "id":
+        return None
+    return resource.get("type")
+
+
+def _zone(infra: Infra, bicep: BicepFile, zone_id: Any) -> tuple[Any, tuple[str, str] | None]:
+    """(the zone's name expression, (network symbol, '') of the network it is linked to)."""
+    origin, settled = infra.settle(bicep, zone_id)
+    symbol = _accessed_symbol(settled)
+    zone = origin.resources.get(symbol) if symbol else None
+    if zone is None or zone.get("type") != ZONE_TYPE or _last_name(settled) != "id":
+        return _short(zone_id), None
+    _, name = infra.settle(origin, _body(zone).get("name"))
+    link = None
+    for link_symbol, resource in origin.resources.items():
+        body = _body(resource)
+        if resource.get("type") == ZONE_LINK_TYPE and body.get("parent") == symbol:
+            network = ((body.get("properties") or {}).get("virtualNetwork") or {}).get("id")
+            network_file, network_expr = infra.settle(origin, network)
+            vnet = _accessed_symbol(network_expr)
+            target = network_file.resources.get(vnet) if vnet else None
+            if target is not None and target.get("type") == VIRTUAL_NETWORK_TYPE:
+                link = (link_symbol, vnet)
+    return name, link
+
+
+def _subnet_of(infra: Infra, bicep: BicepFile, expr: Any) -> tuple[str, str] | None:
+    """(virtual network symbol, subnet name) of a subnet id ``'${vnet.id}/subnets/${name}'``."""
+    origin, settled = infra.settle(bicep, expr)
+    match = _SUBNET_ID.fullmatch(settled) if isinstance(settled, str) else None
+    if match is None:
+        return None
+    vnet = origin.resources.get(match["vnet"]) or {}
+    if vnet.get("type") != VIRTUAL_NETWORK_TYPE:
+        return None
+    return match["vnet"], str(infra.resolve(origin, match["subnet"]))
+
+
+def _subnet_delegations(infra: Infra, subnet: tuple[str, str]) -> set[str]:
+    """The services a subnet of the (one) virtual network is delegated to."""
+    bicep, symbol, vnet = infra.one_resource(VIRTUAL_NETWORK_TYPE)
+    for entry in (_body(vnet).get("properties") or {}).get("subnets") or []:
+        if symbol == subnet[0] and infra.resolve(bicep, entry.get("name")) == subnet[1]:
+            delegations = infra.resolve(bicep, (entry.get("properties") or {}).get("delegations"))
+            return {
+                str(infra.resolve(bicep, (d.get("properties") or {}).get("serviceName")))
+                for d in delegations or []
+            }
+    raise CheckError(f"{infra.rel(bicep.path)}: {symbol} declares no subnet {subnet[1]}")
+
+
+def check_cloud_neutral(layout: Layout) -> list[str]:
+    """No template names a public-cloud host (``core.windows.net``...): every host name comes
+    from the cloud the deployment runs in (``environment()``, a resource's own endpoints), so the
+    templates deploy to any Azure cloud. And no setting names host storage by account name, from
+    which the host would build public-cloud host names (:data:`FORBIDDEN_SETTINGS`)."""
+    problems = []
+    for path in sorted(layout.infra.rglob("*")):
+        if path.suffix not in (".bicep", ".json") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for host in CLOUD_HOST_NAMES:
+                if host in line.lower():
+                    problems.append(
+                        f"{_rel(layout, path)}:{number} names {host}: take it from the cloud "
+                        "(environment().suffixes, the resource's endpoints) instead"
+                    )
+    return problems
+
+
 # ------------------------------------------------------------------------- workbook
 
 WORKBOOK_TYPE = "Microsoft.Insights/workbooks"
@@ -2252,6 +2752,15 @@ def check_workbook(layout: Layout, facts: Facts) -> list[str]:
     no role assignment on it or in its module (it needs none)."""
     infra = Infra.load(layout)
     found = list(infra.resources(WORKBOOK_TYPE))
+    if not found:
+        undeployed = [
+            why
+            for bicep in infra.files.values()
+            if any(r.get("type") == WORKBOOK_TYPE for r in bicep.resources.values())
+            and (why := _deployment_problem(infra, bicep)) is not None
+        ]
+        if undeployed:
+            return undeployed
     if len(found) != 1:
         return [f"expected one {WORKBOOK_TYPE} (the operators' workbook), found {len(found)}"]
     bicep, symbol, resource = found[0]
@@ -2313,14 +2822,14 @@ def _deployment_problem(infra: Infra, bicep: BicepFile) -> str | None:
     unconditional module declarations), else what is wrong."""
     if bicep is infra.main:
         return None
-    callers = list(infra.callers(bicep))
-    if not callers:
+    declarations = list(infra.declarations(bicep))
+    if not declarations:
         return (
             f"{infra.rel(bicep.path)} is not deployed by infra/main.bicep: no module "
             "declaration names it"
         )
-    for caller, config in callers:
-        if {"condition", "loop_type"} & set(config):
+    for caller, _, module in declarations:
+        if {"condition", "loop_type"} & set(module.get("config") or {}):
             continue
         if _deployment_problem(infra, caller) is None:
             return None
@@ -2483,13 +2992,33 @@ def all_checks(facts: Facts) -> dict[str, Callable[[Layout], list[str]]]:
         "outputs": check_outputs,
         "authentication": lambda layout: check_authentication(layout, facts),
         "workbook": lambda layout: check_workbook(layout, facts),
+        "network": check_network,
+        "cloud_neutral": check_cloud_neutral,
     }
 
 
 def run_all(layout: Layout, facts: Facts) -> dict[str, list[str]]:
-    """Problems by check name (only checks that found some)."""
-    results = {name: check(layout) for name, check in all_checks(facts).items()}
+    """Problems by check name (only checks that found some), in every shape of the templates
+    (:data:`SHAPES`): a problem of some shapes only says which."""
+    results = {}
+    for name, check in all_checks(facts).items():
+        by_shape = {shape: check(dataclasses.replace(layout, shape=shape)) for shape in SHAPES}
+        everywhere = [
+            p
+            for p in by_shape[next(iter(SHAPES))]
+            if all(p in problems for problems in by_shape.values())
+        ]
+        results[name] = everywhere + [
+            f"{shape} shape ({_shape_text(shape)}): {problem}"
+            for shape, problems in by_shape.items()
+            for problem in problems
+            if problem not in everywhere
+        ]
     return {name: problems for name, problems in results.items() if problems}
+
+
+def _shape_text(shape: str) -> str:
+    return ", ".join(f"{k}={str(v).lower()}" for k, v in SHAPES[shape].items())
 
 
 def format_problems(results: Mapping[str, Iterable[str]]) -> str:

@@ -26,6 +26,13 @@ from infra import smoke
 from tests.infra import checks, workbook
 
 
+@pytest.fixture(scope="module", params=list(checks.SHAPES))
+def layout(request) -> checks.Layout:
+    """The repository, read in each shape of the templates (public, private network): every
+    check of this module holds in both."""
+    return checks.Layout(checks.REPO_ROOT, request.param)
+
+
 def assert_clean(problems: list[str]) -> None:
     assert not problems, "\n".join(problems)
 
@@ -314,6 +321,52 @@ def test_parameters_file_maps_the_main_parameters(layout):
 
 def test_outputs_and_azure_yaml(layout):
     assert_clean(checks.check_outputs(layout))
+
+
+def test_the_network_is_what_the_shape_says(layout):
+    assert_clean(checks.check_network(layout))
+    infra = checks.Infra.load(layout)
+    endpoints = checks.private_endpoints(infra)
+    # What the apps reach: their state and archive, their hosts' blobs and diagnostic events, the
+    # signing key, the queues; no app or host uses a storage queue, so no queue endpoint.
+    assert set(checks.private_link_groups(infra)) == {"blob", "table", "vault", "namespace"}
+    files = {infra.rel(bicep.path) for bicep in infra.files.values() if infra.deployed(bicep)}
+    network_files = {"infra/app/network.bicep", "infra/app/private-endpoint.bicep"}
+    if layout.shape == "private":
+        assert {group for e in endpoints for group in e.groups} == {
+            "blob",
+            "table",
+            "vault",
+            "namespace",
+        }
+        assert network_files <= files
+    else:
+        assert endpoints == [] and not network_files & files
+
+
+def test_the_private_shape_is_the_vnet_enabled_parameter(layout):
+    """The option is one parameter, off by default, mapped from VNET_ENABLED."""
+    infra = checks.Infra.load(checks.Layout(checks.REPO_ROOT))
+    parameter = infra.main.params[checks.SHAPE_PARAMETER]
+    assert (parameter["type"], parameter["default"]) == ("bool", False)
+    assert checks.SHAPES["public"] == {checks.SHAPE_PARAMETER: False}
+    mapped = json.loads(layout.parameters_json.read_text())["parameters"]
+    assert mapped[checks.SHAPE_PARAMETER]["value"] == "${VNET_ENABLED=false}"
+    assert mapped["zoneRedundant"]["value"] == "${ZONE_REDUNDANT=false}"
+
+
+def test_no_template_names_a_cloud_host(layout):
+    assert_clean(checks.check_cloud_neutral(layout))
+
+
+def test_location_is_a_flex_consumption_region(layout):
+    infra = checks.Infra.load(layout)
+    allowed = next(
+        d["argument"] for d in infra.main.params["location"]["decorators"] if d["type"] == "allowed"
+    )
+    assert {"eastus", "westeurope", "swedencentral"} <= set(allowed)
+    assert all(re.fullmatch(r"[a-z0-9]+", region) for region in allowed), allowed
+    assert len(set(allowed)) == len(allowed)
 
 
 # ------------------------------------------------------------------------- consistency

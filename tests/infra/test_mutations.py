@@ -88,6 +88,8 @@ FUNCTION = "infra/app/function.bicep"
 RBAC = "infra/app/rbac.bicep"
 MONITORING = "infra/app/monitoring.bicep"
 KEYVAULT = "infra/app/keyvault.bicep"
+NETWORK = "infra/app/network.bicep"
+ENDPOINT = "infra/app/private-endpoint.bicep"
 ALERTS = "infra/app/alerts.bicep"
 CONFIG = "devstack/servicebus/Config.json"
 EXAMPLE = "local.settings.json.example"
@@ -746,7 +748,7 @@ MUTATIONS = [
     Mutation(
         "Service Bus Basic tier",
         SERVICEBUS,
-        replace("name: 'Standard'\n    tier: 'Standard'", "name: 'Basic'\n    tier: 'Basic'"),
+        replace("name: 'Standard'\n  tier: 'Standard'", "name: 'Basic'\n  tier: 'Basic'"),
         "security",
         "sku 'Basic'",
     ),
@@ -1233,6 +1235,174 @@ MUTATIONS += [
         ),
         "workbook",
         "reader grants a role in the workbook module; the workbook needs none",
+    ),
+]
+
+# The private network option: a resource left public, or a private path missing, in the private
+# shape; a private setting leaking into the public shape (where the apps have no private path).
+PRIVATE = "private shape (vnetEnabled=true): "
+PUBLIC = "public shape (vnetEnabled=false): "
+MUTATIONS += [
+    Mutation(
+        "storage account left public in the private shape",
+        STORAGE,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE + "storage account account: publicNetworkAccess is 'Enabled' in the private shape",
+    ),
+    Mutation(
+        "storage account's default network rule left Allow in the private shape",
+        STORAGE,
+        replace("defaultAction: vnetEnabled ? 'Deny' : 'Allow'", "defaultAction: 'Allow'"),
+        "network",
+        PRIVATE + "storage account account: networkAcls.defaultAction is 'Allow' in the private",
+    ),
+    Mutation(
+        "Key Vault left public in the private shape",
+        KEYVAULT,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE + "Key Vault vault: publicNetworkAccess is 'Enabled' in the private shape",
+    ),
+    Mutation(
+        "Key Vault's default network rule left Allow in the private shape",
+        KEYVAULT,
+        replace("defaultAction: vnetEnabled ? 'Deny' : 'Allow'", "defaultAction: 'Allow'"),
+        "network",
+        PRIVATE + "Key Vault vault: networkAcls.defaultAction is 'Allow' in the private shape",
+    ),
+    Mutation(
+        "Service Bus left public in the private shape",
+        SERVICEBUS,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE
+        + "Service Bus namespace namespace: publicNetworkAccess is 'Enabled' in the private",
+    ),
+    Mutation(
+        "Service Bus stays Standard in the private shape",
+        SERVICEBUS,
+        replace("sku: vnetEnabled ? premiumSku : standardSku", "sku: standardSku"),
+        "network",
+        PRIVATE
+        + "Service Bus namespace namespace: sku is 'Standard' in the private shape; private "
+        "endpoints need Premium",
+    ),
+    Mutation(
+        "Service Bus Premium in the public shape too",
+        SERVICEBUS,
+        replace("sku: vnetEnabled ? premiumSku : standardSku", "sku: premiumSku"),
+        "network",
+        PUBLIC + "Service Bus namespace namespace: sku is 'Premium' in the public shape",
+    ),
+    Mutation(
+        "storage account closed in the public shape too (the apps could not reach it)",
+        STORAGE,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Disabled'",
+        ),
+        "network",
+        PUBLIC + "storage account account: publicNetworkAccess is 'Disabled' in the public shape, "
+        "must be 'Enabled': the apps have no private path to it",
+    ),
+    Mutation(
+        "no private endpoint for the table service",
+        MAIN,
+        replace("groupId: 'table'", "groupId: 'queue'"),
+        "network",
+        PRIVATE + "no private endpoint of group 'table' on the storage account (pattern app "
+        "setting AzureWebJobsStorage__tableServiceUri)",
+    ),
+    Mutation(
+        "a private endpoint deployed in the public shape",
+        MAIN,
+        replace(
+            "module vaultEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {",
+            "module vaultEndpoint 'app/private-endpoint.bicep' = {",
+        ),
+        "network",
+        PUBLIC + "infra/app/private-endpoint.bicep: endpoint (Microsoft.Network/privateEndpoints) "
+        "is deployed in the public shape",
+    ),
+    Mutation(
+        "the operations app not in the network",
+        MAIN,
+        replace("    subnetId: vnetEnabled ? network.outputs.operationsSubnetId : ''\n", ""),
+        "network",
+        PRIVATE + "operations app (infra/app/function.bicep: functionApp): virtualNetworkSubnetId "
+        "is not a subnet of the virtual network vnet",
+    ),
+    Mutation(
+        "both apps in one subnet",
+        MAIN,
+        replace("network.outputs.operationsSubnetId", "network.outputs.patternSubnetId"),
+        "network",
+        "shares subnet pattern-app with the pattern app",
+    ),
+    Mutation(
+        "an app's subnet not delegated to Microsoft.App/environments",
+        NETWORK,
+        replace("          delegations: flexConsumptionDelegation\n", ""),
+        "network",
+        PRIVATE + "pattern app (infra/app/function.bicep: functionApp): its subnet pattern-app is "
+        "not delegated to Microsoft.App/environments",
+    ),
+    Mutation(
+        "a private endpoint in an app's delegated subnet",
+        MAIN,
+        replace(
+            "subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''",
+            "subnetId: vnetEnabled ? network.outputs.patternSubnetId : ''",
+        ),
+        "network",
+        PRIVATE
+        + "main.bicep module blobEndpoint (infra/app/private-endpoint.bicep: endpoint): its "
+        "subnet is delegated",
+    ),
+    Mutation(
+        "a private endpoint without its DNS zone",
+        ENDPOINT,
+        replace("privateDnsZoneId: zone.id", "privateDnsZoneId: virtualNetworkId"),
+        "network",
+        "needs a private DNS zone group whose zone is linked to the virtual network vnet",
+    ),
+    Mutation(
+        "the DNS zone not linked to the network",
+        ENDPOINT,
+        replace("  parent: zone\n", "  parent: endpoint\n"),
+        "network",
+        "needs a private DNS zone group whose zone is linked to the virtual network vnet",
+    ),
+    Mutation(
+        "a public-cloud host name in a template",
+        MAIN,
+        replace(
+            "'privatelink.blob.${environment().suffixes.storage}'",
+            "'privatelink.blob.core.windows.net'",
+        ),
+        "cloud_neutral",
+        "names core.windows.net: take it from the cloud",
+    ),
+    Mutation(
+        "host storage named by its account name",
+        FUNCTION,
+        replace(
+            "AzureWebJobsStorage__blobServiceUri: storage.properties.primaryEndpoints.blob",
+            "AzureWebJobsStorage__accountName: storage.name",
+        ),
+        "app_settings",
+        "app setting AzureWebJobsStorage__accountName is set in infra but must not be: the host "
+        "builds the public cloud's host names from it",
     ),
 ]
 

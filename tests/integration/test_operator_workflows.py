@@ -37,6 +37,15 @@ pytestmark = [
     pytest.mark.servicebus_config("tests/integration/replay_config.json"),
 ]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: orders are moved through their steps between operator
+    calls that wait on the API, and the shared five seconds could pass on a loaded machine. No
+    deadline is under test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 HOUR = 3600
 
 
@@ -400,7 +409,9 @@ async def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -
         async with client.get_queue_sender(queue_name) as sender:
             await sender.send_messages(message)
         async with client.get_queue_receiver(queue_name, max_wait_time=5) as receiver:
-            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
+            while received := await receiver.receive_messages(
+                max_message_count=1, max_wait_time=30
+            ):
                 if received[0].message_id == message.message_id:
                     await receiver.dead_letter_message(
                         received[0], reason="MaxDeliveryCountExceeded"

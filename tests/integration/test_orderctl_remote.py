@@ -44,6 +44,15 @@ from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: orders are moved through their steps between operator
+    commands, and the shared five seconds could pass on a loaded machine. No deadline is under
+    test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 PRINCIPAL = "remote-op"
 BACKENDS = ["local", "remote"]
 runner = CliRunner()
@@ -259,7 +268,9 @@ async def test_dead_letters_listed_replay_refused_then_purged(orderctl, rt, serv
         async with client.get_queue_sender(orders_queue) as sender:
             await sender.send_messages(message)
         async with client.get_queue_receiver(orders_queue, max_wait_time=5) as receiver:
-            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
+            while received := await receiver.receive_messages(
+                max_message_count=1, max_wait_time=30
+            ):
                 if received[0].message_id == message.message_id:
                     await receiver.dead_letter_message(
                         received[0], reason="MaxDeliveryCountExceeded"
