@@ -6,9 +6,13 @@ this file with the worker's PYTHON_SCRIPT_FILE_NAME setting, so its instances im
 operator surface, and the pattern app's never do (docs/architecture.md, Two apps). One HTTP
 function (`http_app_func`, route ``/{*route}``) hands every request under ``/api`` to the
 FastAPI app; its AuthLevel.FUNCTION makes the Functions host refuse a request without a
-function or host key before any code here runs. Telemetry first, then the settings check, as
-function_app.py does.
+function or host key before any code here runs, and each request runs within its time, as each
+trigger of the pattern app does within its own (:func:`service.deadlines.http_request`: its
+Table calls end before Azure's front end gives up on it). Telemetry first, then the settings
+check, as function_app.py does.
 """
+
+from typing import Any
 
 import azure.functions as func
 
@@ -16,9 +20,20 @@ from adapters import telemetry
 from adapters.settings import Settings
 from dashboard.routes import router as dashboard
 from operator_api.app import build, mounted
+from service import deadlines
 
 telemetry.configure()
 Settings.check_on_load()
 
 api = build(dashboard)
-app = func.AsgiFunctionApp(app=mounted(api), http_auth_level=func.AuthLevel.FUNCTION)
+served = mounted(api)
+
+
+async def bounded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return await served(scope, receive, send)
+    with deadlines.http_request():
+        await served(scope, receive, send)
+
+
+app = func.AsgiFunctionApp(app=bounded, http_auth_level=func.AuthLevel.FUNCTION)

@@ -1,7 +1,8 @@
 """The time the current invocation has left, which every Table call it makes must respect.
 
 An invocation states how long it may take (:func:`within`: a message handled under its lock,
-a Supervisor tick within its claim, a purge run within the Functions timeout;
+a Supervisor tick within its claim, a purge run within the Functions timeout, an HTTP request
+within the front end's;
 :mod:`service.deadlines` says how long each is); the Table client cuts any call still running
 when that time is up, its retries and their waits included (:mod:`adapters.tables.pipeline`).
 Nothing else bounds a call whole: the read timeout is per read, so a server that sends a byte
@@ -10,8 +11,8 @@ now and then holds a call for as long as it likes.
 A context variable rather than an argument: the bound reaches the one place that sends without
 passing through every store method on the way, and the tasks an invocation starts inherit it
 (asyncio copies the context into each task), so a tick's concurrent sweeps share the tick's.
-Outside any bound (command-line tools, the operator API, tests) calls are bounded by the
-pipeline's own timeouts only, as before.
+Outside any bound (command-line tools, tests) calls are bounded by the pipeline's own timeouts
+only, as before.
 """
 
 from __future__ import annotations

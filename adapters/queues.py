@@ -14,10 +14,10 @@ alerts changes nothing for anyone else. At most ``max_scan`` messages are receiv
 
 Dead letters are settled by :meth:`QueueTools.settle_dead_letters`: the dead-letter queue is
 received from its head in peek-lock mode; each message is completed once the caller has done
-what it wanted (sent a copy back to the queue: :func:`replay_copy`), and the others are held
-locked until the scan ends, then abandoned: they stay where they were, and a scan never receives
-one twice. Dead letters are not dead-lettered again, so abandoning them only raises their
-delivery count.
+what it wanted (had the pattern app send it back: service/operations/dead_letter_settler.py),
+and the others are held locked until the scan ends, then abandoned: they stay where they were,
+and a scan never receives one twice. Dead letters are not dead-lettered again, so abandoning
+them only raises their delivery count.
 
 Peeks (listings, counts, finding an alert) reuse one receiver per queue and sub-queue, kept
 open: opening a receiver's link costs about half a second on the development broker and closing
@@ -39,8 +39,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Final
 
-from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
-from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
+from azure.servicebus import ServiceBusReceivedMessage, ServiceBusSubQueue
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import MessageNotFoundError, ServiceBusError
 
 LINKS_AT_ONCE: Final = 8
@@ -51,9 +51,6 @@ RECEIVE_BATCH: Final = 50
 RECEIVE_WAIT_SECONDS: Final = 1.0
 DEAD_LETTER_PROPERTIES: Final = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
 """What Service Bus adds to a message it dead-letters: not part of the message sent."""
-
-Send = Callable[[ServiceBusMessage], Awaitable[None]]
-"""Sends one message to the queue whose dead letters are being settled."""
 
 
 _PeekKey = tuple[str, bool]
@@ -167,7 +164,7 @@ class QueueTools:
     async def settle_dead_letters(
         self,
         queue: str,
-        act: Callable[[ServiceBusReceivedMessage, Send], Awaitable[bool]],
+        act: Callable[[ServiceBusReceivedMessage], Awaitable[bool]],
         *,
         max_scan: int,
         enough: Callable[[], bool] = lambda: False,
@@ -176,22 +173,13 @@ class QueueTools:
         each one ``act`` returns True for (see the module docstring); stop early once
         ``enough()``. True if dead letters may be left unexamined."""
         async with self._lock, self._receiver(queue, ServiceBusSubQueue.DEAD_LETTER) as receiver:
-            sender: list[ServiceBusSender] = []
-
-            async def send(message: ServiceBusMessage) -> None:
-                if not sender:
-                    sender.append(self._bus_client().get_queue_sender(queue))
-                await sender[0].send_messages(message)
-
             held: list[ServiceBusReceivedMessage] = []
             try:
-                return await _settle(receiver, act, send, held, max_scan, enough)
+                return await _settle(receiver, act, held, max_scan, enough)
             finally:
                 for message in held:
                     with contextlib.suppress(ServiceBusError):  # its lock expires anyway
                         await receiver.abandon_message(message)
-                for opened in sender:
-                    await opened.close()
 
     def _receiver(self, queue: str, sub_queue: ServiceBusSubQueue | None) -> ServiceBusReceiver:
         return self._bus_client().get_queue_receiver(
@@ -246,8 +234,7 @@ async def _complete_from_head(
 
 async def _settle(
     receiver: ServiceBusReceiver,
-    act: Callable[[ServiceBusReceivedMessage, Send], Awaitable[bool]],
-    send: Send,
+    act: Callable[[ServiceBusReceivedMessage], Awaitable[bool]],
     held: list[ServiceBusReceivedMessage],
     max_scan: int,
     enough: Callable[[], bool],
@@ -262,7 +249,7 @@ async def _settle(
             return False
         for message in batch:
             scanned += 1
-            if await act(message, send):
+            if await act(message):
                 await receiver.complete_message(message)
             else:
                 held.append(message)
@@ -287,18 +274,3 @@ def properties_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
                 value = value.decode("utf-8")
         found[name] = value
     return found
-
-
-def replay_copy(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
-    """The message as it was first sent, to send back to its queue: the same body, MessageId
-    and application properties (a signature still verifies: it covers the queue, MessageId and
-    body), CorrelationId, Subject, ContentType and ReplyTo."""
-    return ServiceBusMessage(
-        body_of(message),
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        subject=message.subject,
-        content_type=message.content_type,
-        reply_to=message.reply_to,
-        application_properties=properties_of(message),  # type: ignore[arg-type]
-    )

@@ -28,7 +28,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from adapters import telemetry
 from adapters.op_counts import COUNTS
 from domain import signing
-from domain.messages import MessageBase, encode, message_id_for
+from domain.messages import MessageBase, ReplayDeadLetter, encode, message_id_for
 
 log = logging.getLogger("bus")
 
@@ -52,16 +52,35 @@ class Bus:
     async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
+        await self._send(queue, self.prepare(queue, message, scheduled_at))
+        if log.isEnabledFor(logging.DEBUG):  # the MessageId is a hash: not built for nothing
+            log.debug("sent %s to %s", message_id_for(message), queue)
+
+    async def send_copy(self, queue: str, copy: ReplayDeadLetter) -> None:
+        """Send the dead letter ``copy`` carries to ``queue`` as it was first sent: the same
+        body, MessageId, application properties (its signature among them) and headers."""
+        await self._send(
+            queue,
+            ServiceBusMessage(
+                copy.raw_body(),
+                message_id=copy.message_id,
+                correlation_id=copy.correlation_id,
+                subject=copy.subject,
+                content_type=copy.content_type,
+                reply_to=copy.reply_to,
+                application_properties=dict(copy.properties),  # type: ignore[arg-type]
+            ),
+        )
+
+    async def _send(self, queue: str, message: ServiceBusMessage) -> None:
         lock, sender = await self._sender(queue)
         try:
             async with lock:
-                await sender.send_messages(self.prepare(queue, message, scheduled_at))
+                await sender.send_messages(message)
         except BaseException:  # cancelled too: a send cut short leaves its link in doubt
             await self._forget(queue, sender)
             raise
         COUNTS.add("servicebus.send")
-        if log.isEnabledFor(logging.DEBUG):  # the MessageId is a hash: not built for nothing
-            log.debug("sent %s to %s", message_id_for(message), queue)
 
     def prepare(
         self, queue: str, message: MessageBase, scheduled_at: datetime | None = None

@@ -54,7 +54,7 @@ import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -106,23 +106,13 @@ def configure(environ: Mapping[str, str] | None = None, *, role: str = "host") -
             from azure.monitor.opentelemetry import configure_azure_monitor
 
             configure_azure_monitor(connection_string=connection)
-        else:
-            _install_files(Path(directory), role)
+        else:  # local: the app's own files (imported here: the SDK costs ~50 ms at a start)
+            from adapters import trace_files
+
+            trace_files.install(Path(directory), role)
         _bind_metrics()
         _configured = True
     return True
-
-
-def _install_files(directory: Path, role: str) -> None:
-    from azure.core.settings import settings
-    from opentelemetry import metrics as otel_metrics
-
-    tracer_provider, meter_provider = file_providers(directory, role)
-    trace.set_tracer_provider(tracer_provider)
-    # The Azure SDKs' own spans, as the distro's azure-sdk instrumentation records them in Azure.
-    settings.tracing_implementation = "opentelemetry"
-    otel_metrics.set_meter_provider(meter_provider)
-    log.info("telemetry: writing spans and metrics to %s", directory)
 
 
 def _bind_metrics() -> None:
@@ -135,52 +125,6 @@ def _bind_metrics() -> None:
 
     if isinstance(otel_metrics.get_meter_provider(), MeterProvider):
         metrics.bind()
-
-
-SPAN_FLUSH_S: Final = 2.0
-METRIC_FLUSH_S: Final = 5.0
-
-
-def file_providers(
-    directory: Path,
-    role: str,
-    *,
-    span_flush_s: float = SPAN_FLUSH_S,
-    metric_flush_s: float = METRIC_FLUSH_S,
-) -> tuple[Any, Any]:
-    """An SDK TracerProvider and MeterProvider appending JSON lines to this process's files in
-    ``directory`` (created if missing), through batch processors; both flush at exit. Installs
-    nothing: :func:`configure` makes them the global providers."""
-    # Imported here: the SDK costs ~50 ms at a cold start that does not export to files.
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from adapters import trace_files
-
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(
-            f"{TELEMETRY_DIR_SETTING}={directory}: cannot create that directory ({exc}). "
-            f"Point {TELEMETRY_DIR_SETTING} at a writable directory, or unset it."
-        ) from exc
-    pid = os.getpid()
-    resource = Resource.create({"service.name": f"orders-{role}", "process.pid": pid})
-    spans = trace_files.FileSpanExporter(
-        directory / trace_files.file_name("spans", role, pid), role, pid
-    )
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(
-        BatchSpanProcessor(spans, schedule_delay_millis=span_flush_s * 1000)
-    )
-    points = trace_files.FileMetricExporter(
-        directory / trace_files.file_name("metrics", role, pid), role, pid
-    )
-    reader = PeriodicExportingMetricReader(points, export_interval_millis=metric_flush_s * 1000)
-    return tracer_provider, MeterProvider(metric_readers=[reader], resource=resource)
 
 
 class _BytesKeySetter(Setter[MutableMapping[Any, Any]]):

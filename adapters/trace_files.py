@@ -2,10 +2,11 @@
 
 With TELEMETRY_DIR set, each process appends JSON lines to ``spans-<role>-<pid>.jsonl`` and
 ``metrics-<role>-<pid>.jsonl`` in that directory, through :class:`FileSpanExporter` and
-:class:`FileMetricExporter` (:func:`adapters.telemetry.file_providers` installs them). One line,
-one span (:func:`span_record`) or one data point (:func:`metric_records`), so files from several
-processes can be read together, while they are being written (a torn last line is skipped).
-This module imports the OpenTelemetry SDK; the app imports it only when it writes files.
+:class:`FileMetricExporter` (:func:`install`: :func:`adapters.telemetry.configure` calls it).
+One line, one span (:func:`span_record`) or one data point (:func:`metric_records`), so files
+from several processes can be read together, while they are being written (a torn last line is
+skipped). This module imports the OpenTelemetry SDK; the app imports it only when it writes
+files.
 
 Reading is pure but for the directory listing: :func:`read_spans` finds one order's spans,
 :func:`build_traces` arranges any set of spans into trees by parent, one per trace, in time
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,18 +32,24 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from opentelemetry.sdk.metrics import Counter, Histogram
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     MetricExporter,
     MetricExportResult,
     MetricsData,
+    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.metrics.export import Sum as SumData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from adapters.telemetry import TELEMETRY_DIR_SETTING
 
 log = logging.getLogger("telemetry")
 
@@ -186,6 +194,51 @@ class FileMetricExporter(MetricExporter):
 
 
 # ------------------------------------------------------------------------------ reading
+
+
+def install(directory: Path, role: str) -> None:
+    """Make this process's files in ``directory`` the global tracer and meter providers."""
+    from azure.core.settings import settings
+
+    tracer_provider, meter_provider = file_providers(directory, role)
+    trace.set_tracer_provider(tracer_provider)
+    # The Azure SDKs' own spans, as the distro's azure-sdk instrumentation records them in Azure.
+    settings.tracing_implementation = "opentelemetry"
+    otel_metrics.set_meter_provider(meter_provider)
+    log.info("telemetry: writing spans and metrics to %s", directory)
+
+
+SPAN_FLUSH_S: Final = 2.0
+METRIC_FLUSH_S: Final = 5.0
+
+
+def file_providers(
+    directory: Path,
+    role: str,
+    *,
+    span_flush_s: float = SPAN_FLUSH_S,
+    metric_flush_s: float = METRIC_FLUSH_S,
+) -> tuple[Any, Any]:
+    """An SDK TracerProvider and MeterProvider appending JSON lines to this process's files in
+    ``directory`` (created if missing), through batch processors; both flush at exit. Installs
+    nothing: :func:`install` makes them the global providers."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"{TELEMETRY_DIR_SETTING}={directory}: cannot create that directory ({exc}). "
+            f"Point {TELEMETRY_DIR_SETTING} at a writable directory, or unset it."
+        ) from exc
+    pid = os.getpid()
+    resource = Resource.create({"service.name": f"orders-{role}", "process.pid": pid})
+    spans = FileSpanExporter(directory / file_name("spans", role, pid), role, pid)
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(spans, schedule_delay_millis=span_flush_s * 1000)
+    )
+    points = FileMetricExporter(directory / file_name("metrics", role, pid), role, pid)
+    reader = PeriodicExportingMetricReader(points, export_interval_millis=metric_flush_s * 1000)
+    return tracer_provider, MeterProvider(metric_readers=[reader], resource=resource)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from adapters import archive
+from adapters import archive, archive_reading
 from adapters.store.active_index import (
     DEFAULT_GRACE,
     INDEX_BUCKETS,
@@ -441,7 +441,7 @@ class MemoryArchive:
 
     async def blobs(self, day: date | None = None) -> list[str]:
         await _round_trip()
-        prefix = archive.day_prefix(day) if day is not None else ""
+        prefix = archive_reading.day_prefix(day) if day is not None else ""
         return sorted(name for name in self._blobs if name.startswith(prefix))
 
 

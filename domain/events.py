@@ -100,6 +100,15 @@ class RepliesRefused:
     sent: frozenset[str] = frozenset()
 
 
-Event = Replied | RetryDue | Resent | Swept | RepliesRefused
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """The order was written by someone who may not send what it owes (an operator's action,
+    written by the operations app), and whoever may is asked to (:mod:`service.handover`).
+    ``delivered``: a finished order's outbox is known sent (its active-index row is gone)."""
+
+    delivered: bool = False
+
+
+Event = Replied | RetryDue | Resent | Swept | RepliesRefused | Owed
 """What happens to an order in the pattern's own course (an operator's actions are apart:
 :data:`domain.operator_actions.Action`)."""

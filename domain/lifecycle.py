@@ -81,6 +81,7 @@ from domain.events import (
     Context,
     Decision,
     Event,
+    Owed,
     Replied,
     RepliesRefused,
     Resent,
@@ -200,6 +201,8 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _on_sweep(order, ctx)
         case RepliesRefused(sequence, failure, sent):
             return _on_replies_refused(order, sequence, failure, sent, ctx)
+        case Owed(delivered):
+            return _on_owed(order, delivered)
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -365,6 +368,16 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
         )
         whose = "on_our_side"  # its retry was never claimed: no request left for it
     return _retry_or_fail(order, order.attempt_failed(whose), reason, ctx)
+
+
+def _on_owed(order: Order, delivered: bool) -> Decision:
+    """Send what the order owes: in flight, its outbox (as a resent submission does); finished,
+    its outbox unless it was sent (then the order owes nothing any more, as after a sweep)."""
+    if order.state.in_flight:
+        return _flush(order, "sent what it owes, as its writer asked")
+    if delivered:
+        return Decision(None, (), note="finished; its outbox was sent already")
+    return Decision(None, order.outbox, finished=True, note="finished; outbox sent, as asked")
 
 
 # ----------------------------------------------------------------------------- movements

@@ -40,8 +40,15 @@ SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one
                     recovery decision: each release of an order is decided by one conditional
                     write, at an attempt and failure count no other release of it has (a
                     release follows a claim, which moves the attempt, or counts a failure);
-                    reason, author and time are that decision's. A cancel or resubmit put on
-                    the queue by hand is named alike: two at one point of the order are one.
+                    reason, author and time are that decision's.
+SendOwed            ``owed:<order_id>:<timeline_seq>`` - the operations app's request that the
+                    pattern app send what one write of the order left owing: one conditional
+                    write assigns each timeline number, and no later one reuses it. Copies may
+                    differ in when they were asked.
+ReplayDeadLetter    ``replay:<queue role>:<sequence_number>`` - one dead letter sent back: Service
+                    Bus numbers each message of a queue once, and a dead letter keeps its number
+                    (a replayed copy that dies again is another message, with another number).
+                    A replay asked for again after a crash is the same message.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number, which one
                     conditional write assigns and no later one reuses (not even a resubmission).
 OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
@@ -79,6 +86,8 @@ recorded, a status update by its sequence.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
@@ -99,6 +108,7 @@ from pydantic import (
 )
 
 from domain import ids
+from domain.agents import AGENT_NAMES
 from domain.workflows import DEFAULT_WORKFLOW, MAX_VERSION, WORKFLOW_NAMES
 
 MAX_MESSAGE_BYTES: Final = 256 * 1024
@@ -430,7 +440,8 @@ class AgentResponse(MessageBase):
 
 
 class SchedulerCommand(MessageBase):
-    """Supervisor or operator -> scheduler: retry, resubmit or cancel an order.
+    """Scheduler or Supervisor -> scheduler: retry an order (operators act through the
+    operations app: :mod:`service.control`).
 
     ``attempt`` and ``failure_count`` are the order's values when the command was decided; the
     scheduler ignores a command whose context is no longer current.
@@ -438,12 +449,80 @@ class SchedulerCommand(MessageBase):
 
     type: Literal["SchedulerCommand"] = "SchedulerCommand"
     order_id: OrderId
-    command: Literal["retry", "resubmit", "cancel"]
+    command: Literal["retry"]
     attempt: Counter
     failure_count: Counter
     reason: Annotated[str, Field(min_length=1), _truncator(1024)]
     requested_by: Actor
     requested_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class SendOwed(MessageBase):
+    """Operations app -> scheduler-commands: send what order ``order_id`` owes.
+
+    The operations app sends to this queue only (docs/architecture.md, "Two apps"): an
+    operator's action it decided and wrote (timeline entry ``timeline_seq``, the order's
+    outbox with it) is sent by the pattern app, which sends whatever the order owes when this
+    arrives (:mod:`service.handover`).
+    """
+
+    type: Literal["SendOwed"] = "SendOwed"
+    order_id: OrderId
+    timeline_seq: Annotated[StrictInt, Field(ge=0)]
+    requested_by: Actor
+    requested_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+SIGNED_ROLES: Final = frozenset({"commands", "responses", *AGENT_NAMES})
+"""The queues (by role) whose trigger takes only messages the app signed for them."""
+MAX_REPLAY_BYTES: Final = 160 * 1024
+"""The largest dead letter a replay carries: in base64 it grows by a third, and the command
+must stay within the 256 KiB of a message."""
+MAX_REPLAY_PROPERTIES: Final = 32
+PropertyName = Annotated[str, Field(min_length=1, max_length=128)]
+PropertyValue = StrictBool | StrictInt | float | Annotated[str, Field(max_length=4096)]
+Header = Annotated[str, Field(max_length=256)] | None
+
+
+class ReplayDeadLetter(MessageBase):
+    """Operations app -> scheduler-commands: send dead letter ``sequence_number`` of the queue
+    whose role is ``queue`` back to it, as it was first sent: the same ``body`` (base64),
+    MessageId, application properties (a signature among them) and headers.
+
+    The operations app received it from the dead letters and found it may be replayed
+    (service/operations/dead_letter_settler.py); the pattern app sends it
+    (:mod:`service.replays`), a message for a queue of signed messages only if its signature
+    verifies for that queue.
+    """
+
+    type: Literal["ReplayDeadLetter"] = "ReplayDeadLetter"
+    queue: Annotated[str, AfterValidator(lambda v: ids.validate_name(v, "queue role"))]
+    sequence_number: Annotated[StrictInt, Field(ge=1, lt=2**63)]
+    message_id: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_ID_LENGTH)]
+    body: Annotated[
+        str, Field(max_length=(MAX_REPLAY_BYTES + 2) // 3 * 4, pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    ]
+    properties: Annotated[
+        dict[PropertyName, PropertyValue], Field(max_length=MAX_REPLAY_PROPERTIES)
+    ]
+    correlation_id: Header = None
+    subject: Header = None
+    content_type: Header = None
+    reply_to: Header = None
+    requested_by: Actor
+    requested_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _check_body(self) -> ReplayDeadLetter:
+        self.raw_body()
+        return self
+
+    def raw_body(self) -> bytes:
+        """The dead letter's body, as it was sent."""
+        try:
+            return base64.b64decode(self.body, validate=True)
+        except binascii.Error as error:
+            raise ValueError(f"body is not base64: {error}") from None
 
 
 class StatusUpdate(MessageBase):
@@ -490,6 +569,8 @@ MESSAGE_TYPES: Final[dict[str, type[MessageBase]]] = {
         AgentRequest,
         AgentResponse,
         SchedulerCommand,
+        SendOwed,
+        ReplayDeadLetter,
         StatusUpdate,
         OperatorAlert,
     )
@@ -558,7 +639,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _summarize(error: ValidationError) -> str:
+def summarize(error: ValidationError) -> str:
     parts = []
     for item in error.errors(include_url=False, include_input=False)[:_MAX_ERRORS_SHOWN]:
         path = ".".join(str(p) for p in item["loc"]) or "(message)"
@@ -646,7 +727,7 @@ def _validate(raw: bytes, data: dict[str, Any], expected: type[T]) -> T:
     try:
         return expected.model_validate(data)
     except ValidationError as exc:
-        raise bad(f"{name} is invalid: {_summarize(exc)}") from None
+        raise bad(f"{name} is invalid: {summarize(exc)}") from None
 
 
 def parse_message(body: bytes | str, expected: type[T]) -> T:
@@ -654,6 +735,16 @@ def parse_message(body: bytes | str, expected: type[T]) -> T:
     raw = _as_bytes(body)
     data = _decode_object(raw, expected.MESSAGE_TYPE)
     return _validate(raw, data, expected)
+
+
+def parse_one_of(body: bytes | str, *expected: type[MessageBase]) -> MessageBase:
+    """Decode one message of whichever of ``expected`` its ``type`` names, or raise
+    :class:`BadMessage` (reported against the first of ``expected`` if it names none)."""
+    raw = _as_bytes(body)
+    names = " or ".join(kind.MESSAGE_TYPE for kind in expected)
+    data = _decode_object(raw, names)
+    kinds = {kind.MESSAGE_TYPE: kind for kind in expected}
+    return _validate(raw, data, kinds.get(data.get("type"), expected[0]))  # type: ignore[arg-type]
 
 
 def _json_kind(value: Any) -> str:
@@ -701,6 +792,10 @@ def message_id_for(message: MessageBase) -> str:
         case SchedulerCommand():
             prefix = "cmd"
             rest = f"{message.order_id}:{message.command}:{message.failure_count}:{message.attempt}"
+        case SendOwed():
+            prefix, rest = "owed", f"{message.order_id}:{message.timeline_seq}"
+        case ReplayDeadLetter():
+            prefix, rest = "replay", f"{message.queue}:{message.sequence_number}"
         case StatusUpdate():
             prefix, rest = "st", f"{message.order_id}:{message.sequence}"
         case OperatorAlert():

@@ -29,7 +29,7 @@ from domain.events import Context, Decision
 from domain.lifecycle import claim, compensate, undo_plan, write
 from domain.order import Order, StepState
 from domain.states import ProcessState
-from domain.workflows import Workflow
+from domain.workflows import Step, Workflow
 
 _P = ProcessState
 
@@ -119,7 +119,7 @@ def _migrate(order: Order, to: Workflow, actor: str, reason: str, ctx: Context) 
             "forward can be migrated",
         )
     old = ctx.workflow
-    problem = old.migration_problem(to, order.current_step)
+    problem = migration_problem(old, to, order.current_step)
     if problem is not None:
         raise Refused("conflict", f"order {order.order_id} cannot be migrated: {problem}")
     kept = old.index_of(order.current_step) + 1
@@ -183,3 +183,28 @@ def _redo(order: Order, draft: Order, start: int, event: str, why: str, ctx: Con
         detail += f"; kept: {', '.join(kept)}"
     again = again.reporting("resubmitted", ctx.now, step=again.current_step, detail=detail)
     return write(order, claim(again, ctx), ctx, event, detail)
+
+
+def migration_problem(old: Workflow, to: Workflow, through: str) -> str | None:
+    """Why an order of version ``old`` at step ``through`` cannot move to version ``to`` (None:
+    it can): ``to`` must be the same workflow and begin with ``old``'s steps up to and
+    including ``through``, doing and undoing them the same way (budgets may differ), so
+    nothing done or in flight changes meaning."""
+    if to.name != old.name:
+        return f"{to.ref} is another workflow than {old.ref}"
+    if to.ref == old.ref:
+        return f"the order is on {old.ref} already"
+    shared = old.index_of(through) + 1
+    for position, step in enumerate(old.steps[:shared]):
+        if position >= len(to.steps) or _calls(to.steps[position]) != _calls(step):
+            return (
+                f"{to.ref} does not keep {old.ref}'s step {step.name} as step "
+                f"{position + 1} (same agent, operation and undo), and the order has reached "
+                f"{through}"
+            )
+    return None
+
+
+def _calls(step: Step) -> tuple[str, str, str, str | None]:
+    """What a step does and undoes, and where (its budgets aside)."""
+    return step.name, step.agent, step.operation, step.undo_operation

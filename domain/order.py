@@ -563,13 +563,6 @@ def valid_trace_parent(value: object) -> str | None:
     return value
 
 
-def trace_id_of(trace_parent: str | None) -> str | None:
-    """The 32-hex-digit trace id of a valid ``traceparent`` (Application Insights' operation
-    id), else None."""
-    valid = valid_trace_parent(trace_parent)
-    return None if valid is None else valid[3:35]
-
-
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:
     """One row of an order's append-only history."""

@@ -198,30 +198,6 @@ class Workflow:
         position = self.index_of(after) + 1
         return self.steps[position] if position < len(self.steps) else None
 
-    def migration_problem(self, to: Workflow, through: str) -> str | None:
-        """Why an order of this version at step ``through`` cannot move to version ``to`` (None:
-        it can): ``to`` must be the same workflow and begin with this version's steps up to and
-        including ``through``, doing and undoing them the same way (budgets may differ), so
-        nothing done or in flight changes meaning."""
-        if to.name != self.name:
-            return f"{to.ref} is another workflow than {self.ref}"
-        if to.ref == self.ref:
-            return f"the order is on {self.ref} already"
-        shared = self.index_of(through) + 1
-        for position, step in enumerate(self.steps[:shared]):
-            if position >= len(to.steps) or _calls(to.steps[position]) != _calls(step):
-                return (
-                    f"{to.ref} does not keep {self.ref}'s step {step.name} as step "
-                    f"{position + 1} (same agent, operation and undo), and the order has reached "
-                    f"{through}"
-                )
-        return None
-
-
-def _calls(step: Step) -> tuple[str, str, str, str | None]:
-    """What a step does and undoes, and where (its budgets aside)."""
-    return step.name, step.agent, step.operation, step.undo_operation
-
 
 DEFAULT_RETRY: Final = RetryPolicy(
     base_delay=timedelta(seconds=5), factor=2.0, cap=timedelta(minutes=5), jitter=0.2

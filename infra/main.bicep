@@ -480,6 +480,7 @@ module rbac 'app/rbac.bicep' = {
     userPrincipalId: principalId
     userPrincipalType: principalType
     submitterPrincipalIds: submitterPrincipalIds
+    commandsQueueName: appSettings.SCHEDULER_COMMANDS_QUEUE
     submitQueueName: appSettings.ORDERS_QUEUE
     ordersTableName: appSettings.ORDERS_TABLE
     activeTableName: appSettings.ACTIVE_ORDERS_TABLE

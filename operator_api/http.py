@@ -17,29 +17,27 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, APIKeyQuery
 from pydantic import BaseModel
 
+from adapters import deadline
+from service.operations import errors
 from service.operations.context import OperatorContext, current
-from service.operations.errors import (
-    InvalidRequest,
-    OperatorError,
-    ServerFault,
-    TooLarge,
-    Unauthenticated,
-)
 from service.operations.models import ErrorBody
 
 log = logging.getLogger("operator_api.http")
 
 MAX_BODY_BYTES: Final = 16 * 1024
 PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
-INTERNAL: Final = ServerFault("internal", "the request failed on our side; it is logged")
+TOO_LARGE: Final = errors.TooLarge("body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+INTERNAL: Final = errors.ServerFault("internal", "the request failed on our side; it is logged")
+OUT_OF_TIME: Final = errors.ServerFault("out_of_time", "the request ran out of time: try again")
 ERRORS: Final = {
     400: "Invalid input: the message says what to fix",
+    401: "Missing or wrong function key (answered by the Functions host)",
     404: "Unknown order, alert or queue (or an order not in the archive)",
     409: "The action does not apply to the order or alert as it is now",
     413: "Request body too large",
+    500: "A fault on the server side (logged)",
     503: "Busy: the same request may succeed in a moment",
 }
-KEY: Final = "Missing or wrong function key (answered by the Functions host)"
 Answer = tuple[type[BaseModel] | None, str]
 """A success: the model of its body (None: JSON of no declared shape) and what it means."""
 
@@ -49,7 +47,7 @@ def json_response(status: int, body: Any, extra: Mapping[str, str] | None = None
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def refusal(error: OperatorError) -> Response:
+def refusal(error: errors.OperatorError) -> Response:
     return json_response(error.status, error.to_json())
 
 
@@ -64,15 +62,16 @@ class OperatorRoute(APIRoute):
         async def answer(request: Request) -> Response:
             try:
                 if len(await request.body()) > MAX_BODY_BYTES:
-                    raise TooLarge("body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+                    return refusal(TOO_LARGE)
                 return await handle(request)
             except RequestValidationError as invalid:
                 return refusal(_invalid(invalid.errors()))
-            except OperatorError as refused:
+            except errors.OperatorError as refused:
                 return refusal(refused)
             except Exception:
                 log.exception("operator API request %s %s failed", request.method, self.path)
-                return refusal(INTERNAL)
+                left = deadline.remaining()
+                return refusal(OUT_OF_TIME if left is not None and left <= 0 else INTERNAL)
 
         return answer
 
@@ -89,31 +88,24 @@ router = APIRouter(
 )  # fmt: skip
 
 
-def route(
-    method: str,
-    path: str,
-    operation_id: str,
-    tag: str,
-    summary: str,
-    answer: Answer,
-    errors: tuple[int, ...] = (),
-    also: Mapping[int, Answer] | None = None,
-) -> Callable[[Callable[..., Any]], Any]:
-    """Registers the function for ``method`` on ``/api/<path>`` and describes it: ``answer`` is
-    its 200 (model, meaning), ``also`` its other successes, ``errors`` the statuses of its
-    refusals (the host's 401 and a fault's 500 are added; a route that lists none describes
-    none). Its docstring is the operation's description."""
+def route(method: str, path: str, tag: str, summary: str, answer: Answer,
+          refusals: tuple[int, ...] = (), also: Mapping[int, Answer] | None = None,
+          ) -> Callable[[Callable[..., Any]], Any]:  # fmt: skip
+    """Registers the function for ``method`` on ``/api/<path>`` and describes it: its name is the
+    operation's id (camelCased), its docstring the operation's description; ``answer`` is its
+    200 (model, meaning), ``also`` its other successes, ``refusals`` their statuses (the host's
+    401 and a fault's 500 are added; a route that lists none describes none)."""
     responses: dict[int | str, Any] = {s: {"model": m, "description": d}
                                        for s, (m, d) in (also or {}).items()}  # fmt: skip
-    if errors:
-        responses |= {s: {"model": ErrorBody, "description": ERRORS[s]} for s in errors}
-        responses |= {401: {"description": KEY}, 500: {"model": ErrorBody,
-                      "description": "A fault on the server side (logged)"}}  # fmt: skip
+    if refusals:
+        responses |= {s: {"model": ErrorBody, "description": ERRORS[s]} for s in (*refusals, 500)}
+        responses[401] = {"description": ERRORS[401]}
 
     def register(endpoint: Callable[..., Any]) -> Any:
+        first, *words = endpoint.__name__.split("_")
         return router.api_route(
-            f"/{path}", methods=[method], operation_id=operation_id, tags=[tag],
-            summary=summary, description=" ".join((endpoint.__doc__ or "").split()),
+            f"/{path}", methods=[method], operation_id=first + "".join(map(str.title, words)),
+            tags=[tag], summary=summary, description=" ".join((endpoint.__doc__ or "").split()),
             response_model=answer[0], response_description=answer[1], responses=responses,
         )(endpoint)  # fmt: skip
 
@@ -127,7 +119,7 @@ def operator(request: Request) -> str:
     """Who acts: the caller the platform authenticated (never the body's ``operator``)."""
     principal = (request.headers.get(PRINCIPAL_HEADER) or "").strip()
     if not principal:
-        raise Unauthenticated(
+        raise errors.Unauthenticated(
             "not_signed_in",
             "no signed-in caller: operator actions record who acted, taken from App Service "
             f"Authentication ({PRINCIPAL_HEADER}); enable it on the Function App (see "
@@ -136,18 +128,23 @@ def operator(request: Request) -> str:
     return principal
 
 
-def _invalid(errors: Any) -> InvalidRequest:
+Actor = Annotated[str, Depends(operator)]
+
+
+def _invalid(found: Any) -> errors.InvalidRequest:
     """What FastAPI found wrong with a request, said the way the API says it."""
-    where, kind = tuple(errors[0]["loc"]), errors[0]["type"]
+    where, kind = tuple(found[0]["loc"]), found[0]["type"]
     if where[0] != "body":
-        problem = "is required" if kind == "missing" else errors[0]["msg"]
-        return InvalidRequest("invalid_request", f"{where[0]} parameter {where[-1]!r} {problem}")
+        problem = "is required" if kind == "missing" else found[0]["msg"]
+        return errors.InvalidRequest(
+            "invalid_request", f"{where[0]} parameter {where[-1]!r} {problem}"
+        )
     if kind == "json_invalid":
-        why = errors[0].get("ctx", {}).get("error", "")
-        return InvalidRequest("invalid_json", f"the body is not valid JSON: {why}")
+        why = found[0].get("ctx", {}).get("error", "")
+        return errors.InvalidRequest("invalid_json", f"the body is not valid JSON: {why}")
     if where == ("body",) and kind != "missing":
-        return InvalidRequest("invalid_json", "the body must be a JSON object")
+        return errors.InvalidRequest("invalid_json", "the body must be a JSON object")
     problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5]
+        f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in found[:5]
     )
-    return InvalidRequest("invalid_request", f"the body is invalid: {problems}")
+    return errors.InvalidRequest("invalid_request", f"the body is invalid: {problems}")

@@ -1,10 +1,12 @@
-"""The operator API's path parameters (its query parameters are the models of
-:mod:`service.operations.queries`); each use case validates the value itself."""
+"""The operator API's parameters: its path parameters, and ``Query[Model]``, a listing's query
+parameters, the fields of one of :mod:`service.operations.queries`. Each use case validates the
+values itself."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
+import fastapi
 from fastapi import Path
 from pydantic import BeforeValidator
 
@@ -21,3 +23,8 @@ SequenceNumber = Annotated[
 QueueRole = Annotated[
     str, Path(description="The queue's role", json_schema_extra={"enum": list(QUEUE_SETTINGS)})
 ]
+
+
+class Query:
+    def __class_getitem__(cls, model: type) -> Any:
+        return Annotated[model, fastapi.Query()]

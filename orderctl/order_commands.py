@@ -157,7 +157,7 @@ def client_span(info: StackInfo, order_id: str) -> Iterator[None]:
         return
     from opentelemetry.trace import SpanKind
 
-    from adapters.telemetry import file_providers
+    from adapters.trace_files import file_providers
 
     tracer_provider, meter_provider = file_providers(Path(directory), "orderctl")
     attributes = {"order.id": order_id, "messaging.destination.name": "orders"}

@@ -223,21 +223,29 @@ async def carry_out(
     """Write the decision's order (if any), send its messages, and once a finished order owes
     nothing (no status update held either), remove its active-index row. ``event``: what was
     decided on, for the metrics the committed write records (:func:`adapters.metrics.observe`)."""
-    after = before
-    if decision.order is not None:
-        assert decision.entry is not None
-        after = await rt.store.save(
-            before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
-        )
-        if metrics.enabled():  # only once the write won; nothing to build when metrics are off
-            metrics.record_transition(
-                before, after, decision.entry, event, rt.workflow(before.workflow)
-            )
+    after = await write(rt, before, decision, event)
     sent_all = await send(rt, after, decision.send)
     if decision.finished and sent_all:
         await rt.store.index.discard(after.order_id, after.generation)
     if decision.note:
         log.debug("order %s: %s", after.order_id, decision.note)
+    return after
+
+
+async def write(
+    rt: Runtime, before: Order, decision: Decision, event: Event | None = None
+) -> Order:
+    """Write the decision's order (if any) over ``before``: the first half of :func:`carry_out`,
+    all of it for a writer that may not send (:mod:`service.handover`)."""
+    if decision.order is None:
+        return before
+    assert decision.entry is not None
+    after = await rt.store.save(
+        before, decision.order, decision.entry, due=_index_due(rt, before, decision.order)
+    )
+    if metrics.enabled():  # only once the write won; nothing to build when metrics are off
+        flow = rt.workflow(before.workflow)
+        metrics.record_transition(before, after, decision.entry, event, flow)
     return after
 
 

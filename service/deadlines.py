@@ -14,6 +14,10 @@
   still safe (every write it makes is ETag-conditional), only late.
 - A purge run: its budget, when it has one, plus :data:`PURGE_GRACE` to finish the orders it
   has begun and record the run (the timer's run: within the Functions timeout).
+- An HTTP request of the operations app: Azure's front end gives up on an HTTP-triggered
+  function after :data:`HTTP_TIMEOUT` (230 s), whatever the Functions timeout; its calls end
+  :data:`ANSWER_MARGIN` before that, so the caller still gets an answer, which says the
+  request ran out of time.
 
 A call cut by its bound fails as a lost answer does (a write: ``adapters.tables.OutcomeUnknown``)
 and what it may have written is settled by reading if time is left, else by the redelivery,
@@ -36,6 +40,10 @@ SETTLE_MARGIN: Final = timedelta(seconds=15)
 TICK_FLOOR: Final = timedelta(seconds=10)
 """The shortest bound a tick gets (the default schedule's claim is 13.125 s)."""
 PURGE_GRACE: Final = timedelta(minutes=1)
+HTTP_TIMEOUT: Final = timedelta(seconds=230)
+"""How long Azure's load balancer waits for an HTTP-triggered function's response."""
+ANSWER_MARGIN: Final = timedelta(seconds=15)
+"""Left, at the end of an HTTP request's time, to answer it."""
 
 
 def message() -> AbstractContextManager[None]:
@@ -50,6 +58,11 @@ def tick(settings: Settings, budget_s: float) -> AbstractContextManager[None]:
     claim = settings.supervisor_claim.total_seconds()
     slack = claim - settings.supervisor_budget.total_seconds()
     return deadline.within(max(claim, budget_s + slack, TICK_FLOOR.total_seconds()))
+
+
+def http_request() -> AbstractContextManager[None]:
+    """The bound of an HTTP request, entered as the operations app takes it."""
+    return deadline.within((HTTP_TIMEOUT - ANSWER_MARGIN).total_seconds())
 
 
 def purge(budget: timedelta | None) -> AbstractContextManager[None]:

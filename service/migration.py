@@ -3,10 +3,10 @@
 An order moves only if the new version keeps the old one's steps, up to and including the step
 the order has reached, exactly (same agent, operation and undo): then nothing it did, and
 nothing in flight, changes meaning, and the rest of its way follows the new version
-(:meth:`domain.workflows.Workflow.migration_problem`, decided per order by the operator action
+(:func:`domain.operator_actions.migration_problem`, decided per order by the operator action
 ``Migrate`` (:mod:`domain.operator_actions`), one ETag-conditional write, recorded in its
-timeline). Others are refused
-with the reason, and stay on their version. A dry run (the default) writes nothing.
+timeline; sent by the pattern app, :mod:`service.handover`). Others are refused with the
+reason, and stay on their version. A dry run (the default) writes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from domain.operator_actions import Migrate, Refused, act
 from domain.order import Order
 from domain.workflows import UnknownWorkflow
 from service import apply
+from service.control import write_with
 from service.runtime import Runtime
 from service.versions import canonical
 
@@ -69,7 +70,7 @@ async def _one(rt: Runtime, row: ActiveRow, event: Migrate, report: MigrationRep
             act(order, event, apply.context(rt, order.workflow, event.actor))
         else:
             span = "operator_migrate"
-            await apply.handle_with(rt, row.order_id, deciding, actor=event.actor, span=span)
+            await write_with(rt, row.order_id, deciding, actor=event.actor, span=span)
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

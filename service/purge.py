@@ -25,7 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from adapters import clients
 from adapters.archive import Archive, ArchivedOrder, BlobArchive
@@ -47,6 +47,7 @@ CHUNK: Final = 50
 """Orders archived per append (one block of the day's blob)."""
 DEFAULT_LIMIT: Final = 10_000
 log = logging.getLogger("retention")
+A = TypeVar("A", bound=BlobArchive)
 
 
 class PurgeStore(Protocol):
@@ -250,7 +251,8 @@ async def _archive_then_delete(
             report.already_gone += 1
 
 
-def open_archive(settings: Settings) -> BlobArchive:
-    """The archive container of the state storage account (close it when done)."""
+def open_archive(settings: Settings, kind: type[A] = BlobArchive) -> A:  # type: ignore[assignment]
+    """The archive container of the state storage account, as ``kind`` (the operations app
+    reads it back: :class:`adapters.archive_reading.ReadableBlobArchive`); close it when done."""
     service = clients.blob_service(settings.storage)
-    return BlobArchive(service.get_container_client(settings.archive_container), owner=service)
+    return kind(service.get_container_client(settings.archive_container), owner=service)

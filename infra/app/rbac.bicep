@@ -22,10 +22,14 @@
 //                                                    host's diagnostic events table
 //   Azure Service Bus Data Sender   namespace        the pattern app: requests, replies,
 //                                                    commands, alerts, and status to any reply
-//                                                    queue a submitter names. The operations app:
-//                                                    what its actions send (they run the same
-//                                                    lifecycle: requests, undos, alerts, status
-//                                                    updates) and the dead letters it replays
+//                                                    queue a submitter names; and what the
+//                                                    operations app asks it to send
+//   Azure Service Bus Data Sender   scheduler-       the operations app, and only there: never
+//                                   commands queue   an agent's request queue. Its actions are
+//                                                    written by it and sent by the pattern app,
+//                                                    which it asks with a signed command, as it
+//                                                    asks for each dead letter it replays
+//                                                    (service/handover.py, service/replays.py)
 //   Azure Service Bus Data Receiver each queue with   the pattern app's Service Bus triggers; the
 //                                   receivedBy<App>  operations app's alerts (peek, receive,
 //                                                    defer, complete) and dead letters (peek,
@@ -69,6 +73,8 @@ param submitterPrincipalIds array = []
   'ServicePrincipal'
 ])
 param userPrincipalType string = 'User'
+@description('The pattern app\'s commands queue: the one queue the operations app may send to.')
+param commandsQueueName string
 @description('The queue the smoke test sends its order to.')
 param submitQueueName string
 @description('The table the smoke test reads the order state from.')
@@ -125,6 +131,11 @@ resource operationsQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' ex
   parent: namespace
   name: queueName
 }]
+
+resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
+  parent: namespace
+  name: commandsQueueName
+}
 
 resource submitQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
   parent: namespace
@@ -230,8 +241,8 @@ resource operationsTableDataContributor 'Microsoft.Authorization/roleAssignments
 }
 
 resource operationsServiceBusSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(namespace.id, operationsPrincipalId, roles.serviceBusDataSender)
-  scope: namespace
+  name: guid(commandsQueue.id, operationsPrincipalId, roles.serviceBusDataSender)
+  scope: commandsQueue
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
     principalId: operationsPrincipalId

@@ -14,8 +14,8 @@ from datetime import timedelta
 
 from azure.servicebus.aio import ServiceBusClient
 
-from adapters import archive, clients
-from adapters.archive import BlobArchive
+from adapters import clients
+from adapters.archive_reading import ReadableArchive, ReadableBlobArchive
 from adapters.queues import QueueTools
 from adapters.tables import Table
 from service import runtime
@@ -48,11 +48,11 @@ class OperatorContext:
         )
         self.queues = QueueTools(factory)
         self._orders_table: Table | None = None
-        self._archive: archive.Archive | None = None
+        self._archive: ReadableArchive | None = None
 
     async def close(self) -> None:
         await self.queues.close()
-        if isinstance(self._archive, BlobArchive):
+        if isinstance(self._archive, ReadableBlobArchive):
             await self._archive.close()
         if self._orders_table is not None:
             await self._orders_table.close()
@@ -67,12 +67,12 @@ class OperatorContext:
             )
         return self._orders_table
 
-    def archive(self) -> archive.Archive:
+    def archive(self) -> ReadableArchive:
         if self._archive is None:
-            self._archive = open_archive(self.rt.settings)
+            self._archive = open_archive(self.rt.settings, ReadableBlobArchive)
         return self._archive
 
-    def use_archive(self, store: archive.Archive) -> None:
+    def use_archive(self, store: ReadableArchive) -> None:
         """Use ``store`` as the archive (tests: devstack.memory's in memory)."""
         self._archive = store
 

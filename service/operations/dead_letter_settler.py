@@ -1,9 +1,11 @@
 """Replaying and purging dead letters: which messages, whether each may be replayed, and what
 each became.
 
-**Replay** sends a dead letter back to its queue as it was first sent (:func:`replay_copy`:
-same body, MessageId and application properties) and only then completes it in the dead-letter
-queue. Two things are checked first, per message:
+**Replay** hands a dead letter to the pattern app, which sends it back to its queue as it was
+first sent (same body, MessageId, application properties and headers): the operations app sends
+to scheduler-commands only, so it puts there one :class:`domain.messages.ReplayDeadLetter`
+carrying the message (:mod:`service.replays` sends it), and only then completes it in the
+dead-letter queue. Three things are checked first, per message:
 
 - A queue whose trigger accepts only the app's signed messages (agent requests, replies,
   commands) gets back only a message whose signature verifies: anything else would be refused
@@ -14,6 +16,8 @@ queue. Two things are checked first, per message:
   dropped without a word, so it is refused until the window has passed. A replay that was sent
   but not completed (a crash between the two) is sent again by the next replay, and dropped
   then as the duplicate it is.
+- It must fit in a command: a body of at most ``MAX_REPLAY_BYTES`` (160 KiB), properties and
+  headers of the kinds and sizes :class:`domain.messages.ReplayDeadLetter` takes.
 
 **Purge** completes dead letters: they are gone.
 
@@ -24,25 +28,33 @@ orders queue holds the submitters' own, unsigned, messages).
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.exceptions import ServiceBusError
+from pydantic import ValidationError
 
-from adapters.queues import Send, body_of, properties_of, replay_copy
+from adapters.queues import body_of, properties_of
 from domain import ids, signing
-from domain.agents import AGENT_NAMES
+from domain.messages import (
+    MAX_REPLAY_BYTES,
+    SIGNED_ROLES,
+    MessageTooLarge,
+    ReplayDeadLetter,
+    summarize,
+)
 from service.operations.errors import InvalidRequest
 from service.operations.models import DeadLetterOutcome, DeadLetterOutcomeKind
 
 Kind = Literal["replay", "purge"]
 DUPLICATE_WINDOW: Final = timedelta(minutes=10)
-SIGNED_ROLES: Final = frozenset({"commands", "responses", *AGENT_NAMES})
-"""Queues whose trigger handles only messages the app signed for them (service.inbound)."""
+HandOver = Callable[[ReplayDeadLetter], Awaitable[None]]
+"""Puts a replay command on the pattern app's commands queue."""
 MAX_SCAN: Final = 500
 """Dead letters received at most while looking for the ones named."""
 MAX_SELECTED: Final = 100
@@ -74,7 +86,8 @@ def selection(sequence_numbers: object, everything: object) -> frozenset[int] | 
 class Settler:
     """Decides, message by message, what a replay or purge of one queue does with it, and
     remembers the outcomes. ``keyring``: the app's signing keys; ``now``: the clock;
-    ``wanted``: the sequence numbers asked for (None: any)."""
+    ``wanted``: the sequence numbers asked for (None: any); ``actor``: who asks;
+    ``hand_over``: what sends a replay command."""
 
     kind: Kind
     role: str
@@ -82,6 +95,8 @@ class Settler:
     keyring: signing.Keyring
     now: Callable[[], datetime]
     wanted: frozenset[int] | None
+    actor: str
+    hand_over: HandOver
     window: timedelta = DUPLICATE_WINDOW
     outcomes: dict[int, DeadLetterOutcome] = field(default_factory=dict)
 
@@ -92,27 +107,35 @@ class Settler:
         """A dry run's verdict on one dead letter (peeked)."""
         if not self._wanted(message):
             return
-        refusal = self._refusal(message) if self.kind == "replay" else None
-        would: DeadLetterOutcomeKind = "would_replay" if self.kind == "replay" else "would_purge"
-        self._note(message, "refused" if refusal else would, refusal or "")
+        if self.kind == "purge":
+            self._note(message, "would_purge", "")
+            return
+        refusal = self._command(message)
+        if isinstance(refusal, str):
+            self._note(message, "refused", refusal)
+        else:
+            self._note(message, "would_replay", "")
 
-    async def act(self, message: ServiceBusReceivedMessage, send: Send) -> bool:
+    async def act(self, message: ServiceBusReceivedMessage) -> bool:
         """Settle one dead letter (received): True to complete it."""
         if not self._wanted(message):
             return False
         if self.kind == "purge":
             self._note(message, "purged", "removed from the dead letters")
             return True
-        refusal = self._refusal(message)
-        if refusal:
-            self._note(message, "refused", refusal)
+        command = self._command(message)
+        if isinstance(command, str):
+            self._note(message, "refused", command)
             return False
         try:
-            await send(replay_copy(message))
+            await self.hand_over(command)
+        except MessageTooLarge as error:
+            self._note(message, "refused", f"not replayed: {error} (purge it instead)")
+            return False
         except ServiceBusError as error:
             self._note(message, "failed", f"not sent back, it stays: {type(error).__name__}")
             return False
-        self._note(message, "replayed", f"sent back to {self.entity}")
+        self._note(message, "replayed", f"sent back to {self.entity} (by the pattern app)")
         return True
 
     def missing(self) -> list[DeadLetterOutcome]:
@@ -132,6 +155,34 @@ class Settler:
     def _wanted(self, message: ServiceBusReceivedMessage) -> bool:
         number = message.sequence_number or 0
         return number not in self.outcomes and (self.wanted is None or number in self.wanted)
+
+    def _command(self, message: ServiceBusReceivedMessage) -> ReplayDeadLetter | str:
+        """The command that replays ``message``, or why it may not be replayed."""
+        refusal = self._refusal(message)
+        if refusal:
+            return refusal
+        body = body_of(message)
+        if len(body) > MAX_REPLAY_BYTES:
+            return (
+                f"not replayed: its body is {len(body)} bytes, over the {MAX_REPLAY_BYTES} a "
+                "replay carries (purge it, and have its sender send it again)"
+            )
+        try:
+            return ReplayDeadLetter(
+                queue=self.role,
+                sequence_number=message.sequence_number or 0,
+                message_id=message.message_id or "",
+                body=base64.b64encode(body).decode("ascii"),
+                properties=properties_of(message),
+                correlation_id=message.correlation_id,
+                subject=message.subject,
+                content_type=message.content_type,
+                reply_to=message.reply_to,
+                requested_by=self.actor,
+                requested_at=self.now(),
+            )
+        except ValidationError as invalid:
+            return f"not replayed: it does not fit a replay command: {summarize(invalid)}"
 
     def _refusal(self, message: ServiceBusReceivedMessage) -> str | None:
         if self.role in SIGNED_ROLES:

@@ -18,7 +18,7 @@ from typing import Any, Final
 from azure.servicebus import ServiceBusReceivedMessage
 
 from adapters.queues import body_of
-from domain.messages import excerpt
+from domain.messages import ReplayDeadLetter, excerpt
 from service.listing import MAX_LIMIT
 from service.operations import dead_letter_log, dead_letter_settler, validation
 from service.operations.annotate import annotate
@@ -81,9 +81,9 @@ async def replay_dead_letters(
     limit: int = 100,
     reason: str | None = None,
 ) -> DeadLetterActionView:
-    """Send dead letters back to their queue as first sent, then remove them from the
-    dead letters (see :mod:`service.operations.dead_letter_settler` for what is refused, and
-    why). ``reason`` is required unless ``dry_run``."""
+    """Have the pattern app send dead letters back to their queue as first sent, then remove
+    them from the dead letters (see :mod:`service.operations.dead_letter_settler` for what is
+    refused, and why). ``reason`` is required unless ``dry_run``."""
     return await _settle(
         ctx, "replay", queue, operator, sequence_numbers, everything, dry_run, limit, reason
     )
@@ -125,13 +125,20 @@ async def _settle(
     validation.check_limit(limit, dead_letter_settler.MAX_SELECTED)
     validation.dry_run(dry_run)
     why = "" if dry_run and not reason else validation.reason(reason)
+    rt = ctx.rt
+
+    async def hand_over(command: ReplayDeadLetter) -> None:
+        await rt.bus.send(rt.settings.queue("commands"), command)
+
     settler = dead_letter_settler.Settler(
         kind=kind,
         role=queue,
         entity=entity,
-        keyring=ctx.rt.settings.keyring,
-        now=ctx.rt.clock,
+        keyring=rt.settings.keyring,
+        now=rt.clock,
         wanted=wanted,
+        actor=actor,
+        hand_over=hand_over,
         window=ctx.duplicate_window,
     )
     scan = limit if wanted is None else dead_letter_settler.MAX_SCAN

@@ -119,6 +119,7 @@ def step_name(value: Any) -> str:
     try:
         return ids.validate_name(value, "step")
     except (ids.InvalidId, TypeError):
+        shown = "" if value is None else str(value)[:64]
         raise InvalidRequest(
-            "invalid_step", f"step {str(value)[:64]!r} is not a step name, e.g. charge_payment"
+            "invalid_step", f"step {shown!r} is not a step name, e.g. charge_payment"
         ) from None

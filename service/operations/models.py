@@ -13,9 +13,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from adapters.store.rows import OrderRecord
-from domain.order import Order, StepRecord, TimelineEntry, trace_id_of
+from domain.order import Order, StepRecord, TimelineEntry, valid_trace_parent
 from service.control import Action, Outcome
 from service.operations.step_activity import StepActivity, step_activity
+
+
+def trace_id_of(trace_parent: str | None) -> str | None:
+    """The 32-hex-digit trace id of a valid ``traceparent`` (Application Insights' operation
+    id), else None."""
+    valid = valid_trace_parent(trace_parent)
+    return None if valid is None else valid[3:35]
 
 
 class _Model(BaseModel):

@@ -159,7 +159,7 @@ async def cancel(ctx: OperatorContext, order_id: str, *, operator: str, reason: 
 
 
 async def restart(
-    ctx: OperatorContext, order_id: str, *, step: str, operator: str, reason: str
+    ctx: OperatorContext, order_id: str, *, step: str | None, operator: str, reason: str | None
 ) -> ActionView:
     """Restart an Error order from ``step``: it and every later step are redone (next
     generation), even a kept result; the steps before it resume as a resubmit does."""

@@ -11,7 +11,7 @@ import logging
 from datetime import date, timedelta
 from typing import Any, Final
 
-from adapters import archive
+from adapters import archive_reading as archive
 from adapters.archive import ArchiveError
 from adapters.store.rows import OrderRecord
 from domain.retention import PURGEABLE_STATES

@@ -56,9 +56,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
-from adapters.store import circuits
+from adapters.store import circuit_overview as circuits
 from adapters.store.active_index import ActiveRow
-from adapters.store.circuits import CircuitTable
+from adapters.store.circuit_overview import CircuitRows
 from adapters.store.error_index import ErrorRow
 from adapters.store.rows import PROCESS_ROW, etag_of, order_from_entity, utc
 from domain.agents import AGENT_NAMES
@@ -366,7 +366,7 @@ class Summary:
         return orders, False, requests
 
     async def _circuits(self, ctx: OperatorContext, now: datetime) -> Part:
-        store: CircuitTable = ctx.rt.store.circuits
+        store = CircuitRows(ctx.rt.store.circuits.table)
         read = await store.read()
         if read.unreadable:
             log.warning("dashboard summary: %d circuit rows are unreadable", read.unreadable)

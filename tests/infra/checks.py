@@ -1533,7 +1533,12 @@ def check_surplus_roles(layout: Layout, facts: Facts) -> list[str]:
     """No app identity holds a role its code never uses: each of its role assignments allows
     some operation of that app's code, or a Key Vault reference among its app settings, or is
     one the Functions host needs (:data:`HOST_ROLES`). With :func:`check_data_roles` (every
-    operation covered), each app holds the roles its own code needs and no others."""
+    operation covered), each app holds the roles its own code needs and no others.
+
+    Nor on more queues than it uses them on: a Service Bus role on the whole namespace is
+    surplus unless the code uses it on a queue named at run time (a submitter's reply queue);
+    an app that names every queue it sends to or receives from holds the role on those queues.
+    (Table roles stay on the storage account: the Functions host writes tables of its own.)"""
     infra = Infra.load(layout)
     problems = []
     for app in APPS:
@@ -1549,12 +1554,21 @@ def check_surplus_roles(layout: Layout, facts: Facts) -> list[str]:
         for grant in role_grants(bound):
             if grant.principal != f"{identity}.outputs.principalId" or grant.role_id in HOST_ROLES:
                 continue
-            if not any(grant.covers(*use) for use in used):
-                role = ALLOWED_ROLES.get(grant.role_id, grant.role_id)
+            role = ALLOWED_ROLES.get(grant.role_id, grant.role_id)
+            covered = [use for use in used if grant.covers(*use)]
+            if not covered:
                 problems += app.say(
                     [f"{grant.where} grants {role} to its identity, but nothing in its code "
                      "needs it: drop it (least privilege)"]
                 )  # fmt: skip
+            elif grant.names is None and {s for s, _, _ in covered} == {"queue"}:
+                named = sorted({str(name) for _, _, name in covered})
+                if None not in {name for _, _, name in covered}:  # none named at run time
+                    problems += app.say(
+                        [f"{grant.where} grants {role} to its identity on every queue of the "
+                         f"namespace, but its code uses it only on {', '.join(named)}: grant "
+                         "it on those queues alone (least privilege)"]
+                    )  # fmt: skip
     return problems
 
 

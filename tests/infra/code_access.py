@@ -25,10 +25,10 @@ How the code is read (a small abstract interpreter over ``ast``):
   ``get_queue_receiver``); whatever implements a factory (the SDK or the app's own Table client)
   is not followed further. Each method called on a client is classified as read or write (send
   or receive); a method the tables below do not classify is reported, never guessed.
-- The app sends its messages through :meth:`adapters.servicebus.Bus.send`
-(:data:`SEND_PRIMITIVES`): a
-  call to it is a send to the queue its ``queue`` argument names, and its internals (a cache of
-  SDK senders by queue name) are not followed.
+- The app sends its messages through :meth:`adapters.servicebus.Bus.send` (and a replayed dead
+  letter through ``Bus.send_copy``: :data:`SEND_PRIMITIVES`): a call to one is a send to the
+  queue its ``queue`` argument names, and its internals (a cache of SDK senders by queue name)
+  are not followed.
 - The app's I/O is async: the SDK clients are the asyncio ones (``.aio``), ``await`` is looked
   through, and ``async with`` and ``async for`` on an app object follow its ``__aenter__`` and
   ``__aexit__``, ``__aiter__`` and ``__anext__``. A sync SDK client is not recognised: an
@@ -74,6 +74,7 @@ APP_ENTRY = "function_app"
 SEND_PRIMITIVES: Mapping[str, str] = {
     # function key -> the parameter naming the queue it sends to
     "adapters.servicebus.Bus.send": "queue",
+    "adapters.servicebus.Bus.send_copy": "queue",
 }
 
 # Azure client kinds: the SDK's asyncio client classes the code may import, by kind.

@@ -185,7 +185,7 @@ def test_the_operations_are_read_from_the_code(facts):
     for access in (pattern, operations):
         assert not access.unclassified and not access.unfollowed
     access = pattern
-    assert set(operations.accesses) >= {"operator_list_orders", "dashboard_summary"}
+    assert set(operations.accesses) >= {"list_orders", "dashboard_summary"}
     assert not set(pattern.accesses) & set(operations.accesses), "each app its own functions"
 
     def ops(function: str) -> set[tuple[str, str, str]]:
@@ -215,13 +215,30 @@ def test_the_operations_are_read_from_the_code(facts):
         assert ("queue", "send", "AGENT_RESPONSES_QUEUE") in agent_ops
     assert ("table", "write", "SUPERVISION_TABLE") in ops("supervisor")
     assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
-    assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("operator_archived_order")
-    assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("operator_ack_alert")
-    assert {a.resource[1] for a in operations.accesses["operator_list_dead_letters"]} >= set(
+    assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("show_archived_order")
+    assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("acknowledge_alert")
+    assert {a.resource[1] for a in operations.accesses["list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()
     )
-    # The operations app's actions run the same lifecycle as the pattern app: they send.
-    assert ("queue", "send", "INVENTORY_REQUESTS_QUEUE") in ops("operator_resubmit_order")
+    # The operations app sends to the commands queue only: its actions and its dead-letter
+    # replays are sent by the pattern app, which it asks there (service/handover.py,
+    # service/replays.py); the pattern app's commands trigger sends to any queue.
+    commands = ("queue", "send", "SCHEDULER_COMMANDS_QUEUE")
+    for route in (
+        "resubmit_order",
+        "bulk_cancel",
+        "replay_dead_letters",
+    ):
+        assert commands in ops(route)
+    assert {
+        (a.service, a.kind, a.resource[1])
+        for route in operations.accesses.values()
+        for a in route
+        if a.kind == "send"
+    } == {commands}
+    assert {("queue", "send", name) for name in QUEUE_SETTINGS.values()} <= ops(
+        "scheduler_commands"
+    )
     # The pattern app never reads the alerts queue: only operators (the operations app) do.
     assert not any(
         a.kind == "receive" and a.resource[1] == "OPERATOR_ALERTS_QUEUE"
@@ -245,7 +262,10 @@ def test_role_grants_and_key_vault_references_are_read_from_the_bicep(layout, ap
         for g in checks.role_grants(infra)
         if g.principal == f"{identity}.outputs.principalId"
     }
-    assert ("Azure Service Bus Data Sender", "queue", None) in granted, "namespace-wide"
+    # The pattern app sends to queues named at run time: a Sender on the whole namespace. The
+    # operations app sends to the commands queue only, and holds Sender there alone.
+    senders = {names for role, _, names in granted if role == "Azure Service Bus Data Sender"}
+    assert senders == ({None} if app is checks.PATTERN else {frozenset({"scheduler-commands"})})
     assert ("Storage Table Data Contributor", "storage", None) in granted
     receivers = {names for role, _, names in granted if role == "Azure Service Bus Data Receiver"}
     flagged = {n for n, q in checks.declared_queues(infra).items() if q.get(app.receive_flag)}
@@ -425,7 +445,7 @@ def test_authentication_is_declared_and_no_http_function_is_open(layout, facts):
     assert_clean(checks.check_authentication(layout, facts))
     assert facts["pattern"].http_auth_levels == {}, "the pattern app serves no HTTP"
     assert facts["operations"].http_auth_levels == {"http_app_func": "function"}
-    assert {"dashboard_page", "dashboard_summary", "operator_resubmit_order"} <= set(
+    assert {"dashboard_page", "dashboard_summary", "resubmit_order"} <= set(
         facts["operations"].access.accesses
     )
     infra = checks.Infra.load(layout)

@@ -485,14 +485,20 @@ MUTATIONS = [
             RBAC,
             sub(rf"resource {app}ServiceBusSender [^\n]*\n(?:  [^\n]*\n)+}}\n", ""),
             "data_roles",
-            f"{app} app: {functions}: sends to a queue named at run time",
+            f"{app} app: {functions}: sends to {queue}",
         )
-        for app, functions in (
-            ("pattern", "scheduler_commands, scheduler_intake, scheduler_replies, supervisor"),
+        for app, functions, queue in (
+            (
+                "pattern",
+                "scheduler_commands, scheduler_intake, scheduler_replies, supervisor",
+                "a queue named at run time",
+            ),
             (
                 "operations",
-                "operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order, "
-                "operator_restart_order, operator_resubmit_order",
+                "bulk_cancel, bulk_resubmit, cancel_order, "
+                "purge_dead_letters, replay_dead_letters, "
+                "restart_order, resubmit_order",
+                "queue 'scheduler-commands' (SCHEDULER_COMMANDS_QUEUE)",
             ),
         )
     ),
@@ -518,14 +524,14 @@ MUTATIONS = [
         "sends to queue 'inventory-requests' (INVENTORY_REQUESTS_QUEUE)",
     ),
     Mutation(
-        "Sender of the operations app narrowed to the orders queue: what its actions send",
+        "Sender of the operations app moved to the orders queue: its commands go unsent",
         RBAC,
         sub(
-            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )namespace",
+            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )commandsQueue",
             r"\1submitQueue",
         ),
         "data_roles",
-        "operations app: operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order",
+        "operations app: bulk_cancel, bulk_resubmit, cancel_order",
     ),
     *(
         Mutation(
@@ -547,10 +553,10 @@ MUTATIONS = [
             ),
             (
                 "operations",
-                "operator_ack_alert, operator_bulk_cancel, operator_bulk_resubmit, "
-                "operator_cancel_order, operator_list_orders, operator_purge, "
-                "operator_purge_dead_letters, operator_replay_dead_letters, "
-                "operator_resubmit_order",
+                "acknowledge_alert, bulk_cancel, bulk_resubmit, "
+                "cancel_order, list_orders, purge, "
+                "purge_dead_letters, replay_dead_letters, "
+                "resubmit_order",
             ),
         )
     ),
@@ -576,7 +582,7 @@ MUTATIONS = [
         RBAC,
         sub(r"resource operationsServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
         "data_roles",
-        "operations app: dashboard_summary, operator_ack_alert,",
+        "operations app: acknowledge_alert, dashboard_summary,",
     ),
     *(
         Mutation(
@@ -592,7 +598,7 @@ MUTATIONS = [
             "data_roles",
             f"{app} app: {function}: writes container 'order-archive' (ARCHIVE_CONTAINER)",
         )
-        for app, function in (("pattern", "retention_purge"), ("operations", "operator_purge"))
+        for app, function in (("pattern", "retention_purge"), ("operations", "purge"))
     ),
     *(
         Mutation(
@@ -605,7 +611,40 @@ MUTATIONS = [
         )
         for app in ("pattern", "operations")
     ),
-    # Surplus: a role an app's code never uses.
+    # Surplus: a role an app's code never uses, or on more queues than it uses it on.
+    Mutation(
+        "the operations app granted Sender on the whole namespace: it could send to an agent",
+        RBAC,
+        sub(
+            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )commandsQueue",
+            r"\1namespace",
+        ),
+        "surplus_roles",
+        "operations app: infra/app/rbac.bicep: operationsServiceBusSender grants Azure Service "
+        "Bus Data Sender to its identity on every queue of the namespace, but its code uses it "
+        "only on scheduler-commands: grant it on those queues alone",
+    ),
+    Mutation(
+        "the operations app granted Sender on an agent's queue beside the commands queue",
+        RBAC,
+        lambda text: extra_role(
+            "operationsMetricsPublisher",
+            "operationsInventorySender",
+            "operationsPrincipalId",
+            "serviceBusDataSender",
+            "inventoryQueue",
+        )(
+            replace(
+                "resource submitQueue ",
+                "resource inventoryQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' "
+                "existing = {\n  parent: namespace\n  name: 'inventory-requests'\n}\n\n"
+                "resource submitQueue ",
+            )(text)
+        ),
+        "surplus_roles",
+        "operations app: infra/app/rbac.bicep: operationsInventorySender grants Azure Service Bus "
+        "Data Sender to its identity, but nothing in its code needs it",
+    ),
     Mutation(
         "the pattern app granted Receiver on a queue nothing reads, through a role of its own",
         RBAC,
@@ -1547,7 +1586,7 @@ CODE_MUTATIONS = [
         "service/operations/alerts.py",
         first_line_of("list_alerts", 'ctx.queues.peek("order-status", from_sequence=1, limit=1)'),
         "data_roles",
-        "operations app: dashboard_summary, operator_list_alerts: receives from queue "
+        "operations app: dashboard_summary, list_alerts: receives from queue "
         "'order-status' at adapters/queues.py",
         checks.OPERATIONS,
     ),

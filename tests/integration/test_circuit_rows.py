@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 
 from adapters.store import circuits
-from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
+from adapters.store.circuit_overview import CircuitRows
+from adapters.store.circuits import CircuitRow, CircuitState
 from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from domain.messages import utc_now
@@ -28,7 +29,7 @@ async def table(rt):
     await rt.store.ensure_tables()
     service = TableService.from_connection_string(rt.settings.storage.connection_string)
     client = service.get_table_client(rt.settings.supervision_table, owns_service=True)
-    yield CircuitTable(client)
+    yield CircuitRows(client)
     await client.close()
 
 

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from adapters.op_counts import COUNTS
-from domain.messages import SchedulerCommand, encode
+from domain.messages import encode
 from domain.order import StepState
 from domain.states import ProcessState
 from service import control
@@ -28,6 +28,7 @@ from tests.support.pattern import (
     new_order,
     queue,
     run_agent_step,
+    run_command,
     take_request,
     tombstoned,
 )
@@ -181,6 +182,7 @@ async def test_unanswered_undos_are_retried_past_the_threshold_until_the_budget_
         fakes.set_profile(None)
         result = await control.resubmit(rt, oid, actor="operator:ann", reason="inventory back")
         assert result.outcome == "compensation_resumed"
+        await run_command(rt, reader, oid)  # the pattern app sends what it wrote
         release = await run_agent_step(rt, reader, oid, "inventory")
         assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
         process = await rt.store.load(oid)
@@ -191,6 +193,7 @@ async def test_unanswered_undos_are_retried_past_the_threshold_until_the_budget_
         assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["step_declined"]
 
         again = await control.resubmit(rt, oid, actor="operator:ann", reason="card fixed")
+        await run_command(rt, reader, oid)
         assert (again.outcome, again.generation, again.step) == (
             "resubmitted",
             2,
@@ -262,6 +265,7 @@ async def test_cancel_while_step_2_is_in_flight_undoes_its_charge_that_lands_fir
 
     result = await control.cancel(rt, oid, actor="operator:bob", reason="customer asked")
     assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
+    await run_command(rt, reader, oid)  # the pattern app sends what it wrote
 
     await handle_request(charge, "payment", rt)  # the charge goes through before its refund...
     await handle_response(reader.expect(queue(rt, "responses"), oid), rt)
@@ -295,6 +299,7 @@ async def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadl
     await run_agent_step(rt, reader, oid, "inventory")
     take_request(rt, reader, oid, "payment")  # never answers
     await control.cancel(rt, oid, actor="operator:bob", reason="stuck")
+    await run_command(rt, reader, oid)  # the pattern app sends what it wrote
     await run_agent_step(
         rt, reader, oid, "payment"
     )  # refund of the unknown charge: nothing to undo
@@ -308,23 +313,21 @@ async def test_cancel_with_a_hung_step_compensates_without_waiting_for_its_deadl
     assert [a["reason"] for a in alerts_for(rt, reader, oid)] == ["cancelled"]
 
 
-async def test_cancel_command_of_a_finished_order_is_refused_with_an_alert(rt, reader):
-    order = new_order(workflow="single_step")
+async def test_a_cancel_command_is_not_the_pattern_apps_to_take(rt, reader):
+    """Operators act through the operations app (service.control); a cancel on the commands
+    queue is refused as a bad message, and the order is not changed."""
+    order = new_order()
     await handle_submission(encode(order), rt)
-    await run_agent_step(rt, reader, order.order_id, "inventory")
-    assert (await rt.store.load(order.order_id)).state is ProcessState.PROCESSED
-    command = SchedulerCommand(
-        order_id=order.order_id,
-        command="cancel",
-        attempt=1,
-        failure_count=0,
-        reason="too late",
-        requested_by="operator:bob",
-    )
-    await handle_command(encode(command), rt)
+    before = await rt.store.load(order.order_id)
+    command = {
+        "type": "SchedulerCommand", "order_id": order.order_id, "command": "cancel",
+        "attempt": 1, "failure_count": 0, "reason": "r", "requested_by": "operator:bob",
+    }  # fmt: skip
+    await handle_command(json.dumps(command), rt)
     alerts = alerts_for(rt, reader, order.order_id)
-    assert [a["reason"] for a in alerts] == ["command_refused"]
-    assert "Processed" in alerts[0]["detail"]
+    assert [a["reason"] for a in alerts] == ["bad_message"]
+    assert "command: Input should be 'retry'" in alerts[0]["detail"]
+    assert (await rt.store.load(order.order_id)).etag == before.etag
 
 
 async def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, reader, fakes, clock):
@@ -339,6 +342,7 @@ async def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, rea
         rt, order.order_id, actor="operator:bob", reason="duplicate order"
     )
     assert (result.outcome, result.state) == ("compensating", ProcessState.COMPENSATING)
+    await run_command(rt, reader, order.order_id)  # the pattern app sends what it wrote
     release = await run_agent_step(rt, reader, order.order_id, "inventory")
     assert release["action"] == "release"  # the reservation may have been made
     await handle_command(retry, rt)  # the retry that was due is stale now: nothing happens

@@ -353,6 +353,7 @@ async def test_cancel_undoes_the_step_in_flight_whose_call_lands_later(stage):
     with pytest.raises(control.Refused) as again:
         await control.cancel(rt, oid, actor="operator:bob", reason="again")
     assert again.value.code == "conflict"
+    await stage.command(stage.expect("commands", oid))  # the pattern app sends what it wrote
 
     refund = await stage.step("payment", oid)  # the charge's outcome is unknown: undo it
     assert (refund["action"], refund["idempotency_key"], refund["undoes"]) == (
@@ -458,6 +459,7 @@ async def test_resubmit_of_an_error_order_does_not_resend_its_alert(stage):
         2,
         "reserve_inventory",
     )
+    await stage.command(stage.expect("commands", oid))  # the pattern app sends what it wrote
     assert stage.none_on("alerts", oid), "the alert is not raised again"
     for service in SERVICES:
         assert (await stage.step(service, oid))["idempotency_key"].endswith(":do:2")
@@ -477,6 +479,7 @@ async def test_resubmit_sends_an_alert_that_was_never_sent_once(stage):
 
     stage.fakes.set_profile(None)
     await control.resubmit(stage.rt, oid, actor="operator:ann", reason="card replaced")
+    await stage.command(stage.expect("commands", oid))  # the pattern app sends what it wrote
     assert [a["reason"] for a in stage.all_on("alerts", oid)] == ["step_declined"]
     await stage.tick()  # the first generation's index row leads the Supervisor to send nothing
     assert stage.none_on("alerts", oid)

@@ -21,6 +21,7 @@ from domain.states import ProcessState
 from operator_api import http as api
 from operator_api.http import router
 from service import runtime
+from service.commands import handle_command
 from service.intake import handle_submission
 from service.operations.context import current
 from tests.support.operations import OperationsApp, call, load
@@ -58,6 +59,14 @@ async def declined_order(rt, reader, fakes) -> str:
     return order.order_id
 
 
+async def sent_by_the_pattern_app(rt, reader, order_id: str) -> None:
+    """What an operator's action wrote is sent by the pattern app: the operations app put one
+    SendOwed on the commands queue (and nothing anywhere else), which the commands trigger takes."""
+    asked = reader.expect(queue(rt, "commands"), order_id)
+    assert json.loads(asked)["type"] == "SendOwed"
+    await handle_command(asked, rt)
+
+
 # ----------------------------------------------------------------------------------- orders
 
 
@@ -72,7 +81,7 @@ async def test_list_error_orders_page_by_page(installed, handlers, reader, fakes
         params = {"state": "Error", "limit": "1"}
         if continuation is not None:
             params["continuation"] = continuation
-        status, page = await call(handlers, "operator_list_orders", params=params)
+        status, page = await call(handlers, "list_orders", params=params)
         assert status == 200 and len(page["items"]) <= 1
         seen += [item["order_id"] for item in page["items"]]
         pages += 1
@@ -82,22 +91,22 @@ async def test_list_error_orders_page_by_page(installed, handlers, reader, fakes
     assert set(seen) == errored and len(seen) == 3 and pages <= 4
 
     COUNTS.reset()
-    status, page = await call(handlers, "operator_list_orders", params={"state": "error"})
+    status, page = await call(handlers, "list_orders", params={"state": "error"})
     cost = COUNTS.snapshot()
     assert {i["order_id"] for i in page["items"]} == errored
     print("list 3 Error orders:", json.dumps(cost))
     assert cost == {"table.get": 4}, "one index query and one point read per order"
 
-    status, page = await call(handlers, "operator_list_orders", params={"state": "processing"})
+    status, page = await call(handlers, "list_orders", params={"state": "processing"})
     assert [i["order_id"] for i in page["items"]] == [in_flight.order_id]
     assert page["items"][0]["current_step"] == "reserve_inventory"
-    status, page = await call(handlers, "operator_list_orders", params={"state": "Pending"})
+    status, page = await call(handlers, "list_orders", params={"state": "Pending"})
     assert (status, page["items"]) == (200, [])
 
 
 async def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader, fakes):
     order_id = await declined_order(installed, reader, fakes)
-    status, shown = await call(handlers, "operator_show_order", route={"order_id": order_id})
+    status, shown = await call(handlers, "show_order", route={"order_id": order_id})
     assert status == 200
     assert shown["order"]["state"] == "Error" and shown["submitted"]["order_id"] == order_id
     assert [(s["state"], s["generation"], s["attempt"]) for s in shown["steps"]] == [
@@ -112,14 +121,14 @@ async def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, r
 
     _, first = await call(
         handlers,
-        "operator_show_order",
+        "show_order",
         route={"order_id": order_id},
         params={"timeline_limit": "1"},
     )
     assert [t["seq"] for t in first["timeline"]] == [0]
     _, rest = await call(
         handlers,
-        "operator_show_order",
+        "show_order",
         route={"order_id": order_id},
         params={"timeline_after": str(first["timeline_continuation"])},
     )
@@ -133,7 +142,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
     fakes.set_profile(None)
     status, done = await call(
         handlers,
-        "operator_resubmit_order",
+        "resubmit_order",
         route={"order_id": order_id},
         body={"reason": "stock arrived"},
         headers={"X-MS-CLIENT-PRINCIPAL-NAME": "ann@example.com"},
@@ -141,12 +150,14 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
     assert status == 202, done
     assert (done["outcome"], done["generation"]) == ("resubmitted", 2)
     assert done["requested_by"] == "operator:ann@example.com"
+    assert reader.take(queue(rt, "inventory"), order_id, wait=0.5) is None, "nothing sent yet"
+    await sent_by_the_pattern_app(rt, reader, order_id)
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
     status, cancelled = await call(
         handlers,
-        "operator_cancel_order",
+        "cancel_order",
         route={"order_id": order_id},
         # The body's operator is the sender's claim; the platform's caller is recorded.
         body={"operator": "mallory", "reason": "customer changed their mind"},
@@ -159,6 +170,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
         "Compensating",
     )
     assert (cancelled["step"], cancelled["generation"]) == ("reserve_inventory", 2)
+    await sent_by_the_pattern_app(rt, reader, order_id)
     undo = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert undo["operation"] == "undo"
     assert undo["undoes"] == f"{order_id}:reserve_inventory:do:2"
@@ -168,7 +180,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
         ("compensation_started", "operator:bob"),
     ]
     assert "mallory" not in json.dumps([(t.actor, t.detail) for t in timeline])
-    _, shown = await call(handlers, "operator_show_order", route={"order_id": order_id})
+    _, shown = await call(handlers, "show_order", route={"order_id": order_id})
     assert shown["order"]["compensation_cause"] == "cancelled"
     assert "operator:bob" in shown["order"]["compensation_reason"]
     inventory = shown["steps"][0]
@@ -179,14 +191,14 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
     ), "the redone step counts its requests afresh: do, then undo"
     status, again = await call(
         handlers,
-        "operator_cancel_order",
+        "cancel_order",
         route={"order_id": order_id},
         body={"operator": "bob", "reason": "twice"},
     )
     assert status == 409 and "already being undone" in again["error"]["message"]
     status, refused = await call(
         handlers,
-        "operator_resubmit_order",
+        "resubmit_order",
         route={"order_id": order_id},
         body={"operator": "bob", "reason": "again"},
     )
@@ -200,7 +212,7 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
     rt = installed
     order_id = await declined_order(rt, reader, fakes)
     before = await rt.store.load(order_id)
-    for name in ("operator_resubmit_order", "operator_cancel_order"):
+    for name in ("resubmit_order", "cancel_order"):
         status, refused = await call(
             handlers,
             name,
@@ -221,12 +233,12 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
 @pytest.mark.parametrize(
     ("name", "params", "route", "body", "status", "code"),
     [
-        ("operator_list_orders", {}, {}, None, 400, "invalid_request"),
-        ("operator_list_orders", {"state": "Lost"}, {}, None, 400, "invalid_state"),
-        ("operator_list_orders", {"state": "Error", "sort": "x"}, {}, None, 400, "invalid_sort"),
-        ("operator_list_orders", {"state": "Error", "limit": "0"}, {}, None, 400, "invalid_limit"),
+        ("list_orders", {}, {}, None, 400, "invalid_request"),
+        ("list_orders", {"state": "Lost"}, {}, None, 400, "invalid_state"),
+        ("list_orders", {"state": "Error", "sort": "x"}, {}, None, 400, "invalid_sort"),
+        ("list_orders", {"state": "Error", "limit": "0"}, {}, None, 400, "invalid_limit"),
         (
-            "operator_list_orders",
+            "list_orders",
             {"state": "Error", "limit": "x"},
             {},
             None,
@@ -234,18 +246,18 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
             "invalid_request",
         ),
         (
-            "operator_list_orders",
+            "list_orders",
             {"state": "Error", "continuation": "bm90LWEtY3Vyc29y"},
             {},
             None,
             400,
             "invalid_continuation",
         ),
-        ("operator_show_order", {}, {"order_id": "o-missing"}, None, 404, "order_not_found"),
-        ("operator_show_order", {}, {"order_id": HOSTILE_ID}, None, 400, "invalid_order_id"),
-        ("operator_show_order", {}, {"order_id": "x" * 65}, None, 400, "invalid_order_id"),
+        ("show_order", {}, {"order_id": "o-missing"}, None, 404, "order_not_found"),
+        ("show_order", {}, {"order_id": HOSTILE_ID}, None, 400, "invalid_order_id"),
+        ("show_order", {}, {"order_id": "x" * 65}, None, 400, "invalid_order_id"),
         (
-            "operator_show_order",
+            "show_order",
             {"timeline_limit": "5000"},
             {"order_id": "o-1"},
             None,
@@ -253,7 +265,7 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
             "invalid_limit",
         ),
         (
-            "operator_cancel_order",
+            "cancel_order",
             {},
             {"order_id": HOSTILE_ID},
             {"operator": "a", "reason": "r"},
@@ -261,17 +273,17 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
             "invalid_order_id",
         ),
         (
-            "operator_cancel_order",
+            "cancel_order",
             {},
             {"order_id": "o-missing"},
             {"operator": "a", "reason": "r"},
             404,
             "order_not_found",
         ),
-        ("operator_cancel_order", {}, {"order_id": "o-1"}, b"{not json", 400, "invalid_json"),
-        ("operator_cancel_order", {}, {"order_id": "o-1"}, b"[1, 2]", 400, "invalid_json"),
+        ("cancel_order", {}, {"order_id": "o-1"}, b"{not json", 400, "invalid_json"),
+        ("cancel_order", {}, {"order_id": "o-1"}, b"[1, 2]", 400, "invalid_json"),
         (
-            "operator_cancel_order",
+            "cancel_order",
             {},
             {"order_id": "o-1"},
             {"operator": "a", "reason": "r", "force": True},
@@ -279,7 +291,7 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
             "invalid_request",
         ),
         (
-            "operator_cancel_order",
+            "cancel_order",
             {},
             {"order_id": "o-1"},
             {"operator": "a"},
@@ -287,45 +299,45 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
             "invalid_reason",
         ),
         (
-            "operator_cancel_order",
+            "cancel_order",
             {},
             {"order_id": "o-1"},
             {"operator": 7, "reason": "r"},
             400,
             "invalid_request",
         ),
-        ("operator_resubmit_order", {}, {"order_id": "o-1"}, b"x" * 20_000, 413, "body_too_large"),
+        ("resubmit_order", {}, {"order_id": "o-1"}, b"x" * 20_000, 413, "body_too_large"),
         (
-            "operator_peek_alert",
+            "peek_alert",
             {},
             {"sequence_number": "abc"},
             None,
             400,
             "invalid_sequence_number",
         ),
-        ("operator_peek_alert", {}, {"sequence_number": "0"}, None, 400, "invalid_sequence_number"),
+        ("peek_alert", {}, {"sequence_number": "0"}, None, 400, "invalid_sequence_number"),
         (
-            "operator_ack_alert",
+            "acknowledge_alert",
             {},
             {"sequence_number": "1"},
             {"operator": "a", "x": 1},
             400,
             "invalid_request",
         ),
-        ("operator_list_alerts", {"continuation": "-5"}, {}, None, 400, "invalid_continuation"),
+        ("list_alerts", {"continuation": "-5"}, {}, None, 400, "invalid_continuation"),
         (
-            "operator_list_dead_letters",
+            "list_dead_letters",
             {},
             {"queue": "orders-$DeadLetterQueue"},
             None,
             404,
             "unknown_queue",
         ),
-        ("operator_dead_letter_log", {"limit": "0"}, {}, None, 400, "invalid_limit"),
-        ("operator_dead_letter_log", {"limit": "101"}, {}, None, 400, "invalid_limit"),
-        ("operator_dead_letter_log", {"limit": "ten"}, {}, None, 400, "invalid_request"),
+        ("dead_letter_log", {"limit": "0"}, {}, None, 400, "invalid_limit"),
+        ("dead_letter_log", {"limit": "101"}, {}, None, 400, "invalid_limit"),
+        ("dead_letter_log", {"limit": "ten"}, {}, None, 400, "invalid_request"),
         (
-            "operator_list_dead_letters",
+            "list_dead_letters",
             {"limit": "101"},
             {"queue": "orders"},
             None,
@@ -349,7 +361,7 @@ async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(install
     COUNTS.reset()
     status, answer = await call(
         handlers,
-        "operator_cancel_order",
+        "cancel_order",
         route={"order_id": "o-1"},
         body={"reason": "r"},
         caller="a b'; drop",
@@ -359,12 +371,12 @@ async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(install
 
 
 async def test_a_purge_without_a_signed_in_caller_is_refused(installed, handlers):
-    status, answer = await call(handlers, "operator_purge", body={"dry_run": True}, caller=None)
+    status, answer = await call(handlers, "purge", body={"dry_run": True}, caller=None)
     assert (status, answer["error"]["code"]) == (401, "not_signed_in")
 
 
 async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installed, handlers):
-    status, answer = await call(handlers, "operator_show_order", route={"order_id": HOSTILE_ID})
+    status, answer = await call(handlers, "show_order", route={"order_id": HOSTILE_ID})
     assert status == 400
     assert "order id" in answer["error"]["message"] and '"\'"' in answer["error"]["message"]
 
@@ -373,7 +385,7 @@ async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(ins
     """Echoed by a refused order id (400), and by the path nothing serves (404: the worker's
     ASGI bridge decodes %2F, so an id with a slash is two path segments)."""
     for hostile, status in (("<img src=x onerror=alert(1)>", 400), ("<script>x</script>", 404)):
-        url = handlers.url("operator_show_order", {"order_id": hostile})
+        url = handlers.url("show_order", {"order_id": hostile})
         caller = {api.PRINCIPAL_HEADER: "ops@example.com"}
         response = await handlers.request("GET", url, headers=caller)
         assert response.status_code == status and hostile in response.get_body().decode()
@@ -386,11 +398,11 @@ async def test_a_continuation_of_one_state_is_refused_for_another(
 ):
     for _ in range(2):
         await declined_order(installed, reader, fakes)
-    _, page = await call(handlers, "operator_list_orders", params={"state": "Error", "limit": "1"})
+    _, page = await call(handlers, "list_orders", params={"state": "Error", "limit": "1"})
     assert page["continuation"]
     status, answer = await call(
         handlers,
-        "operator_list_orders",
+        "list_orders",
         params={"state": "Pending", "continuation": page["continuation"]},
     )
     assert (status, answer["error"]["code"]) == (400, "invalid_continuation")
@@ -403,7 +415,7 @@ async def find_alert(handlers, order_id: str) -> dict:
     continuation = None
     while True:
         params = {"limit": "100"} | ({"continuation": continuation} if continuation else {})
-        status, page = await call(handlers, "operator_list_alerts", params=params)
+        status, page = await call(handlers, "list_alerts", params=params)
         assert status == 200
         for item in page["items"]:
             if (item["alert"] or {}).get("order_id") == order_id:
@@ -421,26 +433,26 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
     assert alert_b["sequence_number"] > alert_a["sequence_number"]
 
     seq_b = str(alert_b["sequence_number"])
-    status, peeked = await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    status, peeked = await call(handlers, "peek_alert", route={"sequence_number": seq_b})
     assert (status, peeked) == (200, alert_b)
 
     # No reason: refused, and the alert stays.
     for body in ({}, {"reason": "   "}):
         status, refused = await call(
             handlers,
-            "operator_ack_alert",
+            "acknowledge_alert",
             route={"sequence_number": seq_b},
             body=body,
             caller="ann",
         )
         assert (status, refused["error"]["code"]) == (400, "invalid_reason"), refused
         assert "reason is required" in refused["error"]["message"]
-    assert (await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b}))[0] == 200
+    assert (await call(handlers, "peek_alert", route={"sequence_number": seq_b}))[0] == 200
 
     # B first: everything received ahead of it (A included) is deferred, not abandoned...
     status, ack = await call(
         handlers,
-        "operator_ack_alert",
+        "acknowledge_alert",
         route={"sequence_number": seq_b},
         body={"reason": "customer called, new card on file"},
         caller="ann",
@@ -451,11 +463,11 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
         "operator:ann",
         True,
     )
-    status, gone = await call(handlers, "operator_peek_alert", route={"sequence_number": seq_b})
+    status, gone = await call(handlers, "peek_alert", route={"sequence_number": seq_b})
     assert (status, gone["error"]["code"]) == (404, "alert_not_found")
     status, again = await call(
         handlers,
-        "operator_ack_alert",
+        "acknowledge_alert",
         route={"sequence_number": seq_b},
         body={"reason": "r"},
         caller="ann",
@@ -467,7 +479,7 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
     seq_a = str(alert_a["sequence_number"])
     status, ack = await call(
         handlers,
-        "operator_ack_alert",
+        "acknowledge_alert",
         route={"sequence_number": seq_a},
         body={"reason": "seen"},
         caller="ann",
@@ -492,7 +504,7 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
 
 async def test_dead_letters_per_queue(installed, handlers, servicebus):
     rt = installed
-    status, summary = await call(handlers, "operator_dead_letter_summary")
+    status, summary = await call(handlers, "dead_letter_summary")
     assert status == 200
     assert {q["queue"] for q in summary["queues"]} == set(rt.settings.queues)
 
@@ -504,13 +516,13 @@ async def test_dead_letters_per_queue(installed, handlers, servicebus):
         async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
             await dead_letter_one(receiver, "poison-1", error_description="type is not known")
 
-    status, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"})
+    status, page = await call(handlers, "list_dead_letters", route={"queue": "orders"})
     assert status == 200 and page["entity"] == orders
     poison = [item for item in page["items"] if item["message_id"] == "poison-1"]
     assert len(poison) == 1
     assert (poison[0]["reason"], poison[0]["description"]) == ("SchemaInvalid", "type is not known")
     assert poison[0]["body"] == {"type": "Nonsense"}
-    _, summary = await call(handlers, "operator_dead_letter_summary")
+    _, summary = await call(handlers, "dead_letter_summary")
     counts = {q["queue"]: q["count"] for q in summary["queues"]}
     assert counts["orders"] >= 1
 
@@ -534,7 +546,7 @@ async def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) ->
             await sender.send_messages(ServiceBusMessage(body, message_id=message_id))
         async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
             await dead_letter_one(receiver, message_id)
-    _, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"},
+    _, page = await call(handlers, "list_dead_letters", route={"queue": "orders"},
                    params={"limit": "100"})  # fmt: skip
     [number] = [i["sequence_number"] for i in page["items"] if i["message_id"] == message_id]
     return number
@@ -546,17 +558,17 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     rt = installed
     message_id = unique_name("poison")
     number = await dead_letter(rt, handlers, servicebus, b"{not json", message_id)
-    status, empty = await call(handlers, "operator_dead_letter_log")
+    status, empty = await call(handlers, "dead_letter_log")
     assert (status, empty) == (200, {"actions": []})
 
     act = {"sequence_numbers": [number], "reason": "intake fixed"}
     status, dry = await call(
-        handlers, "operator_replay_dead_letters", route={"queue": "orders"},
+        handlers, "replay_dead_letters", route={"queue": "orders"},
         body=act | {"dry_run": True}, caller="ann",
     )  # fmt: skip
     assert status == 200 and not dry["recorded_in_log"]
     status, replayed = await call(
-        handlers, "operator_replay_dead_letters", route={"queue": "orders"}, body=act, caller="ann"
+        handlers, "replay_dead_letters", route={"queue": "orders"}, body=act, caller="ann"
     )
     # First sent less than 10 minutes ago: a replay would be dropped as a duplicate. Refused,
     # and the refusal is logged all the same.
@@ -564,12 +576,12 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     rt.clock.advance(1)  # type: ignore[attr-defined]
     reason = "not JSON: <b>drop</b> [red]it[/]"
     status, purged = await call(
-        handlers, "operator_purge_dead_letters", route={"queue": "orders"},
+        handlers, "purge_dead_letters", route={"queue": "orders"},
         body={"sequence_numbers": [number], "reason": reason}, caller="bob",
     )  # fmt: skip
     assert status == 200 and purged["recorded_in_log"]
 
-    status, log = await call(handlers, "operator_dead_letter_log", params={"limit": "5"})
+    status, log = await call(handlers, "dead_letter_log", params={"limit": "5"})
     assert status == 200, log
     newest, oldest = log["actions"]  # the dry run is not logged
     assert (newest["actor"], newest["action"], newest["queue"], newest["reason"]) == (
@@ -586,13 +598,13 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
     assert oldest["counts"] == {"refused": 1} and oldest["at"] < newest["at"]
     COUNTS.reset()
     started = time.perf_counter()
-    _, one = await call(handlers, "operator_dead_letter_log", params={"limit": "1"})
+    _, one = await call(handlers, "dead_letter_log", params={"limit": "1"})
     took = time.perf_counter() - started
     assert one["actions"] == [newest]
     print(f"dead-letter log, 1 of 2 actions: {took * 1000:.1f} ms, {COUNTS.snapshot()}")
     assert COUNTS.snapshot() == {"table.get": 1}, "one query of one partition"
     COUNTS.reset()
-    status, refused = await call(handlers, "operator_dead_letter_log", params={"limit": "500"})
+    status, refused = await call(handlers, "dead_letter_log", params={"limit": "500"})
     assert (status, refused["error"]["code"]) == (400, "invalid_limit")
     assert "from 1 to 100" in refused["error"]["message"]
     assert not COUNTS.snapshot(), "refused before I/O"
@@ -603,7 +615,7 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
 
 async def test_the_openapi_document_describes_every_route(installed, handlers):
     """Every route of the operator API (the dashboard's pages and files are not part of it)."""
-    status, document = await call(handlers, "operator_openapi")
+    status, document = await call(handlers, "openapi")
     assert status == 200 and document["openapi"] == "3.1.0"
     routes = {
         (route.path, method.lower())
@@ -626,7 +638,7 @@ async def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, han
     from service.sweep import run_tick
 
     report = await run_tick(installed)
-    status, view = await call(handlers, "operator_supervisor")
+    status, view = await call(handlers, "show_supervisor")
 
     assert status == 200
     assert len(view["buckets"]) == 16
@@ -657,7 +669,7 @@ DAY = 24 * 3600
 async def test_a_bad_purge_request_is_refused_with_what_to_fix(
     installed, handlers, body, code, message
 ):
-    status, answer = await call(handlers, "operator_purge", body=body, caller="ann")
+    status, answer = await call(handlers, "purge", body=body, caller="ann")
     assert status == 400, answer
     assert answer["error"]["code"] == code
     assert message in answer["error"]["message"]
@@ -678,7 +690,7 @@ async def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     seq = str((await find_alert(handlers, resolved))["sequence_number"])
     status, _ = await call(
         handlers,
-        "operator_ack_alert",
+        "acknowledge_alert",
         route={"sequence_number": seq},
         body={"reason": "done"},
         caller="ann",
@@ -688,26 +700,26 @@ async def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     await handle_submission(encode(in_flight), rt)
     rt.clock.advance(31 * DAY)  # type: ignore[attr-defined]
 
-    status, dry = await call(handlers, "operator_purge", body={"dry_run": True}, caller="ann")
+    status, dry = await call(handlers, "purge", body={"dry_run": True}, caller="ann")
     assert status == 200, dry
     assert (dry["dry_run"], dry["purgeable"], dry["purged"], dry["archived"]) == (True, 2, 0, 0)
     assert dry["kept"] == {"unresolved_error": 1}
     assert dry["requested_by"] == "operator:ann" and dry["older_than_days"] == 30
 
-    status, run = await call(handlers, "operator_purge", body={"state": "all"}, caller="ann")
+    status, run = await call(handlers, "purge", body={"state": "all"}, caller="ann")
     assert status == 200, run
     assert (run["purged"], run["archived"], run["skipped_changed"]) == (2, 2, 0)
     for gone in (done.order_id, resolved):
-        status, answer = await call(handlers, "operator_show_order", route={"order_id": gone})
+        status, answer = await call(handlers, "show_order", route={"order_id": gone})
         assert (status, answer["error"]["code"]) == (404, "order_not_found")
     assert (await rt.store.load(unresolved)).state is ProcessState.ERROR
     assert (await rt.store.load(in_flight.order_id)).state is ProcessState.PROCESSING
 
-    status, runs = await call(handlers, "operator_purge_runs")
+    status, runs = await call(handlers, "list_purge_runs")
     assert status == 200
     assert [r["run_id"] for r in runs["runs"]] == [run["run_id"]], "dry runs are not recorded"
 
-    status, back = await call(handlers, "operator_archived_order", route={"order_id": resolved})
+    status, back = await call(handlers, "show_archived_order", route={"order_id": resolved})
     assert status == 200, back
     assert back["order"]["order"]["state"] == "Error" and back["copies"] == 1
     events = [t["event"] for t in back["order"]["timeline"]]
@@ -715,19 +727,17 @@ async def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
     assert back["run_id"] == run["run_id"]
     status, back = await call(
         handlers,
-        "operator_archived_order",
+        "show_archived_order",
         route={"order_id": done.order_id},
         params={"day": rt.clock().date().isoformat()},
     )
     assert (status, back["order"]["submitted"]["order_id"]) == (200, done.order_id)
 
-    status, missing = await call(
-        handlers, "operator_archived_order", route={"order_id": unresolved}
-    )
+    status, missing = await call(handlers, "show_archived_order", route={"order_id": unresolved})
     assert (status, missing["error"]["code"]) == (404, "not_archived")
-    status, bad = await call(handlers, "operator_archived_order", route={"order_id": HOSTILE_ID})
+    status, bad = await call(handlers, "show_archived_order", route={"order_id": HOSTILE_ID})
     assert (status, bad["error"]["code"]) == (400, "invalid_order_id")
     status, bad = await call(
-        handlers, "operator_archived_order", route={"order_id": "o-1"}, params={"day": "2025-13-01"}
+        handlers, "show_archived_order", route={"order_id": "o-1"}, params={"day": "2025-13-01"}
     )
     assert (status, bad["error"]["code"]) == (400, "invalid_day")

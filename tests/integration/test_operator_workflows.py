@@ -20,12 +20,13 @@ from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
 from orderctl.local import LocalOperations
 from service import inbound, runtime
+from service.commands import handle_command
 from service.intake import handle_submission
 from service.operations import orders
 from service.operations.context import current
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
-from tests.integration.test_operator_api import declined_order, find_alert
+from tests.integration.test_operator_api import declined_order, find_alert, sent_by_the_pattern_app
 from tests.support.app import make_runtime
 from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import new_order, queue, run_agent_step
@@ -77,7 +78,7 @@ async def processed_order(rt, reader, **fields) -> str:
 
 
 async def listed(handlers, **params) -> dict:
-    status, page = await call(handlers, "operator_list_orders", params=params)
+    status, page = await call(handlers, "list_orders", params=params)
     assert status == 200, page
     return page
 
@@ -171,7 +172,7 @@ async def test_in_flight_and_error_listings_filter_by_step_age_and_text(
     ],
 )
 async def test_bad_filters_are_refused_with_what_to_write(installed, handlers, params, code):
-    status, answer = await call(handlers, "operator_list_orders", params=params)
+    status, answer = await call(handlers, "list_orders", params=params)
     assert (status, answer["error"]["code"]) == (400, code), answer
 
 
@@ -182,7 +183,7 @@ async def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, 
     assert page["continuation"]
     status, answer = await call(
         handlers,
-        "operator_list_orders",
+        "list_orders",
         params={"state": "Processed", "sort": "-created", "continuation": page["continuation"]},
     )
     assert (status, answer["error"]["code"]) == (400, "invalid_continuation")
@@ -199,27 +200,27 @@ async def test_watch_returns_each_change_and_ends_when_the_order_is_done(
     await handle_submission(encode(order), rt)
     route = {"order_id": order.order_id}
 
-    status, first = await call(handlers, "operator_watch_order", route=route, params={"wait": "5"})
+    status, first = await call(handlers, "watch_order", route=route, params={"wait": "5"})
     assert status == 200 and first["changed"] and not first["terminal"]
     assert [t["event"] for t in first["detail"]["timeline"]] == ["created"]
 
     started = time.monotonic()
     status, quiet = await call(
-        handlers, "operator_watch_order", route=route, params={"after": "0", "wait": "0.6"}
+        handlers, "watch_order", route=route, params={"after": "0", "wait": "0.6"}
     )
     assert status == 200 and not quiet["changed"] and quiet["detail"]["timeline"] == []
     assert time.monotonic() - started >= 0.5, "it waited for a change"
 
     await run_agent_step(rt, reader, order.order_id, "inventory")
-    status, done = await call(handlers, "operator_watch_order", route=route, params={"after": "0"})
+    status, done = await call(handlers, "watch_order", route=route, params={"after": "0"})
     assert done["changed"] and done["terminal"]
     assert [t["event"] for t in done["detail"]["timeline"]] == ["processed"]
     step = done["detail"]["steps"][0]
     assert step["requests"] == 1 and step["duration_s"] is not None and step["started_at"]
 
-    status, bad = await call(handlers, "operator_watch_order", route=route, params={"wait": "61"})
+    status, bad = await call(handlers, "watch_order", route=route, params={"wait": "61"})
     assert (status, bad["error"]["code"]) == (400, "invalid_wait")
-    status, missing = await call(handlers, "operator_watch_order", route={"order_id": "o-none"})
+    status, missing = await call(handlers, "watch_order", route={"order_id": "o-none"})
     assert (status, missing["error"]["code"]) == (404, "order_not_found")
 
 
@@ -231,7 +232,7 @@ async def test_the_order_view_shows_each_steps_failures_and_reasons(
     fakes.set_profile({"default": {"fail_first_n": 1}})
     await handle_submission(encode(order), rt)
     await run_agent_step(rt, reader, order.order_id, "inventory")  # a 503 the agent retried
-    status, shown = await call(handlers, "operator_show_order", route={"order_id": order.order_id})
+    status, shown = await call(handlers, "show_order", route={"order_id": order.order_id})
     assert status == 200
     step = shown["steps"][0]
     assert step["state"] == "Succeeded" and step["requests"] == 1 and step["failures"] == 0
@@ -248,18 +249,16 @@ async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes)
     route = {"order_id": order_id}
 
     status, unknown = await call(
-        handlers, "operator_restart_order", route=route, body={"step": "teleport", "reason": "r"}
+        handlers, "restart_order", route=route, body={"step": "teleport", "reason": "r"}
     )
     assert (status, unknown["error"]["code"]) == (400, "unknown_step")
     assert "reserve_inventory, charge_payment, create_shipment" in unknown["error"]["message"]
-    status, nameless = await call(
-        handlers, "operator_restart_order", route=route, body={"reason": "r"}
-    )
+    status, nameless = await call(handlers, "restart_order", route=route, body={"reason": "r"})
     assert (status, nameless["error"]["code"]) == (400, "invalid_step")
 
     status, done = await call(
         handlers,
-        "operator_restart_order",
+        "restart_order",
         route=route,
         body={"step": "charge_payment", "reason": "card updated"},
         caller="ann",
@@ -270,12 +269,13 @@ async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes)
     last = (await rt.store.get_timeline(order_id))[-1]
     assert (last.event, last.actor) == ("restarted", "operator:ann")
     assert "restart from charge_payment" in last.detail
+    await sent_by_the_pattern_app(rt, reader, order_id)
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert request["idempotency_key"] == f"{order_id}:reserve_inventory:do:2"
 
     status, busy = await call(
         handlers,
-        "operator_restart_order",
+        "restart_order",
         route=route,
         body={"step": "charge_payment", "reason": "r"},
     )
@@ -294,7 +294,7 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     fakes.set_profile(None)
     body = {"state": "Error", "text": "out_of_stock", "reason": "restocked"}
 
-    status, preview = await call(handlers, "operator_bulk_resubmit", body=body | {"dry_run": True})
+    status, preview = await call(handlers, "bulk_resubmit", body=body | {"dry_run": True})
     assert status == 200, preview
     assert sorted(i["order_id"] for i in preview["items"]) == errored
     assert {i["outcome"] for i in preview["items"]} == {"would_resubmit"}
@@ -304,7 +304,7 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
     await orders.resubmit(await current(), errored[0], operator="bob", reason="by hand")
     status, done = await call(
-        handlers, "operator_bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
+        handlers, "bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
     assert status == 200, done
     outcomes = {i["order_id"]: i["outcome"] for i in done["items"]}
@@ -313,15 +313,13 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     last = (await rt.store.get_timeline(errored[1]))[-1]
     assert (last.event, last.actor) == ("resubmitted", "operator:ann")
 
-    status, empty = await call(handlers, "operator_bulk_resubmit", body={"reason": "r"})
+    status, empty = await call(handlers, "bulk_resubmit", body={"reason": "r"})
     assert (status, empty["error"]["code"]) == (400, "empty_filter")
-    status, wrong = await call(
-        handlers, "operator_bulk_cancel", body={"state": "Error", "reason": "r"}
-    )
+    status, wrong = await call(handlers, "bulk_cancel", body={"state": "Error", "reason": "r"})
     assert (status, wrong["error"]["code"]) == (400, "invalid_state")
     status, nothing = await call(
         handlers,
-        "operator_bulk_cancel",
+        "bulk_cancel",
         body={"state": "Pending", "text": "no order has this", "reason": "r"},
     )
     assert (status, nothing["items"], nothing["more"]) == (200, [], False)
@@ -336,18 +334,19 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     rt = installed
     order_id = await declined_order(rt, reader, fakes)
     seq = str((await find_alert(handlers, order_id))["sequence_number"])
-    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+    _, alert = await call(handlers, "peek_alert", route={"sequence_number": seq})
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
     await orders.resubmit(await current(), order_id, operator="ann", reason="restocked")
-    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+    _, alert = await call(handlers, "peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
+    await sent_by_the_pattern_app(rt, reader, order_id)
 
     for service in ("inventory", "payment", "shipping"):
         await run_agent_step(rt, reader, order_id, service)
-    _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
+    _, alert = await call(handlers, "peek_alert", route={"sequence_number": seq})
     assert (alert["resolution"], alert["order_state"]) == ("resolved", "Processed")
     assert seq not in await open_alerts(handlers)
 
@@ -357,6 +356,7 @@ async def test_an_alert_whose_order_failed_again_is_superseded(installed, handle
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
     await orders.resubmit(await current(), order_id, operator="ann", reason="try again")
+    await sent_by_the_pattern_app(rt, reader, order_id)
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
     alerts = [
@@ -373,7 +373,7 @@ async def all_alerts(handlers, **params) -> list[dict]:
     found, continuation = [], None
     while True:
         query = {"limit": "100"} | params | ({"continuation": continuation} if continuation else {})
-        status, page = await call(handlers, "operator_list_alerts", params=query)
+        status, page = await call(handlers, "list_alerts", params=query)
         assert status == 200
         found += page["items"]
         continuation = page["continuation"]
@@ -479,6 +479,9 @@ async def test_a_replayed_signed_message_keeps_body_id_and_signature_and_still_v
     finally:
         await ops.close()
 
+    asked = reader.take_message(commands, lambda m: m.subject == "ReplayDeadLetter")
+    assert asked is not None, "the operations app asks the pattern app to send it back"
+    await handle_command(b"".join(asked.body), rt)
     replayed = reader.take_message(commands, lambda m: m.message_id == original.message_id)
     assert replayed is not None
     assert replayed.message_id == original.message_id
@@ -503,7 +506,7 @@ async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(rep
     await handle_submission(encode(order), rt)
     command = SchedulerCommand(
         order_id=order.order_id,
-        command="cancel",
+        command="retry",
         attempt=0,
         failure_count=0,
         reason="forged",
@@ -565,7 +568,7 @@ async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(rep
 async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
     status, done = await call(
         handlers,
-        "operator_replay_dead_letters",
+        "replay_dead_letters",
         route={"queue": "shipping"},
         body={"all": True, "reason": "clean up"},
         caller="ann",
@@ -577,13 +580,13 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
         queue(installed, "shipping"),
     )
     status, vague = await call(
-        handlers, "operator_purge_dead_letters", route={"queue": "shipping"}, body={}, caller="ann"
+        handlers, "purge_dead_letters", route={"queue": "shipping"}, body={}, caller="ann"
     )
     assert (status, vague["error"]["code"]) == (400, "invalid_selection")
     for body in ({"all": True}, {"all": True, "reason": " "}):
         status, unexplained = await call(
             handlers,
-            "operator_purge_dead_letters",
+            "purge_dead_letters",
             route={"queue": "shipping"},
             body=body,
             caller="ann",
@@ -591,7 +594,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
         assert (status, unexplained["error"]["code"]) == (400, "invalid_reason"), unexplained
     status, dry = await call(
         handlers,
-        "operator_purge_dead_letters",
+        "purge_dead_letters",
         route={"queue": "shipping"},
         body={"all": True, "dry_run": True},
         caller="ann",
@@ -599,7 +602,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
     assert status == 200 and dry["recorded_in_log"] is False, "a dry run needs no reason"
     status, unknown = await call(
         handlers,
-        "operator_purge_dead_letters",
+        "purge_dead_letters",
         route={"queue": "nowhere"},
         body={"all": True},
         caller="ann",
@@ -607,7 +610,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
     assert (status, unknown["error"]["code"]) == (404, "unknown_queue")
     status, nobody = await call(
         handlers,
-        "operator_replay_dead_letters",
+        "replay_dead_letters",
         route={"queue": "shipping"},
         body={"all": True},
         caller=None,
@@ -619,7 +622,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
 
 
 async def test_health_checks_the_table_and_the_bus(installed, handlers, env, unique_name):
-    status, health = await call(handlers, "operator_health")
+    status, health = await call(handlers, "health")
     assert status == 200, health
     assert health["status"] == "ok"
     assert [c["name"] for c in health["checks"]] == ["settings", "table", "servicebus"]

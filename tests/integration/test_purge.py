@@ -18,8 +18,9 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob.aio import BlobServiceClient
 
-from adapters import archive
-from adapters.archive import ArchivedOrder, BlobArchive
+from adapters import archive, archive_reading
+from adapters.archive import ArchivedOrder
+from adapters.archive_reading import ReadableBlobArchive
 from adapters.op_counts import OperationCounts
 from adapters.store.rows import OrderNotFound
 from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
@@ -100,7 +101,8 @@ async def table_backend(azurite, unique_name, clock, counts) -> AsyncIterator[Ba
     )
     await store.ensure_tables()
     container = f"archive-{unique_name('c')}"
-    yield Backend("table", store, BlobArchive(blobs.get_container_client(container)), clock, counts)
+    archive = ReadableBlobArchive(blobs.get_container_client(container))
+    yield Backend("table", store, archive, clock, counts)
     for name in names:
         await tables.delete_table(name)
     with contextlib.suppress(ResourceNotFoundError):  # nothing was ever archived
@@ -169,8 +171,8 @@ async def test_purge_archives_finished_orders_then_deletes_them(backend):
         with pytest.raises(OrderNotFound):
             await store.load(order_id)
         assert await backend.rows(order_id) == []
-        assert_archived_as(await archive.find(backend.archive, order_id), snapshot)
-    assert await archive.find(backend.archive, unresolved.order_id) is None
+        assert_archived_as(await archive_reading.find(backend.archive, order_id), snapshot)
+    assert await archive_reading.find(backend.archive, unresolved.order_id) is None
     for kept in (unresolved, other_alert, owing):
         assert (await store.load(kept.order_id)).state.terminal
     assert await backend.error_rows() == {"e-open", "e-other"}, "a purged Error leaves no index row"
@@ -229,7 +231,7 @@ async def test_an_order_in_flight_again_is_kept_even_when_listed(backend):
     )
     assert (report.examined, report.purged, report.kept) == (1, 0, {"in_flight": 1})
     assert (await store.load("e-1")).state is ProcessState.PROCESSING
-    assert await archive.find(backend.archive, "e-1") is None
+    assert await archive_reading.find(backend.archive, "e-1") is None
 
 
 async def test_an_order_that_changes_between_reading_and_deleting_is_skipped(backend):
@@ -270,7 +272,7 @@ async def test_an_order_that_changes_between_reading_and_deleting_is_skipped(bac
     clock.advance(LATER)
     latest = await snapshot_of(backend, "e-1")
     assert (await backend.purge()).purged == 1
-    assert_archived_as(await archive.find(backend.archive, "e-1"), latest)
+    assert_archived_as(await archive_reading.find(backend.archive, "e-1"), latest)
 
 
 async def test_a_dry_run_changes_nothing(backend):
@@ -314,14 +316,14 @@ async def test_a_crash_between_archive_and_delete_archives_twice_and_reads_back_
             clock=clock,
         )
     assert await store.load("p-1") == before.process, "archived, not deleted"
-    assert len(await archive.find_all(backend.archive, "p-1")) == 1
+    assert len(await archive_reading.find_all(backend.archive, "p-1")) == 1
 
     clock.advance(timedelta(hours=1))
     report = await backend.purge()
 
     assert (report.archived, report.purged) == (1, 1)
-    assert len(await archive.find_all(backend.archive, "p-1")) == 2, "archived twice"
-    assert_archived_as(await archive.find(backend.archive, "p-1"), before)
+    assert len(await archive_reading.find_all(backend.archive, "p-1")) == 2, "archived twice"
+    assert_archived_as(await archive_reading.find(backend.archive, "p-1"), before)
     day = await archived_on(backend.archive, clock().date())
     assert [r.order_id for r in day] == ["p-1"]
     with pytest.raises(OrderNotFound):
@@ -379,7 +381,7 @@ async def test_an_order_of_more_than_100_rows_is_purged_in_several_transactions(
     assert (await backend.purge()).purged == 1
 
     assert await backend.rows("p-long") == []
-    assert_archived_as(await archive.find(backend.archive, "p-long"), before)
+    assert_archived_as(await archive_reading.find(backend.archive, "p-long"), before)
 
 
 async def test_an_interrupted_multi_transaction_purge_is_finished_by_the_next_run(
@@ -418,4 +420,4 @@ async def test_an_interrupted_multi_transaction_purge_is_finished_by_the_next_ru
 
     assert (report.interrupted_finished, report.purged) == (1, 0)
     assert await backend.rows("p-long") == []
-    assert await archive.find(backend.archive, "p-long") is not None
+    assert await archive_reading.find(backend.archive, "p-long") is not None

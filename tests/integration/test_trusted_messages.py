@@ -220,19 +220,19 @@ async def test_a_forged_decline_fails_nothing(rt, reader, fakes, sender, at_paym
     only_alert_for(rt, reader, responses, message_id, "unknown_key")
 
 
-async def test_a_forged_cancel_from_mallory_cancels_nothing(rt, reader, fakes, sender, at_payment):
+async def test_a_forged_command_from_mallory_changes_nothing(rt, reader, fakes, sender, at_payment):
     order_id, _request = at_payment
     commands = queue(rt, "commands")
     before, ledger = await snapshot(rt, order_id), effects(fakes, order_id)
-    cancel = SchedulerCommand(
+    forged = SchedulerCommand(
         order_id=order_id,
-        command="cancel",
+        command="retry",
         attempt=1,
         failure_count=0,
         reason="because I can",
         requested_by="operator:mallory",
     )
-    message_id = forge(sender, commands, encode(cancel))
+    message_id = forge(sender, commands, encode(forged))
     await on_command(to_function_message(take(reader, commands, message_id)), rt)
     assert await snapshot(rt, order_id) == before
     assert effects(fakes, order_id) == ledger

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import date
 
-from adapters.archive import Archive, ArchivedOrder, decode, latest
+from adapters.archive import ArchivedOrder
+from adapters.archive_reading import ReadableArchive, decode, latest
 
 
-async def archived_on(archive: Archive, day: date) -> list[ArchivedOrder]:
+async def archived_on(archive: ReadableArchive, day: date) -> list[ArchivedOrder]:
     """The orders archived on ``day``, one per order id (de-duplicated), in archive order."""
     records = [
         decode(line) for blob in await archive.blobs(day) async for line in archive.lines(blob)

@@ -2,7 +2,7 @@
 (``http_app_func``, which ``func.AsgiFunctionApp`` registers) given a ``func.HttpRequest``, so a
 request goes through the worker's ASGI bridge, FastAPI's routing and validation, and the routes.
 
-Routes are named by their endpoint's name (``operator_show_order``); the URL is FastAPI's for
+Routes are named by their endpoint's name (``show_order``); the URL is FastAPI's for
 that name, each path parameter percent-encoded as a client would send it.
 """
 

@@ -15,16 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters import metrics
-from adapters.store import circuits
-from adapters.store.circuits import (
+from adapters.store import circuit_overview, circuits
+from adapters.store.circuit_overview import (
     DROP_AFTER,
     STALE_GRACE,
-    CircuitRow,
-    CircuitState,
     Shown,
     effective_state,
     overview,
 )
+from adapters.store.circuits import CircuitRow, CircuitState
 from domain import ids
 from service import circuit
 from service.circuit import (
@@ -69,7 +68,7 @@ def test_a_row_round_trips_through_its_entity():
     entity = circuits.to_entity(original)
     assert entity["PartitionKey"] == "circuits"
     assert entity["RowKey"] == "payment:host.1"
-    assert circuits.from_entity(entity, "etag-1") == _with_etag(original, "etag-1")
+    assert circuit_overview.from_entity(entity, "etag-1") == _with_etag(original, "etag-1")
 
 
 def _fields(value: CircuitRow) -> dict:
@@ -90,8 +89,8 @@ def test_hostile_agent_or_instance_names_never_become_keys():
 
 
 def test_an_unreadable_entity_says_which_row():
-    with pytest.raises(circuits.BadCircuitRow, match="payment:x"):
-        circuits.from_entity({"RowKey": "payment:x", "Agent": "payment", "State": "ajar"})
+    with pytest.raises(circuit_overview.BadCircuitRow, match="payment:x"):
+        circuit_overview.from_entity({"RowKey": "payment:x", "Agent": "payment", "State": "ajar"})
 
 
 def test_instance_id_is_the_azure_instance_else_host_and_pid():
@@ -148,7 +147,7 @@ def test_expired_rows_are_left_out_and_agents_not_in_the_catalog_are_still_shown
     shown = {a.agent: a for a in overview(rows, NOW, ["payment"])}
     assert shown["payment"].state is None and shown["payment"].stale == 0
     assert shown["legacy"].state is Shown.CLOSED
-    assert circuits.expired(rows[0], NOW) and not circuits.expired(rows[1], NOW)
+    assert circuit_overview.expired(rows[0], NOW) and not circuit_overview.expired(rows[1], NOW)
 
 
 rows_strategy = st.lists(
@@ -169,7 +168,7 @@ rows_strategy = st.lists(
 def test_overview_counts_every_kept_row_once_and_shows_the_worst(rows):
     severity = {Shown.CLOSED: 0, Shown.HALF_OPEN: 1, Shown.OPEN: 2}
     for agent in overview(rows, NOW, ["inventory", "payment"]):
-        kept = [r for r in rows if r.agent == agent.agent and not circuits.expired(r, NOW)]
+        kept = [r for r in rows if r.agent == agent.agent and not circuit_overview.expired(r, NOW)]
         states = [effective_state(r, NOW) for r in kept]
         current = [s for s in states if s is not Shown.STALE]
         assert agent.instances + agent.stale == len(kept)

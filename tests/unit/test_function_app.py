@@ -126,7 +126,7 @@ def test_no_url_could_reach_two_routes():
         if method_a == method_b and overlap(route_a, route_b)
     ]
     assert clashes == []
-    assert ("operator_dead_letter_log", "GET", "dead-letter-log") in found
+    assert ("dead_letter_log", "GET", "dead-letter-log") in found
     assert ("dashboard_page", "GET", "dashboard") in found
 
 

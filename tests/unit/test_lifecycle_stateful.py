@@ -263,6 +263,7 @@ async def test_a_refused_undo_leaves_the_earlier_steps_for_the_operator():
     await world.deliver(world.deliverable("agent")[0], "ok")  # reserve_inventory took effect
     await world.deliver(world.deliverable("responses")[0])
     await world.cancel(oid)
+    await world.deliver(world.deliverable("commands")[-1])  # what the cancel wrote is sent
     await world.deliver(world.deliverable("agent")[0], "ok")  # the charge lands after all
     await world.deliver(world.deliverable("agent")[0], "refuse_undo")  # its refund is refused
     await world.drain()

@@ -55,6 +55,12 @@ def command() -> Step:
     return "command", {"index": 0, "crash_after": None, "keep": False}
 
 
+def owed() -> Step:
+    """The pattern app takes the newest command: what an operator's action just wrote asks it to
+    send (the operations app sends nothing else: service.handover)."""
+    return "command", {"index": -1, "crash_after": None, "keep": False}
+
+
 def tick() -> Step:
     return "supervisor_tick", {"crash_after": None}
 
@@ -93,6 +99,7 @@ TOURS: dict[str, list[Step]] = {
         reply(),
         *ok_through(1),  # the reservation released
         resubmit(),
+        owed(),
     ],
     "the first step declined leaves nothing to undo": [submit(), agent("decline"), reply()],
     "a retried step goes stale, is cancelled while it waits, and resubmitted": [
@@ -106,9 +113,11 @@ TOURS: dict[str, list[Step]] = {
         wait(400),
         tick(),  # stale: released once more, a failure on our side
         cancel(),
+        owed(),
         agent(),  # its undo: nothing to undo
         reply(),
         resubmit(),
+        owed(),
     ],
     "a released last step lands late and finishes the order": [
         submit(),
@@ -130,11 +139,13 @@ TOURS: dict[str, list[Step]] = {
         submit(),
         *ok_through(1),
         cancel(),  # while the charge is still queued: its undo follows it
+        owed(),
         agent(),  # the charge takes effect
         agent("refuse_undo"),  # its refund is refused
         reply(),  # the charge: it took effect after the cancel
         reply(),  # the refusal: compensation incomplete
         resubmit(),  # the refund and the release are still to do
+        owed(),
     ],
     "an undo that hangs past the compensation budget lands after the end": [
         submit(),
@@ -149,6 +160,7 @@ TOURS: dict[str, list[Step]] = {
     "a decline overtakes the undo sent for its step; the undo is retried": [
         submit(),
         cancel(),  # the reservation's undo follows it
+        owed(),
         agent("decline"),  # the reservation declined
         agent("transient"),  # its undo failed
         reply(),  # the decline
@@ -161,6 +173,7 @@ TOURS: dict[str, list[Step]] = {
     "an undo answered before the step's own success": [
         submit(),
         cancel(),
+        owed(),
         agent(),  # the reservation takes effect
         agent(),  # and is released
         reply(index=1),  # the release answered first
@@ -172,16 +185,19 @@ TOURS: dict[str, list[Step]] = {
         reply(),  # the shipment declined
         *ok_through(2),  # the charge voided, the reservation released
         restart(2),
+        owed(),
     ],
     "order@2: cancelled while verifying the address, then resubmitted": [
         submit(version=2),
         *ok_through(2),
         cancel(),  # verify_address in flight has no undo: left Running
+        owed(),
         agent(index=1),  # the charge voided
         reply(),
         agent(index=1),  # the reservation released
         reply(),
         resubmit(),
+        owed(),
     ],
 }
 

@@ -28,7 +28,9 @@ from domain.messages import (
     MessageBase,
     OperatorAlert,
     OrderSubmitted,
+    ReplayDeadLetter,
     SchedulerCommand,
+    SendOwed,
     StatusUpdate,
     encode,
     message_id_for,
@@ -122,7 +124,7 @@ KINDS: dict[str, tuple[dict[str, st.SearchStrategy[Any]], Callable[..., MessageB
     "command": (
         {
             "order_id": order_ids,
-            "command": st.sampled_from(["retry", "resubmit", "cancel"]),
+            "command": st.just("retry"),
             "attempt": st.sampled_from([0, 1, 2, 12]),
             "failure_count": st.sampled_from([0, 1, 2, 12]),
             "reason": st.sampled_from(["deadline passed", "circuit open"]),
@@ -157,6 +159,27 @@ KINDS: dict[str, tuple[dict[str, st.SearchStrategy[Any]], Callable[..., MessageB
             "raised_at": moments,
         },
         lambda f: OperatorAlert(**f),
+    ),
+    "owed": (
+        {
+            "order_id": order_ids,
+            "timeline_seq": st.sampled_from([0, 3, 33]),
+            "requested_by": st.sampled_from(["ops:alice", "ops:bob"]),
+            "requested_at": moments,
+        },
+        lambda f: SendOwed(**f),
+    ),
+    "replay": (
+        {
+            "queue": st.sampled_from(["orders", "payment"]),
+            "sequence_number": st.sampled_from([1, 2, 2**40]),
+            "message_id": st.sampled_from(["m-1", "m-2"]),
+            "body": st.sampled_from(["", "e30="]),
+            "properties": st.sampled_from([{}, {"k": "v"}]),
+            "requested_by": st.sampled_from(["ops:alice", "ops:bob"]),
+            "requested_at": moments,
+        },
+        lambda f: ReplayDeadLetter(**f),
     ),
     "submission": (
         {
@@ -220,6 +243,8 @@ IDENTITY: dict[type[MessageBase], Callable[[Any], tuple[Any, ...]]] = {
     AgentRequest: _answered,
     AgentResponse: _answered,
     SchedulerCommand: lambda m: (m.order_id, m.command, m.attempt, m.failure_count),
+    SendOwed: lambda m: (m.order_id, m.timeline_seq),
+    ReplayDeadLetter: lambda m: (m.queue, m.sequence_number),
     StatusUpdate: lambda m: (m.order_id, m.sequence),
     OperatorAlert: _alerted,
     OrderSubmitted: lambda m: (m.model_dump(mode="json", exclude={"submitted_at"}),),
@@ -277,6 +302,8 @@ def test_every_id_fits_service_bus_and_says_what_it_names(message):
         AgentRequest: "req:",
         AgentResponse: "rsp:",
         SchedulerCommand: "cmd:",
+        SendOwed: "owed:",
+        ReplayDeadLetter: "replay:",
         StatusUpdate: "st:",
         OperatorAlert: "alert:",
         OrderSubmitted: "sub:",

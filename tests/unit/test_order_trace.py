@@ -23,10 +23,11 @@ from adapters import telemetry
 from adapters.settings import Connection, Settings
 from devstack.memory import MemoryBus, MemoryStore
 from domain.messages import MessageBase, OrderSubmitted, SchedulerCommand, encode
-from domain.order import TRACE_PARENT_CHARS, trace_id_of, valid_trace_parent
+from domain.order import TRACE_PARENT_CHARS, valid_trace_parent
 from domain.states import ProcessState
 from service import control, resume
 from service.intake import handle_submission
+from service.operations.models import trace_id_of
 from service.runtime import Runtime
 from service.sweep import RECOVER_SPAN, run_tick
 from tests.support.spans import recording

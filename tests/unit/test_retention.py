@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters import archive
+from adapters import archive, archive_reading
 from adapters.archive import ArchivedOrder
 from devstack.memory import MemoryArchive
 from domain.events import Context
@@ -182,7 +182,7 @@ def test_an_archive_line_round_trips_and_is_one_line():
     line = archive.encode(record)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert line.startswith(b'{"order_id":"o-1",')
-    assert archive.decode(line.rstrip(b"\n")) == record
+    assert archive_reading.decode(line.rstrip(b"\n")) == record
 
 
 def test_an_archive_line_keeps_the_compensation_and_reads_lines_from_before_it():
@@ -198,13 +198,13 @@ def test_an_archive_line_keeps_the_compensation_and_reads_lines_from_before_it()
         ),
     )
     record = dataclasses.replace(record, process=compensated)
-    assert archive.decode(archive.encode(record).rstrip(b"\n")) == record
+    assert archive_reading.decode(archive.encode(record).rstrip(b"\n")) == record
     older = json.loads(archive.encode(record))
     for name in ("compensation_started_at", "compensation_warned"):
         del older["process"][name]
     for step in older["process"]["steps"]:
         del step["failed"]
-    read = archive.decode(json.dumps(older).encode())
+    read = archive_reading.decode(json.dumps(older).encode())
     assert read.process.compensation_started_at is None
     assert not read.process.compensation_warned
     assert all(step.undo_failures == Failures() for step in read.process.steps)
@@ -212,9 +212,9 @@ def test_an_archive_line_keeps_the_compensation_and_reads_lines_from_before_it()
 
 def test_unreadable_lines_are_refused_with_the_reason():
     with pytest.raises(archive.ArchiveError, match="unknown archive format"):
-        archive.decode(b'{"order_id":"o-1","format":99}')
+        archive_reading.decode(b'{"order_id":"o-1","format":99}')
     with pytest.raises(archive.ArchiveError, match="unreadable"):
-        archive.decode(b"not json")
+        archive_reading.decode(b"not json")
 
 
 async def test_readers_keep_the_latest_copy_of_each_order():
@@ -226,11 +226,11 @@ async def test_readers_keep_the_latest_copy_of_each_order():
     await store.append(day, [newer])
     await store.append(day, [dataclasses.replace(stale, archived_at=NOW + timedelta(hours=2))])
 
-    assert await archive.find(store, "o-1") == newer
-    assert len(await archive.find_all(store, "o-1")) == 3
+    assert await archive_reading.find(store, "o-1") == newer
+    assert len(await archive_reading.find_all(store, "o-1")) == 3
     assert {r.order_id: r.process.timeline_seq for r in await archived_on(store, day)} == {
         "o-1": 5,
         "o-2": 1,
     }
-    assert await archive.find(store, "o-3") is None
-    assert await archive.find(store, "o-1", day=day - timedelta(days=1)) is None
+    assert await archive_reading.find(store, "o-3") is None
+    assert await archive_reading.find(store, "o-1", day=day - timedelta(days=1)) is None

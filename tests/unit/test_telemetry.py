@@ -366,7 +366,7 @@ def unconfigured(monkeypatch):
 
 def test_configure_with_a_telemetry_dir_installs_the_file_providers(monkeypatch, unconfigured):
     installed: list[tuple[Path, str]] = []
-    monkeypatch.setattr(telemetry, "_install_files", lambda d, role: installed.append((d, role)))
+    monkeypatch.setattr(trace_files, "install", lambda d, role: installed.append((d, role)))
     assert telemetry.configure({"TELEMETRY_DIR": "/tmp/t"}, role="orderctl") is True
     assert telemetry.configure({"TELEMETRY_DIR": "/tmp/t"}) is True
     assert installed == [(Path("/tmp/t"), "orderctl")]
@@ -379,19 +379,19 @@ def test_a_connection_string_wins_over_a_telemetry_dir(monkeypatch, unconfigured
     monkeypatch.setattr(
         azure.monitor.opentelemetry, "configure_azure_monitor", lambda **kw: calls.append(kw)
     )
-    monkeypatch.setattr(telemetry, "_install_files", lambda *a: pytest.fail("files too"))
+    monkeypatch.setattr(trace_files, "install", lambda *a: pytest.fail("files too"))
     env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=x", "TELEMETRY_DIR": "d"}
     assert telemetry.configure(env) is True
     assert calls == [{"connection_string": "InstrumentationKey=x"}]
 
 
 def test_a_blank_telemetry_dir_is_off(monkeypatch, unconfigured):
-    monkeypatch.setattr(telemetry, "_install_files", lambda *a: pytest.fail("installed"))
+    monkeypatch.setattr(trace_files, "install", lambda *a: pytest.fail("installed"))
     assert telemetry.configure({"TELEMETRY_DIR": "  "}) is False
 
 
 def test_spans_round_trip_through_the_files(tmp_path):
-    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "host")
+    tracer_provider, meter_provider = trace_files.file_providers(tmp_path, "host")
     try:
         tracer = tracer_provider.get_tracer("test")
         with tracer.start_as_current_span("submit", kind=SpanKind.CLIENT) as submit:
@@ -423,7 +423,7 @@ def test_spans_round_trip_through_the_files(tmp_path):
 
 def test_metrics_round_trip_through_the_files(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics, "_bound", None)
-    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "orderctl")
+    tracer_provider, meter_provider = trace_files.file_providers(tmp_path, "orderctl")
     try:
         metrics.bind(meter_provider)
         metrics.order_started("order")
@@ -469,7 +469,7 @@ def test_metrics_round_trip_through_the_files(tmp_path, monkeypatch):
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):
-    tracer_provider, meter_provider = telemetry.file_providers(tmp_path, "host")
+    tracer_provider, meter_provider = trace_files.file_providers(tmp_path, "host")
     try:
         with tracer_provider.get_tracer("t").start_as_current_span(
             "scheduler_replies", attributes={"order.id": "o-torn"}
@@ -489,4 +489,4 @@ def test_an_unwritable_telemetry_dir_says_what_to_do(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ValueError, match=r"TELEMETRY_DIR=.*cannot create that directory.*unset"):
-        telemetry.file_providers(blocker / "telemetry", "host")
+        trace_files.file_providers(blocker / "telemetry", "host")

@@ -1,0 +1,92 @@
+"""An HTTP request of the operations app has a deadline, as every other invocation has
+(service.deadlines.http_request): Azure's front end gives up on it after 230 s, so its Table
+calls end before that, and it answers that it ran out of time. Against the real Azurite behind
+the storage fault proxy, which trickles an answer a byte every 0.4 s (no read timeout fires)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from adapters import deadline
+from adapters.settings import Connection, Settings
+from adapters.store.state_store import OrderStateStore
+from devstack.memory import MemoryBus
+from service import deadlines, runtime
+from service.operations import orders
+from service.operations.context import current
+from service.runtime import Runtime
+from tests.support.operations import OperationsApp, call, load
+from tests.support.storage_faults import through_proxy
+from tests.support.world import QUEUES
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(180)]
+SETTINGS = Settings(
+    queues=QUEUES, service_urls={}, servicebus=Connection("sb"), storage=Connection("st")
+)
+
+
+@pytest.fixture(scope="module")
+def handlers() -> OperationsApp:
+    return load()
+
+
+@pytest.fixture
+async def tables(azurite: Any, unique_name: Any) -> AsyncIterator[dict[str, str]]:
+    names = {
+        "orders_table": unique_name("orders"),
+        "active_table": unique_name("active"),
+        "supervision_table": unique_name("supervision"),
+    }
+    async with OrderStateStore.from_connection_string(azurite.connection_string, **names) as s:
+        await s.ensure_tables()
+        yield names
+        for name in names.values():
+            await s._service.delete_table(name)
+
+
+@pytest.fixture
+async def installed(azurite, tables) -> AsyncIterator[tuple[Any, dict[str, str]]]:  # type: ignore[no-untyped-def]
+    """The operations app's Runtime, its Table calls through the fault proxy."""
+    async with through_proxy(azurite, trickle_s=0.4) as (proxy, service):
+        store = OrderStateStore(service, **tables)
+        rt = Runtime(SETTINGS, store, MemoryBus(), SETTINGS.workflows())  # type: ignore[arg-type]
+        previous = runtime.install(rt)
+        try:
+            yield proxy, tables
+        finally:
+            await (await current()).close()
+            runtime.install(previous)
+
+
+async def test_a_request_runs_within_the_front_ends_time(installed, handlers, monkeypatch):
+    seen: list[float | None] = []
+    show = orders.show_order
+
+    async def noting(*args: Any, **kwargs: Any) -> Any:
+        seen.append(deadline.remaining())
+        return await show(*args, **kwargs)
+
+    monkeypatch.setattr(orders, "show_order", noting)
+    status, answer = await call(handlers, "show_order", route={"order_id": "o-none"})
+    assert (status, answer["error"]["code"]) == (404, "order_not_found")
+    bound = (deadlines.HTTP_TIMEOUT - deadlines.ANSWER_MARGIN).total_seconds()
+    [left] = seen
+    assert left is not None and 0 < left <= bound
+    assert deadline.remaining() is None, "the bound ends with the request"
+
+
+async def test_a_request_whose_storage_trickles_is_cut_and_says_so(
+    installed, handlers, monkeypatch
+):
+    proxy, tables = installed
+    short = deadlines.ANSWER_MARGIN + timedelta(seconds=2)
+    monkeypatch.setattr(deadlines, "HTTP_TIMEOUT", short)
+    proxy.arm("trickle", method="GET", path=tables["orders_table"])
+    status, answer = await call(handlers, "show_order", route={"order_id": "o-slow"})
+    assert (status, answer["error"]["code"]) == (500, "out_of_time")
+    assert "ran out of time: try again" in answer["error"]["message"]
+    assert proxy.faults == {"trickle": 1}, "the order's answer was trickling"
