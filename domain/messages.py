@@ -42,6 +42,14 @@ SchedulerCommand    ``cmd:<order_id>:<command>:<failure_count>:<attempt>`` - one
                     release follows a claim, which moves the attempt, or counts a failure);
                     reason, author and time are that decision's. A cancel or resubmit put on
                     the queue by hand is named alike: two at one point of the order are one.
+DueRows             ``due:<bucket>:<sha256 of the rows, each with the due time it was found at>``
+                    - one hand-out of index rows by a Supervisor tick. The tick hands a row out
+                    only on a write conditional on the row as found, which moves its due time:
+                    the same rows found at the same due times are the same hand-out (a send
+                    repeated after a lost answer), and a row that comes due again (its lease
+                    over, nobody moved it on) is found at a new due time, so its next hand-out
+                    is another message. Copies may differ in the rows' versions (ETags), lease
+                    and sender, which the hand-out's own write sets.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number, which one
                     conditional write assigns and no later one reuses (not even a resubmission).
 OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
@@ -446,6 +454,55 @@ class SchedulerCommand(MessageBase):
     requested_at: UtcDatetime = Field(default_factory=utc_now)
 
 
+MAX_DUE_ROWS: Final = 100
+"""Rows one DueRows message carries: at most one Table transaction of the bucket's marks."""
+MAX_BUCKET: Final = 255
+Generation = Annotated[StrictInt, AfterValidator(ids.validate_generation)]
+RowVersion = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class DueRow(BaseModel):
+    """One active-index row a Supervisor tick found due and handed out (:class:`DueRows`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: OrderId
+    generation: Generation
+    written_at: UtcDatetime
+    found_due: UtcDatetime
+    """The row's due time as the tick found it: with the row, it names this hand-out."""
+    due_since: UtcDatetime
+    """When the row first came due (before any hand-out moved its due time): how overdue it is."""
+    etag: RowVersion
+    """The row's version once the tick marked it handed out; the recovery moves it on that."""
+
+
+class DueRows(MessageBase):
+    """Supervisor -> scheduler-commands: rows of one index bucket found due, for whichever
+    instance takes the message to recover (:mod:`service.recovery`).
+
+    The tick marks the rows handed out until ``leased_until`` before it sends this; a row not
+    moved on by then comes due again and is handed out anew.
+    """
+
+    type: Literal["DueRows"] = "DueRows"
+    bucket: Annotated[StrictInt, Field(ge=0, le=MAX_BUCKET)]
+    hand_out: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    """The id the tick marked the rows with (``DispatchId``): a write id, not part of the
+    message's identity."""
+    rows: Annotated[tuple[DueRow, ...], Field(min_length=1, max_length=MAX_DUE_ROWS)]
+    leased_until: UtcDatetime
+    dispatched_at: UtcDatetime
+    requested_by: Actor
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DueRows:
+        keys = [(row.order_id, row.generation) for row in self.rows]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a row appears twice")
+        return self
+
+
 class StatusUpdate(MessageBase):
     """Scheduler -> the submitter's reply queue. ``sequence`` orders updates of one order.
 
@@ -490,6 +547,7 @@ MESSAGE_TYPES: Final[dict[str, type[MessageBase]]] = {
         AgentRequest,
         AgentResponse,
         SchedulerCommand,
+        DueRows,
         StatusUpdate,
         OperatorAlert,
     )
@@ -656,6 +714,16 @@ def parse_message(body: bytes | str, expected: type[T]) -> T:
     return _validate(raw, data, expected)
 
 
+def parse_one_of(body: bytes | str, *expected: type[MessageBase]) -> MessageBase:
+    """Decode one message of whichever of ``expected`` its ``type`` names, or raise
+    :class:`BadMessage` (reported against the first of ``expected`` if it names none)."""
+    raw = _as_bytes(body)
+    names = " or ".join(kind.MESSAGE_TYPE for kind in expected)
+    data = _decode_object(raw, names)
+    kinds = {kind.MESSAGE_TYPE: kind for kind in expected}
+    return _validate(raw, data, kinds.get(data.get("type"), expected[0]))  # type: ignore[arg-type]
+
+
 def _json_kind(value: Any) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(value), "number"
@@ -681,6 +749,12 @@ def _short_hash(*parts: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _rows_hash(rows: tuple[DueRow, ...]) -> str:
+    """The rows of a hand-out, each with the due time it was found at, whatever their order."""
+    found = sorted(f"{r.order_id}.{r.generation}@{r.found_due.isoformat()}" for r in rows)
+    return hashlib.sha256("\n".join(found).encode("utf-8")).hexdigest()[:40]
+
+
 def _event(alert: OperatorAlert) -> str:
     """What makes the event ``alert`` reports one (the rules in the module docstring)."""
     if alert.caused_by is not None:
@@ -701,6 +775,8 @@ def message_id_for(message: MessageBase) -> str:
         case SchedulerCommand():
             prefix = "cmd"
             rest = f"{message.order_id}:{message.command}:{message.failure_count}:{message.attempt}"
+        case DueRows():
+            prefix, rest = "due", f"{message.bucket}:{_rows_hash(message.rows)}"
         case StatusUpdate():
             prefix, rest = "st", f"{message.order_id}:{message.sequence}"
         case OperatorAlert():

@@ -1,4 +1,5 @@
-"""Scheduler commands: the retries the lifecycle schedules, and operators' cancels and resubmits.
+"""Scheduler commands: the retries the lifecycle schedules, operators' cancels and resubmits,
+and the rows due a Supervisor tick hands out to be recovered (:mod:`service.recovery`).
 
 A retry command names the attempt it was issued for; if the order has moved on since (it was
 claimed, finished, or failed again), the command is stale and changes nothing. Resubmit and
@@ -12,20 +13,26 @@ import logging
 
 from adapters.store.rows import OrderNotFound
 from domain.lifecycle import Refused, RetryDue
-from domain.messages import BadMessage, OperatorAlert, SchedulerCommand, parse_message
+from domain.messages import BadMessage, DueRows, OperatorAlert, SchedulerCommand, parse_one_of
 from service import apply, control
+from service.recovery import handle_due_rows
 from service.runtime import Runtime
 
 log = logging.getLogger("service.commands")
 
 
 async def handle_command(body: bytes | str, rt: Runtime, *, caused_by: str | None = None) -> None:
-    """``caused_by``: the command's :meth:`service.inbound.Delivery.cause`, for its alerts."""
+    """``caused_by``: the command's :meth:`service.inbound.Delivery.cause`, for its alerts. The
+    queue also carries the rows a Supervisor tick handed out (:mod:`service.recovery`)."""
     try:
-        command = parse_message(body, SchedulerCommand)
+        command = parse_one_of(body, SchedulerCommand, DueRows)
     except BadMessage as bad:
         await rt.alert(bad.to_alert(source=rt.actor("commands"), caused_by=caused_by))
         return
+    if isinstance(command, DueRows):
+        await handle_due_rows(rt, command, caused_by=caused_by)
+        return
+    assert isinstance(command, SchedulerCommand)
     if command.command == "retry":
         try:
             await apply.handle(rt, command.order_id, RetryDue(command), actor=rt.actor("scheduler"))

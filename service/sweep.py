@@ -42,8 +42,9 @@ from adapters.store.active_index import DEFAULT_GRACE
 from adapters.store.rows import ActiveRow, ConcurrencyConflict, CorruptOrderState
 from adapters.store.supervision import BucketLease, Sweep
 from domain.lifecycle import Swept, decide
+from domain.messages import OperatorAlert
 from domain.workflows import UnknownWorkflow
-from service import apply, deadlines, leases
+from service import apply, deadlines, hand_out, leases
 from service.runtime import Runtime
 from service.sweep_report import TickReport, record_tick
 
@@ -56,12 +57,17 @@ PAGE_SIZE = 500
 """Due rows taken per bucket and tick; the rest are first in line next tick."""
 CLAIM_ATTEMPTS = 3
 RECOVER_SPAN = "supervisor_recover"
+BACKLOG_REASON = "supervisor_backlog"
 _OUTCOMES = {"released": "retried", "compensation_started": "compensating", "error": "failed"}
 
 
-async def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
+async def run_tick(
+    rt: Runtime, *, budget_s: float | None = None, inline_rows: int = hand_out.INLINE_ROWS
+) -> TickReport:
     """One tick: rows are taken up for ``budget_s`` (default: the settings' budget), and every
-    Table call ends by the tick's claim (:func:`service.deadlines.tick`)."""
+    Table call ends by the tick's claim (:func:`service.deadlines.tick`). A tick that finds at
+    most ``inline_rows`` rows due recovers them itself; more, it hands them out to the fleet
+    (:mod:`service.hand_out`)."""
     started = time.monotonic()
     budget = rt.settings.supervisor_budget.total_seconds() if budget_s is None else budget_s
     deadline = started + budget
@@ -70,15 +76,22 @@ async def run_tick(rt: Runtime, *, budget_s: float | None = None) -> TickReport:
     with deadlines.tick(rt.settings, budget):
         plan = await _claim(rt)
         report.held = len(plan.hold)
-        sweeps: list[Sweep] = []
+        closing: list[_Closing] = []
         if plan.hold:
             limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
             found = await _gather(limit, lambda lease: _due(rt, lease), plan.hold)
-            sweeps = await _sweep(rt, limit, found, deadline, report)
-            await _close(rt, plan, sweeps, claimed_at + rt.settings.supervisor_lease)
-    report.swept = len(sweeps)
+            _found(found, report)
+            if sum(len(f.rows) for f in found) <= inline_rows:
+                closing = await _sweep(rt, limit, found, deadline, report)
+            else:
+                closing = await _hand_out(rt, limit, found, claimed_at, deadline, report)
+            await _close(rt, plan, closing, claimed_at + rt.settings.supervisor_lease)
+    report.swept = sum(c.sweep is not None for c in closing)
+    report.drain_rate = round(sum(c.lease.drain_rate for c in closing), 3)
     report.duration_s = round(time.monotonic() - started, 3)
     record_tick(report)
+    if report.left:
+        await _behind(rt, report)
     if report.due or report.swept < report.held:
         log.info("supervisor tick: %s", report)
     return report
@@ -108,9 +121,18 @@ async def _claim(rt: Runtime) -> leases.Plan:
     return leases.Plan(member=plan.member, hold=(), release=(), reap=())
 
 
-async def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: datetime) -> None:
+@dataclass(frozen=True)
+class _Closing:
+    """A held bucket at the end of the tick: its lease with what the tick measured, and its
+    sweep if every row due in it was handled or handed out."""
+
+    lease: BucketLease
+    sweep: Sweep | None
+
+
+async def _close(rt: Runtime, plan: leases.Plan, closing: list[_Closing], until: datetime) -> None:
     """Extend the leases of what was held to ``until`` (the next tick renews them), give up the
-    surplus, and record the buckets swept, in one write."""
+    surplus, and record the buckets swept and what the tick measured, in one write."""
     now = rt.clock()
     surplus = {b.bucket for b in plan.release}
 
@@ -119,12 +141,14 @@ async def _close(rt: Runtime, plan: leases.Plan, sweeps: list[Sweep], until: dat
             return dataclasses.replace(lease, holder="", until=now)
         return dataclasses.replace(lease, until=until)
 
-    swept = {s.lease.bucket for s in sweeps}
-    await rt.store.supervision.checkpoint(
-        [dataclasses.replace(s, lease=closed(s.lease)) for s in sweeps],
-        rt.instance_id,
-        others=[closed(b) for b in plan.hold if b.bucket not in swept],
-    )
+    measured = {c.lease.bucket: c for c in closing}
+    sweeps = [dataclasses.replace(c.sweep, lease=closed(c.lease)) for c in closing if c.sweep]
+    others = [
+        closed(measured[b.bucket].lease if b.bucket in measured else b)
+        for b in plan.hold
+        if b.bucket not in measured or measured[b.bucket].sweep is None
+    ]
+    await rt.store.supervision.checkpoint(sweeps, rt.instance_id, others=others)
 
 
 @dataclass(frozen=True)
@@ -132,52 +156,135 @@ class _Found:
     lease: BucketLease
     at: datetime
     rows: tuple[ActiveRow, ...]
+    limit: int
+
+    @property
+    def full(self) -> bool:
+        """As many rows as were asked for: more may be due than were read."""
+        return len(self.rows) >= self.limit
 
 
 async def _due(rt: Runtime, lease: BucketLease) -> _Found:
+    """The rows due in ``lease``'s bucket: a page, or what the bucket may hand out if more."""
     now = rt.clock()
-    return _Found(lease, now, await rt.store.index.due(lease.bucket, now, PAGE_SIZE))
+    limit = hand_out.read_limit(lease, PAGE_SIZE)
+    return _Found(lease, now, await rt.store.index.due(lease.bucket, now, limit), limit)
+
+
+def _found(found: list[_Found], report: TickReport) -> None:
+    report.queries += len(found)
+    report.due += sum(len(f.rows) for f in found)
+    report.lag_s = max((_lag(f) for f in found), default=0.0)
 
 
 async def _sweep(
     rt: Runtime, limit: asyncio.Semaphore, found: list[_Found], deadline: float, report: TickReport
-) -> list[Sweep]:
+) -> list[_Closing]:
     """Handle the rows found due, most overdue first across all held buckets, until the budget
     is spent; the buckets whose rows were all handled are swept."""
     rows = sorted(
-        ((f.at - row.due_at, n, row) for n, f in enumerate(found) for row in f.rows),
+        ((f.at - row.overdue_since, n, row) for n, f in enumerate(found) for row in f.rows),
         key=lambda item: item[0],
         reverse=True,
     )
-    report.queries += len(found)
-    report.due += len(rows)
-    if rows:
-        report.lag_s = rows[0][0].total_seconds()
     outcomes = await _gather(limit, lambda item: _handle(rt, item[2], deadline), rows)
-    left = [len(f.rows) for f in found]
+    handled = [0] * len(found)
     for (_, n, _row), outcome in zip(rows, outcomes, strict=True):
         if outcome is None:
             continue  # out of budget: the row is still due, its bucket first next tick
-        left[n] -= 1
-        report.handled += 1
-        if outcome:
-            setattr(report, outcome, getattr(report, outcome) + 1)
-    return [
-        Sweep(lease=f.lease, at=f.at, lag_s=_lag(f), due_found=len(f.rows))
-        for f, remaining in zip(found, left, strict=True)
-        if remaining == 0 and len(f.rows) < PAGE_SIZE  # a full page: more are due than read
+        handled[n] += 1
+        report.count(outcome)
+    period = rt.settings.supervisor_period.total_seconds()
+    closing = []
+    for f, done in zip(found, handled, strict=True):
+        paced = hand_out.pace(f.lease, f.at, f.rows)
+        left = len(f.rows) - done
+        report.left += left
+        report.returned += paced.returned
+        lease = _measured(f, paced, dispatched=0, left=left, rate=paced.rate + done / period)
+        closing.append(_Closing(lease, _swept(f, lease) if not left and not f.full else None))
+    return closing
+
+
+async def _hand_out(
+    rt: Runtime,
+    limit: asyncio.Semaphore,
+    found: list[_Found],
+    claimed_at: datetime,
+    deadline: float,
+    report: TickReport,
+) -> list[_Closing]:
+    """Hand the rows found due out to the fleet (:mod:`service.hand_out`): in each bucket at
+    most what the fleet's pace allows, most overdue first. A bucket whose rows were all handed
+    out is swept."""
+    paces = [hand_out.pace(f.lease, f.at, f.rows) for f in found]
+    chosen = [
+        (f.lease.bucket, sorted(f.rows, key=lambda r: (r.overdue_since, r.row_key))[: p.cap])
+        for f, p in zip(found, paces, strict=True)
     ]
+    plan = hand_out.chunks(chosen)
+    until = claimed_at + rt.settings.supervisor_claim
+    handed = await hand_out.hand_out(
+        rt, plan, until=until, at=claimed_at, deadline=deadline, limit=limit
+    )
+    marked: dict[int, int] = {}
+    untried: dict[int, int] = {}
+    for chunk, result in zip(plan, handed, strict=True):
+        if result is None or not result.sent:  # not tried, or marked and never sent
+            untried[chunk.bucket] = untried.get(chunk.bucket, 0) + len(chunk.rows)
+        if result is None:
+            continue
+        marked[chunk.bucket] = marked.get(chunk.bucket, 0) + result.marked
+        report.handed_out += result.marked if result.sent else 0
+        report.messages += result.sent
+    closing = []
+    for f, paced, (_, rows) in zip(found, paces, chosen, strict=True):
+        bucket = f.lease.bucket
+        left = len(f.rows) - len(rows) + untried.get(bucket, 0)
+        report.left += left
+        report.returned += paced.returned
+        dispatched = marked.get(bucket, 0)
+        lease = _measured(f, paced, dispatched=dispatched, left=left, rate=paced.rate)
+        if dispatched:
+            lease = dataclasses.replace(lease, dispatched_at=claimed_at)
+        closing.append(_Closing(lease, _swept(f, lease) if not left and not f.full else None))
+    return closing
+
+
+def _measured(
+    found: _Found, paced: hand_out.Pace, *, dispatched: int, left: int, rate: float
+) -> BucketLease:
+    """The bucket's lease with what this tick measured of it."""
+    return dataclasses.replace(
+        found.lease,
+        dispatched=dispatched,
+        dispatched_at=None,
+        returned=paced.returned,
+        drain_rate=round(rate, 3),
+        left=left,
+        due_found=len(found.rows),
+    )
+
+
+def _swept(found: _Found, lease: BucketLease) -> Sweep:
+    return Sweep(lease=lease, at=found.at, lag_s=_lag(found), due_found=len(found.rows))
 
 
 def _lag(found: _Found) -> float:
-    return max(((found.at - row.due_at).total_seconds() for row in found.rows), default=0.0)
+    return max(((found.at - row.overdue_since).total_seconds() for row in found.rows), default=0.0)
 
 
 async def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
-    """What became of ``row``: None if the budget was spent first, else the outcome counted in
-    the report ("" for none)."""
+    """What became of ``row``: None if the budget was spent first, else its outcome."""
     if time.monotonic() >= deadline:
         return None
+    return await recover(rt, row)
+
+
+async def recover(rt: Runtime, row: ActiveRow) -> str:
+    """Look at the order of ``row``, found due, and recover it if it is: the outcome counted in
+    a report ("" for none). The tick calls it for the rows it handles itself, and
+    :mod:`service.recovery` for those it handed out."""
     try:
         return await _inspect(row, rt)
     except ConcurrencyConflict:
@@ -185,11 +292,42 @@ async def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
     except CorruptOrderState as exc:
         log.error("order %s cannot be read: %s", row.order_id, exc)
         return "errors"
-    # One order whose messages cannot be sent now must not stop the tick for the others; its
-    # outbox is still on its record and its row is still due.
+    # One order whose messages cannot be sent now must not stop the others; its outbox is
+    # still on its record and its row is still due (or comes due when its hand-out's lease
+    # ends).
     except Exception:
         log.exception("order %s: recovery failed; the next tick tries again", row.order_id)
         return "errors"
+
+
+async def _behind(rt: Runtime, report: TickReport) -> None:
+    """Alert that the backlog does not drain within a period. The text is fixed, so the alerts
+    of the ticks of one stall are one alert per duplicate-detection window; the numbers are in
+    the log, the metrics and ``GET /api/supervisor``."""
+    period = rt.settings.supervisor_period.total_seconds()
+    log.warning(
+        "supervisor backlog: %d rows due, %d left for the next tick, %.1f rows/s moved on",
+        report.due,
+        report.left,
+        report.drain_rate,
+    )
+    alert = OperatorAlert(
+        order_id=None,
+        severity="warning",
+        reason=BACKLOG_REASON,
+        detail=(
+            f"The Supervisor found more orders due than it recovers within a period ({period:g} "
+            "s): they are recovered later than the recovery bound says. `orderctl supervisor` "
+            "or GET /api/supervisor shows the backlog, the rate it drains at and the time to "
+            "drain it. Stalls of many orders at once drain at the pace of the instances that "
+            "take scheduler-commands: raise the app's instance count, or find what stalled them."
+        ),
+        source=rt.actor("supervisor"),
+    )
+    try:
+        await rt.alert(alert)
+    except Exception:
+        log.exception("the backlog alert could not be sent; the next tick tries again")
 
 
 async def _inspect(row: ActiveRow, rt: Runtime) -> str:

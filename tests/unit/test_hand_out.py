@@ -1,0 +1,405 @@
+"""A tick hands the rows it finds due out to the fleet (``service.hand_out``), and any instance
+recovers them (``service.recovery``): on the in-memory store, with the Supervisor and the
+instances that recover as runtimes of their own (own instance id, own bus, own clock).
+
+The guarantees of the tick that handles rows itself hold here too: each order recovered once
+(also when a message is delivered twice, late, after its rows were handed out again, or after
+a crash between the tick's mark and its send, or mid-recovery), the most overdue first, nothing
+recovered early by an instance whose clock runs ahead within the tolerance, and what was not
+carried out comes due again when the hand-out's lease ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from adapters.settings import Settings
+from adapters.store.active_index import INDEX_BUCKETS
+from adapters.store.supervision import BucketLease
+from devstack.memory import MemoryStore
+from domain.messages import DueRows, SchedulerCommand, encode, message_id_for
+from service import hand_out
+from service.commands import handle_command
+from service.runtime import Runtime
+from service.sweep import BACKLOG_REASON, run_tick
+from service.sweep_report import TickReport
+from tests.unit.test_supervisor_tick import (  # noqa: F401 (metric_reader: a fixture)
+    PERIOD,
+    STEP_TIMEOUT,
+    T0,
+    Clock,
+    RecordingBus,
+    StoreSpy,
+    events,
+    metric_reader,
+    order_ids,
+    recorded,
+    scheduler,
+    settings,
+    submit,
+)
+
+pytestmark = pytest.mark.anyio
+
+CLAIM = settings().supervisor_claim
+
+
+class Instance:
+    """A runtime of its own on the shared store: ticks, or recovers what ticks hand out."""
+
+    def __init__(
+        self, store: MemoryStore, clock: Clock, name: str, *, config: Settings | None = None
+    ) -> None:
+        self.spy = StoreSpy(store)
+        self.bus = RecordingBus()
+        config = config or settings()
+        self.rt = Runtime(
+            settings=config,
+            store=self.spy,  # type: ignore[arg-type]
+            bus=self.bus,  # type: ignore[arg-type]
+            workflows=config.workflows(),
+            instance_id=name,
+            clock=clock,
+            rng=random.Random(0),
+        )
+        self.rt._status_bus = self.bus  # type: ignore[assignment]
+
+    async def tick(self, **kwargs) -> TickReport:  # type: ignore[no-untyped-def]
+        return await run_tick(self.rt, **kwargs)
+
+    def handed_out(self) -> list[DueRows]:
+        """The DueRows messages this instance sent (a failed send is not one)."""
+        return [s.message for s in self.bus.sent if isinstance(s.message, DueRows)]
+
+    def alerts(self) -> list[str]:
+        return [s.message.reason for s in self.bus.every if s.queue == "operator-alerts"]
+
+    async def recover(self, message: DueRows) -> None:
+        await handle_command(encode(message), self.rt)
+
+
+def released(*instances: Instance) -> Counter[str]:
+    return Counter(order_id for i in instances for order_id in i.bus.released())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(clock: Clock) -> MemoryStore:
+    return MemoryStore(clock)
+
+
+async def stalled(store: MemoryStore, clock: Clock, buckets: list[int]) -> list[str]:
+    """Orders in flight (one per entry of ``buckets``, in that bucket) past their deadline."""
+    ids = order_ids(buckets)
+    await submit(scheduler(store, clock), ids)
+    clock.advance(STEP_TIMEOUT + timedelta(seconds=1))
+    return ids
+
+
+# ------------------------------------------------------------------------------ the tick
+
+
+async def test_a_tick_with_more_than_a_handful_due_hands_them_out_and_reads_no_order(store, clock):
+    ids = await stalled(store, clock, [b % INDEX_BUCKETS for b in range(40)] + [3] * 40)
+    sup = Instance(store, clock, "sup-a")
+
+    report = await sup.tick()
+
+    messages = sup.handed_out()
+    assert (report.due, report.handed_out, report.handled, report.left) == (80, 80, 0, 0)
+    assert report.messages == len(messages) == 16 + 1  # bucket 3 holds 43 rows: two messages
+    assert sup.spy.finds == 0 and sup.bus.released() == []  # the tick recovered nothing itself
+    assert Counter(r.order_id for m in messages for r in m.rows) == Counter(ids)
+    for message in messages:
+        assert len(message.rows) <= hand_out.ROWS_PER_MESSAGE
+        assert message.leased_until == T0 + STEP_TIMEOUT + timedelta(seconds=1) + CLAIM
+        assert message.requested_by == "supervisor:sup-a"
+    assert all(s.queue == "scheduler-commands" for s in sup.bus.every)
+    for row in store.index.rows():
+        assert (row.dispatch_id, row.due_at) == (
+            next(m.hand_out for m in messages if row.order_id in {r.order_id for r in m.rows}),
+            messages[0].leased_until,
+        )
+    # Every bucket's rows were all handed out: each is checkpointed, with what it handed out.
+    roster = await store.supervision.read()
+    assert {b.bucket: b.dispatched for b in roster.buckets}[3] == 43
+    assert all(b.swept_at == clock.now and b.left == 0 for b in roster.buckets)
+
+
+async def test_the_most_overdue_message_goes_first(store, clock):
+    sched = scheduler(store, clock)
+    ids = order_ids([15, 9, 0] + [4] * 20)
+    for order_id in ids:
+        await submit(sched, [order_id])
+        clock.advance(timedelta(seconds=1))
+    clock.advance(STEP_TIMEOUT)
+    sup = Instance(store, clock, "sup-a")
+
+    await sup.tick()
+
+    first = [m.rows[0].order_id for m in sup.handed_out()][:4]
+    assert first == [*ids[:3], ids[3]]  # 15, 9, 0, then bucket 4's oldest
+
+
+async def test_a_tick_with_a_handful_due_recovers_them_itself(store, clock):
+    ids = await stalled(store, clock, [1, 2, 3])
+    sup = Instance(store, clock, "sup-a")
+
+    report = await sup.tick()
+
+    assert (report.handed_out, report.retried) == (0, 3)
+    assert sup.handed_out() == [] and sorted(sup.bus.released()) == sorted(ids)
+
+
+async def test_a_tick_with_nothing_due_hands_out_nothing(store, clock):
+    await submit(scheduler(store, clock), order_ids([0, 5]))
+    sup = Instance(store, clock, "sup-a")
+    report = await sup.tick(inline_rows=0)
+    assert (report.queries, report.due, report.handed_out, report.messages) == (16, 0, 0, 0)
+    assert sup.bus.every == []
+
+
+# -------------------------------------------------------------------------- the recovery
+
+
+async def test_any_instance_recovers_the_rows_handed_out_and_moves_them_on(store, clock):
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
+    await sup.tick()
+
+    for message in sup.handed_out():
+        await worker.recover(message)
+
+    assert released(worker) == Counter(ids)
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
+    for order in store.orders():
+        row = store.index.get(order.order_id, order.generation)
+        assert row is not None and row.dispatch_id == "" and row.due_at > clock.now
+    timeline = await store.get_timeline(ids[0])
+    assert timeline[-1].actor == "supervisor:app-2"  # whoever recovered it, as the Supervisor
+
+
+async def test_a_message_delivered_twice_recovers_each_order_once(store, clock):
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup, a, b = (Instance(store, clock, n) for n in ("sup-a", "app-1", "app-2"))
+    await sup.tick()
+    messages = sup.handed_out()
+
+    for message in messages:
+        await a.recover(message)
+        await b.recover(message)  # redelivered to another instance
+
+    assert released(a, b) == Counter(ids)
+    assert b.bus.released() == []
+
+
+async def test_a_crash_between_the_mark_and_the_send_hands_the_rows_out_again_a_period_later(
+    store, clock
+):
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
+    sup.bus.fail_after = 0  # the broker is gone: every send fails
+    began = clock.now
+
+    report = await sup.tick()
+
+    assert report.messages == 0 and report.left == len(ids)
+    marked = {row.order_id for row in store.index.rows() if row.dispatch_id}
+    assert marked  # the rows of the messages marked before the first send failed
+    assert all(row.due_at == began + CLAIM for row in store.index.rows() if row.dispatch_id)
+    sup.bus.fail_after = None
+    clock.advance(CLAIM - timedelta(seconds=1))
+
+    report = await sup.tick(inline_rows=0)  # the rows never marked are still due...
+
+    assert report.handed_out == len(ids) - len(marked)
+    assert {r.order_id for m in sup.handed_out() for r in m.rows}.isdisjoint(marked)
+    clock.advance(PERIOD - CLAIM + timedelta(seconds=1))
+
+    report = await sup.tick(inline_rows=0)  # ...the marked ones once their lease ended
+
+    assert report.handed_out == len(marked)
+    for message in sup.handed_out():
+        await worker.recover(message)
+    assert released(worker) == Counter(ids)
+
+
+async def test_rows_handed_out_again_after_their_lease_are_recovered_once(store, clock):
+    """An instance took the first message and stalled (paused past the lease); the rows are
+    handed out again in a new message; both messages are then delivered, the late one first."""
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup, paused, worker = (Instance(store, clock, n) for n in ("sup-a", "app-1", "app-2"))
+    await sup.tick()
+    first = sup.handed_out()
+    clock.advance(PERIOD)
+
+    report = await sup.tick()
+
+    again = sup.handed_out()[len(first) :]
+    assert report.returned == len(ids) and report.handed_out == len(ids)
+    assert {message_id_for(m) for m in first}.isdisjoint(message_id_for(m) for m in again)
+    for message in first:
+        await paused.recover(message)
+    for message in again:
+        await worker.recover(message)
+    assert released(paused, worker) == Counter(ids)
+    assert worker.bus.released() == []
+    assert not any(row.dispatch_id for row in store.index.rows())  # moved on, hand-outs ended
+
+
+async def test_an_instance_that_dies_mid_recovery_leaves_its_rows_to_come_due_again(store, clock):
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup, dying, worker = (Instance(store, clock, n) for n in ("sup-a", "app-1", "app-2"))
+    await sup.tick()
+    dying.bus.fail_after = 0  # each order's release is written, its retry command never sent
+
+    for message in sup.handed_out():
+        await dying.recover(message)
+
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
+    assert not [s for s in dying.bus.sent if isinstance(s.message, SchedulerCommand)]
+    assert all(row.dispatch_id for row in store.index.rows())  # nobody moved them on
+    seen = 0
+    for _ in range(20):  # handed out again at the lease's end; the retries sent once overdue
+        clock.advance(PERIOD)
+        await sup.tick(inline_rows=0)
+        for message in sup.handed_out()[seen:]:
+            await worker.recover(message)
+        seen = len(sup.handed_out())
+        if len(released(worker)) == len(ids):
+            break
+    assert released(worker) == Counter(ids)  # the owed commands, from the orders' outboxes
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
+
+
+async def test_an_instance_whose_clock_runs_ahead_within_the_tolerance_recovers_nothing_early(
+    store,
+):
+    """The instance that recovers decides on its own clock: one that runs ahead of the others
+    (within CLOCK_SKEW_TOLERANCE_SECONDS) and sees a deadline passed recovers the order only
+    once its clock is past it by the tolerance, so never before the deadline in real time."""
+    tolerant = dataclasses.replace(settings(), clock_skew=timedelta(seconds=10))
+    real, ahead = Clock(), Clock()
+    ids = order_ids(list(range(INDEX_BUCKETS)))
+    await submit(scheduler(store, real), ids)  # CompleteBy: T0 + 30 s
+    for order_id in ids:  # rows kept early (due now), as a write that moved them earlier would
+        await store.index.put(order_id, 1, "order", T0)
+    real.advance(timedelta(seconds=25))
+    ahead.now = real.now + timedelta(seconds=9)  # sees every deadline passed, by 4 s
+    sup = Instance(store, real, "sup-a", config=tolerant)
+    worker = Instance(store, ahead, "app-2", config=tolerant)
+
+    report = await sup.tick(inline_rows=0)
+
+    assert report.handed_out == len(ids)
+    for message in sup.handed_out():
+        await worker.recover(message)
+    assert worker.bus.released() == []
+    assert all(e == ["created"] for e in [await events(store, o) for o in ids])
+    deadline = T0 + STEP_TIMEOUT
+    for row in store.index.rows():  # moved up to when the order is due, with the tolerance
+        assert (row.due_at, row.dispatch_id) == (deadline + timedelta(seconds=10), "")
+
+    real.advance(timedelta(seconds=15))  # T0 + 40 s: late by the tolerance, on every clock
+    ahead.now = real.now + timedelta(seconds=9)
+    await sup.tick(inline_rows=0)
+    for message in sup.handed_out()[report.messages :]:
+        await worker.recover(message)
+    assert released(worker) == Counter(ids)
+
+
+async def test_rows_of_another_bucket_are_refused_with_an_alert_and_the_others_recovered(
+    store, clock
+):
+    ids = await stalled(store, clock, [2, 2, 7])
+    sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
+    await sup.tick(inline_rows=0)
+    [two, seven] = sorted(sup.handed_out(), key=lambda m: m.bucket)
+    misfiled = two.model_copy(update={"rows": (*two.rows, *seven.rows)})
+
+    await worker.recover(misfiled)
+
+    assert sorted(worker.bus.released()) == sorted(ids[:2])
+    [alert] = [s.message for s in worker.bus.every if s.queue == "operator-alerts"]
+    assert alert.reason == "bad_message" and ids[2] in alert.detail
+    assert "bucket 2" in alert.detail
+
+
+# ------------------------------------------------------------------------------- the pace
+
+
+def test_a_bucket_with_no_hand_out_before_may_hand_out_the_first_measure():
+    paced = hand_out.pace(BucketLease(bucket=1), T0, ())
+    assert (paced.returned, paced.moved_on, paced.rate, paced.cap) == (
+        0,
+        0,
+        0.0,
+        hand_out.FIRST_HAND_OUT,
+    )
+
+
+def test_a_bucket_that_kept_up_may_hand_out_twice_what_it_moved_on():
+    lease = BucketLease(bucket=1, dispatched=300, dispatched_at=T0)
+    paced = hand_out.pace(lease, T0 + timedelta(seconds=15), ())
+    assert (paced.moved_on, paced.rate, paced.cap) == (300, 20.0, 600)
+
+
+async def test_a_bucket_that_fell_behind_hands_out_what_it_moved_on(store, clock):
+    ids = order_ids([6] * 3)
+    await submit(scheduler(store, clock), ids)
+    rows = tuple(store.index.rows())
+    marked = await store.index.hand_out(rows[:2], clock.now, T0, "c" * 32)
+    lease = BucketLease(bucket=6, dispatched=400, dispatched_at=T0)
+    paced = hand_out.pace(lease, T0 + timedelta(seconds=10), (*marked, rows[2]))
+    assert (paced.returned, paced.moved_on, paced.rate, paced.cap) == (2, 398, 39.8, 398)
+
+
+async def test_a_bucket_hands_out_what_its_pace_allows_and_the_rest_waits_with_an_alert(
+    store, clock
+):
+    extra = 30
+    ids = await stalled(store, clock, [5] * (hand_out.FIRST_HAND_OUT + extra))
+    sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
+
+    report = await sup.tick()
+
+    assert (report.handed_out, report.left) == (hand_out.FIRST_HAND_OUT, extra)
+    assert sup.alerts() == [BACKLOG_REASON]
+    bucket = (await store.supervision.read()).buckets[5]
+    assert bucket.swept_at is None and bucket.left == extra  # first next tick
+    for message in sup.handed_out():
+        await worker.recover(message)
+    clock.advance(PERIOD)
+
+    report = await sup.tick()
+
+    assert (report.returned, report.handed_out, report.left) == (0, extra, 0)
+    rate = hand_out.FIRST_HAND_OUT / PERIOD.total_seconds()
+    assert report.drain_rate == pytest.approx(rate, abs=1e-3)
+    assert sup.alerts() == [BACKLOG_REASON]  # not again: it drains now
+    for message in sup.handed_out()[-1:]:
+        await worker.recover(message)
+    assert released(worker) == Counter(ids)
+    bucket = (await store.supervision.read()).buckets[5]
+    assert (bucket.dispatched, bucket.returned, bucket.left) == (extra, 0, 0)
+
+
+async def test_a_hand_out_records_its_metrics(store, clock, metric_reader):  # noqa: F811
+    await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    sup = Instance(store, clock, "sup-a")
+
+    report = await sup.tick()
+
+    found = recorded(metric_reader)
+    assert sum(p.value for p in found["supervisor.handed_out"]) == report.handed_out == 32
+    assert [p.value for p in found["supervisor.backlog"]] == [32]
+    assert sum(p.value for p in found.get("supervisor.recovered", [])) == 0
