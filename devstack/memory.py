@@ -114,6 +114,17 @@ class MemoryIndex:
         )
         return True
 
+    async def handed_out(self, bucket: int, row_keys: Sequence[str]) -> tuple[ActiveRow, ...]:
+        await _round_trip()
+        wanted = set(row_keys)
+        return tuple(
+            row
+            for row in self.rows()
+            if row.partition_key == bucket_partition(bucket)
+            and row.row_key in wanted
+            and row.dispatch_id
+        )
+
     async def hand_out(
         self, rows: Sequence[ActiveRow], until: datetime, at: datetime, dispatch_id: str
     ) -> tuple[ActiveRow, ...]:

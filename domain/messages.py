@@ -48,8 +48,8 @@ DueRows             ``due:<bucket>:<sha256 of the rows, each with the due time i
                     the same rows found at the same due times are the same hand-out (a send
                     repeated after a lost answer), and a row that comes due again (its lease
                     over, nobody moved it on) is found at a new due time, so its next hand-out
-                    is another message. Copies may differ in the rows' versions (ETags), lease
-                    and sender, which the hand-out's own write sets.
+                    is another message. Copies may differ in the lease, the sender and the
+                    write id, which the hand-out's own write sets.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number, which one
                     conditional write assigns and no later one reuses (not even a resubmission).
 OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
@@ -458,7 +458,6 @@ MAX_DUE_ROWS: Final = 100
 """Rows one DueRows message carries: at most one Table transaction of the bucket's marks."""
 MAX_BUCKET: Final = 255
 Generation = Annotated[StrictInt, AfterValidator(ids.validate_generation)]
-RowVersion = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class DueRow(BaseModel):
@@ -468,13 +467,8 @@ class DueRow(BaseModel):
 
     order_id: OrderId
     generation: Generation
-    written_at: UtcDatetime
     found_due: UtcDatetime
     """The row's due time as the tick found it: with the row, it names this hand-out."""
-    due_since: UtcDatetime
-    """When the row first came due (before any hand-out moved its due time): how overdue it is."""
-    etag: RowVersion
-    """The row's version once the tick marked it handed out; the recovery moves it on that."""
 
 
 class DueRows(MessageBase):
@@ -482,7 +476,8 @@ class DueRows(MessageBase):
     instance takes the message to recover (:mod:`service.recovery`).
 
     The tick marks the rows handed out until ``leased_until`` before it sends this; a row not
-    moved on by then comes due again and is handed out anew.
+    moved on by then comes due again and is handed out anew. The instance that takes it reads
+    the rows first and recovers those still handed out, by this hand-out or a later one.
     """
 
     type: Literal["DueRows"] = "DueRows"

@@ -51,7 +51,8 @@ ROWS_PER_MESSAGE: Final = 32
 """Rows per DueRows message: fewer messages (Service Bus Standard counts each, sends and
 receives alike) while a backlog of a few hundred rows still spreads over many instances."""
 FIRST_HAND_OUT: Final = 128
-"""Rows a bucket hands out per tick before the fleet's pace is measured, and at least after."""
+"""Rows a bucket hands out per tick before the fleet's pace is measured, and at least while
+the fleet keeps up (one that fell behind gets what it moved on, a message at least)."""
 GROWTH: Final = 2
 """While the fleet kept up, a bucket hands out this many times what it moved on."""
 
@@ -79,8 +80,9 @@ def pace(lease: BucketLease, at: datetime, rows: Sequence[ActiveRow]) -> Pace:
     moved_on = max(0, lease.dispatched - returned)
     seconds = (at - since).total_seconds()
     rate = moved_on / seconds if seconds > 0 else 0.0
-    cap = moved_on * (GROWTH if returned == 0 else 1)
-    return Pace(returned, moved_on, rate, max(FIRST_HAND_OUT, cap))
+    if returned:  # behind: what it moved on, and a message's worth to find out if it is back
+        return Pace(returned, moved_on, rate, max(ROWS_PER_MESSAGE, moved_on))
+    return Pace(returned, moved_on, rate, max(FIRST_HAND_OUT, GROWTH * moved_on))
 
 
 MAX_READ: Final = 4000
@@ -95,21 +97,28 @@ def read_limit(lease: BucketLease, page: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """The rows of one message: one bucket's, most overdue first."""
+    """The rows of one message: one bucket's, in key order (the instance that takes it reads
+    them back with one query over their range of keys)."""
 
     bucket: int
     rows: tuple[ActiveRow, ...]
 
     @property
     def overdue_since(self) -> datetime:
-        return self.rows[0].overdue_since
+        """When its most overdue row came due: messages go out most overdue first."""
+        return min(row.overdue_since for row in self.rows)
+
+
+def chosen(rows: Sequence[ActiveRow], cap: int) -> list[ActiveRow]:
+    """The ``cap`` most overdue of a bucket's ``rows``."""
+    return sorted(rows, key=lambda r: (r.overdue_since, r.row_key))[:cap]
 
 
 def chunks(due: Sequence[tuple[int, Sequence[ActiveRow]]]) -> list[Chunk]:
     """``due``'s rows (per bucket, those to hand out) in messages, most overdue message first."""
     out = []
     for bucket, rows in due:
-        ordered = sorted(rows, key=lambda r: (r.overdue_since, r.row_key))
+        ordered = sorted(rows, key=lambda r: r.row_key)
         for start in range(0, len(ordered), ROWS_PER_MESSAGE):
             out.append(Chunk(bucket, tuple(ordered[start : start + ROWS_PER_MESSAGE])))
     return sorted(out, key=lambda c: (c.overdue_since, c.bucket))
@@ -117,8 +126,9 @@ def chunks(due: Sequence[tuple[int, Sequence[ActiveRow]]]) -> list[Chunk]:
 
 @dataclass
 class Handed:
-    """What became of one chunk: rows marked and sent; None if it was not tried (the budget
-    ran out, or an earlier send failed)."""
+    """What became of one chunk: rows marked (those that changed since found are not: they
+    were moved on meanwhile) and sent; None if it was not tried (the tick's time ran out, or
+    an earlier mark or send failed)."""
 
     marked: int = 0
     sent: bool = False
@@ -135,15 +145,20 @@ async def hand_out(
 ) -> list[Handed | None]:
     """Mark each chunk's rows handed out until ``until``, then send its message, the most
     overdue first. Marks run ahead of the sends (``limit`` at once); a chunk not begun before
-    ``deadline`` (monotonic) is not handed out, and once a send fails none after it is (what
-    was marked and not sent comes due again at ``until``)."""
+    ``deadline`` (monotonic) is not handed out, and once a mark or a send fails none after it
+    is (what was marked and not sent comes due again at ``until``)."""
     broken = asyncio.Event()
 
     async def mark(chunk: Chunk) -> tuple[ActiveRow, ...] | None:
         async with limit:
             if time.monotonic() >= deadline or broken.is_set():
                 return None
-            return await rt.store.index.hand_out(chunk.rows, until, at, uuid.uuid4().hex)
+            try:
+                return await rt.store.index.hand_out(chunk.rows, until, at, uuid.uuid4().hex)
+            except Exception:  # the storage failing: what is not marked waits for the next tick
+                log.exception("marking %d rows of bucket %d failed", len(chunk.rows), chunk.bucket)
+                broken.set()
+                return None
 
     marking = [asyncio.ensure_future(mark(chunk)) for chunk in plan]
     results: list[Handed | None] = []
@@ -184,10 +199,7 @@ def message(
             DueRow(
                 order_id=row.order_id,
                 generation=row.generation,
-                written_at=row.written_at,
                 found_due=found[row.row_key].due_at,
-                due_since=row.overdue_since,
-                etag=row.etag,
             )
             for row in marked
         ),

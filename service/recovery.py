@@ -1,6 +1,14 @@
 """Recovering the rows a Supervisor tick handed out (:mod:`service.hand_out`), on whichever
 instance takes the message from the scheduler-commands queue.
 
+The instance first reads the message's rows (one query over their range of keys) and recovers
+those still handed out: by this hand-out, or by a later one (the lease ran out while this
+message waited, and a tick handed the row out again; this message, earlier in the queue,
+recovers it, and the later one then finds it moved on). A row moved on already (recovered, or
+an order write moved it since) costs nothing more. So a row handed out twice is read twice
+and recovered once, and a backlog longer than a lease costs a query per message, not a second
+recovery.
+
 Each row is recovered as the tick recovers the rows it handles itself
 (:func:`service.sweep.recover`): the order is read, the lifecycle decides on this instance's own
 clock and the tolerated skew (an order is recovered only once this clock is past its deadline
@@ -8,7 +16,7 @@ by the tolerance, as for the tick), the decision is written on condition of the 
 and its messages sent, and the row is moved on, which ends its hand-out. The rows of one
 message are recovered concurrently (``SUPERVISOR_CONCURRENCY``); one whose recovery fails is left
 handed out and comes due again when the hand-out's lease ends, and the message is completed
-(redelivering it would only recover the others again).
+(redelivering it would only read the others again).
 
 A message only the app could have sent reaches this (:mod:`service.inbound` checks its
 signature). Each row must belong to the message's bucket: its order id decides its partition,
@@ -22,7 +30,7 @@ import logging
 
 from adapters.store.active_index import bucket_partition, index_partition, index_row_key
 from adapters.store.rows import ActiveRow
-from domain.messages import DueRow, DueRows, OperatorAlert
+from domain.messages import DueRows, OperatorAlert
 from service.runtime import Runtime
 from service.sweep import recover
 from service.sweep_report import Outcomes, record_recoveries
@@ -31,42 +39,30 @@ log = logging.getLogger("service.recovery")
 
 
 async def handle_due_rows(rt: Runtime, message: DueRows, *, caused_by: str | None) -> Outcomes:
-    """Recover the orders of ``message``'s rows; what became of them."""
+    """Recover the orders of ``message``'s rows still handed out; what became of them."""
     outcomes = Outcomes()
     partition = bucket_partition(message.bucket)
-    rows = [row for row in message.rows if index_partition(row.order_id) == partition]
-    if len(rows) < len(message.rows):
+    keys = [
+        index_row_key(row.order_id, row.generation)
+        for row in message.rows
+        if index_partition(row.order_id) == partition
+    ]
+    if len(keys) < len(message.rows):
         await _misfiled(rt, message, partition, caused_by)
+    rows = await rt.store.index.handed_out(message.bucket, keys)
     limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
 
     async def one(row: ActiveRow) -> str:
         async with limit:
             return await recover(rt, row)
 
-    handed = [_row(message, row, partition) for row in rows]
-    for outcome in await asyncio.gather(*(one(row) for row in handed)):
+    for outcome in await asyncio.gather(*(one(row) for row in rows)):
         outcomes.count(outcome)
+    outcomes.moved_on = len(keys) - len(rows)
     record_recoveries(outcomes)
     if outcomes.errors or outcomes.conflicts:
         log.info("handed-out rows of bucket %d: %s", message.bucket, outcomes)
     return outcomes
-
-
-def _row(message: DueRows, row: DueRow, partition: str) -> ActiveRow:
-    """The index row as the tick left it when it handed it out."""
-    return ActiveRow(
-        order_id=row.order_id,
-        generation=row.generation,
-        workflow="",
-        written_at=row.written_at,
-        due_at=message.leased_until,
-        partition_key=partition,
-        row_key=index_row_key(row.order_id, row.generation),
-        etag=row.etag,
-        dispatch_id=message.hand_out,
-        dispatched_at=message.dispatched_at,
-        due_since=row.due_since,
-    )
 
 
 async def _misfiled(rt: Runtime, message: DueRows, partition: str, caused_by: str | None) -> None:
@@ -80,7 +76,7 @@ async def _misfiled(rt: Runtime, message: DueRows, partition: str, caused_by: st
                 f"rejected {len(wrong)} row(s) of a DueRows message for bucket "
                 f"{message.bucket}: the orders {', '.join(wrong[:5])} are not in that bucket "
                 "(their ids hash to another). The sender built it wrong; its other rows were "
-                "recovered, and these come due again when the hand-out's lease ends."
+                "recovered."
             ),
             source=rt.actor("supervisor"),
             caused_by=caused_by,

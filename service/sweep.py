@@ -84,7 +84,11 @@ async def run_tick(
             if sum(len(f.rows) for f in found) <= inline_rows:
                 closing = await _sweep(rt, limit, found, deadline, report)
             else:
-                closing = await _hand_out(rt, limit, found, claimed_at, deadline, report)
+                # Handing out is quick (a transaction and a send per message): it may go on
+                # past the budget, up to the tick's bound, so that a tick whose queries took
+                # the budget (a loaded host) still hands out what it found.
+                bound = started + deadlines.tick_seconds(rt.settings, budget)
+                closing = await _hand_out(rt, limit, found, claimed_at, bound, report)
             await _close(rt, plan, closing, claimed_at + rt.settings.supervisor_lease)
     report.swept = sum(c.sweep is not None for c in closing)
     report.drain_rate = round(sum(c.lease.drain_rate for c in closing), 3)
@@ -219,8 +223,7 @@ async def _hand_out(
     out is swept."""
     paces = [hand_out.pace(f.lease, f.at, f.rows) for f in found]
     chosen = [
-        (f.lease.bucket, sorted(f.rows, key=lambda r: (r.overdue_since, r.row_key))[: p.cap])
-        for f, p in zip(found, paces, strict=True)
+        (f.lease.bucket, hand_out.chosen(f.rows, p.cap)) for f, p in zip(found, paces, strict=True)
     ]
     plan = hand_out.chunks(chosen)
     until = claimed_at + rt.settings.supervisor_claim
@@ -230,10 +233,11 @@ async def _hand_out(
     marked: dict[int, int] = {}
     untried: dict[int, int] = {}
     for chunk, result in zip(plan, handed, strict=True):
-        if result is None or not result.sent:  # not tried, or marked and never sent
-            untried[chunk.bucket] = untried.get(chunk.bucket, 0) + len(chunk.rows)
         if result is None:
+            untried[chunk.bucket] = untried.get(chunk.bucket, 0) + len(chunk.rows)
             continue
+        if result.marked and not result.sent:  # due again when the lease ends
+            untried[chunk.bucket] = untried.get(chunk.bucket, 0) + result.marked
         marked[chunk.bucket] = marked.get(chunk.bucket, 0) + result.marked
         report.handed_out += result.marked if result.sent else 0
         report.messages += result.sent

@@ -25,6 +25,9 @@ class Outcomes:
     errors: int = 0
     parked: int = 0
     """Orders of a workflow version this deployment does not carry: alerted, left unchanged."""
+    moved_on: int = 0
+    """Handed-out rows found moved on already (recovered by an earlier message, or an order
+    write moved them): nothing to do."""
 
     @property
     def recovered(self) -> int:

@@ -166,20 +166,40 @@ class ActiveOrderIndex:
         except ResourceNotFoundError:
             return None
 
+    async def handed_out(self, bucket: int, row_keys: Sequence[str]) -> tuple[ActiveRow, ...]:
+        """Those of the rows ``row_keys`` of ``bucket`` that are still handed out (by whichever
+        hand-out): one query over their range of keys, in key order."""
+        if not row_keys:
+            return ()
+        wanted = set(row_keys)
+        query = self._table.query_entities(
+            "PartitionKey eq @pk and RowKey ge @first and RowKey le @last "
+            f"and {DISPATCH_ID} ne @none",
+            parameters={
+                "pk": bucket_partition(bucket),
+                "first": min(wanted),
+                "last": max(wanted),
+                "none": "",
+            },
+            results_per_page=MAX_PAGE,
+        )
+        return tuple([_active_row(e) async for e in query if e["RowKey"] in wanted])
+
     async def hand_out(
         self, rows: Sequence[ActiveRow], until: datetime, at: datetime, dispatch_id: str
     ) -> tuple[ActiveRow, ...]:
         """Mark ``rows`` (of one bucket, at most :data:`MAX_TRANSACTION`) handed out by
         ``dispatch_id`` at ``at``, due again at ``until``, each on condition that it is still
-        as found: one transaction. Returns the rows marked, with their new versions; a row that
-        changed since it was found (moved on, or handed out by another tick) is left out.
+        as found. Returns the rows marked, with their new versions; a row that changed since it
+        was found (moved on, or handed out by another tick) is left out.
 
-        A refused transaction (a row changed) is tried once more without the rows that changed
-        (read one by one); a transaction whose answer was lost is read back (ours if the rows
-        carry ``dispatch_id``)."""
+        One transaction. One refused (a row changed: recoveries move rows on while a tick
+        marks) is tried once more without the rows that changed (read one by one); refused
+        again, each row is marked on its own. A write whose answer was lost is read back: ours
+        if the row carries ``dispatch_id``."""
         if len({row.partition_key for row in rows}) > 1 or len(rows) > MAX_TRANSACTION:
             raise ValueError(f"hand out at most {MAX_TRANSACTION} rows of one bucket at once")
-        for attempt in range(2):
+        for _ in range(2):
             if not rows:
                 return ()
             operations = [_handed_out(row, until, at, dispatch_id) for row in rows]
@@ -194,22 +214,31 @@ class ActiveOrderIndex:
                 )
                 if not refused:
                     return tuple(r for r in current if r and r.dispatch_id == dispatch_id)
-                if attempt == 0:
-                    rows = [r for r, now in zip(rows, current, strict=True) if now == r]
-                    continue
-                return ()
+                rows = [r for r, now in zip(rows, current, strict=True) if now == r]
+                continue
             return tuple(
-                dataclasses.replace(
-                    row,
-                    due_at=utc(until),
-                    etag=str(result.get("etag")),
-                    dispatch_id=dispatch_id,
-                    dispatched_at=utc(at),
-                    due_since=row.overdue_since,
-                )
+                _marked(row, until, at, dispatch_id, str(result.get("etag")))
                 for row, result in zip(rows, results, strict=True)
             )
-        return ()
+        one_by_one = await asyncio.gather(
+            *(self._hand_out_one(row, until, at, dispatch_id) for row in rows)
+        )
+        return tuple(row for row in one_by_one if row is not None)
+
+    async def _hand_out_one(
+        self, row: ActiveRow, until: datetime, at: datetime, dispatch_id: str
+    ) -> ActiveRow | None:
+        _, marked, options = _handed_out(row, until, at, dispatch_id)
+        try:
+            answer = await self._table.update_entity(marked, **options)
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return None
+        except AzureError as exc:
+            if not may_have_applied(exc):
+                raise
+            stored = await self._read(row.partition_key, row.row_key)
+            return stored if stored is not None and stored.dispatch_id == dispatch_id else None
+        return _marked(row, until, at, dispatch_id, str(answer.get("etag")))
 
     async def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
         """Up to ``limit`` rows of one bucket due at or before ``now``, earliest first.
@@ -352,6 +381,19 @@ def _handed_out(row: ActiveRow, until: datetime, at: datetime, dispatch_id: str)
         "DueSince": utc(row.overdue_since),
     }
     return ("update", marked, {"mode": UpdateMode.MERGE, **if_unchanged(row.etag)})
+
+
+def _marked(
+    row: ActiveRow, until: datetime, at: datetime, dispatch_id: str, etag: str
+) -> ActiveRow:
+    return dataclasses.replace(
+        row,
+        due_at=utc(until),
+        etag=etag,
+        dispatch_id=dispatch_id,
+        dispatched_at=utc(at),
+        due_since=row.overdue_since,
+    )
 
 
 def _when(entity: Entity, name: str) -> datetime | None:

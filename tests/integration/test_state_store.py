@@ -779,6 +779,23 @@ async def test_a_recovery_ends_the_hand_out_also_after_the_row_was_handed_out_ag
     ]
 
 
+async def test_the_rows_of_a_hand_out_still_handed_out_are_read_back_in_one_query(backend):
+    store = backend.store
+    bucket, ids = one_bucket(4)
+    for order_id in ids:
+        await store.index.put(order_id, 1, "order", T0)
+    found = sorted(await store.index.due(bucket, T0, 10), key=lambda r: r.row_key)
+    marked = await store.index.hand_out(found[:3], T0 + LEASE, T0, HAND_OUT)
+    await store.index.postpone(marked[1], T0 + timedelta(minutes=5))  # recovered already
+    keys = [row.row_key for row in found]  # the fourth was never handed out
+
+    still = await store.index.handed_out(bucket, keys)
+
+    assert [r.row_key for r in still] == [marked[0].row_key, marked[2].row_key]
+    assert [r.etag for r in still] == [marked[0].etag, marked[2].etag]
+    assert await store.index.handed_out(bucket, []) == ()
+
+
 async def test_a_recovery_leaves_a_handed_out_row_a_writer_moved_since(backend):
     store = backend.store
     bucket, [order_id] = one_bucket(1)
@@ -901,6 +918,32 @@ async def test_a_hand_out_whose_answer_was_lost_is_read_back(table_store, clock,
     again = await table_store.index.due(bucket, later, 10)
     assert await table_store.index.hand_out(again, later + LEASE, later, AGAIN) == ()
     assert {r.dispatch_id for r in await table_store.index.due(bucket, later, 10)} == {HAND_OUT}
+
+
+async def test_a_hand_out_refused_twice_marks_each_row_on_its_own(table_store, monkeypatch):
+    """Recoveries move rows on while a tick marks: a transaction refused again and again (one
+    of its rows changed each time) ends with each row marked on its own."""
+    bucket, ids = one_bucket(3)
+    for order_id in ids:
+        await table_store.index.put(order_id, 1, "order", T0)
+    found = await table_store.index.due(bucket, T0, 10)
+    await table_store.index.put(ids[0], 1, "order", T0 + timedelta(seconds=1))  # moved on
+
+    async def refused(operations, **kwargs):
+        raise transaction_error(412, "UpdateConditionNotSatisfied")
+
+    monkeypatch.setattr(table_store._active, "submit_transaction", refused)
+    marked = await table_store.index.hand_out(found, T0 + LEASE, T0, HAND_OUT)
+
+    assert sorted(r.order_id for r in marked) == sorted(ids[1:])
+    monkeypatch.undo()
+    stored = {r.order_id: r for r in await table_store.index.due(bucket, T0 + LEASE, 10)}
+    assert {o: stored[o].dispatch_id for o in ids} == {
+        ids[0]: "",
+        ids[1]: HAND_OUT,
+        ids[2]: HAND_OUT,
+    }
+    assert all(stored[r.order_id] == r for r in marked)
 
 
 async def test_an_sdk_retry_of_a_committed_save_is_not_a_conflict(table_store, clock, monkeypatch):

@@ -83,9 +83,10 @@ async def test_rows_handed_out_through_the_broker_are_recovered_once_by_another_
             await on_command(to_function_message(message), worker)
         recovered = COUNTS.snapshot()
 
-        # Per order: its point read, its transaction, its index row moved on, its retry.
+        # Per message, one query reading its rows back; per order: its point read, its
+        # transaction, its index row moved on, its retry.
         assert recovered == {
-            "table.get": ORDERS,
+            "table.get": report.messages + ORDERS,
             "table.post": ORDERS,
             "table.patch": ORDERS,
             "servicebus.send": ORDERS,
@@ -97,12 +98,11 @@ async def test_rows_handed_out_through_the_broker_are_recovered_once_by_another_
         rows = [r async for r in supervisor.store.all_active() if r.order_id in ids]
         assert len(rows) == ORDERS and not any(r.dispatch_id for r in rows)
 
-        # The same messages again (a redelivery): nothing is recovered twice.
+        # The same messages again (a redelivery): each reads its rows, finds them moved on.
         COUNTS.reset()
         for message in messages:
             await on_command(to_function_message(message), worker)
-        again = COUNTS.snapshot()
-        assert "servicebus.send" not in again and again.get("table.post", 0) == 0
+        assert COUNTS.snapshot() == {"table.get": report.messages}
     finally:
         await worker.close()
         await supervisor.close()

@@ -17,6 +17,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from azure.core.exceptions import ServiceResponseError
 
 from adapters.settings import Settings
 from adapters.store.active_index import INDEX_BUCKETS
@@ -146,8 +147,9 @@ async def test_the_most_overdue_message_goes_first(store, clock):
 
     await sup.tick()
 
-    first = [m.rows[0].order_id for m in sup.handed_out()][:4]
-    assert first == [*ids[:3], ids[3]]  # 15, 9, 0, then bucket 4's oldest
+    messages = sup.handed_out()
+    assert [m.bucket for m in messages] == [15, 9, 0, 4]  # each ranked by its most overdue row
+    assert [len(m.rows) for m in messages] == [1, 1, 1, 20]
 
 
 async def test_a_tick_with_a_handful_due_recovers_them_itself(store, clock):
@@ -166,6 +168,36 @@ async def test_a_tick_with_nothing_due_hands_out_nothing(store, clock):
     report = await sup.tick(inline_rows=0)
     assert (report.queries, report.due, report.handed_out, report.messages) == (16, 0, 0, 0)
     assert sup.bus.every == []
+
+
+async def test_a_tick_whose_marks_fail_hands_out_what_it_marked_and_leaves_the_rest(store, clock):
+    ids = await stalled(store, clock, [b % INDEX_BUCKETS for b in range(40)])
+    sup = Instance(
+        store, clock, "sup-a", config=dataclasses.replace(settings(), supervisor_concurrency=1)
+    )
+    real = store.index.hand_out
+    calls = 0
+
+    async def failing_later(rows, until, at, dispatch_id):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise ServiceResponseError("the storage stopped answering")
+        return await real(rows, until, at, dispatch_id)
+
+    sup.spy.index.hand_out = failing_later  # type: ignore[method-assign]
+    report = await sup.tick()  # one mark at a time: two marked, then the storage fails
+    sent = {r.order_id for m in sup.handed_out() for r in m.rows}
+
+    assert report.messages == len(sup.handed_out()) == 2
+    assert report.handed_out == len(sent) and report.left == len(ids) - len(sent)
+    del sup.spy.index.hand_out
+    worker = Instance(store, clock, "app-2")
+    for message in sup.handed_out():
+        await worker.recover(message)
+    clock.advance(PERIOD)
+    report = await sup.tick()
+    assert report.handed_out == len(ids) - len(sent)  # the rest
 
 
 # -------------------------------------------------------------------------- the recovery
@@ -233,11 +265,15 @@ async def test_a_crash_between_the_mark_and_the_send_hands_the_rows_out_again_a_
     assert released(worker) == Counter(ids)
 
 
-async def test_rows_handed_out_again_after_their_lease_are_recovered_once(store, clock):
-    """An instance took the first message and stalled (paused past the lease); the rows are
-    handed out again in a new message; both messages are then delivered, the late one first."""
+async def test_a_message_taken_after_its_lease_recovers_its_rows_and_the_next_hand_out_none(
+    store, clock
+):
+    """A message that waited past its lease (a backlog, an instance paused with it): its rows
+    came due again and a tick handed them out anew, in new messages behind it. It still
+    recovers them (it is first in the queue); the new messages then read them moved on, and
+    recover nothing: no order is read twice."""
     ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
-    sup, paused, worker = (Instance(store, clock, n) for n in ("sup-a", "app-1", "app-2"))
+    sup, late, worker = (Instance(store, clock, n) for n in ("sup-a", "app-1", "app-2"))
     await sup.tick()
     first = sup.handed_out()
     clock.advance(PERIOD)
@@ -248,12 +284,44 @@ async def test_rows_handed_out_again_after_their_lease_are_recovered_once(store,
     assert report.returned == len(ids) and report.handed_out == len(ids)
     assert {message_id_for(m) for m in first}.isdisjoint(message_id_for(m) for m in again)
     for message in first:
-        await paused.recover(message)
+        await late.recover(message)
+    assert released(late) == Counter(ids)
     for message in again:
         await worker.recover(message)
-    assert released(paused, worker) == Counter(ids)
-    assert worker.bus.released() == []
-    assert not any(row.dispatch_id for row in store.index.rows())  # moved on, hand-outs ended
+    assert worker.spy.finds == 0 and worker.bus.every == []
+    assert not any(row.dispatch_id for row in store.index.rows())
+
+
+@pytest.mark.parametrize("earlier_first", [True, False])
+async def test_both_hand_outs_of_a_row_are_carried_out_and_recover_it_once(
+    store, clock, earlier_first
+):
+    """An instance whose clock runs behind (within the tolerance) still takes the first
+    message after the rows were handed out again: whichever comes first recovers each order,
+    the other changes nothing, and every row is moved on."""
+    tolerant = dataclasses.replace(settings(), clock_skew=timedelta(seconds=10))
+    ids = await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
+    clock.advance(timedelta(seconds=10))  # past the deadlines by the tolerance too
+    behind = Clock()
+    sup = Instance(store, clock, "sup-a", config=tolerant)
+    await sup.tick()
+    first = sup.handed_out()
+    clock.advance(PERIOD)
+    await sup.tick()
+    again = sup.handed_out()[len(first) :]
+    behind.now = clock.now - timedelta(seconds=9)
+    slow = Instance(store, behind, "app-1", config=tolerant)
+    worker = Instance(store, clock, "app-2", config=tolerant)
+
+    order = [(slow, first), (worker, again)]
+    for instance, messages in order if earlier_first else reversed(order):
+        for message in messages:
+            await instance.recover(message)
+
+    assert released(slow, worker) == Counter(ids)
+    assert all(e.count("released") == 1 for e in [await events(store, o) for o in ids])
+    assert not any(row.dispatch_id for row in store.index.rows())
+    assert all(row.due_at > clock.now for row in store.index.rows())
 
 
 async def test_an_instance_that_dies_mid_recovery_leaves_its_rows_to_come_due_again(store, clock):
