@@ -21,11 +21,13 @@ from azure.core.exceptions import ServiceResponseError
 
 from adapters.settings import Settings
 from adapters.store.active_index import INDEX_BUCKETS
-from adapters.store.supervision import BucketLease
+from adapters.store.supervision import BucketLease, Drain, drain
 from devstack.memory import MemoryStore
 from domain.messages import DueRows, SchedulerCommand, encode, message_id_for
 from service import hand_out
 from service.commands import handle_command
+from service.operations.context import OperatorContext
+from service.operations.supervisor import supervisor as supervisor_view
 from service.runtime import Runtime
 from service.sweep import BACKLOG_REASON, run_tick
 from service.sweep_report import TickReport
@@ -471,3 +473,48 @@ async def test_a_hand_out_records_its_metrics(store, clock, metric_reader):  # n
     assert sum(p.value for p in found["supervisor.handed_out"]) == report.handed_out == 32
     assert [p.value for p in found["supervisor.backlog"]] == [32]
     assert sum(p.value for p in found.get("supervisor.recovered", [])) == 0
+
+
+# ------------------------------------------------------------------------ what operators see
+
+
+async def test_operators_see_the_backlog_what_drains_it_and_whether_it_drains_in_a_period(
+    store, clock
+):
+    extra = 30
+    await stalled(store, clock, [5] * (hand_out.FIRST_HAND_OUT + extra) + [9] * 40)
+    sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
+    ctx = OperatorContext(sup.rt)
+
+    await sup.tick()
+    view = await supervisor_view(ctx)
+
+    assert (view.backlog, view.left, view.drain_rate) == (
+        hand_out.FIRST_HAND_OUT + extra + 40,
+        extra,
+        0.0,
+    )
+    assert view.time_to_drain_s is None and not view.drains_within_period
+    by_bucket = {b.bucket: b for b in view.buckets}
+    assert (by_bucket[5].dispatched, by_bucket[5].left) == (hand_out.FIRST_HAND_OUT, extra)
+    assert (by_bucket[9].dispatched, by_bucket[9].left) == (40, 0)
+
+    for message in sup.handed_out():
+        await worker.recover(message)
+    clock.advance(PERIOD)
+    await sup.tick()
+    view = await supervisor_view(ctx)
+
+    period = PERIOD.total_seconds()
+    assert (view.backlog, view.left) == (extra, 0)
+    assert view.drain_rate == pytest.approx((hand_out.FIRST_HAND_OUT + 40) / period, abs=0.01)
+    assert view.time_to_drain_s == pytest.approx(extra / view.drain_rate, abs=0.01)
+    assert view.drains_within_period
+
+
+def test_the_backlog_drains_within_a_period_only_if_nothing_was_left_and_the_rate_suffices():
+    assert drain([], 15.0) == Drain(0, 0, 0.0, 0.0, True)
+    assert drain([(30, 0, 3.0)], 15.0) == Drain(30, 0, 3.0, 10.0, True)
+    assert drain([(30, 0, 1.0), (0, 0, 0.5)], 15.0) == Drain(30, 0, 1.5, 20.0, False)
+    assert drain([(30, 5, 30.0)], 15.0).within_period is False  # rows left for later
+    assert drain([(30, 0, 0.0)], 15.0) == Drain(30, 0, 0.0, None, True)  # not measured yet
