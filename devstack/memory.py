@@ -114,6 +114,13 @@ class MemoryIndex:
         )
         return True
 
+    async def move_on(self, moves: Sequence[tuple[ActiveRow, datetime]]) -> int:
+        await _round_trip()
+        moved = 0
+        for row, due in moves:  # the Table store's transaction, or row by row once refused
+            moved += await self.postpone(row, due)
+        return moved
+
     async def handed_out(self, bucket: int, row_keys: Sequence[str]) -> tuple[ActiveRow, ...]:
         await _round_trip()
         wanted = set(row_keys)

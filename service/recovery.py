@@ -10,11 +10,12 @@ and recovered once, and a backlog longer than a lease costs a query per message,
 recovery.
 
 Each row is recovered as the tick recovers the rows it handles itself
-(:func:`service.sweep.recover`): the order is read, the lifecycle decides on this instance's own
+(:func:`service.sweep.look`): the order is read, the lifecycle decides on this instance's own
 clock and the tolerated skew (an order is recovered only once this clock is past its deadline
 by the tolerance, as for the tick), the decision is written on condition of the order's ETag
-and its messages sent, and the row is moved on, which ends its hand-out. The rows of one
-message are recovered concurrently (``SUPERVISOR_CONCURRENCY``); one whose recovery fails is left
+and its messages sent. The rows of one message are recovered concurrently
+(``SUPERVISOR_CONCURRENCY``), then moved on together, which ends their hand-out: one transaction
+(:meth:`adapters.store.active_index.ActiveOrderIndex.move_on`). One whose recovery fails is left
 handed out and comes due again when the hand-out's lease ends, and the message is completed
 (redelivering it would only read the others again).
 
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 
 from adapters.store.active_index import bucket_partition, index_partition, index_row_key
 from adapters.store.rows import ActiveRow
 from domain.messages import DueRows, OperatorAlert
 from service.runtime import Runtime
-from service.sweep import recover
+from service.sweep import look
 from service.sweep_report import Outcomes, record_recoveries
 
 log = logging.getLogger("service.recovery")
@@ -52,13 +54,16 @@ async def handle_due_rows(rt: Runtime, message: DueRows, *, caused_by: str | Non
     rows = await rt.store.index.handed_out(message.bucket, keys)
     limit = asyncio.Semaphore(rt.settings.supervisor_concurrency)
 
-    async def one(row: ActiveRow) -> str:
+    async def one(row: ActiveRow) -> tuple[str, datetime | None]:
         async with limit:
-            return await recover(rt, row)
+            return await look(rt, row)
 
-    for outcome in await asyncio.gather(*(one(row) for row in rows)):
+    looked = await asyncio.gather(*(one(row) for row in rows))
+    for outcome, _ in looked:
         outcomes.count(outcome)
     outcomes.moved_on = len(keys) - len(rows)
+    moves = [(row, move_to) for row, (_, move_to) in zip(rows, looked, strict=True) if move_to]
+    await rt.store.index.move_on(moves)
     record_recoveries(outcomes)
     if outcomes.errors or outcomes.conflicts:
         log.info("handed-out rows of bucket %d: %s", message.bucket, outcomes)

@@ -286,22 +286,35 @@ async def _handle(rt: Runtime, row: ActiveRow, deadline: float) -> str | None:
 
 
 async def recover(rt: Runtime, row: ActiveRow) -> str:
-    """Look at the order of ``row``, found due, and recover it if it is: the outcome counted in
-    a report ("" for none). The tick calls it for the rows it handles itself, and
-    :mod:`service.recovery` for those it handed out."""
+    """Look at the order of ``row``, found due, recover it if it is, and move the row on: the
+    outcome counted in a report ("" for none). The tick calls it for the rows it handles
+    itself."""
+    outcome, move_to = await look(rt, row)
+    if move_to is not None:
+        try:
+            await rt.store.index.postpone(row, move_to)
+        except Exception:
+            log.exception("order %s: its index row could not be moved on", row.order_id)
+    return outcome
+
+
+async def look(rt: Runtime, row: ActiveRow) -> tuple[str, datetime | None]:
+    """:func:`recover` but for moving the row on: the outcome, and when the row is due next
+    (None: leave it, it is gone or its order could not be looked at). :mod:`service.recovery`
+    moves the rows of a message on together."""
     try:
         return await _inspect(row, rt)
     except ConcurrencyConflict:
-        return "conflicts"  # the order moved on while we looked: nothing to recover
+        return "conflicts", None  # the order moved on while we looked: nothing to recover
     except CorruptOrderState as exc:
         log.error("order %s cannot be read: %s", row.order_id, exc)
-        return "errors"
+        return "errors", None
     # One order whose messages cannot be sent now must not stop the others; its outbox is
     # still on its record and its row is still due (or comes due when its hand-out's lease
     # ends).
     except Exception:
         log.exception("order %s: recovery failed; the next tick tries again", row.order_id)
-        return "errors"
+        return "errors", None
 
 
 async def _behind(rt: Runtime, report: TickReport) -> None:
@@ -334,34 +347,31 @@ async def _behind(rt: Runtime, report: TickReport) -> None:
         log.exception("the backlog alert could not be sent; the next tick tries again")
 
 
-async def _inspect(row: ActiveRow, rt: Runtime) -> str:
+async def _inspect(row: ActiveRow, rt: Runtime) -> tuple[str, datetime | None]:
     order = await rt.store.find(row.order_id)
     if order is None or order.generation != row.generation:
         if await rt.store.reap_active(row, order):
-            return "reaped"
+            return "reaped", None
         # Young garbage, or a create on its way: look again before that order could be due,
         # and reap it once it is old enough.
         recheck = apply.earliest_due(rt, rt.clock())
-        await rt.store.index.postpone(row, min(recheck, row.written_at + DEFAULT_GRACE))
-        return ""
+        return "", min(recheck, row.written_at + DEFAULT_GRACE)
     try:
         ctx = apply.context(rt, order.workflow, rt.actor("supervisor"))
     except UnknownWorkflow as missing:
         await apply.park(rt, order, missing, rt.actor("supervisor"))
-        await rt.store.index.postpone(row, rt.clock() + apply.PARKED_RECHECK)
-        return "parked"
+        return "parked", rt.clock() + apply.PARKED_RECHECK
     swept = Swept()
     decision = decide(order, swept, ctx)
     acts = decision.order is not None or bool(decision.send)
     with apply.in_order_trace(RECOVER_SPAN if acts else None, order, ctx.actor):
         after = await apply.carry_out(rt, order, decision, swept)
-    if not decision.finished:
-        # The row was due, the order may not be (the row is kept early): move the row up. If
-        # the write above moved it already, the row's ETag changed and this does nothing.
-        await rt.store.index.postpone(row, apply.due(rt, after))
+    # The row was due, the order may not be (the row is kept early): move the row up. If the
+    # write above moved it already, the row's ETag changed and the move does nothing.
+    move_to = None if decision.finished else apply.due(rt, after)
     if decision.entry is not None:
-        return _OUTCOMES.get(decision.entry.event, "")
-    return "flushed" if decision.finished and decision.order is None else ""
+        return _OUTCOMES.get(decision.entry.event, ""), move_to
+    return ("flushed" if decision.finished and decision.order is None else ""), move_to
 
 
 async def _gather(

@@ -141,6 +141,37 @@ class ActiveOrderIndex:
             return False
         return await self._move(stored, due) is True
 
+    async def move_on(self, moves: Sequence[tuple[ActiveRow, datetime]]) -> int:
+        """:meth:`postpone` each row to its due time, the rows of one bucket (at most
+        :data:`MAX_TRANSACTION`) in one transaction; how many were moved. A transaction refused
+        (a row changed since it was read) or whose answer was lost is done row by row, each as
+        :meth:`postpone` does it."""
+        if not moves:
+            return 0
+        if len({row.partition_key for row, _ in moves}) > 1 or len(moves) > MAX_TRANSACTION:
+            raise ValueError(f"move at most {MAX_TRANSACTION} rows of one bucket at once")
+        operations = [
+            (
+                "update",
+                {
+                    "PartitionKey": row.partition_key,
+                    "RowKey": row.row_key,
+                    "DueAt": utc(due),
+                    DISPATCH_ID: "",
+                },
+                {"mode": UpdateMode.MERGE, **if_unchanged(row.etag)},
+            )
+            for row, due in moves
+        ]
+        try:
+            await self._table.submit_transaction(operations)  # type: ignore[arg-type]
+        except AzureError as exc:
+            if not isinstance(exc, TableTransactionError) and not may_have_applied(exc):
+                raise
+            moved = await asyncio.gather(*(self.postpone(row, due) for row, due in moves))
+            return sum(moved)
+        return len(moves)
+
     async def _move(self, row: ActiveRow, due: datetime) -> bool | None:
         """None if ``row`` changed since it was read."""
         moved = {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)}

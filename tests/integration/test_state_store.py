@@ -796,6 +796,30 @@ async def test_the_rows_of_a_hand_out_still_handed_out_are_read_back_in_one_quer
     assert await store.index.handed_out(bucket, []) == ()
 
 
+async def test_the_rows_of_a_message_are_moved_on_together(backend):
+    store = backend.store
+    bucket, ids = one_bucket(3)
+    for order_id in ids:
+        await store.index.put(order_id, 1, "order", T0)
+    marked = sorted(
+        await store.index.hand_out(await store.index.due(bucket, T0, 10), T0 + LEASE, T0, HAND_OUT),
+        key=lambda r: r.order_id,
+    )
+    await store.index.put(marked[0].order_id, 1, "order", T0 + timedelta(seconds=3))  # a writer
+    later = T0 + timedelta(minutes=5)
+
+    moved = await store.index.move_on([(row, later) for row in marked])
+
+    assert moved == 2  # the transaction refused, then row by row: the writer's row kept
+    stored = {r.order_id: r for r in await store.index.due(bucket, later, 10)}
+    assert {o: (r.due_at, r.dispatch_id) for o, r in stored.items()} == {
+        marked[0].order_id: (T0 + timedelta(seconds=3), ""),
+        marked[1].order_id: (later, ""),
+        marked[2].order_id: (later, ""),
+    }
+    assert await store.index.move_on([]) == 0
+
+
 async def test_a_recovery_leaves_a_handed_out_row_a_writer_moved_since(backend):
     store = backend.store
     bucket, [order_id] = one_bucket(1)
