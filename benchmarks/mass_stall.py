@@ -46,7 +46,9 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,6 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=16, help="orders written at once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per drain")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample each host with py-spy over the drain; report where its CPU went",
+    )
     args = parser.parse_args(argv)
     if args.orders < 1 or args.rounds < 1 or 60 % args.period:
         parser.error("--orders and --rounds must be positive; --period must divide 60")
@@ -198,8 +205,12 @@ async def measure(
     await asyncio.sleep(max(0.0, (actionable - utc_now()).total_seconds() - 0.5))
     ops_before, cpu_before = operations(stack.workdir), cpu(stack, pids)
     log_mark = len(_read(stack.workdir / "host-0.log"))
+    profiles = (
+        [Profile.start(n, pid, stack.workdir) for n, pid in pids.items()] if args.profile else []
+    )
     waited = await wait_moved_on(rt, set(created), actionable, args.timeout)
     cpu_after = cpu(stack, pids)
+    profiled = {p.name: p.stop() for p in profiles}
     await asyncio.sleep(SETTLE_S)
     ops_after = operations(stack.workdir)
     released = await released_at(rt, created, args.workers)
@@ -230,6 +241,7 @@ async def measure(
         "cpu_s": used,
         "host_cpu_ms_per_recovery": round(1000 * host_cpu / max(1, len(released)), 3),
         "ticks": ticks_logged(_read(stack.workdir / "host-0.log")[log_mark:]),
+        **({"profile": profiled} if profiled else {}),
     }
 
 
@@ -302,6 +314,80 @@ async def released_at(
 
 
 # ------------------------------------------------------------------------------ readings
+
+
+class Profile:
+    """``py-spy record`` on one host over the drain (``--profile``): its samples, by the
+    function they were in and by where that function comes from."""
+
+    def __init__(self, name: str, proc: Any, path: Path) -> None:
+        self.name, self._proc, self._path = name, proc, path
+
+    @classmethod
+    def start(cls, name: str, pid: int, workdir: Path) -> Profile:
+        path = workdir / f"{name}.pyspy.txt"
+        argv = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid)]
+        argv += ["--format", "raw", "--rate", "200", "--nonblocking", "--output", str(path)]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return cls(name, proc, path)
+
+    def stop(self) -> dict[str, Any]:
+        self._proc.send_signal(signal.SIGINT)
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        return profile_summary(_read(self._path))
+
+
+_AREAS = (
+    ("adapters/tables", "our Table client"),
+    ("azure/servicebus", "Service Bus SDK"),
+    ("uamqp", "Service Bus SDK"),
+    ("devstack/host", "local host (dev only)"),
+    ("pydantic", "pydantic"),
+    ("opentelemetry", "telemetry"),
+    ("aiohttp", "aiohttp"),
+    ("azure/core", "azure-core"),
+    ("domain/", "domain"),
+    ("service/", "service"),
+    ("adapters/", "adapters"),
+    ("asyncio", "asyncio"),
+    ("json", "json"),
+    ("ssl", "ssl"),
+)
+
+
+def profile_summary(raw: str) -> dict[str, Any]:
+    """From py-spy's collapsed stacks: the share of samples by area (the innermost frame of
+    ours or a library's that each sample was in) and the functions most samples were in."""
+    leaves: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        n = int(count)
+        total += n
+        leaves[frames[-1]] += n
+        areas[_area(frames)] += n
+    if not total:
+        return {"samples": 0}
+    return {
+        "samples": total,
+        "by_area": {a: round(n / total, 3) for a, n in areas.most_common()},
+        "top_functions": {f: round(n / total, 3) for f, n in leaves.most_common(15)},
+    }
+
+
+def _area(frames: Sequence[str]) -> str:
+    for frame in reversed(frames):
+        for marker, area in _AREAS:
+            if marker in frame:
+                return area
+    return "other"
 
 
 def host_pids(stack: LocalStack, extra: Sequence[Any]) -> dict[str, int]:

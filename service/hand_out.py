@@ -47,12 +47,16 @@ log = logging.getLogger("service.hand_out")
 INLINE_ROWS: Final = 16
 """A tick that finds at most this many rows due handles them itself: handing out costs a
 message and a transaction for little gain."""
-ROWS_PER_MESSAGE: Final = 32
-"""Rows per DueRows message: fewer messages (Service Bus Standard counts each, sends and
-receives alike) while a backlog of a few hundred rows still spreads over many instances."""
-FIRST_HAND_OUT: Final = 128
+ROWS_PER_MESSAGE: Final = 8
+"""Rows per DueRows message. Fewer messages would cost fewer Service Bus operations (each counts,
+sends and receives alike), but a message's rows are moved on together when all are recovered,
+and a tick measures the fleet's pace by what was moved on within a lease: measured on the local
+stack (benchmarks.mass_stall, quick settings), 32 rows a message left most hand-outs unfinished
+at the next tick, which handed them out again; 8 drained 1,000 orders in half the time."""
+FIRST_HAND_OUT: Final = 32
 """Rows a bucket hands out per tick before the fleet's pace is measured, and at least while
-the fleet keeps up (one that fell behind gets what it moved on, a message at least)."""
+the fleet keeps up (one that fell behind gets what it moved on, a message at least): 512 rows
+a tick at first, doubling each period the fleet keeps up."""
 GROWTH: Final = 2
 """While the fleet kept up, a bucket hands out this many times what it moved on."""
 
