@@ -428,7 +428,16 @@ _TICK = re.compile(r"supervisor tick: TickReport\((.*)\)")
 
 def ticks_logged(log: str) -> list[dict[str, float]]:
     """The Supervisor ticks host 0 logged (those that found rows due): what each handed out."""
-    wanted = ("due", "handed_out", "messages", "returned", "left", "handled", "duration_s")
+    wanted = (
+        "due",
+        "handed_out",
+        "messages",
+        "returned",
+        "left",
+        "handled",
+        "hand_out_s",
+        "duration_s",
+    )
     ticks = []
     for match in _TICK.finditer(log):
         fields = dict(re.findall(r"(\w+)=([\d.]+)", match.group(1)))
@@ -479,6 +488,15 @@ def summarize(runs: Sequence[Mapping[str, Any]], counts: Sequence[int]) -> dict[
                 name: round(statistics.median(r["cpu_s"].get(name, 0.0) for r in mine), 2)
                 for name in sorted({n for r in mine for n in r["cpu_s"]})
             },
+            "tick_s_per_message": round(
+                statistics.median(
+                    t["hand_out_s"] / t["messages"]
+                    for r in mine
+                    for t in r["ticks"]
+                    if t["messages"]
+                ),
+                4,
+            ),
             "bound_s": mine[0]["bound"]["detection_s"],
             "period_s": mine[0]["bound"]["period_s"],
         }

@@ -14,11 +14,14 @@ It is a model, not a measurement. What it assumes:
   CPU includes what only the local stack spends in them (the local host's own trigger code);
   Azure's network calls cost the same CPU in the SDK or more (TLS), so this is no lower bound.
 - **The tick hands out at the pace the fleet keeps** (:mod:`service.hand_out`): each of the 16
-  buckets starts at ``FIRST_HAND_OUT`` rows per period and doubles while the fleet moved on all
+  buckets starts at ``first_hand_out`` rows per period and doubles while the fleet moved on all
   it was given, else hands out what was moved on. The first tick comes half a period after the
-  stall on average.
+  stall on average. No hand-out comes back unmoved: at the production period a message's lease
+  is 13 s, and a message of 32 rows is recovered in a small part of it.
 - **Every limit is a rate**: per recovery, the Table requests and Service Bus operations the
-  local run counted at the SDK, against the account's 20,000 requests a second, the index
+  code makes (the integration tests pin them: the order's read and transaction and its retry
+  command; per message of ``rows_per_message`` rows, a mark, a query and a move on, a send, a
+  receive and a completion), against the account's 20,000 requests a second, the index
   bucket's 2,000 entities a second (each recovery writes its row twice: the hand-out and the
   move on; the tick reads it once), and a Standard namespace's 1,000 credits a second (a send or
   a receive: one credit per message; settlements counted too, as docs/capacity.md does for the
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from adapters.store.active_index import INDEX_BUCKETS
-from service.hand_out import FIRST_HAND_OUT, MAX_READ, ROWS_PER_MESSAGE
+from service.hand_out import MAX_READ, first_hand_out, rows_per_message
 
 TABLE_ACCOUNT_PER_S: Final = 20_000
 """Requests a second per storage account (Scalability targets for Table storage)."""
@@ -62,24 +65,51 @@ INDEX_READS_PER_RECOVERY: Final = 1
 CPU: Final = "instances' CPU"
 
 
+ORDER_TABLE_REQUESTS: Final = 2
+"""Per recovery: the order's point read and its transaction
+(tests/integration/test_supervisor_hand_out.py pins them)."""
+RETRY_SENDS: Final = 1
+"""Per recovery: the retry command it schedules."""
+MESSAGE_TABLE_REQUESTS: Final = 3
+"""Per DueRows message: the tick's mark, the instance's query and its move on."""
+MESSAGE_CREDITS: Final = 3
+"""Per DueRows message: its send, its receive and its completion (settlements counted)."""
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """What one recovery costs, as the local stack measured it."""
+    """What one recovery costs: its CPU as the local stack measured it; its requests as the
+    code makes them (pinned by tests), at the message size of the modelled period."""
 
     host_cpu_ms: float
-    """Host CPU per recovery (all hosts, over the drain, divided by the orders)."""
-    table_requests: float
-    servicebus_credits: float
-    """Sends and receives, and settlements (the worse case of docs/capacity.md)."""
+    """Host CPU per recovery (the hosts over the drain, divided by the orders)."""
+    rows_per_message: int
     measured_per_host_per_s: float
+    measured_table_requests: float
+    measured_servicebus_credits: float
+    """What the local run counted per recovery (its messages were smaller, at its period, and
+    some rows were handed out twice): for comparison."""
+    tick_s_per_message: float
+    """The tick's time per message it handed out (its mark and its send: the sends go one after
+    another), as host 0 logged it."""
     source: str
 
     @property
     def per_instance_per_s(self) -> float:
         return UTILISATION * 1000.0 / self.host_cpu_ms
 
+    @property
+    def table_requests(self) -> float:
+        return ORDER_TABLE_REQUESTS + MESSAGE_TABLE_REQUESTS / self.rows_per_message
 
-def calibrate(summary: Mapping[str, Any]) -> Calibration | None:
+    @property
+    def servicebus_credits(self) -> float:
+        return RETRY_SENDS + MESSAGE_CREDITS / self.rows_per_message
+
+
+def calibrate(
+    summary: Mapping[str, Any], period_s: float = PRODUCTION_PERIOD_S
+) -> Calibration | None:
     """From a mass_stall summary: the run with one host, which spends no CPU on idle peers;
     None if no run recovered every order."""
     counts = sorted(int(k) for k in summary if k.isdigit() and summary[k].get("runs"))
@@ -87,17 +117,14 @@ def calibrate(summary: Mapping[str, Any]) -> Calibration | None:
         return None
     one = summary[str(counts[0])]
     ops = one["operations_per_recovery"]
-    table = sum(v for k, v in ops.items() if k.startswith("table."))
-    credits = sum(
-        v
-        for k, v in ops.items()
-        if k in ("servicebus.send", "servicebus.receive", "servicebus.complete")
-    )
+    credits = ("servicebus.send", "servicebus.receive", "servicebus.complete")
     return Calibration(
         host_cpu_ms=one["host_cpu_ms_per_recovery"],
-        table_requests=round(table, 3),
-        servicebus_credits=round(credits, 3),
+        rows_per_message=rows_per_message(period_s),
         measured_per_host_per_s=one["recoveries_per_s_per_host"],
+        measured_table_requests=round(sum(v for k, v in ops.items() if k.startswith("table.")), 3),
+        measured_servicebus_credits=round(sum(v for k, v in ops.items() if k in credits), 3),
+        tick_s_per_message=one["tick_s_per_message"],
         source=f"benchmarks.mass_stall, {counts[0]} host(s), median of {one['runs']} runs",
     )
 
@@ -108,27 +135,33 @@ class Limit:
     per_s: float
 
 
-def limits(calibration: Calibration, instances: int) -> list[Limit]:
-    """Each limit as recoveries a second, lowest first."""
+def limits(
+    calibration: Calibration, instances: int, period_s: float, *, standard: bool = True
+) -> list[Limit]:
+    """Each limit as recoveries a second, lowest first. ``standard``: a Standard namespace
+    (else Premium, whose messaging units have no credit limit and no published rate)."""
     per_bucket = TABLE_PARTITION_ENTITIES_PER_S / (
         INDEX_WRITES_PER_RECOVERY + INDEX_READS_PER_RECOVERY
     )
+    claim_s = 0.875 * period_s  # adapters.settings: supervisor_claim
+    tick = claim_s / calibration.tick_s_per_message * calibration.rows_per_message / period_s
     found = [
         Limit(CPU, instances * calibration.per_instance_per_s),
         Limit("Table account", TABLE_ACCOUNT_PER_S / calibration.table_requests),
         Limit("Table partition (index buckets)", INDEX_BUCKETS * per_bucket),
-        Limit(
-            "Service Bus Standard credits",
-            SB_STANDARD_CREDITS_PER_S / calibration.servicebus_credits,
-        ),
+        Limit("the tick's hand-out (one instance)", tick),
     ]
+    if standard:
+        credits = SB_STANDARD_CREDITS_PER_S / calibration.servicebus_credits
+        found.append(Limit("Service Bus Standard credits", credits))
     return sorted(found, key=lambda limit: limit.per_s)
 
 
 def drain_s(due: int, rate: float, period_s: float) -> float:
     """Seconds from the stall until the last of ``due`` rows is recovered, at ``rate`` a second
     once handed out, the hand-out pacing itself as :mod:`service.hand_out` does."""
-    per_bucket_cap = FIRST_HAND_OUT
+    first = first_hand_out(period_s)
+    per_bucket_cap = first
     left, queued, elapsed = due, 0.0, period_s / 2
     while left > 0 or queued > 0:
         cap = min(INDEX_BUCKETS * per_bucket_cap, INDEX_BUCKETS * MAX_READ)
@@ -142,11 +175,11 @@ def drain_s(due: int, rate: float, period_s: float) -> float:
                 return elapsed
             elapsed += period_s - queued / rate
             moved_on, queued = queued, 0.0
-            per_bucket_cap = max(FIRST_HAND_OUT, math.ceil(2 * moved_on / INDEX_BUCKETS))
+            per_bucket_cap = max(first, math.ceil(2 * moved_on / INDEX_BUCKETS))
         else:
             queued -= capacity
             elapsed += period_s
-            per_bucket_cap = max(FIRST_HAND_OUT, math.ceil(capacity / INDEX_BUCKETS))
+            per_bucket_cap = max(first, math.ceil(capacity / INDEX_BUCKETS))
     return elapsed
 
 
@@ -159,29 +192,38 @@ def report(
 ) -> dict[str, Any]:
     if calibration is None:
         return {"calibration": None, "note": "no run recovered every order: nothing to go on"}
-    rows = []
-    for instances in fleets:
-        found = limits(calibration, instances)
-        rate = found[0].per_s
-        rows.append(
-            {
-                "instances": instances,
-                "recoveries_per_s": round(rate, 1),
-                "binds": found[0].name,
-                "drain_s": {str(n): round(drain_s(n, rate, period_s), 1) for n in orders},
-            }
-        )
+
+    def rows(standard: bool) -> list[dict[str, Any]]:
+        found = []
+        for instances in fleets:
+            lowest = limits(calibration, instances, period_s, standard=standard)[0]
+            found.append(
+                {
+                    "instances": instances,
+                    "recoveries_per_s": round(lowest.per_s, 1),
+                    "binds": lowest.name,
+                    "drain_s": {
+                        str(n): round(drain_s(n, lowest.per_s, period_s), 1) for n in orders
+                    },
+                }
+            )
+        return found
+
     return {
         "calibration": asdict(calibration)
-        | {"per_instance_per_s": round(calibration.per_instance_per_s, 1)},
+        | {
+            "per_instance_per_s": round(calibration.per_instance_per_s, 1),
+            "table_requests": round(calibration.table_requests, 3),
+            "servicebus_credits": round(calibration.servicebus_credits, 3),
+        },
         "period_s": period_s,
         "limits_per_s": {
             limit.name: round(limit.per_s, 1)
-            for limit in limits(calibration, 1)
+            for limit in limits(calibration, 1, period_s)
             if limit.name != CPU
         },
-        "rows_per_message": ROWS_PER_MESSAGE,
-        "fleets": rows,
+        "standard": rows(standard=True),
+        "premium": rows(standard=False),
     }
 
 
@@ -195,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--orders", default="1000,10000,100000")
     parser.add_argument("--period", type=float, default=PRODUCTION_PERIOD_S)
     args = parser.parse_args(argv)
-    calibration = calibrate(json.loads(args.calibration.read_text())["summary"])
+    calibration = calibrate(json.loads(args.calibration.read_text())["summary"], args.period)
     orders = [int(n) for n in args.orders.split(",")]
     print(json.dumps(report(calibration, orders=orders, period_s=args.period), indent=2))
     return 0

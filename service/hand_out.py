@@ -4,7 +4,7 @@ finds, marks and sends.
 The timer runs on one instance at a time, so a tick that recovered every order itself would
 recover at one instance's pace whatever the size of the fleet. Instead, past a handful of rows
 (:data:`INLINE_ROWS`, handled in the tick as before), the tick hands the rows out: for each
-bucket, most overdue first, in messages of up to :data:`ROWS_PER_MESSAGE` rows
+bucket, most overdue first, in messages of a few rows (:func:`rows_per_message`)
 (:class:`domain.messages.DueRows`) on the scheduler-commands queue, which every instance
 consumes (:mod:`service.recovery` recovers them, each order as the tick would, on its own clock).
 
@@ -22,8 +22,9 @@ order's ETag: a row handed out twice is recovered once.
 The lease ends before the next tick, so that tick sees what the fleet did not move on: the rows
 of the previous hand-out found due again (*returned*). From them each bucket measures the
 fleet's pace (:func:`pace`) and hands out at most what the fleet moved on in the last period,
-twice that while it kept up: the queue holds about a period of work, rows wait in the index
-(where ``GET /api/supervisor`` counts them), and a message rarely waits past its lease.
+twice that while it kept up (at first :func:`first_hand_out`): the queue holds about a period
+of work, rows wait in the index (where ``GET /api/supervisor`` counts them), and a message
+rarely waits past its lease.
 """
 
 from __future__ import annotations
@@ -47,16 +48,29 @@ log = logging.getLogger("service.hand_out")
 INLINE_ROWS: Final = 16
 """A tick that finds at most this many rows due handles them itself: handing out costs a
 message and a transaction for little gain."""
-ROWS_PER_MESSAGE: Final = 8
-"""Rows per DueRows message. Fewer messages would cost fewer Service Bus operations (each counts,
-sends and receives alike), but a message's rows are moved on together when all are recovered,
-and a tick measures the fleet's pace by what was moved on within a lease: measured on the local
-stack (benchmarks.mass_stall, quick settings), 32 rows a message left most hand-outs unfinished
-at the next tick, which handed them out again; 8 drained 1,000 orders in half the time."""
-FIRST_HAND_OUT: Final = 32
-"""Rows a bucket hands out per tick before the fleet's pace is measured, and at least while
-the fleet keeps up (one that fell behind gets what it moved on, a message at least): 512 rows
-a tick at first, doubling each period the fleet keeps up."""
+
+
+def rows_per_message(period_s: float) -> int:
+    """Rows per DueRows message: four per second of the period, 8 to 32. Fewer messages cost
+    fewer Service Bus operations (each counts, sends and receives alike); but a message's rows
+    are moved on together once all are recovered, and a tick measures the fleet's pace by what
+    was moved on within a lease (under a period). Measured on the local stack
+    (benchmarks.mass_stall, a 2 s period): with 32 rows a message most hand-outs were unfinished
+    at the next tick, which handed them out again; with 8, 1,000 orders drained in half the
+    time. At the default 15 s period a message of 32 rows takes a small part of its lease."""
+    return min(32, max(8, round(4 * period_s)))
+
+
+FIRST_RATE: Final = 16.0
+"""Rows a second a bucket hands out before the fleet's pace is measured (and at least while
+the fleet keeps up; one that fell behind gets what it moved on, a message at least): 512 rows
+a tick at a 2 s period, 3,840 at 15 s, doubling each period the fleet keeps up."""
+
+
+def first_hand_out(period_s: float) -> int:
+    return round(FIRST_RATE * period_s)
+
+
 GROWTH: Final = 2
 """While the fleet kept up, a bucket hands out this many times what it moved on."""
 
@@ -75,18 +89,19 @@ class Pace:
     """Rows the bucket may hand out this tick."""
 
 
-def pace(lease: BucketLease, at: datetime, rows: Sequence[ActiveRow]) -> Pace:
+def pace(lease: BucketLease, at: datetime, rows: Sequence[ActiveRow], period_s: float) -> Pace:
     """The fleet's pace on the bucket of ``lease`` as its rows due at ``at`` show it."""
     since = lease.dispatched_at
     returned = sum(1 for r in rows if since is not None and r.dispatched_at == since)
+    first = first_hand_out(period_s)
     if not lease.dispatched or since is None:
-        return Pace(returned, 0, 0.0, FIRST_HAND_OUT)
+        return Pace(returned, 0, 0.0, first)
     moved_on = max(0, lease.dispatched - returned)
     seconds = (at - since).total_seconds()
     rate = moved_on / seconds if seconds > 0 else 0.0
     if returned:  # behind: what it moved on, and a message's worth to find out if it is back
-        return Pace(returned, moved_on, rate, max(ROWS_PER_MESSAGE, moved_on))
-    return Pace(returned, moved_on, rate, max(FIRST_HAND_OUT, GROWTH * moved_on))
+        return Pace(returned, moved_on, rate, max(rows_per_message(period_s), moved_on))
+    return Pace(returned, moved_on, rate, max(first, GROWTH * moved_on))
 
 
 MAX_READ: Final = 4000
@@ -118,13 +133,14 @@ def chosen(rows: Sequence[ActiveRow], cap: int) -> list[ActiveRow]:
     return sorted(rows, key=lambda r: (r.overdue_since, r.row_key))[:cap]
 
 
-def chunks(due: Sequence[tuple[int, Sequence[ActiveRow]]]) -> list[Chunk]:
-    """``due``'s rows (per bucket, those to hand out) in messages, most overdue message first."""
+def chunks(due: Sequence[tuple[int, Sequence[ActiveRow]]], per_message: int) -> list[Chunk]:
+    """``due``'s rows (per bucket, those to hand out) in messages of ``per_message`` rows, most
+    overdue message first."""
     out = []
     for bucket, rows in due:
         ordered = sorted(rows, key=lambda r: r.row_key)
-        for start in range(0, len(ordered), ROWS_PER_MESSAGE):
-            out.append(Chunk(bucket, tuple(ordered[start : start + ROWS_PER_MESSAGE])))
+        for start in range(0, len(ordered), per_message):
+            out.append(Chunk(bucket, tuple(ordered[start : start + per_message])))
     return sorted(out, key=lambda c: (c.overdue_since, c.bucket))
 
 

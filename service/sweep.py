@@ -201,7 +201,7 @@ async def _sweep(
     period = rt.settings.supervisor_period.total_seconds()
     closing = []
     for f, done in zip(found, handled, strict=True):
-        paced = hand_out.pace(f.lease, f.at, f.rows)
+        paced = hand_out.pace(f.lease, f.at, f.rows, period)
         left = len(f.rows) - done
         report.left += left
         report.returned += paced.returned
@@ -221,15 +221,18 @@ async def _hand_out(
     """Hand the rows found due out to the fleet (:mod:`service.hand_out`): in each bucket at
     most what the fleet's pace allows, most overdue first. A bucket whose rows were all handed
     out is swept."""
-    paces = [hand_out.pace(f.lease, f.at, f.rows) for f in found]
+    period = rt.settings.supervisor_period.total_seconds()
+    paces = [hand_out.pace(f.lease, f.at, f.rows, period) for f in found]
     chosen = [
         (f.lease.bucket, hand_out.chosen(f.rows, p.cap)) for f, p in zip(found, paces, strict=True)
     ]
-    plan = hand_out.chunks(chosen)
+    plan = hand_out.chunks(chosen, hand_out.rows_per_message(period))
     until = claimed_at + rt.settings.supervisor_claim
+    began = time.monotonic()
     handed = await hand_out.hand_out(
         rt, plan, until=until, at=claimed_at, deadline=deadline, limit=limit
     )
+    report.hand_out_s = round(time.monotonic() - began, 3)
     marked: dict[int, int] = {}
     untried: dict[int, int] = {}
     for chunk, result in zip(plan, handed, strict=True):

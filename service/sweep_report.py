@@ -61,6 +61,8 @@ class TickReport(Outcomes):
     """Rows per second the fleet moved on, over the buckets held (service.hand_out.pace)."""
     lag_s: float = 0.0
     """How long the most overdue row had been due when the tick found it."""
+    hand_out_s: float = 0.0
+    """Of ``duration_s``, the time it took to mark and send what it handed out."""
     duration_s: float = 0.0
 
     @property

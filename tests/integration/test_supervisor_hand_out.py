@@ -66,7 +66,10 @@ async def test_rows_handed_out_through_the_broker_are_recovered_once_by_another_
         tick = COUNTS.snapshot()
 
         assert (report.handed_out, report.handled, report.left) == (ORDERS, 0, 0)
-        assert math.ceil(ORDERS / hand_out.ROWS_PER_MESSAGE) <= report.messages <= INDEX_BUCKETS
+        per_message = hand_out.rows_per_message(
+            supervisor.settings.supervisor_period.total_seconds()
+        )
+        assert math.ceil(ORDERS / per_message) <= report.messages <= INDEX_BUCKETS
         # The roster read and 16 due-queries, the claim and the checkpoint as with nothing due;
         # then one transaction marking each message's rows and the message itself.
         assert tick == {

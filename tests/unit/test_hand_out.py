@@ -51,6 +51,10 @@ from tests.unit.test_supervisor_tick import (  # noqa: F401 (metric_reader: a fi
 pytestmark = pytest.mark.anyio
 
 CLAIM = settings().supervisor_claim
+PERIOD_S = PERIOD.total_seconds()
+FIRST = hand_out.first_hand_out(PERIOD_S)
+"""What a bucket may hand out at first."""
+PER_MESSAGE = hand_out.rows_per_message(PERIOD_S)
 
 
 class Instance:
@@ -113,7 +117,7 @@ async def stalled(store: MemoryStore, clock: Clock, buckets: list[int]) -> list[
 
 
 async def test_a_tick_with_more_than_a_handful_due_hands_them_out_and_reads_no_order(store, clock):
-    first = hand_out.FIRST_HAND_OUT  # what a bucket may hand out at first
+    first = FIRST
     ids = await stalled(store, clock, [b % INDEX_BUCKETS for b in range(40)] + [3] * (first - 3))
     sup = Instance(store, clock, "sup-a")
 
@@ -126,12 +130,12 @@ async def test_a_tick_with_more_than_a_handful_due_hands_them_out_and_reads_no_o
     assert (
         report.messages
         == len(messages)
-        == sum(math.ceil(n / hand_out.ROWS_PER_MESSAGE) for n in per_bucket.values())
+        == sum(math.ceil(n / PER_MESSAGE) for n in per_bucket.values())
     )
     assert sup.spy.finds == 0 and sup.bus.released() == []  # the tick recovered nothing itself
     assert Counter(r.order_id for m in messages for r in m.rows) == Counter(ids)
     for message in messages:
-        assert len(message.rows) <= hand_out.ROWS_PER_MESSAGE
+        assert len(message.rows) <= PER_MESSAGE
         assert message.leased_until == T0 + STEP_TIMEOUT + timedelta(seconds=1) + CLAIM
         assert message.requested_by == "supervisor:sup-a"
     assert all(s.queue == "scheduler-commands" for s in sup.bus.every)
@@ -416,20 +420,25 @@ async def test_rows_of_another_bucket_are_refused_with_an_alert_and_the_others_r
 # ------------------------------------------------------------------------------- the pace
 
 
+def test_what_a_tick_hands_out_at_first_and_per_message_follows_the_period():
+    assert [hand_out.first_hand_out(p) for p in (2, 15)] == [32, 240]  # 512 and 3,840 a tick
+    assert [hand_out.rows_per_message(p) for p in (1, 2, 5, 15, 60)] == [8, 8, 20, 32, 32]
+
+
 def test_a_bucket_with_no_hand_out_before_may_hand_out_the_first_measure():
-    paced = hand_out.pace(BucketLease(bucket=1), T0, ())
+    paced = hand_out.pace(BucketLease(bucket=1), T0, (), PERIOD_S)
     assert (paced.returned, paced.moved_on, paced.rate, paced.cap) == (
         0,
         0,
         0.0,
-        hand_out.FIRST_HAND_OUT,
+        FIRST,
     )
 
 
 def test_a_bucket_that_kept_up_may_hand_out_twice_what_it_moved_on():
     lease = BucketLease(bucket=1, dispatched=300, dispatched_at=T0)
-    paced = hand_out.pace(lease, T0 + timedelta(seconds=15), ())
-    assert (paced.moved_on, paced.rate, paced.cap) == (300, 20.0, 600)
+    paced = hand_out.pace(lease, T0 + timedelta(seconds=15), (), PERIOD_S)
+    assert (paced.moved_on, paced.rate, paced.cap) == (300, 20.0, max(FIRST, 600))
 
 
 async def test_a_bucket_that_fell_behind_hands_out_what_it_moved_on(store, clock):
@@ -438,7 +447,7 @@ async def test_a_bucket_that_fell_behind_hands_out_what_it_moved_on(store, clock
     rows = tuple(store.index.rows())
     marked = await store.index.hand_out(rows[:2], clock.now, T0, "c" * 32)
     lease = BucketLease(bucket=6, dispatched=400, dispatched_at=T0)
-    paced = hand_out.pace(lease, T0 + timedelta(seconds=10), (*marked, rows[2]))
+    paced = hand_out.pace(lease, T0 + timedelta(seconds=10), (*marked, rows[2]), PERIOD_S)
     assert (paced.returned, paced.moved_on, paced.rate, paced.cap) == (2, 398, 39.8, 398)
 
 
@@ -446,12 +455,12 @@ async def test_a_bucket_hands_out_what_its_pace_allows_and_the_rest_waits_with_a
     store, clock
 ):
     extra = 30
-    ids = await stalled(store, clock, [5] * (hand_out.FIRST_HAND_OUT + extra))
+    ids = await stalled(store, clock, [5] * (FIRST + extra))
     sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
 
     report = await sup.tick()
 
-    assert (report.handed_out, report.left) == (hand_out.FIRST_HAND_OUT, extra)
+    assert (report.handed_out, report.left) == (FIRST, extra)
     assert sup.alerts() == [BACKLOG_REASON]
     bucket = (await store.supervision.read()).buckets[5]
     assert bucket.swept_at is None and bucket.left == extra  # first next tick
@@ -462,10 +471,10 @@ async def test_a_bucket_hands_out_what_its_pace_allows_and_the_rest_waits_with_a
     report = await sup.tick()
 
     assert (report.returned, report.handed_out, report.left) == (0, extra, 0)
-    rate = hand_out.FIRST_HAND_OUT / PERIOD.total_seconds()
+    rate = FIRST / PERIOD.total_seconds()
     assert report.drain_rate == pytest.approx(rate, abs=1e-3)
     assert sup.alerts() == [BACKLOG_REASON]  # not again: it drains now
-    for message in sup.handed_out()[-math.ceil(extra / hand_out.ROWS_PER_MESSAGE) :]:
+    for message in sup.handed_out()[-math.ceil(extra / PER_MESSAGE) :]:
         await worker.recover(message)
     assert released(worker) == Counter(ids)
     bucket = (await store.supervision.read()).buckets[5]
@@ -490,7 +499,7 @@ async def test_a_hand_out_records_its_metrics(store, clock, metric_reader):  # n
 async def test_operators_see_the_backlog_what_drains_it_and_whether_it_drains_in_a_period(
     store, clock
 ):
-    extra, first = 30, hand_out.FIRST_HAND_OUT
+    extra, first = 30, FIRST
     other = first // 2
     await stalled(store, clock, [5] * (first + extra) + [9] * other)
     sup, worker = Instance(store, clock, "sup-a"), Instance(store, clock, "app-2")
