@@ -1,4 +1,5 @@
-"""One Supervisor tick: claim a fair share of the index's buckets, sweep what is due in them.
+"""One Supervisor tick: claim a fair share of the index's buckets, sweep what is due in them,
+or hand it out to the app's instances.
 
 The active-order index keeps, per order in flight, a due time never later than when the
 Supervisor must look at it (:mod:`adapters.store.active_index`), so sweeping a bucket is one
@@ -18,13 +19,18 @@ Work that survives the worker (:mod:`service.leases`):
 
 - Instances share the buckets through per-bucket leases (one roster read and one batch claim
   per tick); an instance that dies releases its buckets when their leases expire.
-- The rows due in all held buckets are read concurrently and handled concurrently, the most
-  overdue first across buckets, within a time budget below the period (and so below the
-  lease): under a burst the oldest wait is served first and no bucket is starved. A bucket
-  whose due rows were all handled records a checkpoint; one the budget cut short keeps its
-  old checkpoint and is claimed first next tick, by whoever holds it.
-- Progress inside a bucket needs no checkpoint: a handled row is moved to its next due time, so
-  a new holder finds only the rows not handled yet.
+- The rows due in all held buckets are read concurrently. A handful (``inline_rows``) are
+  handled by the tick itself, concurrently, the most overdue first across buckets, within a
+  time budget below the period (and so below the lease): under a burst the oldest wait is
+  served first and no bucket is starved. More are handed out to every instance of the app, at
+  the pace the fleet keeps (:mod:`service.hand_out`; :mod:`service.recovery` recovers them with
+  :func:`look`, as the tick would). A bucket whose due rows were all handled or handed out
+  records a checkpoint; one the budget cut short keeps its old checkpoint and is claimed first
+  next tick, by whoever holds it. Either way the bucket's row records what the tick measured
+  of the backlog and the fleet's pace (:func:`adapters.store.supervision.lag` sums it up).
+- Progress inside a bucket needs no checkpoint: a handled row is moved to its next due time,
+  and a handed-out row to the end of its hand-out's lease, so a new holder finds only the rows
+  not handled yet, and those whose hand-out was not carried out.
 """
 
 from __future__ import annotations
