@@ -65,7 +65,7 @@ from benchmarks.broker_throughput import process_cpu_seconds
 from devstack.host.indexing import ServiceBusTrigger, index_app, load_app
 from devstack.stack import processes
 from devstack.stack.local_stack import LocalStack
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from orderctl.demo import QUICK_SETTINGS
@@ -273,7 +273,7 @@ async def create_one(rt: Runtime, order_id: str, deadline: datetime) -> str:
         for s in base.steps
     )
     flow = Workflow(name=base.name, steps=steps, retry=base.retry)
-    ctx = lifecycle.Context(workflow=flow, now=now, actor="scheduler:bench")
+    ctx = events.Context(workflow=flow, now=now, actor="scheduler:bench")
     decision = lifecycle.submit(submitted, ctx)
     assert decision.order is not None and decision.entry is not None
     order = dataclasses.replace(decision.order, outbox=())  # sent, and never answered

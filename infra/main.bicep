@@ -4,7 +4,13 @@
 //   az deployment sub create --location <region> --template-file infra/main.bicep \
 //     --parameters environmentName=<name> location=<region> alertEmail=<address> ...
 // (docs/deploy.md lists every parameter). No secret is created, stored or passed: every
-// connection is Microsoft Entra ID with the app's user-assigned managed identity.
+// connection is Microsoft Entra ID with a user-assigned managed identity.
+//
+// Two function apps, from one package (docs/architecture.md, Two apps): the pattern app
+// (function_app.py: the Scheduler, the Agents, the Supervisor, the retention purge; Service Bus
+// and timer triggers only, no HTTP function) and the operations app (operations_app.py, chosen
+// by the Python worker's PYTHON_SCRIPT_FILE_NAME: the operator API and the dashboard). Each runs
+// as an identity of its own, with the roles its own code needs (app/rbac.bicep).
 //
 // tests/infra checks this template offline against the code: every app setting the code reads
 // is set below and nothing else is, queue and table names agree with the Service Bus and
@@ -122,8 +128,13 @@ param supervisorLagAlertSeconds int = 120
 
 @maxValue(1000)
 @minValue(1)
-@description('Most Flex Consumption instances the app may scale out to.')
+@description('Most Flex Consumption instances the pattern app may scale out to.')
 param maximumInstanceCount int = 100
+
+@maxValue(1000)
+@minValue(1)
+@description('Most Flex Consumption instances the operations app (operator API, dashboard) may scale out to: it serves people, not queues.')
+param operationsMaximumInstanceCount int = 40
 
 @allowed([
   512
@@ -178,9 +189,12 @@ var resourceToken = toLower(uniqueString(subscription().id, environmentName, loc
 var tags = {
   'azd-env-name': environmentName
 }
-// azure.yaml names the service `api`; azd finds the function app by this tag.
-var serviceName = 'api'
-var deploymentContainerName = 'app-package'
+// azure.yaml's services; azd finds each function app by its azd-service-name tag.
+var patternService = 'pattern'
+var operationsService = 'operations'
+// Each app's deployment package (Flex Consumption runs each app from a container of its own).
+var patternPackageContainer = 'app-package'
+var operationsPackageContainer = 'operations-package'
 
 resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
   name: '${abbrs.resourcesResourceGroups}${environmentName}'
@@ -188,11 +202,21 @@ resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
   tags: tags
 }
 
-module identity 'app/identity.bicep' = {
-  name: 'identity'
+module patternIdentity 'app/identity.bicep' = {
+  name: 'pattern-identity'
   scope: rg
   params: {
     name: '${abbrs.managedIdentityUserAssignedIdentities}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module operationsIdentity 'app/identity.bicep' = {
+  name: 'operations-identity'
+  scope: rg
+  params: {
+    name: '${abbrs.managedIdentityUserAssignedIdentities}ops-${resourceToken}'
     location: location
     tags: tags
   }
@@ -205,7 +229,10 @@ module storage 'app/storage.bicep' = {
     name: '${abbrs.storageStorageAccounts}${resourceToken}'
     location: location
     tags: tags
-    deploymentContainerName: deploymentContainerName
+    deploymentContainerNames: [
+      patternPackageContainer
+      operationsPackageContainer
+    ]
     archiveCoolAfterDays: archiveCoolAfterDays
   }
 }
@@ -227,7 +254,8 @@ module keyVault 'app/keyvault.bicep' = {
     name: '${abbrs.keyVaultVaults}${resourceToken}'
     location: location
     tags: tags
-    appPrincipalId: identity.outputs.principalId
+    patternPrincipalId: patternIdentity.outputs.principalId
+    operationsPrincipalId: operationsIdentity.outputs.principalId
     signingKeyId: messageSigningKeyId
     signingSecret: messageSigningSecret
     retiringSigningKeys: retiringSigningKeys
@@ -257,20 +285,17 @@ module workbook 'app/workbook.bicep' = {
   }
 }
 
-// Every app setting the code reads (adapters/settings.py, the %NAME% binding expressions and the
-// `ServiceBusConnection` trigger connection). The Functions host's own settings
-// (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
+// Every app setting the code of both apps reads (adapters/settings.py, the %NAME% binding
+// expressions). Each app's identity (the connections' __clientId) and the Functions host's own
+// settings (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
 var appSettings = {
-  // Service Bus, through the managed identity (no connection string anywhere). The host's
-  // Service Bus extension reads all three; adapters/settings.py reads the namespace and client id.
+  // Service Bus, through the app's managed identity (no connection string anywhere);
+  // adapters/settings.py reads the namespace and the client id.
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
-  ServiceBusConnection__credential: 'managedidentity'
-  ServiceBusConnection__clientId: identity.outputs.clientId
-  // The state store, through the managed identity: its tables, and its blobs for the archive
-  // of purged orders.
+  // The state store, through the app's managed identity: its tables, and its blobs for the
+  // archive of purged orders.
   StateStorage__tableServiceUri: storage.outputs.tableEndpoint
   StateStorage__blobServiceUri: storage.outputs.blobEndpoint
-  StateStorage__clientId: identity.outputs.clientId
   // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
   ORDERS_QUEUE: 'orders'
   SCHEDULER_COMMANDS_QUEUE: 'scheduler-commands'
@@ -317,10 +342,12 @@ module rbac 'app/rbac.bicep' = {
   name: 'rbac'
   scope: rg
   params: {
-    appPrincipalId: identity.outputs.principalId
+    patternPrincipalId: patternIdentity.outputs.principalId
+    operationsPrincipalId: operationsIdentity.outputs.principalId
     storageAccountName: storage.outputs.name
     serviceBusNamespaceName: serviceBus.outputs.name
-    appReceiveQueueNames: serviceBus.outputs.appReceiveQueueNames
+    patternReceiveQueueNames: serviceBus.outputs.patternReceiveQueueNames
+    operationsReceiveQueueNames: serviceBus.outputs.operationsReceiveQueueNames
     appInsightsName: monitoring.outputs.appInsightsName
     userPrincipalId: principalId
     userPrincipalType: principalType
@@ -332,8 +359,9 @@ module rbac 'app/rbac.bicep' = {
   }
 }
 
-module api 'app/function.bicep' = {
-  name: 'function'
+// The pattern app: the host's Service Bus extension reads the connection's credential kind.
+module pattern 'app/function.bicep' = {
+  name: 'pattern-app'
   scope: rg
   // The host starts as soon as the app exists: grant its roles first.
   dependsOn: [
@@ -345,17 +373,49 @@ module api 'app/function.bicep' = {
     planName: '${abbrs.webServerFarms}${resourceToken}'
     location: location
     tags: union(tags, {
-      'azd-service-name': serviceName
+      'azd-service-name': patternService
     })
-    identityId: identity.outputs.id
-    identityClientId: identity.outputs.clientId
+    identityId: patternIdentity.outputs.id
+    identityClientId: patternIdentity.outputs.clientId
     storageAccountName: storage.outputs.name
-    deploymentContainerName: deploymentContainerName
+    deploymentContainerName: patternPackageContainer
     appInsightsName: monitoring.outputs.appInsightsName
-    appSettings: appSettings
+    appSettings: union(appSettings, {
+      ServiceBusConnection__credential: 'managedidentity'
+    })
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     alwaysReadyInstances: alwaysReadyInstances
+  }
+}
+
+// The operations app: the same package, its entry chosen by the Python worker's
+// PYTHON_SCRIPT_FILE_NAME, so its instances import only the operator surface. App Service
+// Authentication signs operators in here; the pattern app serves no HTTP.
+module operations 'app/function.bicep' = {
+  name: 'operations-app'
+  scope: rg
+  dependsOn: [
+    rbac
+    keyVault
+  ]
+  params: {
+    name: '${abbrs.webSitesFunctions}ops-${resourceToken}'
+    planName: '${abbrs.webServerFarms}ops-${resourceToken}'
+    location: location
+    tags: union(tags, {
+      'azd-service-name': operationsService
+    })
+    identityId: operationsIdentity.outputs.id
+    identityClientId: operationsIdentity.outputs.clientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: operationsPackageContainer
+    appInsightsName: monitoring.outputs.appInsightsName
+    appSettings: union(appSettings, {
+      PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'
+    })
+    maximumInstanceCount: operationsMaximumInstanceCount
+    instanceMemoryMB: instanceMemoryMB
     authClientId: authClientId
     authTenantId: authTenantId
     authUnauthenticatedAction: authUnauthenticatedAction
@@ -381,9 +441,12 @@ module alerts 'app/alerts.bicep' = {
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
 output AZURE_RESOURCE_GROUP string = rg.name
-output SERVICE_API_NAME string = api.outputs.name
-output AZURE_FUNCTION_APP_NAME string = api.outputs.name
-output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
+output SERVICE_PATTERN_NAME string = pattern.outputs.name
+output SERVICE_OPERATIONS_NAME string = operations.outputs.name
+output AZURE_FUNCTION_APP_NAME string = pattern.outputs.name
+output AZURE_OPERATIONS_APP_NAME string = operations.outputs.name
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = patternIdentity.outputs.clientId
+output AZURE_OPERATIONS_IDENTITY_CLIENT_ID string = operationsIdentity.outputs.clientId
 output SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_KEY_VAULT_NAME string = keyVault.outputs.name
@@ -394,8 +457,9 @@ output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE
 output ACTIVE_ORDERS_TABLE string = appSettings.ACTIVE_ORDERS_TABLE
 output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
-output AZURE_FUNCTION_APP_URL string = 'https://${api.outputs.defaultHostName}/api/'
-output DASHBOARD_URL string = 'https://${api.outputs.defaultHostName}/api/dashboard'
-output AUTH_ENABLED bool = api.outputs.authEnabled
+// The operator HTTP API and the dashboard: the operations app (`orderctl --azd-env` reads it).
+output AZURE_OPERATIONS_APP_URL string = 'https://${operations.outputs.defaultHostName}/api/'
+output DASHBOARD_URL string = 'https://${operations.outputs.defaultHostName}/api/dashboard'
+output AUTH_ENABLED bool = operations.outputs.authEnabled
 // The workbook in the portal (docs/deploy.md, Workbook).
 output WORKBOOK_URL string = '${environment().portal}/#@${tenant().tenantId}/resource${workbook.outputs.id}'

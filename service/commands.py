@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from adapters.store.rows import OrderNotFound
-from domain.lifecycle import Refused, RetryDue
+from domain.events import RetryDue
 from domain.messages import BadMessage, DueRows, OperatorAlert, SchedulerCommand, parse_one_of
+from domain.operator_actions import Refused
 from service import apply, control
 from service.recovery import handle_due_rows
 from service.runtime import Runtime

@@ -1,6 +1,8 @@
-// The function app on the Flex Consumption plan (FC1), Python 3.11, running as the
-// user-assigned managed identity. The runtime is set in functionAppConfig, not in app settings
-// (Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and sets FUNCTIONS_EXTENSION_VERSION itself).
+// A function app on a Flex Consumption plan of its own (FC1: one app per plan), Python 3.11,
+// running as its user-assigned managed identity. main.bicep deploys it twice from one package:
+// the pattern app and the operations app. The runtime is set in functionAppConfig, not in app
+// settings (Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and sets
+// FUNCTIONS_EXTENSION_VERSION itself).
 
 param name string
 param planName string
@@ -15,7 +17,7 @@ param storageAccountName string
 param deploymentContainerName string
 param appInsightsName string
 
-@description('The settings the app code reads (main.bicep).')
+@description('The settings the app code reads (main.bicep); the connections\' identity is added here.')
 param appSettings object
 
 @maxValue(1000)
@@ -33,7 +35,7 @@ param instanceMemoryMB int = 2048
 @description('Always-ready instances for each agent function and scheduler_replies (0: none).')
 param alwaysReadyInstances int = 0
 
-@description('Client id of the Entra ID app registration that signs operators in (App Service Authentication). Empty: authentication is not configured, and every HTTP function (operator API, dashboard) still needs a function key.')
+@description('Client id of the Entra ID app registration that signs operators in (App Service Authentication): the operations app\'s. Empty: authentication is not configured, and every HTTP request (operator API, dashboard) still needs a function key.')
 param authClientId string = ''
 @description('Tenant of that app registration. Empty: the tenant of this deployment.')
 param authTenantId string = ''
@@ -60,6 +62,13 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
+}
+
+// The app's own identity for its connections: the host's Service Bus triggers and the app's SDK
+// clients pick it by client id.
+var identitySettings = {
+  ServiceBusConnection__clientId: identityClientId
+  StateStorage__clientId: identityClientId
 }
 
 // Settings of the Functions host itself (not read by the app code), all identity-based.
@@ -139,7 +148,7 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
 resource appSettingsConfig 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'appsettings'
-  properties: union(appSettings, hostSettings)
+  properties: union(appSettings, identitySettings, hostSettings)
 }
 
 // App Service Authentication (Easy Auth) with Microsoft Entra ID, when an app registration is

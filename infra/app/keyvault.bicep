@@ -1,14 +1,19 @@
 // The Key Vault holding the key the app signs its internal messages with (domain/signing.py).
-// RBAC authorization only (no access policies); the app identity may read this one secret and
+// RBAC authorization only (no access policies); each app's identity may read this one secret and
 // nothing else in the vault. The app setting MESSAGE_SIGNING_KEYS is a Key Vault reference to
-// the secret's latest version, which the platform resolves with the app identity.
+// the secret's latest version, which the platform resolves with each app's identity: the pattern
+// app signs and checks its messages with it, the operations app signs what its actions send and
+// checks dead letters before a replay.
 
 param name string
 param location string = resourceGroup().location
 param tags object = {}
 
-@description('Principal id of the app identity, granted Key Vault Secrets User on the secret only.')
-param appPrincipalId string
+@description('Principal id of the pattern app\'s identity, granted Key Vault Secrets User on the secret only.')
+param patternPrincipalId string
+
+@description('Principal id of the operations app\'s identity, granted Key Vault Secrets User on the secret only.')
+param operationsPrincipalId string
 
 @description('Id of the key that signs (the first in MESSAGE_SIGNING_KEYS).')
 param signingKeyId string
@@ -52,11 +57,24 @@ resource signingKeys 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
   }
 }
 
-resource appReadsSigningKeys 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(signingKeys.id, appPrincipalId, keyVaultSecretsUser)
+resource patternReadsSigningKeys 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(signingKeys.id, patternPrincipalId, keyVaultSecretsUser)
   scope: signingKeys
   properties: {
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId(
+      'Microsoft.Authorization/roleDefinitions',
+      keyVaultSecretsUser
+    )
+  }
+}
+
+resource operationsReadsSigningKeys 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(signingKeys.id, operationsPrincipalId, keyVaultSecretsUser)
+  scope: signingKeys
+  properties: {
+    principalId: operationsPrincipalId
     principalType: 'ServicePrincipal'
     roleDefinitionId: subscriptionResourceId(
       'Microsoft.Authorization/roleDefinitions',

@@ -1,5 +1,5 @@
-// Storage account: the Functions host's own storage (AzureWebJobsStorage), the deployment
-// package container Flex Consumption runs from, the state store tables, and the archive of
+// Storage account: the Functions hosts' own storage (AzureWebJobsStorage), the deployment
+// package container Flex Consumption runs each app from, the state store tables, and the archive of
 // purged orders (block blobs of JSON lines, one per day, moved to cool storage by a lifecycle
 // rule). Shared keys are off: everything authenticates with Entra ID.
 
@@ -7,8 +7,8 @@ param name string
 param location string = resourceGroup().location
 param tags object = {}
 
-@description('Blob container the Flex Consumption plan deploys the app package to.')
-param deploymentContainerName string
+@description('Blob containers the Flex Consumption plans deploy the apps\' packages to, one per app.')
+param deploymentContainerNames array
 
 @minValue(0)
 @maxValue(3650)
@@ -56,13 +56,13 @@ resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01'
   name: 'default'
 }
 
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+resource deploymentContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for container in deploymentContainerNames: {
   parent: blobService
-  name: deploymentContainerName
+  name: container
   properties: {
     publicAccess: 'None'
   }
-}
+}]
 
 resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
   parent: blobService
@@ -124,4 +124,3 @@ output tableEndpoint string = account.properties.primaryEndpoints.table
 output blobEndpoint string = account.properties.primaryEndpoints.blob
 output archiveContainerName string = archiveContainer.name
 output tableNames array = tableNames
-output deploymentContainerName string = deploymentContainer.name

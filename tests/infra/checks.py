@@ -133,6 +133,29 @@ class CheckError(Exception):
     """The infra cannot be read the way the checks expect (a problem in itself)."""
 
 
+@dataclass(frozen=True)
+class App:
+    """One of the two function apps deployed from the one package: its entry module, the
+    main.bicep module that deploys it (app/function.bicep), its azd service, and the flag of
+    app/servicebus.bicep that marks the queues its identity may receive from."""
+
+    name: str
+    entry: str
+    module: str
+    service: str
+    receive_flag: str
+
+    def say(self, problems: Iterable[str]) -> list[str]:
+        return [f"{self.name} app: {problem}" for problem in problems]
+
+
+PATTERN = App("pattern", "function_app", "pattern", "pattern", "receivedByPattern")
+OPERATIONS = App("operations", "operations_app", "operations", "operations", "receivedByOperations")
+APPS = (PATTERN, OPERATIONS)
+SCRIPT_FILE_SETTING = "PYTHON_SCRIPT_FILE_NAME"
+"""The Python worker's setting naming the app's entry file (default function_app.py)."""
+
+
 # --------------------------------------------------------------------------- layout
 
 
@@ -220,10 +243,22 @@ class BicepFile:
 
 @dataclass
 class Infra:
-    """All .bicep files under one infra/ directory, parsed."""
+    """All .bicep files under one infra/ directory, parsed. A module file deployed more than
+    once (app/function.bicep: one per app) is read as one of its deployments: :meth:`bind`."""
 
     layout: Layout
     files: dict[Path, BicepFile] = field(default_factory=dict)
+    bound: dict[Path, str] = field(default_factory=dict)
+    """Module file -> the symbol of the main.bicep module whose parameters it is read with."""
+
+    def bind(self, app: App) -> Infra:
+        """This infra as ``app``'s deployment sees it: the module file ``app.module`` deploys
+        takes that module's parameters."""
+        module = self.main.modules.get(app.module)
+        if module is None or module.get("type") != "local":
+            raise CheckError(f"infra/main.bicep has no module {app.module} (the {app.name} app)")
+        path = (self.main.path.parent / module["detail"]["path"]).resolve()
+        return dataclasses.replace(self, bound={**self.bound, path: app.module})
 
     @classmethod
     def load(cls, layout: Layout) -> Infra:
@@ -260,13 +295,15 @@ class Infra:
         return found[0]
 
     def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
-        """(file, module config) of every local module declaration that deploys ``target``."""
+        """(file, module config) of every local module declaration that deploys ``target``
+        (only the one it is bound to, if it is)."""
+        chosen = self.bound.get(target.path.resolve())
         for bicep in self.files.values():
-            for module in bicep.modules.values():
+            for symbol, module in bicep.modules.items():
                 if module.get("type") != "local":
                     continue
                 path = (bicep.path.parent / module["detail"]["path"]).resolve()
-                if path == target.path.resolve():
+                if path == target.path.resolve() and chosen in (None, symbol):
                     yield bicep, module["config"]
 
     def resolve(self, bicep: BicepFile, expr: Any) -> Any:
@@ -400,6 +437,10 @@ class CodeFacts:
         )
 
 
+Facts = Mapping[str, CodeFacts]
+"""Each app's :class:`CodeFacts`, by app name (:func:`code_facts`)."""
+
+
 class _RecordingEnv(Mapping[str, str]):
     def __init__(self, values: Mapping[str, str]) -> None:
         self._values = dict(values)
@@ -457,7 +498,7 @@ def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]
 
 _INDEX_SCRIPT = """
 import json, os, sys
-import function_app
+import ENTRY as app_module
 
 def source(function):
     code = function.get_user_function().__code__
@@ -470,7 +511,7 @@ def source(function):
 json.dump(
     [
         {**json.loads(f.get_function_json()), SOURCE_KEY: source(f)}
-        for f in function_app.app.get_functions()
+        for f in app_module.app.get_functions()
     ],
     sys.stdout,
 )
@@ -481,11 +522,44 @@ TRIGGER = "its serviceBusTrigger"
 """The function's name, and where its user function is defined: ``{function, path, line}``."""
 
 
-def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
-    """The function.json documents the host indexes, from a fresh interpreter (the FunctionApp
-    object allows one get_functions() call, and nothing leaks into the test process), each
-    with where its user function is defined (:data:`SOURCE_KEY`)."""
-    return _fresh_json(_INDEX_SCRIPT, root, "indexing function_app")
+def indexed_functions(root: Path = REPO_ROOT, entry: str = PATTERN.entry) -> list[dict[str, Any]]:
+    """The function.json documents the host indexes for the app ``entry`` (a module), from a
+    fresh interpreter (the FunctionApp object allows one get_functions() call, and nothing leaks
+    into the test process), each with where its user function is defined (:data:`SOURCE_KEY`)."""
+    script = _INDEX_SCRIPT.replace("ENTRY", entry)
+    return _fresh_json(script, root, f"indexing {entry}")
+
+
+_ROUTES_SCRIPT = """
+import json, os, sys
+from fastapi.routing import APIRoute
+import operations_app
+
+def walk(routes):
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif hasattr(route, "original_router"):  # a router FastAPI includes lazily
+            yield from walk(route.original_router.routes)
+        else:
+            raise SystemExit(f"cannot read route {route!r} of operations_app.api")
+
+json.dump(
+    {
+        route.name: [os.path.relpath(route.endpoint.__code__.co_filename),
+                     route.endpoint.__code__.co_firstlineno]
+        for route in walk(operations_app.api.routes)
+    },
+    sys.stdout,
+)
+"""
+
+
+def route_entries(root: Path = REPO_ROOT) -> dict[str, tuple[str, int]]:
+    """Route name -> (path, line) of its endpoint: what the operations app's one HTTP function
+    hands each request to (FastAPI), read from ``operations_app.api`` in a fresh interpreter."""
+    found = _fresh_json(_ROUTES_SCRIPT, root, "listing the operations app's routes")
+    return {name: (path, line) for name, (path, line) in found.items()}
 
 
 def _fresh_json(script: str, root: Path, what: str) -> Any:
@@ -544,16 +618,30 @@ def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, f
     return frozenset(found["names"]), attributes
 
 
-def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
+def code_facts(root: Path = REPO_ROOT) -> dict[str, CodeFacts]:
+    """Each app's facts, by app name (:data:`APPS`)."""
+    read, local_only = settings_read_by_code(root)
+    metrics = metrics_recorded_by_a_tick(root)
+    metric_names, metric_attributes = metrics_defined(root)
+    return {
+        app.name: CodeFacts(
+            **_app_facts(root, app, read, local_only),
+            metrics=metrics,
+            metric_names=metric_names,
+            metric_attributes=metric_attributes,
+        )
+        for app in APPS
+    }
+
+
+def _app_facts(root: Path, app: App, read: set[str], local_only: set[str]) -> dict[str, Any]:
     from adapters.settings import QUEUE_SETTINGS
 
-    read, local_only = settings_read_by_code(root)
     binding_settings: set[str] = set()
     connections: set[str] = set()
     trigger_queues: set[str] = set()
-    functions = indexed_functions(root)
-    access = code_access_of(root, functions)
-    metric_names, metric_attributes = metrics_defined(root)
+    functions = indexed_functions(root, app.entry)
+    access = code_access_of(root, functions, app)
     for function in functions:
         for binding in function["bindings"]:
             for value in binding.values():
@@ -563,38 +651,40 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
                 connections.add(binding["connection"])
             if binding.get("type") == "serviceBusTrigger":
                 trigger_queues.update(_SETTING_REFERENCE.findall(binding.get("queueName", "")))
-    return CodeFacts(
-        settings_read=frozenset(read),
-        local_only=frozenset(local_only),
-        binding_settings=frozenset(binding_settings),
-        binding_connections=frozenset(connections),
-        trigger_queue_settings=frozenset(trigger_queues),
-        queue_settings=frozenset(QUEUE_SETTINGS.values()),
-        operator_read_queue_settings=frozenset(
+    return {
+        "settings_read": frozenset(read),
+        "local_only": frozenset(local_only),
+        "binding_settings": frozenset(binding_settings),
+        "binding_connections": frozenset(connections),
+        "trigger_queue_settings": frozenset(trigger_queues),
+        "queue_settings": frozenset(QUEUE_SETTINGS.values()),
+        "operator_read_queue_settings": frozenset(
             a.resource[1]
             for accesses in access.accesses.values()
             for a in accesses
             if a.kind == "receive" and a.resource[0] == "setting" and a.where != TRIGGER
         ),
-        metrics=metrics_recorded_by_a_tick(root),
-        metric_names=metric_names,
-        metric_attributes=metric_attributes,
-        access=access,
-        http_auth_levels={
+        "access": access,
+        "http_auth_levels": {
             function[SOURCE_KEY]["function"]: str(binding.get("authLevel", "")).lower()
             for function in functions
             for binding in function["bindings"]
             if binding.get("type") == "httpTrigger"
         },
-    )
-
-
-def code_access_of(root: Path, functions: list[dict[str, Any]]) -> CodeAccess:
-    """What each indexed function's code under ``root`` does (:func:`code_access.analyse`),
-    plus the receives of its Service Bus trigger."""
-    entries = {
-        f[SOURCE_KEY]["function"]: (f[SOURCE_KEY]["path"], f[SOURCE_KEY]["line"]) for f in functions
     }
+
+
+def code_access_of(root: Path, functions: list[dict[str, Any]], app: App = PATTERN) -> CodeAccess:
+    """What each indexed function's code under ``root`` does (:func:`code_access.analyse`),
+    plus the receives of its Service Bus trigger. For the operations app, whose one HTTP
+    function is the worker's ASGI bridge (not our code), each route of its FastAPI app."""
+    entries = {
+        f[SOURCE_KEY]["function"]: (f[SOURCE_KEY]["path"], f[SOURCE_KEY]["line"])
+        for f in functions
+        if "site-packages" not in f[SOURCE_KEY]["path"]
+    }
+    if app is OPERATIONS:
+        entries |= route_entries(root)
     receives = {
         f[SOURCE_KEY]["function"]: {
             Access("queue", "receive", ("setting", queue), TRIGGER)
@@ -605,7 +695,8 @@ def code_access_of(root: Path, functions: list[dict[str, Any]]) -> CodeAccess:
         for f in functions
     }
     env, _ = azure_environment(REPO_ROOT)
-    analysed = code_access.analyse(root, entries, env, settings_read_by_code(REPO_ROOT)[0])
+    names = settings_read_by_code(REPO_ROOT)[0]
+    analysed = code_access.analyse(root, entries, env, names, entry=app.entry)
     return dataclasses.replace(
         analysed,
         accesses={
@@ -720,7 +811,8 @@ def check_queues_match_broker(layout: Layout) -> list[str]:
 
 
 def function_app_settings(infra: Infra) -> dict[str, Any]:
-    """Setting name -> value expression of the function app (the ``appsettings`` config)."""
+    """Setting name -> value expression of the function app (the ``appsettings`` config) as the
+    deployment ``infra`` is bound to (:meth:`Infra.bind`) sets it."""
     configs = [
         (bicep, resource)
         for bicep, _, resource in infra.resources("Microsoft.Web/sites/config")
@@ -729,24 +821,24 @@ def function_app_settings(infra: Infra) -> dict[str, Any]:
     if len(configs) != 1:
         raise CheckError(f"expected one sites/config 'appsettings' resource, found {len(configs)}")
     bicep, resource = configs[0]
-    properties = _body(resource)["properties"]
-    if isinstance(properties, dict) and set(properties) == {"function"}:
-        function = properties["function"]
-        if function["type"] != "union":
-            raise CheckError(f"{infra.rel(bicep.path)}: app settings must be an object or union()")
-        parts = list(function["parameters"].values())
-    else:
-        parts = [properties]
-    settings: dict[str, Any] = {}
-    for part in parts:
-        value = _resolve_object(infra, bicep, part)
-        settings |= {_unquote(key): item for key, item in value.items()}
-    return settings
+    value = _resolve_object(infra, bicep, _body(resource)["properties"])
+    return {_unquote(key): item for key, item in value.items()}
 
 
 def _resolve_object(infra: Infra, bicep: BicepFile, expr: Any) -> dict[str, Any]:
     """Like Infra.resolve, but keeps the values of the object as expressions (they may be
-    runtime values, e.g. module outputs); only the object itself must be static."""
+    runtime values, e.g. module outputs); only the object itself must be static. A union() of
+    objects is their merge, the later ones winning."""
+    if isinstance(expr, dict) and set(expr) == {"function"}:
+        function = expr["function"]
+        if function["type"] != "union":
+            raise CheckError(
+                f"{infra.rel(bicep.path)}: {_short(expr)} must be an object or union()"
+            )
+        merged: dict[str, Any] = {}
+        for part in function["parameters"].values():
+            merged |= {_unquote(k): v for k, v in _resolve_object(infra, bicep, part).items()}
+        return merged
     if isinstance(expr, dict) and not ({"operator", "function"} & set(expr)):
         return expr
     if isinstance(expr, str) and expr in bicep.variables:
@@ -760,9 +852,22 @@ def _resolve_object(infra: Infra, bicep: BicepFile, expr: Any) -> dict[str, Any]
 
 
 @_checked
-def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
-    """The function app sets every setting the code reads and nothing else but host settings."""
+def check_app_settings(layout: Layout, facts: Facts) -> list[str]:
+    """Each function app sets every setting its code reads and nothing else but host settings;
+    the operations app names its entry file for the Python worker, the pattern app takes the
+    worker's default (function_app.py)."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_app_settings_problems(layout, infra.bind(app), facts[app.name], app))
+    for _, symbol, resource in infra.resources("Microsoft.Web/sites"):
+        site_config = (_body(resource).get("properties") or {}).get("siteConfig") or {}
+        if "appSettings" in site_config:
+            problems.append(f"{symbol}: app settings belong in the 'appsettings' config only")
+    return problems
+
+
+def _app_settings_problems(layout: Layout, infra: Infra, facts: CodeFacts, app: App) -> list[str]:
     settings = function_app_settings(infra)
     required = facts.required_settings
     problems = [
@@ -771,9 +876,15 @@ def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
     ]
     for name in sorted(HOST_SETTINGS.keys() - settings.keys()):
         problems.append(f"host setting {name} ({HOST_SETTINGS[name]}) is not set in infra")
-    for name in sorted(settings.keys() - required - HOST_SETTINGS.keys()):
+    for name in sorted(settings.keys() - required - HOST_SETTINGS.keys() - {SCRIPT_FILE_SETTING}):
         reason = FORBIDDEN_SETTINGS.get(name, "nothing in the code or the host reads it")
         problems.append(f"app setting {name} is set in infra but must not be: {reason}")
+    script = settings.get(SCRIPT_FILE_SETTING, f"{PATTERN.entry}.py")
+    if script != f"{app.entry}.py":
+        problems.append(
+            f"{SCRIPT_FILE_SETTING} is {script!r}: the Python worker would load {script}, not "
+            f"{app.entry}.py"
+        )
     for name, value in settings.items():
         if isinstance(value, str) and re.search(r"AccountKey=|SharedAccessKey=", value):
             problems.append(f"app setting {name} holds a key")
@@ -781,18 +892,21 @@ def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
             problems.append(f"app setting {name} is {value!r}, must be 'managedidentity'")
         if name.endswith("__clientId") and not _last_name(value).lower().endswith("clientid"):
             problems.append(f"app setting {name} is {_short(value)}, not the identity's client id")
-    for _, symbol, resource in infra.resources("Microsoft.Web/sites"):
-        site_config = (_body(resource).get("properties") or {}).get("siteConfig") or {}
-        if "appSettings" in site_config:
-            problems.append(f"{symbol}: app settings belong in the 'appsettings' config only")
     return problems
 
 
 @_checked
-def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_queue_settings(layout: Layout, facts: Facts) -> list[str]:
     """Queue settings name declared queues, agree with local.settings.json.example, and every
-    declared queue is named by a setting (or is a listed exception)."""
+    declared queue is named by a setting (or is a listed exception), in each app."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_queue_setting_problems(layout, infra.bind(app), facts[app.name]))
+    return problems
+
+
+def _queue_setting_problems(layout: Layout, infra: Infra, facts: CodeFacts) -> list[str]:
     declared = declared_queues(infra)
     settings = function_app_settings(infra)
     example = json.loads(layout.local_settings_example.read_text())["Values"]
@@ -822,36 +936,41 @@ def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
 
 
 @_checked
-def check_receiver_queues(layout: Layout, facts: CodeFacts) -> list[str]:
-    """``receivedByApp`` (which queues get the Receiver role) marks exactly the queues the app
-    reads: those a Service Bus trigger consumes, and those the operator API peeks or settles
-    (a role on a queue covers its dead-letter sub-queue)."""
+def check_receiver_queues(layout: Layout, facts: Facts) -> list[str]:
+    """Each app's flag in the Service Bus module (``receivedByPattern``,
+    ``receivedByOperations``: which queues get the Receiver role for that app's identity) marks
+    exactly the queues that app's code reads: those its Service Bus triggers consume, and those
+    the operator API peeks or settles (a role on a queue covers its dead-letter sub-queue)."""
     infra = Infra.load(layout)
     declared = declared_queues(infra)
-    settings = function_app_settings(infra)
-    triggered = {settings.get(setting) for setting in facts.trigger_queue_settings}
-    operator = {settings.get(setting) for setting in facts.operator_read_queue_settings}
-    marked = {name for name, queue in declared.items() if queue.get("receivedByApp") is True}
-    read = triggered | operator
-    problems = [
-        f"queue {name} is read by the app (a trigger or the operator API) but is not "
-        "receivedByApp (no Receiver role)"
-        for name in sorted(read - marked, key=str)
-    ]
-    problems += [
-        f"queue {name} is receivedByApp but nothing in the app reads it (Receiver role not needed)"
-        for name in sorted(marked - read, key=str)
-    ]
+    problems = []
+    for app in APPS:
+        settings = function_app_settings(infra.bind(app))
+        app_facts = facts[app.name]
+        triggered = {settings.get(setting) for setting in app_facts.trigger_queue_settings}
+        operator = {settings.get(setting) for setting in app_facts.operator_read_queue_settings}
+        marked = {name for name, queue in declared.items() if queue.get(app.receive_flag) is True}
+        read = triggered | operator
+        problems += app.say(
+            f"queue {name} is read by its code (a trigger or the operator API) but is not "
+            f"{app.receive_flag} (no Receiver role)"
+            for name in sorted(read - marked, key=str)
+        )
+        problems += app.say(
+            f"queue {name} is {app.receive_flag} but nothing in its code reads it (Receiver role "
+            "not needed)"
+            for name in sorted(marked - read, key=str)
+        )
     return problems
 
 
 @_checked
-def check_storage_names(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Tables and containers declared in the storage module are exactly those the code uses
-    (through the settings that name them, or by a literal name) plus the deployment package
-    container, and agree with local.settings.json.example."""
+def check_storage_names(layout: Layout, facts: Facts) -> list[str]:
+    """Tables and containers declared in the storage module are exactly those the code of
+    either app uses (through the settings that name them, or by a literal name) plus each app's
+    deployment package container, and agree with local.settings.json.example."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     example = json.loads(layout.local_settings_example.read_text())["Values"]
     tables = set()
     for bicep, symbol, resource in infra.resources(
@@ -863,14 +982,19 @@ def check_storage_names(layout: Layout, facts: CodeFacts) -> list[str]:
         "Microsoft.Storage/storageAccounts/blobServices/containers"
     ):
         containers |= _declared_names(infra, bicep, symbol, resource)
-    expected = {"table": set(), "container": {_deployment_container(infra)}}
+    packages = {_deployment_container(infra.bind(app)) for app in APPS}
+    expected: dict[str, set[str]] = {"table": set(), "container": packages}
     problems = []
     literal = {"table": "table", "blob": "container"}
-    for accesses in facts.access.accesses.values():
-        for access in accesses:
-            if access.service in literal and access.resource[0] == "literal":
-                expected[literal[access.service]].add(access.resource[1])
-    for setting, kind in sorted(facts.storage_name_settings.items()):
+    for app_facts in facts.values():
+        for accesses in app_facts.access.accesses.values():
+            for access in accesses:
+                if access.service in literal and access.resource[0] == "literal":
+                    expected[literal[access.service]].add(access.resource[1])
+    named = {
+        k: v for app_facts in facts.values() for k, v in app_facts.storage_name_settings.items()
+    }
+    for setting, kind in sorted(named.items()):
         value = settings.get(setting)
         if not isinstance(value, str):
             problems.append(f"{setting} must be a literal {kind} name in infra")
@@ -893,13 +1017,15 @@ def _declared_names(infra: Infra, bicep: BicepFile, symbol: str, resource: dict)
     config = resource["config"]
     loop = config.get("loop_type")
     if loop:
-        array = infra.resolve(bicep, loop["detail"]["array_name"])
+        origin, array = parameter_origin(infra, bicep, loop["detail"]["array_name"])
+        array = infra.resolve(origin, array)
         item = loop["detail"]["item_name"]
         if config["config"].get("name") != item or not isinstance(array, list):
             raise CheckError(
                 f"{infra.rel(bicep.path)}: {symbol} must loop over a literal array of names"
             )
-        return set(array)  # literal array entries are names, never identifiers
+        # Entries are names, or variables of the file that writes the array holding names.
+        return {infra.resolve(origin, entry) for entry in array}
     return {infra.resolve(bicep, _body(resource).get("name"))}
 
 
@@ -1192,11 +1318,19 @@ def _roles_for(service: str, kind: str) -> str:
 
 
 @_checked
-def check_data_roles(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Every operation a function's code performs on a queue, table, container or secret
-    (:mod:`tests.infra.code_access`), and every Key Vault reference among the app settings, is
-    allowed by a role assignment of the app's identity whose scope covers that resource."""
+def check_data_roles(layout: Layout, facts: Facts) -> list[str]:
+    """Every operation a function's (or route's) code performs on a queue, table, container or
+    secret (:mod:`tests.infra.code_access`), and every Key Vault reference among the app
+    settings, is allowed by a role assignment of that app's own identity whose scope covers
+    that resource."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_data_role_problems(infra.bind(app), facts[app.name]))
+    return problems
+
+
+def _data_role_problems(infra: Infra, facts: CodeFacts) -> list[str]:
     settings = function_app_settings(infra)
     identity = app_identity(infra)
     grants = [g for g in role_grants(infra) if g.principal == f"{identity}.outputs.principalId"]
@@ -1233,6 +1367,43 @@ def check_data_roles(layout: Layout, facts: CodeFacts) -> list[str]:
             f"on {scope}"
         )
     problems += _key_vault_reference_problems(infra, identity, grants)
+    return problems
+
+
+HOST_ROLES: Mapping[str, str] = {
+    # Roles an app's identity holds for the Functions host, not for its code.
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "the Functions host's storage (AzureWebJobsStorage)",
+    "3913510d-42f4-4e42-8a64-420c390055eb": "the host's and the worker's telemetry",
+}
+
+
+@_checked
+def check_surplus_roles(layout: Layout, facts: Facts) -> list[str]:
+    """No app identity holds a role its code never uses: each of its role assignments allows
+    some operation of that app's code, or a Key Vault reference among its app settings, or is
+    one the Functions host needs (:data:`HOST_ROLES`). With :func:`check_data_roles` (every
+    operation covered), each app holds the roles its own code needs and no others."""
+    infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        bound = infra.bind(app)
+        settings = function_app_settings(bound)
+        identity = app_identity(bound)
+        used = {
+            (operation.service, operation.kind, _access_name(operation, settings))
+            for operations in facts[app.name].access.accesses.values()
+            for operation in operations
+        }
+        used |= {("secret", "read", secret) for secret in key_vault_references(bound).values()}
+        for grant in role_grants(bound):
+            if grant.principal != f"{identity}.outputs.principalId" or grant.role_id in HOST_ROLES:
+                continue
+            if not any(grant.covers(*use) for use in used):
+                role = ALLOWED_ROLES.get(grant.role_id, grant.role_id)
+                problems += app.say(
+                    [f"{grant.where} grants {role} to its identity, but nothing in its code "
+                     "needs it: drop it (least privilege)"]
+                )  # fmt: skip
     return problems
 
 
@@ -1385,29 +1556,36 @@ def _azd_generated(param: dict[str, Any]) -> bool:
 
 @_checked
 def check_outputs(layout: Layout) -> list[str]:
-    """main.bicep outputs what azd and the smoke test need, and the azd service of azure.yaml
-    is the function app (SERVICE_<NAME>_NAME output and azd-service-name tag)."""
+    """main.bicep outputs what azd and the smoke test need, and each azd service of azure.yaml
+    is one of the function apps (SERVICE_<NAME>_NAME output and azd-service-name tag), both
+    deployed from the repository root."""
     infra = Infra.load(layout)
     outputs = infra.main.outputs
     problems = [
         f"main.bicep has no output {name}" for name in REQUIRED_OUTPUTS if name not in outputs
     ]
     services = azure_yaml_services(layout.azure_yaml)
-    if len(services) != 1:
-        return [*problems, f"azure.yaml must declare one service, found {sorted(services)}"]
-    ((service, fields),) = services.items()
-    for key, value in (("project", "."), ("language", "python"), ("host", "function")):
-        if fields.get(key) != value:
-            problems.append(f"azure.yaml services.{service}.{key} is {fields.get(key)!r}")
-    output = f"SERVICE_{service.upper()}_NAME"
-    if output not in outputs:
-        problems.append(f"main.bicep has no output {output} for azure.yaml service {service}")
-    bicep, _, resource = infra.one_resource("Microsoft.Web/sites")
-    tag = _tag_value(infra, bicep, _body(resource).get("tags"), "azd-service-name")
-    if tag != service:
-        problems.append(
-            f"function app tag azd-service-name is {tag!r}, azure.yaml says {service!r}"
-        )
+    wanted = {app.service for app in APPS}
+    if set(services) != wanted:
+        return [*problems, f"azure.yaml must declare the services {sorted(wanted)}, found "
+                f"{sorted(services)}"]  # fmt: skip
+    for app in APPS:
+        fields = services[app.service]
+        for key, value in (("project", "."), ("language", "python"), ("host", "function")):
+            if fields.get(key) != value:
+                problems.append(f"azure.yaml services.{app.service}.{key} is {fields.get(key)!r}")
+        output = f"SERVICE_{app.service.upper()}_NAME"
+        if output not in outputs:
+            problems.append(
+                f"main.bicep has no output {output} for azure.yaml service {app.service}"
+            )
+        bound = infra.bind(app)
+        bicep, _, resource = bound.one_resource("Microsoft.Web/sites")
+        tag = _tag_value(bound, bicep, _body(resource).get("tags"), "azd-service-name")
+        if tag != app.service:
+            problems += app.say(
+                [f"function app tag azd-service-name is {tag!r}, azure.yaml says {app.service!r}"]
+            )
     return problems
 
 
@@ -1469,7 +1647,6 @@ def check_telemetry(layout: Layout) -> list[str]:
     with Entra ID as the app identity, and host.json holds no Application Insights SDK settings,
     which the host ignores in OpenTelemetry mode."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
     host = json.loads(layout.host_json.read_text())
     problems = []
     if host.get("telemetryMode") != TELEMETRY_MODE:
@@ -1482,6 +1659,14 @@ def check_telemetry(layout: Layout) -> list[str]:
             "host.json sets logging.applicationInsights, which the host ignores with "
             f"telemetryMode {TELEMETRY_MODE!r}: say only what the platform honours"
         )
+    for app in APPS:
+        problems += app.say(_app_telemetry_problems(infra.bind(app)))
+    return problems
+
+
+def _app_telemetry_problems(infra: Infra) -> list[str]:
+    settings = function_app_settings(infra)
+    problems = []
     if settings.get(WORKER_OPENTELEMETRY_SETTING) != "true":
         problems.append(
             f"{WORKER_OPENTELEMETRY_SETTING} is {settings.get(WORKER_OPENTELEMETRY_SETTING)!r}, "
@@ -1515,7 +1700,7 @@ def check_alerts(layout: Layout) -> list[str]:
     """Azure Monitor metric alerts: ActiveMessages > 0 on the operator alerts queue and
     DeadletteredMessages > 0 on every queue, each to an action group that emails someone."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     alerts_queue = settings.get("OPERATOR_ALERTS_QUEUE")
     email_groups = _email_action_groups(infra)
     if not email_groups:
@@ -1676,7 +1861,7 @@ def _log_alert_problems(
 
 
 @_checked
-def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_supervisor_alerts(layout: Layout, facts: Facts) -> list[str]:
     """The Supervisor's log search alerts: max(supervisor.lag) above the
     supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
     the Application Insights component, every 5 minutes, to the email action group; and both
@@ -1686,7 +1871,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
     infra = Infra.load(layout)
     problems = []
     for metric, kind in SUPERVISOR_METRIC_KINDS.items():
-        recorded = facts.metrics.get(metric)
+        recorded = facts[PATTERN.name].metrics.get(metric)
         if recorded is None:
             problems.append(
                 f"a Supervisor tick records no metric {metric!r} (service/sweep_report.py), "
@@ -1786,7 +1971,7 @@ def check_archive(layout: Layout) -> list[str]:
     container ARCHIVE_CONTAINER names (the narrowest scope), and a lifecycle rule moves that
     container's block blobs to cool storage."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     container = settings.get(ARCHIVE_CONTAINER_SETTING)
     problems = []
     scoped = 0
@@ -1867,21 +2052,63 @@ UNAUTHENTICATED_ACTIONS = frozenset({"AllowAnonymous", "RedirectToLoginPage", "R
 
 
 @_checked
-def check_authentication(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Nothing HTTP is open: every HTTP function needs a function key (authLevel function or
-    admin), and App Service Authentication with Entra ID is declared on the function app
-    (``authsettingsV2``), deployed only when a main.bicep parameter names an app registration
-    (empty by default, mapped in main.parameters.json), with that registration's client id
-    and an issuer, HTTPS required and an allowed way of handling callers not signed in."""
-    problems = [
+def check_authentication(layout: Layout, facts: Facts) -> list[str]:
+    """Nothing HTTP is open. The pattern app serves no HTTP at all: no HTTP function, and no
+    App Service Authentication (no app registration reaches it). The operations app's HTTP
+    function needs a function key (authLevel function or admin), and App Service
+    Authentication with Entra ID is declared on it (``authsettingsV2``), deployed only when a
+    main.bicep parameter names an app registration (empty by default, mapped in
+    main.parameters.json), with that registration's client id and an issuer, HTTPS required and
+    an allowed way of handling callers not signed in."""
+    pattern = facts[PATTERN.name].http_auth_levels
+    problems = PATTERN.say(
+        f"function {name} is HTTP-triggered: the pattern app serves no HTTP (the operator "
+        "surface is the operations app's)"
+        for name in sorted(pattern)
+    )
+    levels = facts[OPERATIONS.name].http_auth_levels
+    problems += OPERATIONS.say(
         f"HTTP function {name} has authLevel {level or 'unset'!r}: the Functions host would "
         "serve it without a function key; use func.AuthLevel.FUNCTION"
-        for name, level in sorted(facts.http_auth_levels.items())
+        for name, level in sorted(levels.items())
         if level not in KEYED_AUTH_LEVELS
-    ]
-    if not facts.http_auth_levels:
-        problems.append("no HTTP function was indexed: the operator API and dashboard are gone?")
+    )
+    if not levels:
+        problems += OPERATIONS.say(
+            ["no HTTP function was indexed: the operator API and dashboard are gone?"]
+        )
     infra = Infra.load(layout)
+    problems += PATTERN.say(_no_authentication_problems(infra.bind(PATTERN)))
+    return problems + OPERATIONS.say(_authentication_problems(layout, infra.bind(OPERATIONS)))
+
+
+def _no_authentication_problems(infra: Infra) -> list[str]:
+    """The app's App Service Authentication takes no app registration: never deployed."""
+    found = [
+        (bicep, resource)
+        for bicep, _, resource in infra.resources("Microsoft.Web/sites/config")
+        if _body(resource).get("name") == AUTH_SETTINGS
+    ]
+    problems = []
+    for bicep, resource in found:
+        client = (_body(resource).get("properties") or {}).get("identityProviders") or {}
+        client = ((client.get("azureActiveDirectory") or {}).get("registration") or {}).get(
+            "clientId"
+        )
+        origin_file, origin = parameter_origin(infra, bicep, client)
+        default = (
+            origin_file.params.get(origin, {}).get("default") if isinstance(origin, str) else None
+        )
+        if origin_file is infra.main or default != "":
+            problems.append(
+                f"App Service Authentication takes an app registration ({_short(origin)}), but "
+                "the app serves no HTTP: leave its client id empty"
+            )
+    return problems
+
+
+def _authentication_problems(layout: Layout, infra: Infra) -> list[str]:
+    problems: list[str] = []
     sites = list(infra.resources("Microsoft.Web/sites"))
     if len(sites) != 1:
         return [*problems, f"expected one function app (Microsoft.Web/sites), found {len(sites)}"]
@@ -2001,7 +2228,7 @@ _SERIALIZED_DATA_SHAPE = (
 
 
 @_checked
-def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_workbook(layout: Layout, facts: Facts) -> list[str]:
     """The operators' workbook: one ``Microsoft.Insights/workbooks`` resource that main.bicep
     always deploys, shared, named by a deterministic guid(), on the Application Insights
     component the function app exports its telemetry to (``sourceId`` and any
@@ -2044,7 +2271,7 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
             f"{_short(props.get('sourceId'))}"
         )
     else:
-        problems += _same_component_problems(infra, bicep, where, component)
+        problems += _same_component_problems(infra.bind(PATTERN), bicep, where, component)
     document_path, shape_problems = _serialized_data(infra, bicep, where, props, component)
     problems += shape_problems
     if document_path is not None:
@@ -2056,9 +2283,8 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
         except ValueError as exc:
             problems.append(f"{rel} does not parse as JSON: {exc}")
         else:
-            problems += workbook.problems(
-                document, facts.metric_names, rel, facts.metric_attributes
-            )
+            code = facts[PATTERN.name]
+            problems += workbook.problems(document, code.metric_names, rel, code.metric_attributes)
             if isinstance(document, dict) and "fallbackResourceIds" in document:
                 problems.append(
                     f"{rel}: holds fallbackResourceIds (a copy from the portal?); leave them "
@@ -2220,7 +2446,7 @@ def _workbook_role_problems(infra: Infra, bicep: BicepFile) -> list[str]:
     return problems
 
 
-def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
+def all_checks(facts: Facts) -> dict[str, Callable[[Layout], list[str]]]:
     """Every check by name, each taking only a Layout (code facts bound in)."""
     return {
         "parses": check_bicep_parses,
@@ -2234,6 +2460,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "roles": check_roles,
         "required_roles": check_required_roles,
         "data_roles": lambda layout: check_data_roles(layout, facts),
+        "surplus_roles": lambda layout: check_surplus_roles(layout, facts),
         "security": check_security,
         "alerts": check_alerts,
         "telemetry": check_telemetry,
@@ -2245,7 +2472,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
     }
 
 
-def run_all(layout: Layout, facts: CodeFacts) -> dict[str, list[str]]:
+def run_all(layout: Layout, facts: Facts) -> dict[str, list[str]]:
     """Problems by check name (only checks that found some)."""
     results = {name: check(layout) for name, check in all_checks(facts).items()}
     return {name: problems for name, problems in results.items() if problems}

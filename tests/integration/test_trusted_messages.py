@@ -254,14 +254,7 @@ async def test_forged_hand_outs_recover_nothing(rt, reader, sender, clock):
         bucket=bucket,
         hand_out="f" * 32,
         rows=(
-            DueRow(
-                order_id=order.order_id,
-                generation=1,
-                written_at=row.written_at,
-                found_due=row.due_at,
-                due_since=row.due_at,
-                etag=row.etag,
-            ),
+            DueRow(order_id=order.order_id, generation=1, found_due=row.due_at),
         ),
         leased_until=clock(),
         dispatched_at=clock(),
