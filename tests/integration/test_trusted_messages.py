@@ -253,9 +253,7 @@ async def test_forged_hand_outs_recover_nothing(rt, reader, sender, clock):
     forged = DueRows(
         bucket=bucket,
         hand_out="f" * 32,
-        rows=(
-            DueRow(order_id=order.order_id, generation=1, found_due=row.due_at),
-        ),
+        rows=(DueRow(order_id=order.order_id, generation=1, found_due=row.due_at),),
         leased_until=clock(),
         dispatched_at=clock(),
         requested_by="supervisor:mallory",
