@@ -21,10 +21,10 @@ order's ETag: a row handed out twice is recovered once.
 
 The lease ends before the next tick, so that tick sees what the fleet did not move on: the rows
 of the previous hand-out found due again (*returned*). From them each bucket measures the
-fleet's pace (:func:`pace`) and hands out at most what the fleet moved on in the last period,
-twice that while it kept up (at first :func:`first_hand_out`): the queue holds about a period
-of work, rows wait in the index (where ``GET /api/supervisor`` counts them), and a message
-rarely waits past its lease.
+fleet's pace (:func:`pace`), and the tick hands out at most what the fleet moved on in the last
+period, twice that while it kept up (at first :func:`first_hand_out`), the most overdue first
+(:func:`allowance`): the queue holds about a period of work, rows wait in the index (where
+``GET /api/supervisor`` counts them), and a message rarely waits past its lease.
 """
 
 from __future__ import annotations
@@ -85,23 +85,29 @@ class Pace:
     """Rows of it moved on within the lease."""
     rate: float
     """``moved_on`` per second since it."""
-    cap: int
-    """Rows the bucket may hand out this tick."""
 
 
-def pace(lease: BucketLease, at: datetime, rows: Sequence[ActiveRow], period_s: float) -> Pace:
+def pace(lease: BucketLease, at: datetime, rows: Sequence[ActiveRow]) -> Pace:
     """The fleet's pace on the bucket of ``lease`` as its rows due at ``at`` show it."""
     since = lease.dispatched_at
     returned = sum(1 for r in rows if since is not None and r.dispatched_at == since)
-    first = first_hand_out(period_s)
     if not lease.dispatched or since is None:
-        return Pace(returned, 0, 0.0, first)
+        return Pace(returned, 0, 0.0)
     moved_on = max(0, lease.dispatched - returned)
     seconds = (at - since).total_seconds()
-    rate = moved_on / seconds if seconds > 0 else 0.0
-    if returned:  # behind: what it moved on, and a message's worth to find out if it is back
-        return Pace(returned, moved_on, rate, max(rows_per_message(period_s), moved_on))
-    return Pace(returned, moved_on, rate, max(first, GROWTH * moved_on))
+    return Pace(returned, moved_on, moved_on / seconds if seconds > 0 else 0.0)
+
+
+def allowance(paces: Sequence[Pace], period_s: float) -> int:
+    """Rows the buckets of ``paces`` (those a tick holds) may hand out together this tick: what
+    the fleet moved on of their last hand-outs, twice that while it moved on all of them (and
+    :func:`first_hand_out` a bucket at least); while it fell behind, what it moved on, and one
+    message at least, to find out whether it is back. Counted over the buckets together, not
+    each: a fleet that is behind gets one message, not one for each of 16 buckets."""
+    moved_on = sum(p.moved_on for p in paces)
+    if any(p.returned for p in paces):
+        return max(rows_per_message(period_s), moved_on)
+    return max(len(paces) * first_hand_out(period_s), GROWTH * moved_on)
 
 
 MAX_READ: Final = 4000
@@ -109,8 +115,8 @@ MAX_READ: Final = 4000
 
 
 def read_limit(lease: BucketLease, page: int) -> int:
-    """How many rows due a tick reads in the bucket of ``lease``: a page, or as many as it may
-    hand out after its previous hand-out (:func:`pace`), up to :data:`MAX_READ`."""
+    """How many rows due a tick reads in the bucket of ``lease``: a page, or twice what it
+    handed out last (:func:`allowance`), up to :data:`MAX_READ`."""
     return min(MAX_READ, max(page, GROWTH * lease.dispatched))
 
 
@@ -129,7 +135,7 @@ class Chunk:
 
 
 def chosen(rows: Sequence[ActiveRow], cap: int) -> list[ActiveRow]:
-    """The ``cap`` most overdue of a bucket's ``rows``."""
+    """The ``cap`` most overdue of ``rows`` (of all the buckets a tick holds)."""
     return sorted(rows, key=lambda r: (r.overdue_since, r.row_key))[:cap]
 
 

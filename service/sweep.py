@@ -208,7 +208,7 @@ async def _sweep(
     period = rt.settings.supervisor_period.total_seconds()
     closing = []
     for f, done in zip(found, handled, strict=True):
-        paced = hand_out.pace(f.lease, f.at, f.rows, period)
+        paced = hand_out.pace(f.lease, f.at, f.rows)
         left = len(f.rows) - done
         report.left += left
         report.returned += paced.returned
@@ -225,14 +225,14 @@ async def _hand_out(
     deadline: float,
     report: TickReport,
 ) -> list[_Closing]:
-    """Hand the rows found due out to the fleet (:mod:`service.hand_out`): in each bucket at
-    most what the fleet's pace allows, most overdue first. A bucket whose rows were all handed
-    out is swept."""
+    """Hand the rows found due out to the fleet (:mod:`service.hand_out`): as many as the
+    fleet's pace allows, the most overdue first across the buckets. A bucket whose rows were
+    all handed out is swept."""
     period = rt.settings.supervisor_period.total_seconds()
-    paces = [hand_out.pace(f.lease, f.at, f.rows, period) for f in found]
-    chosen = [
-        (f.lease.bucket, hand_out.chosen(f.rows, p.cap)) for f, p in zip(found, paces, strict=True)
-    ]
+    paces = [hand_out.pace(f.lease, f.at, f.rows) for f in found]
+    allowed = hand_out.allowance(paces, period)
+    picked = {r.row_key for r in hand_out.chosen([r for f in found for r in f.rows], allowed)}
+    chosen = [(f.lease.bucket, [r for r in f.rows if r.row_key in picked]) for f in found]
     plan = hand_out.chunks(chosen, hand_out.rows_per_message(period))
     until = claimed_at + rt.settings.supervisor_claim
     began = time.monotonic()
