@@ -34,7 +34,8 @@ Reading the JSON (one document on stdout; times in seconds):
 - ``model``: :mod:`benchmarks.recovery_model` calibrated on these measurements (CPU per
   recovery, operations per recovery) and on the published limits: 100,000 orders due at once
   drained by the fleet sizes of docs/capacity.md at the production period, and which limit binds.
-- ``load_average_*``, ``cpus``: the machine these numbers come from.
+- ``load_average_*`` (and each run's ``load_average`` before and after it), ``cpus``: the
+  machine these numbers come from.
 """
 
 from __future__ import annotations
@@ -112,8 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     for round_ in range(args.rounds):
         for hosts in counts:
+            before = os.getloadavg()
             run = asyncio.run(run_once(hosts, args, workdir / f"r{round_}-h{hosts}"))
             run["round"] = round_
+            run["load_average"] = {"before": _rounded(before), "after": _rounded(os.getloadavg())}
             print(f"round {round_}, {hosts} host(s): {short(run)}", file=sys.stderr, flush=True)
             runs.append(run)
     summary = summarize(runs, counts)
@@ -123,14 +126,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "retry_delay_s": args.retry_delay,
         "timer": "every host" if args.timer_on_every_host else "host 0 only (as in Azure)",
         "cpus": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "load_average_before": _rounded(load_before),
+        "load_average_after": _rounded(os.getloadavg()),
         "summary": summary,
         "model": recovery_model.report(recovery_model.calibrate(summary)),
         "runs": runs,
     }
     print(json.dumps(document, indent=2))
     return 0
+
+
+def _rounded(load: Sequence[float]) -> list[float]:
+    return [round(x, 2) for x in load]
 
 
 def short(run: Mapping[str, Any]) -> str:

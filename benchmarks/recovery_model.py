@@ -13,11 +13,12 @@ It is a model, not a measurement. What it assumes:
   ``UTILISATION`` / (host CPU per recovery, as the local hosts spent it). The local hosts'
   CPU includes what only the local stack spends in them (the local host's own trigger code);
   Azure's network calls cost the same CPU in the SDK or more (TLS), so this is no lower bound.
-- **The tick hands out at the pace the fleet keeps** (:mod:`service.hand_out`): each of the 16
-  buckets starts at ``first_hand_out`` rows per period and doubles while the fleet moved on all
-  it was given, else hands out what was moved on. The first tick comes half a period after the
-  stall on average. No hand-out comes back unmoved: at the production period a message's lease
-  is 13 s, and a message of 32 rows is recovered in a small part of it.
+- **The tick hands out at the pace the fleet keeps** (:func:`service.hand_out.allowance`, over
+  the 16 buckets together): at first ``first_hand_out`` rows a bucket, then twice what the fleet
+  moved on in the last period while it moved on all it was given, else what it moved on. The
+  first tick comes half a period after the stall on average. What the fleet did not move on by
+  the next tick comes back due (a message's lease is 13 s at the production period) and waits
+  for a later tick; a message of 32 rows is recovered in a small part of that lease.
 - **Every limit is a rate**: per recovery, the Table requests and Service Bus operations the
   code makes (the integration tests pin them: the order's read and transaction and its retry
   command; per message of ``rows_per_message`` rows, a mark, a query and a move on, a send, a
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from adapters.store.active_index import INDEX_BUCKETS
-from service.hand_out import MAX_READ, first_hand_out, rows_per_message
+from service.hand_out import MAX_READ, Pace, allowance, rows_per_message
 
 TABLE_ACCOUNT_PER_S: Final = 20_000
 """Requests a second per storage account (Scalability targets for Table storage)."""
@@ -159,27 +160,30 @@ def limits(
 
 def drain_s(due: int, rate: float, period_s: float) -> float:
     """Seconds from the stall until the last of ``due`` rows is recovered, at ``rate`` a second
-    once handed out, the hand-out pacing itself as :mod:`service.hand_out` does."""
-    first = first_hand_out(period_s)
-    per_bucket_cap = first
+    once handed out, each tick handing out what :func:`service.hand_out.allowance` allows it
+    (the 16 buckets held by one instance, the rows spread evenly over them)."""
+    idle = Pace(returned=0, moved_on=0, rate=0.0)
+    paces = [idle] * INDEX_BUCKETS
     left, queued, elapsed = due, 0.0, period_s / 2
     while left > 0 or queued > 0:
-        cap = min(INDEX_BUCKETS * per_bucket_cap, INDEX_BUCKETS * MAX_READ)
+        cap = min(allowance(paces, period_s), INDEX_BUCKETS * MAX_READ)
         handed = min(left, cap)
         left -= handed
         queued += handed
         capacity = rate * period_s
-        if queued <= capacity:
+        if queued <= capacity:  # all moved on within the period
             elapsed += queued / rate
             if left == 0:
                 return elapsed
             elapsed += period_s - queued / rate
-            moved_on, queued = queued, 0.0
-            per_bucket_cap = max(first, math.ceil(2 * moved_on / INDEX_BUCKETS))
-        else:
+            moved_on, returned, queued = queued, 0, 0.0
+        else:  # the rest comes back due at the lease's end
+            moved_on, returned = capacity, queued - capacity
             queued -= capacity
             elapsed += period_s
-            per_bucket_cap = max(first, math.ceil(capacity / INDEX_BUCKETS))
+        share = [math.ceil(moved_on / INDEX_BUCKETS)] * INDEX_BUCKETS
+        back = [math.ceil(returned / INDEX_BUCKETS)] * INDEX_BUCKETS
+        paces = [Pace(r, m, m / period_s) for r, m in zip(back, share, strict=True)]
     return elapsed
 
 
