@@ -28,8 +28,10 @@ Reading the JSON (one document on stdout; times in seconds):
   max) against ``bound.detection_s`` (period + budget + period + tolerance), ``recoveries_per_s``
   and ``per_host`` (who released how many), ``operations_per_recovery`` (Table requests and
   Service Bus operations the hosts counted at the SDK over the drain, divided by the orders),
-  ``cpu_s`` (CPU seconds of each process over the drain: whether the machine's cores are what
-  limits it) and the Supervisor's ticks over the drain as host 0 logged them.
+  ``cpu_s`` (CPU seconds of each process over the drain), ``machine`` (the share of all the
+  machine's cores that was busy over the drain, and the share these processes had: ``busy``
+  near 1 says the cores are what limits it) and the Supervisor's ticks over the drain as host 0
+  logged them.
 - ``summary``: per host count, medians over the rounds; ``speedup`` of the most hosts over one.
 - ``model``: :mod:`benchmarks.recovery_model` calibrated on these measurements (CPU per
   recovery, operations per recovery) and on the published limits: 100,000 orders due at once
@@ -211,12 +213,13 @@ async def measure(
     actionable = deadline + skew
     await asyncio.sleep(max(0.0, (actionable - utc_now()).total_seconds() - 0.5))
     ops_before, cpu_before = operations(stack.workdir), cpu(stack, pids)
+    machine_before = machine_cpu()
     log_mark = len(_read(stack.workdir / "host-0.log"))
     profiles = (
         [Profile.start(n, pid, stack.workdir) for n, pid in pids.items()] if args.profile else []
     )
     waited = await wait_moved_on(rt, set(created), actionable, args.timeout)
-    cpu_after = cpu(stack, pids)
+    cpu_after, machine_after = cpu(stack, pids), machine_cpu()
     profiled = {p.name: p.stop() for p in profiles}
     await asyncio.sleep(SETTLE_S)
     ops_after = operations(stack.workdir)
@@ -247,6 +250,7 @@ async def measure(
         "operations_per_recovery": {k: round(v / max(1, len(released)), 3) for k, v in ops.items()},
         "cpu_s": used,
         "host_cpu_ms_per_recovery": round(1000 * host_cpu / max(1, len(released)), 3),
+        "machine": machine_share(machine_before, machine_after, sum(used.values())),
         "ticks": ticks_logged(_read(stack.workdir / "host-0.log")[log_mark:]),
         **({"profile": profiled} if profiled else {}),
     }
@@ -410,6 +414,29 @@ def cpu(stack: LocalStack, hosts: Mapping[str, int]) -> dict[str, float]:
     return {name: process_cpu_seconds(pid) for name, pid in pids.items()}
 
 
+def machine_cpu() -> tuple[float, float, float]:
+    """The machine's CPU seconds so far, busy and in all (every core, from /proc/stat), and the
+    monotonic time they were read at."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - idle) / tick, sum(fields) / tick, time.monotonic()
+
+
+def machine_share(
+    before: tuple[float, float, float], after: tuple[float, float, float], ours_s: float
+) -> dict[str, float]:
+    """Over the drain, the share of all the machine's cores that was busy (``busy``: near 1,
+    the cores are what limits the drain), and the share this benchmark's processes had
+    (``ours``; the rest went to whatever else ran on the machine)."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    cores_s = (after[2] - before[2]) * (os.cpu_count() or 1)
+    return {
+        "busy": round(busy / total, 3) if total > 0 else 0.0,
+        "ours": round(ours_s / cores_s, 3) if cores_s > 0 else 0.0,
+    }
+
+
 def operations(workdir: Path) -> dict[str, int]:
     """Storage requests and Service Bus operations the hosts counted, added up."""
     total: Counter[str] = Counter()
@@ -494,6 +521,10 @@ def summarize(runs: Sequence[Mapping[str, Any]], counts: Sequence[int]) -> dict[
             "cpu_s": {
                 name: round(statistics.median(r["cpu_s"].get(name, 0.0) for r in mine), 2)
                 for name in sorted({n for r in mine for n in r["cpu_s"]})
+            },
+            "machine": {
+                k: round(statistics.median(r["machine"][k] for r in mine), 3)
+                for k in ("busy", "ours")
             },
             "tick_s_per_message": round(
                 statistics.median(
