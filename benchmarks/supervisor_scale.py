@@ -8,9 +8,10 @@ runs the same against one shared in-memory store instead, for a quick check of t
 
 1. N Supervisor instances start, each a task on one event loop with its own
    :class:`service.runtime.Runtime` (own ``instance_id``, own Table clients) over the same tables
-   and one in-memory bus. Each ticks on the schedule grid like the Functions timer: at every
-   multiple of the period in wall-clock UTC, skipping an occurrence while its previous tick
-   still runs. A tick is the
+   and one in-memory bus; each also takes the rows ticks hand out (DueRows on the commands
+   queue), as its commands trigger would (:mod:`service.recovery`). Each ticks on the
+   schedule grid like the Functions timer: at every multiple of the period in wall-clock UTC,
+   skipping an occurrence while its previous tick still runs. A tick is the
    real :func:`service.sweep.run_tick` with the period, lease and budget of
    ``supervisor_schedule = "*/<period> * * * * *"``.
 2. ``--orders`` orders are created in flight (as intake creates them), their CompleteBy
@@ -92,9 +93,10 @@ from benchmarks.supervisor_tick import QUEUES
 from devstack.memory import MemoryBus, MemoryStore
 from devstack.stack.azurite import AzuriteProcess
 from domain import events, lifecycle
-from domain.messages import OrderSubmitted, utc_now
+from domain.messages import DueRows, OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from service import apply
+from service.recovery import handle_due_rows
 from service.runtime import Runtime
 from service.sweep import run_tick
 from service.sweep_report import TickReport
@@ -270,9 +272,28 @@ class Instance:
     skipped: int = 0
     died_at: float | None = None
     task: asyncio.Task[None] | None = None
+    recovered_from_hand_outs: int = 0
+    hand_outs: HandOuts | None = None
+    consumer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=self.name)
+        if self.hand_outs is not None:
+            self.consumer = asyncio.create_task(self._consume(), name=f"{self.name}-commands")
+
+    async def _consume(self) -> None:
+        """Take the rows ticks handed out (DueRows on the commands queue), as the commands
+        trigger of this instance would, until told to stop or killed."""
+        assert self.hand_outs is not None
+        TICKING.set(self.name)
+        while not self.stop.is_set() and self.died_at is None:
+            message = self.hand_outs.take()
+            if message is None:
+                await asyncio.sleep(0.02)
+                continue
+            outcomes = await handle_due_rows(self.rt, message, caused_by=None)
+            self.recovered_from_hand_outs += outcomes.retried + outcomes.compensating
+            self.recovered_from_hand_outs += outcomes.failed
 
     async def _run(self) -> None:
         TICKING.set(self.name)
@@ -320,11 +341,29 @@ class Instance:
         self.ticks.append(TickRecord(occurrence, started, report, error, delta, last))
 
     def recovered(self) -> int:
-        return sum(
+        return self.recovered_from_hand_outs + sum(
             t.report.retried + t.report.compensating + t.report.failed
             for t in list(self.ticks)
             if t.report is not None
         )
+
+
+class HandOuts:
+    """The commands queue of the shared in-memory bus, as its consumers see it: each DueRows
+    message taken by one of them."""
+
+    def __init__(self, bus: MemoryBus, queue: str) -> None:
+        self._bus = bus
+        self._queue = queue
+        self._seen = 0
+
+    def take(self) -> DueRows | None:
+        while self._seen < len(self._bus.sent):
+            sent = self._bus.sent[self._seen]
+            self._seen += 1
+            if sent.queue == self._queue and isinstance(sent.message, DueRows):
+                return sent.message
+        return None
 
 
 def next_grid(now: float, period: float) -> float:
@@ -406,6 +445,9 @@ async def run_one(
 
     stop = asyncio.Event()
     instances = [new_instance(f"sup{i}-{tag}", i, backend, settings, bus, stop) for i in range(n)]
+    hand_outs = HandOuts(bus, settings.queue("commands"))
+    for instance in instances:
+        instance.hand_outs = hand_outs
     started = time.time()
     window_start = started + args.warmup_periods * period
     window = args.window_periods * period
@@ -447,7 +489,8 @@ async def run_one(
     finally:
         creating.cancel()
         stop.set()
-        await asyncio.wait([i.task for i in instances if i.task is not None], timeout=60)
+        tasks = [t for i in instances for t in (i.task, i.consumer) if t is not None]
+        await asyncio.wait(tasks, timeout=60)
     created_s = created_at - started
     ended = time.time()
     roster = await observer.store.supervision.read()

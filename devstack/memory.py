@@ -101,11 +101,59 @@ class MemoryIndex:
     async def postpone(self, row: ActiveRow, due: datetime) -> bool:
         await _round_trip()
         key = (row.order_id, row.generation)
-        if self._rows.get(key) != row:
+        stored = self._rows.get(key)
+        if stored is None:
             return False
+        if stored.etag != row.etag:
+            if not (row.dispatch_id and stored.dispatch_id):
+                return False
+            await _round_trip()  # the row read again: handed out again since, moved on that
         etag = f"i{next(self._etags)}"
-        self._rows[key] = dataclasses.replace(row, due_at=due, etag=etag)
+        self._rows[key] = dataclasses.replace(
+            stored, due_at=due, etag=etag, dispatch_id="", dispatched_at=None, due_since=None
+        )
         return True
+
+    async def move_on(self, moves: Sequence[tuple[ActiveRow, datetime]]) -> int:
+        await _round_trip()
+        moved = 0
+        for row, due in moves:  # the Table store's transaction, or row by row once refused
+            moved += await self.postpone(row, due)
+        return moved
+
+    async def handed_out(self, bucket: int, row_keys: Sequence[str]) -> tuple[ActiveRow, ...]:
+        await _round_trip()
+        wanted = set(row_keys)
+        return tuple(
+            row
+            for row in self.rows()
+            if row.partition_key == bucket_partition(bucket)
+            and row.row_key in wanted
+            and row.dispatch_id
+        )
+
+    async def hand_out(
+        self, rows: Sequence[ActiveRow], until: datetime, at: datetime, dispatch_id: str
+    ) -> tuple[ActiveRow, ...]:
+        await _round_trip()
+        if len({row.partition_key for row in rows}) > 1 or len(rows) > 100:
+            raise ValueError("hand out at most 100 rows of one bucket at once")
+        marked = []
+        for row in rows:
+            key = (row.order_id, row.generation)
+            stored = self._rows.get(key)
+            if stored is None or stored.etag != row.etag:
+                continue  # changed since found: the Table store's second try leaves it out
+            self._rows[key] = dataclasses.replace(
+                stored,
+                due_at=until,
+                etag=f"i{next(self._etags)}",
+                dispatch_id=dispatch_id,
+                dispatched_at=at,
+                due_since=stored.overdue_since,
+            )
+            marked.append(self._rows[key])
+        return tuple(marked)
 
     async def due(self, bucket: int, now: datetime, limit: int = 1000) -> tuple[ActiveRow, ...]:
         await _round_trip()
@@ -153,7 +201,7 @@ class MemoryIndex:
         current = self._rows.get((row.order_id, row.generation))
         if current is None:
             return True  # gone already, as the Table store reports it
-        if current != row:
+        if current.etag != row.etag:
             return False
         del self._rows[(row.order_id, row.generation)]
         return True

@@ -49,6 +49,14 @@ ReplayDeadLetter    ``replay:<queue role>:<sequence_number>`` - one dead letter 
                     Bus numbers each message of a queue once, and a dead letter keeps its number
                     (a replayed copy that dies again is another message, with another number).
                     A replay asked for again after a crash is the same message.
+DueRows             ``due:<bucket>:<sha256 of the rows, each with the due time it was found at>``
+                    - one hand-out of index rows by a Supervisor tick. The tick hands a row out
+                    only on a write conditional on the row as found, which moves its due time:
+                    the same rows found at the same due times are the same hand-out (a send
+                    repeated after a lost answer), and a row that comes due again (its lease
+                    over, nobody moved it on) is found at a new due time, so its next hand-out
+                    is another message. Copies may differ in the lease, the sender and the
+                    write id, which the hand-out's own write sets.
 StatusUpdate        ``st:<order_id>:<sequence>`` - the order's status sequence number, which one
                     conditional write assigns and no later one reuses (not even a resubmission).
 OperatorAlert       ``alert:<order_id or ->:<reason>:`` and what makes the event it reports one:
@@ -525,6 +533,50 @@ class ReplayDeadLetter(MessageBase):
             raise ValueError(f"body is not base64: {error}") from None
 
 
+MAX_DUE_ROWS: Final = 100
+"""Rows one DueRows message carries: at most one Table transaction of the bucket's marks."""
+MAX_BUCKET: Final = 255
+Generation = Annotated[StrictInt, AfterValidator(ids.validate_generation)]
+
+
+class DueRow(BaseModel):
+    """One active-index row a Supervisor tick found due and handed out (:class:`DueRows`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    order_id: OrderId
+    generation: Generation
+    found_due: UtcDatetime
+    """The row's due time as the tick found it: with the row, it names this hand-out."""
+
+
+class DueRows(MessageBase):
+    """Supervisor -> scheduler-commands: rows of one index bucket found due, for whichever
+    instance takes the message to recover (:mod:`service.recovery`).
+
+    The tick marks the rows handed out until ``leased_until`` before it sends this; a row not
+    moved on by then comes due again and is handed out anew. The instance that takes it reads
+    the rows first and recovers those still handed out, by this hand-out or a later one.
+    """
+
+    type: Literal["DueRows"] = "DueRows"
+    bucket: Annotated[StrictInt, Field(ge=0, le=MAX_BUCKET)]
+    hand_out: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    """The id the tick marked the rows with (``DispatchId``): a write id, not part of the
+    message's identity."""
+    rows: Annotated[tuple[DueRow, ...], Field(min_length=1, max_length=MAX_DUE_ROWS)]
+    leased_until: UtcDatetime
+    dispatched_at: UtcDatetime
+    requested_by: Actor
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DueRows:
+        keys = [(row.order_id, row.generation) for row in self.rows]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a row appears twice")
+        return self
+
+
 class StatusUpdate(MessageBase):
     """Scheduler -> the submitter's reply queue. ``sequence`` orders updates of one order.
 
@@ -571,6 +623,7 @@ MESSAGE_TYPES: Final[dict[str, type[MessageBase]]] = {
         SchedulerCommand,
         SendOwed,
         ReplayDeadLetter,
+        DueRows,
         StatusUpdate,
         OperatorAlert,
     )
@@ -772,6 +825,12 @@ def _short_hash(*parts: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _rows_hash(rows: tuple[DueRow, ...]) -> str:
+    """The rows of a hand-out, each with the due time it was found at, whatever their order."""
+    found = sorted(f"{r.order_id}.{r.generation}@{r.found_due.isoformat()}" for r in rows)
+    return hashlib.sha256("\n".join(found).encode("utf-8")).hexdigest()[:40]
+
+
 def _event(alert: OperatorAlert) -> str:
     """What makes the event ``alert`` reports one (the rules in the module docstring)."""
     if alert.caused_by is not None:
@@ -796,6 +855,8 @@ def message_id_for(message: MessageBase) -> str:
             prefix, rest = "owed", f"{message.order_id}:{message.timeline_seq}"
         case ReplayDeadLetter():
             prefix, rest = "replay", f"{message.queue}:{message.sequence_number}"
+        case DueRows():
+            prefix, rest = "due", f"{message.bucket}:{_rows_hash(message.rows)}"
         case StatusUpdate():
             prefix, rest = "st", f"{message.order_id}:{message.sequence}"
         case OperatorAlert():

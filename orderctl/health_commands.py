@@ -1,4 +1,4 @@
-"""`orderctl supervisor` and `health`: the Supervisor's lag, bucket leases and recovery
+"""`orderctl supervisor` and `health`: the Supervisor's lag, backlog, bucket leases and recovery
 bound; whether the app's settings, orders table and Service Bus work."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from orderctl.plain_text import text
 async def supervisor(
     json_out: Json = False, wide: Wide = False, workdir: Workdir = DEFAULT_WORKDIR
 ) -> None:
-    """Show the Supervisor's lag, who sweeps which bucket, and the recovery bound."""
+    """Show the Supervisor's lag, its backlog and how fast it drains, who sweeps which bucket,
+    and the recovery bound."""
     screen = output(json_out, wide)
     async with connection.operations(workdir) as ops:
         view = await ops.supervisor()
@@ -41,6 +42,16 @@ def show_supervisor(view: Any, screen: Console) -> None:
             f"lease {bound['lease_s']:g} s)",
         )
     )  # fmt: skip
+    drain = "unknown" if view.time_to_drain_s is None else f"{view.time_to_drain_s:.1f} s"
+    late = "" if view.drains_within_period else " — not within a period: recoveries run late"
+    screen.print(
+        Text.assemble(
+            "backlog ", (f"{view.backlog}", "bold"),
+            f" rows due ({view.left} left for the next tick); drained at "
+            f"{view.drain_rate:.1f} rows/s; time to drain {drain}",
+            (late, "red"),
+        )
+    )  # fmt: skip
     if view.unswept_buckets:
         screen.print(
             Text.assemble(
@@ -48,7 +59,9 @@ def show_supervisor(view: Any, screen: Console) -> None:
                 ", ".join(str(b) for b in view.unswept_buckets),
             )
         )
-    table = Table("bucket", "holder", "swept", "by", "lag s", "due", title="buckets")
+    table = Table(
+        "bucket", "holder", "swept", "by", "lag s", "due", "handed out", "rows/s", title="buckets"
+    )
     for b in view.buckets:
         table.add_row(
             str(b.bucket),
@@ -57,6 +70,8 @@ def show_supervisor(view: Any, screen: Console) -> None:
             text(b.swept_by or "-"),
             f"{b.lag_s:.1f}",
             str(b.due_found),
+            str(b.dispatched),
+            f"{b.drain_rate:.1f}",
         )
     screen.print(table)
 

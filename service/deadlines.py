@@ -52,12 +52,17 @@ def message() -> AbstractContextManager[None]:
 
 
 def tick(settings: Settings, budget_s: float) -> AbstractContextManager[None]:
-    """The bound of a Supervisor tick whose budget is ``budget_s``: its claim, or its budget
-    plus the claim's slack when a caller gives it a longer budget than the settings'; at least
-    :data:`TICK_FLOOR`."""
+    """The bound of a Supervisor tick whose budget is ``budget_s`` (:func:`tick_seconds`)."""
+    return deadline.within(tick_seconds(settings, budget_s))
+
+
+def tick_seconds(settings: Settings, budget_s: float) -> float:
+    """How long a tick whose budget is ``budget_s`` may make Table calls: its claim, or its
+    budget plus the claim's slack when a caller gives it a longer budget than the settings';
+    at least :data:`TICK_FLOOR`."""
     claim = settings.supervisor_claim.total_seconds()
     slack = claim - settings.supervisor_budget.total_seconds()
-    return deadline.within(max(claim, budget_s + slack, TICK_FLOOR.total_seconds()))
+    return max(claim, budget_s + slack, TICK_FLOOR.total_seconds())
 
 
 def http_request() -> AbstractContextManager[None]:

@@ -4,7 +4,8 @@ Each tick is one span. What it writes or sends for an order runs in a ``supervis
 span in that order's trace, linked to the tick (service/sweep.py), so the retry and
 compensation messages continue the order's trace.
 Any number of instances may tick at once: they share the work through per-bucket leases
-(:mod:`service.leases`).
+(:mod:`service.leases`). A tick that finds many rows due hands them out to every instance
+through the scheduler-commands queue (:mod:`service.hand_out`, :mod:`service.recovery`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ async def supervisor(timer: func.TimerRequest) -> None:
                 "supervisor.buckets_held": report.held,
                 "supervisor.buckets_swept": report.swept,
                 "supervisor.due": report.due,
+                "supervisor.handed_out": report.handed_out,
+                "supervisor.left": report.left,
                 "supervisor.lag_s": report.lag_s,
             }
         )

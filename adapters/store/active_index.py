@@ -22,6 +22,13 @@ table cannot answer "which orders are in flight" without a scan, so a second tab
   moves it later leaves the row as it was (early); the Supervisor, finding a row due whose
   order is not, moves the row up to the order's due time, conditional on the row's ETag, so a
   concurrent earlier write always wins.
+- A tick that finds more rows due than it handles itself hands them out
+  (:meth:`ActiveOrderIndex.hand_out`): one transaction per message's rows moves their
+  ``DueAt`` to a lease and records the hand-out (``DispatchId``, ``DispatchedAt``, and
+  ``DueSince``: when the row first came due), conditional on each row as found. While the lease
+  runs the row may be later than its order's due time: the order is due already, and a message
+  for it is on its way to whichever instance recovers it. The recovery moves the row on (and
+  clears the hand-out); a row nobody moved on comes due again when the lease ends.
 - Rows whose order is missing or at a later generation are garbage, removed by
   :meth:`ActiveOrderIndex.reap` once older than a grace period (a create may still be on its
   way after its row was written) and unchanged since listed (ETag: a resubmit may have
@@ -31,12 +38,14 @@ table cannot answer "which orders are in flight" without a scan, so a second tab
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from azure.core.exceptions import (
     AzureError,
@@ -45,7 +54,7 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import UpdateMode
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters.store.rows import ActivePage, ActiveRow, CorruptOrderState, etag_of, if_unchanged, utc
 from adapters.tables import Entity, Pages, Table, may_have_applied
@@ -69,6 +78,8 @@ def index_row_key(order_id: str, generation: int) -> str:
 
 
 MAX_PAGE: Final = 1000  # the most rows one Table query response holds
+MAX_TRANSACTION: Final = 100  # the most rows one entity group transaction changes
+DISPATCH_ID: Final = "DispatchId"
 
 _log = logging.getLogger(__name__)
 
@@ -114,25 +125,151 @@ class ActiveOrderIndex:
 
     async def postpone(self, row: ActiveRow, due: datetime) -> bool:
         """Move ``row``'s due time to ``due`` unless the row changed since it was read (an
-        earlier due time written meanwhile must win); True if moved. A move whose answer was
-        lost is read back: moved if the row is due at ``due``."""
-        try:
-            await self._table.update_entity(
-                {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)},
-                mode=UpdateMode.MERGE,
-                **if_unchanged(row.etag),
+        earlier due time written meanwhile must win), and end its hand-out if it had one; True
+        if moved. A move whose answer was lost is read back: moved if the row is due at ``due``.
+
+        A handed-out row that changed since is read: if it is handed out again (its lease ran
+        out while the recovery that decided ``due`` was on its way), nobody else moved it on,
+        and it is moved on that version."""
+        moved = await self._move(row, due)
+        if moved is not None:
+            return moved
+        if not row.dispatch_id:
+            return False
+        stored = await self._read(row.partition_key, row.row_key)
+        if stored is None or not stored.dispatch_id:
+            return False
+        return await self._move(stored, due) is True
+
+    async def move_on(self, moves: Sequence[tuple[ActiveRow, datetime]]) -> int:
+        """:meth:`postpone` each row to its due time, the rows of one bucket (at most
+        :data:`MAX_TRANSACTION`) in one transaction; how many were moved. A transaction refused
+        (a row changed since it was read) or whose answer was lost is done row by row, each as
+        :meth:`postpone` does it."""
+        if not moves:
+            return 0
+        if len({row.partition_key for row, _ in moves}) > 1 or len(moves) > MAX_TRANSACTION:
+            raise ValueError(f"move at most {MAX_TRANSACTION} rows of one bucket at once")
+        operations = [
+            (
+                "update",
+                {
+                    "PartitionKey": row.partition_key,
+                    "RowKey": row.row_key,
+                    "DueAt": utc(due),
+                    DISPATCH_ID: "",
+                },
+                {"mode": UpdateMode.MERGE, **if_unchanged(row.etag)},
             )
-        except (ResourceModifiedError, ResourceNotFoundError):
+            for row, due in moves
+        ]
+        try:
+            await self._table.submit_transaction(operations)  # type: ignore[arg-type]
+        except AzureError as exc:
+            if not isinstance(exc, TableTransactionError) and not may_have_applied(exc):
+                raise
+            moved = await asyncio.gather(*(self.postpone(row, due) for row, due in moves))
+            return sum(moved)
+        return len(moves)
+
+    async def _move(self, row: ActiveRow, due: datetime) -> bool | None:
+        """None if ``row`` changed since it was read."""
+        moved = {"PartitionKey": row.partition_key, "RowKey": row.row_key, "DueAt": utc(due)}
+        if row.dispatch_id:
+            moved[DISPATCH_ID] = ""
+        try:
+            await self._table.update_entity(moved, mode=UpdateMode.MERGE, **if_unchanged(row.etag))
+        except ResourceModifiedError:
+            return None
+        except ResourceNotFoundError:
             return False
         except AzureError as exc:
             if not may_have_applied(exc):
                 raise
-            try:
-                stored = await self._table.get_entity(row.partition_key, row.row_key)
-            except ResourceNotFoundError:
-                return False
-            return _active_row(stored).due_at == utc(due)
+            stored = await self._read(row.partition_key, row.row_key)
+            return stored is not None and stored.due_at == utc(due) and not stored.dispatch_id
         return True
+
+    async def _read(self, partition_key: str, row_key: str) -> ActiveRow | None:
+        """One row as stored now (one point read); None if it is not there."""
+        try:
+            return _active_row(await self._table.get_entity(partition_key, row_key))
+        except ResourceNotFoundError:
+            return None
+
+    async def handed_out(self, bucket: int, row_keys: Sequence[str]) -> tuple[ActiveRow, ...]:
+        """Those of the rows ``row_keys`` of ``bucket`` that are still handed out (by whichever
+        hand-out): one query over their range of keys, in key order."""
+        if not row_keys:
+            return ()
+        wanted = set(row_keys)
+        query = self._table.query_entities(
+            "PartitionKey eq @pk and RowKey ge @first and RowKey le @last "
+            f"and {DISPATCH_ID} ne @none",
+            parameters={
+                "pk": bucket_partition(bucket),
+                "first": min(wanted),
+                "last": max(wanted),
+                "none": "",
+            },
+            results_per_page=MAX_PAGE,
+        )
+        return tuple([_active_row(e) async for e in query if e["RowKey"] in wanted])
+
+    async def hand_out(
+        self, rows: Sequence[ActiveRow], until: datetime, at: datetime, dispatch_id: str
+    ) -> tuple[ActiveRow, ...]:
+        """Mark ``rows`` (of one bucket, at most :data:`MAX_TRANSACTION`) handed out by
+        ``dispatch_id`` at ``at``, due again at ``until``, each on condition that it is still
+        as found. Returns the rows marked, with their new versions; a row that changed since it
+        was found (moved on, or handed out by another tick) is left out.
+
+        One transaction. One refused (a row changed: recoveries move rows on while a tick
+        marks) is tried once more without the rows that changed (read one by one); refused
+        again, each row is marked on its own. A write whose answer was lost is read back: ours
+        if the row carries ``dispatch_id``."""
+        if len({row.partition_key for row in rows}) > 1 or len(rows) > MAX_TRANSACTION:
+            raise ValueError(f"hand out at most {MAX_TRANSACTION} rows of one bucket at once")
+        for _ in range(2):
+            if not rows:
+                return ()
+            operations = [_handed_out(row, until, at, dispatch_id) for row in rows]
+            try:
+                results = await self._table.submit_transaction(operations)  # type: ignore[arg-type]
+            except AzureError as exc:
+                refused = isinstance(exc, TableTransactionError)
+                if not refused and not may_have_applied(exc):
+                    raise
+                current = await asyncio.gather(
+                    *(self._read(r.partition_key, r.row_key) for r in rows)
+                )
+                if not refused:
+                    return tuple(r for r in current if r and r.dispatch_id == dispatch_id)
+                rows = [r for r, now in zip(rows, current, strict=True) if now == r]
+                continue
+            return tuple(
+                _marked(row, until, at, dispatch_id, str(result.get("etag")))
+                for row, result in zip(rows, results, strict=True)
+            )
+        one_by_one = await asyncio.gather(
+            *(self._hand_out_one(row, until, at, dispatch_id) for row in rows)
+        )
+        return tuple(row for row in one_by_one if row is not None)
+
+    async def _hand_out_one(
+        self, row: ActiveRow, until: datetime, at: datetime, dispatch_id: str
+    ) -> ActiveRow | None:
+        _, marked, options = _handed_out(row, until, at, dispatch_id)
+        try:
+            answer = await self._table.update_entity(marked, **options)
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return None
+        except AzureError as exc:
+            if not may_have_applied(exc):
+                raise
+            stored = await self._read(row.partition_key, row.row_key)
+            return stored if stored is not None and stored.dispatch_id == dispatch_id else None
+        return _marked(row, until, at, dispatch_id, str(answer.get("etag")))
 
     async def due(self, bucket: int, now: datetime, limit: int = MAX_PAGE) -> tuple[ActiveRow, ...]:
         """Up to ``limit`` rows of one bucket due at or before ``now``, earliest first.
@@ -265,8 +402,39 @@ async def first_rows(pages: Pages, decode: Callable[[Entity], Row]) -> tuple[tup
     return (), False
 
 
+def _handed_out(row: ActiveRow, until: datetime, at: datetime, dispatch_id: str) -> tuple[Any, ...]:
+    marked = {
+        "PartitionKey": row.partition_key,
+        "RowKey": row.row_key,
+        "DueAt": utc(until),
+        DISPATCH_ID: dispatch_id,
+        "DispatchedAt": utc(at),
+        "DueSince": utc(row.overdue_since),
+    }
+    return ("update", marked, {"mode": UpdateMode.MERGE, **if_unchanged(row.etag)})
+
+
+def _marked(
+    row: ActiveRow, until: datetime, at: datetime, dispatch_id: str, etag: str
+) -> ActiveRow:
+    return dataclasses.replace(
+        row,
+        due_at=utc(until),
+        etag=etag,
+        dispatch_id=dispatch_id,
+        dispatched_at=utc(at),
+        due_since=row.overdue_since,
+    )
+
+
+def _when(entity: Entity, name: str) -> datetime | None:
+    value = entity.get(name)
+    return utc(value) if isinstance(value, datetime) else None
+
+
 def _active_row(entity: Entity) -> ActiveRow:
     try:
+        dispatch_id = str(entity.get(DISPATCH_ID) or "")
         return ActiveRow(
             order_id=entity["OrderID"],
             generation=int(entity["Generation"]),
@@ -276,6 +444,9 @@ def _active_row(entity: Entity) -> ActiveRow:
             partition_key=entity["PartitionKey"],
             row_key=entity["RowKey"],
             etag=etag_of(entity),
+            dispatch_id=dispatch_id,
+            dispatched_at=_when(entity, "DispatchedAt") if dispatch_id else None,
+            due_since=_when(entity, "DueSince") if dispatch_id else None,
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptOrderState(

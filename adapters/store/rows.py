@@ -442,6 +442,17 @@ class ActiveRow:
     partition_key: str
     row_key: str
     etag: str
+    dispatch_id: str = ""
+    """Set while a Supervisor tick has handed the row out (the MessageId of that hand-out,
+    :class:`domain.messages.DueRows`); ``due_at`` is then the hand-out's lease."""
+    dispatched_at: datetime | None = None
+    due_since: datetime | None = None
+    """When a handed-out row first came due (its due time before the first hand-out)."""
+
+    @property
+    def overdue_since(self) -> datetime:
+        """When the row came due: before any hand-out moved its due time on."""
+        return self.due_since if self.dispatch_id and self.due_since else self.due_at
 
 
 @dataclass(frozen=True, slots=True)

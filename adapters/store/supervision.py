@@ -5,9 +5,13 @@ partition of the ``supervision`` table, claimed with ETags the way the pattern's
 claims are:
 
 - ``bucket-<nn>``: ``Holder`` and ``LeasedUntil`` (the lease), and the bucket's checkpoint:
-  ``SweptAt`` (the ``now`` of the last sweep that handled every row due then), ``SweptBy``,
-  ``LagSeconds`` (how long the most overdue row had been due when that sweep found it) and
-  ``DueFound``.
+  ``SweptAt`` (the ``now`` of the last sweep that handled or handed out every row due then),
+  ``SweptBy``, ``LagSeconds`` (how long the most overdue row had been due when that sweep found
+  it) and ``DueFound``; and what the latest tick that held it measured of the fleet's drain
+  (:mod:`service.hand_out`): ``Dispatched`` rows handed out at ``DispatchedAt``, ``Returned``
+  (rows an earlier hand-out's lease ran out on before anyone moved them on), ``DrainRate`` (rows
+  per second the fleet moved on since the tick before) and ``Left`` (rows due it neither handled
+  nor handed out).
 - ``member-<instance>``: ``Until``, renewed with the instance's leases, so each instance knows
   how many share the work and takes its fair share.
 
@@ -55,8 +59,16 @@ def _lease_entity(lease: BucketLease, write_id: str) -> dict[str, Any]:
         "SweptBy": lease.swept_by,
         "LagSeconds": float(lease.lag_s),
         "DueFound": int(lease.due_found),
+        "Dispatched": int(lease.dispatched),
+        "Returned": int(lease.returned),
+        "DrainRate": float(lease.drain_rate),
+        "Left": int(lease.left),
     }
-    for name, value in (("LeasedUntil", lease.until), ("SweptAt", lease.swept_at)):
+    for name, value in (
+        ("LeasedUntil", lease.until),
+        ("SweptAt", lease.swept_at),
+        ("DispatchedAt", lease.dispatched_at),
+    ):
         if value is not None:
             entity[name] = utc(value)
     return entity
@@ -191,6 +203,15 @@ class BucketLease:
     swept_by: str = ""
     lag_s: float = 0.0
     due_found: int = 0
+    dispatched: int = 0
+    """Rows the latest tick holding the bucket handed out (service.hand_out), at..."""
+    dispatched_at: datetime | None = None
+    returned: int = 0
+    """Rows that tick found due again: an earlier hand-out's lease ran out on them."""
+    drain_rate: float = 0.0
+    """Rows per second of this bucket the fleet moved on, as that tick measured it."""
+    left: int = 0
+    """Rows due that tick neither handled nor handed out (its budget or the fleet's pace)."""
     etag: str | None = None
     """None: the row does not exist yet (a claim creates it)."""
 
@@ -270,6 +291,11 @@ def _lease_from_entity(bucket: int, entity: dict[str, Any]) -> BucketLease:
         swept_by=str(entity.get("SweptBy") or ""),
         lag_s=float(entity.get("LagSeconds") or 0.0),
         due_found=int(entity.get("DueFound") or 0),
+        dispatched=int(entity.get("Dispatched") or 0),
+        dispatched_at=when("DispatchedAt"),
+        returned=int(entity.get("Returned") or 0),
+        drain_rate=float(entity.get("DrainRate") or 0.0),
+        left=int(entity.get("Left") or 0),
         etag=etag_of(entity),
     )
 
@@ -353,14 +379,31 @@ class Lag:
     """Buckets never swept, or not swept for longer than the detection bound."""
     holders: dict[str, int]
     """Instance → buckets it holds now."""
+    backlog: int = 0
+    """Rows due at the latest tick of each bucket (handled, handed out or left for later)."""
+    left: int = 0
+    """Of those, rows no tick handled or handed out: they wait for the next."""
+    drain_rate: float = 0.0
+    """Rows per second the fleet moved on, summed over the buckets' latest measurements."""
+    time_to_drain_s: float | None = 0.0
+    """``backlog`` at ``drain_rate``; None if rows are due and none was moved on lately."""
+    drains_within_period: bool = True
+    """Whether the backlog drains within a period at that rate, and no tick left rows for later:
+    the recovery bound holds only while it does."""
 
     def as_dict(self) -> dict[str, Any]:
         oldest = self.oldest_sweep_s
+        drain = self.time_to_drain_s
         return {
             "lag_s": round(self.lag_s, 3),
             "oldest_sweep_s": None if oldest is None else round(oldest, 3),
             "unswept_buckets": list(self.unswept),
             "holders": dict(self.holders),
+            "backlog": self.backlog,
+            "left": self.left,
+            "drain_rate": round(self.drain_rate, 3),
+            "time_to_drain_s": None if drain is None else round(drain, 3),
+            "drains_within_period": self.drains_within_period,
         }
 
 
@@ -370,6 +413,7 @@ def lag(roster: Roster, now: datetime, bound: RecoveryBound) -> Lag:
         for b in roster.buckets
     ]
     holders = dict(Counter(b.holder for b in roster.buckets if not b.free(now)))
+    backlog = drain([(b.due_found, b.left, b.drain_rate) for b in roster.buckets], bound.period_s)
     return Lag(
         lag_s=max((b.lag_s for b in roster.buckets), default=0.0),
         oldest_sweep_s=None if None in ages else max(a for a in ages if a is not None),
@@ -379,4 +423,33 @@ def lag(roster: Roster, now: datetime, bound: RecoveryBound) -> Lag:
             if age is None or age > bound.detection_s
         ),
         holders=holders,
+        backlog=backlog.backlog,
+        left=backlog.left,
+        drain_rate=backlog.rate,
+        time_to_drain_s=backlog.time_s,
+        drains_within_period=backlog.within_period,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """How long the Supervisor's backlog takes to drain at the pace the fleet moves rows on."""
+
+    backlog: int
+    left: int
+    rate: float
+    time_s: float | None
+    """None: rows are due and none was moved on lately (the fleet's pace is not known)."""
+    within_period: bool
+
+
+def drain(buckets: Sequence[tuple[int, int, float]], period_s: float) -> Drain:
+    """From each bucket's (rows due, rows left for later, rows moved on per second): the backlog
+    drains within a period if no tick left rows for later and the rows due take at most a
+    period at the rate the fleet moved them on."""
+    backlog = sum(due for due, _, _ in buckets)
+    left = sum(rows for _, rows, _ in buckets)
+    rate = sum(r for _, _, r in buckets)
+    time_s = 0.0 if backlog == 0 else (backlog / rate if rate > 0 else None)
+    within = left == 0 and (time_s is None or time_s <= period_s)
+    return Drain(backlog, left, rate, time_s, within)

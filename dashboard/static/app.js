@@ -1080,6 +1080,8 @@
         ["Holders", Object.keys(view.holders).map((k) => k + " (" + view.holders[k] + ")").join(", ") || "none"],
         ["Period / budget / lease", dur(bound.period) + " / " + dur(bound.budget) + " / " + dur(bound.lease)],
         ["Recovery bound (deadline to action)", dur(bound.detection_s)], ["Longest stall", dur(bound.stall_s)],
+        ["Backlog (rows due, left for later)", view.backlog + " (" + view.left + ")"],
+        ["Drain rate / time to drain", view.drain_rate.toFixed(1) + " rows/s / " + (view.time_to_drain_s === null ? "unknown" : dur(view.time_to_drain_s)) + (view.drains_within_period ? "" : " — not within a period")],
       ].map((f) => [h("dt", {}, f[0]), h("dd", {}, f[1])])));
       clear(buckets);
       append(buckets, h("table", {}, h("thead", {}, h("tr", {}, ["Bucket", "Holder", "Leased until", "Swept", "By", "Lag", "Due found"].map((t) => h("th", {}, t)))),

@@ -474,7 +474,13 @@ class BucketView(_Model):
     swept_at: datetime | None = Field(description="When the last full sweep of it started")
     swept_by: str | None
     lag_s: float = Field(description="Seconds the most overdue order was due at that sweep")
-    due_found: int = Field(description="Rows due at that sweep")
+    due_found: int = Field(description="Rows due at the latest tick that held it")
+    dispatched: int = Field(description="Of those, rows that tick handed out to the instances")
+    returned: int = Field(
+        description="Rows of the hand-out before found due again: nobody moved them on in time"
+    )
+    drain_rate: float = Field(description="Rows a second of this bucket the instances moved on")
+    left: int = Field(description="Rows due that tick neither handled nor handed out")
 
 
 class SupervisorView(_Model):
@@ -488,6 +494,20 @@ class SupervisorView(_Model):
         description="Buckets never swept, or not swept within the detection bound"
     )
     holders: dict[str, int] = Field(description="Instance -> buckets it holds now")
+    backlog: int = Field(description="Rows due at the latest tick of each bucket, summed")
+    left: int = Field(
+        description="Of those, rows no tick handled or handed out (they wait for the next)"
+    )
+    drain_rate: float = Field(
+        description="Rows a second the app's instances moved on, as the latest ticks measured"
+    )
+    time_to_drain_s: float | None = Field(
+        description="The backlog at that rate (null: rows are due and none was moved on yet)"
+    )
+    drains_within_period: bool = Field(
+        description="Whether the backlog drains within a period and no tick left rows for later: "
+        "the recovery bound holds only while it does"
+    )
     bound: dict[str, float] = Field(
         description="The recovery bound computed from the settings (seconds): period, budget, "
         "lease, skew_s (the tolerated clock skew), detection_s (deadline to the Supervisor "

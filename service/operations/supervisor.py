@@ -1,5 +1,6 @@
 """The Supervisor's progress, from its roster (:mod:`adapters.store.supervision`): how far behind
-its sweeps are, who holds each bucket's lease, and the recovery bound it keeps."""
+its sweeps are, who holds each bucket's lease, the backlog of orders due and how fast the app's
+instances drain it, and the recovery bound it keeps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from service.operations.models import BucketView, SupervisorView
 
 
 async def supervisor(ctx: OperatorContext) -> SupervisorView:
-    """The Supervisor's progress from its roster: lag, sweeps, leases and the bound."""
+    """The Supervisor's progress from its roster: lag, sweeps, leases, backlog and the bound."""
     now = ctx.rt.clock()
     roster = await ctx.rt.store.supervision.read()
     bound = supervision.recovery_bound(ctx.rt.settings)
@@ -25,6 +26,10 @@ async def supervisor(ctx: OperatorContext) -> SupervisorView:
                 swept_by=b.swept_by or None,
                 lag_s=b.lag_s,
                 due_found=b.due_found,
+                dispatched=b.dispatched,
+                returned=b.returned,
+                drain_rate=b.drain_rate,
+                left=b.left,
             )
             for b in roster.buckets
         ],

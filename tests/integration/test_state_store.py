@@ -724,6 +724,128 @@ async def test_postpone_moves_a_row_up_unless_it_changed_since_read(backend):
     assert kept.due_at == T0 + timedelta(minutes=1)
 
 
+# ------------------------------------------------------------------------------ hand-outs
+
+HAND_OUT = "a" * 32
+AGAIN = "b" * 32
+LEASE = timedelta(seconds=13)
+
+
+def one_bucket(count: int) -> tuple[int, list[str]]:
+    """``count`` order ids whose index rows share a bucket, and that bucket."""
+    ids = [f"h-{n}" for n in range(400)]
+    bucket = index_partition(ids[0])
+    same = [i for i in ids if index_partition(i) == bucket][:count]
+    return int(bucket[1:]), same
+
+
+async def test_a_hand_out_marks_the_rows_as_found_and_leaves_out_one_changed_since(backend):
+    store = backend.store
+    bucket, ids = one_bucket(3)
+    for order_id in ids:
+        await store.index.put(order_id, 1, "order", T0)
+    found = await store.index.due(bucket, T0, 10)
+    await store.index.put(ids[2], 1, "order", T0 - timedelta(seconds=1))  # a writer, since
+    until = T0 + LEASE
+
+    marked = await store.index.hand_out(found, until, T0, HAND_OUT)
+
+    assert sorted(r.order_id for r in marked) == sorted(ids[:2])
+    for row in marked:
+        assert (row.due_at, row.dispatch_id, row.dispatched_at) == (until, HAND_OUT, T0)
+        assert row.overdue_since == T0
+    # Not due again until the lease ends: the next tick does not hand them out again.
+    assert [
+        r.order_id for r in await store.index.due(bucket, until - timedelta(seconds=1), 10)
+    ] == [ids[2]]
+    returned = {r.order_id: r for r in await store.index.due(bucket, until, 10)}
+    for row in marked:
+        assert returned[row.order_id] == row  # as the hand-out left it: same version
+    assert returned[ids[2]].dispatch_id == ""
+
+
+async def test_a_recovery_ends_the_hand_out_also_after_the_row_was_handed_out_again(backend):
+    store = backend.store
+    bucket, [order_id] = one_bucket(1)
+    await store.index.put(order_id, 1, "order", T0)
+    [first] = await store.index.hand_out(
+        await store.index.due(bucket, T0, 10), T0 + LEASE, T0, HAND_OUT
+    )
+    later = T0 + LEASE
+    [again] = await store.index.hand_out(
+        await store.index.due(bucket, later, 10), later + LEASE, later, AGAIN
+    )
+    assert again.overdue_since == T0  # still overdue since it first came due
+
+    # The first recovery's message arrives late: nobody else moved the row on, so it does.
+    assert await store.index.postpone(first, T0 + timedelta(minutes=5)) is True
+    [moved] = [r for r in await store.index.due(bucket, T0 + timedelta(minutes=5), 10)]
+    assert (moved.due_at, moved.dispatch_id, moved.overdue_since) == (
+        T0 + timedelta(minutes=5),
+        "",
+        T0 + timedelta(minutes=5),
+    )
+    # The second finds it moved on already, and leaves it.
+    assert await store.index.postpone(again, T0 + timedelta(minutes=9)) is False
+    assert [r.due_at for r in await store.index.due(bucket, T0 + timedelta(hours=1), 10)] == [
+        T0 + timedelta(minutes=5)
+    ]
+
+
+async def test_the_rows_of_a_hand_out_still_handed_out_are_read_back_in_one_query(backend):
+    store = backend.store
+    bucket, ids = one_bucket(4)
+    for order_id in ids:
+        await store.index.put(order_id, 1, "order", T0)
+    found = sorted(await store.index.due(bucket, T0, 10), key=lambda r: r.row_key)
+    marked = await store.index.hand_out(found[:3], T0 + LEASE, T0, HAND_OUT)
+    await store.index.postpone(marked[1], T0 + timedelta(minutes=5))  # recovered already
+    keys = [row.row_key for row in found]  # the fourth was never handed out
+
+    still = await store.index.handed_out(bucket, keys)
+
+    assert [r.row_key for r in still] == [marked[0].row_key, marked[2].row_key]
+    assert [r.etag for r in still] == [marked[0].etag, marked[2].etag]
+    assert await store.index.handed_out(bucket, []) == ()
+
+
+async def test_the_rows_of_a_message_are_moved_on_together(backend):
+    store = backend.store
+    bucket, ids = one_bucket(3)
+    for order_id in ids:
+        await store.index.put(order_id, 1, "order", T0)
+    marked = sorted(
+        await store.index.hand_out(await store.index.due(bucket, T0, 10), T0 + LEASE, T0, HAND_OUT),
+        key=lambda r: r.order_id,
+    )
+    await store.index.put(marked[0].order_id, 1, "order", T0 + timedelta(seconds=3))  # a writer
+    later = T0 + timedelta(minutes=5)
+
+    moved = await store.index.move_on([(row, later) for row in marked])
+
+    assert moved == 2  # the transaction refused, then row by row: the writer's row kept
+    stored = {r.order_id: r for r in await store.index.due(bucket, later, 10)}
+    assert {o: (r.due_at, r.dispatch_id) for o, r in stored.items()} == {
+        marked[0].order_id: (T0 + timedelta(seconds=3), ""),
+        marked[1].order_id: (later, ""),
+        marked[2].order_id: (later, ""),
+    }
+    assert await store.index.move_on([]) == 0
+
+
+async def test_a_recovery_leaves_a_handed_out_row_a_writer_moved_since(backend):
+    store = backend.store
+    bucket, [order_id] = one_bucket(1)
+    await store.index.put(order_id, 1, "order", T0)
+    [row] = await store.index.hand_out(
+        await store.index.due(bucket, T0, 10), T0 + LEASE, T0, HAND_OUT
+    )
+    await store.index.put(order_id, 1, "order", T0 + timedelta(seconds=2))  # an earlier due time
+    assert await store.index.postpone(row, T0 + timedelta(minutes=5)) is False
+    [kept] = await store.index.due(bucket, T0 + timedelta(seconds=2), 10)
+    assert (kept.due_at, kept.dispatch_id) == (T0 + timedelta(seconds=2), "")
+
+
 # ======================================================================= Table store only
 
 
@@ -807,6 +929,58 @@ async def test_the_error_index_is_a_partition_of_the_orders_table(table_store, s
     assert (row["RowKey"], row["OrderID"], row["Generation"]) == ("o-1.1", "o-1", 1)
     assert row["WrittenAt"] == clock()
     assert (await table_store.get_timeline("o-1"))[-1].event == "error"
+
+
+async def test_a_hand_out_whose_answer_was_lost_is_read_back(table_store, clock, monkeypatch):
+    bucket, ids = one_bucket(2)
+    for order_id in ids:
+        await table_store.index.put(order_id, 1, "order", T0)
+    found = await table_store.index.due(bucket, T0, 10)
+    table = table_store._active
+    real_submit = table.submit_transaction
+    applies = True
+
+    async def answer_lost(operations, **kwargs):
+        if applies:
+            await real_submit(list(operations), **kwargs)
+        raise OutcomeUnknown("the connection was reset after the request went out")
+
+    monkeypatch.setattr(table, "submit_transaction", answer_lost)
+    marked = await table_store.index.hand_out(found, T0 + LEASE, T0, HAND_OUT)
+    assert sorted(r.order_id for r in marked) == sorted(ids)  # ours: they carry its id
+    assert all(r.dispatch_id == HAND_OUT for r in marked)
+
+    applies = False
+    later = T0 + LEASE
+    again = await table_store.index.due(bucket, later, 10)
+    assert await table_store.index.hand_out(again, later + LEASE, later, AGAIN) == ()
+    assert {r.dispatch_id for r in await table_store.index.due(bucket, later, 10)} == {HAND_OUT}
+
+
+async def test_a_hand_out_refused_twice_marks_each_row_on_its_own(table_store, monkeypatch):
+    """Recoveries move rows on while a tick marks: a transaction refused again and again (one
+    of its rows changed each time) ends with each row marked on its own."""
+    bucket, ids = one_bucket(3)
+    for order_id in ids:
+        await table_store.index.put(order_id, 1, "order", T0)
+    found = await table_store.index.due(bucket, T0, 10)
+    await table_store.index.put(ids[0], 1, "order", T0 + timedelta(seconds=1))  # moved on
+
+    async def refused(operations, **kwargs):
+        raise transaction_error(412, "UpdateConditionNotSatisfied")
+
+    monkeypatch.setattr(table_store._active, "submit_transaction", refused)
+    marked = await table_store.index.hand_out(found, T0 + LEASE, T0, HAND_OUT)
+
+    assert sorted(r.order_id for r in marked) == sorted(ids[1:])
+    monkeypatch.undo()
+    stored = {r.order_id: r for r in await table_store.index.due(bucket, T0 + LEASE, 10)}
+    assert {o: stored[o].dispatch_id for o in ids} == {
+        ids[0]: "",
+        ids[1]: HAND_OUT,
+        ids[2]: HAND_OUT,
+    }
+    assert all(stored[r.order_id] == r for r in marked)
 
 
 async def test_an_sdk_retry_of_a_committed_save_is_not_a_conflict(table_store, clock, monkeypatch):

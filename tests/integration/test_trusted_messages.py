@@ -30,7 +30,7 @@ from devstack.host.servicebus_runner import to_function_message
 from domain import signing
 from domain.agents import AGENTS
 from domain.lifecycle import UNREQUESTED_REASON
-from domain.messages import AgentRequest, AgentResponse, SchedulerCommand, encode
+from domain.messages import AgentRequest, AgentResponse, DueRow, DueRows, SchedulerCommand, encode
 from domain.signing import SIGNING_KEYS_SETTING
 from domain.states import ProcessState
 from scheduler.functions import on_command, on_reply
@@ -239,6 +239,51 @@ async def test_a_forged_command_from_mallory_changes_nothing(rt, reader, fakes, 
     assert "mallory" not in json.dumps([t.actor for t in await rt.store.get_timeline(order_id)])
     alert = only_alert_for(rt, reader, commands, message_id, "unsigned")
     assert "'SchedulerCommand'" in alert["detail"]
+
+
+async def test_forged_hand_outs_recover_nothing(rt, reader, sender, clock):
+    """The Supervisor's own DueRows messages are signed: one an outsider sends, and a genuine
+    one whose rows were changed after it was signed, are refused before any Table request,
+    and the overdue order they name is not recovered by them."""
+    order = new_order()
+    await handle_submission(encode(order), rt)
+    clock.advance(6)  # past its step deadline: a genuine hand-out would release it
+    [row] = [r async for r in rt.store.all_active() if r.order_id == order.order_id]
+    bucket = int(row.partition_key[1:])
+    forged = DueRows(
+        bucket=bucket,
+        hand_out="f" * 32,
+        rows=(DueRow(order_id=order.order_id, generation=1, found_due=row.due_at),),
+        leased_until=clock(),
+        dispatched_at=clock(),
+        requested_by="supervisor:mallory",
+    )
+    commands = queue(rt, "commands")
+    before = await snapshot(rt, order.order_id)
+    unsigned = forge(sender, commands, encode(forged))
+    # A genuine hand-out of another row, signed by the app, its body then changed to this row.
+    genuine = Bus(lambda: None, keyring=rt.settings.keyring).prepare(  # type: ignore[arg-type]
+        commands, forged.model_copy(update={"bucket": (bucket + 1) % 16})
+    )
+    altered = forge(
+        sender,
+        commands,
+        encode(forged),
+        genuine.message_id,
+        signature=genuine.application_properties[signing.SIGNATURE_PROPERTY],
+    )
+
+    COUNTS.reset()
+    for message_id in (unsigned, altered):
+        await on_command(to_function_message(take(reader, commands, message_id)), rt)
+    assert table_requests() == 0
+
+    assert await snapshot(rt, order.order_id) == before
+    alerts = untrusted_alerts(rt, reader)
+    for message_id, problem in ((unsigned, "unsigned"), (altered, "bad_signature")):
+        [alert] = [a for a in alerts if message_id in a["detail"]]
+        assert alert["severity"] == "critical" and alert["order_id"] is None
+        assert f"({problem})" in alert["detail"] and "'DueRows'" in alert["detail"]
 
 
 async def test_a_signed_request_for_a_key_never_sent_ends_in_an_unrequested_answer_alert(

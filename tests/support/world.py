@@ -35,7 +35,7 @@ from azure.servicebus._pyamqp.error import AuthenticationException, ErrorConditi
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusAuthenticationError
 
 from adapters.settings import Connection, Settings
-from adapters.store.rows import AlreadyExists
+from adapters.store.rows import ActiveRow, AlreadyExists
 from devstack.memory import MemoryBus, MemoryStore, SendFailed
 from domain import ids
 from domain.lifecycle import UNREQUESTED_REASON
@@ -43,6 +43,7 @@ from domain.messages import (
     EXPIRED,
     AgentRequest,
     AgentResponse,
+    DueRows,
     MessageBase,
     OperatorAlert,
     OrderSubmitted,
@@ -61,7 +62,7 @@ from domain.order import (
     TimelineEntry,
 )
 from domain.states import ProcessState
-from service import apply, control, migration
+from service import apply, control, hand_out, migration
 from service.commands import handle_command
 from service.intake import handle_submission
 from service.replies import handle_response
@@ -319,6 +320,13 @@ class World:
         self.supervisor_rt = dataclasses.replace(
             self.rt, instance_id="test-supervisor", clock=self.supervisor_clock
         )
+        self.recovery_offset = timedelta(0)
+        """How far the clock of the instance that recovers handed-out rows runs ahead."""
+        self.recovery_rt = dataclasses.replace(
+            self.rt, instance_id="test-recovery", clock=self.recovery_clock
+        )
+        self.inline_rows = hand_out.INLINE_ROWS
+        """How many rows due a tick handles itself; more, it hands them out (service.hand_out)."""
         apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
@@ -339,6 +347,9 @@ class World:
 
     def supervisor_clock(self) -> datetime:
         return self.now + self.supervisor_offset
+
+    def recovery_clock(self) -> datetime:
+        return self.now + self.recovery_offset
 
     # -------------------------------------------------------------------------- plumbing
 
@@ -405,6 +416,11 @@ class World:
             done = await self.run(lambda: handle_response(body, self.rt), crash_after)
             if done:
                 self.consumed.append(envelope.message)  # type: ignore[arg-type]
+        elif envelope.queue == QUEUES["commands"] and isinstance(envelope.message, DueRows):
+            # Rows a tick handed out: recovered by whichever instance takes them, on its clock.
+            before = {o.order_id: o for o in self.store.orders()}
+            done = await self.run(lambda: handle_command(body, self.recovery_rt), crash_after)
+            await self._check_none_early(before, self.recovery_offset)
         elif envelope.queue == QUEUES["commands"]:
             done = await self.run(lambda: handle_command(body, self.rt), crash_after)
         else:
@@ -420,12 +436,16 @@ class World:
         """A Supervisor tick, on the Supervisor's own clock; it must find no order late that is
         not late in real time (the world's)."""
         before = {o.order_id: o for o in self.store.orders()}
-        done = await self.run(lambda: run_tick(self.supervisor_rt), crash_after)
+        inline = self.inline_rows
+        done = await self.run(lambda: run_tick(self.supervisor_rt, inline_rows=inline), crash_after)
+        await self._check_none_early(before, self.supervisor_offset)
+        return done
+
+    async def _check_none_early(self, before: dict[str, Order], offset: timedelta) -> None:
         for order in self.store.orders():
             was = before.get(order.order_id)
             if was is not None and order.timeline_seq > was.timeline_seq:
-                await self._check_not_early(was)
-        return done
+                await self._check_not_early(was, offset)
 
     async def cancel(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
         return await self.run(
@@ -715,10 +735,7 @@ class World:
             if order.state.in_flight:
                 row = self.store.index.get(order.order_id, order.generation)
                 assert row is not None, f"{order.order_id} is in flight without an index row"
-                assert row.due_at <= apply.due(self.rt, order), (
-                    f"{order.order_id}: index row due {row.due_at}, later than the order's "
-                    f"{apply.due(self.rt, order)}: the Supervisor would look too late"
-                )
+                self._check_row_in_time(order, row)
             if order.state is ProcessState.PROCESSED:
                 for step in order.steps:
                     key = step.forward_key(order.order_id)
@@ -736,7 +753,7 @@ class World:
         self._check_lies_alerted()
         self._check_only_copies_dropped()
 
-    async def _check_not_early(self, was: Order) -> None:
+    async def _check_not_early(self, was: Order, offset: timedelta) -> None:
         """A Supervisor that recovered ``was`` for being late did so no earlier, in real time,
         than it was late by the stamps of the hosts that wrote it, whatever its own clock."""
         timeline = await self.store.get_timeline(was.order_id)
@@ -757,7 +774,24 @@ class World:
         early = (late_at - self.now).total_seconds()
         assert early <= 0, (
             f"{was.order_id}: recovered ({recovered[0].event}) {early} s before it was late, "
-            f"by a Supervisor {self.supervisor_offset} off"
+            f"by a Supervisor {offset} off"
+        )
+
+    def _check_row_in_time(self, order: Order, row: ActiveRow) -> None:
+        """An order's index row is due no later than the order; or, while a tick has handed it
+        out (its order due already), no later than the hand-out's lease: a hand-out that nobody
+        carries out (its message lost, its recovery failed) ends in time for the next tick."""
+        due = apply.due(self.rt, order)
+        if row.due_at <= due:
+            return
+        lease = self.rt.settings.supervisor_claim
+        assert row.dispatch_id and row.dispatched_at is not None, (
+            f"{order.order_id}: index row due {row.due_at}, later than the order's {due}, "
+            "and not handed out: the Supervisor would look too late"
+        )
+        assert row.due_at <= row.dispatched_at + lease, (
+            f"{order.order_id}: handed-out row due {row.due_at}, past its hand-out's lease "
+            f"({row.dispatched_at} + {lease})"
         )
 
     def _check_agrees(self, order_id: str, step: StepRecord) -> None:
@@ -904,12 +938,23 @@ def _one_message(kept: MessageBase, dropped: MessageBase) -> bool:
         return isinstance(dropped, AgentResponse) and (
             (kept.idempotency_key, kept.attempt) == (dropped.idempotency_key, dropped.attempt)
         )
+    if isinstance(kept, DueRows):
+        return isinstance(dropped, DueRows) and (kept.bucket, _found(kept)) == (
+            dropped.bucket,
+            _found(dropped),
+        )
     ignored = {"resume"} if isinstance(kept, AgentRequest) else set()
     if isinstance(kept, OperatorAlert):
         ignored = {"raised_at", "source"}
     return type(kept) is type(dropped) and kept.model_dump(exclude=ignored) == dropped.model_dump(
         exclude=ignored
     )
+
+
+def _found(message: DueRows) -> set[tuple[str, int, datetime]]:
+    """What names a hand-out (domain.messages): its rows and the due times they were found at;
+    copies may differ in the rows' versions, the lease, the sender and the write id."""
+    return {(r.order_id, r.generation, r.found_due) for r in message.rows}
 
 
 def _next_generation(order: Order, step: StepRecord) -> int:

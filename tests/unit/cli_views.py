@@ -192,12 +192,14 @@ class Ops:
     async def supervisor(self) -> SupervisorView:
         bucket = {
             "bucket": 0, "holder": self.s, "leased_until": AT, "swept_at": AT,
-            "swept_by": self.s, "lag_s": 1.5, "due_found": 2,
+            "swept_by": self.s, "lag_s": 1.5, "due_found": 2, "dispatched": 2, "returned": 0,
+            "drain_rate": 0.5, "left": 0,
         }  # fmt: skip
         return SupervisorView.model_validate(
             {
                 "lag_s": 1.5, "oldest_sweep_s": 2.0, "unswept_buckets": [3],
-                "holders": {self.s: 1}, "buckets": [bucket],
+                "holders": {self.s: 1}, "buckets": [bucket], "backlog": 2, "left": 0,
+                "drain_rate": 0.5, "time_to_drain_s": 4.0, "drains_within_period": True,
                 "bound": {"period_s": 15, "budget_s": 11.25, "lease_s": 22.5,
                           "detection_s": 41.25, "stall_s": 90},
             }

@@ -2,7 +2,8 @@
 (success, decline, transient, circuit open, lost, late, duplicated, out of order, an undo
 refused), validly signed answers to requests the order never asked for (a do never requested,
 an undo never requested, a wrong attempt, a wrong operation, a generation not yet reached),
-deadlines, Supervisor ticks, cancels, resubmits, restarts, migrations from order@1 to order@2
+deadlines, Supervisor ticks (handling the rows due themselves or handing them out to the
+fleet), cancels, resubmits, restarts, migrations from order@1 to order@2
 (and orders on order@2, whose verify_address has nothing to undo), crashes between the write
 and any send, a reply queue that refuses for a while, everything settling before operators act
 again, and the agents' host frozen for more deadlines than the failure threshold while orders
@@ -20,7 +21,11 @@ compensate, checking the product's promise after every step and once everything 
 - once an order ended, only its settling changes it (and records about it: held status
   updates sent again, whose failure an attempt was);
 - with the Supervisor's clock up to the tolerated skew ahead of or behind the others', no order
-  is recovered before it is late in real time;
+  is recovered before it is late in real time; nor by the instance that recovers the rows a
+  tick handed out (its own clock drifting), however its DueRows command is delivered (late,
+  twice, after a crash between the tick's mark and its send, or crashing mid-way);
+- an order's index row is never due later than the order, except while a tick has handed it
+  out, and then no later than the hand-out's lease;
 - every step transition is one domain.order.STEP_TRANSITIONS allows (checked at each write;
   that every allowed one is made: test_lifecycle_transitions).
 """
@@ -41,6 +46,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from domain.ids import Operation
 from domain.states import ProcessState
+from service.hand_out import INLINE_ROWS
 from tests.support.world import (
     CLOCK_SKEW,
     FAILURE_THRESHOLD,
@@ -140,8 +146,11 @@ class Lifecycle(RuleBasedStateMachine):
         ready = self.world.deliverable("commands")
         self.run(self.world.deliver(ready[index % len(ready)], crash_after=crash_after, keep=keep))
 
-    @rule(crash_after=crash)
-    def supervisor_tick(self, crash_after: int | None) -> None:
+    @rule(crash_after=crash, hands_out=st.booleans())
+    def supervisor_tick(self, crash_after: int | None, hands_out: bool) -> None:
+        """A tick handles the rows it finds itself, or hands them out to the fleet as
+        DueRows commands (delivered by :meth:`command`, in any order, twice, with crashes)."""
+        self.world.inline_rows = 0 if hands_out else INLINE_ROWS
         self.run(self.world.tick(crash_after))
 
     @rule(seconds=st.sampled_from([1, 5, 31, 85, 130, 400]))
@@ -154,6 +163,12 @@ class Lifecycle(RuleBasedStateMachine):
         app tolerates: it must recover no order early (World.tick checks) nor any later than
         its deadline plus the tolerance (the recovery bound)."""
         self.world.supervisor_offset = timedelta(seconds=offset)
+
+    @rule(offset=st.integers(-CLOCK_SKEW_S, CLOCK_SKEW_S))
+    def recovery_clock_drifts(self, offset: int) -> None:
+        """The clock of the instance that recovers handed-out rows drifts, within the
+        tolerance: it decides on its own clock, and must recover no order early either."""
+        self.world.recovery_offset = timedelta(seconds=offset)
 
     @rule(refusing=st.booleans())
     def reply_queue(self, refusing: bool) -> None:

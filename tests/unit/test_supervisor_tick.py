@@ -1,7 +1,8 @@
 """``service.sweep.run_tick`` on the in-memory store: what a tick costs, what its time budget
 leaves for the next tick, the order rows are handled in, the lease protocol (claimed short,
 extended or given up when the tick ends, renew-only after lost races), two Supervisor instances
-sharing the buckets and one order, and the tick's metrics.
+sharing the buckets and one order, and the tick's metrics; a tick here handles every row it
+finds itself (tests/unit/test_hand_out.py hands them out).
 
 Orders are put in flight by the Scheduler's intake (its own runtime and bus); each Supervisor
 instance is a runtime with its own instance id and bus on the same :class:`MemoryStore`, seen
@@ -132,12 +133,17 @@ class StoreSpy:
         return calls
 
 
+INLINE_ALL = 10_000
+"""These tests are about a tick that handles the rows it finds itself, however many; handing
+them out to the fleet is tests/unit/test_hand_out.py's."""
+
+
 class Supervisor:
     def __init__(self, rt: Runtime, spy: StoreSpy, bus: RecordingBus) -> None:
         self.rt, self.spy, self.bus = rt, spy, bus
 
     async def tick(self, budget_s: float | None = None) -> TickReport:
-        return await run_tick(self.rt, budget_s=budget_s)
+        return await run_tick(self.rt, budget_s=budget_s, inline_rows=INLINE_ALL)
 
 
 def supervisor(
@@ -274,7 +280,9 @@ async def test_budget_zero_with_rows_due_in_every_bucket_sweeps_and_checkpoints_
     assert (report.held, report.swept) == (16, 0)
     assert (report.retried, report.recovered, report.due, report.handled) == (0, 0, 16, 0)
     assert report.lag_s == 1.0  # what the tick found due, handled or not
-    assert a.bus.every == [] and a.spy.finds == 0
+    assert report.left == 16  # nothing handled: the backlog does not drain within a period
+    assert [s.message.reason for s in a.bus.every] == ["supervisor_backlog"]
+    assert a.spy.finds == 0
     assert store.index.rows() == rows
     assert all(e == ["created"] for e in [await events(store, o) for o in ids])
     assert all(lease.swept_at is None for lease in (await store.supervision.read()).buckets)
