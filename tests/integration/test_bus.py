@@ -96,8 +96,8 @@ class SpyClient:
         self.senders: list[SpySender] = []
         self.closed = False
 
-    def get_queue_sender(self, queue: str) -> SpySender:
-        sender = SpySender(queue, self.client.get_queue_sender(queue))
+    def get_queue_sender(self, queue: str, **options: Any) -> SpySender:
+        sender = SpySender(queue, self.client.get_queue_sender(queue, **options))
         self.senders.append(sender)
         return sender
 
@@ -238,6 +238,9 @@ async def test_one_sender_per_queue_is_reused_and_sends_that_wait_go_as_one_batc
     try:
         await bus.send(queue, updates[0])
         await asyncio.gather(*(bus.send(queue, u) for u in updates[1:]))
+        # No keep-alive reads the link's connection on its own (servicebus.NO_KEEP_ALIVE).
+        (open_sender,) = made[0].opened(queue)
+        assert open_sender.sender._handler._keep_alive_thread is None
     finally:
         await bus.close()
     assert len(made) == 1

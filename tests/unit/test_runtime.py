@@ -71,10 +71,11 @@ class FakeBatch:
 
 class FakeSender:
     """Records each message it sent (``sent``) and each send call (``calls``: a message or a
-    batch's messages)."""
+    batch's messages), and the options it was opened with."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, **options: Any) -> None:
         self.queue = queue
+        self.options = options
         self.sent: list[Any] = []
         self.calls: list[list[Any]] = []
         self.closed = False
@@ -101,8 +102,8 @@ class FakeClient:
         self.senders: list[FakeSender] = []
         self.closed = False
 
-    def get_queue_sender(self, queue: str) -> FakeSender:
-        self.senders.append(FakeSender(queue))
+    def get_queue_sender(self, queue: str, **options: Any) -> FakeSender:
+        self.senders.append(FakeSender(queue, **options))
         return self.senders[-1]
 
     async def close(self) -> None:
@@ -211,6 +212,20 @@ async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
     assert client.closed and client.senders[0].closed
 
 
+async def test_a_bus_opens_its_senders_without_the_sdks_keep_alive(
+    rt: runtime.Runtime, made: list[FakeClient]
+) -> None:
+    await rt.alert(alert())
+    await rt.status_bus().send(
+        "reply-here", StatusUpdate(order_id="o", sequence=0, state="Pending")
+    )
+    assert [sender.options for client in made for sender in client.senders] == [
+        {"keep_alive": 0},
+        {"keep_alive": 0},
+    ]
+    await rt.close()
+
+
 async def test_the_remote_http_is_one_built_from_the_settings_on_first_use(
     rt: runtime.Runtime, closed_remote: list[RemoteHttp]
 ) -> None:
@@ -296,7 +311,7 @@ class SlowClient(FakeClient):
         super().__init__(Connection("sb"), {})
         self.stuck = stuck
 
-    def get_queue_sender(self, queue: str) -> SlowSender:
+    def get_queue_sender(self, queue: str, **options: Any) -> SlowSender:
         self.senders.append(SlowSender(queue, stuck=len(self.senders) < self.stuck))
         return self.senders[-1]  # type: ignore[return-value]
 
@@ -326,7 +341,7 @@ class FailingSender(SlowSender):
 
 
 class FailingClient(SlowClient):
-    def get_queue_sender(self, queue: str) -> FakeSender:
+    def get_queue_sender(self, queue: str, **options: Any) -> FakeSender:
         self.senders.append(FailingSender(queue))
         return self.senders[-1]
 
