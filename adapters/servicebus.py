@@ -35,6 +35,7 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
 from adapters import telemetry
@@ -57,7 +58,7 @@ idle spell longer than the service's idle timeout)."""
 class _Outgoing:
     """One message waiting to go out, in the context its sender called from."""
 
-    message: ServiceBusMessage
+    message: AmqpAnnotatedMessage
     done: asyncio.Future[None]
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
@@ -90,8 +91,10 @@ class Bus:
     async def send(
         self, queue: str, message: MessageBase, *, scheduled_at: datetime | None = None
     ) -> None:
+        signed_for = None if self._keyring is None else (queue, self._keyring)
         outgoing = _Outgoing(
-            self.prepare(queue, message, scheduled_at), asyncio.get_running_loop().create_future()
+            to_amqp_message(message, scheduled_at, signed_for=signed_for),
+            asyncio.get_running_loop().create_future(),
         )
         while not outgoing.done.done():
             link = await self._link(queue)
@@ -117,7 +120,8 @@ class Bus:
     def prepare(
         self, queue: str, message: MessageBase, scheduled_at: datetime | None = None
     ) -> ServiceBusMessage:
-        """The Service Bus message this bus sends for ``message`` to ``queue``."""
+        """The Service Bus message this bus sends for ``message`` to ``queue`` (it sends the
+        same as an AMQP message: :func:`to_amqp_message`)."""
         signed_for = None if self._keyring is None else (queue, self._keyring)
         return to_servicebus_message(message, scheduled_at, signed_for=signed_for)
 
@@ -222,6 +226,10 @@ async def _close_quietly(sender: ServiceBusSender) -> None:
         log.debug("closing a sender failed: %s", exc)
 
 
+SCHEDULED_ENQUEUE_TIME = b"x-opt-scheduled-enqueue-time"
+"""The message annotation Service Bus reads a scheduled enqueue time from."""
+
+
 def to_servicebus_message(
     message: MessageBase,
     scheduled_at: datetime | None = None,
@@ -229,15 +237,7 @@ def to_servicebus_message(
     signed_for: tuple[str, signing.Keyring] | None = None,
 ) -> ServiceBusMessage:
     """``signed_for``: (destination queue, keyring) to sign the message for that queue."""
-    body = encode(message)
-    message_id = message_id_for(message)
-    properties: dict[str | bytes, Any] = {"schema_version": message.schema_version}
-    if signed_for is not None:
-        queue, keyring = signed_for
-        properties[signing.SIGNATURE_PROPERTY] = signing.sign(
-            keyring, queue=queue, message_id=message_id, body=body
-        )
-    telemetry.inject(properties)
+    body, message_id, properties = _parts(message, signed_for)
     return ServiceBusMessage(
         body,
         message_id=message_id,
@@ -247,3 +247,42 @@ def to_servicebus_message(
         application_properties=properties,
         scheduled_enqueue_time_utc=scheduled_at,
     )
+
+
+def to_amqp_message(
+    message: MessageBase,
+    scheduled_at: datetime | None = None,
+    *,
+    signed_for: tuple[str, signing.Keyring] | None = None,
+) -> AmqpAnnotatedMessage:
+    """The same message as :func:`to_servicebus_message`, as the SDK's AMQP message, which is
+    what the SDK sends: built directly, without the dozen property setters of a
+    ``ServiceBusMessage`` (about 20 us of a send's CPU)."""
+    body, message_id, properties = _parts(message, signed_for)
+    return AmqpAnnotatedMessage(
+        data_body=body,
+        properties=AmqpMessageProperties(
+            message_id=message_id,
+            correlation_id=getattr(message, "order_id", None),
+            subject=message.type,  # type: ignore[attr-defined]
+            content_type="application/json",
+        ),
+        application_properties=properties,
+        annotations=None if scheduled_at is None else {SCHEDULED_ENQUEUE_TIME: scheduled_at},
+    )
+
+
+def _parts(
+    message: MessageBase, signed_for: tuple[str, signing.Keyring] | None
+) -> tuple[bytes, str, dict[str | bytes, Any]]:
+    """Body, MessageId and application properties (version, signature, trace context)."""
+    body = encode(message)
+    message_id = message_id_for(message)
+    properties: dict[str | bytes, Any] = {"schema_version": message.schema_version}
+    if signed_for is not None:
+        queue, keyring = signed_for
+        properties[signing.SIGNATURE_PROPERTY] = signing.sign(
+            keyring, queue=queue, message_id=message_id, body=body
+        )
+    telemetry.inject(properties)
+    return body, message_id, properties

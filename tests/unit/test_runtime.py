@@ -178,15 +178,16 @@ async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
     assert client.conn == rt.settings.servicebus and client.options == {}
     (sender,) = client.senders
     assert sender.queue == rt.settings.queue("alerts") == "operator-alerts"
-    (message,) = sender.sent
-    assert message.subject == "OperatorAlert"
-    assert message.message_id == message_id_for(raised)
-    assert message.correlation_id == "o-alert"
+    (message,) = sender.sent  # an AmqpAnnotatedMessage: what the SDK sends
+    assert message.properties.subject == "OperatorAlert"
+    assert message.properties.message_id == message_id_for(raised)
+    assert message.properties.correlation_id == "o-alert"
+    assert message.properties.content_type == "application/json"
     verdict = signing.verify(
         rt.settings.keyring,
         signing.signature_of(message.application_properties),
         queue="operator-alerts",
-        message_id=message.message_id,
+        message_id=message.properties.message_id,
         body=b"".join(message.body),
     )
     assert isinstance(verdict, signing.Verified)
@@ -317,7 +318,7 @@ class SlowClient(FakeClient):
 
 
 def ids_of(messages: list[Any]) -> list[str]:
-    return [m.message_id for m in messages]
+    return [m.properties.message_id for m in messages]
 
 
 async def test_sends_on_one_sender_take_turns_and_those_that_waited_go_together() -> None:
