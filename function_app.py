@@ -1,9 +1,10 @@
-"""Azure Functions entry point (v2 programming model): the FunctionApp and its blueprints.
+"""The pattern app's entry point (Azure Functions v2 programming model): its FunctionApp.
 
 Scheduler (Service Bus triggers on the orders, agent-responses and scheduler-commands queues),
 one Agent per remote service (Service Bus triggers on their request queues), the Supervisor
-(timer trigger), the retention purge (timer trigger) and the operator API (HTTP triggers,
-function keys). Queue names, the Supervisor's schedule and connections are app settings
+(timer trigger) and the retention purge (timer trigger). No HTTP trigger: the operator API and
+the dashboard are the operations app's (operations_app.py), deployed beside this one from the
+same package. Queue names, the Supervisor's schedule and connections are app settings
 (`%NAME%`); the purge's schedule is the PURGE_SCHEDULE setting read at indexing
 (retention/functions.py says why). Telemetry is configured first: export to
 Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
@@ -16,8 +17,6 @@ import azure.functions as func
 from adapters import telemetry
 from adapters.settings import Settings
 from agent.functions import bp as agents
-from dashboard.functions import bp as dashboard
-from operator_api.functions import bp as operator_api
 from retention.functions import bp as retention
 from scheduler.functions import bp as scheduler
 from supervisor.functions import bp as supervisor
@@ -26,5 +25,5 @@ telemetry.configure()
 Settings.check_on_load()
 
 app = func.FunctionApp()
-for blueprint in (scheduler, agents, supervisor, retention, operator_api, dashboard):
+for blueprint in (scheduler, agents, supervisor, retention):
     app.register_functions(blueprint)

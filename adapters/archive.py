@@ -28,18 +28,20 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
-from azure.storage.blob import BlobBlock
-from azure.storage.blob.aio import ContainerClient
 
 from adapters.store.rows import iso, outgoing_json, outgoing_of, parse_iso, step_json, step_of, utc
 from domain import ids
 from domain.messages import OrderSubmitted
 from domain.order import Order, TimelineEntry
 from domain.states import ProcessState
+
+if TYPE_CHECKING:  # the Blob SDK is imported with the first blob client (adapters.clients)
+    from azure.storage.blob import BlobBlock
+    from azure.storage.blob.aio import ContainerClient
 
 FORMAT: Final = 1
 MAX_BLOCKS_PER_BLOB: Final = 49_000
@@ -136,6 +138,12 @@ def _blob_order(name: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------- blob store
 
 
+def _block(block_id: str) -> BlobBlock:
+    from azure.storage.blob import BlobBlock  # loaded with the container's client already
+
+    return BlobBlock(block_id=block_id)
+
+
 class BlobArchive:
     """:class:`Archive` on one Blob container (created on first use if missing)."""
 
@@ -166,9 +174,7 @@ class BlobArchive:
                 condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}
                 if etag:
                     condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
-                await blob.commit_block_list(
-                    [*committed, BlobBlock(block_id=block_id)], **condition
-                )
+                await blob.commit_block_list([*committed, _block(block_id)], **condition)
             except ResourceModifiedError:
                 continue  # another purge appended first: restage against its list
             except HttpResponseError as exc:
@@ -189,7 +195,7 @@ class BlobArchive:
             await self._ensure_container()
             return None, []
         committed, _ = await blob.get_block_list("committed")
-        return etag, [BlobBlock(block_id=b.id) for b in committed]
+        return etag, [_block(b.id) for b in committed]
 
     async def _ensure_container(self) -> None:
         try:

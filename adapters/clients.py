@@ -5,20 +5,24 @@ the SDK's request preparation was most of an order's CPU); Service Bus and Blob 
 their SDKs' asyncio clients. In Azure each authenticates with an ``azure.identity.aio``
 credential (adapters.credentials). Every client reports its requests to adapters.op_counts.COUNTS.
 Clients are created once per process and reused (opening a Service Bus link costs about a
-second).
+second). The Blob SDK is imported when a blob client is first made, not with the app: only the
+retention purge uses Blob Storage, and importing the SDK is about a quarter of the pattern app's
+cold start (docs/architecture.md, Two apps).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azure.servicebus.aio import ServiceBusClient
-from azure.storage.blob.aio import BlobServiceClient
 
 from adapters.credentials import credential
 from adapters.op_counts import COUNTS
 from adapters.settings import Connection
 from adapters.tables import TableService
+
+if TYPE_CHECKING:
+    from azure.storage.blob.aio import BlobServiceClient
 
 
 def table_service(conn: Connection) -> TableService:
@@ -39,6 +43,8 @@ def servicebus_client(conn: Connection, **options: Any) -> ServiceBusClient:
 
 def blob_service(conn: Connection) -> BlobServiceClient:
     """The state storage account's blob service (the purge's archive)."""
+    from azure.storage.blob.aio import BlobServiceClient
+
     hook = COUNTS.request_hook("blob")
     if conn.connection_string:
         return BlobServiceClient.from_connection_string(

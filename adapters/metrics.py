@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
 
-from domain.lifecycle import Event, Replied, Swept
+from domain.events import Event, Replied, Swept
 from domain.messages import OperatorAlert
 from domain.order import Order, TimelineEntry
 from domain.states import ProcessState

@@ -45,11 +45,7 @@ from adapters.setting_values import (
 )
 from domain import signing
 from domain.agents import AGENTS
-from domain.lifecycle import (
-    DEFAULT_COMPENSATION_BUDGET,
-    DEFAULT_COMPENSATION_WARN_AFTER,
-    DEFAULT_SKEW,
-)
+from domain.events import DEFAULT_COMPENSATION_BUDGET, DEFAULT_COMPENSATION_WARN_AFTER, DEFAULT_SKEW
 from domain.workflows import WORKFLOWS, RetryPolicy, Workflow
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -187,7 +183,7 @@ class Settings:
     """An order compensating longer than this raises one warning (not a terminal alert)."""
     clock_skew: timedelta = DEFAULT_SKEW
     """How far two hosts' clocks may disagree: the Supervisor acts on a time another host
-    stamped only once its own clock is past it by more than this (domain.lifecycle.Context)."""
+    stamped only once its own clock is past it by more than this (domain.events.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
     retention_days: int = DEFAULT_RETENTION_DAYS

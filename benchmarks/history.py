@@ -44,7 +44,7 @@ from adapters.tables import TableService
 from devstack.observe import FinishWatch, host_operations, host_operations_after, process_cpu
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack, StackInfo
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import AgentRequest, AgentResponse, OrderSubmitted, utc_now
 from domain.workflows import Workflow, resolve, workflow_ref
 from orderctl.demo import QUICK_SETTINGS
@@ -197,11 +197,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def finished_rows(submitted: OrderSubmitted, workflow: Workflow, at: datetime) -> list[dict]:
     """The rows of ``submitted`` once every step succeeded, as the state store writes them:
     decided by the functional core, turned into entities by the store's helpers."""
-    ctx = lifecycle.Context(workflow=workflow, now=at, actor="scheduler:history")
+    ctx = events.Context(workflow=workflow, now=at, actor="scheduler:history")
     decision = lifecycle.submit(submitted, ctx)
     order, entries = decision.order, [decision.entry]
     while order is not None and not order.state.terminal:
-        decision = lifecycle.decide(order, lifecycle.Replied(success(decision)), ctx)
+        decision = lifecycle.decide(order, events.Replied(success(decision)), ctx)
         order = decision.order
         entries.append(decision.entry)
     assert order is not None and order.state.terminal, "a finished order"
@@ -212,7 +212,7 @@ def finished_rows(submitted: OrderSubmitted, workflow: Workflow, at: datetime) -
     ]
 
 
-def success(decision: lifecycle.Decision) -> AgentResponse:
+def success(decision: events.Decision) -> AgentResponse:
     """The agent's answer to the request a decision sends: the step took effect."""
     request = next(o.message for o in decision.send if isinstance(o.message, AgentRequest))
     return AgentResponse(

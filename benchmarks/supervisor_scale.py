@@ -91,7 +91,7 @@ from adapters.tables import TableService
 from benchmarks.supervisor_tick import QUEUES
 from devstack.memory import MemoryBus, MemoryStore
 from devstack.stack.azurite import AzuriteProcess
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from service import apply
@@ -543,7 +543,7 @@ async def create_one(rt: Runtime, base: Workflow, order_id: str, deadline: datet
         for s in base.steps
     )
     flow = Workflow(name=base.name, steps=steps, retry=base.retry)
-    ctx = lifecycle.Context(workflow=flow, now=now, actor="scheduler:bench")
+    ctx = events.Context(workflow=flow, now=now, actor="scheduler:bench")
     decision = lifecycle.submit(submitted, ctx)
     assert decision.order is not None and decision.entry is not None
     assert decision.order.complete_by is not None

@@ -30,7 +30,7 @@ from adapters.store.active_index import INDEX_BUCKETS
 from adapters.store.state_store import OrderStateStore
 from devstack.memory import MemoryBus
 from devstack.stack.azurite import AzuriteProcess
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from service import apply
@@ -120,7 +120,7 @@ async def create(rt: Runtime, count: int, *, budget: timedelta, workers: int) ->
             items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 100}],
             currency="EUR",
         )
-        ctx = lifecycle.Context(workflow=flow, now=utc_now(), actor="scheduler:bench")
+        ctx = events.Context(workflow=flow, now=utc_now(), actor="scheduler:bench")
         decision = lifecycle.submit(submitted, ctx)
         assert decision.order is not None and decision.entry is not None
         async with at_once:

@@ -2,7 +2,10 @@
 
 A Decision is the new order record (or None: nothing to write) and the messages to send after
 writing it. The shell (:mod:`service.apply`) loads, decides, writes once (ETag) and sends; nothing
-here does I/O, reads a clock or draws a random number.
+here does I/O, reads a clock or draws a random number. The events, the context and the decision
+are in :mod:`domain.events`; the record changes itself by the transitions of
+:mod:`domain.order`. An operator's actions are decided apart (:mod:`domain.operator_actions`),
+with the movements below (:func:`write`, :func:`claim`, :func:`compensate`, ...).
 
 **Outbox.** The messages a decision implies are stored on the record it writes (``outbox``) and
 sent after the write, in order, with deterministic MessageIds. They stay on the record until
@@ -35,7 +38,7 @@ a step whose do was never answered for sure, or whose undo was sent and the effe
 recorded in place. Until each is answered the order is *settling*: an answer to a request it
 sent is recorded, as a ``settling`` row, or ``settled`` for the one that leaves nothing open.
 A settled order (every Processed order) changes only by an operator's hand; the ``error`` row
-says whether the order ended settling, and :func:`_write` refuses anything else. Two kinds of
+says whether the order ended settling, and :func:`write` refuses anything else. Two kinds of
 row change what is recorded about an ended order, not the order, and come whether it settles
 or is settled: its held status updates (below) sent again or given up (``replies_*``), and a
 late answer saying whose failure an attempt given up on unanswered was (``late_answer``).
@@ -60,20 +63,30 @@ raises one warning.
 
 **Status updates are owed until they arrive.** One that the submitter's queue refuses (it does
 not exist, is disabled, or the app may not send to it) is *held*: it stays in the outbox with a
-``not_before`` (event :class:`RepliesRefused`), no proof of delivery covers it, later updates
-wait behind it, and the first write after that time owes them again, so the queue gets every
-update, in order, once it takes them. A finished order holding updates keeps its active-index
-row: the Supervisor sends them again at their time, each time later (up to an hour), and gives
-up after :data:`REPLY_HOLD_LIMIT`, saying so in the timeline.
+``not_before`` (event :class:`~domain.events.RepliesRefused`), no proof of delivery covers it,
+later updates wait behind it, and the first write after that time owes them again, so the queue
+gets every update, in order, once it takes them. A finished order holding updates keeps its
+active-index row: the Supervisor sends them again at their time, each time later (up to an
+hour), and gives up after :data:`REPLY_HOLD_LIMIT`, saying so in the timeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from domain import ids
+from domain.events import (
+    Context,
+    Decision,
+    Event,
+    Replied,
+    RepliesRefused,
+    Resent,
+    RetryDue,
+    Swept,
+)
 from domain.messages import (
     EXPIRED,
     AgentRequest,
@@ -82,31 +95,23 @@ from domain.messages import (
     OrderSubmitted,
     SchedulerCommand,
     Severity,
-    StatusEvent,
     StatusUpdate,
     message_id_for,
 )
 from domain.order import (
     COMPENSATION_DELAYED,
-    NO_FAILURES,
-    Failures,
     Order,
     Outgoing,
     StepRecord,
     StepState,
     TimelineEntry,
+    Whose,
 )
 from domain.states import ProcessState, transition_allowed
 from domain.workflows import Step, Workflow
 
 UNREQUESTED_REASON: Final = "unrequested_answer"
 """The alert of an answer to a request the order never sent."""
-DEFAULT_STALE_AFTER: Final = timedelta(minutes=2)
-DEFAULT_FLUSH_GRACE: Final = timedelta(seconds=10)
-DEFAULT_SKEW: Final = timedelta(seconds=10)
-"""How far two hosts' clocks may disagree by default (``CLOCK_SKEW_TOLERANCE_SECONDS``)."""
-DEFAULT_COMPENSATION_BUDGET: Final = timedelta(hours=6)
-DEFAULT_COMPENSATION_WARN_AFTER: Final = timedelta(minutes=10)
 REPLY_RETRY_FIRST: Final = timedelta(minutes=5)
 """The soonest held status updates are tried again; then as long again as they have been held,
 up to :data:`REPLY_RETRY_MAX`."""
@@ -115,135 +120,6 @@ REPLY_HOLD_LIMIT: Final = timedelta(hours=24)
 """How long a finished order's held status updates are tried before they are given up."""
 
 _P = ProcessState
-
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    """What a decision may know besides the order and the event.
-
-    ``actor``: who acts (LockedBy of a claim, the timeline's actor). ``jitter``: a number in
-    [0, 1) the shell drew, spreading retry delays. ``stale_after``: how long a released order
-    may wait past its retry time before the Supervisor releases it again (a failure); after
-    half of it, the Supervisor resends what the order owes (no failure). ``flush_grace``: how
-    long a finished order's writer has to send its outbox before the Supervisor does it.
-    ``compensation_budget``: how long, from when compensation starts, a failed undo is
-    retried; ``compensation_warn_after``: when a compensation still going on raises a warning.
-    ``skew``: how far two hosts' clocks may disagree. A time another host stamped (a
-    CompleteBy, a retry time, an update) is acted on only once ``now`` is past it by more than
-    this, so a Supervisor whose clock runs ahead never recovers an order early.
-    """
-
-    workflow: Workflow
-    now: datetime
-    actor: str
-    jitter: float = 0.5
-    stale_after: timedelta = DEFAULT_STALE_AFTER
-    flush_grace: timedelta = DEFAULT_FLUSH_GRACE
-    compensation_budget: timedelta = DEFAULT_COMPENSATION_BUDGET
-    compensation_warn_after: timedelta = DEFAULT_COMPENSATION_WARN_AFTER
-    skew: timedelta = timedelta(0)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """``order``: the record to write (None: write nothing). ``send``: the messages to send,
-    in order, after the write. ``finished``: once sent, the order owes nothing any more (the
-    shell removes its active-index row). ``entry``: the timeline row the write adds."""
-
-    order: Order | None
-    send: tuple[Outgoing, ...]
-    entry: TimelineEntry | None = None
-    finished: bool = False
-    note: str = ""
-
-
-# -------------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class Replied:
-    """``caused_by``: which message brought the reply (:meth:`core.aio.inbound.Delivery.cause`);
-    it names the alerts deciding on it raises (None: they are named by their text)."""
-
-    response: AgentResponse
-    caused_by: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryDue:
-    command: SchedulerCommand
-
-
-@dataclass(frozen=True, slots=True)
-class Resent:
-    """The submission of an existing order came again (a redelivery after a crash)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Swept:
-    """The Supervisor looked at the order."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    actor: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resubmit:
-    """``outbox_delivered``: the shell knows the Error order's outbox was sent (its active-index
-    row is gone), so the alert is not sent twice."""
-
-    actor: str
-    reason: str
-    outbox_delivered: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Restart:
-    """Redo an Error order from ``step`` on: that step and every later one afresh (new keys),
-    even one whose result was kept; the steps before it resume as a resubmit does."""
-
-    actor: str
-    reason: str
-    step: str
-    outbox_delivered: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RepliesRefused:
-    """The submitter's queue refused status update ``sequence``: it does not exist, is disabled,
-    or the app may not send to it (``failure`` says which). ``sent``: the MessageIds of what
-    the same send had sent before it, in the order's outbox order. A queue that might take it
-    on a second try (a timeout, a busy broker) is not a refusal: that send fails, is made again."""
-
-    sequence: int
-    failure: str
-    sent: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class Migrate:
-    """Move an order in flight to another version of its workflow (docs/versioning.md)."""
-
-    to: Workflow
-    actor: str
-    reason: str
-
-
-Event = Replied | RetryDue | Resent | Swept | Cancel | Resubmit | Restart | Migrate | RepliesRefused
-
-
-class Refused(Exception):
-    """An operator action that does not apply to the order as it is; ``code`` says why."""
-
-    def __init__(
-        self, code: Literal["not_found", "conflict", "busy", "invalid"], message: str
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 # ---------------------------------------------------------------------------- submission
@@ -281,9 +157,9 @@ def submit(submitted: OrderSubmitted, ctx: Context) -> Decision:
         updated_at=ctx.now,
         timeline_seq=-1,
     )
-    order = _claim(_status(order, ctx, "received", detail=f"workflow {flow.ref}"), ctx)
+    order = claim(order.reporting("received", ctx.now, detail=f"workflow {flow.ref}"), ctx)
     detail = f"workflow {flow.ref}, {len(flow.steps)} steps; dispatched {flow.first_step.name}"
-    return _write(order, order, ctx, "created", detail, from_state=None)
+    return write(order, order, ctx, "created", detail, from_state=None)
 
 
 # ------------------------------------------------------------------------------- due time
@@ -302,7 +178,7 @@ def due_at(
     """
     if order.state.terminal:
         flushed = order.updated_at + flush_grace + skew
-        held = _held_until(order)
+        held = order.held_until
         return flushed if held is None else max(flushed, held)
     if order.locked_by is not None and order.complete_by is not None:
         return order.complete_by + skew
@@ -322,14 +198,6 @@ def decide(order: Order, event: Event, ctx: Context) -> Decision:
             return _flush(order, "submission seen again")
         case Swept():
             return _on_sweep(order, ctx)
-        case Cancel(actor, reason):
-            return _on_cancel(order, actor, reason, ctx)
-        case Resubmit(actor, reason, delivered):
-            return _on_resubmit(order, actor, reason, delivered, ctx)
-        case Restart(actor, reason, step, delivered):
-            return _on_restart(order, actor, reason, step, delivered, ctx)
-        case Migrate(to, actor, reason):
-            return _on_migrate(order, to, actor, reason, ctx)
         case RepliesRefused(sequence, failure, sent):
             return _on_replies_refused(order, sequence, failure, sent, ctx)
     raise TypeError(f"not an event: {event!r}")
@@ -345,7 +213,7 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
             f"({', '.join(ctx.workflow.step_names)}); not applied",
         )
     step = order.step(r.step)
-    unasked = _unasked(order, step, r)
+    unasked = order.never_sent(step, r.operation, r.generation, r.attempt)
     if unasked is not None:
         return _refuse_answer(order, r, caused_by, unasked, ctx)
     if r.generation != step.generation or step.state is StepState.PENDING:
@@ -356,7 +224,7 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
         and o.message.attempt == r.attempt
         for o in order.outbox
     )
-    draft = _answered_late(_begin(order, delivered), r)
+    draft = _answered_late(begin(order, delivered), r)
     moving = (_P.PENDING, _P.PROCESSING) if r.operation == "do" else (_P.COMPENSATING,)
     at_step = (order.current_step, order.current_operation) == (r.step, r.operation)
     in_flight = order.state in moving and at_step
@@ -370,37 +238,13 @@ def _on_reply(order: Order, r: AgentResponse, caused_by: str | None, ctx: Contex
         if current:
             reason = f"{what} failed: {r.error_code}: {r.error_message}"
             whose: Whose = "on_our_side" if r.error_code == EXPIRED else "at_service"
-            return _retry_or_fail(order, _failed(draft, whose), reason, ctx)
+            return _retry_or_fail(order, draft.attempt_failed(whose), reason, ctx)
         return _late_answer(
             order, draft, r, f"{what} failed transiently, but no longer in flight", ctx
         )
     if r.operation == "do":
         return _on_forward_answer(order, draft, r, in_flight, ctx)
     return _on_undo_answer(order, draft, r, in_flight, ctx)
-
-
-def _unasked(order: Order, step: StepRecord, r: AgentResponse) -> str | None:
-    """Why the order's record proves it never sent the request ``r`` answers; None when it sent
-    it, or when ``r`` is for an earlier generation of the step (not known any more)."""
-    generation = order.generation if step.state is StepState.PENDING else step.generation
-    if r.generation < generation:
-        return None
-    if r.generation > generation:
-        return f"{r.step}'s requests are of generation {generation}"
-    if step.requests is None:  # recorded before requests were: what the record still proves
-        if r.attempt > order.attempt:
-            return f"the order has sent {order.attempt} requests in all"
-        if r.operation == "undo" and order.compensation_cause is None:
-            return "the order has not undone anything"
-        return None
-    if step.sent(r.operation, r.attempt):
-        return None
-    runs = [
-        f"{run.operation} at attempt {run.first}"
-        + (f" to {run.last}" if run.last > run.first else "")
-        for run in step.requests
-    ]
-    return f"{r.step} was sent: {', '.join(runs) or 'nothing'} (generation {generation})"
 
 
 def _refuse_answer(
@@ -428,14 +272,7 @@ def _on_forward_answer(
 ) -> Decision:
     step = order.step(r.step)
     if r.outcome == "succeeded":
-        done = draft.with_step(
-            r.step,
-            state=StepState.SUCCEEDED,
-            result=r.result,
-            error_code=None,
-            error_message=None,
-            completed_at=r.responded_at,
-        )
+        done = draft.with_record(draft.step(r.step).succeeded(r.result, r.responded_at))
         if in_flight:
             return _advance(order, done, r.step, ctx)
         if step.state is StepState.RUNNING:
@@ -444,16 +281,11 @@ def _on_forward_answer(
         return _late_answer(
             order, draft, r, f"{r.step} succeeded again (already {step.state})", ctx
         )
-    refused = draft.with_step(
-        r.step,
-        state=StepState.FAILED,
-        error_code=r.error_code,
-        error_message=r.error_message,
-        completed_at=r.responded_at,
-    )
+    declined = draft.step(r.step).declined(r.error_code, r.error_message, r.responded_at)
+    refused = draft.with_record(declined)
     reason = f"{r.step} declined: {r.error_code}: {r.error_message}"
     if in_flight:
-        return _compensate(order, refused, "step_declined", reason, ctx)
+        return compensate(order, refused, "step_declined", reason, ctx)
     if step.state is StepState.RUNNING:
         return _late(order, refused, ctx, "late_decline", f"{reason} (no effect; nothing to undo)")
     return _late_answer(order, draft, r, f"{r.step} declined, but it is {step.state}", ctx)
@@ -468,12 +300,14 @@ def _on_undo_answer(
         if in_flight:
             return _give_up(order, draft, reason, ctx)
         return _late_answer(order, draft, r, f"{reason}, but that undo is no longer in flight", ctx)
-    undone = StepState.COMPENSATED if r.outcome == "succeeded" else StepState.VOIDED
-    resolved = draft.with_step(r.step, state=undone, compensated_at=r.responded_at)
+    record = draft.step(r.step)
+    at = r.responded_at
+    done = record.undone(at) if r.outcome == "succeeded" else record.voided(at)
+    resolved = draft.with_record(done)
     if in_flight:
-        return _next_undo_or_finish(order, resolved, r.step, undone, ctx)
+        return _next_undo_or_finish(order, resolved, done, ctx)
     if step.state.may_have_effect:
-        return _late(order, resolved, ctx, "late_undo", f"{r.step}: {undone}")
+        return _late(order, resolved, ctx, "late_undo", f"{r.step}: {done.state}")
     return _late_answer(
         order, draft, r, f"undo of {r.step} answered again (already {step.state})", ctx
     )
@@ -484,11 +318,11 @@ def _late(before: Order, after: Order, ctx: Context, event: str, detail: str) ->
     it is the order settling: ``settling`` while an answer may still change a step,
     ``settled`` once none can (only an operator changes it after that)."""
     if before.state.in_flight:
-        return _write(before, after, ctx, event, detail)
+        return write(before, after, ctx, event, detail)
     left = ", ".join(s.name for s in after.open_steps)
     if left:
-        return _write(before, after, ctx, "settling", f"{detail} (after the end; open: {left})")
-    return _write(before, after, ctx, "settled", f"{detail} (after the end; nothing is open now)")
+        return write(before, after, ctx, "settling", f"{detail} (after the end; open: {left})")
+    return write(before, after, ctx, "settled", f"{detail} (after the end; nothing is open now)")
 
 
 def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision:
@@ -497,8 +331,8 @@ def _on_retry(order: Order, command: SchedulerCommand, ctx: Context) -> Decision
         return _flush(order, "retry command no longer current")
     sent = message_id_for(command)
     delivered = any(message_id_for(o.message) == sent for o in order.outbox)
-    draft = _begin(order, delivered)
-    return _write(order, _claim(draft, ctx), ctx, "claimed", f"retry: {command.reason}")
+    draft = begin(order, delivered)
+    return write(order, claim(draft, ctx), ctx, "claimed", f"retry: {command.reason}")
 
 
 def _on_sweep(order: Order, ctx: Context) -> Decision:
@@ -506,7 +340,7 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
     if order.state.terminal:
         if order.updated_at + ctx.flush_grace > now:
             return Decision(None, (), note="finished moments ago; its writer is sending")
-        if _held_until(order) is not None:
+        if order.held_until is not None:
             return _retry_replies(order, ctx)
         return Decision(None, order.outbox, finished=True, note="finished; outbox (re)sent")
     if order.locked_by is not None:
@@ -530,182 +364,31 @@ def _on_sweep(order: Order, ctx: Context) -> Decision:
             f"{ctx.stale_after.total_seconds():.0f}s"
         )
         whose = "on_our_side"  # its retry was never claimed: no request left for it
-    return _retry_or_fail(order, _failed(_begin(order, delivered=False), whose), reason, ctx)
-
-
-def _on_cancel(order: Order, actor: str, reason: str, ctx: Context) -> Decision:
-    if order.state.terminal:
-        raise Refused(
-            "conflict",
-            f"order {order.order_id} is {order.state}; only orders in flight can be cancelled",
-        )
-    if order.state is _P.COMPENSATING:
-        raise Refused(
-            "conflict",
-            f"order {order.order_id} is already being undone ({order.compensation_reason})",
-        )
-    draft = replace(_begin(order, delivered=False), locked_by=None)
-    return _compensate(order, draft, "cancelled", f"cancelled by {actor}: {reason}", ctx)
-
-
-def _on_migrate(order: Order, to: Workflow, actor: str, reason: str, ctx: Context) -> Decision:
-    if order.state not in (_P.PENDING, _P.PROCESSING) or order.current_operation != "do":
-        raise Refused(
-            "conflict",
-            f"order {order.order_id}: {order.state} (undoing or finished); only orders moving "
-            "forward can be migrated",
-        )
-    old = ctx.workflow
-    problem = old.migration_problem(to, order.current_step)
-    if problem is not None:
-        raise Refused("conflict", f"order {order.order_id} cannot be migrated: {problem}")
-    shared = old.index_of(order.current_step) + 1
-    steps = order.steps[:shared] + tuple(
-        StepRecord(step.name, index) for index, step in enumerate(to.steps) if index >= shared
-    )
-    migrated = replace(order, workflow=to.ref, steps=steps)
-    detail = f"{old.ref} -> {to.ref} by {actor}: {reason}"
-    return _write(order, migrated, ctx, "migrated", detail)
-
-
-def _on_resubmit(order: Order, actor: str, reason: str, delivered: bool, ctx: Context) -> Decision:
-    draft = _errored(order, delivered, "resubmitted")
-    left = _undo_plan(draft, ctx.workflow)
-    if left:
-        resumed = replace(
-            draft,
-            state=_P.COMPENSATING,
-            current_step=left[0].name,
-            current_operation="undo",
-            failure_count=0,
-            compensation_started_at=ctx.now,
-            compensation_warned=False,
-        )
-        detail = f"{reason}; compensation resumed: undo {', '.join(s.name for s in left)}"
-        resumed = _status(resumed, ctx, "resubmitted", step=left[0].name, detail=detail)
-        return _write(order, _claim(resumed, ctx), ctx, "compensation_resumed", detail)
-    if all(s.state is StepState.SUCCEEDED for s in draft.steps):
-        raise Refused("conflict", f"order {order.order_id} has no step left to do")
-    return _redo(order, draft, len(draft.steps), "resubmitted", reason, ctx)
-
-
-def _on_restart(
-    order: Order, actor: str, reason: str, step: str, delivered: bool, ctx: Context
-) -> Decision:
-    flow = ctx.workflow
-    if step not in flow.step_names:
-        raise Refused(
-            "invalid",
-            f"workflow {flow.ref} has no step {step[:64]!r}; restart from one of: "
-            f"{', '.join(flow.step_names)}",
-        )
-    draft = _errored(order, delivered, "restarted")
-    left = _undo_plan(draft, flow)
-    if left:
-        raise Refused(
-            "conflict",
-            f"order {order.order_id} still has undos left ({', '.join(s.name for s in left)}): "
-            "resubmit it to finish its compensation, then restart it",
-        )
-    start = flow.index_of(step)
-    why = f"{reason}; restart from {step}: redo {', '.join(flow.step_names[start:])}"
-    return _redo(order, draft, start, "restarted", why, ctx)
-
-
-def _errored(order: Order, delivered: bool, done: str) -> Order:
-    """The draft an operator's action on an Error order starts from (its outbox dropped if
-    ``delivered``); Refused for an order not in Error."""
-    if order.state is not _P.ERROR:
-        raise Refused(
-            "conflict", f"order {order.order_id} is {order.state}; only Error orders can be {done}"
-        )
-    return replace(order, outbox=() if delivered else order.outbox)
-
-
-def _redo(order: Order, draft: Order, start: int, event: str, why: str, ctx: Context) -> Decision:
-    """Put an Error order back in flight with the next generation, from its first step not
-    Succeeded: every step from index ``start`` on, and every one not Succeeded, starts afresh."""
-    steps = tuple(
-        s if s.state is StepState.SUCCEEDED and s.index < start else StepRecord(s.name, s.index)
-        for s in draft.steps
-    )
-    first = next(s for s in steps if s.state is not StepState.SUCCEEDED)
-    kept = [s.name for s in steps if s.state is StepState.SUCCEEDED]
-    detail = f"{why}; resumes at {first.name}" + (f"; kept: {', '.join(kept)}" if kept else "")
-    again = replace(
-        draft,
-        state=_P.PENDING,
-        generation=order.generation + 1,
-        steps=steps,
-        current_step=first.name,
-        current_operation="do",
-        failure_count=0,
-        last_error=None,
-        compensation_cause=None,
-        compensation_reason=None,
-        compensation_started_at=None,
-        compensation_warned=False,
-    )
-    again = _status(again, ctx, "resubmitted", step=first.name, detail=detail)
-    return _write(order, _claim(again, ctx), ctx, event, detail)
+    return _retry_or_fail(order, order.attempt_failed(whose), reason, ctx)
 
 
 # ----------------------------------------------------------------------------- movements
+# The lifecycle's own moves, which an operator's actions (domain.operator_actions) make too.
 
 
-def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decision:
-    following = ctx.workflow.next_step(done_step)
-    order = replace(order, failure_count=0, last_error=None)
-    if following is None:
-        # One update says the order finished: the step's own still reports it Processing.
-        order = _status(order, ctx, "step_completed", step=done_step)
-        order = _unlocked(order, _P.PROCESSED, next_attempt_at=None)
-        order = _status(order, ctx, "processed")
-        return _write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
-    order = replace(order, current_step=following.name, current_operation="do")
-    order = _status(order, ctx, "step_completed", step=done_step)
-    detail = f"{done_step} succeeded; next {following.name}"
-    return _write(before, _claim(order, ctx), ctx, "step_succeeded", detail, step=done_step)
-
-
-def _claim(order: Order, ctx: Context) -> Order:
+def claim(order: Order, ctx: Context) -> Order:
     """Take the current step for one attempt and put its AgentRequest in the outbox."""
     step = ctx.workflow.step_named(order.current_step)
     operation = order.current_operation
-    record = order.step(step.name)
-    generation = order.generation if record.state is StepState.PENDING else record.generation
-    if operation == "do":
-        state, step_state = _P.PROCESSING, StepState.RUNNING
-    else:
-        state, step_state = _P.COMPENSATING, record.state
+    if operation == "undo":
         order = _warn_if_long(order, ctx)
-    attempt = order.attempt + 1
     complete_by = ctx.now + step.deadline_budget
-    order = order.with_step(
-        step.name,
-        state=step_state,
-        generation=generation,
-        attempt=record.attempt + 1,
-        requests=record.sending(operation, attempt),
-    )
-    order = replace(
-        order,
-        state=state,
-        locked_by=ctx.actor,
-        complete_by=complete_by,
-        attempt=attempt,
-        next_attempt_at=None,
-    )
+    order = order.claimed(ctx.actor, complete_by)
     record = order.step(step.name)
     if operation == "do":
         tries = f"attempt {record.attempt}" if record.attempt > 1 else ""
-        order = _status(order, ctx, "step_started", step=step.name, detail=tries)
+        order = order.reporting("step_started", ctx.now, step=step.name, detail=tries)
     request = AgentRequest(
         order_id=order.order_id,
         step=step.name,
         operation=operation,
         action=step.action_for(operation),
-        attempt=attempt,
+        attempt=order.attempt,
         complete_by=complete_by,
         run_budget_s=step.complete_by_budget.total_seconds(),
         idempotency_key=record.key(order.order_id, operation),
@@ -713,7 +396,43 @@ def _claim(order: Order, ctx: Context) -> Order:
         payload=order.payload,
         requested_at=ctx.now,
     )
-    return _owe(order, Outgoing(step.agent, request))
+    return order.owing(Outgoing(step.agent, request))
+
+
+def compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Context) -> Decision:
+    """Start undoing what may have taken effect, latest first; or fail at once if nothing has."""
+    order = draft.compensating(cause, reason, ctx.now)
+    plan = undo_plan(order, ctx.workflow)
+    if not plan:
+        final = f"{reason}; nothing to undo"
+        return _fail(before, order, cause, final, ctx)
+    names = ", ".join(step.name for step in plan)
+    order = order.undoing(plan[0].name).reporting(
+        "compensating", ctx.now, step=plan[0].name, detail=f"{reason}; undoing {names}"
+    )
+    detail = f"{reason}; to undo: {names}"
+    return write(before, claim(order, ctx), ctx, "compensation_started", detail)
+
+
+def undo_plan(order: Order, flow: Workflow) -> list[Step]:
+    """Steps that may have taken effect and can be undone, latest first."""
+    return [
+        flow.step_named(s.name)
+        for s in sorted(order.steps, key=lambda s: -s.index)
+        if s.state.may_have_effect and flow.step_named(s.name).compensable
+    ]
+
+
+def _advance(before: Order, order: Order, done_step: str, ctx: Context) -> Decision:
+    following = ctx.workflow.next_step(done_step)
+    # One update says the step completed; the order's state in it is still Processing.
+    order = order.reporting("step_completed", ctx.now, step=done_step)
+    if following is None:
+        order = order.processed().reporting("processed", ctx.now)
+        return write(before, order, ctx, "processed", f"{done_step} succeeded", step=done_step)
+    order = order.moving_to(following.name)
+    detail = f"{done_step} succeeded; next {following.name}"
+    return write(before, claim(order, ctx), ctx, "step_succeeded", detail, step=done_step)
 
 
 def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
@@ -737,8 +456,7 @@ def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> De
         )
         if ours:
             detail += f" (and {ours} that never left our side)"
-        draft = replace(draft, failure_count=failures)
-        return _compensate(before, draft, "failure_threshold", detail, ctx)
+        return compensate(before, draft, "failure_threshold", detail, ctx)
     due = _retry_due(failures, ctx)
     released = _release(draft, due, reason, ctx, failure_count=failures)
     if ours:
@@ -746,7 +464,7 @@ def _retry_or_fail(before: Order, draft: Order, reason: str, ctx: Context) -> De
         detail = f"{reason}; retry {failures} due {due.isoformat()}; {count}"
     else:
         detail = f"{reason}; retry {failures} of {threshold - 1} due {due.isoformat()}"
-    return _write(before, released, ctx, "released", detail)
+    return write(before, released, ctx, "released", detail)
 
 
 def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decision:
@@ -758,10 +476,9 @@ def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decis
     refuses the undo (:func:`_on_undo_answer`) or when this budget, counted from when
     compensation started, runs out.
     """
-    failures = draft.failure_count + 1
-    # An order that began to compensate before budgets existed counts from its first failure.
-    started = draft.compensation_started_at or ctx.now
-    draft = replace(draft, failure_count=failures, compensation_started_at=started)
+    draft = draft.undo_failed(ctx.now)
+    failures, started = draft.failure_count, draft.compensation_started_at
+    assert started is not None
     until = started + ctx.compensation_budget
     if ctx.now >= until:
         budget = ctx.compensation_budget.total_seconds()
@@ -773,7 +490,7 @@ def _retry_undo(before: Order, draft: Order, reason: str, ctx: Context) -> Decis
     due = _retry_due(failures, ctx)
     released = _release(draft, due, reason, ctx, failure_count=failures)
     detail = f"{reason}; undo retry {failures} due {due.isoformat()}, until {until.isoformat()}"
-    return _write(before, released, ctx, "released", detail)
+    return write(before, released, ctx, "released", detail)
 
 
 def _retry_due(failures: int, ctx: Context) -> datetime:
@@ -802,23 +519,19 @@ def _warn_if_long(order: Order, ctx: Context) -> Order:
     )
     seq = order.timeline_seq + 1
     alert = _alert(ctx, order.order_id, "warning", COMPENSATION_DELAYED, detail, timeline_seq=seq)
-    return replace(_owe(order, Outgoing("alerts", alert)), compensation_warned=True)
+    return order.warned_of(Outgoing("alerts", alert))
 
 
 def _defer(before: Order, draft: Order, retry_at: datetime, reason: str, ctx: Context) -> Decision:
     due = max(retry_at, ctx.now)
     released = _release(draft, due, reason, ctx, failure_count=draft.failure_count)
     detail = f"{reason}; retry due {due.isoformat()} (not counted as a failure)"
-    return _write(before, released, ctx, "deferred", detail)
+    return write(before, released, ctx, "deferred", detail)
 
 
 def _release(
     order: Order, due: datetime, reason: str, ctx: Context, *, failure_count: int
 ) -> Order:
-    state = _P.COMPENSATING if order.current_operation == "undo" else _P.PENDING
-    order = _unlocked(
-        order, state, failure_count=failure_count, next_attempt_at=due, last_error=reason
-    )
     command = SchedulerCommand(
         order_id=order.order_id,
         command="retry",
@@ -828,50 +541,20 @@ def _release(
         requested_by=ctx.actor,
         requested_at=ctx.now,
     )
-    return _owe(order, Outgoing("commands", command, not_before=due))
+    released = order.released(due, reason, failure_count)
+    return released.owing(Outgoing("commands", command, not_before=due))
 
 
-def _unlocked(order: Order, state: ProcessState, **changes: object) -> Order:
-    """``order`` in ``state`` with no attempt in flight: nobody holds it, no CompleteBy."""
-    return replace(order, state=state, locked_by=None, complete_by=None, **changes)
-
-
-def _compensate(before: Order, draft: Order, cause: str, reason: str, ctx: Context) -> Decision:
-    """Start undoing what may have taken effect, latest first; or fail at once if nothing has."""
-    order = replace(
-        draft,
-        compensation_cause=cause,
-        compensation_reason=reason,
-        last_error=reason,
-        failure_count=0,
-        compensation_started_at=ctx.now,
-        compensation_warned=False,
-    )
-    plan = _undo_plan(order, ctx.workflow)
-    if not plan:
-        final = f"{reason}; nothing to undo"
-        return _fail(before, order, cause, final, ctx)
-    names = ", ".join(step.name for step in plan)
-    order = replace(
-        order, state=_P.COMPENSATING, current_step=plan[0].name, current_operation="undo"
-    )
-    order = _status(
-        order, ctx, "compensating", step=plan[0].name, detail=f"{reason}; undoing {names}"
-    )
-    detail = f"{reason}; to undo: {names}"
-    return _write(before, _claim(order, ctx), ctx, "compensation_started", detail)
-
-
-def _next_undo_or_finish(
-    before: Order, order: Order, step: str, undone: StepState, ctx: Context
-) -> Decision:
-    what = "undone" if undone is StepState.COMPENSATED else "nothing to undo"
-    order = _status(order, ctx, "step_compensated", step=step, detail=what)
-    plan = _undo_plan(order, ctx.workflow)
+def _next_undo_or_finish(before: Order, order: Order, done: StepRecord, ctx: Context) -> Decision:
+    """``done``'s undo was answered (Compensated, or Voided: nothing to undo): undo the next
+    step that may have taken effect, or end in Error once none is left."""
+    what = "undone" if done.state is StepState.COMPENSATED else "nothing to undo"
+    order = order.reporting("step_compensated", ctx.now, step=done.name, detail=what)
+    plan = undo_plan(order, ctx.workflow)
     if plan:
-        order = replace(order, current_step=plan[0].name, failure_count=0)
-        detail = f"{step}: {what}; next undo {plan[0].name}"
-        return _write(before, _claim(order, ctx), ctx, "step_compensated", detail, step=step)
+        detail = f"{done.name}: {what}; next undo {plan[0].name}"
+        undoing = claim(order.undoing(plan[0].name), ctx)
+        return write(before, undoing, ctx, "step_compensated", detail, step=done.name)
     cause = order.compensation_cause or "step_declined"
     reason = order.compensation_reason or "compensated"
     undid = [s.name for s in order.steps if s.state is StepState.COMPENSATED]
@@ -880,12 +563,12 @@ def _next_undo_or_finish(
     if voided:
         summary += f"; never took effect: {', '.join(voided)}"
     final = f"{reason}; compensated: {summary}"
-    return _fail(before, order, cause, final, ctx, step=step)
+    return _fail(before, order, cause, final, ctx, step=done.name)
 
 
 def _give_up(before: Order, order: Order, reason: str, ctx: Context) -> Decision:
     """An undo cannot be completed: Error, and a critical alert naming what is left in place."""
-    left = _undo_plan(order, ctx.workflow)
+    left = undo_plan(order, ctx.workflow)
     names = ", ".join(f"{s.name} ({s.undo_operation} at {s.agent})" for s in left) or "none"
     final = (
         f"compensation incomplete: {reason}; steps left to undo: {names}; "
@@ -919,42 +602,16 @@ def _fail(
             if cause == "cancelled"
             else "The order is in Error; resubmit it once the cause is fixed."
         )
-    order = _unlocked(order, _P.ERROR, next_attempt_at=None, last_error=final)
     seq = before.timeline_seq + 1
     alert = _alert(ctx, order.order_id, severity, cause, f"{final}. {advice}", timeline_seq=seq)
-    order = _status(_owe(order, Outgoing("alerts", alert)), ctx, "failed", detail=final)
+    order = order.in_error(final).owing(Outgoing("alerts", alert))
+    order = order.reporting("failed", ctx.now, detail=final)
     left = ", ".join(s.name for s in order.open_steps)
     settling = f"; settling: an answer may still change {left}" if left else ""
-    return _write(before, order, ctx, "error", final + settling, step=step)
-
-
-def _undo_plan(order: Order, flow: Workflow) -> list[Step]:
-    """Steps that may have taken effect and can be undone, latest first."""
-    return [
-        flow.step_named(s.name)
-        for s in sorted(order.steps, key=lambda s: -s.index)
-        if s.state.may_have_effect and flow.step_named(s.name).compensable
-    ]
+    return write(before, order, ctx, "error", final + settling, step=step)
 
 
 # ------------------------------------------------------------------------ whose failure
-
-
-Whose = Literal["at_service", "on_our_side", "unanswered"]
-
-
-def _failed(order: Order, whose: Whose) -> Order:
-    """Record that the attempt in flight failed, and whose failure it was (``unanswered``: not
-    known yet; :func:`_answered_late` settles it if an answer comes)."""
-    operation = order.current_operation
-    failures = order.step(order.current_step).failures(operation)
-    if whose == "unanswered":
-        failures = replace(failures, unanswered=(*failures.unanswered, order.attempt))
-    elif whose == "at_service":
-        failures = replace(failures, at_service=failures.at_service + 1)
-    else:
-        failures = replace(failures, on_our_side=failures.on_our_side + 1)
-    return _with_failures(order, order.current_step, operation, failures)
 
 
 def _answered_late(order: Order, r: AgentResponse) -> Order:
@@ -962,21 +619,12 @@ def _answered_late(order: Order, r: AgentResponse) -> Order:
     left our side if its agent took it up after its deadline (``expired``); any other answer
     means the agent called the service, or (``deferred``) held back because the service kept
     failing: the service's failure either way."""
-    failures = order.step(r.step).failures(r.operation)
-    if r.attempt not in failures.unanswered:
-        return order
-    unanswered = tuple(attempt for attempt in failures.unanswered if attempt != r.attempt)
-    if r.outcome == "failed" and r.error_code == EXPIRED:
-        failures = replace(failures, unanswered=unanswered, on_our_side=failures.on_our_side + 1)
-    else:
-        failures = replace(failures, unanswered=unanswered, at_service=failures.at_service + 1)
-    return _with_failures(order, r.step, r.operation, failures)
-
-
-def _with_failures(order: Order, step: str, operation: str, failures: Failures) -> Order:
-    if operation == "do":
-        return order.with_step(step, forward_failures=failures)
-    return order.with_step(step, undo_failures=failures)
+    expired = r.outcome == "failed" and r.error_code == EXPIRED
+    record = order.step(r.step)
+    answered = record.answered_late(
+        r.operation, r.attempt, "on_our_side" if expired else "at_service"
+    )
+    return order if answered is record else order.with_record(answered)
 
 
 def _late_answer(order: Order, draft: Order, r: AgentResponse, note: str, ctx: Context) -> Decision:
@@ -992,13 +640,13 @@ def _late_answer(order: Order, draft: Order, r: AgentResponse, note: str, ctx: C
     else:
         whose = "it reached the service"
     detail = f"{note}; attempt {r.attempt} was given up on unanswered, and {whose}"
-    return _write(order, draft, ctx, "late_answer", detail)
+    return write(order, draft, ctx, "late_answer", detail)
 
 
 # ------------------------------------------------------------------------------- outbox
 
 
-def _begin(order: Order, delivered: bool) -> Order:
+def begin(order: Order, delivered: bool) -> Order:
     """The draft a decision starts from: the outbox emptied if delivered, else carried over.
     Held status updates stay either way: the proof of delivery does not cover them.
 
@@ -1006,40 +654,7 @@ def _begin(order: Order, delivered: bool) -> Order:
     """
     if order.state.terminal or not delivered:
         return order
-    return replace(order, outbox=tuple(o for o in order.outbox if _held(o)))
-
-
-def _owe(order: Order, outgoing: Outgoing) -> Order:
-    return replace(order, outbox=(*order.outbox, outgoing))
-
-
-def _status(
-    order: Order, ctx: Context, event: StatusEvent, *, step: str | None = None, detail: str = ""
-) -> Order:
-    if order.reply_to is None:
-        return order
-    update = StatusUpdate(
-        order_id=order.order_id,
-        sequence=order.status_seq,
-        state=order.state.value,
-        event=event,
-        step=step,
-        detail=detail,
-        updated_at=ctx.now,
-    )
-    # Behind updates that are held, it waits as long as they do: they arrive in order.
-    owed = Outgoing("reply", update, not_before=_held_until(order))
-    return replace(_owe(order, owed), status_seq=order.status_seq + 1)
-
-
-def _held(outgoing: Outgoing) -> bool:
-    """A status update the submitter's queue refused, held until its ``not_before``."""
-    return outgoing.to == "reply" and outgoing.not_before is not None
-
-
-def _held_until(order: Order) -> datetime | None:
-    """When ``order``'s held status updates are due to be tried again (None: none held)."""
-    return max((o.not_before for o in order.outbox if _held(o) and o.not_before), default=None)
+    return replace(order, outbox=tuple(o for o in order.outbox if o.held))
 
 
 def _owed_again(before: Order, outbox: tuple[Outgoing, ...], now: datetime) -> tuple[Outgoing, ...]:
@@ -1049,7 +664,7 @@ def _owed_again(before: Order, outbox: tuple[Outgoing, ...], now: datetime) -> t
     Not while a message that brings the next event is carried over from ``before``: it may
     have been sent while they were held, and its answer would pass for proof that they went.
     """
-    due = [o for o in outbox if _held(o) and o.not_before and o.not_before <= now]
+    due = [o for o in outbox if o.held and o.not_before and o.not_before <= now]
     if not due:
         return outbox
     earlier = {message_id_for(o.message) for o in before.outbox if _causal(o)}
@@ -1091,7 +706,7 @@ def _on_replies_refused(
         f"status updates {sequence} to {refused[-1].sequence} not sent: {order.reply_to} "
         f"refused them ({failure}); held, tried again at {retry_at.isoformat()}"
     )
-    decision = _write(order, replace(order, outbox=held), ctx, "replies_held", detail)
+    decision = write(order, replace(order, outbox=held), ctx, "replies_held", detail)
     assert decision.order is not None
     return replace(decision, send=decision.order.outbox)
 
@@ -1099,8 +714,8 @@ def _on_replies_refused(
 def _retry_replies(order: Order, ctx: Context) -> Decision:
     """A finished order's held status updates: sent again once due, given up after
     :data:`REPLY_HOLD_LIMIT`; either way its active-index row goes once that is done."""
-    held = [u for o in order.outbox if _held(o) and (u := _update_from(o, 0))]
-    due = _held_until(order)
+    held = [u for o in order.outbox if o.held and (u := _update_from(o, 0))]
+    due = order.held_until
     assert held and due is not None
     if due > ctx.now:
         return Decision(None, (), note=f"status updates held until {due.isoformat()}")
@@ -1110,11 +725,11 @@ def _retry_replies(order: Order, ctx: Context) -> Decision:
             f"status updates {first} to {last} never reached {order.reply_to} in "
             f"{REPLY_HOLD_LIMIT.total_seconds() / 3600:.0f} h; given up"
         )
-        dropped = replace(order, outbox=tuple(o for o in order.outbox if not _held(o)))
-        return replace(_write(order, dropped, ctx, "replies_dropped", detail), finished=True)
+        dropped = replace(order, outbox=tuple(o for o in order.outbox if not o.held))
+        return replace(write(order, dropped, ctx, "replies_dropped", detail), finished=True)
     outbox = _owed_again(order, order.outbox, ctx.now)
     detail = f"status updates {first} to {last} sent to {order.reply_to} again"
-    decision = _write(order, replace(order, outbox=outbox), ctx, "replies_resent", detail)
+    decision = write(order, replace(order, outbox=outbox), ctx, "replies_resent", detail)
     return replace(decision, send=outbox, finished=True)
 
 
@@ -1132,7 +747,7 @@ def _causal(outgoing: Outgoing) -> bool:
     return isinstance(outgoing.message, AgentRequest | SchedulerCommand)
 
 
-def _write(
+def write(
     before: Order,
     after: Order,
     ctx: Context,
@@ -1142,6 +757,10 @@ def _write(
     step: str | None = None,
     from_state: ProcessState | Literal["before"] | None = "before",
 ) -> Decision:
+    """The decision to write ``after`` over ``before``, adding timeline row ``event``: a
+    transition :mod:`domain.states` allows (or one that only records, on an ended order), with
+    the outbox cleaned of what is owed no longer and ordered so that the message that brings
+    the next event goes last."""
     ended = before.state.terminal and after.state.terminal
     if not (ended and _records_only(before, after)):
         if from_state == "before" and not transition_allowed(before.state, after.state):
@@ -1185,9 +804,7 @@ def _records_only(before: Order, after: Order) -> bool:
 
 
 def _bare(order: Order, outbox: tuple[Outgoing, ...]) -> Order:
-    steps = tuple(
-        replace(s, forward_failures=NO_FAILURES, undo_failures=NO_FAILURES) for s in order.steps
-    )
+    steps = tuple(s.without_failures() for s in order.steps)
     return replace(order, outbox=outbox, steps=steps)
 
 
@@ -1203,10 +820,17 @@ def _reject(ctx: Context, reply: AgentResponse, caused_by: str | None, detail: s
 
 
 def _alert(
-    ctx: Context, order_id: str, severity: Severity, reason: str, detail: str, **naming: object
+    ctx: Context,
+    order_id: str,
+    severity: Severity,
+    reason: str,
+    detail: str,
+    *,
+    caused_by: str | None = None,
+    timeline_seq: int | None = None,
 ) -> OperatorAlert:
-    """An alert the decision raises, by ``ctx.actor`` at ``ctx.now``. ``naming``: its
-    ``caused_by`` or ``timeline_seq``, which make it one alert (messages.message_id_for)."""
+    """An alert the decision raises, by ``ctx.actor`` at ``ctx.now``. Its ``caused_by`` or
+    ``timeline_seq`` make it one alert (messages.message_id_for)."""
     return OperatorAlert(
         order_id=order_id,
         severity=severity,
@@ -1214,5 +838,6 @@ def _alert(
         detail=detail,
         source=ctx.actor,
         raised_at=ctx.now,
-        **naming,
+        caused_by=caused_by,
+        timeline_seq=timeline_seq,
     )

@@ -5,6 +5,14 @@ loads it and one ETag-conditional write changes it: the pattern's fields (OrderI
 CompleteBy, ProcessState, FailureCount), what each step is known to have done, the payload
 agents need, and the **outbox** - the messages the last write implied, kept on the same record
 until they are known to be delivered. Nothing here does I/O or imports an SDK.
+
+The record changes itself, by named transitions that each keep their own invariants: a step is
+:meth:`StepRecord.sent`, :meth:`~StepRecord.succeeded`, :meth:`~StepRecord.declined`,
+:meth:`~StepRecord.undone`, :meth:`~StepRecord.voided`, :meth:`~StepRecord.failed` (and whose
+failure that was, :meth:`~StepRecord.answered_late`) or starts :meth:`~StepRecord.afresh`
+(:data:`STEP_TRANSITIONS`); the order is :meth:`Order.claimed`, :meth:`~Order.released`,
+:meth:`~Order.processed`, :meth:`~Order.compensating`, :meth:`~Order.in_error`, ... What the
+lifecycle decides is which transition, when.
 """
 
 from __future__ import annotations
@@ -13,10 +21,11 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Final
+from types import MappingProxyType
+from typing import Final, Literal
 
 from domain import ids
-from domain.messages import JsonObject, MessageBase
+from domain.messages import JsonObject, MessageBase, StatusEvent, StatusUpdate
 from domain.states import ProcessState
 
 Destination = str
@@ -45,6 +54,32 @@ class StepState(StrEnum):
     def may_have_effect(self) -> bool:
         """An effect that may be in place: compensation must undo (or void) this step."""
         return self in (StepState.RUNNING, StepState.SUCCEEDED)
+
+
+_S = StepState
+# Which StepState may follow which, by the transitions of StepRecord below, when every remote
+# service keeps its contract (docs/remote-service-contract.md). A self-transition is a request
+# sent again: a do retried (Running), an undo sent (Running or Succeeded: the state waits for
+# its answer). An undo sent while the outcome was unknown may see the decline come first: it
+# is retried (Failed -> Failed) until answered "nothing to undo" (Failed -> Voided). -> Pending:
+# the step starts afresh in a new generation (an operator's resubmit or restart).
+# tests/unit/test_lifecycle_transitions.py checks that the stateful exploration makes every one
+# of these and no other.
+STEP_TRANSITIONS: Final = MappingProxyType(
+    {
+        _S.PENDING: frozenset({_S.RUNNING}),
+        _S.RUNNING: frozenset(
+            {_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.COMPENSATED, _S.VOIDED, _S.PENDING}
+        ),
+        _S.SUCCEEDED: frozenset({_S.SUCCEEDED, _S.COMPENSATED, _S.PENDING}),
+        _S.FAILED: frozenset({_S.FAILED, _S.VOIDED, _S.PENDING}),
+        _S.COMPENSATED: frozenset({_S.PENDING}),
+        _S.VOIDED: frozenset({_S.PENDING}),
+    }
+)
+
+Whose = Literal["at_service", "on_our_side", "unanswered"]
+"""Whose failure a failed attempt was (:class:`Failures`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,24 +138,111 @@ class StepRecord:
     undo_failures: Failures = NO_FAILURES
     """Failed attempts of this generation, forward and undo, by whose failure each was."""
 
-    def failures(self, operation: ids.Operation) -> Failures:
-        return self.forward_failures if operation == "do" else self.undo_failures
-
     def forward_key(self, order_id: str) -> str:
         return ids.idempotency_key(order_id, self.name, "do", self.generation)
 
     def key(self, order_id: str, operation: ids.Operation) -> str:
         return ids.idempotency_key(order_id, self.name, operation, self.generation)
 
-    def sent(self, operation: ids.Operation, attempt: int) -> bool:
-        """Whether ``operation`` was sent for this step as the order's request ``attempt`` in
-        this generation (False when not known: see :attr:`requests`)."""
-        return any(
-            run.operation == operation and run.first <= attempt <= run.last
-            for run in self.requests or ()
+    # ------------------------------------------------------------------------ transitions
+
+    def sent(self, operation: ids.Operation, attempt: int, generation: int) -> StepRecord:
+        """The step once ``operation`` is sent for it as the order's request ``attempt``, under
+        a key of ``generation``: a do may take effect from now on (Running); an undo leaves the
+        state as it is until it is answered."""
+        return replace(
+            self,
+            state=StepState.RUNNING if operation == "do" else self.state,
+            generation=generation,
+            attempt=self.attempt + 1,
+            requests=self._sending(operation, attempt),
         )
 
-    def sending(self, operation: ids.Operation, attempt: int) -> tuple[Requests, ...] | None:
+    def succeeded(self, result: JsonObject | None, at: datetime) -> StepRecord:
+        """Its service says the do took effect (``at``: when it answered)."""
+        return replace(
+            self,
+            state=StepState.SUCCEEDED,
+            result=result,
+            error_code=None,
+            error_message=None,
+            completed_at=at,
+        )
+
+    def declined(self, code: str | None, message: str | None, at: datetime) -> StepRecord:
+        """Its service refused the do: no effect, ever, for this key."""
+        return replace(
+            self,
+            state=StepState.FAILED,
+            error_code=code,
+            error_message=message,
+            completed_at=at,
+        )
+
+    def undone(self, at: datetime) -> StepRecord:
+        """Its service undid the effect."""
+        return replace(self, state=StepState.COMPENSATED, compensated_at=at)
+
+    def voided(self, at: datetime) -> StepRecord:
+        """Its service found nothing to undo, and refuses the forward key for ever after."""
+        return replace(self, state=StepState.VOIDED, compensated_at=at)
+
+    def afresh(self) -> StepRecord:
+        """The step as if never requested, for a new generation: a do under a new key."""
+        return StepRecord(self.name, self.index)
+
+    # ------------------------------------------------------------------- whose failure
+
+    def failures(self, operation: ids.Operation) -> Failures:
+        return self.forward_failures if operation == "do" else self.undo_failures
+
+    def failed(self, operation: ids.Operation, attempt: int, whose: Whose) -> StepRecord:
+        """The order's request ``attempt`` (``operation`` of this step) failed, and whose
+        failure it was (``unanswered``: not known yet; :meth:`answered_late` settles it if an
+        answer comes)."""
+        failures = self.failures(operation)
+        if whose == "unanswered":
+            failures = replace(failures, unanswered=(*failures.unanswered, attempt))
+        elif whose == "at_service":
+            failures = replace(failures, at_service=failures.at_service + 1)
+        else:
+            failures = replace(failures, on_our_side=failures.on_our_side + 1)
+        return self._with_failures(operation, failures)
+
+    def answered_late(
+        self, operation: ids.Operation, attempt: int, whose: Literal["at_service", "on_our_side"]
+    ) -> StepRecord:
+        """An answer came for request ``attempt``: if it was given up on unanswered, the
+        answer says whose failure that was. Else the step is unchanged."""
+        failures = self.failures(operation)
+        if attempt not in failures.unanswered:
+            return self
+        unanswered = tuple(other for other in failures.unanswered if other != attempt)
+        failures = replace(failures, unanswered=unanswered)
+        return self._with_failures(operation, failures).failed(operation, attempt, whose)
+
+    def without_failures(self) -> StepRecord:
+        """The step's outcome without the record of whose failure each attempt was."""
+        return replace(self, forward_failures=NO_FAILURES, undo_failures=NO_FAILURES)
+
+    def _with_failures(self, operation: ids.Operation, failures: Failures) -> StepRecord:
+        if operation == "do":
+            return replace(self, forward_failures=failures)
+        return replace(self, undo_failures=failures)
+
+    # --------------------------------------------------------------- requests sent
+
+    def asked(self, operation: ids.Operation, attempt: int | None = None) -> bool | None:
+        """Whether ``operation`` was sent for this step in this generation (as the order's
+        request ``attempt``, if given); None when not known (see :attr:`requests`)."""
+        if self.requests is None:
+            return None
+        return any(
+            run.operation == operation and (attempt is None or run.first <= attempt <= run.last)
+            for run in self.requests
+        )
+
+    def _sending(self, operation: ids.Operation, attempt: int) -> tuple[Requests, ...] | None:
         """:attr:`requests` once ``operation`` is sent as the order's request ``attempt``."""
         if self.requests is None:
             return None
@@ -139,6 +261,11 @@ class Outgoing:
     to: Destination
     message: MessageBase
     not_before: datetime | None = None
+
+    @property
+    def held(self) -> bool:
+        """A status update the submitter's queue refused, held until its ``not_before``."""
+        return self.to == "reply" and self.not_before is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +314,6 @@ class Order:
                 return step
         raise KeyError(f"order {self.order_id} has no step {name!r}")
 
-    def with_step(self, name: str, **changes: object) -> Order:
-        steps = tuple(replace(s, **changes) if s.name == name else s for s in self.steps)
-        return replace(self, steps=steps)
-
     @property
     def open_steps(self) -> tuple[StepRecord, ...]:
         """Steps whose record an answer to a request already sent may still change: a do
@@ -210,10 +333,215 @@ class Order:
         operator changes it (:mod:`domain.states`)."""
         return self.state.terminal and bool(self.open_steps)
 
+    @property
+    def held_until(self) -> datetime | None:
+        """When the status updates the order holds are due to be tried again (None: none)."""
+        return max((o.not_before for o in self.outbox if o.held and o.not_before), default=None)
+
+    # ------------------------------------------------------------------ requests sent
+
+    def never_sent(
+        self, step: StepRecord, operation: ids.Operation, generation: int, attempt: int
+    ) -> str | None:
+        """Why the record proves the order never sent request ``attempt`` (``operation`` of
+        ``step`` under a key of ``generation``); None when it sent it, or when ``generation``
+        is earlier than the step's (whether it was sent is not known any more)."""
+        known = self._generation_of(step)
+        if generation < known:
+            return None
+        if generation > known:
+            return f"{step.name}'s requests are of generation {known}"
+        sent = step.asked(operation, attempt)
+        if sent is None:  # recorded before requests were: what the record still proves
+            if attempt > self.attempt:
+                return f"the order has sent {self.attempt} requests in all"
+            if operation == "undo" and self.compensation_cause is None:
+                return "the order has not undone anything"
+            return None
+        if sent:
+            return None
+        runs = [
+            f"{run.operation} at attempt {run.first}"
+            + (f" to {run.last}" if run.last > run.first else "")
+            for run in step.requests or ()
+        ]
+        return f"{step.name} was sent: {', '.join(runs) or 'nothing'} (generation {known})"
+
     def _undo_sent(self, step: StepRecord) -> bool:
-        if step.requests is None:
-            return self.compensation_cause is not None
-        return any(run.operation == "undo" for run in step.requests)
+        sent = step.asked("undo")
+        return self.compensation_cause is not None if sent is None else sent
+
+    def _generation_of(self, step: StepRecord) -> int:
+        """The generation of the key ``step``'s requests carry: the order's for a step not
+        requested yet, else the one it was first requested in."""
+        return self.generation if step.state is StepState.PENDING else step.generation
+
+    # -------------------------------------------------------------------- transitions
+
+    def with_record(self, record: StepRecord) -> Order:
+        """The order with ``record`` in place of its step of the same name."""
+        steps = tuple(record if s.name == record.name else s for s in self.steps)
+        return replace(self, steps=steps)
+
+    def claimed(self, actor: str, complete_by: datetime) -> Order:
+        """The current step taken for one attempt: the order's next request is sent for it,
+        and ``actor`` holds the order until ``complete_by``. Processing forward, Compensating
+        back."""
+        record = self.step(self.current_step)
+        attempt = self.attempt + 1
+        sent = record.sent(self.current_operation, attempt, self._generation_of(record))
+        forward = self.current_operation == "do"
+        return replace(
+            self.with_record(sent),
+            state=ProcessState.PROCESSING if forward else ProcessState.COMPENSATING,
+            locked_by=actor,
+            complete_by=complete_by,
+            attempt=attempt,
+            next_attempt_at=None,
+        )
+
+    def attempt_failed(self, whose: Whose) -> Order:
+        """The attempt in flight failed; ``whose`` failure it was is recorded on its step."""
+        record = self.step(self.current_step)
+        return self.with_record(record.failed(self.current_operation, self.attempt, whose))
+
+    # An order with no attempt in flight is unlocked: nobody holds it, it has no CompleteBy
+    # (released, processed, in_error).
+
+    def released(self, due: datetime, reason: str, failure_count: int) -> Order:
+        """No attempt in flight; the current step is tried again at ``due``. Pending forward,
+        Compensating back."""
+        backward = self.current_operation == "undo"
+        return replace(
+            self,
+            state=ProcessState.COMPENSATING if backward else ProcessState.PENDING,
+            locked_by=None,
+            complete_by=None,
+            failure_count=failure_count,
+            next_attempt_at=due,
+            last_error=reason,
+        )
+
+    def moving_to(self, step: str) -> Order:
+        """The step before succeeded: ``step`` is next, with no failure counted yet."""
+        return replace(
+            self, current_step=step, current_operation="do", failure_count=0, last_error=None
+        )
+
+    def processed(self) -> Order:
+        """Its last step succeeded: every step took effect."""
+        return replace(
+            self,
+            state=ProcessState.PROCESSED,
+            locked_by=None,
+            complete_by=None,
+            next_attempt_at=None,
+            failure_count=0,
+            last_error=None,
+        )
+
+    def compensating(self, cause: str, reason: str, now: datetime) -> Order:
+        """Compensation begins (``now``): what took effect is to be undone, latest first."""
+        return replace(
+            self,
+            compensation_cause=cause,
+            compensation_reason=reason,
+            last_error=reason,
+            failure_count=0,
+            compensation_started_at=now,
+            compensation_warned=False,
+        )
+
+    def undoing(self, step: str) -> Order:
+        """``step`` is the next to undo, with no failure of its undo counted yet."""
+        return replace(
+            self,
+            state=ProcessState.COMPENSATING,
+            current_step=step,
+            current_operation="undo",
+            failure_count=0,
+        )
+
+    def undo_failed(self, now: datetime) -> Order:
+        """The undo in flight failed once more. An order that began to compensate before
+        compensation budgets existed counts its budget from this first failure (``now``)."""
+        started = self.compensation_started_at or now
+        return replace(self, failure_count=self.failure_count + 1, compensation_started_at=started)
+
+    def compensation_resumed(self, step: str, now: datetime) -> Order:
+        """An operator resumes an incomplete compensation at ``step``: a new budget from
+        ``now``, and a new warning if it takes long."""
+        return replace(self.undoing(step), compensation_started_at=now, compensation_warned=False)
+
+    def in_error(self, reason: str) -> Order:
+        """Ended in Error, for ``reason``."""
+        return replace(
+            self,
+            state=ProcessState.ERROR,
+            locked_by=None,
+            complete_by=None,
+            next_attempt_at=None,
+            last_error=reason,
+        )
+
+    def redone(self, start: int) -> Order:
+        """An Error order back in flight with the next generation, at its first step not
+        Succeeded: every step from index ``start`` on, and every one not Succeeded, starts
+        afresh (new keys); the Succeeded ones before ``start`` are kept."""
+        steps = tuple(
+            s if s.state is StepState.SUCCEEDED and s.index < start else s.afresh()
+            for s in self.steps
+        )
+        first = next(s for s in steps if s.state is not StepState.SUCCEEDED)
+        return replace(
+            self,
+            state=ProcessState.PENDING,
+            generation=self.generation + 1,
+            steps=steps,
+            current_step=first.name,
+            current_operation="do",
+            failure_count=0,
+            last_error=None,
+            compensation_cause=None,
+            compensation_reason=None,
+            compensation_started_at=None,
+            compensation_warned=False,
+        )
+
+    def migrated(self, workflow: str, steps: tuple[str, ...], kept: int) -> Order:
+        """On version ``workflow`` (its ``steps`` by name), keeping the record of the first
+        ``kept`` steps, which that version shares; the rest are new, not requested."""
+        new = tuple(StepRecord(name, index) for index, name in enumerate(steps) if index >= kept)
+        return replace(self, workflow=workflow, steps=self.steps[:kept] + new)
+
+    # ------------------------------------------------------------------------- outbox
+
+    def owing(self, outgoing: Outgoing) -> Order:
+        return replace(self, outbox=(*self.outbox, outgoing))
+
+    def reporting(
+        self, event: StatusEvent, now: datetime, *, step: str | None = None, detail: str = ""
+    ) -> Order:
+        """Owe the submitter a status update (if it named a reply queue), numbered in
+        sequence. Behind updates that are held, it waits as long as they do: they arrive in
+        order."""
+        if self.reply_to is None:
+            return self
+        update = StatusUpdate(
+            order_id=self.order_id,
+            sequence=self.status_seq,
+            state=self.state.value,
+            event=event,
+            step=step,
+            detail=detail,
+            updated_at=now,
+        )
+        owed = Outgoing("reply", update, not_before=self.held_until)
+        return replace(self.owing(owed), status_seq=self.status_seq + 1)
+
+    def warned_of(self, warning: Outgoing) -> Order:
+        """Owe the one warning per compensation that it takes long."""
+        return replace(self.owing(warning), compensation_warned=True)
 
 
 TRACE_PARENT_CHARS: Final = 55

@@ -1,4 +1,5 @@
-"""The states an order moves through (its steps' states: :class:`domain.order.StepState`)."""
+"""The states an order moves through (its steps' states, and which may follow which:
+:class:`domain.order.StepState`, :data:`domain.order.STEP_TRANSITIONS`)."""
 
 from __future__ import annotations
 

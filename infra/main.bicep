@@ -4,7 +4,13 @@
 //   az deployment sub create --location <region> --template-file infra/main.bicep \
 //     --parameters environmentName=<name> location=<region> alertEmail=<address> ...
 // (docs/deploy.md lists every parameter). No secret is created, stored or passed: every
-// connection is Microsoft Entra ID with the app's user-assigned managed identity.
+// connection is Microsoft Entra ID with a user-assigned managed identity.
+//
+// Two function apps, from one package (docs/architecture.md, Two apps): the pattern app
+// (function_app.py: the Scheduler, the Agents, the Supervisor, the retention purge; Service Bus
+// and timer triggers only, no HTTP function) and the operations app (operations_app.py, chosen
+// by the Python worker's PYTHON_SCRIPT_FILE_NAME: the operator API and the dashboard). Each runs
+// as an identity of its own, with the roles its own code needs (app/rbac.bicep).
 //
 // tests/infra checks this template offline against the code: every app setting the code reads
 // is set below and nothing else is, queue and table names agree with the Service Bus and
@@ -19,14 +25,59 @@ targetScope = 'subscription'
 @description('Name of the azd environment. With the subscription and location it makes the resource names unique.')
 param environmentName string
 
+// The regions the official azd Flex Consumption samples allow (Azure-Samples/
+// functions-quickstart-python-http-azd, infra/main.bicep, commit 7ed4638 of 2025-11-24);
+// `az functionapp list-flexconsumption-locations` prints today's list. A region where Flex
+// Consumption arrives later (a sovereign cloud's included: nothing else here is tied to one cloud)
+// is one more line.
 @minLength(1)
-@description('Region for every resource. Pick one that offers the Flex Consumption plan.')
+@description('Region for every resource: one that offers the Flex Consumption plan.')
+@allowed([
+  'australiaeast'
+  'australiasoutheast'
+  'brazilsouth'
+  'canadacentral'
+  'centralindia'
+  'centralus'
+  'eastasia'
+  'eastus'
+  'eastus2'
+  'eastus2euap'
+  'francecentral'
+  'germanywestcentral'
+  'italynorth'
+  'japaneast'
+  'koreacentral'
+  'northcentralus'
+  'northeurope'
+  'norwayeast'
+  'southafricanorth'
+  'southcentralus'
+  'southeastasia'
+  'southindia'
+  'spaincentral'
+  'swedencentral'
+  'uaenorth'
+  'uksouth'
+  'ukwest'
+  'westcentralus'
+  'westeurope'
+  'westus'
+  'westus2'
+  'westus3'
+])
 @metadata({
   azd: {
     type: 'location'
   }
 })
 param location string
+
+@description('Private network (VNET_ENABLED): both apps reach the storage account, Key Vault and Service Bus through private endpoints in a virtual network of this deployment, and those three refuse every public network. Service Bus is then Premium (its private endpoints need it; see docs/deploy.md for the cost). false (the default): public endpoints, each guarded by Entra ID alone.')
+param vnetEnabled bool = false
+
+@description('Zone redundancy (ZONE_REDUNDANT): both Flex Consumption plans spread their instances over availability zones, and the storage account is zone-redundant (ZRS). Only in regions with availability zones; the platform then keeps at least two always-ready instances per function group, billed as always ready (docs/deploy.md, Cost).')
+param zoneRedundant bool = false
 
 @description('Object id of the deploying user or pipeline principal (azd sets AZURE_PRINCIPAL_ID). It gets the data roles the smoke test needs: send to the orders queue, read the orders table. Empty: no role for anyone but the app.')
 param principalId string = ''
@@ -122,8 +173,13 @@ param supervisorLagAlertSeconds int = 120
 
 @maxValue(1000)
 @minValue(1)
-@description('Most Flex Consumption instances the app may scale out to.')
+@description('Most Flex Consumption instances the pattern app may scale out to.')
 param maximumInstanceCount int = 100
+
+@maxValue(1000)
+@minValue(1)
+@description('Most Flex Consumption instances the operations app (operator API, dashboard) may scale out to: it serves people, not queues.')
+param operationsMaximumInstanceCount int = 40
 
 @allowed([
   512
@@ -178,9 +234,12 @@ var resourceToken = toLower(uniqueString(subscription().id, environmentName, loc
 var tags = {
   'azd-env-name': environmentName
 }
-// azure.yaml names the service `api`; azd finds the function app by this tag.
-var serviceName = 'api'
-var deploymentContainerName = 'app-package'
+// azure.yaml's services; azd finds each function app by its azd-service-name tag.
+var patternService = 'pattern'
+var operationsService = 'operations'
+// Each app's deployment package (Flex Consumption runs each app from a container of its own).
+var patternPackageContainer = 'app-package'
+var operationsPackageContainer = 'operations-package'
 
 resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
   name: '${abbrs.resourcesResourceGroups}${environmentName}'
@@ -188,11 +247,21 @@ resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
   tags: tags
 }
 
-module identity 'app/identity.bicep' = {
-  name: 'identity'
+module patternIdentity 'app/identity.bicep' = {
+  name: 'pattern-identity'
   scope: rg
   params: {
     name: '${abbrs.managedIdentityUserAssignedIdentities}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module operationsIdentity 'app/identity.bicep' = {
+  name: 'operations-identity'
+  scope: rg
+  params: {
+    name: '${abbrs.managedIdentityUserAssignedIdentities}ops-${resourceToken}'
     location: location
     tags: tags
   }
@@ -205,8 +274,13 @@ module storage 'app/storage.bicep' = {
     name: '${abbrs.storageStorageAccounts}${resourceToken}'
     location: location
     tags: tags
-    deploymentContainerName: deploymentContainerName
+    deploymentContainerNames: [
+      patternPackageContainer
+      operationsPackageContainer
+    ]
     archiveCoolAfterDays: archiveCoolAfterDays
+    vnetEnabled: vnetEnabled
+    zoneRedundant: zoneRedundant
   }
 }
 
@@ -217,6 +291,7 @@ module serviceBus 'app/servicebus.bicep' = {
     name: '${abbrs.serviceBusNamespaces}${resourceToken}'
     location: location
     tags: tags
+    vnetEnabled: vnetEnabled
   }
 }
 
@@ -227,10 +302,91 @@ module keyVault 'app/keyvault.bicep' = {
     name: '${abbrs.keyVaultVaults}${resourceToken}'
     location: location
     tags: tags
-    appPrincipalId: identity.outputs.principalId
+    patternPrincipalId: patternIdentity.outputs.principalId
+    operationsPrincipalId: operationsIdentity.outputs.principalId
     signingKeyId: messageSigningKeyId
     signingSecret: messageSigningSecret
     retiringSigningKeys: retiringSigningKeys
+    vnetEnabled: vnetEnabled
+  }
+}
+
+// The private network (vnetEnabled): one virtual network, each app's outbound traffic through a
+// subnet of its own, and a private endpoint (with its private DNS zone) for each service the apps
+// reach: the storage account's blob and table services (the apps' state and archive, their hosts'
+// storage and deployment packages; no app or host uses its queues or files), Key Vault (the
+// platform resolves MESSAGE_SIGNING_KEYS through it) and the Service Bus namespace. Each zone's
+// name comes from the cloud the deployment runs in, not from a literal host name.
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  scope: rg
+  params: {
+    name: '${abbrs.networkVirtualNetworks}${resourceToken}'
+    securityGroupName: '${abbrs.networkNetworkSecurityGroups}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module blobEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'blob-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}blob-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: storage.outputs.id
+    groupId: 'blob'
+    dnsZoneName: 'privatelink.blob.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module tableEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'table-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}table-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: storage.outputs.id
+    groupId: 'table'
+    dnsZoneName: 'privatelink.table.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module vaultEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'vault-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}vault-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: keyVault.outputs.id
+    groupId: 'vault'
+    // keyvaultDns is '.vault.<cloud suffix>'; the private zone is 'privatelink.vaultcore.<suffix>'.
+    dnsZoneName: 'privatelink${replace(environment().suffixes.keyvaultDns, '.vault.', '.vaultcore.')}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
+  }
+}
+
+module serviceBusEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'servicebus-endpoint'
+  scope: rg
+  params: {
+    name: '${abbrs.networkPrivateEndpoints}servicebus-${resourceToken}'
+    location: location
+    tags: tags
+    serviceId: serviceBus.outputs.id
+    groupId: 'namespace'
+    // The namespace's host name less its own name: the cloud's Service Bus suffix.
+    dnsZoneName: 'privatelink.${skip(serviceBus.outputs.fullyQualifiedNamespace, length(serviceBus.outputs.name) + 1)}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.id : ''
   }
 }
 
@@ -257,20 +413,17 @@ module workbook 'app/workbook.bicep' = {
   }
 }
 
-// Every app setting the code reads (adapters/settings.py, the %NAME% binding expressions and the
-// `ServiceBusConnection` trigger connection). The Functions host's own settings
-// (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
+// Every app setting the code of both apps reads (adapters/settings.py, the %NAME% binding
+// expressions). Each app's identity (the connections' __clientId) and the Functions host's own
+// settings (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
 var appSettings = {
-  // Service Bus, through the managed identity (no connection string anywhere). The host's
-  // Service Bus extension reads all three; adapters/settings.py reads the namespace and client id.
+  // Service Bus, through the app's managed identity (no connection string anywhere);
+  // adapters/settings.py reads the namespace and the client id.
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
-  ServiceBusConnection__credential: 'managedidentity'
-  ServiceBusConnection__clientId: identity.outputs.clientId
-  // The state store, through the managed identity: its tables, and its blobs for the archive
-  // of purged orders.
+  // The state store, through the app's managed identity: its tables, and its blobs for the
+  // archive of purged orders.
   StateStorage__tableServiceUri: storage.outputs.tableEndpoint
   StateStorage__blobServiceUri: storage.outputs.blobEndpoint
-  StateStorage__clientId: identity.outputs.clientId
   // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
   ORDERS_QUEUE: 'orders'
   SCHEDULER_COMMANDS_QUEUE: 'scheduler-commands'
@@ -317,10 +470,12 @@ module rbac 'app/rbac.bicep' = {
   name: 'rbac'
   scope: rg
   params: {
-    appPrincipalId: identity.outputs.principalId
+    patternPrincipalId: patternIdentity.outputs.principalId
+    operationsPrincipalId: operationsIdentity.outputs.principalId
     storageAccountName: storage.outputs.name
     serviceBusNamespaceName: serviceBus.outputs.name
-    appReceiveQueueNames: serviceBus.outputs.appReceiveQueueNames
+    patternReceiveQueueNames: serviceBus.outputs.patternReceiveQueueNames
+    operationsReceiveQueueNames: serviceBus.outputs.operationsReceiveQueueNames
     appInsightsName: monitoring.outputs.appInsightsName
     userPrincipalId: principalId
     userPrincipalType: principalType
@@ -332,30 +487,76 @@ module rbac 'app/rbac.bicep' = {
   }
 }
 
-module api 'app/function.bicep' = {
-  name: 'function'
+// The pattern app: the host's Service Bus extension reads the connection's credential kind.
+module pattern 'app/function.bicep' = {
+  name: 'pattern-app'
   scope: rg
-  // The host starts as soon as the app exists: grant its roles first.
+  // The host starts as soon as the app exists: grant its roles first, and (vnetEnabled) open
+  // its private paths, or Key Vault references and the host storage fail at start.
   dependsOn: [
     rbac
     keyVault
+    blobEndpoint
+    tableEndpoint
+    vaultEndpoint
+    serviceBusEndpoint
   ]
   params: {
     name: '${abbrs.webSitesFunctions}${resourceToken}'
     planName: '${abbrs.webServerFarms}${resourceToken}'
     location: location
     tags: union(tags, {
-      'azd-service-name': serviceName
+      'azd-service-name': patternService
     })
-    identityId: identity.outputs.id
-    identityClientId: identity.outputs.clientId
+    identityId: patternIdentity.outputs.id
+    identityClientId: patternIdentity.outputs.clientId
     storageAccountName: storage.outputs.name
-    deploymentContainerName: deploymentContainerName
+    deploymentContainerName: patternPackageContainer
     appInsightsName: monitoring.outputs.appInsightsName
-    appSettings: appSettings
+    appSettings: union(appSettings, {
+      ServiceBusConnection__credential: 'managedidentity'
+    })
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     alwaysReadyInstances: alwaysReadyInstances
+    zoneRedundant: zoneRedundant
+    subnetId: vnetEnabled ? network.outputs.patternSubnetId : ''
+  }
+}
+
+// The operations app: the same package, its entry chosen by the Python worker's
+// PYTHON_SCRIPT_FILE_NAME, so its instances import only the operator surface. App Service
+// Authentication signs operators in here; the pattern app serves no HTTP.
+module operations 'app/function.bicep' = {
+  name: 'operations-app'
+  scope: rg
+  dependsOn: [
+    rbac
+    keyVault
+    blobEndpoint
+    tableEndpoint
+    vaultEndpoint
+    serviceBusEndpoint
+  ]
+  params: {
+    name: '${abbrs.webSitesFunctions}ops-${resourceToken}'
+    planName: '${abbrs.webServerFarms}ops-${resourceToken}'
+    location: location
+    tags: union(tags, {
+      'azd-service-name': operationsService
+    })
+    identityId: operationsIdentity.outputs.id
+    identityClientId: operationsIdentity.outputs.clientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: operationsPackageContainer
+    appInsightsName: monitoring.outputs.appInsightsName
+    appSettings: union(appSettings, {
+      PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'
+    })
+    maximumInstanceCount: operationsMaximumInstanceCount
+    instanceMemoryMB: instanceMemoryMB
+    zoneRedundant: zoneRedundant
+    subnetId: vnetEnabled ? network.outputs.operationsSubnetId : ''
     authClientId: authClientId
     authTenantId: authTenantId
     authUnauthenticatedAction: authUnauthenticatedAction
@@ -381,9 +582,12 @@ module alerts 'app/alerts.bicep' = {
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
 output AZURE_RESOURCE_GROUP string = rg.name
-output SERVICE_API_NAME string = api.outputs.name
-output AZURE_FUNCTION_APP_NAME string = api.outputs.name
-output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
+output SERVICE_PATTERN_NAME string = pattern.outputs.name
+output SERVICE_OPERATIONS_NAME string = operations.outputs.name
+output AZURE_FUNCTION_APP_NAME string = pattern.outputs.name
+output AZURE_OPERATIONS_APP_NAME string = operations.outputs.name
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = patternIdentity.outputs.clientId
+output AZURE_OPERATIONS_IDENTITY_CLIENT_ID string = operationsIdentity.outputs.clientId
 output SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_KEY_VAULT_NAME string = keyVault.outputs.name
@@ -394,8 +598,12 @@ output ORDERS_QUEUE string = appSettings.ORDERS_QUEUE
 output ORDERS_TABLE string = appSettings.ORDERS_TABLE
 output ACTIVE_ORDERS_TABLE string = appSettings.ACTIVE_ORDERS_TABLE
 output OPERATOR_ALERTS_QUEUE string = appSettings.OPERATOR_ALERTS_QUEUE
-output AZURE_FUNCTION_APP_URL string = 'https://${api.outputs.defaultHostName}/api/'
-output DASHBOARD_URL string = 'https://${api.outputs.defaultHostName}/api/dashboard'
-output AUTH_ENABLED bool = api.outputs.authEnabled
+// The operator HTTP API and the dashboard: the operations app (`orderctl --azd-env` reads it).
+output AZURE_OPERATIONS_APP_URL string = 'https://${operations.outputs.defaultHostName}/api/'
+output DASHBOARD_URL string = 'https://${operations.outputs.defaultHostName}/api/dashboard'
+output AUTH_ENABLED bool = operations.outputs.authEnabled
+// Whether the storage account, Key Vault and Service Bus refuse public networks (docs/deploy.md,
+// Private network: what then runs only from inside the virtual network).
+output VNET_ENABLED bool = vnetEnabled
 // The workbook in the portal (docs/deploy.md, Workbook).
 output WORKBOOK_URL string = '${environment().portal}/#@${tenant().tenantId}/resource${workbook.outputs.id}'

@@ -76,8 +76,10 @@ def main(env: Mapping[str, str] = os.environ) -> int:
         print(
             f"workflow check: cannot read the orders ({error.status_code}: {error.reason}). "
             "The deploying principal needs Storage Table Data Reader on the orders and "
-            "active-order tables (set AZURE_PRINCIPAL_ID and run `azd provision`), or set "
-            "SKIP_WORKFLOW_CHECK=1 to deploy without the check.",
+            "active-order tables (set AZURE_PRINCIPAL_ID and run `azd provision`); with "
+            "VNET_ENABLED the storage account also refuses any network but its private "
+            "endpoints: deploy from inside the virtual network (docs/deploy.md, Private "
+            "network). Or set SKIP_WORKFLOW_CHECK=1 to deploy without the check.",
             file=sys.stderr,
         )
         return 2

@@ -1,1 +1,1 @@
-"""Operator tools: one implementation (operations) behind the HTTP API and the CLI."""
+"""The operator HTTP API of the operations app: FastAPI routes over :mod:`service.operations`."""

@@ -24,10 +24,13 @@ class _Shape(BaseModel):
 
 
 class ComponentView(_Shape):
-    name: str = Field(description="azurite, broker, fakes, host-0, host-1, ...")
+    name: str = Field(
+        description="azurite, broker, fakes, host-0, host-1, ... (the pattern app), operations "
+        "(the operations app: operator HTTP API, dashboard)"
+    )
     pid: int = Field(description="0 while it is down (being restarted)")
     running: bool
-    address: str = Field(description="Where it serves (empty for hosts other than host-0)")
+    address: str = Field(description="Where it serves (empty for the pattern app's hosts)")
     restarts: int = Field(description="Restarts by the supervisor over the stack's life")
     log: str = Field(description="Its log file (the previous starts' logs are in <log>.1)")
 
@@ -38,7 +41,9 @@ class StackView(_Shape):
     workdir: str
     running: bool
     supervisor_pid: int = Field(description="The process keeping the stack alive; 0: none")
-    api_url: str = Field(description="The operator HTTP API (host-0), stable while it runs")
+    api_url: str = Field(
+        description="The operator HTTP API (the operations app), stable while it runs"
+    )
     persistent: bool = Field(
         description="Azurite and the broker keep their data across restarts of either"
     )

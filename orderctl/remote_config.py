@@ -9,9 +9,10 @@ Azure both are needed for actions: the Functions host checks the key on every ro
 Service Authentication turns the token into the caller an action records.
 
 Options and environment variables win over the file; the file may carry ``ORDERCTL_*``
-values too (``azd env set ORDERCTL_SCOPE ...``). Its function app URL is, first found:
-``ORDERCTL_API_URL``, ``AZURE_FUNCTION_APP_URL``, else ``https://<name>.azurewebsites.net/api/``
-from ``AZURE_FUNCTION_APP_NAME`` (an output of infra/main.bicep) or ``SERVICE_API_NAME``.
+values too (``azd env set ORDERCTL_SCOPE ...``). The operator API is the operations app's (the
+pattern app serves no HTTP); its URL is, first found: ``ORDERCTL_API_URL``,
+``AZURE_OPERATIONS_APP_URL``, else ``https://<name>.azurewebsites.net/api/`` from
+``AZURE_OPERATIONS_APP_NAME`` (outputs of infra/main.bicep) or ``SERVICE_OPERATIONS_NAME``.
 
 Nothing here imports httpx or the Azure SDKs: it runs on every `orderctl` start. Secrets are
 never part of a message or a repr.
@@ -29,8 +30,8 @@ API_URL_ENV: Final = "ORDERCTL_API_URL"
 FUNCTION_KEY_ENV: Final = "ORDERCTL_FUNCTION_KEY"
 AUTH_ENV: Final = "ORDERCTL_AUTH"
 SCOPE_ENV: Final = "ORDERCTL_SCOPE"
-AZD_URL_KEYS: Final = (API_URL_ENV, "AZURE_FUNCTION_APP_URL")
-AZD_NAME_KEYS: Final = ("AZURE_FUNCTION_APP_NAME", "SERVICE_API_NAME")
+AZD_URL_KEYS: Final = (API_URL_ENV, "AZURE_OPERATIONS_APP_URL")
+AZD_NAME_KEYS: Final = ("AZURE_OPERATIONS_APP_NAME", "SERVICE_OPERATIONS_NAME")
 AUTH_MODES: Final = ("key", "entra")
 LOOPBACK: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 _KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -149,7 +150,7 @@ def api_url_from_azd(values: Mapping[str, str], source: str) -> str:
             return f"https://{name}.azurewebsites.net/api/"
     where = "stdin" if source == "-" else source
     raise RemoteError(
-        f"no function app in {where}: expected AZURE_FUNCTION_APP_NAME (an output of "
+        f"no operations app in {where}: expected AZURE_OPERATIONS_APP_NAME (an output of "
         f"infra/main.bicep, after `azd provision`) or {API_URL_ENV}; is it the output of "
         "`azd env get-values`?"
     )

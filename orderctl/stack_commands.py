@@ -18,7 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from devstack.stack import processes
-from devstack.stack.local_stack import DEFAULT_WORKDIR, TELEMETRY_SETTING, LocalStack, StackInfo
+from devstack.stack.local_stack import (
+    DEFAULT_WORKDIR,
+    OPERATIONS,
+    TELEMETRY_SETTING,
+    LocalStack,
+    StackInfo,
+)
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
 from orderctl import connection
 from orderctl.app import MODE, app, emit, err_console, fail, output
@@ -301,7 +307,7 @@ def address_of(name: str, info: StackInfo) -> str:
         return info.settings["ServiceBusConnection"].split(";")[0].removeprefix("Endpoint=")
     if name == "fakes":
         return info.fakes_url
-    if name == "host-0":
+    if name == OPERATIONS:
         return info.api_url
     return ""
 

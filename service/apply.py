@@ -1,10 +1,12 @@
-"""The imperative shell around :mod:`domain.lifecycle`: load, decide, write once, send.
+"""The imperative shell around the domain's decisions (:mod:`domain.lifecycle` on the pattern's
+events, :mod:`domain.operator_actions` on an operator's): load, decide, write once, send.
 
-Every trigger that moves an order goes through :func:`handle` (or :func:`carry_out` when it has
-the order in hand): one point read, one pure decision, at most one ETag-conditional write, then
-the decision's messages in order. A lost race (412) re-reads and decides again. A send that
-fails raises, so the triggering message is redelivered and the outbox, still on the record, is
-sent again; duplicate detection drops what did go out.
+Every trigger that moves an order goes through :func:`handle` (an operator's action through
+:func:`handle_with`; :func:`carry_out` when it has the order in hand): one point read, one pure
+decision, at most one ETag-conditional write, then the decision's messages in order. A lost
+race (412) re-reads and decides again. A send that fails raises, so the triggering message is
+redelivered and the outbox, still on the record, is sent again; duplicate detection drops what
+did go out.
 
 **No read for an answer.** Each AgentRequest leaves with a snapshot of the order as stored
 when it was sent (:mod:`service.resume`, attached in :func:`send`), and its agent echoes it in
@@ -17,7 +19,7 @@ its Error row) would leave that row wrong if the snapshot was stale: both are ma
 Status updates go to the submitter's own reply queue. That queue is outside the app's control: a
 queue that refuses them (missing, disabled, no permission: :func:`service.apply.refuses`)
 never holds up the order, and loses it no update. The refused update and those after it are
-held on the order (:class:`domain.lifecycle.RepliesRefused`, one more write) before anything
+held on the order (:class:`domain.events.RepliesRefused`, one more write) before anything
 else goes, and sent again once due; the queue is logged, alerted once per queue for
 :data:`FAILURE_MEMORY`, and not tried for that long (what arrives for it meanwhile is held the
 same way). Any other failure is a failure like any send's (the outbox sends it again).
@@ -42,17 +44,8 @@ from azure.servicebus.exceptions import (
 
 from adapters import metrics, telemetry
 from adapters.store.rows import ConcurrencyConflict
-from domain.lifecycle import (
-    DEFAULT_FLUSH_GRACE,
-    REPLY_RETRY_FIRST,
-    Context,
-    Decision,
-    Event,
-    Replied,
-    RepliesRefused,
-    decide,
-    due_at,
-)
+from domain.events import DEFAULT_FLUSH_GRACE, Context, Decision, Event, Replied, RepliesRefused
+from domain.lifecycle import REPLY_RETRY_FIRST, decide, due_at
 from domain.messages import (
     AgentRequest,
     OperatorAlert,
@@ -92,6 +85,10 @@ error."""
 
 PARKED_RECHECK: Final = timedelta(minutes=15)
 """How often the Supervisor looks at a parked order again (and repeats its alert)."""
+
+Decider = Callable[[Order, Context], Awaitable[Decision]]
+"""Decides on an order as just loaded, in the context built for it: the lifecycle on one of
+the pattern's events (:func:`handle`), or an operator's action (:mod:`service.control`)."""
 
 
 def refuses(error: Exception) -> bool:
@@ -137,31 +134,46 @@ async def park(rt: Runtime, order: Order, missing: UnknownWorkflow, source: str)
 
 
 async def handle(
-    rt: Runtime,
-    order_id: str,
-    event: Event | Callable[[Order], Awaitable[Event]],
-    *,
-    actor: str,
-    span: str | None = None,
+    rt: Runtime, order_id: str, event: Event, *, actor: str, span: str | None = None
 ) -> tuple[Order, Decision]:
-    """Load the order, decide on ``event``, carry the decision out; again on a lost race.
-
-    ``event`` may be a coroutine function of the order (an operator action that must look
-    first). Raises :class:`adapters.store.rows.OrderNotFound`, :class:`domain.lifecycle.Refused`,
-    :class:`Parked` (after alerting) for an order of a workflow version not deployed, or
-    :class:`Busy` after :data:`MAX_CONFLICT_RETRIES` lost races.
+    """Load the order, decide on ``event`` (:func:`domain.lifecycle.decide`), carry the
+    decision out; again on a lost race (:func:`handle_with`).
 
     A reply that carries the order's snapshot is first decided on it, without a read
     (:func:`_on_snapshot`).
-
-    ``span``: decide and carry out in a span of that name in the order's trace
-    (:func:`adapters.telemetry.continuing`), for work that did not arrive in it (operator actions).
     """
     if isinstance(event, Replied):
         known = resume.restore(event.response.resume, order_id)
         done = None if known is None else await _on_snapshot(rt, known, event, actor)
         if done is not None:
             return done
+
+    async def deciding(order: Order, ctx: Context) -> Decision:
+        return decide(order, event, ctx)
+
+    return await handle_with(rt, order_id, deciding, actor=actor, span=span, event=event)
+
+
+async def handle_with(
+    rt: Runtime,
+    order_id: str,
+    deciding: Decider,
+    *,
+    actor: str,
+    span: str | None = None,
+    event: Event | None = None,
+) -> tuple[Order, Decision]:
+    """Load the order, decide with ``deciding``, carry the decision out; again on a lost race.
+
+    Raises :class:`adapters.store.rows.OrderNotFound`, whatever ``deciding`` raises (an
+    operator action's :class:`domain.operator_actions.Refused`), :class:`Parked` (after
+    alerting) for an order of a workflow version not deployed, or :class:`Busy` after
+    :data:`MAX_CONFLICT_RETRIES` lost races. ``event``: what was decided on, for the metrics
+    (:func:`carry_out`).
+
+    ``span``: decide and carry out in a span of that name in the order's trace
+    (:func:`adapters.telemetry.continuing`), for work that did not arrive in it (operator actions).
+    """
     for _ in range(MAX_CONFLICT_RETRIES):
         order = await rt.store.load(order_id)
         with in_order_trace(span, order, actor):
@@ -169,10 +181,9 @@ async def handle(
                 ctx = context(rt, order.workflow, actor)
             except UnknownWorkflow as missing:
                 raise await park(rt, order, missing, actor) from None
-            happened = await event(order) if callable(event) else event
-            decision = decide(order, happened, ctx)
+            decision = await deciding(order, ctx)
             try:
-                return await carry_out(rt, order, decision, happened), decision
+                return await carry_out(rt, order, decision, event), decision
             except ConcurrencyConflict:
                 log.info("order %s changed while deciding; reading it again", order_id)
     raise Busy(f"order {order_id} kept changing; gave up after {MAX_CONFLICT_RETRIES} tries")

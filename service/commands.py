@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 
 from adapters.store.rows import OrderNotFound
-from domain.lifecycle import Refused, RetryDue
+from domain.events import RetryDue
 from domain.messages import BadMessage, OperatorAlert, SchedulerCommand, parse_message
+from domain.operator_actions import Refused
 from service import apply, control
 from service.runtime import Runtime
 

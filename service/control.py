@@ -2,8 +2,8 @@
 front end.
 
 The HTTP API and the CLI (through :mod:`service.operations.orders`) and SchedulerCommand
-messages (through :mod:`service.commands`) all call these; the lifecycle decides
-(:mod:`domain.lifecycle`). The operator is the ``actor`` of the timeline entries they write.
+messages (through :mod:`service.commands`) all call these; :func:`domain.operator_actions.act`
+decides. The operator is the ``actor`` of the timeline entries they write.
 
 Cancel (an order in flight, not already being undone) acts at once, whatever the order waits
 for: every step that may have taken effect - the one in flight too - is undone, latest first,
@@ -27,7 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from adapters.store.rows import OrderNotFound
-from domain.lifecycle import Cancel, Event, Refused, Restart, Resubmit
+from domain import operator_actions
+from domain.events import Context, Decision
+from domain.operator_actions import Cancel, Refused, Restart, Resubmit, act
 from domain.order import Order
 from domain.states import ProcessState
 from service import apply
@@ -62,10 +64,10 @@ async def cancel(rt: Runtime, order_id: str, *, actor: str, reason: str) -> Acti
 async def resubmit(rt: Runtime, order_id: str, *, actor: str, reason: str) -> ActionResult:
     """Resubmit an Error order (see the module docstring)."""
 
-    async def event(order: Order) -> Resubmit:
+    async def action(order: Order) -> Resubmit:
         return Resubmit(actor, reason, outbox_delivered=await _delivered(rt, order))
 
-    result = await _act(rt, order_id, event, actor, "resubmit", "resubmitted")
+    result = await _act(rt, order_id, action, actor, "resubmit", "resubmitted")
     if result.state is ProcessState.COMPENSATING:
         return replace(result, outcome="compensation_resumed")
     return result
@@ -76,10 +78,10 @@ async def restart(
 ) -> ActionResult:
     """Restart an Error order from ``step`` (see the module docstring)."""
 
-    async def event(order: Order) -> Restart:
+    async def action(order: Order) -> Restart:
         return Restart(actor, reason, step, outbox_delivered=await _delivered(rt, order))
 
-    return await _act(rt, order_id, event, actor, "restart", "restarted")
+    return await _act(rt, order_id, action, actor, "restart", "restarted")
 
 
 async def _delivered(rt: Runtime, order: Order) -> bool:
@@ -91,14 +93,20 @@ async def _delivered(rt: Runtime, order: Order) -> bool:
 async def _act(
     rt: Runtime,
     order_id: str,
-    event: Event | Callable[[Order], Awaitable[Event]],
+    action: operator_actions.Action | Callable[[Order], Awaitable[operator_actions.Action]],
     actor: str,
-    action: Action,
+    name: Action,
     outcome: Outcome,
 ) -> ActionResult:
+    """Decide ``action`` (or the action it gives for the order as loaded) on the order and carry
+    the decision out; :class:`Refused`, saying why, when that cannot be done."""
+
+    async def deciding(order: Order, ctx: Context) -> Decision:
+        return act(order, await action(order) if callable(action) else action, ctx)
+
     try:
-        span = f"operator_{action}"
-        order, decision = await apply.handle(rt, order_id, event, actor=actor, span=span)
+        span = f"operator_{name}"
+        order, decision = await apply.handle_with(rt, order_id, deciding, actor=actor, span=span)
     except OrderNotFound:
         raise Refused("not_found", f"order {order_id} does not exist") from None
     except apply.Busy as busy:
@@ -107,7 +115,7 @@ async def _act(
         raise Refused("conflict", str(parked)) from None
     return ActionResult(
         order_id=order.order_id,
-        action=action,
+        action=name,
         outcome=outcome,
         state=order.state,
         step=order.current_step,

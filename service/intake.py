@@ -19,7 +19,7 @@ from dataclasses import replace
 from adapters import metrics, telemetry
 from adapters.settings import Settings
 from adapters.store.rows import AlreadyExists
-from domain import lifecycle
+from domain import events, lifecycle
 from domain.messages import BadMessage, OperatorAlert, OrderSubmitted, excerpt, parse_message
 from domain.workflows import UnknownWorkflow
 from service import apply
@@ -99,4 +99,4 @@ async def handle_submission(
     except UnknownWorkflow as missing:
         await apply.park(rt, result.order, missing, actor)
         return
-    await apply.carry_out(rt, result.order, lifecycle.decide(result.order, lifecycle.Resent(), ctx))
+    await apply.carry_out(rt, result.order, lifecycle.decide(result.order, events.Resent(), ctx))

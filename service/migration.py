@@ -3,8 +3,9 @@
 An order moves only if the new version keeps the old one's steps, up to and including the step
 the order has reached, exactly (same agent, operation and undo): then nothing it did, and
 nothing in flight, changes meaning, and the rest of its way follows the new version
-(:meth:`domain.workflows.Workflow.migration_problem`, decided per order by the lifecycle's
-``Migrate`` event, one ETag-conditional write, recorded in its timeline). Others are refused
+(:meth:`domain.workflows.Workflow.migration_problem`, decided per order by the operator action
+``Migrate`` (:mod:`domain.operator_actions`), one ETag-conditional write, recorded in its
+timeline). Others are refused
 with the reason, and stay on their version. A dry run (the default) writes nothing.
 """
 
@@ -14,7 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from adapters.store.rows import ActiveRow
-from domain.lifecycle import Migrate, Refused, decide
+from domain.events import Context, Decision
+from domain.operator_actions import Migrate, Refused, act
+from domain.order import Order
 from domain.workflows import UnknownWorkflow
 from service import apply
 from service.runtime import Runtime
@@ -57,11 +60,16 @@ async def _one(rt: Runtime, row: ActiveRow, event: Migrate, report: MigrationRep
     if canonical(order.workflow) != report.from_ref:
         return
     report.examined += 1
+
+    async def deciding(loaded: Order, ctx: Context) -> Decision:
+        return act(loaded, event, ctx)
+
     try:
         if report.dry_run:
-            decide(order, event, apply.context(rt, order.workflow, event.actor))
+            act(order, event, apply.context(rt, order.workflow, event.actor))
         else:
-            await apply.handle(rt, row.order_id, event, actor=event.actor, span="operator_migrate")
+            span = "operator_migrate"
+            await apply.handle_with(rt, row.order_id, deciding, actor=event.actor, span=span)
     except Refused as refused:
         report.refused[refused.message.split(": ", 1)[-1]] += 1
     except (apply.Busy, apply.Parked) as busy:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from adapters.store.rows import OrderNotFound
-from domain.lifecycle import Replied
+from domain.events import Replied
 from domain.messages import AgentResponse, BadMessage, OperatorAlert, parse_message
 from service import apply
 from service.runtime import Runtime

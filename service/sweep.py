@@ -41,7 +41,8 @@ from typing import TypeVar
 from adapters.store.active_index import DEFAULT_GRACE
 from adapters.store.rows import ActiveRow, ConcurrencyConflict, CorruptOrderState
 from adapters.store.supervision import BucketLease, Sweep
-from domain.lifecycle import Swept, decide
+from domain.events import Swept
+from domain.lifecycle import decide
 from domain.workflows import UnknownWorkflow
 from service import apply, deadlines, leases
 from service.runtime import Runtime

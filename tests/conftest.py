@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from devstack.stack.broker import BrokerProcess
 from devstack.stack.processes import REPO_ROOT, ServiceStartError
@@ -32,6 +33,14 @@ from tests.support.names import unique_name as _unique_name
 
 BrokerFactory = Callable[..., BrokerProcess]
 T = TypeVar("T")
+
+# Hypothesis times each example (200 ms) and its data generation: wall-time checks that a loaded
+# machine fails at random (DeadlineExceeded, Flaky, FailedHealthCheck). Speed is benchmarked;
+# a test's own @settings still choose how many examples it runs.
+settings.register_profile(
+    "loaded-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("loaded-machine")
 
 
 @pytest.fixture

@@ -97,3 +97,24 @@ def test_history_runs_the_same_load_before_and_after_the_fill(history_run: dict[
     ratio = history_run["full"]["orders_per_s"] / history_run["empty"]["orders_per_s"]
     assert history_run["throughput_ratio"] == pytest.approx(ratio, abs=0.001)
     assert history_run["within_10_percent"] is (ratio >= 0.9)
+
+
+@pytest.mark.timeout(200)
+def test_operator_reads_reports_each_time_beside_its_target() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.operator_reads", "--rounds", "2", "--history", "30"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    report = json.loads(proc.stdout)
+    dead_letters = report["dead_letters"]
+    assert dead_letters["queues"] == 7 and len(dead_letters["warm_s"]) == 2
+    assert dead_letters["cold_s"] > 0 and all(t > 0 for t in dead_letters["warm_s"])
+    assert report["history"]["orders"] == 30
+    assert sum(report["summary"]["table_requests"].values()) == 5
+    assert set(report["met"]) == set(report["targets_s"])
+    assert report["within_targets"] is all(report["met"].values())

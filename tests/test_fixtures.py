@@ -11,6 +11,7 @@ from azure.data.tables import TableServiceClient
 from azure.storage.blob import BlobServiceClient
 
 from devstack.stack import processes
+from tests.support.app import APP_QUEUES, QueueReader
 from tests.support.broker import write_suffixed_config
 
 pytestmark = pytest.mark.integration
@@ -67,7 +68,7 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path):
     )
     log = tmp_path / "stubborn.log"
     proc = processes.spawn([sys.executable, "-c", stubborn], log_path=log)
-    assert processes.wait_until(lambda: "ready" in log.read_text(), timeout=10, proc=proc)
+    assert processes.wait_until(lambda: "ready" in log.read_text(), timeout=60, proc=proc)
     assert processes.stop(proc, grace=0.5) == -9  # SIGKILL after the grace period
     assert proc.poll() == -9
 
@@ -100,3 +101,15 @@ def test_suffixed_config_renames_queues_and_their_forwards(tmp_path):
     assert ns["Queues"][1]["Properties"]["ForwardTo"] == ""
     assert ns["Topics"][0]["Name"] == "events-ab12"
     assert ns["Topics"][0]["Subscriptions"][0]["Properties"]["ForwardTo"] == "alerts-ab12"
+
+
+def test_a_queue_reader_checks_a_queue_it_never_read_within_a_short_wait(servicebus):
+    """A check that nothing came waits half a second or less; the receiver's link is opened
+    apart from it, so its first check does not fail for the link taking longer to open (on a
+    loaded machine it did: OperationTimeoutError)."""
+    reader = QueueReader(servicebus.connection_string)
+    try:
+        for logical in APP_QUEUES.values():
+            assert reader.take(servicebus.queue(logical), "no-such-order", wait=0.05) is None
+    finally:
+        reader.close()

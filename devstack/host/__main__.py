@@ -1,6 +1,6 @@
 """``python -m devstack.host``: run the app's functions locally until SIGINT or SIGTERM.
 
-    python -m devstack.host [--app function_app[:app]] [--settings local.settings.json]
+    python -m devstack.host [--app function_app[:app] ...] [--settings local.settings.json]
         [--host-json host.json] [--functions a,b] [--concurrency N] [--stop-timeout 30]
         [--http-port 7071]
         [--stats-file PATH] [--log-level info]
@@ -33,7 +33,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devstack.host", description="Run this app's functions locally."
     )
-    parser.add_argument("--app", default="function_app", help="module[:attribute] of the app")
+    parser.add_argument(
+        "--app",
+        action="append",
+        help="module[:attribute] of the app (default function_app); repeat it to serve several "
+        "apps in one host (the pattern app and the operations app: operations_app)",
+    )
     parser.add_argument("--settings", default="local.settings.json", type=Path)
     parser.add_argument("--host-json", default="host.json", type=Path)
     parser.add_argument("--functions", default="", help="comma-separated function names")
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLogger().level))
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    module, _, attribute = args.app.partition(":")
+    apps = [app.partition(":") for app in args.app or ["function_app"]]
+    attributes = {attribute or "app" for _, _, attribute in apps}
     selected = [name.strip() for name in args.functions.split(",") if name.strip()]
     if not args.settings.is_file():
         log.info("%s is not a file: app settings come from the environment only", args.settings)
@@ -88,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.settings)
         for name, value in settings.items():
             os.environ.setdefault(name, value)
+        if len(attributes) > 1:
+            raise HostConfigError("the apps of one host must have the same attribute name")
         host = LocalHost(
-            module,
+            [module for module, _, _ in apps],
             settings=settings,
             host_json=args.host_json,
             concurrency_override=args.concurrency,
             functions=selected or None,
-            app_attribute=attribute or "app",
+            app_attribute=attributes.pop(),
             http_port=None if args.http_port < 0 else args.http_port,
         )
     except HostConfigError as error:

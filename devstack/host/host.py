@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -19,7 +19,7 @@ from devstack.host.indexing import (
     IndexedFunction,
     ServiceBusTrigger,
     TimerTrigger,
-    index_app,
+    index_apps,
     load_app,
 )
 from devstack.host.invoke import Invoker, worker_telemetry
@@ -66,13 +66,15 @@ class LocalHost:
     so configuration errors raise :class:`HostConfigError` before anything connects.
 
     ``settings`` defaults to ``local.settings.json`` Values overlaid by the environment.
+    ``app_module``: the app (its module or module name), or several apps served together (one
+    event loop: the pattern app and the operations app in one test process).
     ``host_json`` supplies ``extensions.serviceBus``; ``concurrency_override`` replaces its
     ``maxConcurrentCalls`` for every Service Bus trigger; ``functions`` selects by name.
     """
 
     def __init__(
         self,
-        app_module: str | ModuleType = "function_app",
+        app_module: str | ModuleType | Sequence[str | ModuleType] = "function_app",
         settings: Mapping[str, str] | None = None,
         host_json: str | Path | None = Path("host.json"),
         concurrency_override: int | None = None,
@@ -86,8 +88,10 @@ class LocalHost:
         if concurrency_override is not None and concurrency_override < 1:
             raise HostConfigError(f"concurrency must be at least 1, not {concurrency_override}")
         self.concurrency = concurrency_override or self.options.max_concurrent_calls
-        app, directory = load_app(app_module, app_attribute)
-        self._functions = index_app(app, self.settings, directory=directory, only=functions)
+        modules = [app_module] if isinstance(app_module, str | ModuleType) else app_module
+        apps = [load_app(module, app_attribute) for module in modules]
+        self._apps = [app for app, _ in apps]
+        self._functions = index_apps(apps, self.settings, only=functions)
         self._connections: dict[str, Connection] = {}
         for function in self._functions:
             if isinstance(function.trigger, ServiceBusTrigger):
@@ -243,6 +247,8 @@ class LocalHost:
             runner.wait(max(0.0, grace - time.monotonic()))
         stragglers = [name for runner in self._runners for name in runner.running()]
         self._on_loop(self._clients.close() if self._clients is not None else None, "clients")
+        for app in self._apps:
+            self._on_loop(_asgi_shutdown(app), f"the ASGI app of {app!r}")
         for close in self._at_stop:
             self._on_loop(close(), repr(close))
         self._invoker.close()
@@ -275,3 +281,12 @@ class LocalHost:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+async def _asgi_shutdown(app: object) -> None:
+    """An ASGI app's lifespan shutdown, on the loop it started on, as a server sends it when it
+    stops (``func.AsgiFunctionApp`` starts it with the first request; its own ``__del__`` would
+    otherwise try it later, from whatever thread collects it, on a new loop)."""
+    if getattr(app, "startup_task_done", False):
+        await app.middleware.notify_shutdown()  # type: ignore[attr-defined]
+        app.startup_task_done = False  # type: ignore[attr-defined]

@@ -1,7 +1,9 @@
 """HTTP triggers behind a local server, routed like the Functions host: `/api/<route>`.
 
 Route templates use the host's syntax (`orders/{order_id}/resubmit`, optional `{x:int}`-style
-constraints are matched as one path segment). Function keys are not checked locally, as with
+constraints are matched as one path segment; `{*rest}` takes the rest of the path, as the one
+route `func.AsgiFunctionApp` declares does, so an ASGI app such as the operations app's FastAPI
+is driven as the Azure host drives it). Function keys are not checked locally, as with
 `func start`; the Azure host enforces them (every operator function is AuthLevel.FUNCTION).
 
 As the Functions host (ASP.NET Core behind Kestrel) does: routing uses the request target's
@@ -110,7 +112,10 @@ class Route:
         for part in re.split(r"(\{[^}]+\})", trigger.route.strip("/")):
             if part.startswith("{") and part.endswith("}"):
                 name = part[1:-1].split(":", 1)[0].rstrip("?")
-                regex += f"(?P<{name}>[^/]+)"
+                # {*rest} is a catch-all: the rest of the path, slashes and all (the one
+                # route of func.AsgiFunctionApp, "/{*route}", takes every request).
+                segment = ".*" if name.startswith("*") else "[^/]+"
+                regex += f"(?P<{name.lstrip('*')}>{segment})"
             else:
                 regex += re.escape(part)
         methods = frozenset(m.upper() for m in trigger.methods)

@@ -11,7 +11,7 @@ import inspect
 import json
 import logging
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -57,7 +57,7 @@ class HttpTrigger:
     auth_level: str
 
     def describe(self) -> str:
-        return f"route=/api/{self.route} methods={','.join(self.methods) or 'any'}"
+        return f"route=/api/{self.route.lstrip('/')} methods={','.join(self.methods) or 'any'}"
 
 
 Trigger = ServiceBusTrigger | TimerTrigger | HttpTrigger
@@ -113,18 +113,24 @@ def index_app(
     ``only`` selects functions by name (the others are neither validated nor run). Functions
     disabled with the app setting ``AzureWebJobs.<name>.Disabled`` are left out.
     """
-    root = logging.getLogger()
-    root.addFilter(_drop_auth_level_notice)
-    try:
-        functions = app.get_functions()
-    except ValueError as error:
-        raise HostConfigError(
-            f"app.get_functions() failed: {error} (it may be called only once per FunctionApp "
-            "object; load the app module afresh for each host)"
-        ) from error
-    finally:
-        root.removeFilter(_drop_auth_level_notice)
-    by_name = {function.get_function_name(): function for function in functions}
+    return index_apps([(app, directory)], settings, only=only)
+
+
+def index_apps(
+    apps: Sequence[tuple[Any, str]],
+    settings: Mapping[str, str],
+    *,
+    only: Collection[str] | None = None,
+) -> list[IndexedFunction]:
+    """:func:`index_app` for several apps (each with its directory) served by one host: every
+    name must be unique across them, and each name in ``only`` in one of them."""
+    by_name: dict[str, tuple[Any, str]] = {}
+    for app, directory in apps:
+        for function in _functions_of(app):
+            name = function.get_function_name()
+            if name in by_name:
+                raise HostConfigError(f"two apps of the host define a function named {name!r}")
+            by_name[name] = (function, directory)
     if only is not None:
         unknown = sorted(set(only) - set(by_name))
         if unknown:
@@ -133,7 +139,7 @@ def index_app(
                 f"it defines: {', '.join(sorted(by_name)) or 'none'}"
             )
     indexed: list[IndexedFunction] = []
-    for name, function in by_name.items():
+    for name, (function, directory) in by_name.items():
         if only is not None and name not in only:
             continue
         if settings.get(f"AzureWebJobs.{name}.Disabled", "").strip().lower() in ("true", "1"):
@@ -141,6 +147,20 @@ def index_app(
             continue
         indexed.append(_index_function(function, settings, directory))
     return indexed
+
+
+def _functions_of(app: Any) -> list[Any]:
+    root = logging.getLogger()
+    root.addFilter(_drop_auth_level_notice)
+    try:
+        return list(app.get_functions())
+    except ValueError as error:
+        raise HostConfigError(
+            f"app.get_functions() failed: {error} (it may be called only once per FunctionApp "
+            "object; load the app module afresh for each host)"
+        ) from error
+    finally:
+        root.removeFilter(_drop_auth_level_notice)
 
 
 def _drop_auth_level_notice(record: logging.LogRecord) -> bool:

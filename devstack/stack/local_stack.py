@@ -1,4 +1,7 @@
-"""The whole pattern on one machine: Azurite, the broker, the fake services and host processes.
+"""The whole pattern on one machine: Azurite, the broker, the fake services and host processes:
+``host-N`` run the pattern app (function_app.py: the Scheduler, the Agents, the Supervisor, the
+retention purge), ``operations`` runs the operations app (operations_app.py: the operator HTTP
+API and the dashboard), one host process per app, as Azure runs them apart.
 
 `await LocalStack.start()` brings each up, waits until it answers, creates the tables the
 settings name (with the app's async store), and writes `<workdir>/stack.json` (settings, ports,
@@ -52,6 +55,8 @@ EXAMPLE_SETTINGS = processes.REPO_ROOT / "local.settings.json.example"
 STATE_FILE = "stack.json"
 STORAGE_PROXY = "storage-proxy"
 STORAGE_PROXY_STATS = f"{STORAGE_PROXY}.stats.json"
+OPERATIONS = "operations"
+"""The operations app's host: the operator HTTP API and the dashboard."""
 STORAGE_SETTINGS = ("StateStorage", "AzureWebJobsStorage")
 DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
 TELEMETRY_SETTING = "TELEMETRY_DIR"  # adapters.telemetry.TELEMETRY_DIR_SETTING
@@ -71,7 +76,7 @@ class StackInfo:
     settings: dict[str, str]
     fakes_url: str
     pids: dict[str, int] = field(default_factory=dict)
-    api_url: str = ""  # the operator HTTP API, served by host 0
+    api_url: str = ""  # the operator HTTP API, served by the operations app's host
     logs: dict[str, str] = field(default_factory=dict)
     supervisor_pid: int = 0
     """The process that keeps the stack running (`orderctl up`), 0 when nothing does."""
@@ -130,9 +135,10 @@ class LocalStack:
         storage_faults: FaultRates | None = None,
         lock_seconds: int | None = None,
     ) -> None:
-        """``api_port``: where host 0 serves the operator HTTP API: this port, or the next free
-        one above it if it is taken (0: any free port). ``persist``: Azurite and the broker keep
-        their data on disk for the stack's life (see the module's docstring). ``telemetry``:
+        """``api_port``: where the operations host serves the operator HTTP API: this port, or
+        the next free one above it if it is taken (0: any free port). ``persist``: Azurite and
+        the broker keep their data on disk for the stack's life (see the module's docstring).
+        ``telemetry``:
         the directory the hosts write spans and metrics to (:func:`telemetry_dir`); None: off.
         ``clock_offsets``: seconds each host's wall clock runs ahead (negative: behind), by host
         number, kept across its restarts. ``storage_faults``: the hosts reach Azurite's Table
@@ -221,12 +227,11 @@ class LocalStack:
         host_storage = dict.fromkeys(STORAGE_SETTINGS, host_account.connection_string)
         self._write_host_settings(settings | host_storage)
         for n in range(self.hosts):
-            progress(f"starting functions host {n + 1} of {self.hosts}")
-            if n == 0:
-                self._start_first_host()
-            else:
-                self._start_host(n)
-        api = re.search(r"http triggers at (\S+)", _read(self.workdir / "host-0.log"))
+            progress(f"starting functions host {n + 1} of {self.hosts} (the pattern app)")
+            self._start_host(n)
+        progress("starting the operations app's host (operator HTTP API, dashboard)")
+        self._start_operations_first()
+        api = re.search(r"http triggers at (\S+)", _read(self.workdir / f"{OPERATIONS}.log"))
         self.info.api_url = api.group(1) if api else ""
         self.info.logs = {
             "azurite": str(self._azurite.log_path),
@@ -238,9 +243,10 @@ class LocalStack:
 
     def components(self) -> list[str]:
         """The stack's processes, in start order: azurite, the storage proxy (with
-        ``storage_faults``), broker, fakes, host-0, host-1, ..."""
+        ``storage_faults``), broker, fakes, host-0, host-1, ..., operations."""
         proxy = [STORAGE_PROXY] if self.storage_faults is not None else []
-        return ["azurite", *proxy, "broker", "fakes", *(f"host-{n}" for n in range(self.hosts))]
+        hosts = [f"host-{n}" for n in range(self.hosts)]
+        return ["azurite", *proxy, "broker", "fakes", *hosts, OPERATIONS]
 
     def exit_code(self, name: str) -> int | None:
         """None while ``name`` runs; its exit code once it has ended (-N: killed by signal N)."""
@@ -280,6 +286,9 @@ class LocalStack:
         elif name.startswith("host-"):
             processes.stop(self._children.pop(name))
             self._start_host(int(name.removeprefix("host-")))
+        elif name == OPERATIONS:
+            processes.stop(self._children.pop(name))
+            self._start_operations()
         else:
             raise ValueError(f"no component {name!r}; the stack has {', '.join(self.components())}")
         self.info.restarts[name] = self.info.restarts.get(name, 0) + 1
@@ -362,47 +371,54 @@ class LocalStack:
         settings_file = self.workdir / "local.settings.json"
         settings_file.write_text(json.dumps({"IsEncrypted": False, "Values": settings}, indent=2))
 
-    def _start_first_host(self, attempts: int = 3) -> None:
-        """Host 0 serves the operator HTTP API. Its port is chosen once; if another process
-        takes it between the choice and the bind, choose again (only at the first start:
+    def _start_operations_first(self, attempts: int = 3) -> None:
+        """The operations host serves the operator HTTP API. Its port is chosen once; if another
+        process takes it between the choice and the bind, choose again (only at the first start:
         from then on the address is the stack's)."""
         tried: list[int] = []
         for attempt in range(attempts):
             self._http_port = processes.choose_port(self.api_port, processes.port_free, avoid=tried)
             try:
-                self._start_host(0)
+                self._start_operations()
                 return
             except processes.ServiceStartError:
                 tried.append(self._http_port)
-                if attempt == attempts - 1 or "cannot serve HTTP" not in _read(self._log(0)):
+                log = _read(self.workdir / f"{OPERATIONS}.log")
+                if attempt == attempts - 1 or "cannot serve HTTP" not in log:
                     raise
-                self._children.pop("host-0", None)
+                self._children.pop(OPERATIONS, None)
+
+    def _start_operations(self) -> None:
+        self._start_function_host(OPERATIONS, "operations_app", http_port=self._http_port)
 
     def _start_host(self, n: int) -> None:
-        argv = [sys.executable, "-m", "devstack.host"]
+        offset = self.clock_offsets.get(n)
+        self._start_function_host(f"host-{n}", "function_app", clock_offset=offset)
+
+    def _start_function_host(
+        self, name: str, app: str, *, http_port: int | None = None, clock_offset: int | None = None
+    ) -> None:
+        """A functions host process for ``app``; it serves HTTP on ``http_port`` (None: none)."""
+        argv = [sys.executable, "-m", "devstack.host", "--app", app]
         argv += ["--settings", str(self.workdir / "local.settings.json")]
         argv += ["--concurrency", str(self.concurrency or DEFAULT_CONCURRENCY)]
         # Shorter than processes.stop's grace, so a stop is graceful, not a SIGKILL.
         argv += ["--stop-timeout", "3"]
-        # Host 0 serves the operator HTTP API; the others serve no HTTP.
-        argv += ["--http-port", str(self._http_port) if n == 0 else "-1"]
-        argv += ["--stats-file", str(self.workdir / f"host-{n}.stats.json")]
+        argv += ["--http-port", str(http_port) if http_port is not None else "-1"]
+        argv += ["--stats-file", str(self.workdir / f"{name}.stats.json")]
         env = os.environ.copy()
-        if self.clock_offsets.get(n):
-            env = clock.skewed_environment(env, self.clock_offsets[n])
-        proc = self._spawn(f"host-{n}", argv, env)
-        log = self._log(n)
+        if clock_offset:
+            env = clock.skewed_environment(env, clock_offset)
+        proc = self._spawn(name, argv, env)
+        log = self.workdir / f"{name}.log"
         started = processes.wait_until(
             lambda: "host started" in _read(log), timeout=HOST_START_TIMEOUT_S, proc=proc
         )
         if not started:
             processes.stop(proc)
             raise processes.ServiceStartError(
-                f"functions host {n} did not start:\n{processes.tail(log)}"
+                f"functions host {name} ({app}) did not start:\n{processes.tail(log)}"
             )
-
-    def _log(self, n: int) -> Path:
-        return self.workdir / f"host-{n}.log"
 
     def kill_host(self, n: int) -> None:
         """SIGKILL host `n` (a crash: nothing finished, nothing settled, no goodbye)."""
@@ -451,7 +467,7 @@ class LocalStack:
         the services. A paused host is resumed first, so that it too stops gracefully."""
         for n in list(self.paused):
             self.resume_host(n)
-        hosts = sorted(name for name in self._children if name.startswith("host"))
+        hosts = sorted(n for n in self._children if n.startswith("host") or n == OPERATIONS)
         processes.stop_all([self._children.pop(name) for name in hosts])
         for name in sorted(self._children):
             processes.stop(self._children.pop(name))

@@ -1,38 +1,40 @@
-// Role assignments, least privilege. Data-plane roles only: no Owner, no Contributor, no
-// Service Bus Data Owner, no role that can read keys or change the resources.
+// Role assignments, least privilege, per app: each app's identity gets the roles its own code
+// needs, which tests/infra/checks.py derives from that app's code (what each function or route
+// does to queues, tables, containers and secrets). Data-plane roles only: no Owner, no
+// Contributor, no Service Bus Data Owner, no role that can read keys or change the resources.
 //
-// The app's managed identity:
-//   Storage Blob Data Owner         storage account  the Functions host (the app code's own blob
-//                                                    use is the archive, below). The host's
-//                                                    storage (AzureWebJobsStorage) keeps the timer
-//                                                    trigger's schedule status and its singleton
-//                                                    and host locks as blob leases and creates its
-//                                                    containers, and the host reads the Flex
+// Both apps' identities (each app's Functions host and its code):
+//   Storage Blob Data Owner         storage account  the Functions host. Its storage
+//                                                    (AzureWebJobsStorage) keeps the timer
+//                                                    trigger's schedule status, its singleton and
+//                                                    host locks and its keys as blobs and creates
+//                                                    its containers, and the host reads the Flex
 //                                                    deployment package; Owner is the role the
 //                                                    Functions documentation requires for
 //                                                    identity-based host storage
-//   Storage Blob Data Contributor   archive container the purge (adapters/archive.py): reads the day
-//                                                    blob's properties and block list, stages a
-//                                                    block and commits the list, lists and reads
-//                                                    day blobs to read an order back. Scoped to
-//                                                    the one container, the narrowest scope a
-//                                                    role assignment takes; it is the only blob
-//                                                    access the app code needs, so narrowing the
-//                                                    host's Owner role later keeps the purge
-//                                                    working
+//   Storage Blob Data Contributor   archive container the purge (adapters/archive.py): the pattern
+//                                                    app's timer, and the operations app's POST
+//                                                    /api/purge and archive reads. Scoped to the
+//                                                    one container, the narrowest scope a role
+//                                                    assignment takes
 //   Storage Table Data Contributor  storage account  the state store tables (orders, active-order
 //                                                    index, the Supervisor's bucket leases); the
 //                                                    host's diagnostic events table
-//   Azure Service Bus Data Sender   namespace        requests, replies, commands, alerts, and
-//                                                    status to any reply queue a submitter names
-//   Azure Service Bus Data Receiver each queue with   the Service Bus triggers; the operator
-//                                   receivedByApp    API's alerts (peek, receive, defer,
-//                                                    complete) and dead letters (peek)
+//   Azure Service Bus Data Sender   namespace        the pattern app: requests, replies,
+//                                                    commands, alerts, and status to any reply
+//                                                    queue a submitter names. The operations app:
+//                                                    what its actions send (they run the same
+//                                                    lifecycle: requests, undos, alerts, status
+//                                                    updates) and the dead letters it replays
+//   Azure Service Bus Data Receiver each queue with   the pattern app's Service Bus triggers; the
+//                                   receivedBy<App>  operations app's alerts (peek, receive,
+//                                                    defer, complete) and dead letters (peek,
+//                                                    settle) of every queue
 //   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
 //                                                    metrics) with local auth off
 // Each submitting application (submitterPrincipalIds):
 //   Azure Service Bus Data Sender   orders queue     submit orders; no other queue: the internal
-//                                                    queues take sends from the app identity
+//                                                    queues take sends from the apps' identities
 //                                                    only (and check signatures, service/inbound.py)
 // The deploying principal (optional, for infra/smoke.py and the azd predeploy check):
 //   Azure Service Bus Data Sender   orders queue     submit the smoke order
@@ -43,13 +45,19 @@
 //                                   index table      workflows_check.py) counts the versions
 //                                                    of the orders in flight
 //
-// tests/infra/checks.py fails if any other role definition id appears in infra/.
+// tests/infra/checks.py fails if any other role definition id appears in infra/, if a role an
+// app's code needs is missing, or if an app's identity holds one its code never uses.
 
-param appPrincipalId string
+@description('Principal id of the pattern app\'s identity.')
+param patternPrincipalId string
+@description('Principal id of the operations app\'s identity.')
+param operationsPrincipalId string
 param storageAccountName string
 param serviceBusNamespaceName string
-@description('Queues the app is triggered by (servicebus.bicep outputs them).')
-param appReceiveQueueNames array
+@description('Queues the pattern app\'s triggers read (servicebus.bicep outputs them).')
+param patternReceiveQueueNames array
+@description('Queues the operations app reads: alerts, and every queue\'s dead letters.')
+param operationsReceiveQueueNames array
 param appInsightsName string
 
 @description('Deploying user or pipeline principal; empty: no role for it.')
@@ -108,7 +116,12 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
   name: serviceBusNamespaceName
 }
 
-resource receivedQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in appReceiveQueueNames: {
+resource patternQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in patternReceiveQueueNames: {
+  parent: namespace
+  name: queueName
+}]
+
+resource operationsQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in operationsReceiveQueueNames: {
   parent: namespace
   name: queueName
 }]
@@ -122,64 +135,126 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
 }
 
-// ---------------------------------------------------------------- the app's managed identity
+// ------------------------------------------------------------------ the pattern app's identity
 
-resource appBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storage.id, appPrincipalId, roles.storageBlobDataOwner)
+resource patternBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, patternPrincipalId, roles.storageBlobDataOwner)
   scope: storage
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appArchiveBlobDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(archiveContainer.id, appPrincipalId, roles.storageBlobDataContributor)
+resource patternArchiveBlobDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(archiveContainer.id, patternPrincipalId, roles.storageBlobDataContributor)
   scope: archiveContainer
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataContributor)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appTableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storage.id, appPrincipalId, roles.storageTableDataContributor)
+resource patternTableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, patternPrincipalId, roles.storageTableDataContributor)
   scope: storage
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataContributor)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appServiceBusSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(namespace.id, appPrincipalId, roles.serviceBusDataSender)
+resource patternServiceBusSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace.id, patternPrincipalId, roles.serviceBusDataSender)
   scope: namespace
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
 
-resource appServiceBusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in appReceiveQueueNames: {
-  name: guid(receivedQueues[i].id, appPrincipalId, roles.serviceBusDataReceiver)
-  scope: receivedQueues[i]
+resource patternServiceBusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in patternReceiveQueueNames: {
+  name: guid(patternQueues[i].id, patternPrincipalId, roles.serviceBusDataReceiver)
+  scope: patternQueues[i]
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }
 }]
 
-resource appMetricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(appInsights.id, appPrincipalId, roles.monitoringMetricsPublisher)
+resource patternMetricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, patternPrincipalId, roles.monitoringMetricsPublisher)
   scope: appInsights
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
-    principalId: appPrincipalId
+    principalId: patternPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// --------------------------------------------------------------- the operations app's identity
+
+resource operationsBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, operationsPrincipalId, roles.storageBlobDataOwner)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
+    principalId: operationsPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource operationsArchiveBlobDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(archiveContainer.id, operationsPrincipalId, roles.storageBlobDataContributor)
+  scope: archiveContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataContributor)
+    principalId: operationsPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource operationsTableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, operationsPrincipalId, roles.storageTableDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataContributor)
+    principalId: operationsPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource operationsServiceBusSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace.id, operationsPrincipalId, roles.serviceBusDataSender)
+  scope: namespace
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: operationsPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource operationsServiceBusReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in operationsReceiveQueueNames: {
+  name: guid(operationsQueues[i].id, operationsPrincipalId, roles.serviceBusDataReceiver)
+  scope: operationsQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: operationsPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
+
+resource operationsMetricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, operationsPrincipalId, roles.monitoringMetricsPublisher)
+  scope: appInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
+    principalId: operationsPrincipalId
     principalType: 'ServicePrincipal'
   }
 }

@@ -1,23 +1,39 @@
 // Service Bus namespace (Standard: scheduled messages and duplicate detection) with every queue
-// the app uses. Local (SAS key) authentication is off: senders and receivers use Entra ID.
+// the app uses. Local (SAS key) authentication is off: senders and receivers use Entra ID. With
+// vnetEnabled the namespace is Premium (one messaging unit), the tier private endpoints need, and
+// refuses every public network (docs/deploy.md, Private network, says what Premium costs).
 //
 // The queues and their properties are the same as in devstack/servicebus/Config.json, the
 // development broker's entity config; tests/infra/checks.py fails when the two differ.
-// `receivedByApp` marks the queues the app's identity reads: those a Service Bus trigger
-// consumes, and operator-alerts, which the operator API peeks and settles (an acknowledged
-// alert is completed; others met on the way are deferred). The operator API also peeks the
-// dead-letter sub-queue of each of these queues, which a role on the queue covers. The identity
-// gets Azure Service Bus Data Receiver on exactly those (app/rbac.bicep); tests/infra/checks.py
-// derives the set from the code.
+// Which app's identity reads each queue, and so gets Azure Service Bus Data Receiver on it
+// (app/rbac.bicep): `receivedByPattern` marks the queues a Service Bus trigger of the pattern app
+// consumes; `receivedByOperations` those the operations app reads: operator-alerts, which the
+// operator API peeks and settles (an acknowledged alert is completed; others met on the way are
+// deferred), and every queue whose dead letters it lists, replays or purges (a role on a queue
+// covers its dead-letter sub-queue). tests/infra/checks.py derives both sets from each app's code.
 
 param name string
 param location string = resourceGroup().location
 param tags object = {}
 
+@description('Private network: Premium, public network access off, reached through a private endpoint only.')
+param vnetEnabled bool = false
+
+var standardSku = {
+  name: 'Standard'
+  tier: 'Standard'
+}
+var premiumSku = {
+  name: 'Premium'
+  tier: 'Premium'
+  capacity: 1
+}
+
 var queues = [
   {
     name: 'orders' // submissions (OrderSubmitted) -> scheduler intake
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -30,7 +46,8 @@ var queues = [
   }
   {
     name: 'scheduler-commands' // retry / resubmit / cancel -> scheduler
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -43,7 +60,8 @@ var queues = [
   }
   {
     name: 'agent-responses' // agents -> scheduler
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -56,7 +74,8 @@ var queues = [
   }
   {
     name: 'inventory-requests' // scheduler -> inventory agent
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -69,7 +88,8 @@ var queues = [
   }
   {
     name: 'payment-requests' // scheduler -> payment agent
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -82,7 +102,8 @@ var queues = [
   }
   {
     name: 'shipping-requests' // scheduler -> shipping agent
-    receivedByApp: true
+    receivedByPattern: true
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -95,7 +116,8 @@ var queues = [
   }
   {
     name: 'operator-alerts' // OperatorAlert -> people (an Azure Monitor alert fires while any waits)
-    receivedByApp: true
+    receivedByPattern: false
+    receivedByOperations: true
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -108,7 +130,8 @@ var queues = [
   }
   {
     name: 'order-status' // default reply queue for submitters' StatusUpdate messages
-    receivedByApp: false
+    receivedByPattern: false
+    receivedByOperations: false
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -125,14 +148,11 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: name
   location: location
   tags: tags
-  sku: {
-    name: 'Standard'
-    tier: 'Standard'
-  }
+  sku: vnetEnabled ? premiumSku : standardSku
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -147,4 +167,5 @@ output id string = namespace.id
 // serviceBusEndpoint is https://<name>.<cloud suffix>:443/; the SDK and the host want the host name.
 output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '//')[1], ':')[0]
 output queueNames array = [for (queue, i) in queues: queueResources[i].name]
-output appReceiveQueueNames array = map(filter(queues, queue => queue.receivedByApp), queue => queue.name)
+output patternReceiveQueueNames array = [for queue in filter(queues, queue => queue.receivedByPattern): queue.name]
+output operationsReceiveQueueNames array = [for queue in filter(queues, queue => queue.receivedByOperations): queue.name]

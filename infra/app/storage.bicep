@@ -1,19 +1,27 @@
-// Storage account: the Functions host's own storage (AzureWebJobsStorage), the deployment
-// package container Flex Consumption runs from, the state store tables, and the archive of
+// Storage account: the Functions hosts' own storage (AzureWebJobsStorage), the deployment
+// package container Flex Consumption runs each app from, the state store tables, and the archive of
 // purged orders (block blobs of JSON lines, one per day, moved to cool storage by a lifecycle
-// rule). Shared keys are off: everything authenticates with Entra ID.
+// rule). Shared keys are off: everything authenticates with Entra ID. With vnetEnabled the account
+// refuses every public network and the apps reach its blob and table services through private
+// endpoints (main.bicep); without, it takes any network and Entra ID alone guards it.
 
 param name string
 param location string = resourceGroup().location
 param tags object = {}
 
-@description('Blob container the Flex Consumption plan deploys the app package to.')
-param deploymentContainerName string
+@description('Blob containers the Flex Consumption plans deploy the apps\' packages to, one per app.')
+param deploymentContainerNames array
 
 @minValue(0)
 @maxValue(3650)
 @description('Days after its last append that a day blob of the order archive moves to cool storage.')
 param archiveCoolAfterDays int = 30
+
+@description('Private network: public network access off, reached through private endpoints only.')
+param vnetEnabled bool = false
+
+@description('Zone-redundant storage (ZRS) instead of locally redundant (LRS): regions with availability zones only.')
+param zoneRedundant bool = false
 
 // The state store's tables (app settings ORDERS_TABLE, ACTIVE_ORDERS_TABLE, SUPERVISION_TABLE in
 // main.bicep): order state, the active-order index the Supervisor sweeps, and the Supervisor's
@@ -28,12 +36,15 @@ var tableNames = [
 var archiveContainerName = 'order-archive'
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_206: redundancy is the zoneRedundant parameter's (ZRS in regions with availability zones, LRS by default); geo-replication (GRS) is not offered: the state store has no failover to a paired region, and some allowed regions have no pair
+  // checkov:skip=CKV_AZURE_59: public shape only: vnetEnabled false keeps public network access on, as the apps have no private path then (tests/infra checks both shapes)
+  // checkov:skip=CKV_AZURE_35: public shape only: vnetEnabled false lets every network in (default action Allow), as the apps have no private path then (tests/infra checks both shapes)
   name: name
   location: location
   tags: tags
   kind: 'StorageV2'
   sku: {
-    name: 'Standard_LRS'
+    name: zoneRedundant ? 'Standard_ZRS' : 'Standard_LRS'
   }
   properties: {
     accessTier: 'Hot'
@@ -43,9 +54,9 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     allowCrossTenantReplication: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     networkAcls: {
-      defaultAction: 'Allow'
+      defaultAction: vnetEnabled ? 'Deny' : 'Allow'
       bypass: 'AzureServices'
     }
   }
@@ -56,13 +67,13 @@ resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01'
   name: 'default'
 }
 
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+resource deploymentContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for container in deploymentContainerNames: {
   parent: blobService
-  name: deploymentContainerName
+  name: container
   properties: {
     publicAccess: 'None'
   }
-}
+}]
 
 resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
   parent: blobService
@@ -124,4 +135,3 @@ output tableEndpoint string = account.properties.primaryEndpoints.table
 output blobEndpoint string = account.properties.primaryEndpoints.blob
 output archiveContainerName string = archiveContainer.name
 output tableNames array = tableNames
-output deploymentContainerName string = deploymentContainer.name

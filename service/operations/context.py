@@ -18,6 +18,7 @@ from adapters import archive, clients
 from adapters.archive import BlobArchive
 from adapters.queues import QueueTools
 from adapters.tables import Table
+from service import runtime
 from service.operations.dead_letter_settler import DUPLICATE_WINDOW
 from service.operations.errors import NotFound
 from service.purge import open_archive
@@ -82,3 +83,20 @@ class OperatorContext:
             known = ", ".join(queues)
             raise NotFound("unknown_queue", f"no queue {str(role)[:64]!r}; known: {known}")
         return queues[role]
+
+
+_current: OperatorContext | None = None
+
+
+async def current() -> OperatorContext:
+    """The OperatorContext of the process-wide Runtime (rebuilt if that Runtime is replaced),
+    which the operator API and the dashboard share. Its clients belong to the event loop the
+    app runs on; the swap awaits nothing, so requests on the loop never build two; the context
+    it replaces is closed after."""
+    global _current
+    rt = runtime.current()
+    if _current is None or _current.rt is not rt:
+        previous, _current = _current, OperatorContext(rt)
+        if previous is not None:
+            await previous.close()
+    return _current

@@ -45,6 +45,12 @@ class TooLarge(OperatorError):
     status = 413
 
 
+class ServerFault(OperatorError):
+    """A fault of ours: the details are logged, never returned."""
+
+    status = 500
+
+
 class Busy(OperatorError):
     """Someone else kept changing the same thing; the same request may work in a moment."""
 

@@ -1,6 +1,7 @@
 """What operator operations return: JSON-ready pydantic models (``model_dump(mode="json")``).
 
-The OpenAPI document (:mod:`operator_api.openapi`) is generated from these same models.
+The operator API's OpenAPI document (FastAPI's, :mod:`operator_api.app`) is generated from these
+same models; the listings' query parameters are in :mod:`service.operations.queries`.
 """
 
 from __future__ import annotations

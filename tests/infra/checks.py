@@ -20,6 +20,14 @@ pycep renders a string literal and an identifier alike (``'orders'`` and ``order
 ``"orders"``). The checks therefore take names from literal arrays as they are, and follow a
 bare name through variables and module parameters only where an expression is expected; a name
 the checks cannot read statically is reported, never guessed.
+
+The templates deploy one of two shapes (:data:`SHAPES`), chosen by main.bicep's ``vnetEnabled``:
+public endpoints, or a private network. A :class:`Layout` names the shape its checks read, and
+:func:`run_all` runs every check in each. Reading a shape evaluates only what depends on that one
+parameter (:meth:`Infra.value`): ``vnetEnabled ? a : b``, ``!x``, ``empty(x)`` and ``if (...)``
+conditions, followed through variables, module parameters and module outputs. Any other condition
+(``if (!empty(principalId))``) is the operator's choice at deploy time: its resource is read as
+deployed, as before.
 """
 
 from __future__ import annotations
@@ -44,11 +52,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------ policy
 
+SHAPE_PARAMETER = "vnetEnabled"
+SHAPES: Mapping[str, Mapping[str, Any]] = {
+    # Shape -> the main.bicep parameters that make it (docs/deploy.md, Private network).
+    "public": {SHAPE_PARAMETER: False},
+    "private": {SHAPE_PARAMETER: True},
+}
+
 HOST_SETTINGS: Mapping[str, str] = {
     # Settings of the Functions host itself, not read by the app code, so the "every setting is
     # used" rule exempts them by name. FUNCTIONS_EXTENSION_VERSION is deliberately not set:
     # Flex Consumption sets it itself (and the runtime comes from functionAppConfig).
-    "AzureWebJobsStorage__accountName": "host storage, identity-based",
+    "AzureWebJobsStorage__blobServiceUri": "host storage, identity-based: its blobs",
+    "AzureWebJobsStorage__tableServiceUri": "host storage, identity-based: its diagnostic events",
     "AzureWebJobsStorage__credential": "host storage, identity-based",
     "AzureWebJobsStorage__clientId": "host storage: which user-assigned identity",
     "APPLICATIONINSIGHTS_CONNECTION_STRING": "host telemetry target",
@@ -64,7 +80,10 @@ FORBIDDEN_SETTINGS: Mapping[str, str] = {
     "StateStorage": "a connection string (secret); use the __tableServiceUri form",
     "SUPERVISOR_LEASE_CONTAINER": "the Supervisor's blob lease is gone; its bucket leases are "
     "rows of SUPERVISION_TABLE",
-    "AzureWebJobsStorage": "a connection string (secret); use the __accountName form",
+    "AzureWebJobsStorage": "a connection string (secret); use the __blobServiceUri form",
+    "AzureWebJobsStorage__accountName": "the host builds the public cloud's host names from it; "
+    "name the services by their URIs (__blobServiceUri, __tableServiceUri), which every cloud "
+    "and a private network resolve",
     "FUNCTIONS_WORKER_RUNTIME": "Flex Consumption rejects it; the runtime is functionAppConfig",
     "FUNCTIONS_EXTENSION_VERSION": "Flex Consumption sets it itself",
     "WEBSITE_TIME_ZONE": "Flex Consumption rejects it; schedules run in UTC",
@@ -133,14 +152,39 @@ class CheckError(Exception):
     """The infra cannot be read the way the checks expect (a problem in itself)."""
 
 
+@dataclass(frozen=True)
+class App:
+    """One of the two function apps deployed from the one package: its entry module, the
+    main.bicep module that deploys it (app/function.bicep), its azd service, and the flag of
+    app/servicebus.bicep that marks the queues its identity may receive from."""
+
+    name: str
+    entry: str
+    module: str
+    service: str
+    receive_flag: str
+
+    def say(self, problems: Iterable[str]) -> list[str]:
+        return [f"{self.name} app: {problem}" for problem in problems]
+
+
+PATTERN = App("pattern", "function_app", "pattern", "pattern", "receivedByPattern")
+OPERATIONS = App("operations", "operations_app", "operations", "operations", "receivedByOperations")
+APPS = (PATTERN, OPERATIONS)
+SCRIPT_FILE_SETTING = "PYTHON_SCRIPT_FILE_NAME"
+"""The Python worker's setting naming the app's entry file (default function_app.py)."""
+
+
 # --------------------------------------------------------------------------- layout
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the checked files live, relative to a repository root (a real one or a copy)."""
+    """Where the checked files live, relative to a repository root (a real one or a copy), and
+    which shape of the templates (:data:`SHAPES`) the checks read."""
 
     root: Path
+    shape: str = "public"
 
     @property
     def infra(self) -> Path:
@@ -220,14 +264,34 @@ class BicepFile:
 
 @dataclass
 class Infra:
-    """All .bicep files under one infra/ directory, parsed."""
+    """All .bicep files under one infra/ directory, parsed. A module file deployed more than
+    once (app/function.bicep: one per app) is read as one of its deployments: :meth:`bind`."""
 
     layout: Layout
     files: dict[Path, BicepFile] = field(default_factory=dict)
+    bound: dict[Path, str] = field(default_factory=dict)
+    """Module file -> the symbol of the main.bicep module whose parameters it is read with."""
+    shape: Mapping[str, Any] = field(default_factory=dict)
+    """main.bicep parameter -> its value in the shape read (:data:`SHAPES`)."""
+
+    def bind(self, app: App) -> Infra:
+        """This infra as ``app``'s deployment sees it: the module file ``app.module`` deploys
+        takes that module's parameters."""
+        return self.bind_module(app.module, f" (the {app.name} app)")
+
+    def bind_module(self, symbol: str, what: str = "") -> Infra:
+        """This infra as main.bicep's module ``symbol`` deploys its file (with its parameters)."""
+        module = self.main.modules.get(symbol)
+        if module is None or module.get("type") != "local":
+            raise CheckError(f"infra/main.bicep has no module {symbol}{what}")
+        path = _module_path(self.main.path, module["detail"]["path"])
+        return dataclasses.replace(self, bound={**self.bound, path: symbol})
 
     @classmethod
     def load(cls, layout: Layout) -> Infra:
-        infra = cls(layout)
+        if layout.shape not in SHAPES:
+            raise CheckError(f"unknown shape {layout.shape!r}: one of {sorted(SHAPES)}")
+        infra = cls(layout, shape=SHAPES[layout.shape])
         for path in bicep_files(layout.infra):
             try:
                 infra.files[path.resolve()] = BicepFile(path, parse_bicep(path))
@@ -247,10 +311,17 @@ class Infra:
     def resources(
         self, type_: str, *, existing: bool = False
     ) -> Iterator[tuple[BicepFile, str, dict]]:
-        """(file, symbol, resource) for every resource of ``type_`` (declared, or existing)."""
+        """(file, symbol, resource) for every resource of ``type_`` (declared, or existing) that
+        this shape may deploy: in a file it deploys, under no condition it makes false."""
         for bicep in self.files.values():
+            if not self.deployed(bicep):
+                continue
             for symbol, resource in bicep.resources.items():
-                if resource.get("type") == type_ and bool(resource.get("existing")) == existing:
+                if (
+                    resource.get("type") == type_
+                    and bool(resource.get("existing")) == existing
+                    and self.may_deploy(bicep, resource)
+                ):
                     yield bicep, symbol, resource
 
     def one_resource(self, type_: str) -> tuple[BicepFile, str, dict]:
@@ -259,21 +330,111 @@ class Infra:
             raise CheckError(f"expected exactly one declared {type_}, found {len(found)}")
         return found[0]
 
-    def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
-        """(file, module config) of every local module declaration that deploys ``target``."""
+    def declarations(self, target: BicepFile) -> Iterator[tuple[BicepFile, str, dict]]:
+        """(file, symbol, module) of every local module declaration that deploys ``target`` in
+        this shape (only the one it is bound to, if it is), from a file this shape deploys."""
+        chosen = self.bound.get(target.path.resolve())
         for bicep in self.files.values():
-            for module in bicep.modules.values():
-                if module.get("type") != "local":
+            for symbol, module in bicep.modules.items():
+                if module.get("type") != "local" or chosen not in (None, symbol):
                     continue
-                path = (bicep.path.parent / module["detail"]["path"]).resolve()
-                if path == target.path.resolve():
-                    yield bicep, module["config"]
+                path = _module_path(bicep.path, module["detail"]["path"])
+                deploys = path == target.path.resolve() and self.may_deploy(bicep, module)
+                if deploys and self.deployed(bicep):
+                    yield bicep, symbol, module
+
+    def callers(self, target: BicepFile) -> Iterator[tuple[BicepFile, dict]]:
+        """(file, module body: name, params) of every declaration that deploys ``target``."""
+        for bicep, _, module in self.declarations(target):
+            yield bicep, _body(module)
+
+    def deployed(self, bicep: BicepFile) -> bool:
+        """Whether this shape deploys the file: main.bicep, or a module some declaration of a
+        deployed file may deploy."""
+        return bicep is self.main or next(self.declarations(bicep), None) is not None
+
+    def may_deploy(self, bicep: BicepFile, declaration: dict[str, Any]) -> bool:
+        """Whether a resource or module declaration is deployed unless its condition is false
+        in this shape (an unknown condition: deployed)."""
+        condition = (declaration.get("config") or {}).get("condition")
+        return condition is None or self.value(bicep, condition) is not False
+
+    def module_file(self, bicep: BicepFile, symbol: str) -> BicepFile | None:
+        """The file local module ``symbol`` of ``bicep`` deploys."""
+        module = bicep.modules.get(symbol)
+        if module is None or module.get("type") != "local":
+            return None
+        return self.files.get(_module_path(bicep.path, module["detail"]["path"]))
+
+    def settle(self, bicep: BicepFile, expr: Any, depth: int = 0) -> tuple[BicepFile, Any]:
+        """(file, expression) that ``expr`` comes down to in this shape: variables, module
+        parameters (through the one declaration that deploys the file) and module outputs
+        followed, and a conditional whose condition this shape decides replaced by its branch."""
+        if depth > 50:
+            raise CheckError(f"{self.rel(bicep.path)}: {_short(expr)} refers to itself")
+        if isinstance(expr, str):
+            if expr in bicep.variables:
+                return self.settle(bicep, bicep.variables[expr]["value"], depth + 1)
+            if expr in bicep.params and bicep is not self.main:
+                callers = list(self.callers(bicep))
+                if len(callers) == 1:
+                    caller, config = callers[0]
+                    passed = config.get("params") or {}
+                    if expr in passed:
+                        return self.settle(caller, passed[expr], depth + 1)
+                    default = bicep.params[expr].get("default")
+                    if default is not None:
+                        return self.settle(bicep, default, depth + 1)
+            return bicep, expr
+        operator = expr.get("operator") if isinstance(expr, dict) and len(expr) == 1 else None
+        if isinstance(operator, dict) and operator.get("type") == "conditional":
+            operands = operator["operands"]
+            condition = self.value(bicep, operands["condition"], depth + 1)
+            if isinstance(condition, bool):
+                branch = operands["true_value" if condition else "false_value"]
+                return self.settle(bicep, branch, depth + 1)
+        if isinstance(operator, dict) and operator.get("type") == "property_accessor":
+            module, _, output = _flat(expr).partition(".outputs.")
+            target = self.module_file(bicep, module) if output and "." not in output else None
+            if target is not None and output in target.outputs:
+                return self.settle(target, target.outputs[output]["value"], depth + 1)
+        return bicep, expr
+
+    def value(self, bicep: BicepFile, expr: Any, depth: int = 0) -> Any:
+        """The value of ``expr`` in this shape, or :data:`UNKNOWN`: literals; main.bicep's shape
+        parameters (any other parameter is the operator's choice: unknown); ``!x``; ``c ? a :
+        b``; ``empty(x)``; through :meth:`settle`."""
+        bicep, expr = self.settle(bicep, expr, depth)
+        if isinstance(expr, str):
+            if expr in bicep.params:
+                return self.shape.get(expr, UNKNOWN) if bicep is self.main else UNKNOWN
+            return expr
+        if not isinstance(expr, dict):
+            return expr  # bool, number, null, array
+        operator, function = expr.get("operator"), expr.get("function")
+        if len(expr) == 1 and isinstance(operator, dict):
+            if operator.get("type") == "not":
+                inner = self.value(bicep, operator["operands"]["bool_value"], depth + 1)
+                return not inner if isinstance(inner, bool) else UNKNOWN
+            return UNKNOWN
+        if len(expr) == 1 and isinstance(function, dict):
+            if function.get("type") == "empty":
+                tested = self.value(bicep, function["parameters"]["item_to_test"], depth + 1)
+                return _is_empty(tested)
+            return UNKNOWN
+        return expr  # an object literal
 
     def resolve(self, bicep: BicepFile, expr: Any) -> Any:
         """The literal value of ``expr`` in ``bicep``: follows variables and, for a module
-        parameter, the value its single caller passes. Raises CheckError when not static."""
+        parameter, the value its single caller passes; a conditional this shape decides is its
+        branch. Raises CheckError when not static."""
         if isinstance(expr, dict) and set(expr) == {"operator"}:
             op = expr["operator"]
+            if op["type"] == "conditional":
+                condition = self.value(bicep, op["operands"]["condition"])
+                if isinstance(condition, bool):
+                    branch = op["operands"]["true_value" if condition else "false_value"]
+                    return self.resolve(bicep, branch)
             if op["type"] == "property_accessor":
                 base = self.resolve(bicep, op["operands"]["operand_1"])
                 key = op["operands"]["operand_2"]
@@ -300,6 +461,29 @@ class Infra:
                 return default
             raise CheckError(f"{self.rel(bicep.path)}: parameter {expr} has no static value")
         return expr
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+UNKNOWN: Any = _Unknown()
+"""What :meth:`Infra.value` returns for a value the shape does not decide."""
+
+
+def _is_empty(value: Any) -> Any:
+    """``empty(value)``: a string with literal text beside its interpolations is never empty."""
+    if isinstance(value, str) and "${" in value:
+        return False if _INTERPOLATION.sub("", value) else UNKNOWN
+    if isinstance(value, (str, list, dict)):
+        return len(value) == 0
+    return UNKNOWN
+
+
+@cache
+def _module_path(declaring: Path, relative: str) -> Path:
+    return (declaring.parent / relative).resolve()
 
 
 def _rel(layout: Layout, path: Path) -> str:
@@ -400,6 +584,10 @@ class CodeFacts:
         )
 
 
+Facts = Mapping[str, CodeFacts]
+"""Each app's :class:`CodeFacts`, by app name (:func:`code_facts`)."""
+
+
 class _RecordingEnv(Mapping[str, str]):
     def __init__(self, values: Mapping[str, str]) -> None:
         self._values = dict(values)
@@ -457,7 +645,7 @@ def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]
 
 _INDEX_SCRIPT = """
 import json, os, sys
-import function_app
+import ENTRY as app_module
 
 def source(function):
     code = function.get_user_function().__code__
@@ -470,7 +658,7 @@ def source(function):
 json.dump(
     [
         {**json.loads(f.get_function_json()), SOURCE_KEY: source(f)}
-        for f in function_app.app.get_functions()
+        for f in app_module.app.get_functions()
     ],
     sys.stdout,
 )
@@ -481,11 +669,44 @@ TRIGGER = "its serviceBusTrigger"
 """The function's name, and where its user function is defined: ``{function, path, line}``."""
 
 
-def indexed_functions(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
-    """The function.json documents the host indexes, from a fresh interpreter (the FunctionApp
-    object allows one get_functions() call, and nothing leaks into the test process), each
-    with where its user function is defined (:data:`SOURCE_KEY`)."""
-    return _fresh_json(_INDEX_SCRIPT, root, "indexing function_app")
+def indexed_functions(root: Path = REPO_ROOT, entry: str = PATTERN.entry) -> list[dict[str, Any]]:
+    """The function.json documents the host indexes for the app ``entry`` (a module), from a
+    fresh interpreter (the FunctionApp object allows one get_functions() call, and nothing leaks
+    into the test process), each with where its user function is defined (:data:`SOURCE_KEY`)."""
+    script = _INDEX_SCRIPT.replace("ENTRY", entry)
+    return _fresh_json(script, root, f"indexing {entry}")
+
+
+_ROUTES_SCRIPT = """
+import json, os, sys
+from fastapi.routing import APIRoute
+import operations_app
+
+def walk(routes):
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif hasattr(route, "original_router"):  # a router FastAPI includes lazily
+            yield from walk(route.original_router.routes)
+        else:
+            raise SystemExit(f"cannot read route {route!r} of operations_app.api")
+
+json.dump(
+    {
+        route.name: [os.path.relpath(route.endpoint.__code__.co_filename),
+                     route.endpoint.__code__.co_firstlineno]
+        for route in walk(operations_app.api.routes)
+    },
+    sys.stdout,
+)
+"""
+
+
+def route_entries(root: Path = REPO_ROOT) -> dict[str, tuple[str, int]]:
+    """Route name -> (path, line) of its endpoint: what the operations app's one HTTP function
+    hands each request to (FastAPI), read from ``operations_app.api`` in a fresh interpreter."""
+    found = _fresh_json(_ROUTES_SCRIPT, root, "listing the operations app's routes")
+    return {name: (path, line) for name, (path, line) in found.items()}
 
 
 def _fresh_json(script: str, root: Path, what: str) -> Any:
@@ -544,16 +765,30 @@ def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, f
     return frozenset(found["names"]), attributes
 
 
-def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
+def code_facts(root: Path = REPO_ROOT) -> dict[str, CodeFacts]:
+    """Each app's facts, by app name (:data:`APPS`)."""
+    read, local_only = settings_read_by_code(root)
+    metrics = metrics_recorded_by_a_tick(root)
+    metric_names, metric_attributes = metrics_defined(root)
+    return {
+        app.name: CodeFacts(
+            **_app_facts(root, app, read, local_only),
+            metrics=metrics,
+            metric_names=metric_names,
+            metric_attributes=metric_attributes,
+        )
+        for app in APPS
+    }
+
+
+def _app_facts(root: Path, app: App, read: set[str], local_only: set[str]) -> dict[str, Any]:
     from adapters.settings import QUEUE_SETTINGS
 
-    read, local_only = settings_read_by_code(root)
     binding_settings: set[str] = set()
     connections: set[str] = set()
     trigger_queues: set[str] = set()
-    functions = indexed_functions(root)
-    access = code_access_of(root, functions)
-    metric_names, metric_attributes = metrics_defined(root)
+    functions = indexed_functions(root, app.entry)
+    access = code_access_of(root, functions, app)
     for function in functions:
         for binding in function["bindings"]:
             for value in binding.values():
@@ -563,38 +798,40 @@ def code_facts(root: Path = REPO_ROOT) -> CodeFacts:
                 connections.add(binding["connection"])
             if binding.get("type") == "serviceBusTrigger":
                 trigger_queues.update(_SETTING_REFERENCE.findall(binding.get("queueName", "")))
-    return CodeFacts(
-        settings_read=frozenset(read),
-        local_only=frozenset(local_only),
-        binding_settings=frozenset(binding_settings),
-        binding_connections=frozenset(connections),
-        trigger_queue_settings=frozenset(trigger_queues),
-        queue_settings=frozenset(QUEUE_SETTINGS.values()),
-        operator_read_queue_settings=frozenset(
+    return {
+        "settings_read": frozenset(read),
+        "local_only": frozenset(local_only),
+        "binding_settings": frozenset(binding_settings),
+        "binding_connections": frozenset(connections),
+        "trigger_queue_settings": frozenset(trigger_queues),
+        "queue_settings": frozenset(QUEUE_SETTINGS.values()),
+        "operator_read_queue_settings": frozenset(
             a.resource[1]
             for accesses in access.accesses.values()
             for a in accesses
             if a.kind == "receive" and a.resource[0] == "setting" and a.where != TRIGGER
         ),
-        metrics=metrics_recorded_by_a_tick(root),
-        metric_names=metric_names,
-        metric_attributes=metric_attributes,
-        access=access,
-        http_auth_levels={
+        "access": access,
+        "http_auth_levels": {
             function[SOURCE_KEY]["function"]: str(binding.get("authLevel", "")).lower()
             for function in functions
             for binding in function["bindings"]
             if binding.get("type") == "httpTrigger"
         },
-    )
-
-
-def code_access_of(root: Path, functions: list[dict[str, Any]]) -> CodeAccess:
-    """What each indexed function's code under ``root`` does (:func:`code_access.analyse`),
-    plus the receives of its Service Bus trigger."""
-    entries = {
-        f[SOURCE_KEY]["function"]: (f[SOURCE_KEY]["path"], f[SOURCE_KEY]["line"]) for f in functions
     }
+
+
+def code_access_of(root: Path, functions: list[dict[str, Any]], app: App = PATTERN) -> CodeAccess:
+    """What each indexed function's code under ``root`` does (:func:`code_access.analyse`),
+    plus the receives of its Service Bus trigger. For the operations app, whose one HTTP
+    function is the worker's ASGI bridge (not our code), each route of its FastAPI app."""
+    entries = {
+        f[SOURCE_KEY]["function"]: (f[SOURCE_KEY]["path"], f[SOURCE_KEY]["line"])
+        for f in functions
+        if "site-packages" not in f[SOURCE_KEY]["path"]
+    }
+    if app is OPERATIONS:
+        entries |= route_entries(root)
     receives = {
         f[SOURCE_KEY]["function"]: {
             Access("queue", "receive", ("setting", queue), TRIGGER)
@@ -605,7 +842,8 @@ def code_access_of(root: Path, functions: list[dict[str, Any]]) -> CodeAccess:
         for f in functions
     }
     env, _ = azure_environment(REPO_ROOT)
-    analysed = code_access.analyse(root, entries, env, settings_read_by_code(REPO_ROOT)[0])
+    names = settings_read_by_code(REPO_ROOT)[0]
+    analysed = code_access.analyse(root, entries, env, names, entry=app.entry)
     return dataclasses.replace(
         analysed,
         accesses={
@@ -720,7 +958,8 @@ def check_queues_match_broker(layout: Layout) -> list[str]:
 
 
 def function_app_settings(infra: Infra) -> dict[str, Any]:
-    """Setting name -> value expression of the function app (the ``appsettings`` config)."""
+    """Setting name -> value expression of the function app (the ``appsettings`` config) as the
+    deployment ``infra`` is bound to (:meth:`Infra.bind`) sets it."""
     configs = [
         (bicep, resource)
         for bicep, _, resource in infra.resources("Microsoft.Web/sites/config")
@@ -729,24 +968,24 @@ def function_app_settings(infra: Infra) -> dict[str, Any]:
     if len(configs) != 1:
         raise CheckError(f"expected one sites/config 'appsettings' resource, found {len(configs)}")
     bicep, resource = configs[0]
-    properties = _body(resource)["properties"]
-    if isinstance(properties, dict) and set(properties) == {"function"}:
-        function = properties["function"]
-        if function["type"] != "union":
-            raise CheckError(f"{infra.rel(bicep.path)}: app settings must be an object or union()")
-        parts = list(function["parameters"].values())
-    else:
-        parts = [properties]
-    settings: dict[str, Any] = {}
-    for part in parts:
-        value = _resolve_object(infra, bicep, part)
-        settings |= {_unquote(key): item for key, item in value.items()}
-    return settings
+    value = _resolve_object(infra, bicep, _body(resource)["properties"])
+    return {_unquote(key): item for key, item in value.items()}
 
 
 def _resolve_object(infra: Infra, bicep: BicepFile, expr: Any) -> dict[str, Any]:
     """Like Infra.resolve, but keeps the values of the object as expressions (they may be
-    runtime values, e.g. module outputs); only the object itself must be static."""
+    runtime values, e.g. module outputs); only the object itself must be static. A union() of
+    objects is their merge, the later ones winning."""
+    if isinstance(expr, dict) and set(expr) == {"function"}:
+        function = expr["function"]
+        if function["type"] != "union":
+            raise CheckError(
+                f"{infra.rel(bicep.path)}: {_short(expr)} must be an object or union()"
+            )
+        merged: dict[str, Any] = {}
+        for part in function["parameters"].values():
+            merged |= {_unquote(k): v for k, v in _resolve_object(infra, bicep, part).items()}
+        return merged
     if isinstance(expr, dict) and not ({"operator", "function"} & set(expr)):
         return expr
     if isinstance(expr, str) and expr in bicep.variables:
@@ -760,9 +999,22 @@ def _resolve_object(infra: Infra, bicep: BicepFile, expr: Any) -> dict[str, Any]
 
 
 @_checked
-def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
-    """The function app sets every setting the code reads and nothing else but host settings."""
+def check_app_settings(layout: Layout, facts: Facts) -> list[str]:
+    """Each function app sets every setting its code reads and nothing else but host settings;
+    the operations app names its entry file for the Python worker, the pattern app takes the
+    worker's default (function_app.py)."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_app_settings_problems(layout, infra.bind(app), facts[app.name], app))
+    for _, symbol, resource in infra.resources("Microsoft.Web/sites"):
+        site_config = (_body(resource).get("properties") or {}).get("siteConfig") or {}
+        if "appSettings" in site_config:
+            problems.append(f"{symbol}: app settings belong in the 'appsettings' config only")
+    return problems
+
+
+def _app_settings_problems(layout: Layout, infra: Infra, facts: CodeFacts, app: App) -> list[str]:
     settings = function_app_settings(infra)
     required = facts.required_settings
     problems = [
@@ -771,9 +1023,15 @@ def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
     ]
     for name in sorted(HOST_SETTINGS.keys() - settings.keys()):
         problems.append(f"host setting {name} ({HOST_SETTINGS[name]}) is not set in infra")
-    for name in sorted(settings.keys() - required - HOST_SETTINGS.keys()):
+    for name in sorted(settings.keys() - required - HOST_SETTINGS.keys() - {SCRIPT_FILE_SETTING}):
         reason = FORBIDDEN_SETTINGS.get(name, "nothing in the code or the host reads it")
         problems.append(f"app setting {name} is set in infra but must not be: {reason}")
+    script = settings.get(SCRIPT_FILE_SETTING, f"{PATTERN.entry}.py")
+    if script != f"{app.entry}.py":
+        problems.append(
+            f"{SCRIPT_FILE_SETTING} is {script!r}: the Python worker would load {script}, not "
+            f"{app.entry}.py"
+        )
     for name, value in settings.items():
         if isinstance(value, str) and re.search(r"AccountKey=|SharedAccessKey=", value):
             problems.append(f"app setting {name} holds a key")
@@ -781,18 +1039,21 @@ def check_app_settings(layout: Layout, facts: CodeFacts) -> list[str]:
             problems.append(f"app setting {name} is {value!r}, must be 'managedidentity'")
         if name.endswith("__clientId") and not _last_name(value).lower().endswith("clientid"):
             problems.append(f"app setting {name} is {_short(value)}, not the identity's client id")
-    for _, symbol, resource in infra.resources("Microsoft.Web/sites"):
-        site_config = (_body(resource).get("properties") or {}).get("siteConfig") or {}
-        if "appSettings" in site_config:
-            problems.append(f"{symbol}: app settings belong in the 'appsettings' config only")
     return problems
 
 
 @_checked
-def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_queue_settings(layout: Layout, facts: Facts) -> list[str]:
     """Queue settings name declared queues, agree with local.settings.json.example, and every
-    declared queue is named by a setting (or is a listed exception)."""
+    declared queue is named by a setting (or is a listed exception), in each app."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_queue_setting_problems(layout, infra.bind(app), facts[app.name]))
+    return problems
+
+
+def _queue_setting_problems(layout: Layout, infra: Infra, facts: CodeFacts) -> list[str]:
     declared = declared_queues(infra)
     settings = function_app_settings(infra)
     example = json.loads(layout.local_settings_example.read_text())["Values"]
@@ -822,36 +1083,41 @@ def check_queue_settings(layout: Layout, facts: CodeFacts) -> list[str]:
 
 
 @_checked
-def check_receiver_queues(layout: Layout, facts: CodeFacts) -> list[str]:
-    """``receivedByApp`` (which queues get the Receiver role) marks exactly the queues the app
-    reads: those a Service Bus trigger consumes, and those the operator API peeks or settles
-    (a role on a queue covers its dead-letter sub-queue)."""
+def check_receiver_queues(layout: Layout, facts: Facts) -> list[str]:
+    """Each app's flag in the Service Bus module (``receivedByPattern``,
+    ``receivedByOperations``: which queues get the Receiver role for that app's identity) marks
+    exactly the queues that app's code reads: those its Service Bus triggers consume, and those
+    the operator API peeks or settles (a role on a queue covers its dead-letter sub-queue)."""
     infra = Infra.load(layout)
     declared = declared_queues(infra)
-    settings = function_app_settings(infra)
-    triggered = {settings.get(setting) for setting in facts.trigger_queue_settings}
-    operator = {settings.get(setting) for setting in facts.operator_read_queue_settings}
-    marked = {name for name, queue in declared.items() if queue.get("receivedByApp") is True}
-    read = triggered | operator
-    problems = [
-        f"queue {name} is read by the app (a trigger or the operator API) but is not "
-        "receivedByApp (no Receiver role)"
-        for name in sorted(read - marked, key=str)
-    ]
-    problems += [
-        f"queue {name} is receivedByApp but nothing in the app reads it (Receiver role not needed)"
-        for name in sorted(marked - read, key=str)
-    ]
+    problems = []
+    for app in APPS:
+        settings = function_app_settings(infra.bind(app))
+        app_facts = facts[app.name]
+        triggered = {settings.get(setting) for setting in app_facts.trigger_queue_settings}
+        operator = {settings.get(setting) for setting in app_facts.operator_read_queue_settings}
+        marked = {name for name, queue in declared.items() if queue.get(app.receive_flag) is True}
+        read = triggered | operator
+        problems += app.say(
+            f"queue {name} is read by its code (a trigger or the operator API) but is not "
+            f"{app.receive_flag} (no Receiver role)"
+            for name in sorted(read - marked, key=str)
+        )
+        problems += app.say(
+            f"queue {name} is {app.receive_flag} but nothing in its code reads it (Receiver role "
+            "not needed)"
+            for name in sorted(marked - read, key=str)
+        )
     return problems
 
 
 @_checked
-def check_storage_names(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Tables and containers declared in the storage module are exactly those the code uses
-    (through the settings that name them, or by a literal name) plus the deployment package
-    container, and agree with local.settings.json.example."""
+def check_storage_names(layout: Layout, facts: Facts) -> list[str]:
+    """Tables and containers declared in the storage module are exactly those the code of
+    either app uses (through the settings that name them, or by a literal name) plus each app's
+    deployment package container, and agree with local.settings.json.example."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     example = json.loads(layout.local_settings_example.read_text())["Values"]
     tables = set()
     for bicep, symbol, resource in infra.resources(
@@ -863,14 +1129,19 @@ def check_storage_names(layout: Layout, facts: CodeFacts) -> list[str]:
         "Microsoft.Storage/storageAccounts/blobServices/containers"
     ):
         containers |= _declared_names(infra, bicep, symbol, resource)
-    expected = {"table": set(), "container": {_deployment_container(infra)}}
+    packages = {_deployment_container(infra.bind(app)) for app in APPS}
+    expected: dict[str, set[str]] = {"table": set(), "container": packages}
     problems = []
     literal = {"table": "table", "blob": "container"}
-    for accesses in facts.access.accesses.values():
-        for access in accesses:
-            if access.service in literal and access.resource[0] == "literal":
-                expected[literal[access.service]].add(access.resource[1])
-    for setting, kind in sorted(facts.storage_name_settings.items()):
+    for app_facts in facts.values():
+        for accesses in app_facts.access.accesses.values():
+            for access in accesses:
+                if access.service in literal and access.resource[0] == "literal":
+                    expected[literal[access.service]].add(access.resource[1])
+    named = {
+        k: v for app_facts in facts.values() for k, v in app_facts.storage_name_settings.items()
+    }
+    for setting, kind in sorted(named.items()):
         value = settings.get(setting)
         if not isinstance(value, str):
             problems.append(f"{setting} must be a literal {kind} name in infra")
@@ -893,13 +1164,15 @@ def _declared_names(infra: Infra, bicep: BicepFile, symbol: str, resource: dict)
     config = resource["config"]
     loop = config.get("loop_type")
     if loop:
-        array = infra.resolve(bicep, loop["detail"]["array_name"])
+        origin, array = parameter_origin(infra, bicep, loop["detail"]["array_name"])
+        array = infra.resolve(origin, array)
         item = loop["detail"]["item_name"]
         if config["config"].get("name") != item or not isinstance(array, list):
             raise CheckError(
                 f"{infra.rel(bicep.path)}: {symbol} must loop over a literal array of names"
             )
-        return set(array)  # literal array entries are names, never identifiers
+        # Entries are names, or variables of the file that writes the array holding names.
+        return {infra.resolve(origin, entry) for entry in array}
     return {infra.resolve(bicep, _body(resource).get("name"))}
 
 
@@ -1098,6 +1371,10 @@ def _static_array(infra: Infra, bicep: BicepFile, expr: Any) -> list[Any]:
         caller, passed = parameter_origin(infra, bicep, expr)
         if caller is not bicep or passed != expr:
             return _static_array(infra, caller, passed)
+    if isinstance(expr, dict) and "loop_type" in expr:  # [for item in array: expression]
+        detail = expr["loop_type"]["detail"]
+        items = _static_array(infra, bicep, detail["array_name"])
+        return [_apply(item, detail["item_name"], expr["config"]) for item in items]
     function = expr.get("function") if isinstance(expr, dict) else None
     if function and function["type"] in ("map", "filter"):
         params = list(function["parameters"].values())
@@ -1192,11 +1469,19 @@ def _roles_for(service: str, kind: str) -> str:
 
 
 @_checked
-def check_data_roles(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Every operation a function's code performs on a queue, table, container or secret
-    (:mod:`tests.infra.code_access`), and every Key Vault reference among the app settings, is
-    allowed by a role assignment of the app's identity whose scope covers that resource."""
+def check_data_roles(layout: Layout, facts: Facts) -> list[str]:
+    """Every operation a function's (or route's) code performs on a queue, table, container or
+    secret (:mod:`tests.infra.code_access`), and every Key Vault reference among the app
+    settings, is allowed by a role assignment of that app's own identity whose scope covers
+    that resource."""
     infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        problems += app.say(_data_role_problems(infra.bind(app), facts[app.name]))
+    return problems
+
+
+def _data_role_problems(infra: Infra, facts: CodeFacts) -> list[str]:
     settings = function_app_settings(infra)
     identity = app_identity(infra)
     grants = [g for g in role_grants(infra) if g.principal == f"{identity}.outputs.principalId"]
@@ -1233,6 +1518,43 @@ def check_data_roles(layout: Layout, facts: CodeFacts) -> list[str]:
             f"on {scope}"
         )
     problems += _key_vault_reference_problems(infra, identity, grants)
+    return problems
+
+
+HOST_ROLES: Mapping[str, str] = {
+    # Roles an app's identity holds for the Functions host, not for its code.
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "the Functions host's storage (AzureWebJobsStorage)",
+    "3913510d-42f4-4e42-8a64-420c390055eb": "the host's and the worker's telemetry",
+}
+
+
+@_checked
+def check_surplus_roles(layout: Layout, facts: Facts) -> list[str]:
+    """No app identity holds a role its code never uses: each of its role assignments allows
+    some operation of that app's code, or a Key Vault reference among its app settings, or is
+    one the Functions host needs (:data:`HOST_ROLES`). With :func:`check_data_roles` (every
+    operation covered), each app holds the roles its own code needs and no others."""
+    infra = Infra.load(layout)
+    problems = []
+    for app in APPS:
+        bound = infra.bind(app)
+        settings = function_app_settings(bound)
+        identity = app_identity(bound)
+        used = {
+            (operation.service, operation.kind, _access_name(operation, settings))
+            for operations in facts[app.name].access.accesses.values()
+            for operation in operations
+        }
+        used |= {("secret", "read", secret) for secret in key_vault_references(bound).values()}
+        for grant in role_grants(bound):
+            if grant.principal != f"{identity}.outputs.principalId" or grant.role_id in HOST_ROLES:
+                continue
+            if not any(grant.covers(*use) for use in used):
+                role = ALLOWED_ROLES.get(grant.role_id, grant.role_id)
+                problems += app.say(
+                    [f"{grant.where} grants {role} to its identity, but nothing in its code "
+                     "needs it: drop it (least privilege)"]
+                )  # fmt: skip
     return problems
 
 
@@ -1288,11 +1610,11 @@ def check_security(layout: Layout) -> list[str]:
         expect("storage account", symbol, props, "supportsHttpsTrafficOnly", True)
         expect("storage account", symbol, props, "allowBlobPublicAccess", False)
     namespaces = list(infra.resources("Microsoft.ServiceBus/namespaces"))
-    for _, symbol, res in namespaces:
+    for bicep, symbol, res in namespaces:
         props = _body(res).get("properties") or {}
         expect("Service Bus namespace", symbol, props, "disableLocalAuth", True)
         expect("Service Bus namespace", symbol, props, "minimumTlsVersion", "1.2")
-        sku = (_body(res).get("sku") or {}).get("name")
+        sku = _sku_name(infra, bicep, res)
         if sku not in ("Standard", "Premium"):
             problems.append(
                 f"Service Bus namespace {symbol}: sku {sku!r} has no duplicate "
@@ -1337,6 +1659,12 @@ def check_security(layout: Layout) -> list[str]:
                 f"{_rel(layout, path)} calls {call.strip()}...): templates hold no keys"
             )
     return problems
+
+
+def _sku_name(infra: Infra, bicep: BicepFile, resource: dict[str, Any]) -> Any:
+    """A resource's SKU name in this shape (its sku object may be chosen by a condition)."""
+    sku = infra.value(bicep, _body(resource).get("sku"))
+    return infra.value(bicep, sku.get("name")) if isinstance(sku, dict) else UNKNOWN
 
 
 @_checked
@@ -1385,29 +1713,36 @@ def _azd_generated(param: dict[str, Any]) -> bool:
 
 @_checked
 def check_outputs(layout: Layout) -> list[str]:
-    """main.bicep outputs what azd and the smoke test need, and the azd service of azure.yaml
-    is the function app (SERVICE_<NAME>_NAME output and azd-service-name tag)."""
+    """main.bicep outputs what azd and the smoke test need, and each azd service of azure.yaml
+    is one of the function apps (SERVICE_<NAME>_NAME output and azd-service-name tag), both
+    deployed from the repository root."""
     infra = Infra.load(layout)
     outputs = infra.main.outputs
     problems = [
         f"main.bicep has no output {name}" for name in REQUIRED_OUTPUTS if name not in outputs
     ]
     services = azure_yaml_services(layout.azure_yaml)
-    if len(services) != 1:
-        return [*problems, f"azure.yaml must declare one service, found {sorted(services)}"]
-    ((service, fields),) = services.items()
-    for key, value in (("project", "."), ("language", "python"), ("host", "function")):
-        if fields.get(key) != value:
-            problems.append(f"azure.yaml services.{service}.{key} is {fields.get(key)!r}")
-    output = f"SERVICE_{service.upper()}_NAME"
-    if output not in outputs:
-        problems.append(f"main.bicep has no output {output} for azure.yaml service {service}")
-    bicep, _, resource = infra.one_resource("Microsoft.Web/sites")
-    tag = _tag_value(infra, bicep, _body(resource).get("tags"), "azd-service-name")
-    if tag != service:
-        problems.append(
-            f"function app tag azd-service-name is {tag!r}, azure.yaml says {service!r}"
-        )
+    wanted = {app.service for app in APPS}
+    if set(services) != wanted:
+        return [*problems, f"azure.yaml must declare the services {sorted(wanted)}, found "
+                f"{sorted(services)}"]  # fmt: skip
+    for app in APPS:
+        fields = services[app.service]
+        for key, value in (("project", "."), ("language", "python"), ("host", "function")):
+            if fields.get(key) != value:
+                problems.append(f"azure.yaml services.{app.service}.{key} is {fields.get(key)!r}")
+        output = f"SERVICE_{app.service.upper()}_NAME"
+        if output not in outputs:
+            problems.append(
+                f"main.bicep has no output {output} for azure.yaml service {app.service}"
+            )
+        bound = infra.bind(app)
+        bicep, _, resource = bound.one_resource("Microsoft.Web/sites")
+        tag = _tag_value(bound, bicep, _body(resource).get("tags"), "azd-service-name")
+        if tag != app.service:
+            problems += app.say(
+                [f"function app tag azd-service-name is {tag!r}, azure.yaml says {app.service!r}"]
+            )
     return problems
 
 
@@ -1469,7 +1804,6 @@ def check_telemetry(layout: Layout) -> list[str]:
     with Entra ID as the app identity, and host.json holds no Application Insights SDK settings,
     which the host ignores in OpenTelemetry mode."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
     host = json.loads(layout.host_json.read_text())
     problems = []
     if host.get("telemetryMode") != TELEMETRY_MODE:
@@ -1482,6 +1816,14 @@ def check_telemetry(layout: Layout) -> list[str]:
             "host.json sets logging.applicationInsights, which the host ignores with "
             f"telemetryMode {TELEMETRY_MODE!r}: say only what the platform honours"
         )
+    for app in APPS:
+        problems += app.say(_app_telemetry_problems(infra.bind(app)))
+    return problems
+
+
+def _app_telemetry_problems(infra: Infra) -> list[str]:
+    settings = function_app_settings(infra)
+    problems = []
     if settings.get(WORKER_OPENTELEMETRY_SETTING) != "true":
         problems.append(
             f"{WORKER_OPENTELEMETRY_SETTING} is {settings.get(WORKER_OPENTELEMETRY_SETTING)!r}, "
@@ -1515,7 +1857,7 @@ def check_alerts(layout: Layout) -> list[str]:
     """Azure Monitor metric alerts: ActiveMessages > 0 on the operator alerts queue and
     DeadletteredMessages > 0 on every queue, each to an action group that emails someone."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     alerts_queue = settings.get("OPERATOR_ALERTS_QUEUE")
     email_groups = _email_action_groups(infra)
     if not email_groups:
@@ -1676,7 +2018,7 @@ def _log_alert_problems(
 
 
 @_checked
-def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_supervisor_alerts(layout: Layout, facts: Facts) -> list[str]:
     """The Supervisor's log search alerts: max(supervisor.lag) above the
     supervisorLagAlertSeconds parameter, and no supervisor.tick.duration for 15 minutes; each on
     the Application Insights component, every 5 minutes, to the email action group; and both
@@ -1686,7 +2028,7 @@ def check_supervisor_alerts(layout: Layout, facts: CodeFacts) -> list[str]:
     infra = Infra.load(layout)
     problems = []
     for metric, kind in SUPERVISOR_METRIC_KINDS.items():
-        recorded = facts.metrics.get(metric)
+        recorded = facts[PATTERN.name].metrics.get(metric)
         if recorded is None:
             problems.append(
                 f"a Supervisor tick records no metric {metric!r} (service/sweep_report.py), "
@@ -1786,7 +2128,7 @@ def check_archive(layout: Layout) -> list[str]:
     container ARCHIVE_CONTAINER names (the narrowest scope), and a lifecycle rule moves that
     container's block blobs to cool storage."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra)
+    settings = function_app_settings(infra.bind(PATTERN))
     container = settings.get(ARCHIVE_CONTAINER_SETTING)
     problems = []
     scoped = 0
@@ -1867,21 +2209,63 @@ UNAUTHENTICATED_ACTIONS = frozenset({"AllowAnonymous", "RedirectToLoginPage", "R
 
 
 @_checked
-def check_authentication(layout: Layout, facts: CodeFacts) -> list[str]:
-    """Nothing HTTP is open: every HTTP function needs a function key (authLevel function or
-    admin), and App Service Authentication with Entra ID is declared on the function app
-    (``authsettingsV2``), deployed only when a main.bicep parameter names an app registration
-    (empty by default, mapped in main.parameters.json), with that registration's client id
-    and an issuer, HTTPS required and an allowed way of handling callers not signed in."""
-    problems = [
+def check_authentication(layout: Layout, facts: Facts) -> list[str]:
+    """Nothing HTTP is open. The pattern app serves no HTTP at all: no HTTP function, and no
+    App Service Authentication (no app registration reaches it). The operations app's HTTP
+    function needs a function key (authLevel function or admin), and App Service
+    Authentication with Entra ID is declared on it (``authsettingsV2``), deployed only when a
+    main.bicep parameter names an app registration (empty by default, mapped in
+    main.parameters.json), with that registration's client id and an issuer, HTTPS required and
+    an allowed way of handling callers not signed in."""
+    pattern = facts[PATTERN.name].http_auth_levels
+    problems = PATTERN.say(
+        f"function {name} is HTTP-triggered: the pattern app serves no HTTP (the operator "
+        "surface is the operations app's)"
+        for name in sorted(pattern)
+    )
+    levels = facts[OPERATIONS.name].http_auth_levels
+    problems += OPERATIONS.say(
         f"HTTP function {name} has authLevel {level or 'unset'!r}: the Functions host would "
         "serve it without a function key; use func.AuthLevel.FUNCTION"
-        for name, level in sorted(facts.http_auth_levels.items())
+        for name, level in sorted(levels.items())
         if level not in KEYED_AUTH_LEVELS
-    ]
-    if not facts.http_auth_levels:
-        problems.append("no HTTP function was indexed: the operator API and dashboard are gone?")
+    )
+    if not levels:
+        problems += OPERATIONS.say(
+            ["no HTTP function was indexed: the operator API and dashboard are gone?"]
+        )
     infra = Infra.load(layout)
+    problems += PATTERN.say(_no_authentication_problems(infra.bind(PATTERN)))
+    return problems + OPERATIONS.say(_authentication_problems(layout, infra.bind(OPERATIONS)))
+
+
+def _no_authentication_problems(infra: Infra) -> list[str]:
+    """The app's App Service Authentication takes no app registration: never deployed."""
+    found = [
+        (bicep, resource)
+        for bicep, _, resource in infra.resources("Microsoft.Web/sites/config")
+        if _body(resource).get("name") == AUTH_SETTINGS
+    ]
+    problems = []
+    for bicep, resource in found:
+        client = (_body(resource).get("properties") or {}).get("identityProviders") or {}
+        client = ((client.get("azureActiveDirectory") or {}).get("registration") or {}).get(
+            "clientId"
+        )
+        origin_file, origin = parameter_origin(infra, bicep, client)
+        default = (
+            origin_file.params.get(origin, {}).get("default") if isinstance(origin, str) else None
+        )
+        if origin_file is infra.main or default != "":
+            problems.append(
+                f"App Service Authentication takes an app registration ({_short(origin)}), but "
+                "the app serves no HTTP: leave its client id empty"
+            )
+    return problems
+
+
+def _authentication_problems(layout: Layout, infra: Infra) -> list[str]:
+    problems: list[str] = []
     sites = list(infra.resources("Microsoft.Web/sites"))
     if len(sites) != 1:
         return [*problems, f"expected one function app (Microsoft.Web/sites), found {len(sites)}"]
@@ -1982,6 +2366,349 @@ def _tests_not_empty(infra: Infra, bicep: BicepFile, condition: Any, name: Any) 
     )
 
 
+# --------------------------------------------------------------------- private network
+
+STORAGE_ACCOUNT_TYPE = "Microsoft.Storage/storageAccounts"
+KEY_VAULT_TYPE = "Microsoft.KeyVault/vaults"
+NAMESPACE_TYPE = "Microsoft.ServiceBus/namespaces"
+SITE_TYPE = "Microsoft.Web/sites"
+VIRTUAL_NETWORK_TYPE = "Microsoft.Network/virtualNetworks"
+PRIVATE_ENDPOINT_TYPE = "Microsoft.Network/privateEndpoints"
+ZONE_TYPE = "Microsoft.Network/privateDnsZones"
+ZONE_LINK_TYPE = "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+ZONE_GROUP_TYPE = "Microsoft.Network/privateEndpoints/privateDnsZoneGroups"
+FLEX_CONSUMPTION_DELEGATION = "Microsoft.App/environments"
+PRIVATE_LINK_GROUPS: Mapping[str, str] = {
+    # Private link group id -> the resource type whose endpoint it is.
+    "blob": STORAGE_ACCOUNT_TYPE,
+    "table": STORAGE_ACCOUNT_TYPE,
+    "queue": STORAGE_ACCOUNT_TYPE,
+    "vault": KEY_VAULT_TYPE,
+    "namespace": NAMESPACE_TYPE,
+}
+GATED_RESOURCES: Mapping[str, str] = {
+    # The resources the apps reach whose public network access the shape decides.
+    STORAGE_ACCOUNT_TYPE: "storage account",
+    KEY_VAULT_TYPE: "Key Vault",
+    NAMESPACE_TYPE: "Service Bus namespace",
+}
+NETWORK_RULES: frozenset[str] = frozenset({STORAGE_ACCOUNT_TYPE, KEY_VAULT_TYPE})
+"""Resources with network rules (``networkAcls``) besides public network access."""
+_SERVICE_URI_SETTING = re.compile(r"__(?P<group>blob|table|queue)ServiceUri$")
+_SUBNET_ID = re.compile(r"\$\{(?P<vnet>\w+)\.id\}/subnets/\$\{(?P<subnet>\w+)\}")
+CLOUD_HOST_NAMES = (
+    # Public-cloud host suffixes: the templates take each from the cloud they deploy to
+    # (environment().suffixes, a resource's own endpoints), so they work in every cloud.
+    "core.windows.net",
+    "servicebus.windows.net",
+    "vault.azure.net",
+    "vaultcore.azure.net",
+    "azurewebsites.net",
+    "login.microsoftonline.com",
+)
+
+
+@dataclass(frozen=True)
+class PrivateEndpoint:
+    """One private endpoint main.bicep deploys, as the checks need it."""
+
+    where: str
+    groups: frozenset[str]
+    service: str | None
+    """Resource type of what it reaches (None: not a resource the checks can name)."""
+    subnet: tuple[str, str] | None
+    """(virtual network symbol, subnet name) it takes its address in."""
+    zones: tuple[tuple[Any, tuple[str, str] | None], ...]
+    """Each DNS zone of its zone group: (zone name expression, the network it is linked to)."""
+
+
+@_checked
+def check_network(layout: Layout) -> list[str]:
+    """The private network option, in the shape read. Private (vnetEnabled): each app's
+    outbound traffic goes through a subnet of its own, delegated to Microsoft.App/environments,
+    of the one virtual network; each service the apps reach (a storage service an app or its host
+    names by URI, Key Vault for a Key Vault reference, the Service Bus namespace) has a private
+    endpoint of that group on that resource, in a subnet of the same network, with a private DNS
+    zone linked to it; the storage account, Key Vault and Service Bus refuse public networks, and
+    Service Bus is Premium (private endpoints need it). Public: none of that is deployed, the three
+    take public networks (the apps have no other path to them), and Service Bus is Standard."""
+    infra = Infra.load(layout)
+    if infra.shape.get(SHAPE_PARAMETER):
+        problems = _private_shape_problems(infra)
+    else:
+        problems = _public_shape_problems(infra)
+    return problems
+
+
+def _private_shape_problems(infra: Infra) -> list[str]:
+    problems = []
+    networks = list(infra.resources(VIRTUAL_NETWORK_TYPE))
+    if len(networks) != 1:
+        return [f"expected one virtual network in the private shape, found {len(networks)}"]
+    network = networks[0][1]
+    subnets: dict[tuple[str, str] | None, str] = {}
+    for app in APPS:
+        bound = infra.bind(app)
+        bicep, symbol, site = bound.one_resource(SITE_TYPE)
+        props = _body(site).get("properties") or {}
+        subnet = _subnet_of(bound, bicep, props.get("virtualNetworkSubnetId"))
+        where = f"{app.name} app ({infra.rel(bicep.path)}: {symbol})"
+        if subnet is None or subnet[0] != network:
+            problems.append(
+                f"{where}: virtualNetworkSubnetId is not a subnet of the virtual network "
+                f"{network}: its outbound traffic would not reach the private endpoints"
+            )
+            continue
+        delegations = _subnet_delegations(infra, subnet)
+        if FLEX_CONSUMPTION_DELEGATION not in delegations:
+            problems.append(
+                f"{where}: its subnet {subnet[1]} is not delegated to "
+                f"{FLEX_CONSUMPTION_DELEGATION} (Flex Consumption needs it), but to "
+                f"{sorted(delegations) or 'nothing'}"
+            )
+        if subnet in subnets:
+            problems.append(
+                f"{where}: shares subnet {subnet[1]} with the {subnets[subnet]} app; each app "
+                "takes a subnet of its own"
+            )
+        subnets[subnet] = app.name
+    endpoints = private_endpoints(infra)
+    for group, why in sorted(private_link_groups(infra).items()):
+        wanted = PRIVATE_LINK_GROUPS[group]
+        found = [e for e in endpoints if group in e.groups and e.service == wanted]
+        if not found:
+            problems.append(
+                f"no private endpoint of group {group!r} on the {GATED_RESOURCES[wanted]} "
+                f"({why}): the apps could not reach it with public access off"
+            )
+        for endpoint in found:
+            if endpoint.subnet is None or endpoint.subnet[0] != network:
+                problems.append(f"{endpoint.where}: not in a subnet of the virtual network")
+            elif _subnet_delegations(infra, endpoint.subnet):
+                problems.append(f"{endpoint.where}: its subnet is delegated; use the endpoints'")
+            zones = endpoint.zones
+            if not zones or any(link is None or link[1] != network for _, link in zones):
+                problems.append(
+                    f"{endpoint.where}: needs a private DNS zone group whose zone is linked to "
+                    f"the virtual network {network}, or the apps resolve the public address"
+                )
+            for zone, _ in endpoint.zones:
+                if not (isinstance(zone, str) and zone.startswith("privatelink")):
+                    problems.append(
+                        f"{endpoint.where}: DNS zone {_short(zone)} is not privatelink.*"
+                    )
+    for bicep, symbol, resource in _gated_resources(infra):
+        kind = GATED_RESOURCES[resource["type"]]
+        access = _shape_property(infra, bicep, resource, "publicNetworkAccess")
+        if access != "Disabled":
+            problems.append(
+                f"{kind} {symbol}: publicNetworkAccess is {access!r} in the private shape, must "
+                "be 'Disabled'"
+            )
+        if resource["type"] in NETWORK_RULES:
+            action = _shape_property(infra, bicep, resource, "networkAcls", "defaultAction")
+            if action != "Deny":
+                problems.append(
+                    f"{kind} {symbol}: networkAcls.defaultAction is {action!r} in the private "
+                    "shape, must be 'Deny'"
+                )
+        if resource["type"] == NAMESPACE_TYPE and _sku_name(infra, bicep, resource) != "Premium":
+            problems.append(
+                f"{kind} {symbol}: sku is {_sku_name(infra, bicep, resource)!r} in the private "
+                "shape; private endpoints need Premium"
+            )
+    return problems
+
+
+def _public_shape_problems(infra: Infra) -> list[str]:
+    problems = [
+        f"{infra.rel(bicep.path)}: {symbol} ({type_}) is deployed in the public shape, which "
+        "has no private network"
+        for type_ in (VIRTUAL_NETWORK_TYPE, PRIVATE_ENDPOINT_TYPE)
+        for bicep, symbol, _ in infra.resources(type_)
+    ]
+    for app in APPS:
+        bound = infra.bind(app)
+        bicep, symbol, site = bound.one_resource(SITE_TYPE)
+        subnet = (_body(site).get("properties") or {}).get("virtualNetworkSubnetId")
+        if bound.value(bicep, subnet) not in (None, ""):
+            problems.append(f"{app.name} app: has a virtualNetworkSubnetId in the public shape")
+    for bicep, symbol, resource in _gated_resources(infra):
+        kind = GATED_RESOURCES[resource["type"]]
+        access = _shape_property(infra, bicep, resource, "publicNetworkAccess")
+        if access != "Enabled":
+            problems.append(
+                f"{kind} {symbol}: publicNetworkAccess is {access!r} in the public shape, must be "
+                "'Enabled': the apps have no private path to it"
+            )
+        if resource["type"] in NETWORK_RULES:
+            action = _shape_property(infra, bicep, resource, "networkAcls", "defaultAction")
+            if action != "Allow":
+                problems.append(
+                    f"{kind} {symbol}: networkAcls.defaultAction is {action!r} in the public "
+                    "shape, must be 'Allow': the apps reach it from addresses that change"
+                )
+        if resource["type"] == NAMESPACE_TYPE and _sku_name(infra, bicep, resource) != "Standard":
+            problems.append(
+                f"{kind} {symbol}: sku is {_sku_name(infra, bicep, resource)!r} in the public "
+                "shape; Premium pays for private endpoints it has not (docs/deploy.md, Cost)"
+            )
+    return problems
+
+
+def _gated_resources(infra: Infra) -> list[tuple[BicepFile, str, dict[str, Any]]]:
+    found = [found for type_ in GATED_RESOURCES for found in infra.resources(type_)]
+    missing = set(GATED_RESOURCES) - {resource["type"] for _, _, resource in found}
+    if missing:
+        raise CheckError(f"no {', '.join(sorted(missing))} declared")
+    return found
+
+
+def _shape_property(infra: Infra, bicep: BicepFile, resource: dict[str, Any], *keys: str) -> Any:
+    """``properties.<keys>`` of a resource, each level's value in this shape."""
+    value: Any = _body(resource).get("properties") or {}
+    for key in keys:
+        value = infra.value(bicep, value.get(key)) if isinstance(value, dict) else UNKNOWN
+    return value
+
+
+def private_link_groups(infra: Infra) -> dict[str, str]:
+    """Private link group -> why the apps need it: each storage service an app or its host names
+    by URI (``*__blobServiceUri``...), ``vault`` for a Key Vault reference, ``namespace`` for
+    the Service Bus connection."""
+    needed: dict[str, str] = {}
+    for app in APPS:
+        bound = infra.bind(app)
+        for name in sorted(function_app_settings(bound)):
+            if match := _SERVICE_URI_SETTING.search(name):
+                needed.setdefault(match["group"], f"{app.name} app setting {name}")
+            elif name.endswith("__fullyQualifiedNamespace"):
+                needed.setdefault("namespace", f"{app.name} app setting {name}")
+        if key_vault_references(bound):
+            needed.setdefault("vault", f"{app.name} app's Key Vault reference")
+    return needed
+
+
+def private_endpoints(infra: Infra) -> list[PrivateEndpoint]:
+    """Every private endpoint this shape deploys, each read as the main.bicep module declaration
+    that deploys its file (with that declaration's parameters)."""
+    found = []
+    for symbol, module in infra.main.modules.items():
+        target = infra.module_file(infra.main, symbol)
+        if target is None or not infra.may_deploy(infra.main, module):
+            continue
+        bound = infra.bind_module(symbol)
+        for name, resource in target.resources.items():
+            if resource.get("type") != PRIVATE_ENDPOINT_TYPE or resource.get("existing"):
+                continue
+            if bound.may_deploy(target, resource):
+                found.append(_private_endpoint(bound, target, name, resource, symbol))
+    return found
+
+
+def _private_endpoint(
+    infra: Infra, bicep: BicepFile, symbol: str, resource: dict[str, Any], module: str
+) -> PrivateEndpoint:
+    props = _body(resource).get("properties") or {}
+    groups: set[str] = set()
+    services = set()
+    for connection in props.get("privateLinkServiceConnections") or []:
+        conn = connection.get("properties") or {}
+        for group in infra.resolve(bicep, conn.get("groupIds")) or []:
+            groups.add(str(infra.resolve(bicep, group)))
+        services.add(_resource_type_of_id(infra, bicep, conn.get("privateLinkServiceId")))
+    zones = []
+    for zone_group in bicep.resources.values():
+        if zone_group.get("type") != ZONE_GROUP_TYPE or _body(zone_group).get("parent") != symbol:
+            continue
+        zone_configs = (_body(zone_group).get("properties") or {}).get("privateDnsZoneConfigs")
+        for config in zone_configs or []:
+            zone_id = (config.get("properties") or {}).get("privateDnsZoneId")
+            zones.append(_zone(infra, bicep, zone_id))
+    return PrivateEndpoint(
+        where=f"main.bicep module {module} ({infra.rel(bicep.path)}: {symbol})",
+        groups=frozenset(groups),
+        service=services.pop() if len(services) == 1 else None,
+        subnet=_subnet_of(infra, bicep, (props.get("subnet") or {}).get("id")),
+        zones=tuple(zones),
+    )
+
+
+def _resource_type_of_id(infra: Infra, bicep: BicepFile, expr: Any) -> str | None:
+    """The type of the resource ``expr`` is the id of (``<resource>.id``, followed)."""
+    origin, settled = infra.settle(bicep, expr)
+    symbol = _accessed_symbol(settled)
+    resource = origin.resources.get(symbol) if symbol else None
+    if resource is None or _last_name(settled) != "id":
+        return None
+    return resource.get("type")
+
+
+def _zone(infra: Infra, bicep: BicepFile, zone_id: Any) -> tuple[Any, tuple[str, str] | None]:
+    """(the zone's name expression, (network symbol, '') of the network it is linked to)."""
+    origin, settled = infra.settle(bicep, zone_id)
+    symbol = _accessed_symbol(settled)
+    zone = origin.resources.get(symbol) if symbol else None
+    if zone is None or zone.get("type") != ZONE_TYPE or _last_name(settled) != "id":
+        return _short(zone_id), None
+    _, name = infra.settle(origin, _body(zone).get("name"))
+    link = None
+    for link_symbol, resource in origin.resources.items():
+        body = _body(resource)
+        if resource.get("type") == ZONE_LINK_TYPE and body.get("parent") == symbol:
+            network = ((body.get("properties") or {}).get("virtualNetwork") or {}).get("id")
+            network_file, network_expr = infra.settle(origin, network)
+            vnet = _accessed_symbol(network_expr)
+            target = network_file.resources.get(vnet) if vnet else None
+            if target is not None and target.get("type") == VIRTUAL_NETWORK_TYPE:
+                link = (link_symbol, vnet)
+    return name, link
+
+
+def _subnet_of(infra: Infra, bicep: BicepFile, expr: Any) -> tuple[str, str] | None:
+    """(virtual network symbol, subnet name) of a subnet id ``'${vnet.id}/subnets/${name}'``."""
+    origin, settled = infra.settle(bicep, expr)
+    match = _SUBNET_ID.fullmatch(settled) if isinstance(settled, str) else None
+    if match is None:
+        return None
+    vnet = origin.resources.get(match["vnet"]) or {}
+    if vnet.get("type") != VIRTUAL_NETWORK_TYPE:
+        return None
+    return match["vnet"], str(infra.resolve(origin, match["subnet"]))
+
+
+def _subnet_delegations(infra: Infra, subnet: tuple[str, str]) -> set[str]:
+    """The services a subnet of the (one) virtual network is delegated to."""
+    bicep, symbol, vnet = infra.one_resource(VIRTUAL_NETWORK_TYPE)
+    for entry in (_body(vnet).get("properties") or {}).get("subnets") or []:
+        if symbol == subnet[0] and infra.resolve(bicep, entry.get("name")) == subnet[1]:
+            delegations = infra.resolve(bicep, (entry.get("properties") or {}).get("delegations"))
+            return {
+                str(infra.resolve(bicep, (d.get("properties") or {}).get("serviceName")))
+                for d in delegations or []
+            }
+    raise CheckError(f"{infra.rel(bicep.path)}: {symbol} declares no subnet {subnet[1]}")
+
+
+def check_cloud_neutral(layout: Layout) -> list[str]:
+    """No template names a public-cloud host (``core.windows.net``...): every host name comes
+    from the cloud the deployment runs in (``environment()``, a resource's own endpoints), so the
+    templates deploy to any Azure cloud. And no setting names host storage by account name, from
+    which the host would build public-cloud host names (:data:`FORBIDDEN_SETTINGS`)."""
+    problems = []
+    for path in sorted(layout.infra.rglob("*")):
+        if path.suffix not in (".bicep", ".json") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for host in CLOUD_HOST_NAMES:
+                if host in line.lower():
+                    problems.append(
+                        f"{_rel(layout, path)}:{number} names {host}: take it from the cloud "
+                        "(environment().suffixes, the resource's endpoints) instead"
+                    )
+    return problems
+
+
 # ------------------------------------------------------------------------- workbook
 
 WORKBOOK_TYPE = "Microsoft.Insights/workbooks"
@@ -2001,7 +2728,7 @@ _SERIALIZED_DATA_SHAPE = (
 
 
 @_checked
-def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
+def check_workbook(layout: Layout, facts: Facts) -> list[str]:
     """The operators' workbook: one ``Microsoft.Insights/workbooks`` resource that main.bicep
     always deploys, shared, named by a deterministic guid(), on the Application Insights
     component the function app exports its telemetry to (``sourceId`` and any
@@ -2011,6 +2738,15 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
     no role assignment on it or in its module (it needs none)."""
     infra = Infra.load(layout)
     found = list(infra.resources(WORKBOOK_TYPE))
+    if not found:
+        undeployed = [
+            why
+            for bicep in infra.files.values()
+            if any(r.get("type") == WORKBOOK_TYPE for r in bicep.resources.values())
+            and (why := _deployment_problem(infra, bicep)) is not None
+        ]
+        if undeployed:
+            return undeployed
     if len(found) != 1:
         return [f"expected one {WORKBOOK_TYPE} (the operators' workbook), found {len(found)}"]
     bicep, symbol, resource = found[0]
@@ -2044,7 +2780,7 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
             f"{_short(props.get('sourceId'))}"
         )
     else:
-        problems += _same_component_problems(infra, bicep, where, component)
+        problems += _same_component_problems(infra.bind(PATTERN), bicep, where, component)
     document_path, shape_problems = _serialized_data(infra, bicep, where, props, component)
     problems += shape_problems
     if document_path is not None:
@@ -2056,9 +2792,8 @@ def check_workbook(layout: Layout, facts: CodeFacts) -> list[str]:
         except ValueError as exc:
             problems.append(f"{rel} does not parse as JSON: {exc}")
         else:
-            problems += workbook.problems(
-                document, facts.metric_names, rel, facts.metric_attributes
-            )
+            code = facts[PATTERN.name]
+            problems += workbook.problems(document, code.metric_names, rel, code.metric_attributes)
             if isinstance(document, dict) and "fallbackResourceIds" in document:
                 problems.append(
                     f"{rel}: holds fallbackResourceIds (a copy from the portal?); leave them "
@@ -2073,14 +2808,14 @@ def _deployment_problem(infra: Infra, bicep: BicepFile) -> str | None:
     unconditional module declarations), else what is wrong."""
     if bicep is infra.main:
         return None
-    callers = list(infra.callers(bicep))
-    if not callers:
+    declarations = list(infra.declarations(bicep))
+    if not declarations:
         return (
             f"{infra.rel(bicep.path)} is not deployed by infra/main.bicep: no module "
             "declaration names it"
         )
-    for caller, config in callers:
-        if {"condition", "loop_type"} & set(config):
+    for caller, _, module in declarations:
+        if {"condition", "loop_type"} & set(module.get("config") or {}):
             continue
         if _deployment_problem(infra, caller) is None:
             return None
@@ -2220,7 +2955,7 @@ def _workbook_role_problems(infra: Infra, bicep: BicepFile) -> list[str]:
     return problems
 
 
-def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
+def all_checks(facts: Facts) -> dict[str, Callable[[Layout], list[str]]]:
     """Every check by name, each taking only a Layout (code facts bound in)."""
     return {
         "parses": check_bicep_parses,
@@ -2234,6 +2969,7 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "roles": check_roles,
         "required_roles": check_required_roles,
         "data_roles": lambda layout: check_data_roles(layout, facts),
+        "surplus_roles": lambda layout: check_surplus_roles(layout, facts),
         "security": check_security,
         "alerts": check_alerts,
         "telemetry": check_telemetry,
@@ -2242,13 +2978,33 @@ def all_checks(facts: CodeFacts) -> dict[str, Callable[[Layout], list[str]]]:
         "outputs": check_outputs,
         "authentication": lambda layout: check_authentication(layout, facts),
         "workbook": lambda layout: check_workbook(layout, facts),
+        "network": check_network,
+        "cloud_neutral": check_cloud_neutral,
     }
 
 
-def run_all(layout: Layout, facts: CodeFacts) -> dict[str, list[str]]:
-    """Problems by check name (only checks that found some)."""
-    results = {name: check(layout) for name, check in all_checks(facts).items()}
+def run_all(layout: Layout, facts: Facts) -> dict[str, list[str]]:
+    """Problems by check name (only checks that found some), in every shape of the templates
+    (:data:`SHAPES`): a problem of some shapes only says which."""
+    results = {}
+    for name, check in all_checks(facts).items():
+        by_shape = {shape: check(dataclasses.replace(layout, shape=shape)) for shape in SHAPES}
+        everywhere = [
+            p
+            for p in by_shape[next(iter(SHAPES))]
+            if all(p in problems for problems in by_shape.values())
+        ]
+        results[name] = everywhere + [
+            f"{shape} shape ({_shape_text(shape)}): {problem}"
+            for shape, problems in by_shape.items()
+            for problem in problems
+            if problem not in everywhere
+        ]
     return {name: problems for name, problems in results.items() if problems}
+
+
+def _shape_text(shape: str) -> str:
+    return ", ".join(f"{k}={str(v).lower()}" for k, v in SHAPES[shape].items())
 
 
 def format_problems(results: Mapping[str, Iterable[str]]) -> str:

@@ -427,14 +427,15 @@ class Module:
 
 
 class Program:
-    """The modules ``function_app`` imports, transitively, parsed and indexed."""
+    """The modules an app's entry point (``function_app``, ``operations_app``) imports,
+    transitively, parsed and indexed."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, entry: str = APP_ENTRY) -> None:
         self.root = root
         self.modules: dict[str, Module] = {}
         self.funcs: dict[str, FuncInfo] = {}
         self.classes: dict[str, ClassInfo] = {}
-        self._load(APP_ENTRY)
+        self._load(entry)
 
     def module_path(self, name: str) -> Path | None:
         base = self.root.joinpath(*name.split("."))
@@ -875,7 +876,28 @@ class Analyzer:
 
     def _declared(self, func: FuncInfo, name: str) -> Atoms:
         arg = next(p for p in func.params if p.arg == name)
+        dependency = self._dependency(arg.annotation, func.module)
+        if dependency is not None:  # FastAPI passes what the dependency returns
+            module, provider = dependency
+            call = ast.Call(func=provider, args=[], keywords=[])
+            return self.eval(ast.copy_location(call, provider), self._module_frame(module))
         return self.annotation(arg.annotation, func.module, func.cls)
+
+    def _dependency(self, node: ast.AST | None, module: Module) -> tuple[Module, ast.expr] | None:
+        """The provider ``f`` of an ``Annotated[T, Depends(f)]`` annotation (through a type
+        alias), and the module it is written in."""
+        if isinstance(node, ast.Name | ast.Attribute):
+            alias = self._alias(self.program.resolve_dotted(module, _dotted(node)))
+            return self._dependency(alias[1], alias[0]) if alias is not None else None
+        if not isinstance(node, ast.Subscript) or _dotted(node.value).rpartition(".")[2] != (
+            "Annotated"
+        ):
+            return None
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else []
+        for item in items[1:]:
+            if isinstance(item, ast.Call) and _dotted(item.func).endswith("Depends") and item.args:
+                return module, item.args[0]
+        return None
 
     def _source(self, source: tuple[str, Any], frame: Frame) -> Atoms:
         kind, detail = source
@@ -1229,6 +1251,8 @@ class Analyzer:
         if isinstance(node, ast.Subscript):
             head = _dotted(node.value).rpartition(".")[2]
             items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if head == "Annotated":  # FastAPI's ``Annotated[T, Depends(...)]``: a T
+                return self.annotation(items[0], module, cls)
             if head in _UNION_TYPES:
                 return self._union(self.annotation(i, module, cls) for i in items)
             if head in _CONTAINER_TYPES:
@@ -1244,7 +1268,21 @@ class Analyzer:
             return frozenset({Obj(target)})
         if target in SDK_CLASSES:
             return frozenset({Client(SDK_CLASSES[target])})
+        alias = self._alias(target)
+        if alias is not None:
+            return self.annotation(alias[1], alias[0], None)
         return NOTHING
+
+    def _alias(self, target: str) -> tuple[Module, ast.expr] | None:
+        """The module and value of a module-level type alias ``Name = <annotation>``."""
+        name, _, attribute = target.rpartition(".")
+        module = self.program.modules.get(name)
+        if module is None:
+            return None
+        for node in module.tree.body:
+            if isinstance(node, ast.Assign) and [_dotted(t) for t in node.targets] == [attribute]:
+                return module, node.value
+        return None
 
     @staticmethod
     def _union(parts: Iterable[Atoms]) -> Atoms:
@@ -1354,12 +1392,14 @@ def analyse(
     entries: Mapping[str, tuple[str, int]],
     env: Mapping[str, str],
     names: Iterable[str],
+    entry: str = APP_ENTRY,
 ) -> CodeAccess:
     """Each function's operations. ``entries``: function name -> (path, line) of its user
-    function; ``env``/``names``: the app settings the code reads (for :func:`settings_fields`)."""
+    function (for the operations app, of each route's endpoint); ``env``/``names``: the app
+    settings the code reads (for :func:`settings_fields`); ``entry``: the app's entry module."""
     from adapters.settings import Settings
 
-    program = Program(root)
+    program = Program(root, entry)
     fields = settings_fields(env, names)
     settings_class = f"{Settings.__module__}.{Settings.__qualname__}"
     funcs = {}

@@ -10,6 +10,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from croniter import croniter
 
 from adapters.settings import (
@@ -25,6 +26,13 @@ from infra import smoke
 from tests.infra import checks, workbook
 
 
+@pytest.fixture(scope="module", params=list(checks.SHAPES))
+def layout(request) -> checks.Layout:
+    """The repository, read in each shape of the templates (public, private network): every
+    check of this module holds in both."""
+    return checks.Layout(checks.REPO_ROOT, request.param)
+
+
 def assert_clean(problems: list[str]) -> None:
     assert not problems, "\n".join(problems)
 
@@ -35,6 +43,8 @@ def assert_clean(problems: list[str]) -> None:
 def test_code_facts_cover_the_settings_contract(facts):
     """The oracle the checks compare against really reflects adapters/settings.py and the bindings
     (if the recording trick broke, every other check would pass vacuously)."""
+    operations = facts["operations"]
+    facts = facts["pattern"]
     required = facts.required_settings
     assert set(QUEUE_SETTINGS.values()) <= required
     assert set(SERVICE_URL_SETTINGS.values()) <= required
@@ -75,6 +85,10 @@ def test_code_facts_cover_the_settings_contract(facts):
     # The metrics the Supervisor alerts query, as one tick records them.
     assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
     assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
+    # The operations app reads the same settings but binds no trigger: the host reads no
+    # connection of its own for it.
+    assert operations.required_settings == required - {f"{SERVICEBUS_CONNECTION}__credential"}
+    assert operations.binding_connections == set() and operations.trigger_queue_settings == set()
 
 
 # ---------------------------------------------------------------------- one test per check
@@ -110,7 +124,7 @@ def test_receiver_role_exactly_on_the_queues_the_app_reads(layout, facts):
 def test_tables_and_containers_are_declared_and_used(layout, facts):
     assert_clean(checks.check_storage_names(layout, facts))
     infra = checks.Infra.load(layout)
-    settings = checks.function_app_settings(infra)
+    settings = checks.function_app_settings(infra.bind(checks.PATTERN))
     tables = set()
     for bicep, symbol, resource in infra.resources(
         "Microsoft.Storage/storageAccounts/tableServices/tables"
@@ -123,14 +137,16 @@ def test_tables_and_containers_are_declared_and_used(layout, facts):
         "Microsoft.Storage/storageAccounts/blobServices/containers"
     ):
         containers |= checks._declared_names(infra, bicep, symbol, resource)
-    assert containers == {"app-package", "order-archive"}, "no lease container"
+    assert containers == {"app-package", "operations-package", "order-archive"}, (
+        "no lease container"
+    )
     assert settings["ARCHIVE_CONTAINER"] == "order-archive"
 
 
 def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
     assert_clean(checks.check_archive(layout))
     infra = checks.Infra.load(layout)
-    settings = checks.function_app_settings(infra)
+    settings = checks.function_app_settings(infra.bind(checks.PATTERN))
     assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
     days = infra.main.params["retentionDays"]
     # What adapters/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
@@ -158,14 +174,23 @@ def test_every_operation_of_the_code_is_allowed_by_a_role(layout, facts):
     assert_clean(checks.check_data_roles(layout, facts))
 
 
+def test_no_app_identity_holds_a_role_its_code_does_not_use(layout, facts):
+    assert_clean(checks.check_surplus_roles(layout, facts))
+
+
 def test_the_operations_are_read_from_the_code(facts):
-    """The oracle of the role check sees what each function really does (if the analysis
-    lost its way, the role check would pass vacuously)."""
-    access = facts.access
-    assert not access.unclassified and not access.unfollowed
+    """The oracle of the role check sees what each function (each route of the operations
+    app) really does (if the analysis lost its way, the role check would pass vacuously)."""
+    pattern, operations = facts["pattern"].access, facts["operations"].access
+    for access in (pattern, operations):
+        assert not access.unclassified and not access.unfollowed
+    access = pattern
+    assert set(operations.accesses) >= {"operator_list_orders", "dashboard_summary"}
+    assert not set(pattern.accesses) & set(operations.accesses), "each app its own functions"
 
     def ops(function: str) -> set[tuple[str, str, str]]:
-        return {(a.service, a.kind, a.resource[1]) for a in access.accesses[function]}
+        accesses = pattern.accesses.get(function) or operations.accesses[function]
+        return {(a.service, a.kind, a.resource[1]) for a in accesses}
 
     intake = ops("scheduler_intake")
     assert {
@@ -192,30 +217,42 @@ def test_the_operations_are_read_from_the_code(facts):
     assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
     assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("operator_archived_order")
     assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("operator_ack_alert")
-    assert {a.resource[1] for a in access.accesses["operator_list_dead_letters"]} >= set(
+    assert {a.resource[1] for a in operations.accesses["operator_list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()
     )
-    # Nothing in the app reads a secret itself: MESSAGE_SIGNING_KEYS is resolved by the
+    # The operations app's actions run the same lifecycle as the pattern app: they send.
+    assert ("queue", "send", "INVENTORY_REQUESTS_QUEUE") in ops("operator_resubmit_order")
+    # The pattern app never reads the alerts queue: only operators (the operations app) do.
+    assert not any(
+        a.kind == "receive" and a.resource[1] == "OPERATOR_ALERTS_QUEUE"
+        for ops_ in pattern.accesses.values()
+        for a in ops_
+    )
+    # Nothing in either app reads a secret itself: MESSAGE_SIGNING_KEYS is resolved by the
     # platform (a Key Vault reference, checked from the Bicep).
-    assert not any(a.service == "secret" for ops_ in access.accesses.values() for a in ops_)
+    for access in (pattern, operations):
+        assert not any(a.service == "secret" for ops_ in access.accesses.values() for a in ops_)
 
 
-def test_role_grants_and_key_vault_references_are_read_from_the_bicep(layout):
-    infra = checks.Infra.load(layout)
+@pytest.mark.parametrize("app", checks.APPS, ids=lambda app: app.name)
+def test_role_grants_and_key_vault_references_are_read_from_the_bicep(layout, app):
+    """Each app runs as an identity of its own, and its grants are read from the Bicep."""
+    infra = checks.Infra.load(layout).bind(app)
     identity = checks.app_identity(infra)
-    assert identity == "identity"
-    app = {
+    assert identity == f"{app.name}Identity"
+    granted = {
         (checks.ALLOWED_ROLES[g.role_id], g.scope, g.names)
         for g in checks.role_grants(infra)
         if g.principal == f"{identity}.outputs.principalId"
     }
-    assert ("Azure Service Bus Data Sender", "queue", None) in app, "namespace-wide"
-    assert ("Storage Table Data Contributor", "storage", None) in app
-    receivers = {names for role, _, names in app if role == "Azure Service Bus Data Receiver"}
-    assert receivers == {
-        frozenset(n for n, q in checks.declared_queues(infra).items() if q.get("receivedByApp"))
-    }
+    assert ("Azure Service Bus Data Sender", "queue", None) in granted, "namespace-wide"
+    assert ("Storage Table Data Contributor", "storage", None) in granted
+    receivers = {names for role, _, names in granted if role == "Azure Service Bus Data Receiver"}
+    flagged = {n for n, q in checks.declared_queues(infra).items() if q.get(app.receive_flag)}
+    assert receivers == {frozenset(flagged)}
     assert checks.key_vault_references(infra) == {"MESSAGE_SIGNING_KEYS": "message-signing-keys"}
+    other = next(a for a in checks.APPS if a is not app)
+    assert checks.app_identity(checks.Infra.load(layout).bind(other)) != identity
 
 
 def test_shared_keys_and_local_auth_are_off(layout):
@@ -266,12 +303,58 @@ def test_outputs_and_azure_yaml(layout):
     assert_clean(checks.check_outputs(layout))
 
 
+def test_the_network_is_what_the_shape_says(layout):
+    assert_clean(checks.check_network(layout))
+    infra = checks.Infra.load(layout)
+    endpoints = checks.private_endpoints(infra)
+    # What the apps reach: their state and archive, their hosts' blobs and diagnostic events, the
+    # signing key, the queues; no app or host uses a storage queue, so no queue endpoint.
+    assert set(checks.private_link_groups(infra)) == {"blob", "table", "vault", "namespace"}
+    files = {infra.rel(bicep.path) for bicep in infra.files.values() if infra.deployed(bicep)}
+    network_files = {"infra/app/network.bicep", "infra/app/private-endpoint.bicep"}
+    if layout.shape == "private":
+        assert {group for e in endpoints for group in e.groups} == {
+            "blob",
+            "table",
+            "vault",
+            "namespace",
+        }
+        assert network_files <= files
+    else:
+        assert endpoints == [] and not network_files & files
+
+
+def test_the_private_shape_is_the_vnet_enabled_parameter(layout):
+    """The option is one parameter, off by default, mapped from VNET_ENABLED."""
+    infra = checks.Infra.load(checks.Layout(checks.REPO_ROOT))
+    parameter = infra.main.params[checks.SHAPE_PARAMETER]
+    assert (parameter["type"], parameter["default"]) == ("bool", False)
+    assert checks.SHAPES["public"] == {checks.SHAPE_PARAMETER: False}
+    mapped = json.loads(layout.parameters_json.read_text())["parameters"]
+    assert mapped[checks.SHAPE_PARAMETER]["value"] == "${VNET_ENABLED=false}"
+    assert mapped["zoneRedundant"]["value"] == "${ZONE_REDUNDANT=false}"
+
+
+def test_no_template_names_a_cloud_host(layout):
+    assert_clean(checks.check_cloud_neutral(layout))
+
+
+def test_location_is_a_flex_consumption_region(layout):
+    infra = checks.Infra.load(layout)
+    allowed = next(
+        d["argument"] for d in infra.main.params["location"]["decorators"] if d["type"] == "allowed"
+    )
+    assert {"eastus", "westeurope", "swedencentral"} <= set(allowed)
+    assert all(re.fullmatch(r"[a-z0-9]+", region) for region in allowed), allowed
+    assert len(set(allowed)) == len(allowed)
+
+
 # ------------------------------------------------------------------------- consistency
 
 
 def test_smoke_command_defaults_match_the_infra(layout):
     infra = checks.Infra.load(layout)
-    settings = checks.function_app_settings(infra)
+    settings = checks.function_app_settings(infra.bind(checks.PATTERN))
     assert settings["ORDERS_QUEUE"] == smoke.DEFAULT_ORDERS_QUEUE
     assert settings["ORDERS_TABLE"] == smoke.DEFAULT_ORDERS_TABLE
     outputs = infra.main.outputs
@@ -340,8 +423,10 @@ def test_executions_per_day():
 
 def test_authentication_is_declared_and_no_http_function_is_open(layout, facts):
     assert_clean(checks.check_authentication(layout, facts))
+    assert facts["pattern"].http_auth_levels == {}, "the pattern app serves no HTTP"
+    assert facts["operations"].http_auth_levels == {"http_app_func": "function"}
     assert {"dashboard_page", "dashboard_summary", "operator_resubmit_order"} <= set(
-        facts.http_auth_levels
+        facts["operations"].access.accesses
     )
     infra = checks.Infra.load(layout)
     assert infra.main.params["authClientId"]["default"] == ""
@@ -367,6 +452,7 @@ def test_the_metric_names_are_read_from_the_code(facts):
     """The oracle of the workbook check reflects adapters.metrics and service.sweep_metrics (an
     empty
     or partial set would let the coverage check pass vacuously)."""
+    facts = facts["pattern"]
     assert facts.metric_names >= ISSUE_METRICS
     assert set(facts.metrics) <= facts.metric_names, "a tick records a metric NAMES leaves out"
 
@@ -378,7 +464,7 @@ def test_the_workbook_is_deployed_and_charts_every_metric(layout, facts):
     assert [caller for caller, _ in infra.callers(bicep)] == [infra.main]
     assert resource["api_version"] == "2023-06-01"
     charts = workbook.charts(json.loads(WORKBOOK_JSON.read_text()))
-    assert set().union(*(c.kql.metrics for c in charts)) == facts.metric_names
+    assert set().union(*(c.kql.metrics for c in charts)) == facts["pattern"].metric_names
     assert "WORKBOOK_URL" in infra.main.outputs
 
 

@@ -52,6 +52,35 @@ def sub(pattern: str, repl: str) -> Callable[[str], str]:
     return edit
 
 
+def flag(queue: str, name: str, old: str, new: str) -> Callable[[str], str]:
+    """Set the flag ``name`` of ``queue`` in the Service Bus module from ``old`` to ``new``."""
+    return sub(
+        rf"(name: '{queue}'[^\n]*\n(?:\s*receivedBy\w+: \w+\n)*?\s*{name}: ){old}", rf"\1{new}"
+    )
+
+
+def scope(resource: str, old: str, new: str) -> Callable[[str], str]:
+    """Change the scope of role assignment ``resource`` from ``old`` to ``new``."""
+    return sub(rf"(resource {resource} [^\n]*\n(?:[^\n]*\n)*?  scope: ){old}", rf"\1{new}")
+
+
+def extra_role(
+    before: str, symbol: str, principal: str, role: str, target: str
+) -> Callable[[str], str]:
+    """Add role assignment ``symbol`` (``principal``, ``role`` on ``target``) before ``before``,
+    with ``statusQueue``, the order-status queue, for a target no app reads."""
+    block = (
+        "resource statusQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {\n"
+        "  parent: namespace\n  name: 'order-status'\n}\n\n"
+        f"resource {symbol} 'Microsoft.Authorization/roleAssignments@2022-04-01' = {{\n"
+        f"  name: guid({target}.id, {principal}, roles.{role})\n  scope: {target}\n"
+        "  properties: {\n    roleDefinitionId: subscriptionResourceId("
+        f"'Microsoft.Authorization/roleDefinitions', roles.{role})\n"
+        f"    principalId: {principal}\n    principalType: 'ServicePrincipal'\n  }}\n}}\n\n"
+    )
+    return replace(f"resource {before} ", block + f"resource {before} ")
+
+
 MAIN = "infra/main.bicep"
 SERVICEBUS = "infra/app/servicebus.bicep"
 STORAGE = "infra/app/storage.bicep"
@@ -59,6 +88,8 @@ FUNCTION = "infra/app/function.bicep"
 RBAC = "infra/app/rbac.bicep"
 MONITORING = "infra/app/monitoring.bicep"
 KEYVAULT = "infra/app/keyvault.bicep"
+NETWORK = "infra/app/network.bicep"
+ENDPOINT = "infra/app/private-endpoint.bicep"
 ALERTS = "infra/app/alerts.bicep"
 CONFIG = "devstack/servicebus/Config.json"
 EXAMPLE = "local.settings.json.example"
@@ -151,10 +182,41 @@ MUTATIONS = [
     ),
     Mutation(
         "the Service Bus client id is missing",
-        MAIN,
-        replace("  ServiceBusConnection__clientId: identity.outputs.clientId\n", ""),
+        FUNCTION,
+        replace("  ServiceBusConnection__clientId: identityClientId\n", ""),
         "app_settings",
         "ServiceBusConnection__clientId is read by the code but not set",
+    ),
+    Mutation(
+        "the operations app loads the pattern app's entry",
+        MAIN,
+        replace(
+            "PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'", "PYTHON_SCRIPT_FILE_NAME: 'app.py'"
+        ),
+        "app_settings",
+        "operations app: PYTHON_SCRIPT_FILE_NAME is 'app.py': the Python worker would load app.py",
+    ),
+    Mutation(
+        "the pattern app told to load the operations app",
+        MAIN,
+        replace(
+            "      ServiceBusConnection__credential: 'managedidentity'\n",
+            "      ServiceBusConnection__credential: 'managedidentity'\n"
+            "      PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'\n",
+        ),
+        "app_settings",
+        "pattern app: PYTHON_SCRIPT_FILE_NAME is 'operations_app.py'",
+    ),
+    Mutation(
+        "the operations app given the host's trigger credential setting it never reads",
+        MAIN,
+        replace(
+            "      PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'\n",
+            "      PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'\n"
+            "      ServiceBusConnection__credential: 'managedidentity'\n",
+        ),
+        "app_settings",
+        "operations app: app setting ServiceBusConnection__credential is set in infra but must not",
     ),
     Mutation(
         "a setting nothing reads",
@@ -184,10 +246,10 @@ MUTATIONS = [
     ),
     Mutation(
         "the principal id where the client id belongs",
-        MAIN,
+        FUNCTION,
         replace(
-            "StateStorage__clientId: identity.outputs.clientId",
-            "StateStorage__clientId: identity.outputs.principalId",
+            "StateStorage__clientId: identityClientId",
+            "StateStorage__clientId: identityId",
         ),
         "app_settings",
         "StateStorage__clientId is",
@@ -298,9 +360,12 @@ MUTATIONS = [
     Mutation(
         "archive role dropped",
         RBAC,
-        sub(
-            r"resource appArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n",
-            "",
+        lambda text: sub(
+            r"resource patternArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", ""
+        )(
+            sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+                text
+            )
         ),
         "archive",
         "no Storage Blob Data Contributor on the archive container",
@@ -354,6 +419,7 @@ MUTATIONS = [
         replace(
             "roleDefinitions', roles.monitoringMetricsPublisher)",
             "roleDefinitions', roles.storageTableDataReader)",
+            count=-1,
         ),
         "required_roles",
         "Monitoring Metrics Publisher",
@@ -361,16 +427,39 @@ MUTATIONS = [
     Mutation(
         "Receiver granted on a queue nothing in the app reads",
         SERVICEBUS,
-        sub(r"(name: 'order-status'[^\n]*\n\s*receivedByApp: )false", r"\1true"),
+        flag("order-status", "receivedByPattern", "false", "true"),
         "receiver_queues",
-        "queue order-status is receivedByApp but nothing in the app reads it",
+        "pattern app: queue order-status is receivedByPattern but nothing in its code reads it",
+    ),
+    Mutation(
+        "the pattern app given Receiver on the alerts queue only operators read",
+        SERVICEBUS,
+        flag("operator-alerts", "receivedByPattern", "false", "true"),
+        "receiver_queues",
+        "pattern app: queue operator-alerts is receivedByPattern but nothing in its code reads it",
+    ),
+    Mutation(
+        "the operations app given Receiver on a queue it never reads",
+        SERVICEBUS,
+        flag("order-status", "receivedByOperations", "false", "true"),
+        "receiver_queues",
+        "operations app: queue order-status is receivedByOperations but nothing in its code reads",
     ),
     Mutation(
         "no Receiver on a queue a trigger reads",
         SERVICEBUS,
-        sub(r"(name: 'orders'[^\n]*\n\s*receivedByApp: )true", r"\1false"),
+        flag("orders", "receivedByPattern", "true", "false"),
         "receiver_queues",
-        "queue orders is read by the app (a trigger or the operator API) but is not receivedByApp",
+        "pattern app: queue orders is read by its code (a trigger or the operator API) but is not "
+        "receivedByPattern",
+    ),
+    Mutation(
+        "no Receiver for the operations app on a queue whose dead letters it reads",
+        SERVICEBUS,
+        flag("payment-requests", "receivedByOperations", "true", "false"),
+        "receiver_queues",
+        "operations app: queue payment-requests is read by its code (a trigger or the operator "
+        "API) but is not receivedByOperations",
     ),
     Mutation(
         "worker threads for sync functions, though every function is async",
@@ -382,76 +471,168 @@ MUTATIONS = [
     Mutation(
         "no Receiver on the alerts queue the operator API settles",
         SERVICEBUS,
-        sub(r"(name: 'operator-alerts'[^\n]*\n\s*receivedByApp: )true", r"\1false"),
+        flag("operator-alerts", "receivedByOperations", "true", "false"),
         "receiver_queues",
-        "queue operator-alerts is read by the app (a trigger or the operator API) but is not "
-        "receivedByApp",
+        "operations app: queue operator-alerts is read by its code (a trigger or the operator "
+        "API) but is not receivedByOperations",
     ),
     # Data roles against what the code does (tests/infra/code_access.py).
-    Mutation(
-        "Sender role of the app dropped",
-        RBAC,
-        sub(r"resource appServiceBusSender [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
-        "data_roles",
-        "but no role of the app identity allows it: grant Azure Service Bus Data Sender",
+    # Each app's roles are derived from its own code: a role missing from either app's identity
+    # fails data_roles for that app, a role its code never uses fails surplus_roles.
+    *(
+        Mutation(
+            f"Sender role of the {app} app dropped",
+            RBAC,
+            sub(rf"resource {app}ServiceBusSender [^\n]*\n(?:  [^\n]*\n)+}}\n", ""),
+            "data_roles",
+            f"{app} app: {functions}: sends to a queue named at run time",
+        )
+        for app, functions in (
+            ("pattern", "scheduler_commands, scheduler_intake, scheduler_replies, supervisor"),
+            (
+                "operations",
+                "operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order, "
+                "operator_restart_order, operator_resubmit_order",
+            ),
+        )
     ),
     Mutation(
-        "Sender narrowed to the orders queue: status replies go to queues named at run time",
+        "Sender of the pattern app narrowed to the orders queue: status replies go to queues "
+        "named at run time",
         RBAC,
-        replace("  scope: namespace\n", "  scope: submitQueue\n"),
+        sub(
+            r"(resource patternServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )namespace",
+            r"\1submitQueue",
+        ),
         "data_roles",
         "sends to a queue named at run time (`queue`) at service/apply.py:",
     ),
     Mutation(
-        "Sender narrowed to the orders queue: the internal queues",
+        "Sender of the pattern app narrowed to the orders queue: the internal queues",
         RBAC,
-        replace("  scope: namespace\n", "  scope: submitQueue\n"),
+        sub(
+            r"(resource patternServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )namespace",
+            r"\1submitQueue",
+        ),
         "data_roles",
         "sends to queue 'inventory-requests' (INVENTORY_REQUESTS_QUEUE)",
     ),
     Mutation(
-        "Table Data Contributor downgraded to Reader",
+        "Sender of the operations app narrowed to the orders queue: what its actions send",
         RBAC,
-        replace(
-            "roleDefinitions', roles.storageTableDataContributor)",
-            "roleDefinitions', roles.storageTableDataReader)",
+        sub(
+            r"(resource operationsServiceBusSender [^\n]*\n(?:[^\n]*\n)*?  scope: )namespace",
+            r"\1submitQueue",
         ),
         "data_roles",
-        "writes table 'orders' (ORDERS_TABLE)",
+        "operations app: operator_bulk_cancel, operator_bulk_resubmit, operator_cancel_order",
+    ),
+    *(
+        Mutation(
+            f"Table Data Contributor of the {app} app downgraded to Reader",
+            RBAC,
+            sub(
+                rf"(resource {app}TableDataContributor [^\n]*\n(?:[^\n]*\n)*?[^\n]*)"
+                r"roleDefinitions', roles\.storageTableDataContributor\)",
+                r"\1roleDefinitions', roles.storageTableDataReader)",
+            ),
+            "data_roles",
+            f"{app} app: {functions}: writes table 'orders' (ORDERS_TABLE)",
+        )
+        for app, functions in (
+            (
+                "pattern",
+                "retention_purge, scheduler_commands, scheduler_intake, scheduler_replies, "
+                "supervisor",
+            ),
+            (
+                "operations",
+                "operator_ack_alert, operator_bulk_cancel, operator_bulk_resubmit, "
+                "operator_cancel_order, operator_list_orders, operator_purge, "
+                "operator_purge_dead_letters, operator_replay_dead_letters, "
+                "operator_resubmit_order",
+            ),
+        )
     ),
     Mutation(
         "Table Data Contributor narrowed to the orders table",
         RBAC,
         sub(
-            r"(resource appTableDataContributor [^\n]*\n(?:[^\n]*\n)*?  scope: )storage",
+            r"(resource patternTableDataContributor [^\n]*\n(?:[^\n]*\n)*?  scope: )storage",
             r"\1ordersTable",
         ),
         "data_roles",
         "writes table 'supervision' (SUPERVISION_TABLE)",
     ),
     Mutation(
-        "Receiver of the app dropped",
+        "Receiver of the pattern app dropped",
         RBAC,
-        sub(r"resource appServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
+        sub(r"resource patternServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
         "data_roles",
-        "scheduler_intake: receives from queue 'orders' (ORDERS_QUEUE)",
+        "pattern app: scheduler_intake: receives from queue 'orders' (ORDERS_QUEUE)",
     ),
     Mutation(
-        "both blob roles of the app dropped",
+        "Receiver of the operations app dropped",
         RBAC,
-        lambda text: sub(r"resource appBlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
-            sub(r"resource appArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(text)
+        sub(r"resource operationsServiceBusReceiver [^\n]*\n(?:  [^\n]*\n)+}\]\n", ""),
+        "data_roles",
+        "operations app: dashboard_summary, operator_ack_alert,",
+    ),
+    *(
+        Mutation(
+            f"both blob roles of the {app} app dropped",
+            RBAC,
+            lambda text, app=app: sub(
+                rf"resource {app}BlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}}\n", ""
+            )(
+                sub(rf"resource {app}ArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}}\n", "")(
+                    text
+                )
+            ),
+            "data_roles",
+            f"{app} app: {function}: writes container 'order-archive' (ARCHIVE_CONTAINER)",
+        )
+        for app, function in (("pattern", "retention_purge"), ("operations", "operator_purge"))
+    ),
+    *(
+        Mutation(
+            f"Key Vault Secrets User of the {app} app dropped",
+            KEYVAULT,
+            sub(rf"resource {app}ReadsSigningKeys [^\n]*\n(?:  [^\n]*\n)+}}\n", ""),
+            "data_roles",
+            f"{app} app: app setting MESSAGE_SIGNING_KEYS is a Key Vault reference to secret "
+            "'message-signing-keys', but no role of the app identity allows reading it",
+        )
+        for app in ("pattern", "operations")
+    ),
+    # Surplus: a role an app's code never uses.
+    Mutation(
+        "the pattern app granted Receiver on a queue nothing reads, through a role of its own",
+        RBAC,
+        extra_role(
+            "patternMetricsPublisher",
+            "patternStatusReceiver",
+            "patternPrincipalId",
+            "serviceBusDataReceiver",
+            "statusQueue",
         ),
-        "data_roles",
-        "writes container 'order-archive' (ARCHIVE_CONTAINER)",
+        "surplus_roles",
+        "pattern app: infra/app/rbac.bicep: patternStatusReceiver grants Azure Service Bus Data "
+        "Receiver to its identity, but nothing in its code needs it",
     ),
     Mutation(
-        "Key Vault Secrets User of the app dropped",
-        KEYVAULT,
-        sub(r"resource appReadsSigningKeys [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
-        "data_roles",
-        "MESSAGE_SIGNING_KEYS is a Key Vault reference to secret 'message-signing-keys', but "
-        "no role of the app identity allows reading it",
+        "the operations app granted Receiver on a queue nothing reads, through a role of its own",
+        RBAC,
+        extra_role(
+            "operationsMetricsPublisher",
+            "operationsStatusReceiver",
+            "operationsPrincipalId",
+            "serviceBusDataReceiver",
+            "statusQueue",
+        ),
+        "surplus_roles",
+        "operations app: infra/app/rbac.bicep: operationsStatusReceiver grants Azure Service Bus "
+        "Data Receiver to its identity, but nothing in its code needs it",
     ),
     Mutation(
         "Key Vault references resolved with another identity",
@@ -489,11 +670,12 @@ MUTATIONS = [
         "telemetry authenticated as another principal",
         MAIN,
         replace(
-            "    identityClientId: identity.outputs.clientId\n",
-            "    identityClientId: identity.outputs.principalId\n",
+            "    identityClientId: operationsIdentity.outputs.clientId\n",
+            "    identityClientId: operationsIdentity.outputs.principalId\n",
         ),
         "telemetry",
-        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING names client id identity.outputs.principalId",
+        "operations app: APPLICATIONINSIGHTS_AUTHENTICATION_STRING names client id "
+        "operationsIdentity.outputs.principalId",
     ),
     # Security flags.
     Mutation(
@@ -527,7 +709,7 @@ MUTATIONS = [
     Mutation(
         "Service Bus Basic tier",
         SERVICEBUS,
-        replace("name: 'Standard'\n    tier: 'Standard'", "name: 'Basic'\n    tier: 'Basic'"),
+        replace("name: 'Standard'\n  tier: 'Standard'", "name: 'Basic'\n  tier: 'Basic'"),
         "security",
         "sku 'Basic'",
     ),
@@ -729,14 +911,21 @@ MUTATIONS = [
         "azure.yaml",
         replace("host: function", "host: containerapp"),
         "outputs",
-        "services.api.host is 'containerapp'",
+        "services.pattern.host is 'containerapp'",
     ),
     Mutation(
         "azd service tag differs from azure.yaml",
         MAIN,
-        replace("var serviceName = 'api'", "var serviceName = 'app'"),
+        replace("var operationsService = 'operations'", "var operationsService = 'ops'"),
         "outputs",
-        "azd-service-name is 'app', azure.yaml says 'api'",
+        "operations app: function app tag azd-service-name is 'ops', azure.yaml says 'operations'",
+    ),
+    Mutation(
+        "one app missing from azure.yaml",
+        "azure.yaml",
+        sub(r"  operations:\n(?:    [^\n]*\n)+", ""),
+        "outputs",
+        "azure.yaml must declare the services ['operations', 'pattern'], found ['pattern']",
     ),
 ]
 
@@ -1010,6 +1199,174 @@ MUTATIONS += [
     ),
 ]
 
+# The private network option: a resource left public, or a private path missing, in the private
+# shape; a private setting leaking into the public shape (where the apps have no private path).
+PRIVATE = "private shape (vnetEnabled=true): "
+PUBLIC = "public shape (vnetEnabled=false): "
+MUTATIONS += [
+    Mutation(
+        "storage account left public in the private shape",
+        STORAGE,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE + "storage account account: publicNetworkAccess is 'Enabled' in the private shape",
+    ),
+    Mutation(
+        "storage account's default network rule left Allow in the private shape",
+        STORAGE,
+        replace("defaultAction: vnetEnabled ? 'Deny' : 'Allow'", "defaultAction: 'Allow'"),
+        "network",
+        PRIVATE + "storage account account: networkAcls.defaultAction is 'Allow' in the private",
+    ),
+    Mutation(
+        "Key Vault left public in the private shape",
+        KEYVAULT,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE + "Key Vault vault: publicNetworkAccess is 'Enabled' in the private shape",
+    ),
+    Mutation(
+        "Key Vault's default network rule left Allow in the private shape",
+        KEYVAULT,
+        replace("defaultAction: vnetEnabled ? 'Deny' : 'Allow'", "defaultAction: 'Allow'"),
+        "network",
+        PRIVATE + "Key Vault vault: networkAcls.defaultAction is 'Allow' in the private shape",
+    ),
+    Mutation(
+        "Service Bus left public in the private shape",
+        SERVICEBUS,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Enabled'",
+        ),
+        "network",
+        PRIVATE
+        + "Service Bus namespace namespace: publicNetworkAccess is 'Enabled' in the private",
+    ),
+    Mutation(
+        "Service Bus stays Standard in the private shape",
+        SERVICEBUS,
+        replace("sku: vnetEnabled ? premiumSku : standardSku", "sku: standardSku"),
+        "network",
+        PRIVATE
+        + "Service Bus namespace namespace: sku is 'Standard' in the private shape; private "
+        "endpoints need Premium",
+    ),
+    Mutation(
+        "Service Bus Premium in the public shape too",
+        SERVICEBUS,
+        replace("sku: vnetEnabled ? premiumSku : standardSku", "sku: premiumSku"),
+        "network",
+        PUBLIC + "Service Bus namespace namespace: sku is 'Premium' in the public shape",
+    ),
+    Mutation(
+        "storage account closed in the public shape too (the apps could not reach it)",
+        STORAGE,
+        replace(
+            "publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'",
+            "publicNetworkAccess: 'Disabled'",
+        ),
+        "network",
+        PUBLIC + "storage account account: publicNetworkAccess is 'Disabled' in the public shape, "
+        "must be 'Enabled': the apps have no private path to it",
+    ),
+    Mutation(
+        "no private endpoint for the table service",
+        MAIN,
+        replace("groupId: 'table'", "groupId: 'queue'"),
+        "network",
+        PRIVATE + "no private endpoint of group 'table' on the storage account (pattern app "
+        "setting AzureWebJobsStorage__tableServiceUri)",
+    ),
+    Mutation(
+        "a private endpoint deployed in the public shape",
+        MAIN,
+        replace(
+            "module vaultEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {",
+            "module vaultEndpoint 'app/private-endpoint.bicep' = {",
+        ),
+        "network",
+        PUBLIC + "infra/app/private-endpoint.bicep: endpoint (Microsoft.Network/privateEndpoints) "
+        "is deployed in the public shape",
+    ),
+    Mutation(
+        "the operations app not in the network",
+        MAIN,
+        replace("    subnetId: vnetEnabled ? network.outputs.operationsSubnetId : ''\n", ""),
+        "network",
+        PRIVATE + "operations app (infra/app/function.bicep: functionApp): virtualNetworkSubnetId "
+        "is not a subnet of the virtual network vnet",
+    ),
+    Mutation(
+        "both apps in one subnet",
+        MAIN,
+        replace("network.outputs.operationsSubnetId", "network.outputs.patternSubnetId"),
+        "network",
+        "shares subnet pattern-app with the pattern app",
+    ),
+    Mutation(
+        "an app's subnet not delegated to Microsoft.App/environments",
+        NETWORK,
+        replace("          delegations: flexConsumptionDelegation\n", ""),
+        "network",
+        PRIVATE + "pattern app (infra/app/function.bicep: functionApp): its subnet pattern-app is "
+        "not delegated to Microsoft.App/environments",
+    ),
+    Mutation(
+        "a private endpoint in an app's delegated subnet",
+        MAIN,
+        replace(
+            "subnetId: vnetEnabled ? network.outputs.privateEndpointSubnetId : ''",
+            "subnetId: vnetEnabled ? network.outputs.patternSubnetId : ''",
+        ),
+        "network",
+        PRIVATE
+        + "main.bicep module blobEndpoint (infra/app/private-endpoint.bicep: endpoint): its "
+        "subnet is delegated",
+    ),
+    Mutation(
+        "a private endpoint without its DNS zone",
+        ENDPOINT,
+        replace("privateDnsZoneId: zone.id", "privateDnsZoneId: virtualNetworkId"),
+        "network",
+        "needs a private DNS zone group whose zone is linked to the virtual network vnet",
+    ),
+    Mutation(
+        "the DNS zone not linked to the network",
+        ENDPOINT,
+        replace("  parent: zone\n", "  parent: endpoint\n"),
+        "network",
+        "needs a private DNS zone group whose zone is linked to the virtual network vnet",
+    ),
+    Mutation(
+        "a public-cloud host name in a template",
+        MAIN,
+        replace(
+            "'privatelink.blob.${environment().suffixes.storage}'",
+            "'privatelink.blob.core.windows.net'",
+        ),
+        "cloud_neutral",
+        "names core.windows.net: take it from the cloud",
+    ),
+    Mutation(
+        "host storage named by its account name",
+        FUNCTION,
+        replace(
+            "AzureWebJobsStorage__blobServiceUri: storage.properties.primaryEndpoints.blob",
+            "AzureWebJobsStorage__accountName: storage.name",
+        ),
+        "app_settings",
+        "app setting AzureWebJobsStorage__accountName is set in infra but must not be: the host "
+        "builds the public cloud's host names from it",
+    ),
+]
+
 # Consistent edits (every place changed together) must pass: the checks catch drift, not change.
 CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
     "queue renamed everywhere": [
@@ -1023,7 +1380,7 @@ CONSISTENT_EDITS: dict[str, list[tuple[str, Callable[[str], str]]]] = {
         (CONFIG, replace('"LockDuration": "PT1M"', '"LockDuration": "PT2M"', count=-1)),
     ],
     "deployment container renamed (one variable)": [
-        (MAIN, replace("deploymentContainerName = 'app-package'", "deploymentContainerName = 'x'")),
+        (MAIN, replace("patternPackageContainer = 'app-package'", "patternPackageContainer = 'x'")),
     ],
     "supervision table renamed everywhere": [
         (STORAGE, replace("  'supervision'\n", "  'leases'\n")),
@@ -1077,22 +1434,31 @@ def test_a_metric_renamed_in_the_code_fails_the_alert_check(
     layout, facts, metric, recorded, expect
 ):
     """The code side of the Supervisor alerts: the facts, not the files, drift."""
-    metrics = dict(facts.metrics)
+    metrics = dict(facts["pattern"].metrics)
     metrics.pop(metric)
     if recorded is not None:
         metrics[metric] = recorded
-    problems = checks.check_supervisor_alerts(layout, dataclasses.replace(facts, metrics=metrics))
+    drifted = {**facts, "pattern": dataclasses.replace(facts["pattern"], metrics=metrics)}
+    problems = checks.check_supervisor_alerts(layout, drifted)
     assert any(expect in problem for problem in problems), problems
 
 
 @pytest.mark.parametrize("level", ["anonymous", ""])
 def test_an_http_function_without_a_key_fails_the_authentication_check(layout, facts, level):
-    """The code side: a dashboard or operator function the host would serve without a key."""
-    levels = {**facts.http_auth_levels, "dashboard_page": level}
-    problems = checks.check_authentication(
-        layout, dataclasses.replace(facts, http_auth_levels=levels)
-    )
-    assert any("HTTP function dashboard_page has authLevel" in p for p in problems), problems
+    """The code side: the operations app's HTTP function served without a key."""
+    operations = facts["operations"]
+    levels = {**operations.http_auth_levels, "http_app_func": level}
+    drifted = {**facts, "operations": dataclasses.replace(operations, http_auth_levels=levels)}
+    problems = checks.check_authentication(layout, drifted)
+    expected = "operations app: HTTP function http_app_func has authLevel"
+    assert any(expected in p for p in problems), problems
+
+
+def test_an_http_function_in_the_pattern_app_fails_the_authentication_check(layout, facts):
+    """The pattern app serves no HTTP, keyed or not: its instances scale with the queues."""
+    pattern = dataclasses.replace(facts["pattern"], http_auth_levels={"ping": "function"})
+    problems = checks.check_authentication(layout, {**facts, "pattern": pattern})
+    assert any("pattern app: function ping is HTTP-triggered" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
@@ -1111,16 +1477,18 @@ def test_a_metric_added_or_dropped_in_the_code_fails_the_workbook_check(
     layout, facts, added, removed, expect
 ):
     """The code side of the workbook: a new metric needs a chart, a chart needs its metric."""
-    names = (facts.metric_names | added) - removed
-    problems = checks.check_workbook(layout, dataclasses.replace(facts, metric_names=names))
+    names = (facts["pattern"].metric_names | added) - removed
+    drifted = {**facts, "pattern": dataclasses.replace(facts["pattern"], metric_names=names)}
+    problems = checks.check_workbook(layout, drifted)
     assert any(expect in problem for problem in problems), problems
 
 
 def test_a_metric_renamed_in_the_code_and_the_workbook_passes(repo_copy, facts):
     old, new = "step.retries", "step.redispatched"
     apply(repo_copy, WORKBOOK_JSON, replace(f'\\"{old}\\"', f'\\"{new}\\"', count=-1))
-    renamed = (facts.metric_names - {old}) | {new}
-    problems = checks.check_workbook(repo_copy, dataclasses.replace(facts, metric_names=renamed))
+    renamed = (facts["pattern"].metric_names - {old}) | {new}
+    drifted = {**facts, "pattern": dataclasses.replace(facts["pattern"], metric_names=renamed)}
+    problems = checks.check_workbook(repo_copy, drifted)
     assert not problems, problems
 
 
@@ -1142,6 +1510,8 @@ class CodeMutation:
     edit: Callable[[str], str]
     check: str
     expect: str
+    app: checks.App = checks.PATTERN
+    """The app whose code the edit changes."""
 
 
 def first_line_of(function: str, code: str) -> Callable[[str], str]:
@@ -1177,7 +1547,9 @@ CODE_MUTATIONS = [
         "service/operations/alerts.py",
         first_line_of("list_alerts", 'ctx.queues.peek("order-status", from_sequence=1, limit=1)'),
         "data_roles",
-        "operator_list_alerts: receives from queue 'order-status' at adapters/queues.py",
+        "operations app: dashboard_summary, operator_list_alerts: receives from queue "
+        "'order-status' at adapters/queues.py",
+        checks.OPERATIONS,
     ),
     CodeMutation(
         "the purge writes to a container the storage module does not declare",
@@ -1221,15 +1593,15 @@ CODE_MUTATIONS = [
 
 
 @pytest.fixture(scope="module")
-def functions() -> list[dict]:
-    return checks.indexed_functions()
+def functions() -> dict[str, list[dict]]:
+    return {app.name: checks.indexed_functions(entry=app.entry) for app in checks.APPS}
 
 
 @pytest.fixture(scope="module")
 def app_code() -> set[str]:
-    """The files and packages of what ``function_app`` imports, top level."""
-    program = code_access.Program(checks.REPO_ROOT)
-    return {Path(module.rel).parts[0] for module in program.modules.values()}
+    """The files and packages of what either app's entry point imports, top level."""
+    programs = [code_access.Program(checks.REPO_ROOT, app.entry) for app in checks.APPS]
+    return {Path(module.rel).parts[0] for p in programs for module in p.modules.values()}
 
 
 @pytest.fixture
@@ -1252,8 +1624,10 @@ def test_a_new_call_without_a_role_fails_the_check(layout, facts, functions, cod
     so the indexed entries of the real code still point at them."""
     path = code_copy / mutation.file
     path.write_text(mutation.edit(path.read_text()))
-    access = checks.code_access_of(code_copy, functions)
-    results = checks.run_all(layout, dataclasses.replace(facts, access=access))
+    app = mutation.app
+    access = checks.code_access_of(code_copy, functions[app.name], app)
+    drifted = {**facts, app.name: dataclasses.replace(facts[app.name], access=access)}
+    results = checks.run_all(layout, drifted)
     problems = results.get(mutation.check, [])
     assert any(mutation.expect in problem for problem in problems), (
         f"check {mutation.check!r} did not report {mutation.expect!r}; it reported:\n"
@@ -1262,7 +1636,10 @@ def test_a_new_call_without_a_role_fails_the_check(layout, facts, functions, cod
 
 
 def test_the_unmodified_code_copy_passes(layout, facts, functions, code_copy):
-    access = checks.code_access_of(code_copy, functions)
-    assert access.accesses == facts.access.accesses
-    results = checks.run_all(layout, dataclasses.replace(facts, access=access))
+    copied = {}
+    for app in checks.APPS:
+        access = checks.code_access_of(code_copy, functions[app.name], app)
+        assert access.accesses == facts[app.name].access.accesses
+        copied[app.name] = dataclasses.replace(facts[app.name], access=access)
+    results = checks.run_all(layout, copied)
     assert not results, checks.format_problems(results)

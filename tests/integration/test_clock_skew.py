@@ -72,21 +72,23 @@ def probe(offset_s: int) -> tuple[dict, float, float, float, float]:
     env = clock.skewed_environment(os.environ, offset_s)
     wall_before, mono_before = time.time(), time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
     )
     wall_after, mono_after = time.time(), time.monotonic()
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), wall_before, wall_after, mono_before, mono_after
 
 
-@pytest.mark.parametrize("offset_s", [8, -8])
+@pytest.mark.parametrize("offset_s", [30, -30])
 def test_the_wall_clock_is_offset_and_nothing_else(offset_s):
+    """A wait that read the skewed wall clock would end at once or take the offset more; one
+    that keeps its time takes WAIT_S, and a loaded machine adds far less than half the offset."""
     seen, wall_before, wall_after, mono_before, mono_after = probe(offset_s)
     for wall in ("time", "datetime", "time_ns"):
         assert wall_before + offset_s <= seen[wall] <= wall_after + offset_s, wall
     assert mono_before <= seen["monotonic"] <= mono_after, "the monotonic clock must not move"
     for wait, took in seen["waits"].items():
-        assert WAIT_S - 0.01 <= took < WAIT_S + 1.0, f"{wait} took {took:.3f} s"
+        assert WAIT_S - 0.01 <= took < WAIT_S + abs(offset_s) / 2, f"{wait} took {took:.3f} s"
 
 
 def test_the_offset_adds_to_a_preload_already_there():

@@ -32,7 +32,7 @@ def fakes() -> Iterator[FakeServices]:
 
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=60) as client:
         yield client
 
 
@@ -50,7 +50,7 @@ def release(http: httpx.Client, fakes: FakeServices) -> httpx.Response:
     return post(http, fakes, "inventory/release", RELEASE, UNDO)
 
 
-def wait_for(condition: Any, timeout: float = 5.0) -> None:
+def wait_for(condition: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -185,17 +185,17 @@ def test_undo_after_only_transient_failures_refuses_the_forward_for_ever(
 def test_undo_during_a_hanging_forward_wins_and_the_late_forward_is_refused(
     fakes: FakeServices, http: httpx.Client
 ) -> None:
-    fakes.set_profile({"services": {"inventory": {"hang_rate": 1.0, "hang_seconds": 1.0}}})
+    # A hang far longer than an undo takes, even on a loaded machine.
+    fakes.set_profile({"services": {"inventory": {"hang_rate": 1.0, "hang_seconds": 8.0}}})
     answers: list[httpx.Response] = []
     forward = threading.Thread(target=lambda: answers.append(reserve(http, fakes)))
     forward.start()
     wait_for(lambda: fakes.stats().get("fault.hang") == 1)  # the forward is hanging
     fakes.set_profile(None)  # the undo itself does not hang
-    started = time.monotonic()
     undo = release(http, fakes)
-    assert time.monotonic() - started < 0.5  # it did not wait for the hanging forward
+    assert answers == [], "the undo waited for the hanging forward"
     assert undo.status_code == 200 and undo.json()["status"] == "nothing_to_undo"
-    forward.join(5)
+    forward.join(60)
     [late] = answers
     assert late.status_code == 409
     assert late.json()["error"]["code"] == "undone_before_applied"
@@ -221,9 +221,9 @@ def test_undo_waits_for_a_forward_being_settled_and_then_undoes_it(
     answers: list[httpx.Response] = []
     forward = threading.Thread(target=lambda: answers.append(reserve(http, fakes)))
     forward.start()
-    assert inside.wait(5)
+    assert inside.wait(30)
     undo = release(http, fakes)
-    forward.join(5)
+    forward.join(30)
     assert answers[0].status_code == 200
     assert undo.status_code == 200 and undo.json()["status"] == "released"
     assert [(e["operation"], e["undoes"]) for e in fakes.ledger()] == [
@@ -240,7 +240,7 @@ def test_concurrent_forwards_and_undos_never_leave_an_effect_in_place(
     barrier = threading.Barrier(2)
 
     def send(path: str, body: dict[str, Any], key: str) -> None:
-        barrier.wait(5)
+        barrier.wait(30)
         post(http, fakes, path, body, key)
 
     for n in range(20):
@@ -254,7 +254,7 @@ def test_concurrent_forwards_and_undos_never_leave_an_effect_in_place(
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(5)
+            thread.join(30)
         barrier.reset()
     charged = {e["idempotency_key"] for e in fakes.ledger() if e["undoes"] is None}
     refunded = {e["undoes"] for e in fakes.ledger() if e["undoes"] is not None}

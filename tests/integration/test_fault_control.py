@@ -30,7 +30,7 @@ def start(workdir: Path, port: int) -> tuple[subprocess.Popen, int]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while not port_file.exists():
         assert process.poll() is None, "the fake services exited"
         assert time.monotonic() < deadline, "the fake services did not start"

@@ -226,7 +226,53 @@ def test_a_client_that_goes_away_is_logged_in_one_line(host, caplog, capfd):
         conn.sendall(b"GET /api/items/42 HTTP/1.1\r\nHost: x\r\n")  # headers never finished
         # Close with a reset (linger 0), as a client that crashed or gave up does.
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    assert wait_until(lambda: "went away" in caplog.text, timeout=5), capfd.readouterr().err
+    assert wait_until(lambda: "went away" in caplog.text, timeout=30), capfd.readouterr().err
     (record,) = [r for r in caplog.records if "went away" in r.getMessage()]
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "Traceback" not in capfd.readouterr().err
+
+
+ASGI_MODULE = "tests.integration.host_asgi_app.function_app"
+
+
+@pytest.fixture
+def asgi_host():
+    sys.modules.pop(ASGI_MODULE, None)
+    app = importlib.import_module(ASGI_MODULE)
+    local = LocalHost(app, settings={"DEVHOST_PRINCIPAL_NAME": "ann"}, host_json=None, http_port=0)
+    local.start()
+    yield local
+    local.stop(timeout=2)
+
+
+def test_an_asgi_app_is_indexed_as_one_catch_all_http_function(asgi_host):
+    """func.AsgiFunctionApp declares one HTTP function on "/{*route}": the host routes every
+    path under /api/ to it, as the Azure host does, and the ASGI app routes from there."""
+    (info,) = asgi_host.functions
+    assert (info.name, info.trigger) == ("http_app_func", "httpTrigger")
+    assert info.target == "route=/api/{*route} methods=GET,POST,DELETE,HEAD,PATCH,PUT,OPTIONS"
+    got = httpx.get(f"{asgi_host.http.base_url}items/a%20b?verbose=yes", timeout=5)
+    assert got.status_code == 200
+    assert got.json() == {
+        "item": "a b",
+        "verbose": "yes",
+        "path": "/api/items/a b",
+        "caller": "ann",  # set by the host, as App Service Authentication would
+        "thread": "host-async-loop",  # awaited on the host's loop, as the worker does
+    }
+    posted = httpx.post(f"{asgi_host.http.base_url}items/7/notes", content=b"hi", timeout=5)
+    assert (posted.status_code, posted.json()) == (201, {"item": "7", "note": "hi"})
+    missing = httpx.get(f"{asgi_host.http.base_url}nothing/here/at/all", timeout=5)
+    assert missing.status_code == 404  # the ASGI app's answer: the host routed it there
+    assert asgi_host.stats()["http_app_func"].invocations == 3
+
+
+def test_the_asgi_app_starts_with_its_first_request_and_shuts_down_with_the_host(asgi_host):
+    """Its lifespan, as a server drives it: startup before the first request is served, and
+    shutdown on the same loop when the host stops."""
+    events = sys.modules[ASGI_MODULE].lifespan_events
+    assert events == []
+    assert httpx.get(f"{asgi_host.http.base_url}items/1", timeout=5).status_code == 200
+    assert events == ["startup"]
+    assert asgi_host.stop(timeout=2)
+    assert events == ["startup", "shutdown"]

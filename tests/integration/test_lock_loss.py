@@ -87,7 +87,7 @@ def settled_counters(namespace: ServiceBusNamespace, queue: str, completed: int)
     """The counters once the broker has recorded ``completed`` completions on ``queue``."""
     wait_until(
         lambda: broker_counters(namespace, queue).get("completed") == completed,
-        10,
+        30,
         f"{completed} completion(s) in the broker's stats file",
     )
     return broker_counters(namespace, queue)
@@ -131,7 +131,7 @@ def make_host(
 
     yield factory
     for host in hosts:
-        host.stop(timeout=5)
+        host.stop(timeout=30)
 
 
 # -- the tests -----------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_a_handler_longer_than_the_lock_without_renewal_loses_it(make_host, loca
     host, app = make_host("lock-loss-no-renewal", renewal="00:00:00")
     send(local_broker, queue, f"hold:{LOCK_S + 2}")
     with host:
-        wait_until(lambda: host.stats()["on_message"].successes == 2, 30, "two runs")
+        wait_until(lambda: host.stats()["on_message"].successes == 2, 60, "two runs")
     assert [r["delivery_count"] for r in app.RECORDS] == [1, 2]
     stats = host.stats()["on_message"]
     assert lock_counters(host) == {
@@ -164,7 +164,7 @@ def test_renewal_holds_a_message_past_three_lock_durations(make_host, local_brok
     host, app = make_host("lock-loss-renewed", concurrency=2)
     send(local_broker, queue, f"hold:{3 * LOCK_S + 1}")
     with host:
-        wait_until(lambda: host.stats()["on_message"].successes == 1, 40, "the long run")
+        wait_until(lambda: host.stats()["on_message"].successes == 1, 60, "the long run")
         time.sleep(1.0)  # a redelivery would land here
     assert [r["delivery_count"] for r in app.RECORDS] == [1]
     assert lock_counters(host) == NO_LOSS
@@ -194,16 +194,16 @@ def test_a_killed_host_is_a_crash_not_a_lock_loss(make_host, local_broker, tmp_p
     log = tmp_path / "host.log"
     victim = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=env)
     try:
-        wait_until(lambda: "host started" in log.read_text(), 30, "the host process to start")
+        wait_until(lambda: "host started" in log.read_text(), 60, "the host process to start")
         send(local_broker, queue, "hold:60")
-        wait_until(lambda: records.exists() and records.read_text(), 20, "the first delivery")
+        wait_until(lambda: records.exists() and records.read_text(), 60, "the first delivery")
         os.killpg(victim.pid, signal.SIGKILL)  # mid-run: nothing settled, no AMQP close
-        victim.wait(timeout=10)
+        victim.wait(timeout=30)
     finally:
         processes.stop(victim)
     host, app = make_host("lock-loss-killed")
     with host:  # gets the message again once its lock has expired
-        wait_until(lambda: host.stats()["on_message"].successes == 1, 30, "the redelivery")
+        wait_until(lambda: host.stats()["on_message"].successes == 1, 60, "the redelivery")
     assert [r["delivery_count"] for r in app.RECORDS] == [2]
     assert lock_counters(host) == NO_LOSS
     assert host.stats()["on_message"].redelivered == 1

@@ -1,28 +1,29 @@
-"""The operator HTTP API, called through the registered functions with HttpRequest objects
-(as the Functions host would, minus its function-key check: see test_function_app for the
-FUNCTION auth level of every HTTP binding), against Azurite, the broker and the fakes."""
+"""The operator HTTP API of the operations app, called through its one HTTP function with
+HttpRequest objects (as the Functions worker would, minus the host's function-key check: see
+test_operations_app for the FUNCTION auth level of its binding), against Azurite, the broker
+and the fakes."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import sys
 import time
-from collections.abc import Awaitable, Callable
 
-import azure.functions as func
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
+from fastapi.routing import APIRoute
 
 from adapters.op_counts import COUNTS
 from domain.messages import encode
 from domain.retention import acked_reason
 from domain.states import ProcessState
-from operator_api import functions as api
+from operator_api import http as api
+from operator_api.http import router
 from service import runtime
 from service.intake import handle_submission
+from service.operations.context import current
+from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import (
     new_order,
     queue,
@@ -32,57 +33,19 @@ from tests.support.pattern import (
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 HOSTILE_ID = "x' or PartitionKey ne '"
-Handler = Callable[[func.HttpRequest], Awaitable[func.HttpResponse]]
 
 
 @pytest.fixture(scope="module")
-def app_functions() -> list:
-    # A fresh import: get_functions() builds the functions and may run once per FunctionApp.
-    sys.modules.pop("function_app", None)
-    return importlib.import_module("function_app").app.get_functions()
-
-
-@pytest.fixture(scope="module")
-def handlers(app_functions) -> dict[str, Handler]:
-    return {f.get_function_name(): f.get_user_function() for f in app_functions}
+def handlers() -> OperationsApp:
+    return load()
 
 
 @pytest.fixture
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
-
-
-async def call(
-    handlers: dict[str, Handler],
-    name: str,
-    *,
-    params: dict[str, str] | None = None,
-    route: dict[str, str] | None = None,
-    body: bytes | dict | None = None,
-    headers: dict[str, str] | None = None,
-    caller: str | None = "ops@example.com",
-) -> tuple[int, dict]:
-    """``caller``: who App Service Authentication says is calling (None: nobody signed in)."""
-    raw = json.dumps(body).encode() if isinstance(body, dict) else (body or b"")
-    headers = dict(headers or {})
-    if caller is not None:
-        headers.setdefault(api.PRINCIPAL_HEADER, caller)
-    request = func.HttpRequest(
-        method="POST" if body is not None else "GET",
-        url=f"http://localhost/api/{name}",
-        params=params or {},
-        route_params=route or {},
-        body=raw,
-        headers=headers,
-    )
-    response = await handlers[name](request)
-    assert response.mimetype == "application/json"
-    # Answers echo stored text (alert details, bodies); a browser must never sniff it as HTML.
-    assert response.headers.get("X-Content-Type-Options") == "nosniff"
-    return response.status_code, json.loads(response.get_body())
 
 
 async def declined_order(rt, reader, fakes) -> str:
@@ -175,7 +138,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
         body={"reason": "stock arrived"},
         headers={"X-MS-CLIENT-PRINCIPAL-NAME": "ann@example.com"},
     )
-    assert status == 202
+    assert status == 202, done
     assert (done["outcome"], done["generation"]) == ("resubmitted", 2)
     assert done["requested_by"] == "operator:ann@example.com"
     request = json.loads(reader.expect(queue(rt, "inventory"), order_id))
@@ -407,18 +370,15 @@ async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installe
 
 
 async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(installed, handlers):
-    hostile = "<script>alert(1)</script>"
-    request = func.HttpRequest(
-        method="GET",
-        url="http://localhost/api/operator/orders/x",
-        route_params={"order_id": hostile},
-        body=b"",
-        headers={api.PRINCIPAL_HEADER: "ops@example.com"},
-    )
-    response = await handlers["operator_show_order"](request)
-    assert response.status_code == 400 and hostile in response.get_body().decode()
-    assert response.mimetype == "application/json"
-    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    """Echoed by a refused order id (400), and by the path nothing serves (404: the worker's
+    ASGI bridge decodes %2F, so an id with a slash is two path segments)."""
+    for hostile, status in (("<img src=x onerror=alert(1)>", 400), ("<script>x</script>", 404)):
+        url = handlers.url("operator_show_order", {"order_id": hostile})
+        caller = {api.PRINCIPAL_HEADER: "ops@example.com"}
+        response = await handlers.request("GET", url, headers=caller)
+        assert response.status_code == status and hostile in response.get_body().decode()
+        assert response.mimetype == "application/json"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 async def test_a_continuation_of_one_state_is_refused_for_another(
@@ -542,10 +502,7 @@ async def test_dead_letters_per_queue(installed, handlers, servicebus):
             poison = ServiceBusMessage(b'{"type": "Nonsense"}', message_id="poison-1")
             await sender.send_messages(poison)
         async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
-            for message in await receiver.receive_messages(max_message_count=10, max_wait_time=5):
-                await receiver.dead_letter_message(
-                    message, reason="SchemaInvalid", error_description="type is not known"
-                )
+            await dead_letter_one(receiver, "poison-1", error_description="type is not known")
 
     status, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"})
     assert status == 200 and page["entity"] == orders
@@ -558,6 +515,17 @@ async def test_dead_letters_per_queue(installed, handlers, servicebus):
     assert counts["orders"] >= 1
 
 
+async def dead_letter_one(receiver, message_id: str, **details: str) -> None:  # type: ignore[no-untyped-def]
+    """Dead-letter the message ``message_id`` (SchemaInvalid); complete what earlier tests left
+    on the queue before it (this worker's tests share it)."""
+    while received := await receiver.receive_messages(max_message_count=1, max_wait_time=30):
+        if received[0].message_id == message_id:
+            await receiver.dead_letter_message(received[0], reason="SchemaInvalid", **details)
+            return
+        await receiver.complete_message(received[0])
+    raise AssertionError(f"{message_id} was sent but never received")
+
+
 async def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) -> int:
     """Put a message on the orders dead-letter queue; its sequence number there."""
     orders = queue(rt, "orders")  # nothing consumes it in these tests: handlers are called
@@ -565,8 +533,7 @@ async def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) ->
         async with client.get_queue_sender(orders) as sender:
             await sender.send_messages(ServiceBusMessage(body, message_id=message_id))
         async with client.get_queue_receiver(orders, max_wait_time=5) as receiver:
-            for message in await receiver.receive_messages(max_message_count=10, max_wait_time=5):
-                await receiver.dead_letter_message(message, reason="SchemaInvalid")
+            await dead_letter_one(receiver, message_id)
     _, page = await call(handlers, "operator_list_dead_letters", route={"queue": "orders"},
                    params={"limit": "100"})  # fmt: skip
     [number] = [i["sequence_number"] for i in page["items"] if i["message_id"] == message_id]
@@ -634,17 +601,17 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
 # ---------------------------------------------------------------------------------- openapi
 
 
-async def test_the_openapi_document_describes_every_route(installed, handlers, app_functions):
+async def test_the_openapi_document_describes_every_route(installed, handlers):
     """Every route of the operator API (the dashboard's pages and files are not part of it)."""
     status, document = await call(handlers, "operator_openapi")
     assert status == 200 and document["openapi"] == "3.1.0"
-    routes = set()
-    for function in app_functions:
-        if not function.get_function_name().startswith("operator_"):
-            continue
-        for binding in json.loads(function.get_function_json())["bindings"]:
-            if binding["type"] == "httpTrigger":
-                routes.add((f"/{binding['route']}", binding["methods"][0].lower()))
+    routes = {
+        (route.path, method.lower())
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    }
+    assert len(routes) == 22
     described = {(path, method) for path, item in document["paths"].items() for method in item}
     assert routes == described
     text = json.dumps(document)

@@ -6,9 +6,7 @@ signed message still verifies) and purged; health."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
-import sys
 import time
 from datetime import timedelta
 
@@ -20,15 +18,16 @@ from adapters.op_counts import COUNTS
 from adapters.settings import Settings
 from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
-from operator_api import functions as api
 from orderctl.local import LocalOperations
 from service import inbound, runtime
 from service.intake import handle_submission
 from service.operations import orders
+from service.operations.context import current
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
-from tests.integration.test_operator_api import call, declined_order, find_alert
+from tests.integration.test_operator_api import declined_order, find_alert
 from tests.support.app import make_runtime
+from tests.support.operations import OperationsApp, call, load
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
@@ -37,21 +36,28 @@ pytestmark = [
     pytest.mark.servicebus_config("tests/integration/replay_config.json"),
 ]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: orders are moved through their steps between operator
+    calls that wait on the API, and the shared five seconds could pass on a loaded machine. No
+    deadline is under test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 HOUR = 3600
 
 
 @pytest.fixture(scope="module")
-def handlers() -> dict:
-    sys.modules.pop("function_app", None)
-    functions = importlib.import_module("function_app").app.get_functions()
-    return {f.get_function_name(): f.get_user_function() for f in functions}
+def handlers() -> OperationsApp:
+    return load()
 
 
 @pytest.fixture
 async def installed(rt):
     previous = runtime.install(rt)
     yield rt
-    await (await api.context()).close()
+    await (await current()).close()
     runtime.install(previous)
 
 
@@ -296,7 +302,7 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     assert all([(await rt.store.load(o)).state is ProcessState.ERROR for o in errored])
 
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
-    await orders.resubmit(await api.context(), errored[0], operator="bob", reason="by hand")
+    await orders.resubmit(await current(), errored[0], operator="bob", reason="by hand")
     status, done = await call(
         handlers, "operator_bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
@@ -334,7 +340,7 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
-    await orders.resubmit(await api.context(), order_id, operator="ann", reason="restocked")
+    await orders.resubmit(await current(), order_id, operator="ann", reason="restocked")
     _, alert = await call(handlers, "operator_peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
@@ -350,7 +356,7 @@ async def test_an_alert_whose_order_failed_again_is_superseded(installed, handle
     rt = installed
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
-    await orders.resubmit(await api.context(), order_id, operator="ann", reason="try again")
+    await orders.resubmit(await current(), order_id, operator="ann", reason="try again")
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
     alerts = [
@@ -403,7 +409,9 @@ async def dead_letter(servicebus, queue_name: str, message: ServiceBusMessage) -
         async with client.get_queue_sender(queue_name) as sender:
             await sender.send_messages(message)
         async with client.get_queue_receiver(queue_name, max_wait_time=5) as receiver:
-            while received := await receiver.receive_messages(max_message_count=1, max_wait_time=5):
+            while received := await receiver.receive_messages(
+                max_message_count=1, max_wait_time=30
+            ):
                 if received[0].message_id == message.message_id:
                     await receiver.dead_letter_message(
                         received[0], reason="MaxDeliveryCountExceeded"

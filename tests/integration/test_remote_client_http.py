@@ -90,28 +90,32 @@ async def test_many_orders_through_random_faults_apply_once_each(
 
 
 async def test_a_hang_is_bounded_by_the_deadline(fakes: FakeServices, http: RemoteHttp) -> None:
-    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 30}})
+    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 60}})
     started = time.monotonic()
     outcome = await charge(client_for(http), "order-1", budget=1.0)
     elapsed = time.monotonic() - started
     assert isinstance(outcome, DeadlinePassed)
     assert "timeout" in (outcome.last_error or "")
-    assert 0.9 <= elapsed < 1.5
+    # It waited for the deadline, not for the hang: a loaded machine adds far less than 30 s.
+    assert 0.9 <= elapsed < 30
     assert fakes.ledger() == []
 
 
 async def test_hung_attempts_time_out_and_late_answers_do_not_double_apply(
     fakes: FakeServices, http: RemoteHttp
 ) -> None:
-    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 0.6}})  # then answers
-    client = client_for(http, attempt_timeout=0.2)
-    outcome = await charge(client, "order-1", budget=0.7)
+    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 3}})  # then answers
+    client = client_for(http, attempt_timeout=0.5)
+    outcome = await charge(client, "order-1", budget=2.0)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts >= 2
     fakes.set_profile({})
-    assert isinstance(await charge(client, "order-1", budget=5.0), Succeeded)
-    await asyncio.sleep(0.8)  # every hung request has now answered its long-gone client
+    assert isinstance(await charge(client, "order-1", budget=30.0), Succeeded)
+    # Each hung request answers its long-gone client in the end, replaying the effect.
+    deadline = time.monotonic() + 60
+    while fakes.stats().get("replays", 0) < outcome.attempts:
+        assert time.monotonic() < deadline, f"hung requests not answered: {fakes.stats()}"
+        await asyncio.sleep(0.1)
     assert len(fakes.ledger()) == 1
-    assert fakes.stats()["replays"] >= outcome.attempts
 
 
 async def test_crash_after_effect_then_retry_gives_one_effect(
@@ -136,11 +140,12 @@ async def test_a_decline_is_reported_without_retry(fakes: FakeServices, http: Re
 async def test_retry_after_past_the_deadline_gives_up_at_once(
     fakes: FakeServices, http: RemoteHttp
 ) -> None:
-    fakes.set_profile({"default": {"throttle_rate": 1.0, "retry_after_seconds": 5}})
+    fakes.set_profile({"default": {"throttle_rate": 1.0, "retry_after_seconds": 120}})
     started = time.monotonic()
-    outcome = await charge(client_for(http), "order-1", budget=2.0)
+    outcome = await charge(client_for(http), "order-1", budget=60.0)
     assert isinstance(outcome, DeadlinePassed) and outcome.attempts == 1
-    assert time.monotonic() - started < 0.5
+    # At once, not at the deadline: a loaded machine adds far less than 30 s.
+    assert time.monotonic() - started < 30
 
 
 async def test_unreachable_service_defers_once_the_circuit_opens() -> None:
@@ -154,12 +159,13 @@ async def test_unreachable_service_defers_once_the_circuit_opens() -> None:
         policy=FAST,
     )
     before = datetime.now(UTC)
-    outcome = await charge(client, "order-1", budget=5.0)
+    outcome = await charge(client, "order-1", budget=30.0)
+    after = datetime.now(UTC)
     await http.close()
     assert isinstance(outcome, Deferred) and outcome.attempts == 3
     assert "connection_error" in (outcome.last_error or "")
-    # The breaker's default reset timeout (30 s) is when the next trial may go.
-    assert before + timedelta(seconds=29) < outcome.retry_at < before + timedelta(seconds=31)
+    # The breaker's default reset timeout (30 s) after it opened, during the call.
+    assert before + timedelta(seconds=30) <= outcome.retry_at <= after + timedelta(seconds=30)
 
 
 async def test_undo_after_success_is_reported_with_the_undo_result(
@@ -182,7 +188,8 @@ async def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
 ) -> None:
     """The forward hangs past the agent's deadline and then lands; the undo sent meanwhile
     answers nothing_to_undo, and the late forward, and any retry of it, are refused."""
-    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 1.0}})  # then answers
+    # Then it answers: long after the undo below, even on a loaded machine.
+    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 5.0}})
     client = client_for(http, max_attempts=1, attempt_timeout=0.2)
     lost = await charge(client, "order-1", budget=5.0)
     assert isinstance(lost, Failed) and (lost.code, lost.transient) == ("timeout", True)
@@ -194,7 +201,10 @@ async def test_undo_of_a_forward_lost_in_a_hang_leaves_nothing_in_place(
         "status": "nothing_to_undo",
         "undoes": "order-1:charge",
     }
-    await asyncio.sleep(1.2)  # the hung forward request has now reached the store
+    deadline = time.monotonic() + 60  # until the hung forward request reaches the store
+    while fakes.stats().get("refused_after_undo", 0) < 1:
+        assert time.monotonic() < deadline, f"the hung forward never landed: {fakes.stats()}"
+        await asyncio.sleep(0.1)
     assert fakes.stats()["refused_after_undo"] == 1
     retried = await charge(client, "order-1")
     assert isinstance(retried, Failed)

@@ -24,6 +24,15 @@ from tests.support.pattern import SERVICES, new_order, queue
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
+
+@pytest.fixture
+def env(env):
+    """A step budget no test here comes near: each request is read off the shared queue and handled
+    some time after its claim, and the shared five seconds could pass on a loaded machine. No
+    deadline is under test here."""
+    return env | {"STEP_TIMEOUT_SECONDS": "60"}
+
+
 MAX_SNAPSHOT_BYTES = 5 * 1024
 """A three-step order's snapshots measure 2.7-3.2 KB, 3.6-4.0 KB when it names a reply queue
 (its status updates are in the outbox)."""

@@ -27,7 +27,7 @@ from adapters.op_counts import OperationCounts
 from adapters.servicebus import Bus
 from adapters.settings import Settings
 from devstack.host.servicebus_runner import to_function_message
-from domain.lifecycle import Replied
+from domain.events import Replied
 from domain.messages import (
     AgentRequest,
     AgentResponse,

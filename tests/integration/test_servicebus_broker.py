@@ -44,9 +44,22 @@ def receive_all(client: ServiceBusClient, queue: str, wait: float = 2, **kwargs)
     return received
 
 
+def receive_until(client: ServiceBusClient, queue: str, count: int, wait: float) -> list:
+    """:func:`receive_all` until ``count`` messages have come, for at most ``wait`` s."""
+    received: list = []
+    deadline = time.monotonic() + wait
+    with client.get_queue_receiver(queue) as receiver:
+        while len(received) < count and (left := deadline - time.monotonic()) > 0:
+            for message in receiver.receive_messages(max_message_count=50, max_wait_time=left):
+                received.append((str(message), message.sequence_number, message))
+                receiver.complete_message(message)
+    return received
+
+
 def test_data_dir_keeps_messages_schedules_dead_letters_and_dedup(broker_factory, tmp_path):
     broker = broker_factory([CONTRACT_CONFIG], data_dir=tmp_path / "sb")
-    due = datetime.now(UTC) + timedelta(seconds=14)
+    # Due well after the restart and the reads before it, even on a loaded machine.
+    due = datetime.now(UTC) + timedelta(seconds=30)
     with ServiceBusClient.from_connection_string(broker.connection_string) as client:
         with client.get_queue_sender("contract-basic") as sender:
             sender.send_messages([ServiceBusMessage(f"kept-{i}") for i in range(3)])
@@ -74,7 +87,7 @@ def test_data_dir_keeps_messages_schedules_dead_letters_and_dedup(broker_factory
         assert [body for body, _, _ in dead] == ["kept-0"]
         assert dead[0][2].dead_letter_reason == "Operator"
         assert [body for body, _, _ in receive_all(client, "contract-dedup")] == ["original"]
-        scheduled = receive_all(client, "contract-basic", wait=15)
+        scheduled = receive_until(client, "contract-basic", 1, wait=60)
         assert [body for body, _, _ in scheduled] == ["scheduled"]
         assert datetime.now(UTC) >= due - timedelta(milliseconds=200)
 
@@ -129,14 +142,13 @@ def test_crashed_receiver_leaves_its_lock_to_expire(broker):
         [sys.executable, "-c", crash], capture_output=True, text=True, timeout=60, check=True
     )
     crashed_seq = int(result.stdout.strip())
-    started = time.monotonic()
     with ServiceBusClient.from_connection_string(broker.connection_string) as client:
         with client.get_queue_receiver("contract-short-lock") as receiver:
-            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=15)
+            # Back once its lock (5 s) has expired: the wait is only a bound.
+            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=60)
             assert message.sequence_number == crashed_seq
             assert message.delivery_count == 1
             receiver.complete_message(message)
-    assert time.monotonic() - started < 15
 
 
 def test_sigusr1_drops_every_client_connection_as_a_network_fault(broker):
@@ -147,19 +159,22 @@ def test_sigusr1_drops_every_client_connection_as_a_network_fault(broker):
         (held,) = receiver.receive_messages(max_message_count=1, max_wait_time=10)
         assert str(held) == "held"
         os.kill(broker.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while "connection ended (dropped)" not in broker.log_tail(200):
             assert time.monotonic() < deadline, broker.log_tail()
             time.sleep(0.05)
         assert "dropped 1 client connection(s)" in broker.log_tail(200)
         # Both messages are kept; the held one comes back once its lock has expired.
         with ServiceBusClient.from_connection_string(broker.connection_string) as other:
-            again = receive_all(other, "contract-short-lock", wait=8)
+            again = receive_until(other, "contract-short-lock", 2, wait=60)
         assert sorted(body for body, _, _ in again) == ["held", "waiting"]
         assert {body: m.delivery_count for body, _, m in again}["held"] == 1
         receiver.close()
-    time.sleep(1.5)  # the broker rewrites its stats file about once a second
-    totals = broker_stats.read(broker.stats_path)["totals"]
+    # The broker rewrites its stats file about once a second.
+    deadline = time.monotonic() + 30
+    while (totals := broker_stats.read(broker.stats_path)["totals"])["expired_after_crash"] < 1:
+        assert time.monotonic() < deadline, totals
+        time.sleep(0.1)
     assert (totals["lock_lost"], totals["expired_after_crash"]) == (0, 1), totals
 
 
@@ -169,7 +184,7 @@ def test_a_restart_keeps_the_stopped_brokers_lock_counters(broker):
             sender.send_messages(ServiceBusMessage("counted"))
         assert [body for body, _, _ in receive_all(client, "contract-basic")] == ["counted"]
     broker.restart()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while len(documents := broker_stats.read_all(broker.stats_path)) < 2:
         assert time.monotonic() < deadline, documents
         time.sleep(0.05)
@@ -294,7 +309,7 @@ def test_sigterm_stops_cleanly_and_removes_port_file(broker):
     port_file = broker.port_file
     assert port_file.exists()
     os.kill(broker.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while broker.running and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not broker.running, "the broker ignored SIGTERM"

@@ -39,7 +39,7 @@ from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
 from adapters.tables import OutcomeUnknown, TableService
 from devstack.memory import MemoryStore
-from domain import lifecycle
+from domain import events, lifecycle, operator_actions
 from domain.ids import InvalidId
 from domain.messages import MAX_TOTAL_CENTS, AgentRequest, AgentResponse, OrderSubmitted
 from domain.order import Order, StepState, TimelineEntry
@@ -174,8 +174,8 @@ def submitted(order_id: str = "o-1", **overrides: Any) -> OrderSubmitted:
     return OrderSubmitted(**fields)
 
 
-def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> lifecycle.Context:
-    return lifecycle.Context(workflow=resolve(WORKFLOWS, workflow), now=clock(), actor=actor)
+def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> events.Context:
+    return events.Context(workflow=resolve(WORKFLOWS, workflow), now=clock(), actor=actor)
 
 
 def new_order(clock: Clock, order: OrderSubmitted) -> tuple[Order, TimelineEntry]:
@@ -194,15 +194,26 @@ async def create(
 
 
 def decide(
-    order: Order, event: lifecycle.Event, clock: Clock, actor: str = "scheduler-1"
+    order: Order,
+    event: events.Event | operator_actions.Action,
+    clock: Clock,
+    actor: str = "scheduler-1",
 ) -> tuple[Order, TimelineEntry]:
-    decision = lifecycle.decide(order, event, context(clock, order.workflow, actor))
+    ctx = context(clock, order.workflow, actor)
+    if isinstance(event, operator_actions.Action):
+        decision = operator_actions.act(order, event, ctx)
+    else:
+        decision = lifecycle.decide(order, event, ctx)
     assert decision.order is not None and decision.entry is not None, decision.note
     return decision.order, decision.entry
 
 
 async def move(
-    store: Store, order: Order, event: lifecycle.Event, clock: Clock, actor: str = "scheduler-1"
+    store: Store,
+    order: Order,
+    event: events.Event | operator_actions.Action,
+    clock: Clock,
+    actor: str = "scheduler-1",
 ) -> Order:
     """Decide on ``event`` and save the decision, as the shell does."""
     return await store.save(order, *decide(order, event, clock, actor))
@@ -221,7 +232,7 @@ def replied(order: Order, clock: Clock, outcome: str = "succeeded", **fields: An
         responded_at=clock(),
         **fields,
     )
-    return lifecycle.Replied(response)
+    return events.Replied(response)
 
 
 def succeeded(order: Order, clock: Clock, result: dict | None = None):
@@ -236,7 +247,9 @@ def transient(order: Order, clock: Clock):
     return replied(order, clock, "failed", transient=True, error_code="timeout")
 
 
-RESUBMIT = lifecycle.Resubmit(actor="operator-ann", reason="stock arrived", outbox_delivered=True)
+RESUBMIT = operator_actions.Resubmit(
+    actor="operator-ann", reason="stock arrived", outbox_delivered=True
+)
 
 
 async def to_error(store: Store, clock: Clock, order_id: str = "o-1") -> Order:
@@ -325,14 +338,14 @@ async def test_a_duplicate_of_a_finished_order_keeps_the_row_of_an_outbox_still_
     # The write into Error committed but its alert was not sent yet (the send failed, or the
     # writer crashed): the active-index row is what tells the Supervisor to send it. A duplicate
     # submission arriving meanwhile must not remove that row - the intake sends nothing for a
-    # finished order (lifecycle.Resent flushes only orders in flight).
+    # finished order (events.Resent flushes only orders in flight).
     store, clock = backend.store, backend.clock
     errored = await to_error(store, clock)
     assert any(o.to == "alerts" for o in errored.outbox)
     order = submitted()
     result = await store.create(order, *new_order(clock, order))
     assert isinstance(result, AlreadyExists) and result.order == errored
-    assert lifecycle.decide(errored, lifecycle.Resent(), context(clock)).send == ()
+    assert lifecycle.decide(errored, events.Resent(), context(clock)).send == ()
     assert await backend.active_rows() == {("o-1", 1)}
 
 
@@ -389,7 +402,7 @@ async def test_save_with_a_stale_etag_raises_and_writes_nothing(backend):
     current = await create(store, clock)
     winner = await move(store, current, succeeded(current, clock), clock)
     timeline = await store.get_timeline("o-1")
-    cancel = lifecycle.Cancel(actor="operator-ann", reason="customer called")
+    cancel = operator_actions.Cancel(actor="operator-ann", reason="customer called")
     with pytest.raises(ConcurrencyConflict, match="changed by someone else"):
         await move(store, current, cancel, clock, actor="operator-ann")
     assert await store.load("o-1") == winner
@@ -406,7 +419,7 @@ async def test_concurrent_writers_from_the_same_read_exactly_one_wins(backend):
 
     async def contend(n: int) -> None:
         actor = f"operator-{n}"
-        after, entry = decide(current, lifecycle.Cancel(actor, "race"), clock, actor)
+        after, entry = decide(current, operator_actions.Cancel(actor, "race"), clock, actor)
         await barrier.wait()
         try:
             await store.save(current, after, entry)

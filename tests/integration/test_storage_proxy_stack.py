@@ -12,7 +12,7 @@ from azure.data.tables import TableServiceClient
 from devstack.faults.storage_proxy import FaultRates
 from devstack.stack.local_stack import STORAGE_PROXY, STORAGE_PROXY_STATS, LocalStack
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.anyio]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400), pytest.mark.anyio]
 
 
 async def test_the_hosts_reach_azurite_through_the_proxy_which_restarts_at_its_address(tmp_path):

@@ -46,8 +46,12 @@ async def cli(*args: str) -> Any:
 
 
 async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float, what: str
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float,
+    what: str,
+    why: Callable[[], object] = lambda: "",
 ) -> None:
+    """Until ``predicate`` holds; past ``timeout`` s, fail naming ``what`` and ``why()``."""
     deadline = time.monotonic() + timeout
     while True:
         done = predicate()
@@ -55,7 +59,7 @@ async def wait_until(
             done = await done
         if done:
             return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {why()}".rstrip()
         await asyncio.sleep(0.2)
 
 
@@ -72,6 +76,9 @@ async def stack(env: dict[str, str], azurite, tmp_path: Path) -> AsyncIterator[t
         | {
             "AzureWebJobsStorage": azurite.connection_string,
             "TELEMETRY_DIR": str(workdir / "telemetry"),
+            # A step budget no hop comes near on a loaded machine: a step past the shared 5 s
+            # would be recovered by the Supervisor, and its trace would hold the recovery too.
+            "STEP_TIMEOUT_SECONDS": "60",
         }
     )
     settings = workdir / "local.settings.json"
@@ -133,9 +140,12 @@ async def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
             return False
         view = validate("trace", json.loads(result.stdout))
         found = names([span for t in view.traces for span in t.spans])
-        return found.count("scheduler_replies") >= 2 * 3 and all(n in found for n in expected)
+        # Both spans of every hop (the invocation ends after the app's span: a flush may
+        # write one before the other).
+        hops = all(found.count(n) >= 2 for n in expected) and found.count("scheduler_replies") >= 6
+        return hops and "submit" in found
 
-    await wait_until(whole, 30, "every hop's spans in the files")  # written every 2 s
+    await wait_until(whole, 60, "every hop's spans in the files")  # written every 2 s
 
     result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
     view = validate("trace", json.loads(result.stdout))
@@ -195,7 +205,7 @@ async def test_the_host_writes_the_order_metrics(stack) -> None:
     def recorded(name: str) -> float:
         return sum(r.get("value", r.get("count", 0)) for r in lines() if r["name"] == name)
 
-    await wait_until(lambda: recorded("orders.finished") >= 1, 20, "the metrics flush (every 5 s)")
+    await wait_until(lambda: recorded("orders.finished") >= 1, 60, "the metrics flush (every 5 s)")
     assert recorded("orders.started") >= 1
     durations = [r for r in lines() if r["name"] == "step.duration"]
     steps = {r["attributes"]["step"] for r in durations}
@@ -204,6 +214,7 @@ async def test_the_host_writes_the_order_metrics(stack) -> None:
     assert any(r["name"] == "supervisor.tick.duration" for r in lines())
 
 
+@pytest.mark.timeout(300)  # two hosts started, a deadline waited out, then the files
 async def test_an_order_the_supervisor_recovers_is_still_one_tree(
     env: dict[str, str], azurite, tmp_path: Path
 ) -> None:
@@ -245,19 +256,16 @@ async def test_an_order_the_supervisor_recovers_is_still_one_tree(
         hosts.append(await _host(workdir, settings, [first], "host-1"))
         await wait_until(lambda: processed(rt, order_id), 90, "Processed")
 
-        async def complete() -> bool:
-            result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
-            if result.exit_code != 0:
-                return False
-            view = validate("trace", json.loads(result.stdout))
-            found = names([span for t in view.traces for span in t.spans])
-            return "supervisor_recover" in found and found.count("scheduler_replies") >= 2 * 3
+        problems: list[str] = []
 
-        await wait_until(complete, 30, "every hop's spans in the files")
-        view = validate(
-            "trace",
-            json.loads((await cli("trace", order_id, "--workdir", str(workdir), "--json")).stdout),
-        )
+        async def complete() -> bool:
+            view = await trace_view(workdir, order_id)
+            problems[:] = recovery_problems(view, order_id, first)
+            return not problems
+
+        # The spans are written every 2 s.
+        await wait_until(complete, 60, "every hop's spans in the files", lambda: problems)
+        view = await trace_view(workdir, order_id)
     finally:
         for host in reversed(hosts):
             host.send_signal(signal.SIGTERM)
@@ -267,28 +275,70 @@ async def test_an_order_the_supervisor_recovers_is_still_one_tree(
                 processes.stop(host)
         await rt.close()
 
-    assert len(view.traces) == 1, [t.why for t in view.traces]
-    (root,) = view.traces[0].spans
-    assert (root.name, root.role) == ("submit", "orderctl")
-
-    def find(span: Any, name: str) -> list[Any]:
-        here = [span] if span.name == name else []
-        return here + [s for c in span.children for s in find(c, name)]
-
-    (intake,) = [s for s in find(root, "scheduler_intake") if s.kind == "INTERNAL"]
-    recoveries = find(root, "supervisor_recover")
-    assert recoveries, names([root])
-    assert all(r in intake.children for r in recoveries), "recovery hangs under intake"
-    assert all(r.attributes["order.id"] == order_id for r in recoveries)
-    after = names(recoveries)
-    assert "scheduler_commands" in after, after  # the retry it sent, handled in the same trace
-    assert first in after and after.count("scheduler_replies") >= 2 * 3, after
+    assert not recovery_problems(view, order_id, first), view
 
     printed = await cli("trace", order_id, "--workdir", str(workdir))
     assert printed.exit_code == 0, printed.output
     assert "traces" not in printed.stdout.splitlines()[0]
     assert " supervisor_recover " in printed.stdout
     print(printed.stdout)  # with -s: the tree docs/telemetry.md shows
+
+
+async def trace_view(workdir: Path, order_id: str) -> Any:
+    """What `orderctl trace --json` prints of the order, None if it fails."""
+    result = await cli("trace", order_id, "--workdir", str(workdir), "--json")
+    return validate("trace", json.loads(result.stdout)) if result.exit_code == 0 else None
+
+
+def recovery_problems(view: Any, order_id: str, first: str) -> list[str]:
+    """What the trace of an order the Supervisor recovered lacks, by the design: one tree from
+    the submission; each recovery a child of intake (the order's stored trace context); under a
+    recovery, the retry it sent handled (the command, the ``first`` agent, its reply); and every
+    hop that followed in the tree, down to the reply that finished the order.
+
+    How many recoveries there are, and how many hops the first request made before the
+    recovery, is timing (a loaded machine may recover a later step too, and the agent may or
+    may not see the first request): none of it is asserted."""
+    if view is None:
+        return ["no trace"]
+    if len(view.traces) != 1:
+        return [f"{len(view.traces)} traces: {[t.why for t in view.traces]}"]
+    roots = view.traces[0].spans  # a span whose parent is not written yet is a root of its own
+    if len(roots) != 1:
+        return [f"{len(roots)} roots: {[r.name for r in roots]}"]
+    (root,) = roots
+    if (root.name, root.role) != ("submit", "orderctl"):
+        return [f"the root is {root.name} of {root.role}"]
+    intakes = [s for s in find(root, "scheduler_intake") if s.kind == "INTERNAL"]
+    if len(intakes) != 1:
+        return [f"{len(intakes)} intake spans in {names([root])}"]
+    (intake,) = intakes
+    recoveries = find(root, "supervisor_recover")
+    problems = []
+    if not recoveries:
+        problems.append("no supervisor_recover span")
+    if not all(r in intake.children for r in recoveries):
+        problems.append("a recovery does not hang under intake")
+    if not all(r.attributes.get("order.id") == order_id for r in recoveries):
+        problems.append("a recovery names another order")
+    retried = [
+        agent
+        for recovery in recoveries
+        for command in find(recovery, "scheduler_commands")
+        for agent in find(command, first)
+    ]
+    if not any(find(agent, "scheduler_replies") for agent in retried):
+        problems.append(f"no retry of {first} handled under a recovery: {names([intake])}")
+    *_, last = AGENT_FUNCTIONS
+    if not any(find(agent, "scheduler_replies") for agent in find(intake, last)):
+        problems.append(f"the last step's reply is not in the tree: {names([intake])}")
+    return problems
+
+
+def find(span: Any, name: str) -> list[Any]:
+    """``span`` and the spans below it named ``name``."""
+    here = [span] if span.name == name else []
+    return here + [s for c in span.children for s in find(c, name)]
 
 
 async def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:

@@ -94,12 +94,11 @@ class Pump:
         return ours
 
     async def _receive(self, role: str) -> list[ServiceBusReceivedMessage]:
-        # The first receive opens the link, which takes longer than a poll.
-        wait = 0.3 if role in self._opened else 5.0
-        self._opened.add(role)
-        return await self._receivers[role].receive_messages(
-            max_message_count=50, max_wait_time=wait
-        )
+        if role not in self._opened:
+            # Its link opened apart (with the SDK's retries), not within a poll's wait.
+            await self._receivers[role].__aenter__()
+            self._opened.add(role)
+        return await self._receivers[role].receive_messages(max_message_count=50, max_wait_time=0.3)
 
 
 def handler(role: str) -> Callable[[bytes, Runtime], Awaitable[None]]:

@@ -133,7 +133,12 @@ class QueueReader:
     def _receiver(self, queue: str) -> ServiceBusReceiver:
         with self._lock:
             if queue not in self._receivers:
-                self._receivers[queue] = self._client.get_queue_receiver(queue)
+                receiver = self._client.get_queue_receiver(queue)
+                # Its link opened now, with the SDK's own retries: opened by the first receive,
+                # it would have to open within that receive's wait (half a second for a check
+                # that nothing came), which a loaded machine does not always manage.
+                receiver.__enter__()
+                self._receivers[queue] = receiver
             return self._receivers[queue]
 
     def take(self, queue: str, order_id: str | None, wait: float = 10.0) -> bytes | None:

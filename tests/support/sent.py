@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from domain.lifecycle import Context, submit
+from domain.events import Context
+from domain.lifecycle import submit
 from domain.messages import AgentRequest, OrderSubmitted
 from domain.order import Outgoing
 from domain.workflows import ORDER_WORKFLOW

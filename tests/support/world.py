@@ -16,6 +16,9 @@ alert each.
 
 The submitters' reply queue may refuse sends for a while (deleted, disabled or closed to the
 app: :class:`ReplyQueue`); it takes them again once everything is left to settle.
+
+The store notes the transitions each write makes (:func:`moves`) and refuses a step transition
+that domain.order.STEP_TRANSITIONS does not allow, at the write.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from adapters.settings import Connection, Settings
 from adapters.store.rows import AlreadyExists
 from devstack.memory import MemoryBus, MemoryStore, SendFailed
 from domain import ids
-from domain.lifecycle import UNREQUESTED_REASON, Refused
+from domain.lifecycle import UNREQUESTED_REASON
 from domain.messages import (
     EXPIRED,
     AgentRequest,
@@ -47,8 +50,10 @@ from domain.messages import (
     encode,
     message_id_for,
 )
+from domain.operator_actions import Refused
 from domain.order import (
     COMPENSATION_DELAYED,
+    STEP_TRANSITIONS,
     TERMINAL_ALERT_REASONS,
     Order,
     StepRecord,
@@ -56,7 +61,7 @@ from domain.order import (
     TimelineEntry,
 )
 from domain.states import ProcessState
-from service import apply, control
+from service import apply, control, migration
 from service.commands import handle_command
 from service.intake import handle_submission
 from service.replies import handle_response
@@ -166,6 +171,34 @@ updates it still owes, whose failure an attempt given up on unanswered was."""
 Asked = tuple[str, str, str, str, int]
 """A request an order asked for: order id, step, operation, idempotency key, attempt."""
 
+Move = tuple[Literal["order", "step"], str, str]
+"""A transition one write made: ``("order", from, to)`` of its ProcessState, ``("step", from,
+to)`` of one step's StepState (a request sent again for a step is a move to the same state)."""
+
+
+def moves(before: Order | None, after: Order, entry: TimelineEntry) -> set[Move]:
+    """The transitions the write of ``after`` over ``before`` (None: its creation) made. A row
+    that only records something about an ended order (:data:`RECORD_ROWS`) is no transition
+    (domain.states); a step the write added (a migration's) had no state before it; a step
+    whose generation changed started afresh (-> Pending), and may have been requested since."""
+    made: set[Move] = set()
+    was = entry.from_state
+    if was is not None and not (
+        was.terminal and entry.to_state.terminal and entry.event in RECORD_ROWS
+    ):
+        made.add(("order", was.value, entry.to_state.value))
+    known = {s.name: s for s in before.steps} if before is not None else None
+    for step in after.steps:
+        old = known.get(step.name) if known is not None else StepRecord(step.name, step.index)
+        if old is None:
+            continue
+        if old.state is not StepState.PENDING and step.generation != old.generation:
+            made.add(("step", old.state.value, StepState.PENDING.value))  # afresh...
+            old = StepRecord(step.name, step.index)  # ...and maybe requested in the same write
+        if old.state is not step.state or step.attempt > old.attempt:
+            made.add(("step", old.state.value, step.state.value))
+    return made
+
 
 class RecordingStore(MemoryStore):
     """The memory store, noting each AgentRequest an order's writes put in its outbox: every
@@ -174,6 +207,8 @@ class RecordingStore(MemoryStore):
     def __init__(self, clock) -> None:  # type: ignore[no-untyped-def]
         super().__init__(clock)
         self.asked: set[Asked] = set()
+        self.moves: set[Move] = set()
+        """Every transition a write made (:func:`moves`)."""
 
     async def create(
         self,
@@ -185,17 +220,25 @@ class RecordingStore(MemoryStore):
     ) -> Order | AlreadyExists:
         created = await super().create(submitted, order, entry, due=due)
         if isinstance(created, Order):
-            self._note(created)
+            self._note(None, created, entry)
         return created
 
     async def save(
         self, before: Order, after: Order, entry: TimelineEntry, *, due: datetime | None = None
     ) -> Order:
         saved = await super().save(before, after, entry, due=due)
-        self._note(saved)
+        self._note(before, saved, entry)
         return saved
 
-    def _note(self, order: Order) -> None:
+    def _note(self, before: Order | None, order: Order, entry: TimelineEntry) -> None:
+        made = moves(before, order, entry)
+        for kind, old, new in made:
+            if kind == "step":
+                assert StepState(new) in STEP_TRANSITIONS[StepState(old)], (
+                    f"{order.order_id}: {entry.event} made a step {old} -> {new}, which "
+                    "domain.order.STEP_TRANSITIONS does not allow"
+                )
+        self.moves |= made
         for outgoing in order.outbox:
             m = outgoing.message
             if isinstance(m, AgentRequest):
@@ -331,13 +374,23 @@ class World:
 
     # ---------------------------------------------------------------------------- events
 
-    async def submit(self, order_id: str, *, reply_to: str | None = REPLY_QUEUE, crash_after=None):  # type: ignore[no-untyped-def]
+    async def submit(  # type: ignore[no-untyped-def]
+        self,
+        order_id: str,
+        *,
+        reply_to: str | None = REPLY_QUEUE,
+        crash_after=None,
+        version: int | None = None,
+    ):
+        """Submit ``order_id`` (again: the same submission), on workflow ``order`` at
+        ``version`` (None: the current one, 1)."""
         order = self.submissions.get(order_id) or OrderSubmitted(
             order_id=order_id,
             customer_id="customer-1",
             items=[{"sku": "SKU-1", "quantity": 1, "unit_price_cents": 500}],
             currency="EUR",
             reply_to=reply_to,
+            workflow_version=version,
             submitted_at=self.now,
         )
         self.submissions[order_id] = order
@@ -383,6 +436,23 @@ class World:
     async def resubmit(self, order_id: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
         return await self.run(
             lambda: control.resubmit(self.rt, order_id, actor="operator:alice", reason="test"),
+            crash_after,
+        )
+
+    async def restart(self, order_id: str, step: str, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        return await self.run(
+            lambda: control.restart(
+                self.rt, order_id, step=step, actor="operator:alice", reason="test"
+            ),
+            crash_after,
+        )
+
+    async def migrate(self, crash_after=None) -> bool:  # type: ignore[no-untyped-def]
+        """Move every order in flight on order@1 that may move onto order@2."""
+        return await self.run(
+            lambda: migration.migrate(
+                self.rt, "order@1", "order@2", actor="operator:alice", reason="test", dry_run=False
+            ),
             crash_after,
         )
 
@@ -610,13 +680,18 @@ class World:
         )
 
     def forward_keys(self, order_id: str) -> set[str]:
-        """Every forward key the app ever requested for ``order_id``."""
-        keys = set()
-        for queue in AGENT_QUEUES:
-            for message in self.sent(queue):
-                if isinstance(message, AgentRequest) and message.order_id == order_id:
-                    keys.add(message.undoes or message.idempotency_key)
-        return keys
+        """Every forward key the app ever requested for ``order_id`` of a step that can be
+        undone (a step with no undo, such as order@2's verify_address, stays in effect)."""
+        flows = self.rt.workflows.values()
+        irreversible = {step.name for flow in flows for step in flow.steps if not step.compensable}
+        return {
+            message.undoes or message.idempotency_key
+            for queue in AGENT_QUEUES
+            for message in self.sent(queue)
+            if isinstance(message, AgentRequest)
+            and message.order_id == order_id
+            and message.step not in irreversible
+        }
 
     async def check_safety(self) -> None:
         """What must hold after every step, crashes included."""

@@ -1,6 +1,8 @@
 """What deploys never imports the development stack: adapters/ (and the agent's client on it)
-import nothing from devstack/ or the tests, and nothing ``import function_app`` loads, however
-deep, is of the development stack or a library only requirements-dev.txt installs."""
+import nothing from devstack/ or the tests, and nothing either app's entry point loads
+(``import function_app``, ``import operations_app``), however deep, is of the development stack
+or a library only requirements-dev.txt installs. And the pattern app loads nothing of the
+operations app: no operator API, dashboard or operator use case, no FastAPI."""
 
 from __future__ import annotations
 
@@ -34,10 +36,29 @@ def test_a_deployed_module_imports_nothing_of_the_development_stack(path: Path) 
     assert not dev, f"{path.relative_to(REPO_ROOT)} imports {sorted(dev)}"
 
 
-def test_what_the_host_imports_loads_nothing_of_the_development_stack() -> None:
-    code = "import sys, function_app; print('\\n'.join(sorted(sys.modules)))"
-    loaded = subprocess.run(
+OPERATIONS_ONLY = ("operations_app", "operator_api", "dashboard", "fastapi", "starlette")
+OPERATOR_SERVICE = ("service.operations", "service.listing", "adapters.queues")
+
+
+def loaded_by(entry: str) -> list[str]:
+    code = f"import sys, {entry}; print('\\n'.join(sorted(sys.modules)))"
+    return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    dev = [name for name in loaded if name.split(".")[0] in (*DEV_ONLY, *DEV_LIBRARIES)]
-    assert not dev, f"import function_app loads {dev}"
+
+
+@pytest.mark.parametrize("entry", ["function_app", "operations_app"])
+def test_what_the_host_imports_loads_nothing_of_the_development_stack(entry: str) -> None:
+    dev = [name for name in loaded_by(entry) if name.split(".")[0] in (*DEV_ONLY, *DEV_LIBRARIES)]
+    assert not dev, f"import {entry} loads {dev}"
+
+
+def test_the_pattern_app_loads_nothing_of_the_operations_app() -> None:
+    loaded = loaded_by("function_app")
+    operator = [
+        name
+        for name in loaded
+        if name.split(".")[0] in OPERATIONS_ONLY or name.startswith(OPERATOR_SERVICE)
+    ]
+    assert not operator, f"import function_app loads {operator}"
+    assert "operator_api.routes" in loaded_by("operations_app"), "the check sees them"

@@ -8,8 +8,10 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from domain.lifecycle import Cancel, Context, Replied, decide, submit
+from domain.events import Context, Replied
+from domain.lifecycle import decide, submit
 from domain.messages import AgentRequest, AgentResponse, OrderSubmitted, encode, parse_message
+from domain.operator_actions import Cancel, act
 from domain.order import Order
 from domain.workflows import ORDER_WORKFLOW
 from service import resume
@@ -58,11 +60,10 @@ def orders() -> list[Order]:
     )
     order = stored(submit(submitted, ctx(0)).order, 1)
     written = [order]
-    for version, event in enumerate(
-        [Replied(succeeded(on_the_wire(order))), Cancel("operator:bob", "fraud")], start=2
-    ):
-        order = stored(decide(order, event, ctx(version)).order, version)
-        written.append(order)
+    order = stored(decide(order, Replied(succeeded(on_the_wire(order))), ctx(2)).order, 2)
+    written.append(order)
+    order = stored(act(order, Cancel("operator:bob", "fraud"), ctx(3)).order, 3)
+    written.append(order)
     order = stored(decide(order, Replied(succeeded(on_the_wire(order))), ctx(9)).order, 9)
     return [*written, order]
 

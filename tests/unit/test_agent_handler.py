@@ -604,7 +604,7 @@ async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() ->
         return json_answer(200, {"ok": True})
 
     rt = Runtime(service)
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(handle_request, encode(request("do")), "payment", rt)
             await entered.wait()

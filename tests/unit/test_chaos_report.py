@@ -7,7 +7,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from benchmarks.chaos import all_at_service, failed_attempts, threshold_failures
-from domain.lifecycle import Context, submit
+from domain.events import Context
+from domain.lifecycle import submit
 from domain.messages import OrderSubmitted
 from domain.order import NO_FAILURES, Failures, Order, StepState
 from domain.workflows import ORDER_WORKFLOW
@@ -30,7 +31,10 @@ def order(n: int, **changes: object) -> Order:
 def failed_at(
     o: Order, step: str, state: StepState, failures: Failures, undo: Failures = NO_FAILURES
 ) -> Order:
-    return o.with_step(step, state=state, forward_failures=failures, undo_failures=undo)
+    record = o.step(step)
+    return o.with_record(
+        replace(record, state=state, forward_failures=failures, undo_failures=undo)
+    )
 
 
 def test_failed_attempts_are_summed_by_direction_and_whose_failure():
@@ -51,7 +55,8 @@ def test_failed_attempts_are_summed_by_direction_and_whose_failure():
 def test_orders_failed_at_the_threshold_are_split_by_their_failing_step():
     def threshold(n: int, failures: Failures) -> Order:
         o = order(n, compensation_cause="failure_threshold")
-        o = o.with_step("reserve_inventory", state=StepState.COMPENSATED)  # succeeded, undone
+        reserved = o.step("reserve_inventory")
+        o = o.with_record(replace(reserved, state=StepState.COMPENSATED))  # succeeded, undone
         return failed_at(o, "charge_payment", StepState.VOIDED, failures)
 
     orders = [

@@ -279,12 +279,12 @@ async def test_the_reporter_writes_off_the_calling_path_and_never_waits_for_stor
     table = FakeTable(gate=gate)
     reporter = reporter_on(table)
     reporter.submit(transition(BreakerState.OPEN))  # the writer blocks on the gate...
-    await asyncio.wait_for(table.entered.wait(), 5)
+    await asyncio.wait_for(table.entered.wait(), 30)
     for state in (BreakerState.HALF_OPEN, BreakerState.OPEN, BreakerState.HALF_OPEN):
         reporter.submit(transition(state))  # ...and submitting does not wait for it
     assert not await reporter.flush(timeout=0.2)
     gate.set()
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     # What waited while the first write hung was coalesced to the latest state.
     assert [r.state for r in table.rows] == [CircuitState.OPEN, CircuitState.HALF_OPEN]
     assert all(r.instance == "host.1" for r in table.rows)
@@ -294,19 +294,19 @@ async def test_a_failed_write_is_logged_and_the_next_transition_writes_again(cap
     table = FakeTable(fail=True)
     reporter = reporter_on(table)
     reporter.submit(transition(BreakerState.OPEN))
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     assert reporter.failed == 1 and "not recorded for the dashboard" in caplog.text
     assert "second line" not in caplog.text
     table.fail = False
     reporter.submit(transition(BreakerState.CLOSED))
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     assert [r.state for r in table.rows] == [CircuitState.CLOSED]
 
 
 async def test_nowhere_to_write_is_not_an_error():
     reporter = reporter_on(None)
     reporter.submit(transition(BreakerState.OPEN))
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     assert (reporter.written, reporter.failed) == (0, 0)
 
 
@@ -316,7 +316,7 @@ async def test_a_transition_heard_after_a_later_one_is_dropped():
     assert reporter.submit(transition(BreakerState.HALF_OPEN, seq=2))
     assert not reporter.submit(transition(BreakerState.OPEN, seq=1))  # the other thread, late
     assert reporter.submit(transition(BreakerState.OPEN, service="shipping", seq=1))
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     assert sorted((r.agent, r.state) for r in table.rows) == [
         ("payment", CircuitState.HALF_OPEN),
         ("shipping", CircuitState.OPEN),
@@ -331,7 +331,7 @@ async def test_a_transition_told_on_a_thread_without_a_loop_waits_for_the_next_w
     told.join()
     await asyncio.sleep(0.05)
     assert table.rows == []  # no loop there to write it on: it waits...
-    assert await reporter.flush(timeout=5)  # ...and is written by the next writer
+    assert await reporter.flush(timeout=30)  # ...and is written by the next writer
     assert [r.state for r in table.rows] == [CircuitState.OPEN]
 
 
@@ -346,7 +346,7 @@ async def test_a_write_cut_off_by_its_loop_closing_is_not_lost():
     await asyncio.to_thread(asyncio.run, transition_then_close())  # cancels the writer
     table = FakeTable()
     reporter._table = where(table)
-    assert await reporter.flush(timeout=5)
+    assert await reporter.flush(timeout=30)
     assert [r.state for r in table.rows] == [CircuitState.OPEN]
 
 

@@ -1,8 +1,9 @@
 """`orderctl` in remote mode prints what it prints in process, for every operator command.
 
-The operator HTTP functions (operator_api/functions.py) run on a local functions host, over
-operations that return the views of tests/unit/cli_views.py (stored text full of markup and
-control characters); the same commands run in process over those same views. Tables and
+The operations app (the operator API's FastAPI behind one HTTP function) runs on a local
+functions host, over operations that return the views of tests/unit/cli_views.py (stored text
+full of markup and control characters); the same commands run in process over those same views.
+Tables and
 --json documents must be identical. Then: the credentials a deployed app asks for (a stand-in
 for the Functions host's key check), `azd env get-values` output as the configuration, and
 the commands that only work on the local stack.
@@ -11,6 +12,7 @@ the commands that only work on the local stack.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 import threading
@@ -19,13 +21,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
+from fastapi import FastAPI
 from rich.console import Console
 from typer.testing import CliRunner
 
 from devstack.host import LocalHost
-from operator_api import functions as api
 from orderctl import cli
 from orderctl.local import USE_CASES
+from service.operations.context import current
 from tests.unit.cli_views import Ops, use_ops
 from tests.unit.test_cli_hostile_text import CONTROL, MARKUP
 from tests.unit.test_cli_json import OPERATOR_COMMANDS
@@ -54,9 +57,9 @@ class Served(Ops):
         return await super().list_dead_letters(queue)
 
 
-def serve(patch: pytest.MonkeyPatch, ops: Ops) -> None:
-    """The use cases the HTTP functions call answer as ``ops``' methods of the same names (with
-    no context: the functions' ``context()`` gives None)."""
+def serve(patch: pytest.MonkeyPatch, ops: Ops, app: FastAPI) -> None:
+    """The use cases the routes call answer as ``ops``' methods of the same names (with no
+    context: FastAPI's override of the routes' ``context`` dependency gives None)."""
 
     async def no_context() -> None:
         return None
@@ -64,7 +67,7 @@ def serve(patch: pytest.MonkeyPatch, ops: Ops) -> None:
     async def answer(name: str, ctx: None, *args: Any, **options: Any) -> Any:
         return await getattr(ops, name)(*args, **options)
 
-    patch.setattr(api, "context", no_context)
+    patch.setitem(app.dependency_overrides, current, no_context)
     for use_case in USE_CASES:
         module = sys.modules[use_case.__module__]
         patch.setattr(module, use_case.__name__, functools.partial(answer, use_case.__name__))
@@ -80,12 +83,11 @@ def no_remote_environment(monkeypatch):
 def api_url() -> Iterator[str]:
     """The operator HTTP API on a local functions host, over Served views."""
     with pytest.MonkeyPatch.context() as patch:
-        served = Served(STORED)
-        serve(patch, served)
-        sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
-        functions = [name for name in dir(api) if name.startswith("operator_")]
-        host = LocalHost("function_app", settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
-                         host_json=None, functions=functions, http_port=0)  # fmt: skip
+        sys.modules.pop("operations_app", None)  # get_functions() runs once per FunctionApp
+        operations_app = importlib.import_module("operations_app")
+        serve(patch, Served(STORED), operations_app.api)
+        host = LocalHost(operations_app, settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
+                         host_json=None, http_port=0)  # fmt: skip
         host.start()
         try:
             yield host.http.base_url
@@ -141,7 +143,7 @@ def test_the_operator_is_the_one_the_api_authenticated(monkeypatch, api_url):
     served = Served(STORED)
     monkeypatch.setattr(served, "resubmit", lambda order_id, **o: calls.append(o) or
                         Ops.resubmit(served, order_id, **o))  # fmt: skip
-    serve(monkeypatch, served)
+    serve(monkeypatch, served, sys.modules["operations_app"].api)  # the api_url host's
     result = remote(monkeypatch, api_url, "resubmit", "o-1", "--reason", "r", "--operator", "x")
     assert result.exit_code == 0, result.output
     assert calls == [{"operator": "ann", "reason": "r"}]
@@ -248,7 +250,7 @@ def test_bad_azd_env_input_is_one_line(tmp_path):
     assert missing.stderr.strip().endswith("nothing.env: No such file or directory")
     nameless = invoke("--azd-env", "-", "health", input='AZURE_ENV_NAME="dev"\n')
     assert nameless.exit_code == 2
-    assert "no function app in stdin: expected AZURE_FUNCTION_APP_NAME" in nameless.stderr
+    assert "no operations app in stdin: expected AZURE_OPERATIONS_APP_NAME" in nameless.stderr
     bad = invoke("--azd-env", "-", "health", "--json", input="ORDERCTL_FUNCTION_KEY s3cr3t\n")
     assert bad.exit_code == 2 and "s3cr3t" not in bad.output
     assert json.loads(bad.stdout)["error"] == 'stdin line 1 is not KEY="value" (azd env get-values)'

@@ -29,7 +29,8 @@ from tests.unit.cli_views import Ops
 pytestmark = pytest.mark.anyio
 
 AZD = """AZURE_ENV_NAME="sas-dev"
-AZURE_FUNCTION_APP_NAME="func-api-abc123"
+AZURE_FUNCTION_APP_NAME="func-abc123"
+AZURE_OPERATIONS_APP_NAME="func-api-abc123"
 # a comment, then a blank line
 
 export ORDERCTL_SCOPE='api://1111-2222/.default'
@@ -38,7 +39,7 @@ BARE=plain value
 EMPTY=""
 """
 URL = "https://func-api-abc123.azurewebsites.net/api/"
-OUTPUT_URL = {"AZURE_FUNCTION_APP_URL": "https://ops.example.com/api/"}
+OUTPUT_URL = {"AZURE_OPERATIONS_APP_URL": "https://ops.example.com/api/"}
 
 
 # ------------------------------------------------------------------------ azd env values
@@ -48,7 +49,8 @@ def test_azd_values_are_read_as_azd_writes_them():
     values = parse_azd_values(AZD, "values.env")
     assert values == {
         "AZURE_ENV_NAME": "sas-dev",
-        "AZURE_FUNCTION_APP_NAME": "func-api-abc123",
+        "AZURE_FUNCTION_APP_NAME": "func-abc123",
+        "AZURE_OPERATIONS_APP_NAME": "func-api-abc123",
         "ORDERCTL_SCOPE": "api://1111-2222/.default",
         "QUOTED": 'a "b" \\ c\nd',
         "BARE": "plain value",
@@ -75,9 +77,9 @@ def test_a_bad_line_is_named_by_number_never_shown(text, problem):
 @pytest.mark.parametrize(
     ("values", "url"),
     [
-        ({"AZURE_FUNCTION_APP_NAME": "func-api-abc123"}, URL),
-        ({"SERVICE_API_NAME": "func-api-abc123"}, URL),
-        (OUTPUT_URL | {"AZURE_FUNCTION_APP_NAME": "x"}, "https://ops.example.com/api/"),
+        ({"AZURE_OPERATIONS_APP_NAME": "func-api-abc123"}, URL),
+        ({"SERVICE_OPERATIONS_NAME": "func-api-abc123"}, URL),
+        (OUTPUT_URL | {"AZURE_OPERATIONS_APP_NAME": "x"}, "https://ops.example.com/api/"),
         (OUTPUT_URL | {"ORDERCTL_API_URL": "https://mine.example.com"}, "https://mine.example.com"),
     ],
 )
@@ -86,10 +88,17 @@ def test_the_function_app_url_comes_from_the_bicep_outputs(values, url):
 
 
 def test_values_without_a_function_app_say_what_was_expected():
-    for values in ({"AZURE_ENV_NAME": "x"}, {"AZURE_FUNCTION_APP_NAME": "not a/name"}):
+    # The pattern app's name is not the operator API's: it serves no HTTP.
+    for values in (
+        {"AZURE_ENV_NAME": "x"},
+        {"AZURE_OPERATIONS_APP_NAME": "not a/name"},
+        {"AZURE_FUNCTION_APP_NAME": "func-abc123"},
+    ):
         with pytest.raises(RemoteError) as refused:
             api_url_from_azd(values, "-")
-        assert "no function app in stdin: expected AZURE_FUNCTION_APP_NAME" in str(refused.value)
+        assert "no operations app in stdin: expected AZURE_OPERATIONS_APP_NAME" in str(
+            refused.value
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""The bindings the Functions host indexes match the declared queues, settings and host.json."""
+"""The bindings the Functions host indexes match the declared queues, settings and host.json: the
+pattern app's (function_app.py: Service Bus and timer triggers, no HTTP trigger) and the
+operations app's (operations_app.py: one HTTP function that hands every request to FastAPI)."""
 
 from __future__ import annotations
 
@@ -63,58 +65,42 @@ def test_every_function_is_registered(bindings):
         "shipping_agent",
         "supervisor",
         "retention_purge",
-        *OPERATOR_API_FUNCTIONS,
-        *DASHBOARD_FUNCTIONS,
     }
 
 
-OPERATOR_API_FUNCTIONS = {
-    "operator_list_orders",
-    "operator_show_order",
-    "operator_resubmit_order",
-    "operator_cancel_order",
-    "operator_list_alerts",
-    "operator_peek_alert",
-    "operator_ack_alert",
-    "operator_dead_letter_summary",
-    "operator_list_dead_letters",
-    "operator_supervisor",
-    "operator_purge",
-    "operator_purge_runs",
-    "operator_archived_order",
-    "operator_openapi",
-    "operator_watch_order",
-    "operator_restart_order",
-    "operator_bulk_resubmit",
-    "operator_bulk_cancel",
-    "operator_replay_dead_letters",
-    "operator_purge_dead_letters",
-    "operator_dead_letter_log",
-    "operator_health",
-}
+def test_the_pattern_app_has_no_http_trigger(bindings):
+    """Its instances scale with the queues and serve no request from outside."""
+    kinds = {binding["type"] for function in bindings.values() for binding in function}
+    assert kinds == {"serviceBusTrigger", "timerTrigger"}
 
 
-DASHBOARD_FUNCTIONS = {
-    "dashboard_page",
-    "dashboard_api_docs",
-    "dashboard_static",
-    "dashboard_vendor",
-    "dashboard_summary",
-    "dashboard_me",
-    "dashboard_order_trace",
-}
+def test_the_operations_app_is_one_http_function_that_needs_a_function_key():
+    sys.modules.pop("operations_app", None)
+    (function,) = importlib.import_module("operations_app").app.get_functions()
+    trigger, answer = json.loads(function.get_function_json())["bindings"]
+    assert (trigger["type"], trigger["route"], trigger["authLevel"]) == (
+        "httpTrigger",
+        "/{*route}",
+        "FUNCTION",
+    )
+    assert answer["type"] == "http"
+    assert inspect.iscoroutinefunction(function.get_user_function())
 
 
-def test_every_http_function_requires_a_function_key(bindings):
-    http = {
-        name: binding
-        for name, function_bindings in bindings.items()
-        for binding in function_bindings
-        if binding["type"] == "httpTrigger"
-    }
-    assert set(http) == OPERATOR_API_FUNCTIONS | DASHBOARD_FUNCTIONS
-    for name, binding in http.items():
-        assert binding["authLevel"] == "FUNCTION", f"{name} must need a function key"
+def routes() -> list[tuple[str, str, str]]:
+    """(name, method, path under /api/) of every route of the operations app."""
+    from fastapi.routing import APIRoute
+
+    from dashboard.routes import router as dashboard
+    from operator_api.http import router as operator_api
+
+    return [
+        (route.name, method, route.path.lstrip("/"))
+        for router in (operator_api, dashboard)
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    ]
 
 
 def overlap(a: str, b: str) -> bool:
@@ -131,22 +117,17 @@ def test_overlap_sees_a_parameter_matching_a_literal():
     assert not overlap("orders/{order_id}", "orders/{order_id}/watch")
 
 
-def test_no_url_could_reach_two_http_functions(bindings):
-    routes = [
-        (name, method, binding["route"])
-        for name, function_bindings in bindings.items()
-        for binding in function_bindings
-        if binding["type"] == "httpTrigger"
-        for method in binding["methods"]
-    ]
+def test_no_url_could_reach_two_routes():
+    found = routes()
     clashes = [
         (a, b)
-        for i, (a, method_a, route_a) in enumerate(routes)
-        for b, method_b, route_b in routes[i + 1 :]
+        for i, (a, method_a, route_a) in enumerate(found)
+        for b, method_b, route_b in found[i + 1 :]
         if method_a == method_b and overlap(route_a, route_b)
     ]
     assert clashes == []
-    assert ("operator_dead_letter_log", "GET", "dead-letter-log") in routes
+    assert ("operator_dead_letter_log", "GET", "dead-letter-log") in found
+    assert ("dashboard_page", "GET", "dashboard") in found
 
 
 def test_service_bus_triggers_name_declared_queues_through_settings(bindings):

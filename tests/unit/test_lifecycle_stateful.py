@@ -2,10 +2,11 @@
 (success, decline, transient, circuit open, lost, late, duplicated, out of order, an undo
 refused), validly signed answers to requests the order never asked for (a do never requested,
 an undo never requested, a wrong attempt, a wrong operation, a generation not yet reached),
-deadlines, Supervisor ticks, cancels, resubmits, crashes between the write and any send, a
-reply queue that refuses for a while, and the agents' host frozen for more deadlines than the
-failure threshold while orders compensate, checking the product's promise after every step and
-once everything has settled:
+deadlines, Supervisor ticks, cancels, resubmits, restarts, migrations from order@1 to order@2
+(and orders on order@2, whose verify_address has nothing to undo), crashes between the write
+and any send, a reply queue that refuses for a while, everything settling before operators act
+again, and the agents' host frozen for more deadlines than the failure threshold while orders
+compensate, checking the product's promise after every step and once everything has settled:
 
 - no order lost or stuck; every order ends Processed, or Error;
 - no effect twice; a Processed order has every step in place;
@@ -19,7 +20,9 @@ once everything has settled:
 - once an order ended, only its settling changes it (and records about it: held status
   updates sent again, whose failure an attempt was);
 - with the Supervisor's clock up to the tolerated skew ahead of or behind the others', no order
-  is recovered before it is late in real time.
+  is recovered before it is late in real time;
+- every step transition is one domain.order.STEP_TRANSITIONS allows (checked at each write;
+  that every allowed one is made: test_lifecycle_transitions).
 """
 
 from __future__ import annotations
@@ -78,9 +81,12 @@ class Lifecycle(RuleBasedStateMachine):
         return loop.run_until_complete(loop.create_task(call, context=self.context))
 
     @precondition(lambda self: self.submitted < MAX_ORDERS)
-    @rule(crash_after=crash)
-    def submit(self, crash_after: int | None) -> None:
-        self.run(self.world.submit(order_id(self.submitted), crash_after=crash_after))
+    @rule(crash_after=crash, version=st.sampled_from([None, 2]))
+    def submit(self, crash_after: int | None, version: int | None) -> None:
+        """A new order, on the current version of its workflow or on version 2 (a step with
+        nothing to undo: verify_address)."""
+        oid = order_id(self.submitted)
+        self.run(self.world.submit(oid, crash_after=crash_after, version=version))
         self.submitted += 1
 
     @precondition(lambda self: self.submitted > 0)
@@ -173,6 +179,29 @@ class Lifecycle(RuleBasedStateMachine):
     def resubmit(self, n: int, crash_after: int | None) -> None:
         errored = [o for o in self.world.store.orders() if o.state is ProcessState.ERROR]
         self.run(self.world.resubmit(errored[n % len(errored)].order_id, crash_after))
+
+    @precondition(
+        lambda self: any(o.state is ProcessState.ERROR for o in self.world.store.orders())
+    )
+    @rule(n=st.integers(0, MAX_ORDERS - 1), step=st.integers(0, 3), crash_after=crash)
+    def restart(self, n: int, step: int, crash_after: int | None) -> None:
+        errored = [o for o in self.world.store.orders() if o.state is ProcessState.ERROR]
+        order = errored[n % len(errored)]
+        name = order.steps[step % len(order.steps)].name
+        self.run(self.world.restart(order.order_id, name, crash_after))
+
+    @precondition(lambda self: self.submitted > 0)
+    @rule(crash_after=crash)
+    def migrate(self, crash_after: int | None) -> None:
+        """An operator moves the orders in flight on order@1 that may move onto order@2."""
+        self.run(self.world.migrate(crash_after))
+
+    @precondition(lambda self: self.submitted > 0)
+    @rule()
+    def everything_settles(self) -> None:
+        """Every message is delivered, without faults, until every order has ended; what the
+        operators do next meets orders that ended every way."""
+        self.run(self.world.drain())
 
     @invariant()
     def safe(self) -> None:

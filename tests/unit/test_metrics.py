@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import service.sweep_report as supervisor_metrics
 from adapters import metrics
 from adapters.store.rows import ConcurrencyConflict
-from domain.lifecycle import Replied
+from domain.events import Replied
 from domain.messages import AgentRequest
 from domain.states import ProcessState
 from service import apply

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from domain.lifecycle import Context, submit
+from domain.events import Context
+from domain.lifecycle import submit
 from domain.messages import OrderSubmitted
 from domain.order import Order, TimelineEntry
 from domain.states import ProcessState

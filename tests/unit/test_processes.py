@@ -35,10 +35,10 @@ def test_terminate_stops_a_process_by_pid_but_only_ours(tmp_path):
     proc = processes.spawn(sleeper, log_path=tmp_path / "sleeper.log", detached=True)
     try:
         # Until the child has exec'd, /proc shows the parent's command line (pytest's).
-        assert processes.wait_until(lambda: processes.ours(proc.pid), timeout=5)
+        assert processes.wait_until(lambda: processes.ours(proc.pid), timeout=30)
         assert processes.pid_alive(proc.pid)
         assert processes.terminate(proc.pid, grace=5)
-        proc.wait(timeout=5)
+        proc.wait(timeout=30)
         assert not processes.pid_alive(proc.pid)
     finally:
         if proc.poll() is None:

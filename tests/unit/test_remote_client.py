@@ -489,7 +489,7 @@ async def test_a_cancelled_call_gives_its_half_open_trial_back() -> None:
     h.clock.advance(5.0)  # half-open: the next call is the trial
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(h.call)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             await entered.wait()
         tasks.cancel_scope.cancel()
     assert h.breaker.state is BreakerState.HALF_OPEN
@@ -514,7 +514,7 @@ async def test_calls_through_one_breaker_are_not_serialised() -> None:
     async def slow() -> None:
         results.append(await h.call(key="slow", order_id="slow"))
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(slow)
             await entered.wait()
@@ -842,7 +842,7 @@ async def test_real_transient_faults_are_retried_to_exactly_one_effect(fakes: Fa
 async def test_real_hang_is_bounded_by_the_deadline_without_blocking_the_loop(
     fakes: FakeServices,
 ) -> None:
-    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 30}})
+    fakes.set_profile({"default": {"hang_rate": 1.0, "hang_seconds": 60}})
     ticks = 0
 
     async def ticker() -> None:
@@ -859,7 +859,8 @@ async def test_real_hang_is_bounded_by_the_deadline_without_blocking_the_loop(
         tasks.cancel_scope.cancel()
     assert isinstance(outcome, DeadlinePassed)
     assert "timeout" in (outcome.last_error or "")
-    assert 0.9 <= elapsed < 1.5
+    # It waited for the deadline, not for the hang: a loaded machine adds far less than 30 s.
+    assert 0.9 <= elapsed < 30
     assert ticks >= 10  # the loop ran other tasks all along the hung call
     assert fakes.ledger() == []
 
@@ -887,7 +888,9 @@ async def test_real_unreachable_service_defers_once_the_circuit_opens() -> None:
         origin = gone.url("payment").rsplit("/payment", 1)[0]
     calls = Calls(origin, real_waits=True, failure_threshold=3)
     before = datetime.now(UTC)
-    outcome = await calls.charge(budget=5.0)
+    outcome = await calls.charge(budget=30.0)
+    after = datetime.now(UTC)
     assert isinstance(outcome, Deferred) and outcome.attempts == 3
     assert "connection_error" in (outcome.last_error or "")
-    assert before + timedelta(seconds=29) < outcome.retry_at < before + timedelta(seconds=31)
+    # The breaker's reset timeout (30 s) after it opened, during the call.
+    assert before + timedelta(seconds=30) <= outcome.retry_at <= after + timedelta(seconds=30)

@@ -107,10 +107,8 @@ async def test_a_slow_server_receives_one_post(serve, kept_alive: bool) -> None:
 async def test_the_services_timeout_bounds_every_call(serve) -> None:
     server = await serve(slow(5))
     http = remote(server, ServiceLimits(timeout_s=0.3))
-    started = time.monotonic()
-    with pytest.raises(CallTimedOut):
+    with pytest.raises(CallTimedOut, match=r"within 0.300 s"):  # the service's, not the 10 s
         await http.post("inventory", "reserve", b"{}", HEADERS, timeout=10)
-    assert time.monotonic() - started < 0.6
     with pytest.raises(CallTimedOut):
         await http.post("inventory", "reserve", b"{}", HEADERS)  # no timeout given: the service's
     await http.close()

@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 
 from adapters.store.rows import order_entity, order_from_entity
-from domain.lifecycle import Replied
+from domain.events import Replied
 from domain.messages import (
     MAX_RESUME_CHARS,
     AgentRequest,

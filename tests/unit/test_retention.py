@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from adapters import archive
 from adapters.archive import ArchivedOrder
 from devstack.memory import MemoryArchive
-from domain.lifecycle import Context, submit
+from domain.events import Context
+from domain.lifecycle import submit
 from domain.messages import OrderSubmitted
 from domain.order import TERMINAL_ALERT_REASONS, Failures, Order, TimelineEntry
 from domain.retention import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from domain.lifecycle import Context, Replied, Restart, RetryDue, Swept, decide, submit
+from domain.events import Context, Replied, RetryDue, Swept
+from domain.lifecycle import decide, submit
 from domain.messages import (
     EXPIRED,
     AgentRequest,
@@ -13,6 +14,7 @@ from domain.messages import (
     OrderSubmitted,
     SchedulerCommand,
 )
+from domain.operator_actions import Action, Restart, act
 from domain.order import Order, TimelineEntry
 from domain.workflows import ORDER_WORKFLOW
 from service.operations.step_activity import MAX_REASONS, step_activity
@@ -40,7 +42,10 @@ class Run:
         self.timeline: list[TimelineEntry] = [decision.entry]
 
     def event(self, event, seconds: float) -> None:
-        decision = decide(self.order, event, at(seconds))
+        if isinstance(event, Action):
+            decision = act(self.order, event, at(seconds))
+        else:
+            decision = decide(self.order, event, at(seconds))
         assert decision.order is not None and decision.entry is not None, decision.note
         self.order = decision.order
         self.timeline.append(decision.entry)

@@ -121,7 +121,7 @@ class StoreSpy:
         self.found.append(order_id)
         order = await self._store.find(order_id)
         if self.after_find is not None:
-            await asyncio.wait_for(self.after_find.wait(), 5)
+            await asyncio.wait_for(self.after_find.wait(), 30)
         return order
 
     def __getattr__(self, name: str) -> Any:
@@ -210,7 +210,7 @@ async def at_once(*actions: Awaitable[object]) -> None:
     """Run ``actions`` at the same moment, as tasks interleaving at each request to the store;
     re-raise what any of them raised."""
     try:
-        await asyncio.wait_for(asyncio.gather(*actions), 10)
+        await asyncio.wait_for(asyncio.gather(*actions), 30)
     except TimeoutError:
         raise AssertionError("a tick did not finish") from None
 

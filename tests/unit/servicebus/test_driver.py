@@ -53,11 +53,11 @@ def served() -> Iterator[tuple[Driver, Recorder, int]]:
     thread.start()
     yield driver, recorder, port
     stop.set()
-    thread.join(5)
+    thread.join(30)
     driver.close()
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -113,7 +113,7 @@ def test_close_hangs_up_on_every_peer() -> None:
     try:
         wait_for(lambda: len(driver._sockets) == 2, "two connections")
         stop.set()
-        thread.join(5)
+        thread.join(30)
         driver.close()
         for peer in peers:
             peer.settimeout(5)

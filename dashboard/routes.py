@@ -1,15 +1,16 @@
-"""The dashboard's HTTP-triggered functions: the page, its assets, its overview summary, and who
-the caller is, and an order's spans from the local telemetry files (:mod:`dashboard.traces`).
-Everything else the page shows or does goes through the operator API (``/api/orders``,
-``/api/alerts``, ...) from the browser.
+"""The dashboard's routes: the page, its assets, its overview summary, who the caller is, and an
+order's spans from the local telemetry files (:mod:`dashboard.traces`). Everything else the page
+shows or does goes through the operator API (``/api/orders``, ``/api/alerts``, ...) from the
+browser. Served by the operations app beside the operator API (:func:`operator_api.app.build`),
+undocumented in its OpenAPI document.
 
-Access is the operator API's: every function has its ``auth_level`` (``FUNCTION``), so in Azure
-the Functions host answers 401 without a function or host key before any code here runs; open
-the dashboard as ``https://<app>/api/dashboard?code=<key>`` and the page passes the key on to
-every call it makes. Locally (the local host, ``func start``) keys are not checked. Actions
-record the caller App Service Authentication signed in (``X-MS-CLIENT-PRINCIPAL-NAME``), which
-the operator API requires; :func:`dashboard_me` tells the page who that is, and whether
-sign-in is available, so it can offer to sign in before an action (docs/dashboard.md).
+Access is the operator API's: in Azure the Functions host answers 401 without a function or host
+key before any code here runs; open the dashboard as ``https://<app>/api/dashboard?code=<key>``
+and the page passes the key on to every call it makes. Locally (the local host, ``func start``)
+keys are not checked. Actions record the caller App Service Authentication signed in
+(``X-MS-CLIENT-PRINCIPAL-NAME``), which the operator API requires; :func:`dashboard_me` tells the
+page who that is, and whether sign-in is available, so it can offer to sign in before an action
+(docs/dashboard.md).
 
 Pages are sent with a Content-Security-Policy that allows only this app's own scripts and
 styles (no inline script, no other origin), and every stored value the page shows is set as
@@ -27,14 +28,15 @@ import os
 import re
 from typing import Any, Final
 
-import azure.functions as func
+from fastapi import APIRouter, Request, Response
 
 from dashboard import assets, traces
 from domain import ids
-from operator_api.functions import AUTH, PRINCIPAL_HEADER, context, json_response
+from operator_api.http import PRINCIPAL_HEADER, json_response
+from service.operations.context import current
 from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
 
-bp = func.Blueprint()
+router = APIRouter(prefix="/dashboard")
 log = logging.getLogger("dashboard.http")
 
 PRINCIPAL_CLAIMS_HEADER: Final = "X-MS-CLIENT-PRINCIPAL"
@@ -76,39 +78,39 @@ def summary() -> Summary:
     """The process's overview summary (one per process: its caches serve every browser)."""
     global _summary
     if _summary is None:
-        _summary = Summary(context)
+        _summary = Summary(current)
     return _summary
 
 
 # ------------------------------------------------------------------------------------ pages
 
 
-@bp.route(route="dashboard", methods=["GET"], auth_level=AUTH)
-async def dashboard_page(req: func.HttpRequest) -> func.HttpResponse:
+@router.get("")
+async def dashboard_page(req: Request) -> Response:
     return _page("index.html", req)
 
 
-@bp.route(route="dashboard/api-docs", methods=["GET"], auth_level=AUTH)
-async def dashboard_api_docs(req: func.HttpRequest) -> func.HttpResponse:
+@router.get("/api-docs")
+async def dashboard_api_docs(req: Request) -> Response:
     return _page("api-docs.html", req)
 
 
-@bp.route(route="dashboard/static/{name}", methods=["GET"], auth_level=AUTH)
-async def dashboard_static(req: func.HttpRequest) -> func.HttpResponse:
-    return _asset(assets.OWN, req, immutable=False)
+@router.get("/static/{name}")
+async def dashboard_static(name: str, req: Request) -> Response:
+    return _asset(assets.OWN, name, req, immutable=False)
 
 
-@bp.route(route="dashboard/vendor/{name}", methods=["GET"], auth_level=AUTH)
-async def dashboard_vendor(req: func.HttpRequest) -> func.HttpResponse:
-    return _asset(assets.VENDOR, req, immutable=True)
+@router.get("/vendor/{name}")
+async def dashboard_vendor(name: str, req: Request) -> Response:
+    return _asset(assets.VENDOR, name, req, immutable=True)
 
 
 # ------------------------------------------------------------------------------------- data
 
 
-@bp.route(route="dashboard/summary", methods=["GET"], auth_level=AUTH)
-async def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
-    window = _window(req.params.get("window"))
+@router.get("/summary")
+async def dashboard_summary(req: Request) -> Response:
+    window = _window(req.query_params.get("window"))
     if window is None:
         return _error(
             400,
@@ -124,12 +126,12 @@ async def dashboard_summary(req: func.HttpRequest) -> func.HttpResponse:
     return _json(200, body)
 
 
-@bp.route(route="dashboard/orders/{order_id}/trace", methods=["GET"], auth_level=AUTH)
-async def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
+@router.get("/orders/{order_id}/trace")
+async def dashboard_order_trace(order_id: str) -> Response:
     """The order's span trees from the TELEMETRY_DIR files; without that setting (Azure),
     ``local: false`` and where to look instead (:mod:`dashboard.traces`)."""
     try:
-        order_id = ids.validate_order_id(req.route_params.get("order_id"))
+        order_id = ids.validate_order_id(order_id)
     except ids.InvalidId as exc:
         return _error(400, "invalid_order_id", str(exc))
     try:
@@ -146,8 +148,8 @@ async def dashboard_order_trace(req: func.HttpRequest) -> func.HttpResponse:
     return _json(200, body)
 
 
-@bp.route(route="dashboard/me", methods=["GET"], auth_level=AUTH)
-async def dashboard_me(req: func.HttpRequest) -> func.HttpResponse:
+@router.get("/me")
+async def dashboard_me(req: Request) -> Response:
     auth_enabled = os.environ.get(AUTH_ENABLED_SETTING, "").strip().lower() == "true"
     return _json(200, caller(req.headers, auth_enabled=auth_enabled))
 
@@ -202,9 +204,9 @@ def _claims(raw: str | None) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _page(name: str, req: func.HttpRequest) -> func.HttpResponse:
+def _page(name: str, req: Request) -> Response:
     try:
-        body = assets.render_page(name, req.params.get("code"))
+        body = assets.render_page(name, req.query_params.get("code"))
     except assets.MissingAsset as missing:
         log.error("dashboard page %s needs a missing asset: %s", name, missing)
         return _error(500, "missing_asset", f"the dashboard is missing a file: {missing}")
@@ -213,14 +215,12 @@ def _page(name: str, req: func.HttpRequest) -> func.HttpResponse:
         "Content-Security-Policy": PAGE_POLICY,
         "Cache-Control": "no-store",
     }
-    return func.HttpResponse(
-        body, status_code=200, mimetype="text/html", charset="utf-8", headers=headers
-    )
+    return Response(body, status_code=200, media_type="text/html; charset=utf-8", headers=headers)
 
 
-def _asset(folder: assets.Assets, req: func.HttpRequest, *, immutable: bool) -> func.HttpResponse:
+def _asset(folder: assets.Assets, name: str, req: Request, *, immutable: bool) -> Response:
     try:
-        asset = folder.get(req.route_params.get("name", ""))
+        asset = folder.get(name)
     except assets.MissingAsset:
         return _error(404, "not_found", "no such dashboard file")
     headers = {
@@ -232,16 +232,13 @@ def _asset(folder: assets.Assets, req: func.HttpRequest, *, immutable: bool) -> 
         "Content-Type": asset.content_type,
     }
     if asset.etag in _etags(req.headers.get("If-None-Match")):
-        return func.HttpResponse(b"", status_code=304, headers=headers)
+        return Response(status_code=304, headers=headers)
     body = asset.body
     accepts = req.headers.get("Accept-Encoding") or ""
     if asset.gzipped is not None and "gzip" in accepts.lower():
         body = asset.gzipped
         headers["Content-Encoding"] = "gzip"
-    mimetype, _, charset = asset.content_type.partition("; charset=")
-    return func.HttpResponse(
-        body, status_code=200, headers=headers, mimetype=mimetype, charset=charset or None
-    )
+    return Response(body, status_code=200, headers=headers)
 
 
 def _etags(value: str | None) -> set[str]:
@@ -258,9 +255,9 @@ def _window(value: str | None) -> int | None:
     return seconds if MIN_WINDOW_S <= seconds <= MAX_WINDOW_S else None
 
 
-def _json(status: int, body: Any) -> func.HttpResponse:
+def _json(status: int, body: Any) -> Response:
     return json_response(status, body, SECURITY_HEADERS)
 
 
-def _error(status: int, code: str, message: str) -> func.HttpResponse:
+def _error(status: int, code: str, message: str) -> Response:
     return _json(status, {"error": {"code": code, "message": message}})

@@ -1,0 +1,1 @@
+"""A tiny ASGI app (FastAPI) behind func.AsgiFunctionApp, for the local host's HTTP tests."""

@@ -1,0 +1,77 @@
+"""The operations app called as the Python worker calls it: its one HTTP function
+(``http_app_func``, which ``func.AsgiFunctionApp`` registers) given a ``func.HttpRequest``, so a
+request goes through the worker's ASGI bridge, FastAPI's routing and validation, and the routes.
+
+Routes are named by their endpoint's name (``operator_show_order``); the URL is FastAPI's for
+that name, each path parameter percent-encoded as a client would send it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import azure.functions as func
+from fastapi import FastAPI
+
+PRINCIPAL_HEADER = "X-MS-CLIENT-PRINCIPAL-NAME"
+
+
+@dataclass(frozen=True)
+class OperationsApp:
+    api: FastAPI
+    function: Callable[..., Awaitable[func.HttpResponse]]
+
+    def url(self, name: str, route: dict[str, str] | None = None) -> str:
+        encoded = {key: quote(str(value), safe="") for key, value in (route or {}).items()}
+        return "http://localhost/api" + self.api.url_path_for(name, **encoded)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> func.HttpResponse:
+        request = func.HttpRequest(method=method, url=url, body=body, headers=headers or {})
+        return await self.function(req=request, context=None)
+
+
+def load() -> OperationsApp:
+    """A fresh import of operations_app (``get_functions()`` runs once per FunctionApp)."""
+    sys.modules.pop("operations_app", None)
+    module = importlib.import_module("operations_app")
+    (function,) = module.app.get_functions()
+    assert function.get_function_name() == "http_app_func"
+    return OperationsApp(module.api, function.get_user_function())
+
+
+async def call(
+    app: OperationsApp,
+    name: str,
+    *,
+    params: dict[str, str] | None = None,
+    route: dict[str, str] | None = None,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    caller: str | None = "ops@example.com",
+) -> tuple[int, dict[str, Any]]:
+    """Route ``name`` (POST with ``body``, else GET) as ``caller``: who App Service
+    Authentication says is calling (None: nobody signed in). Every answer is JSON that a browser
+    must never sniff as a page (answers echo stored text: alert details, bodies)."""
+    raw = json.dumps(body).encode() if isinstance(body, dict) else (body or b"")
+    headers = dict(headers or {})
+    if caller is not None:
+        headers.setdefault(PRINCIPAL_HEADER, caller)
+    url = app.url(name, route) + (f"?{urlencode(params)}" if params else "")
+    response = await app.request("POST" if body is not None else "GET", url, body=raw,
+                                 headers=headers)  # fmt: skip
+    assert response.mimetype == "application/json"
+    assert response.headers.get("X-Content-Type-Options") == "nosniff"
+    return response.status_code, json.loads(response.get_body())
