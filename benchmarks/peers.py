@@ -2,7 +2,7 @@
 
     python -m benchmarks.peers [--orders 1000] [--workflow single_step --workflow order]
                                [--side dbos --side ours] [--rounds 1] [--rate 0 | R]
-                               [--paced-orders 300] [--no-paced] [--json]
+                               [--paced-orders 300] [--no-paced] [--cpu-split] [--json]
 
 Two engines run the project's two workflows (``single_step``: one remote call; ``order``:
 three), alternately, never at the same time:
@@ -30,6 +30,14 @@ fake), read from /proc around the measured batch; ``engine`` is the total withou
 Ours also gives the requests per order the hosts counted at the SDK (adapters/op_counts.py: Table
 requests by method, Service Bus sends, receives, settlements) and the function executions per
 order, from which benchmarks.cost prices a million orders in Azure.
+
+With ``--cpu-split``, our hosts are sampled with py-spy in the burst runs and their CPU is split
+into what deploys (the app's code and the libraries under it: what an instance spends per order
+in Azure) and what only the development host spends (receive, settle, lock renewal, conversion
+to ``func.ServiceBusMessage``, its stats), each by kind (benchmarks.cpu_split); the dev-only
+total adds Azurite and the broker. Beside the burst ratio it prints throughput at equal CPU:
+DBOS's CPU per workflow over ours (the whole engine, and what deploys alone). py-spy's own CPU
+(``sampler_cpu_ms``) is on the same cores, so sampled runs are a little slower.
 
 What is not counted: our benchmark process's own CPU (it sends the orders and watches them
 finish); DBOS enqueues from inside its own process, so its enqueue cost is in its CPU. Watching
@@ -64,7 +72,7 @@ from rich.table import Table
 
 from adapters.servicebus import to_servicebus_message
 from adapters.settings import Settings
-from benchmarks import cost
+from benchmarks import cost, cpu_split
 from benchmarks.history import new_order, quantiles
 from devstack.fakes.profiles import example_profile
 from devstack.observe import (
@@ -131,6 +139,11 @@ class RunResult(BaseModel):
     """The machine's 1-minute load average when the run ended (2 cores shared with others)."""
     operations_per_order: dict[str, float] = {}
     executions_per_order: float | None = None
+    cpu_split_ms: dict[str, dict[str, float]] = {}
+    """Ours, sampled (``--cpu-split``): the hosts' CPU milliseconds per workflow by part
+    (``deploys``, ``dev_host``, ``shared``) and kind (benchmarks.cpu_split)."""
+    sampler_cpu_ms: float | None = None
+    """py-spy's own CPU per workflow while it sampled (on the same cores, not in cpu_ms)."""
 
 
 def timing(pairs: Sequence[tuple[float, float]]) -> dict[str, Any]:
@@ -281,9 +294,12 @@ class OursSide:
         timeout: float,
         say: Callable[[str], None],
         telemetry: Path | None = None,
+        split: bool = False,
     ) -> None:
-        """``telemetry``: the hosts write their spans there (benchmarks.latency); None: off."""
+        """``telemetry``: the hosts write their spans there (benchmarks.latency); None: off.
+        ``split``: sample the hosts in burst runs and split their CPU (benchmarks.cpu_split)."""
         self.workdir = workdir
+        self.split = split
         self.telemetry = telemetry
         self.hosts = hosts
         self.warmup = warmup
@@ -320,9 +336,15 @@ class OursSide:
         # warm-up's last requests would be counted in this run.
         ops_before = await host_operations_after(self.workdir, time.time())
         calls_before = invocations(self.workdir)
+        sampler = self._sampler(info) if mode == "burst" else None
+        if sampler is not None:
+            sampler.start()
         cpu_before = process_cpu(info.pids)
         submitted = await self.batch(info, workflow, count, rate, f"peers-{run}-")
         cpu_after = process_cpu(info.pids)
+        split = (
+            None if sampler is None else cpu_split.merged(sampler.stop(str(ROOT) + "/").values())
+        )
         finals = await self.finals(info, submitted)
         ops_after = await host_operations_after(self.workdir, time.time())
         calls = sum(invocations(self.workdir).values()) - sum(calls_before.values())
@@ -346,8 +368,21 @@ class OursSide:
                 if n != ops_before.get(kind, 0)
             },
             executions_per_order=round(calls / count, 3),
+            cpu_split_ms={} if split is None else cpu_split.per_workflow_ms(split, count),
+            sampler_cpu_ms=None
+            if sampler is None
+            else round(sampler.sampler_cpu_s * 1000 / count, 2),
             **timing(pairs),
         )
+
+    def _sampler(self, info: StackInfo) -> cpu_split.Sampler | None:
+        if not self.split:
+            return None
+        executable = cpu_split.py_spy()
+        if executable is None:
+            raise RuntimeError("--cpu-split needs py-spy (requirements-dev.txt)")
+        hosts = {name: pid for name, pid in info.pids.items() if name.startswith("host-")}
+        return cpu_split.Sampler(executable, hosts, self.workdir)
 
     async def batch(
         self, info: StackInfo, workflow: str, count: int, rate: float, prefix: str
@@ -473,6 +508,7 @@ class Plan(BaseModel):
     dbos_polling_s: float
     instance_memory_mb: int
     orders_per_month: float
+    cpu_split: bool = False
 
 
 def slots(plan: Plan) -> Iterator[tuple[int, str, Side]]:
@@ -570,6 +606,40 @@ def side_summary(runs: Sequence[RunResult]) -> dict[str, Any]:
         "cpu_ms_engine": median_of(runs, lambda r: r.cpu_ms_engine),
         "failed": sum(r.failed for r in runs),
         "not_finished": sum(r.orders - r.finished for r in runs),
+        **({"cpu_split_ms": split_summary(runs)} if any(r.cpu_split_ms for r in runs) else {}),
+    }
+
+
+def split_summary(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Medians over the sampled runs: what deploys and what only the development stack spends,
+    per workflow (the shared CPU divided between the two: benchmarks.cpu_split.Split), and the
+    kinds within each part."""
+    sampled = [r for r in runs if r.cpu_split_ms]
+
+    def apportioned(run: RunResult) -> tuple[float, float]:
+        split = cpu_split.Split()
+        for part, kinds in run.cpu_split_ms.items():
+            for kind, ms in kinds.items():
+                split.add(part, kind, ms)
+        return split.apportioned()
+
+    def dev_only(run: RunResult) -> float:
+        emulators = sum(ms for name, ms in run.cpu_ms.items() if name in ("azurite", "broker"))
+        return apportioned(run)[1] + emulators
+
+    kinds = {
+        part: {
+            kind: median_of(sampled, lambda r, p=part, k=kind: r.cpu_split_ms.get(p, {}).get(k))
+            for kind in sorted({k for r in sampled for k in r.cpu_split_ms.get(part, {})})
+        }
+        for part in ("deploys", "dev_host", "shared")
+    }
+    return {
+        "deploys": median_of(sampled, lambda r: apportioned(r)[0]),
+        "dev_host": median_of(sampled, lambda r: apportioned(r)[1]),
+        "dev_only": median_of(sampled, dev_only),
+        "sampler": median_of(sampled, lambda r: r.sampler_cpu_ms),
+        "kinds": kinds,
     }
 
 
@@ -594,13 +664,21 @@ def summarize(results: Sequence[RunResult], plan: Plan) -> list[dict[str, Any]]:
                 continue
             ours, dbos = sides.get("ours", {}), sides.get("dbos", {})
             rate = next(r.rate for r in results if (r.workflow, r.mode) == (workflow, mode))
+            deploys = ours.get("cpu_split_ms", {}).get("deploys")
             rows.append(
                 {
                     "workflow": workflow,
                     "mode": mode,
                     "rate": rate,
                     "sides": sides,
-                    "ours_over_dbos": {k: ratio(ours.get(k), dbos.get(k)) for k in RATIO_KEYS},
+                    "ours_over_dbos": {
+                        **{k: ratio(ours.get(k), dbos.get(k)) for k in RATIO_KEYS},
+                        # Throughput at equal CPU: workflows per CPU-second, ours over DBOS's.
+                        "per_cpu_engine": ratio(
+                            dbos.get("cpu_ms_engine"), ours.get("cpu_ms_engine")
+                        ),
+                        "per_cpu_deploys": ratio(dbos.get("cpu_ms_engine"), deploys),
+                    },
                 }
             )
     return rows
@@ -697,6 +775,31 @@ def side_table(doc: Mapping[str, Any]) -> Table:
     return table
 
 
+def split_table(doc: Mapping[str, Any]) -> Table | None:
+    """Ours, sampled: CPU ms per workflow that deploys and that only the dev stack spends, and
+    throughput at equal CPU (workflows per CPU-second, ours over DBOS's)."""
+    rows = [r for r in doc["summary"] if "cpu_split_ms" in r["sides"].get("ours", {})]
+    if not rows:
+        return None
+    table = Table(title="Ours: CPU ms per workflow, what deploys and what the dev stack adds")
+    for name in ("workflow", "deploys", "dev only", "of it: host", "DBOS", "per CPU, engine",
+                 "per CPU, deploys", "burst ratio", "deploys by kind"):  # fmt: skip
+        table.add_column(
+            name, justify="left" if name in ("workflow", "deploys by kind") else "right"
+        )
+    for row in rows:
+        split = row["sides"]["ours"]["cpu_split_ms"]
+        dbos = row["sides"].get("dbos", {}).get("cpu_ms_engine")
+        r = row["ours_over_dbos"]
+        kinds = sorted(split["kinds"]["deploys"].items(), key=lambda kv: -(kv[1] or 0))
+        table.add_row(
+            row["workflow"], _n(split["deploys"]), _n(split["dev_only"]), _n(split["dev_host"]),
+            _n(dbos), _n(r["per_cpu_engine"]), _n(r["per_cpu_deploys"]), _n(r["workflows_per_s"]),
+            " · ".join(f"{k} {_n(ms, 1)}" for k, ms in kinds[:8]),
+        )  # fmt: skip
+    return table
+
+
 def requests_table(doc: Mapping[str, Any]) -> Table:
     table = Table(title="Ours: requests per order, counted at the SDK (burst runs)")
     for name in (
@@ -738,6 +841,8 @@ def cost_table(doc: Mapping[str, Any]) -> Table:
 
 def show(doc: Mapping[str, Any], console: Console) -> None:
     console.print(side_table(doc))
+    if (split := split_table(doc)) is not None:
+        console.print(split)
     if doc["requests_per_order"]:
         console.print(requests_table(doc))
         console.print(cost_table(doc))
@@ -785,6 +890,12 @@ def main(
     timeout: Annotated[float, typer.Option(help="Seconds a run of ours may take.")] = 1800.0,
     workdir: Annotated[Path | None, typer.Option(help="Logs and the stack's files.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    cpu_split: Annotated[
+        bool,
+        typer.Option(
+            help="Sample our hosts with py-spy in burst runs: CPU that deploys vs the dev stack's."
+        ),
+    ] = False,
     save: Annotated[
         Path | None, typer.Option(help="Also write the JSON document to this file.")
     ] = None,
@@ -805,6 +916,7 @@ def main(
         dbos_polling_s=dbos_polling,
         instance_memory_mb=memory_mb,
         orders_per_month=orders_per_month,
+        cpu_split=cpu_split,
     )
     # Wide enough for the tables when stdout is a file or a pipe (rich assumes 80 columns).
     console = Console(stderr=json_out, width=None if sys.stdout.isatty() else 180)
@@ -845,7 +957,14 @@ async def run_session(
             )
             dbos.start()
         if "ours" in plan.sides:
-            ours = OursSide(workdir, hosts=plan.hosts, warmup=plan.warmup, timeout=timeout, say=say)
+            ours = OursSide(
+                workdir,
+                hosts=plan.hosts,
+                warmup=plan.warmup,
+                timeout=timeout,
+                say=say,
+                split=plan.cpu_split,
+            )
         return await Session(plan, ours, dbos, say).run(), version
     finally:
         if ours is not None:

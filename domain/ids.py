@@ -27,7 +27,7 @@ against the charge it reverses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple
 
 Operation = Literal["do", "undo"]
@@ -51,11 +51,19 @@ class _Rule:
     text: str
     last: frozenset[str] | None = None
     min_len: int = 1
+    valid: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    """The same rule as one pattern: a valid value (nearly every one) is told in one match,
+    and only one that fails is walked through to say why."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "valid", _pattern(self))
 
     def check(self, value: object, kind: str) -> str:
         if not isinstance(value, str):
             got = type(value).__name__
             raise InvalidId(f"{kind} must be a string, got {got}; allowed: {self.text}")
+        if self.valid.fullmatch(value):
+            return value
         problem = self._problem(value)
         if problem is None:
             return value
@@ -76,6 +84,20 @@ class _Rule:
         if self.last is not None and value[-1] not in self.last:
             return f"ends with {value[-1]!r}"
         return None
+
+
+def _pattern(rule: _Rule) -> re.Pattern[str]:
+    def chars(alphabet: frozenset[str]) -> str:
+        return "[" + "".join(re.escape(c) for c in sorted(alphabet)) + "]"
+
+    first, rest = chars(rule.first), chars(rule.rest)
+    if rule.last is None:
+        body = f"{first}{rest}{{{rule.min_len - 1},{rule.max_len - 1}}}"
+    else:
+        alone = chars(rule.first & rule.last) if rule.min_len <= 1 else "(?!)"
+        middle = f"{{{max(rule.min_len - 2, 0)},{rule.max_len - 2}}}"
+        body = f"(?:{alone}|{first}{rest}{middle}{chars(rule.rest & rule.last)})"
+    return re.compile(body, re.ASCII)
 
 
 _ID = _Rule(

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from pydantic import ValidationError
+
 from domain.messages import AgentRequest
 from service import resume
 
@@ -31,12 +33,17 @@ def disagreement(request: AgentRequest) -> str | None:
     when it carries no snapshot."""
     if request.resume is None:
         return None
-    held = resume.requests_in(request.resume, request.order_id)
-    if held is None:
+    stored = resume.requests_in(request.resume, request.order_id)
+    if stored is None:
+        return "the order snapshot it carries cannot be read or is another order's"
+    # As stored, the outbox holds each request's JSON: the same request reads back the same.
+    if request.model_dump(mode="json", exclude={"resume"}) in stored:
+        return None
+    try:
+        held = [AgentRequest.model_validate(message) for message in stored]
+    except ValidationError:
         return "the order snapshot it carries cannot be read or is another order's"
     sent = request.model_copy(update={"resume": None})
-    if sent in held:
-        return None
     for other in held:
         if _named(other) == _named(sent):
             fields = [f for f in AgentRequest.model_fields if getattr(sent, f) != getattr(other, f)]

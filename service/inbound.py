@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from adapters import telemetry
 from domain import signing
-from domain.messages import MAX_MESSAGE_ID_LENGTH, OperatorAlert, excerpt
+from domain.messages import MAX_MESSAGE_ID_LENGTH, OperatorAlert, SignedBody, excerpt
 
 if TYPE_CHECKING:
     from service.runtime import Runtime
@@ -107,11 +107,14 @@ def _claims(body: bytes) -> str:
     return f"It claims to be {repr(kind)[:40]} for order {repr(order)[:80]}. "
 
 
-async def trusted_body(rt: Runtime, delivery: Delivery, role: str, source: str) -> bytes | None:
-    """The body to handle, or None after alerting when the app did not sign it for this queue."""
+async def trusted_body(
+    rt: Runtime, delivery: Delivery, role: str, source: str
+) -> SignedBody | None:
+    """The body to handle, or None after alerting when the app did not sign it for this queue.
+    Marked as signed: it is parsed in one pass (:class:`domain.messages.SignedBody`)."""
     queue = rt.settings.queue(role)
     rejected = check(rt.settings.keyring, queue, delivery)
     if rejected is None:
-        return delivery.body
+        return SignedBody(delivery.body)
     await rt.alert(untrusted_alert(role, queue, delivery, rejected, rt.actor(source)))
     return None

@@ -43,7 +43,6 @@ from adapters.store.rows import (
     get_json,
     order_entity,
     order_from_entity,
-    outgoing_of,
     utc,
 )
 from domain.messages import MAX_RESUME_CHARS, AgentRequest
@@ -102,20 +101,23 @@ def restore(token: str | None, order_id: str) -> Order | None:
     return order
 
 
-def requests_in(token: str, order_id: str) -> tuple[AgentRequest, ...] | None:
-    """The AgentRequests the outbox of snapshot ``token`` holds, if it is a well-formed
-    snapshot of order ``order_id``; else None. Read without building the order: an agent checks
-    the request it carries against them (:mod:`service.consistency`) on every call."""
+def requests_in(token: str, order_id: str) -> tuple[dict[str, object], ...] | None:
+    """The AgentRequests the outbox of snapshot ``token`` holds, as they were stored (each
+    message's JSON object, not validated), if it is a well-formed snapshot of order
+    ``order_id``; else None. Read without building the order: an agent checks the request it
+    carries against them (:mod:`service.consistency`) on every call."""
     try:
         _, _, row = _unpack(token)
         if row.get("OrderID") != order_id:
             raise ValueError(f"a snapshot of order {str(row.get('OrderID'))[:80]!r}")
         items = json.loads(get_json(row, "Outbox") or "[]")
-        held = [outgoing_of(item).message for item in items if item["type"] == _REQUEST]
+        held = tuple(item["message"] for item in items if item["type"] == _REQUEST)
+        if not all(isinstance(message, dict) for message in held):
+            raise ValueError("an outbox request is not a JSON object")
     except _UNUSABLE as exc:
         log.warning("order %s: resume snapshot unusable: %s", order_id, exc)
         return None
-    return tuple(message for message in held if isinstance(message, AgentRequest))
+    return held
 
 
 def _decode(token: str) -> Order:

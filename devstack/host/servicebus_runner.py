@@ -10,6 +10,17 @@ function runs on a thread of its receiver's own, as the worker runs sync functio
 thread pool. An ``AutoLockRenewer`` keeps the lock while the function runs, for up to
 ``maxAutoLockRenewalDuration``.
 
+**No keep-alive read beside the receive.** With ``prefetch_count`` 0 the SDK gives each receive
+client a keep-alive coroutine that reads its connection every 5 seconds, waiting up to the
+socket timeout for a frame while it holds the connection's socket lock. A message the broker
+delivers meanwhile is read by that coroutine, queued, and left there until the receive call's
+own read (waiting for the lock, then for a next frame) times out: up to ``SOCKET_TIMEOUT_S``
+late. That was the paced benchmark's tail (about 1 % of queue hops 100-200 ms late, the host's
+loop busy with other work all the while). The host's receivers read their connection all the
+time anyway (a receive is always in progress, and the lock renewer's requests go over it while
+a function runs), so their keep-alive is switched off (:func:`receive_without_keep_alive`). In
+Azure the Functions host receives in .NET: nothing of this runs there.
+
 Lock loss is counted per function (``FunctionStats``): a renewal that stopped before the message
 was settled, a settlement refused with ``MessageLockLostError`` (``lock_lost`` counts each such
 message once), and every message that arrives with a delivery count above 1 (``redelivered``).
@@ -33,6 +44,7 @@ from typing import Any
 from azure.core.credentials_async import AsyncTokenCredential
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
+from azure.servicebus._pyamqp.aio._client_async import ReceiveClientAsync
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
@@ -102,11 +114,23 @@ def resolve_connection(function: str, setting: str, settings: Mapping[str, str])
     )
 
 
+async def _no_keep_alive(self: Any) -> None:
+    """A receive client's keep-alive that does nothing (module docstring)."""
+
+
+def receive_without_keep_alive() -> None:
+    """Switch off the keep-alive reads of every SDK receive client in this process (module
+    docstring): the local host's receivers and any other receiver of the process, all of which
+    read their connection while they receive. Senders keep theirs."""
+    ReceiveClientAsync._keep_alive_async = _no_keep_alive  # type: ignore[method-assign]
+
+
 class ClientPool:
     """One asyncio ``ServiceBusClient`` per connection, shared by every receiver on it. Used on
     the host's event loop only."""
 
     def __init__(self) -> None:
+        receive_without_keep_alive()
         self._clients: dict[Connection, ServiceBusClient] = {}
         self._credentials: list[AsyncTokenCredential] = []
         self._opening = asyncio.Semaphore(MAX_CONCURRENT_OPENS)

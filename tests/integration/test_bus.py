@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus import ServiceBusMessageBatch, ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
@@ -65,16 +65,22 @@ def new_order_id() -> str:
 
 
 class SpySender:
-    """A real sender that records its sends and whether it was closed."""
+    """A real sender that records its sends (a batch counts its messages) and send calls, and
+    whether it was closed."""
 
     def __init__(self, queue: str, sender: Any) -> None:
         self.queue = queue
         self.sender = sender
         self.sent = 0
+        self.calls = 0
         self.closed = False
 
+    async def create_message_batch(self) -> ServiceBusMessageBatch:
+        return await self.sender.create_message_batch()
+
     async def send_messages(self, message: Any) -> None:
-        self.sent += 1
+        self.calls += 1
+        self.sent += len(message) if isinstance(message, ServiceBusMessageBatch) else 1
         await self.sender.send_messages(message)
 
     async def close(self) -> None:
@@ -90,8 +96,8 @@ class SpyClient:
         self.senders: list[SpySender] = []
         self.closed = False
 
-    def get_queue_sender(self, queue: str) -> SpySender:
-        sender = SpySender(queue, self.client.get_queue_sender(queue))
+    def get_queue_sender(self, queue: str, **options: Any) -> SpySender:
+        sender = SpySender(queue, self.client.get_queue_sender(queue, **options))
         self.senders.append(sender)
         return sender
 
@@ -221,23 +227,70 @@ async def test_a_scheduled_message_is_held_until_its_time(
     assert utc_now() >= due
 
 
-async def test_one_sender_per_queue_is_reused_by_concurrent_sends(
+async def test_one_sender_per_queue_is_reused_and_sends_that_wait_go_as_one_batch(
     servicebus: ServiceBusNamespace, receiving: ServiceBusClient, spies: Callable[..., Any]
 ) -> None:
     queue = servicebus.queue("order-status")
     factory, made = spies()
-    bus = Bus(factory)
+    bus = Bus(factory, keyring=KEYRING)
     order_id = new_order_id()
     updates = [status(order_id, n) for n in range(12)]
     try:
         await bus.send(queue, updates[0])
         await asyncio.gather(*(bus.send(queue, u) for u in updates[1:]))
+        # No keep-alive reads the link's connection on its own (servicebus.NO_KEEP_ALIVE).
+        (open_sender,) = made[0].opened(queue)
+        assert open_sender.sender._handler._keep_alive_thread is None
     finally:
         await bus.close()
     assert len(made) == 1
     (sender,) = made[0].opened(queue)
     assert sender.sent == len(updates)
-    await take(receiving, queue, {message_id_for(u) for u in updates})
+    # The first of the eleven goes alone; the ten that waited for it, in one batch.
+    assert sender.calls == 3
+    received = await take(receiving, queue, {message_id_for(u) for u in updates})
+    for update in updates:  # each arrives as a message of its own, as it was sent
+        message = received[message_id_for(update)]
+        body = b"".join(message.body)
+        assert parse_message(body, StatusUpdate) == update
+        assert message.correlation_id == order_id
+        verdict = signing.verify(
+            KEYRING,
+            signing.signature_of(message.application_properties),
+            queue=queue,
+            message_id=message.message_id,
+            body=body,
+        )
+        assert verdict == signing.Verified("bus")
+
+
+async def test_sends_that_do_not_fit_one_batch_go_in_several(
+    servicebus: ServiceBusNamespace, receiving: ServiceBusClient, spies: Callable[..., Any]
+) -> None:
+    queue = servicebus.queue("operator-alerts")
+    factory, made = spies()
+    bus = Bus(factory)
+    order_id = new_order_id()
+    # About 6.5 KB each: the 59 that wait for the first do not fit one 256 KiB batch.
+    alerts = [
+        OperatorAlert(
+            order_id=order_id,
+            severity="warning",
+            reason="big",
+            detail=f"{n} " + "x" * 4000,
+            raw_excerpt="y" * 2000,
+            source="test-bus",
+        )
+        for n in range(60)
+    ]
+    try:
+        await bus.send(queue, alerts[0])
+        await asyncio.gather(*(bus.send(queue, a) for a in alerts[1:]))
+    finally:
+        await bus.close()
+    (sender,) = made[0].opened(queue)
+    assert sender.sent == len(alerts) and sender.calls >= 4
+    await take(receiving, queue, {message_id_for(a) for a in alerts})
 
 
 async def test_a_failed_send_raises_and_forgets_its_sender(

@@ -28,7 +28,14 @@ from adapters.servicebus import Bus
 from adapters.settings import Settings
 from devstack.host.servicebus_runner import to_function_message
 from domain.events import Replied
-from domain.messages import AgentRequest, AgentResponse, MessageBase, encode, parse_message
+from domain.messages import (
+    AgentRequest,
+    AgentResponse,
+    MessageBase,
+    SignedBody,
+    encode,
+    parse_message,
+)
 from domain.order import Order
 from domain.states import ProcessState
 from service import apply, inbound, resume
@@ -447,7 +454,8 @@ async def test_only_a_message_the_app_signed_for_the_queue_is_handled(rt, reader
     assert signed is not None
     genuine = inbound.Delivery.of(to_function_message(signed))
 
-    assert await inbound.trusted_body(rt, genuine, "responses", "replies") == genuine.body
+    trusted = await inbound.trusted_body(rt, genuine, "responses", "replies")
+    assert trusted == genuine.body and isinstance(trusted, SignedBody)
 
     message_id = f"forged-{uuid.uuid4().hex[:12]}"
     with sender.get_queue_sender(queue) as s:

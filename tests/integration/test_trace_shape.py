@@ -20,20 +20,24 @@ import asyncio
 import importlib
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 from azure.core.settings import settings as azure_settings
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 
 from adapters import telemetry
+from adapters.servicebus import Bus
 from adapters.store.rows import OrderNotFound
 from devstack.host import LocalHost
+from domain.messages import StatusUpdate, message_id_for
 from domain.states import ProcessState
 from service.runtime import Runtime
 from tests.support.app import install_for_host, make_runtime
@@ -151,6 +155,60 @@ async def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted,
         assert not app.links, "the app span is in its message's trace: nothing to link"
         assert (app.attributes or {}).get("order.id") == order.order_id
         sender = app
+
+
+async def test_grouped_sends_keep_each_message_in_its_own_senders_trace(servicebus, spans):
+    """Sends that wait for a send in flight go out as one batch (adapters.servicebus): the SDK's
+    span for each message is still a child of that message's own sender, in its own trace, and
+    the context that travels with the message is that span's."""
+    queue = servicebus.queue("order-status")
+    bus = Bus(lambda: AsyncServiceBusClient.from_connection_string(servicebus.connection_string))
+    updates = [
+        StatusUpdate(order_id=f"o-grouped-{uuid.uuid4().hex[:12]}", sequence=0, state="Pending")
+        for _ in range(6)
+    ]
+
+    async def send(update: StatusUpdate) -> SpanContext:
+        with telemetry.tracer.start_as_current_span(f"send {update.order_id}") as span:
+            await bus.send(queue, update)
+            return span.get_span_context()
+
+    try:
+        senders = await asyncio.gather(*(send(u) for u in updates))
+    finally:
+        await bus.close()
+    finished = spans.get_finished_spans()
+    ours = {sender.trace_id for sender in senders}
+    sends = [s for s in finished if s.kind is SpanKind.CLIENT and s.context.trace_id in ours]
+    assert len(sends) < len(updates), "the sends were not grouped:\n" + _shape(finished)
+    messages = {}
+    for sender in senders:
+        (message,) = [
+            s
+            for s in finished
+            if s.kind is SpanKind.PRODUCER and s.context.trace_id == sender.trace_id
+        ]
+        assert message.parent is not None and message.parent.span_id == sender.span_id
+        assert any(
+            link.context.span_id == message.context.span_id for s in sends for link in s.links
+        ), f"no send links to the message of trace {sender.trace_id:x}"
+        messages[sender.trace_id] = message
+
+    wanted = {message_id_for(u): sender for u, sender in zip(updates, senders, strict=True)}
+    async with AsyncServiceBusClient.from_connection_string(servicebus.connection_string) as c:
+        async with c.get_queue_receiver(queue, max_wait_time=10) as receiver:
+            while wanted:
+                batch = await receiver.receive_messages(max_message_count=20, max_wait_time=10)
+                assert batch, f"{sorted(wanted)} never arrived"
+                for received in batch:
+                    await receiver.complete_message(received)
+                    sender = wanted.pop(str(received.message_id), None)
+                    if sender is None:
+                        continue  # another test's leftover
+                    carried = trace.get_current_span(
+                        telemetry.extract(received.application_properties)
+                    ).get_span_context()
+                    assert carried.span_id == messages[sender.trace_id].context.span_id
 
 
 async def _wait_for_reply_hop(rt, spans, order_id: str, trace_id: int) -> Sequence[ReadableSpan]:

@@ -3,6 +3,8 @@ pure, on orders the lifecycle makes and requests as they come off the wire."""
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -96,3 +98,20 @@ def test_a_request_changed_on_the_way_names_what_differs():
 def test_a_request_without_a_snapshot_is_not_checked():
     request = on_the_wire(orders()[1]).model_copy(update={"resume": None, "attempt": 7})
     assert disagreement(request) is None
+
+
+def test_a_snapshot_whose_outbox_request_is_malformed_cannot_be_read():
+    request = on_the_wire(orders()[1])
+    assert request.resume is not None
+    packed = request.resume.removeprefix(resume.PREFIX)
+    data = json.loads(base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4)))
+    outbox = json.loads(data["e"]["Outbox"])
+    for item in outbox:
+        if item["type"] == "AgentRequest":
+            item["message"]["attempt"] = "many"
+    data["e"]["Outbox"] = json.dumps(outbox)
+    text = json.dumps(data).encode()
+    token = resume.PREFIX + base64.urlsafe_b64encode(text).rstrip(b"=").decode()
+    assert disagreement(request.model_copy(update={"resume": token})) == (
+        "the order snapshot it carries cannot be read or is another order's"
+    )

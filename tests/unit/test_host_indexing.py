@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -13,11 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import azure.functions as func
 import pytest
+from azure.servicebus._pyamqp.aio._client_async import ReceiveClientAsync
 
 from devstack.host import HostConfigError, LocalHost, load_settings
 from devstack.host.indexing import ServiceBusTrigger, TimerTrigger, index_app
 from devstack.host.ncrontab import NcrontabSchedule
-from devstack.host.servicebus_runner import resolve_connection
+from devstack.host.servicebus_runner import ClientPool, resolve_connection
 from devstack.host.settings import load_servicebus_options, parse_timespan
 from devstack.host.timer_runner import is_past_due, skip_missed
 from devstack.stack.processes import REPO_ROOT
@@ -360,3 +362,31 @@ def test_the_local_host_indexes_the_supervisor_and_the_retention_purge():
     }
     timers = _indexed_timers({"PURGE_SCHEDULE": "0 */5 * * * *"})
     assert timers["retention_purge"] == "0 */5 * * * *"
+
+
+def test_the_hosts_receive_clients_read_their_connection_only_when_they_receive():
+    """The SDK's keep-alive coroutine of a prefetch-0 receive client read its connection every
+    5 s, holding the socket lock: a message arriving then waited for the receive call's own read
+    to time out (devstack.host.servicebus_runner's docstring). The host switches it off."""
+
+    class Connection:
+        listened = 0
+
+        async def listen(self, **_: object) -> None:
+            Connection.listened += 1
+
+    client = types.SimpleNamespace(
+        _connection=Connection(),
+        _shutdown=False,
+        _keep_alive_interval=0,
+        _socket_timeout=0.2,
+        _link=types.SimpleNamespace(current_link_credit=1),
+        _network_trace_params={},
+    )
+    ClientPool()  # what the host makes before its first receiver
+
+    async def keep_alive() -> None:
+        await asyncio.wait_for(ReceiveClientAsync._keep_alive_async(client), timeout=10)
+
+    asyncio.run(keep_alive())
+    assert Connection.listened == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from domain import ids
 from domain.ids import InvalidId
@@ -120,3 +122,16 @@ class TestIdempotencyKey:
     def test_generation_bounds(self, generation):
         with pytest.raises(InvalidId):
             ids.idempotency_key("o", "s", "do", generation)
+
+
+RULES = [ids._ID, ids._SKU, ids._NAME, ids._INSTANCE, ids._ENTITY, ids._TABLE]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.text[:24])
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_a_rules_one_pattern_accepts_exactly_what_its_walk_accepts(rule, data) -> None:
+    """The pattern tells a valid value at once; the walk says why one is not: they agree."""
+    alphabet = "".join(sorted(rule.first | rule.rest | frozenset("./:@_- \n\x00é٣")))
+    value = data.draw(st.text(alphabet=alphabet, max_size=rule.max_len + 2))
+    assert (rule.valid.fullmatch(value) is not None) == (rule._problem(value) is None)

@@ -16,6 +16,7 @@ from domain.messages import (
     OperatorAlert,
     OrderSubmitted,
     SchedulerCommand,
+    SignedBody,
     StatusUpdate,
     encode,
     message_id_for,
@@ -109,6 +110,32 @@ def test_round_trip_through_encode_and_parse(message):
     assert b": " not in body and b", " not in body  # compact
     assert parse_message(body, type(message)) == message
     assert parse_message(body.decode(), type(message)) == message
+
+
+@pytest.mark.parametrize("message", ALL_MESSAGES, ids=lambda m: m.MESSAGE_TYPE)
+def test_a_signed_body_reads_as_any_other(message):
+    body = encode(message)
+    assert parse_message(SignedBody(body), type(message)) == parse_message(body, type(message))
+
+
+SIGNED_REFUSALS = [
+    pytest.param(b"", id="empty"),
+    pytest.param(b"[1]", id="not an object"),
+    pytest.param(b'{"type": "AgentResponse", "x": NaN}', id="NaN"),
+    pytest.param(encode(response())[:-1], id="cut short"),
+    pytest.param(encode(request()), id="another type"),
+    pytest.param(encode(response()).replace(b'"attempt":2', b'"attempt":"2"'), id="a string"),
+    pytest.param(encode(response()).replace(b'"outcome":"succeeded"', b'"outcome":"x"'), id="bad"),
+]
+
+
+@pytest.mark.parametrize("body", SIGNED_REFUSALS)
+def test_a_signed_body_is_refused_for_the_same_reason_as_any_other(body):
+    with pytest.raises(BadMessage) as strict:
+        parse_message(body, AgentResponse)
+    with pytest.raises(BadMessage) as signed:
+        parse_message(SignedBody(body), AgentResponse)
+    assert vars(signed.value) == vars(strict.value)
 
 
 @pytest.mark.parametrize("message", ALL_MESSAGES, ids=lambda m: m.MESSAGE_TYPE)

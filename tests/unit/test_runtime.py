@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.exceptions import ServiceBusError
 from azure.storage.blob.aio import BlobServiceClient
 
 from adapters import clients
@@ -58,14 +59,37 @@ def alert(order_id: str = "o-alert") -> OperatorAlert:
     )
 
 
+class FakeBatch:
+    """A ServiceBusMessageBatch without a size limit."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    def add_message(self, message: Any) -> None:
+        self.messages.append(message)
+
+
 class FakeSender:
-    def __init__(self, queue: str) -> None:
+    """Records each message it sent (``sent``) and each send call (``calls``: a message or a
+    batch's messages), and the options it was opened with."""
+
+    def __init__(self, queue: str, **options: Any) -> None:
         self.queue = queue
+        self.options = options
         self.sent: list[Any] = []
+        self.calls: list[list[Any]] = []
         self.closed = False
 
+    async def create_message_batch(self) -> FakeBatch:
+        return FakeBatch()
+
     async def send_messages(self, message: Any) -> None:
-        self.sent.append(message)
+        self._record(message)
+
+    def _record(self, message: Any) -> None:
+        messages = message.messages if isinstance(message, FakeBatch) else [message]
+        self.calls.append(messages)
+        self.sent.extend(messages)
 
     async def close(self) -> None:
         self.closed = True
@@ -78,8 +102,8 @@ class FakeClient:
         self.senders: list[FakeSender] = []
         self.closed = False
 
-    def get_queue_sender(self, queue: str) -> FakeSender:
-        self.senders.append(FakeSender(queue))
+    def get_queue_sender(self, queue: str, **options: Any) -> FakeSender:
+        self.senders.append(FakeSender(queue, **options))
         return self.senders[-1]
 
     async def close(self) -> None:
@@ -154,15 +178,16 @@ async def test_an_alert_is_logged_and_sent_signed_to_the_alerts_queue(
     assert client.conn == rt.settings.servicebus and client.options == {}
     (sender,) = client.senders
     assert sender.queue == rt.settings.queue("alerts") == "operator-alerts"
-    (message,) = sender.sent
-    assert message.subject == "OperatorAlert"
-    assert message.message_id == message_id_for(raised)
-    assert message.correlation_id == "o-alert"
+    (message,) = sender.sent  # an AmqpAnnotatedMessage: what the SDK sends
+    assert message.properties.subject == "OperatorAlert"
+    assert message.properties.message_id == message_id_for(raised)
+    assert message.properties.correlation_id == "o-alert"
+    assert message.properties.content_type == "application/json"
     verdict = signing.verify(
         rt.settings.keyring,
         signing.signature_of(message.application_properties),
         queue="operator-alerts",
-        message_id=message.message_id,
+        message_id=message.properties.message_id,
         body=b"".join(message.body),
     )
     assert isinstance(verdict, signing.Verified)
@@ -186,6 +211,20 @@ async def test_the_status_bus_is_its_own_quick_unsigned_bounded_bus(
     assert signing.signature_of(message.application_properties) is None
     await rt.close()
     assert client.closed and client.senders[0].closed
+
+
+async def test_a_bus_opens_its_senders_without_the_sdks_keep_alive(
+    rt: runtime.Runtime, made: list[FakeClient]
+) -> None:
+    await rt.alert(alert())
+    await rt.status_bus().send(
+        "reply-here", StatusUpdate(order_id="o", sequence=0, state="Pending")
+    )
+    assert [sender.options for client in made for sender in client.senders] == [
+        {"keep_alive": 0},
+        {"keep_alive": 0},
+    ]
+    await rt.close()
 
 
 async def test_the_remote_http_is_one_built_from_the_settings_on_first_use(
@@ -263,7 +302,7 @@ class SlowSender(FakeSender):
         self.started.set()
         try:
             await asyncio.sleep(3600 if self.stuck else 0.01)
-            self.sent.append(message)
+            self._record(message)
         finally:
             self.active -= 1
 
@@ -273,18 +312,78 @@ class SlowClient(FakeClient):
         super().__init__(Connection("sb"), {})
         self.stuck = stuck
 
-    def get_queue_sender(self, queue: str) -> SlowSender:
+    def get_queue_sender(self, queue: str, **options: Any) -> SlowSender:
         self.senders.append(SlowSender(queue, stuck=len(self.senders) < self.stuck))
         return self.senders[-1]  # type: ignore[return-value]
 
 
-async def test_concurrent_sends_on_one_sender_take_turns() -> None:
+def ids_of(messages: list[Any]) -> list[str]:
+    return [m.properties.message_id for m in messages]
+
+
+async def test_sends_on_one_sender_take_turns_and_those_that_waited_go_together() -> None:
     client = SlowClient()
     status_bus = bus.Bus(lambda: client)  # type: ignore[arg-type,return-value]
     updates = [StatusUpdate(order_id="o-turns", sequence=n, state="Pending") for n in range(8)]
     await asyncio.gather(*(status_bus.send("q", u) for u in updates))
     (sender,) = client.senders
-    assert len(sender.sent) == 8 and sender.most == 1
+    assert sender.most == 1
+    # The first goes alone, at once; the seven that arrived while it was in flight, together.
+    assert [len(call) for call in sender.calls] == [1, 7]
+    assert ids_of(sender.sent) == [message_id_for(u) for u in updates]
+    await status_bus.close()
+
+
+class FailingSender(SlowSender):
+    async def send_messages(self, message: Any) -> None:
+        await super().send_messages(message)
+        if isinstance(message, FakeBatch):
+            raise ServiceBusError("the broker refused the batch")
+
+
+class FailingClient(SlowClient):
+    def get_queue_sender(self, queue: str, **options: Any) -> FakeSender:
+        self.senders.append(FailingSender(queue))
+        return self.senders[-1]
+
+
+async def test_a_batch_that_fails_fails_each_of_its_sends_and_forgets_its_sender() -> None:
+    client = FailingClient()
+    status_bus = bus.Bus(lambda: client)  # type: ignore[arg-type,return-value]
+    updates = [StatusUpdate(order_id="o-fail", sequence=n, state="Pending") for n in range(4)]
+    outcomes = await asyncio.gather(
+        *(status_bus.send("q", u) for u in updates), return_exceptions=True
+    )
+    assert outcomes[0] is None  # alone: sent
+    assert all(isinstance(o, ServiceBusError) for o in outcomes[1:])
+    assert client.senders[0].closed
+    await status_bus.send("q", updates[1])  # the next send opens a fresh sender
+    assert len(client.senders) == 2 and ids_of(client.senders[1].sent) == [
+        message_id_for(updates[1])
+    ]
+    await status_bus.close()
+
+
+async def test_a_send_cancelled_before_its_turn_never_goes() -> None:
+    """...and one cancelled in flight is in doubt: its sender is forgotten."""
+    client = SlowClient(stuck=1)
+    status_bus = bus.Bus(lambda: client)  # type: ignore[arg-type,return-value]
+    updates = [StatusUpdate(order_id="o-cut", sequence=n, state="Pending") for n in range(4)]
+    first = asyncio.create_task(status_bus.send("q", updates[0]))
+    while not client.senders:
+        await asyncio.sleep(0)
+    await client.senders[0].started.wait()  # type: ignore[attr-defined]
+    waiting = [asyncio.create_task(status_bus.send("q", u)) for u in updates[1:]]
+    await asyncio.sleep(0.01)
+    waiting[0].cancel()  # cancelled while it waits for its turn
+    first.cancel()  # cancelled in flight: the send is in doubt
+    outcomes = await asyncio.gather(first, *waiting, return_exceptions=True)
+    assert isinstance(outcomes[0], asyncio.CancelledError)
+    assert isinstance(outcomes[1], asyncio.CancelledError)
+    # The other two went out on a fresh sender: the one cut short was forgotten.
+    assert outcomes[2:] == [None, None]
+    assert client.senders[0].closed
+    assert ids_of(client.senders[1].sent) == [message_id_for(u) for u in updates[2:]]
     await status_bus.close()
 
 
