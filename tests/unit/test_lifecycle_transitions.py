@@ -61,8 +61,9 @@ def owed() -> Step:
     return "command", {"index": -1, "crash_after": None, "keep": False}
 
 
-def tick() -> Step:
-    return "supervisor_tick", {"crash_after": None}
+def tick(*, hands_out: bool = False) -> Step:
+    """A tick; ``hands_out``: it hands the rows due out (DueRows) instead of handling them."""
+    return "supervisor_tick", {"crash_after": None, "hands_out": hands_out}
 
 
 def wait(seconds: int) -> Step:
@@ -125,6 +126,16 @@ TOURS: dict[str, list[Step]] = {
         agent("late"),
         wait(130),
         tick(),  # past its deadline: released, its retry not yet claimed
+        lands(),
+        reply(),
+    ],
+    "a step past its deadline is handed out to the fleet, which releases it": [
+        submit(),
+        *ok_through(1),
+        agent("late"),
+        wait(130),
+        tick(hands_out=True),  # the row handed out (DueRows on the commands queue)...
+        owed(),  # ...and recovered by whichever instance takes it: released
         lands(),
         reply(),
     ],
