@@ -12,14 +12,14 @@ The caller reports each admitted call explicitly (``record_success`` / ``record_
 ``release``), so it decides what counts as a failure: the agent counts only transient ones.
 
 Each transition is reported to the breaker's listener, after its lock is released. The
-process-wide breakers (:func:`breaker_for`) report to :func:`report_transition`: it sets the
-``agent.circuit.state`` metric and hands the new state to :class:`CircuitReporter`, which writes
-it to this instance's row of :mod:`adapters.store.circuits` from a task of its own on the event
-loop. Only transitions are reported, never calls, so the hot path gains no request; and the
-write is off the calling path (fire and forget) rather than awaited on it with a short timeout,
-because a transition to open is exactly when things are slow, and the call that opened the
-circuit must answer ("retry after T") at once: a timeout, however short, would still be paid by
-that call whenever Table Storage is slow.
+process's breakers (a :class:`BreakerRegistry`, held by its Runtime) set the
+``agent.circuit.state`` metric and hand the new state to their :class:`CircuitReporter`, which
+writes it to this instance's row of :mod:`adapters.store.circuits` from a task of its own on
+the event loop. Only transitions are reported, never calls, so the hot path gains no request;
+and the write is off the calling path (fire and forget) rather than awaited on it with a short
+timeout, because a transition to open is exactly when things are slow, and the call that opened
+the circuit must answer ("retry after T") at once: a timeout, however short, would still be paid
+by that call whenever Table Storage is slow.
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from adapters import deadline, metrics
-from adapters.store import circuits
 from adapters.store.circuits import CircuitRow, CircuitState, CircuitTable
-from adapters.store.state_store import OrderStateStore
 from domain.messages import utc_now
-from service import runtime
 
 log = logging.getLogger(__name__)
 
@@ -249,16 +246,20 @@ class CircuitBreaker:
 
 
 class BreakerRegistry:
-    """One breaker per service name; thread-safe get-or-create."""
+    """A process's breakers, one per service name (thread-safe get-or-create); the Runtime
+    holds it (:mod:`service.runtime`), so every client of a service shares one breaker.
+
+    With a ``reporter``, each transition is reported: the ``agent.circuit.state`` metric, and
+    the row by the reporter's task; neither for a transition heard after a later one."""
 
     def __init__(
         self,
         settings: BreakerSettings | None = None,
         *,
-        on_transition: TransitionListener | None = None,
+        reporter: CircuitReporter | None = None,
     ) -> None:
         self._settings = settings or BreakerSettings()
-        self._on_transition = on_transition
+        self.reporter = reporter
         self._lock = threading.Lock()
         self._breakers: dict[str, CircuitBreaker] = {}
 
@@ -266,15 +267,22 @@ class BreakerRegistry:
         with self._lock:
             breaker = self._breakers.get(service)
             if breaker is None:
-                breaker = CircuitBreaker(service, self._settings, on_transition=self._on_transition)
+                heard = self._report if self.reporter is not None else None
+                breaker = CircuitBreaker(service, self._settings, on_transition=heard)
                 self._breakers[service] = breaker
             return breaker
 
     def reset_all(self) -> None:
+        """Close every breaker (tests, and an operator's tooling)."""
         with self._lock:
             breakers = list(self._breakers.values())
         for breaker in breakers:
             breaker.reset()
+
+    def _report(self, transition: Transition) -> None:
+        assert self.reporter is not None
+        if self.reporter.submit(transition):
+            metrics.record_circuit_state(transition.service, transition.new.value)
 
 
 class CircuitReporter:
@@ -396,37 +404,3 @@ def row_of(transition: Transition, instance: str, now: datetime) -> CircuitRow:
         retry_at=transition.retry_at,
         updated_at=now,
     )
-
-
-def _runtime_circuits() -> CircuitTable | None:
-    """The installed Runtime's circuit rows (its store's client), or None: in memory, or with
-    no Runtime installed (a transition outside any handler, a test driving a breaker, must not
-    build one from the environment as a side effect)."""
-    rt = runtime.installed()
-    if rt is None or not isinstance(rt.store, OrderStateStore):
-        return None
-    return rt.store.circuits
-
-
-reporter = CircuitReporter(_runtime_circuits, circuits.instance_id())
-"""The process's reporter (tests flush it)."""
-
-
-def report_transition(transition: Transition) -> None:
-    """What the process-wide breakers do on each transition: the row (by the reporter's
-    task), and the metric; neither for a transition heard after a later one."""
-    if reporter.submit(transition):
-        metrics.record_circuit_state(transition.service, transition.new.value)
-
-
-_registry = BreakerRegistry(on_transition=report_transition)
-
-
-def breaker_for(service: str) -> CircuitBreaker:
-    """The process-wide breaker for ``service`` (shared by every client of that service)."""
-    return _registry.get(service)
-
-
-def reset_breakers() -> None:
-    """Close every process-wide breaker (for tests and operator tooling)."""
-    _registry.reset_all()

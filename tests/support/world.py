@@ -319,7 +319,6 @@ class World:
         self.supervisor_rt = dataclasses.replace(
             self.rt, instance_id="test-supervisor", clock=self.supervisor_clock
         )
-        apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
         self.parked: list[AgentRequest] = []
