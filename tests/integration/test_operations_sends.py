@@ -29,7 +29,7 @@ from service.intake import handle_submission
 from tests.integration.test_operator_api import declined_order
 from tests.integration.test_operator_workflows import REPLAY_WINDOW, dead_letter
 from tests.integration.test_trusted_messages import forge, only_alert_for, take, untrusted_alerts
-from tests.support.operations import OperationsApp, call, serving
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import new_order, queue
 
 pytestmark = [
@@ -46,10 +46,15 @@ def env(env, servicebus):
     return env | {"INVENTORY_REQUESTS_QUEUE": servicebus.queue("replay-inventory")}
 
 
+@pytest.fixture(scope="module")
+def operations() -> OperationsApp:
+    return load()
+
+
 @pytest.fixture
-async def handlers(rt) -> AsyncIterator[OperationsApp]:
-    """The operations app on a composition root of its own around this test's Runtime."""
-    async with serving(rt) as app:
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
         yield app
 
 

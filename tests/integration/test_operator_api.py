@@ -23,7 +23,7 @@ from operator_api import http as api
 from operator_api.http import router
 from service.commands import handle_command
 from service.intake import handle_submission
-from tests.support.operations import OperationsApp, call, serving
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import (
     new_order,
     queue,
@@ -35,10 +35,15 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 HOSTILE_ID = "x' or PartitionKey ne '"
 
 
+@pytest.fixture(scope="module")
+def operations() -> OperationsApp:
+    return load()
+
+
 @pytest.fixture
-async def handlers(rt) -> AsyncIterator[OperationsApp]:
-    """The operations app on a composition root of its own around this test's Runtime."""
-    async with serving(rt) as app:
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
         yield app
 
 

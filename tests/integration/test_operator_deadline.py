@@ -18,7 +18,7 @@ from devstack.memory import MemoryBus
 from service import deadlines
 from service.operations import orders
 from service.runtime import Runtime
-from tests.support.operations import OperationsApp, call, serving
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.storage_faults import through_proxy
 from tests.support.world import QUEUES
 
@@ -42,13 +42,20 @@ async def tables(azurite: Any, unique_name: Any) -> AsyncIterator[dict[str, str]
             await s._service.delete_table(name)
 
 
+@pytest.fixture(scope="module")
+def operations() -> OperationsApp:
+    return load()
+
+
 @pytest.fixture
-async def installed(azurite, tables) -> AsyncIterator[tuple[Any, dict[str, str], OperationsApp]]:  # type: ignore[no-untyped-def]
+async def installed(  # type: ignore[no-untyped-def]
+    operations, azurite, tables
+) -> AsyncIterator[tuple[Any, dict[str, str], OperationsApp]]:
     """The operations app on a Runtime whose Table calls go through the fault proxy."""
     async with through_proxy(azurite, trickle_s=0.4) as (proxy, service):
         store = OrderStateStore(service, **tables)
         rt = Runtime(SETTINGS, store, MemoryBus(), SETTINGS.workflows())  # type: ignore[arg-type]
-        async with serving(rt) as handlers:
+        async with serving(operations, rt) as handlers:
             yield proxy, tables, handlers
 
 

@@ -28,7 +28,7 @@ from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
 from tests.integration.test_operator_api import declined_order, find_alert, sent_by_the_pattern_app
 from tests.support.app import make_runtime
-from tests.support.operations import OperationsApp, call, serving
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
@@ -49,10 +49,15 @@ def env(env):
 HOUR = 3600
 
 
+@pytest.fixture(scope="module")
+def operations() -> OperationsApp:
+    return load()
+
+
 @pytest.fixture
-async def handlers(rt) -> AsyncIterator[OperationsApp]:
-    """The operations app on a composition root of its own around this test's Runtime."""
-    async with serving(rt) as app:
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
         yield app
 
 

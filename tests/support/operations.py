@@ -31,7 +31,15 @@ PRINCIPAL_HEADER = "X-MS-CLIENT-PRINCIPAL-NAME"
 class OperationsApp:
     api: FastAPI
     function: Callable[..., Awaitable[func.HttpResponse]]
-    root: OperationsRoot
+    functions: func.AsgiFunctionApp
+    """Kept with the app: collected, it runs the ASGI shutdown with ``asyncio.run``, which
+    fails inside a test's running loop."""
+
+    @property
+    def root(self) -> OperationsRoot:
+        """The composition root the routes find in the app's state."""
+        root: OperationsRoot = self.api.state.root
+        return root
 
     def url(self, name: str, route: dict[str, str] | None = None) -> str:
         encoded = {key: quote(str(value), safe="") for key, value in (route or {}).items()}
@@ -51,12 +59,12 @@ class OperationsApp:
 
 def load(root: OperationsRoot | None = None) -> OperationsApp:
     """The operations app as operations_app.py serves it, on ``root`` (None: a root of the
-    environment's settings, for routes that read no state)."""
-    root = root or OperationsRoot()
-    api = build(root, dashboard)
-    (function,) = operations_app.serve(api).get_functions()
+    environment's settings, for routes that read no state; :func:`serving` gives it another)."""
+    api = build(root or OperationsRoot(), dashboard)
+    functions = operations_app.serve(api)
+    (function,) = functions.get_functions()
     assert function.get_function_name() == "http_app_func"
-    return OperationsApp(api, function.get_user_function(), root)
+    return OperationsApp(api, function.get_user_function(), functions)
 
 
 class Around(OperationsRoot):
@@ -69,14 +77,15 @@ class Around(OperationsRoot):
 
 
 @asynccontextmanager
-async def serving(rt: Runtime) -> AsyncIterator[OperationsApp]:
-    """The operations app, called in process, on a composition root around ``rt``; what the
-    root opened is closed after (``rt`` too)."""
-    app = load(Around(rt))
+async def serving(app: OperationsApp, rt: Runtime) -> AsyncIterator[OperationsApp]:
+    """``app`` (one per test module: :func:`load`) on a composition root of this test's, around
+    ``rt``; what the root opened is closed after (``rt`` too)."""
+    root = Around(rt)
+    app.api.state.root = root
     try:
         yield app
     finally:
-        await app.root.close()
+        await root.close()
 
 
 async def call(
