@@ -305,7 +305,7 @@ async def test_the_runtime_takes_the_settings_the_load_checked():
     composition root builds the Runtime on them."""
     checked = Settings.check_on_load(env())
     assert checked is not None
-    root = PatternRoot.of(checked)
+    root = PatternRoot(checked)
     built = root.runtime()
     assert built.settings is checked and built.workflows is checked.workflows()
     await root.close()
