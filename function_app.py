@@ -9,21 +9,30 @@ same package. Queue names, the Supervisor's schedule and connections are app set
 (retention/functions.py says why). Telemetry is configured first: export to
 Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
 Then the settings are checked, so a host with a wrong one fails to load the app, naming every
-wrong setting, instead of failing (and dead-lettering) every message it receives.
+wrong setting, instead of failing (and dead-lettering) every message it receives. The settings
+checked make the process's composition root (:mod:`service.composition`: its Runtime, built on
+the first invocation), handed to every blueprint; tests :func:`build` the app on a root of
+their own.
 """
 
 import azure.functions as func
 
 from adapters import telemetry
 from adapters.settings import Settings
-from agent.functions import bp as agents
-from retention.functions import bp as retention
-from scheduler.functions import bp as scheduler
-from supervisor.functions import bp as supervisor
+from agent import functions as agents
+from retention import functions as retention
+from scheduler import functions as scheduler
+from service.composition import PatternRoot
+from supervisor import functions as supervisor
+
+
+def build(root: PatternRoot) -> func.FunctionApp:
+    """The pattern app's functions, on ``root``."""
+    app = func.FunctionApp()
+    for entry in (scheduler, agents, supervisor, retention):
+        app.register_functions(entry.blueprint(root))
+    return app
+
 
 telemetry.configure()
-Settings.check_on_load()
-
-app = func.FunctionApp()
-for blueprint in (scheduler, agents, supervisor, retention):
-    app.register_functions(blueprint)
+app = build(PatternRoot(Settings.check_on_load()))

@@ -9,31 +9,37 @@ FastAPI app; its AuthLevel.FUNCTION makes the Functions host refuse a request wi
 function or host key before any code here runs, and each request runs within its time, as each
 trigger of the pattern app does within its own (:func:`service.deadlines.http_request`: its
 Table calls end before Azure's front end gives up on it). Telemetry first, then the settings
-check, as function_app.py does.
+check, as function_app.py does; the settings checked make the process's composition root
+(:mod:`service.operations.composition`), which the FastAPI app hands to its routes. Tests
+:func:`serve` an API of their own, on a root of their own.
 """
 
 from typing import Any
 
 import azure.functions as func
+from fastapi import FastAPI
 
 from adapters import telemetry
 from adapters.settings import Settings
 from dashboard.routes import router as dashboard
 from operator_api.app import build, mounted
 from service import deadlines
+from service.operations.composition import OperationsRoot
+
+
+def serve(api: FastAPI) -> func.AsgiFunctionApp:
+    """``api`` behind one HTTP function that needs a key, each request within its time."""
+    served = mounted(api)
+
+    async def bounded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await served(scope, receive, send)
+        with deadlines.http_request():
+            await served(scope, receive, send)
+
+    return func.AsgiFunctionApp(app=bounded, http_auth_level=func.AuthLevel.FUNCTION)
+
 
 telemetry.configure()
-Settings.check_on_load()
-
-api = build(dashboard)
-served = mounted(api)
-
-
-async def bounded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return await served(scope, receive, send)
-    with deadlines.http_request():
-        await served(scope, receive, send)
-
-
-app = func.AsgiFunctionApp(app=bounded, http_auth_level=func.AuthLevel.FUNCTION)
+api = build(OperationsRoot(Settings.check_on_load()), dashboard)
+app = serve(api)

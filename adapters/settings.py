@@ -275,29 +275,17 @@ class Settings:
         return cls(**environment.fields())
 
     @classmethod
-    def check_on_load(cls, env: Mapping[str, str] | None = None) -> None:
-        """Called when the app is loaded: where ``env`` configures the app (it names one of its
-        connections: a Functions host, in Azure or locally), wrong settings stop the load with
-        every problem named, instead of failing every message later. Elsewhere (a tool that
-        only indexes the functions) there is nothing to check.
-
-        The process's own settings, once checked, are what :meth:`loaded` gives the runtime."""
-        global _checked
+    def check_on_load(cls, env: Mapping[str, str] | None = None) -> Settings | None:
+        """Called when the app is loaded: where ``env`` (default: the process environment)
+        configures the app (it names one of its connections: a Functions host, in Azure or
+        locally), wrong settings stop the load with every problem named, instead of failing
+        every message later, and the settings are returned: the app's composition root builds
+        on them. Elsewhere (a tool that only indexes the functions) there is nothing to check:
+        None."""
         values = os.environ if env is None else env
         if not any(name.startswith(CONNECTION_NAMES) for name in values):
-            return
-        settings = cls.from_env(values)
-        if env is None:
-            _checked = (_read(os.environ), settings)
-
-    @classmethod
-    def loaded(cls) -> Settings:
-        """The process's settings: those checked when the app was loaded, with everything built
-        from them, while the environment still says what it said then; else read now (a tool,
-        a test that changed the environment)."""
-        if _checked is not None and _checked[0] == _read(os.environ):
-            return _checked[1]
-        return cls.from_env()
+            return None
+        return cls.from_env(values)
 
 
 def purge_schedule(env: Mapping[str, str]) -> str:
@@ -531,11 +519,3 @@ def _problem(error: Any) -> str:
         return f"app setting {setting} is not set; {_NOT_SET}"
     message = str(error["msg"])
     return message if setting in message else f"{setting}: {message}"
-
-
-def _read(env: Mapping[str, str]) -> dict[str, str | None]:
-    return {name: env.get(name) for name in AppSettings.model_fields}
-
-
-_checked: tuple[dict[str, str | None], Settings] | None = None
-"""The process's settings as :meth:`Settings.check_on_load` read and built them."""

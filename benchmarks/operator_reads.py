@@ -36,7 +36,6 @@ from devstack.stack.azurite import AzuriteProcess
 from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
 from devstack.stack.local_stack import base_settings
 from orderctl.local import LocalOperations
-from service.operations.context import OperatorContext
 from service.operations.summary import Summary
 from service.runtime import Runtime, new_instance_id
 
@@ -114,12 +113,7 @@ async def dead_letter_listings(rt: Runtime, rounds: int) -> dict[str, Any]:
 
 
 async def first_summary(rt: Runtime) -> dict[str, Any]:
-    ctx = OperatorContext(rt)
-
-    async def shared() -> OperatorContext:
-        return ctx
-
-    summary = Summary(shared)
+    summary = Summary(lambda: rt)
     try:
         COUNTS.reset()
         started = time.perf_counter()
@@ -128,7 +122,6 @@ async def first_summary(rt: Runtime) -> dict[str, Any]:
         requests = COUNTS.snapshot()
     finally:
         await summary.close(wait=True)
-        await ctx.close()
     return {
         "seconds": round(seconds, 3),
         "table_requests": requests,

@@ -32,9 +32,8 @@ from fastapi import APIRouter, Request, Response
 
 from dashboard import assets, traces
 from domain import ids
-from operator_api.http import PRINCIPAL_HEADER, json_response
-from service.operations.context import current
-from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S, Summary
+from operator_api.http import PRINCIPAL_HEADER, json_response, root
+from service.operations.summary import DEFAULT_WINDOW_S, MAX_WINDOW_S, MIN_WINDOW_S
 
 router = APIRouter(prefix="/dashboard")
 log = logging.getLogger("dashboard.http")
@@ -70,17 +69,6 @@ SECURITY_HEADERS: Final = {
     "X-Frame-Options": "DENY",
 }
 _WINDOW: Final = re.compile(r"([0-9]{1,5})([sm]?)", re.ASCII)
-
-_summary: Summary | None = None
-
-
-def summary() -> Summary:
-    """The process's overview summary (one per process: its caches serve every browser)."""
-    global _summary
-    if _summary is None:
-        _summary = Summary(current)
-    return _summary
-
 
 # ------------------------------------------------------------------------------------ pages
 
@@ -119,7 +107,7 @@ async def dashboard_summary(req: Request) -> Response:
             "e.g. 15m or 900 (seconds)",
         )
     try:
-        body = await summary().snapshot(window)
+        body = await root(req).summary.snapshot(window)
     except Exception:
         log.exception("dashboard summary failed")
         return _error(500, "internal", "the summary failed on our side; it is logged")

@@ -1,6 +1,7 @@
 """The operations app's FastAPI application: the operator API's routes, the dashboard's beside
 them, and the OpenAPI 3.1 document, FastAPI's (GET /api/openapi.json; Swagger UI is the
-dashboard's, from vendored files), all under ``/api``, the Functions host's route prefix."""
+dashboard's, from vendored files), all under ``/api``, the Functions host's route prefix. The
+routes find what they work with on the app's composition root, kept in its state."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.routing import Mount
 
 from operator_api import routes
 from operator_api.http import json_response
+from service.operations.composition import OperationsRoot
 
 PREFIX: Final = "/api"
 DESCRIPTION: Final = (
@@ -24,8 +26,9 @@ DESCRIPTION: Final = (
 )
 
 
-def build(*beside: APIRouter) -> FastAPI:
-    """The operator API, with the routers ``beside`` it (the dashboard's) left undocumented."""
+def build(root: OperationsRoot, *beside: APIRouter) -> FastAPI:
+    """The operator API on ``root``, with the routers ``beside`` it (the dashboard's) left
+    undocumented."""
     api = FastAPI(
         title="Order processing operator API", version="1.0.0", description=DESCRIPTION,
         servers=[{"url": PREFIX}], root_path_in_servers=False,
@@ -35,6 +38,7 @@ def build(*beside: APIRouter) -> FastAPI:
         # and logs of refused requests would only repeat them.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )  # fmt: skip
+    api.state.root = root
     api.include_router(routes.router)
     for router in beside:
         api.include_router(router, include_in_schema=False)

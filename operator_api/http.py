@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from adapters import deadline
 from service.operations import errors
-from service.operations.context import OperatorContext, current
+from service.operations.composition import OperationsRoot
+from service.operations.context import OperatorContext
 from service.operations.models import ErrorBody
 
 log = logging.getLogger("operator_api.http")
@@ -112,7 +113,18 @@ def route(method: str, path: str, tag: str, summary: str, answer: Answer,
     return register
 
 
-Context = Annotated[OperatorContext, Depends(current)]
+def root(request: Request) -> OperationsRoot:
+    """The app's composition root, which :func:`operator_api.app.build` keeps in its state."""
+    built: OperationsRoot = request.app.state.root
+    return built
+
+
+async def context(request: Request) -> OperatorContext:
+    """The operator context the requests share (the composition root's)."""
+    return await root(request).context()
+
+
+Context = Annotated[OperatorContext, Depends(context)]
 
 
 def operator(request: Request) -> str:

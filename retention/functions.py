@@ -7,7 +7,8 @@ waits for the next run. RETENTION_DAYS = 0 turns the timer's purge off.
 The schedule is read from the environment when the app is indexed (the Functions host and the
 local host both export the app settings before importing the app), so a missing setting means
 the default (daily at 02:30 UTC) rather than a host that refuses to start, and a malformed one
-stops the host with a message naming it (:func:`adapters.settings.purge_schedule`).
+stops the host with a message naming it (:func:`adapters.settings.purge_schedule`). The Runtime
+and the archive are the composition root's (:mod:`service.composition`).
 """
 
 from __future__ import annotations
@@ -19,49 +20,41 @@ from typing import Final
 
 import azure.functions as func
 
-from adapters.archive import BlobArchive
+from adapters.archive import Archive
 from adapters.settings import purge_schedule
 from adapters.telemetry import tracer
-from service import runtime
-from service.purge import PurgeRequest, open_archive, run_purge
+from service.composition import PatternRoot
+from service.purge import PurgeRequest, run_purge
+from service.runtime import Runtime
 
 RUN_BUDGET: Final = timedelta(minutes=8)
 """Well inside the Functions timeout (10 minutes at the least on any plan)."""
 
-bp = func.Blueprint()
 log = logging.getLogger("retention")
 
-_archive: tuple[runtime.Runtime, BlobArchive] | None = None
+
+def blueprint(root: PatternRoot) -> func.Blueprint:
+    bp = func.Blueprint()
+
+    @bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
+    async def retention_purge(timer: func.TimerRequest) -> None:
+        rt = root.runtime()
+        if rt.settings.retention_days == 0:
+            log.info("retention purge is off (RETENTION_DAYS = 0)")
+            return
+        await purge(rt, root.archive())
+
+    return bp
 
 
-async def archive_of(rt: runtime.Runtime) -> BlobArchive:
-    """The archive of the process-wide Runtime's settings (rebuilt if it is replaced).
-
-    Its clients belong to the event loop the functions run on, as the Runtime's do. Nothing is
-    awaited between the check and the swap, so two runs never both build one; the archive it
-    replaces is closed after."""
-    global _archive
-    if _archive is None or _archive[0] is not rt:
-        previous = _archive
-        _archive = (rt, open_archive(rt.settings))
-        if previous is not None:
-            await previous[1].close()
-    return _archive[1]
-
-
-@bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
-async def retention_purge(timer: func.TimerRequest) -> None:
-    rt = runtime.current()
-    days = rt.settings.retention_days
-    if days == 0:
-        log.info("retention purge is off (RETENTION_DAYS = 0)")
-        return
+async def purge(rt: Runtime, archive: Archive) -> None:
+    """One run of the purge, in its own span."""
     with tracer.start_as_current_span("retention_purge") as span:
         report = await run_purge(
             rt.store,
-            await archive_of(rt),
+            archive,
             PurgeRequest(
-                older_than=timedelta(days=days),
+                older_than=timedelta(days=rt.settings.retention_days),
                 requested_by=rt.actor("retention"),
                 budget=RUN_BUDGET,
             ),

@@ -41,7 +41,6 @@ from domain.messages import (
     OperatorAlert,
     parse_message,
 )
-from service.circuit import breaker_for
 from service.consistency import INCONSISTENT_REASON, disagreement
 from service.outcomes import DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from service.remote_calls import RemoteServiceClient
@@ -145,7 +144,7 @@ def remote_client(rt: Runtime, service: str) -> RemoteServiceClient:
     """The client of ``service``, built once per runtime (on the runtime's remote HTTP)."""
     client = rt.agent_clients.get(service)
     if client is None:
-        client = RemoteServiceClient(service, rt.remote_http, breaker_for(service), rng=rt.rng)
+        client = RemoteServiceClient(service, rt.remote_http, rt.breakers.get(service), rng=rt.rng)
         rt.agent_clients[service] = client
     return client
 

@@ -298,7 +298,7 @@ async def _send_status(rt: Runtime, queue: str, message: StatusUpdate) -> str | 
     """Send one status update; None once sent, or why ``queue`` refuses it (it was not tried
     when it refused within :data:`FAILURE_MEMORY`). Any other failure raises."""
     now = rt.clock()
-    remembered = _failures.get(queue, now)
+    remembered = rt.refusing_queues.get(queue, now)
     if remembered is not None:
         return remembered
     try:
@@ -307,7 +307,7 @@ async def _send_status(rt: Runtime, queue: str, message: StatusUpdate) -> str | 
         if not refuses(exc):
             raise
         failure = f"{type(exc).__name__}: {exc}"
-        _failures.put(queue, failure, now)
+        rt.refusing_queues.put(queue, failure, now)
         log.warning("status reply to %s failed: %s", queue, failure)
         await rt.bus.send(
             rt.settings.queue("alerts"),
@@ -396,8 +396,9 @@ def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
     return None
 
 
-class _FailureMemory:
-    """Reply queues that failed recently, process-wide, bounded."""
+class RefusingQueues:
+    """Reply queues that refused a status update recently, and why: one process's (its
+    Runtime's), bounded; an entry is forgotten :data:`FAILURE_MEMORY` after it was made."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -421,13 +422,6 @@ class _FailureMemory:
                 self._entries.popitem(last=False)
 
     def clear(self) -> None:
+        """Forget them all (an operator after fixing a queue)."""
         with self._lock:
             self._entries.clear()
-
-
-_failures = _FailureMemory()
-
-
-def forget_failures() -> None:
-    """Forget remembered reply-queue failures (tests; an operator after fixing a queue)."""
-    _failures.clear()

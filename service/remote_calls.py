@@ -47,7 +47,7 @@ from tenacity import (
 
 from adapters.remote_http import AnswerTooLarge, CallFailed, CallTimedOut, RemoteHttp
 from domain.messages import utc_now
-from service.circuit import BreakerState, CircuitBreaker, breaker_for
+from service.circuit import BreakerState, CircuitBreaker
 from service.http_errors import error_details, is_transient_status, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 
@@ -129,7 +129,7 @@ class RemoteServiceClient:
         self,
         service: str,
         http: RemoteHttp,
-        breaker: CircuitBreaker | None = None,
+        breaker: CircuitBreaker,
         *,
         policy: RetryPolicy | None = None,
         now: Callable[[], datetime] = utc_now,
@@ -138,7 +138,7 @@ class RemoteServiceClient:
     ) -> None:
         self.service = service
         self.policy = policy or RetryPolicy()
-        self.breaker = breaker if breaker is not None else breaker_for(service)
+        self.breaker = breaker
         self._http = http
         self._now = now
         self._sleep = sleep

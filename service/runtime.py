@@ -1,7 +1,9 @@
 """What a handler needs to do its work, built once per process from the app settings.
 
 Handlers take a Runtime explicitly, so the Azure host, the local host and tests all call the
-same code; `current()` builds the process-wide one lazily on first use.
+same code. Each app's composition root builds the process's one (:mod:`service.composition`,
+:mod:`service.operations.composition`); a test builds its own. Building one opens nothing: its
+clients connect on first use, on the event loop that uses them.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from adapters import clients
 from adapters.remote_http import RemoteHttp
 from adapters.servicebus import Bus
 from adapters.settings import Settings
+from adapters.store import circuits
 from adapters.store.state_store import OrderStateStore
 from domain.messages import OperatorAlert, utc_now
 from domain.workflows import Workflow, resolve
+from service.apply import RefusingQueues
+from service.circuit import BreakerRegistry, CircuitReporter
 
 
 def new_instance_id(role: str = "app") -> str:
@@ -36,6 +41,8 @@ log = logging.getLogger("runtime")
 
 STATUS_SENDERS = 64
 """Reply-queue senders kept open per process (each holds an AMQP link)."""
+CLOSE_FLUSH_S = 5.0
+"""How long closing waits for the circuit rows still to be written."""
 
 
 @dataclass
@@ -50,6 +57,11 @@ class Runtime:
     _remote_http: RemoteHttp | None = None
     agent_clients: dict[str, Any] = field(default_factory=dict)
     """Remote-service clients the agents built on this runtime (see service.agent)."""
+    breakers: BreakerRegistry = field(default_factory=BreakerRegistry)
+    """One circuit breaker per remote service, shared by every client of it (service.circuit);
+    :meth:`from_settings` reports their transitions to this instance's circuit rows."""
+    refusing_queues: RefusingQueues = field(default_factory=RefusingQueues)
+    """Submitters' reply queues that refused an update lately (service.apply)."""
     _status_bus: Bus | None = None
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,7 +78,11 @@ class Runtime:
         )
         # The app's own messages are signed; status updates to submitters' queues are not.
         bus = Bus(lambda: clients.servicebus_client(settings.servicebus), keyring=settings.keyring)
-        return cls(settings=settings, store=store, bus=bus, workflows=workflows, **overrides)  # type: ignore[arg-type]
+        # The breakers' transitions go to this instance's circuit rows (the dashboard's).
+        reporter = CircuitReporter(lambda: store.circuits, circuits.instance_id())
+        breakers = BreakerRegistry(reporter=reporter)
+        return cls(settings=settings, store=store, bus=bus, workflows=workflows,
+                   breakers=breakers, **overrides)  # type: ignore[arg-type]  # fmt: skip
 
     @property
     def remote_http(self) -> RemoteHttp:
@@ -114,36 +130,13 @@ class Runtime:
             return self._status_bus
 
     async def close(self) -> None:
+        """Close its clients, once the circuit rows that wait are written (or
+        :data:`CLOSE_FLUSH_S` has passed)."""
+        if self.breakers.reporter is not None:
+            await self.breakers.reporter.flush(timeout=CLOSE_FLUSH_S)
         await self.bus.close()
         if self._status_bus is not None:
             await self._status_bus.close()
         await self.store.close()
         if self._remote_http is not None:
             await self._remote_http.close()
-
-
-_current: Runtime | None = None
-_lock = threading.Lock()
-
-
-def current() -> Runtime:
-    """The process-wide Runtime, built on first use from the settings checked on load."""
-    global _current
-    with _lock:
-        if _current is None:
-            _current = Runtime.from_settings(Settings.loaded())
-            log.info("runtime ready as %s", _current.instance_id)
-        return _current
-
-
-def installed() -> Runtime | None:
-    """The process-wide Runtime if one was built or installed; never builds one."""
-    return _current
-
-
-def install(runtime: Runtime | None) -> Runtime | None:
-    """Replace the process-wide Runtime (the local host and tests); returns the previous one."""
-    global _current
-    with _lock:
-        previous, _current = _current, runtime
-        return previous

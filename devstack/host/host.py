@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+import azure.functions as func
 from azure.servicebus.aio import AutoLockRenewer
 
 from devstack.host.cold_start import COLD_START_SETTING, ColdStarts, parse_cold_starts
@@ -35,6 +36,8 @@ from devstack.host.timer_runner import TimerRunner
 
 log = logging.getLogger("devstack.host")
 
+App = str | ModuleType | func.FunctionRegister
+"""An app: its module, its module's name, or the FunctionApp itself."""
 STRAGGLER_GRACE_S = 1.0  # after the deadline: time for idle receivers to close and end
 AT_STOP_TIMEOUT_S = 5.0  # each at_stop() close
 
@@ -66,15 +69,16 @@ class LocalHost:
     so configuration errors raise :class:`HostConfigError` before anything connects.
 
     ``settings`` defaults to ``local.settings.json`` Values overlaid by the environment.
-    ``app_module``: the app (its module or module name), or several apps served together (one
-    event loop: the pattern app and the operations app in one test process).
+    ``app_module``: the app (its module or module name, or the FunctionApp itself), or several
+    apps served together (one event loop: the pattern app and the operations app in one test
+    process).
     ``host_json`` supplies ``extensions.serviceBus``; ``concurrency_override`` replaces its
     ``maxConcurrentCalls`` for every Service Bus trigger; ``functions`` selects by name.
     """
 
     def __init__(
         self,
-        app_module: str | ModuleType | Sequence[str | ModuleType] = "function_app",
+        app_module: App | Sequence[App] = "function_app",
         settings: Mapping[str, str] | None = None,
         host_json: str | Path | None = Path("host.json"),
         concurrency_override: int | None = None,
@@ -88,7 +92,8 @@ class LocalHost:
         if concurrency_override is not None and concurrency_override < 1:
             raise HostConfigError(f"concurrency must be at least 1, not {concurrency_override}")
         self.concurrency = concurrency_override or self.options.max_concurrent_calls
-        modules = [app_module] if isinstance(app_module, str | ModuleType) else app_module
+        single = isinstance(app_module, str | ModuleType | func.FunctionRegister)
+        modules = [app_module] if single else app_module
         apps = [load_app(module, app_attribute) for module in modules]
         self._apps = [app for app, _ in apps]
         self._functions = index_apps(apps, self.settings, only=functions)

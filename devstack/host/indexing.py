@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import azure.functions as func
+
 from devstack.host.ncrontab import NcrontabSchedule
 from devstack.host.settings import HostConfigError, resolve_placeholders
 
@@ -81,8 +83,14 @@ class IndexedFunction:
         }[type(self.trigger)]
 
 
-def load_app(app_module: str | ModuleType, attribute: str = "app") -> tuple[Any, str]:
-    """Import the app module and return (its FunctionApp, the module's directory)."""
+def load_app(
+    app_module: str | ModuleType | func.FunctionRegister, attribute: str = "app"
+) -> tuple[Any, str]:
+    """Import the app module and return (its FunctionApp, the module's directory); given a
+    FunctionApp itself (one a test built on a composition root of its own), that and the
+    working directory."""
+    if isinstance(app_module, func.FunctionRegister):
+        return app_module, str(Path.cwd())
     if isinstance(app_module, str):
         try:
             module = importlib.import_module(app_module)

@@ -1,9 +1,10 @@
 """What every operator use case works with: the Runtime (settings, state store, clock), the
 queues (peeks and settling, :mod:`adapters.queues`), the orders table itself and the archive.
 
-One context per front end (the operator API, the dashboard summary, `orderctl`); its clients
-are built on first use (building awaits nothing, so calls on the event loop never build two)
-and closed with it.
+One context per front end (the operator API and the dashboard summary, each held by the
+operations app's composition root, :mod:`service.operations.composition`; `orderctl`); its
+clients are built on first use (building awaits nothing, so calls on the event loop never build
+two) and closed with it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from adapters import clients
 from adapters.archive_reading import ReadableArchive, ReadableBlobArchive
 from adapters.queues import QueueTools
 from adapters.tables import Table
-from service import runtime
 from service.operations.dead_letter_settler import DUPLICATE_WINDOW
 from service.operations.errors import NotFound
 from service.purge import open_archive
@@ -83,20 +83,3 @@ class OperatorContext:
             known = ", ".join(queues)
             raise NotFound("unknown_queue", f"no queue {str(role)[:64]!r}; known: {known}")
         return queues[role]
-
-
-_current: OperatorContext | None = None
-
-
-async def current() -> OperatorContext:
-    """The OperatorContext of the process-wide Runtime (rebuilt if that Runtime is replaced),
-    which the operator API and the dashboard share. Its clients belong to the event loop the
-    app runs on; the swap awaits nothing, so requests on the loop never build two; the context
-    it replaces is closed after."""
-    global _current
-    rt = runtime.current()
-    if _current is None or _current.rt is not rt:
-        previous, _current = _current, OperatorContext(rt)
-        if previous is not None:
-            await previous.close()
-    return _current

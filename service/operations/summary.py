@@ -70,6 +70,7 @@ from service.operations import dead_letters as dead_letter_views
 from service.operations import supervisor as supervisor_view
 from service.operations.alert_resolution import STILL_OPEN
 from service.operations.context import OperatorContext
+from service.runtime import Runtime
 
 log = logging.getLogger("service.operations.summary")
 
@@ -128,18 +129,21 @@ class _Cached:
 class Summary:
     """The overview of one app process: see the module docstring for what it reads.
 
-    ``context`` returns the operator API's :class:`OperatorContext`, whose Runtime the
-    summary follows (the local host and tests replace it); ``monotonic`` and the Runtime's clock are
-    the time. One event loop uses it (its clients and background reads belong to that loop).
+    ``runtime`` gives the process's Runtime (the composition root's,
+    :mod:`service.operations.composition`); the summary reads through an
+    :class:`OperatorContext` of its own on it, opened on the first snapshot: Service Bus peeks
+    take one at a time per context, and its background reads must not hold up the operator
+    API's. ``monotonic`` and the Runtime's clock are the time. One event loop uses it (its
+    clients and background reads belong to that loop).
     """
 
     def __init__(
         self,
-        context: Callable[[], Awaitable[OperatorContext]],
+        runtime: Callable[[], Runtime],
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._context = context
+        self._runtime = runtime
         self._monotonic = monotonic
         self._lock = asyncio.Lock()
         """One summary at a time: a second waits, then finds the parts the first read."""
@@ -171,18 +175,8 @@ class Summary:
         ``MAX_WINDOW_S``), as JSON-ready data."""
         window_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, int(window_s)))
         async with self._lock:
-            shared = await self._context()
-            if self._own is None or self._own.rt is not shared.rt:
-                # A new Runtime (the local host, tests): start afresh. The summary has an
-                # context of its own: Service Bus peeks take one at a time per context, and its
-                # background reads must not hold up the operator API's.
-                self._cache.clear()
-                previous = self._own
-                self._own = OperatorContext(shared.rt)
-                if previous is not None:
-                    await previous.close()
-                self._history.clear()
-                self._since = None
+            if self._own is None:
+                self._own = OperatorContext(self._runtime())
             ctx = self._own
             now = utc(ctx.rt.clock())
             if self._since is None:

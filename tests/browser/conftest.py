@@ -25,11 +25,9 @@ what is there when they run, so the tests pass in any order and on any worker.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -47,11 +45,9 @@ from devstack.host import LocalHost
 from devstack.stack.processes import REPO_ROOT
 from domain.messages import encode
 from domain.states import ProcessState
-from service.apply import forget_failures
-from service.circuit import reset_breakers
 from service.runtime import Runtime
 from tests.support import broker as broker_support
-from tests.support.app import app_settings, install_for_host, make_runtime
+from tests.support.app import app_settings, make_runtime, operations_app, pattern_app
 from tests.support.broker import ServiceBusNamespace
 from tests.support.names import unique_name
 from tests.support.pattern import new_order
@@ -197,12 +193,10 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Both apps in one local host (every function, HTTP served) with the scenario in it: one
-    host, so that both run on one event loop, where the Runtime this module installs lives."""
+    host, so that both run on one event loop, where their composition roots' Runtimes live."""
     workdir = tmp_path_factory.mktemp("browser-broker")
     namespace = broker_support.start_local_namespace([broker_support.DEFAULT_CONFIG], workdir)
     fakes = FakeServices.start()
-    reset_breakers()
-    forget_failures()
     env = app_settings(namespace, azurite.connection_string, fakes.url, unique_name("b"))
     env["DEVHOST_PRINCIPAL_NAME"] = OPERATOR
     # A request may wait 60 s for its agent (receivers starting with the host), then has 15 s to
@@ -214,13 +208,11 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     rt = loop.run(make_runtime(env, "browser"))
     scenario = Scenario()
     _dead_letters(namespace, scenario)
-    apps = []
-    for name in ("function_app", "operations_app"):
-        sys.modules.pop(name, None)  # get_functions() runs once per FunctionApp
-        apps.append(importlib.import_module(name))
-    host = LocalHost(apps, settings=env, host_json="host.json", http_port=0)
-    host.at_stop(_close_operations)  # first: while the host's Runtime is still installed
-    install_for_host(rt, host)
+    pattern, pattern_root = pattern_app(rt)
+    operations, operations_root = operations_app(rt)
+    host = LocalHost([pattern, operations], settings=env, host_json="host.json", http_port=0)
+    host.at_stop(operations_root.close)
+    host.at_stop(pattern_root.close)
     host.start()
     stack = Stack(rt, loop, host, fakes, namespace, scenario)
     try:
@@ -236,18 +228,6 @@ def stack(azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         fakes.stop()
         assert namespace.broker is not None
         namespace.broker.stop()
-
-
-async def _close_operations() -> None:
-    """Close, on the functions' loop, what the API and the overview opened there."""
-    from dashboard import routes as dashboard
-    from service.operations.context import current
-
-    # The operator context of the Runtime this module installed for the host.
-    await (await current()).close()
-    if dashboard._summary is not None:
-        await dashboard._summary.close()
-        dashboard._summary = None
 
 
 def _dead_letters(namespace: ServiceBusNamespace, scenario: Scenario) -> None:

@@ -22,9 +22,8 @@ from playwright.sync_api import Page, expect
 from domain.messages import utc_now
 from domain.states import ProcessState
 from orderctl.local import LocalOperations
-from service import circuit
 from service.agent import remote_client
-from service.circuit import BreakerState, breaker_for, reset_breakers
+from service.circuit import BreakerState
 from tests.browser.conftest import HOSTILE_MARKUP, OPERATOR, SUBMITTER, Stack, api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
@@ -257,18 +256,20 @@ def test_supervisor_and_health(page: Page, stack: Stack, shoot):
 
 
 def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack: Stack, shoot):
-    """The payment service fails every call (the fakes' fault control); the payment agent's
-    client, the one its function uses, calls it until its breaker opens; the breaker records the
-    transition and the overview shows it. Then the service is clean again and the circuit
+    """The payment service fails every call (the fakes' fault control); a payment client of the
+    tests' Runtime calls it until its breaker opens; the breaker records the transition in this
+    process's row and the overview shows it. Then the service is clean again and the circuit
     closes. No order is involved: the others' counts stay as they are."""
     fault = stack.fakes.base_url + "/_fault"
     failing = {"profile": {"services": {"payment": {"transient_rate": 1.0}}}, "source": "test"}
+    breakers = stack.rt.breakers
+    assert breakers.reporter is not None
     assert httpx.post(fault, json=failing, timeout=60).status_code == 200
     try:
         client = remote_client(stack.rt, "payment")
         deadline = time.monotonic() + 60
         n = 0
-        while breaker_for("payment").state is not BreakerState.OPEN:
+        while client.breaker.state is not BreakerState.OPEN:
             assert time.monotonic() < deadline, "the payment circuit did not open"
             n += 1
             stack.run(
@@ -279,7 +280,7 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
                     utc_now() + timedelta(seconds=5),
                 )
             )
-        assert stack.run(circuit.reporter.flush(timeout=30))
+        assert stack.run(breakers.reporter.flush(timeout=30))
         open_view(page, stack, "overview")
         payment = page.locator('[data-testid=circuit-row][data-agent="payment"]')
         expect(payment).to_have_attribute("data-state", "open", timeout=SLOW)
@@ -290,8 +291,8 @@ def test_an_open_circuit_shows_in_the_overview_until_it_closes(page: Page, stack
     finally:
         clean = {"profile": {}, "source": "clean"}
         assert httpx.post(fault, json=clean, timeout=60).status_code == 200
-        reset_breakers()  # the service is back: close it now rather than wait for a trial
-        stack.run(circuit.reporter.flush(timeout=30))
+        breakers.reset_all()  # the service is back: close it now rather than wait for a trial
+        stack.run(breakers.reporter.flush(timeout=30))
     expect(payment).to_have_attribute("data-state", "closed", timeout=SLOW)
 
 

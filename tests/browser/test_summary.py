@@ -18,7 +18,6 @@ from adapters.tables import TableService
 from benchmarks.history import fill_history, finished_rows
 from benchmarks.history import new_order as history_order
 from domain.messages import utc_now
-from service.operations.context import OperatorContext
 from service.operations.summary import Summary
 from service.runtime import Runtime
 from tests.support.app import app_settings, make_runtime
@@ -55,12 +54,10 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
         servicebus, azurite.connection_string, lambda s: f"http://127.0.0.1:9/{s}", unique_name("s")
     )
     rt = await make_runtime(env, "summary")
-    ctx = OperatorContext(rt)
     try:
         report = await filled(rt, env)
-        snapshot, later, cost = await summarized(ctx)
+        snapshot, later, cost = await summarized(rt)
     finally:
-        await ctx.close()
         await rt.close()
     assert report["orders"] == HISTORY
     # Read in the background, from the queues this worker's tests share: what earlier tests
@@ -81,13 +78,9 @@ async def test_a_summary_reads_the_window_not_the_history(servicebus, azurite):
     assert (circuits["rows"], circuits["partial"], circuits["reaped"]) == (0, False, 0)
 
 
-async def summarized(ctx: OperatorContext) -> tuple[dict, dict, dict[str, int]]:
+async def summarized(rt: Runtime) -> tuple[dict, dict, dict[str, int]]:
     """A first summary (what it cost), and one once the background parts are in."""
-
-    async def shared() -> OperatorContext:
-        return ctx
-
-    summary = Summary(shared)
+    summary = Summary(lambda: rt)
     try:
         COUNTS.reset()
         snapshot = await summary.snapshot(900)

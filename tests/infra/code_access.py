@@ -853,14 +853,17 @@ class Analyzer:
 
     def _local(self, sources: list[tuple[str, Any]], frame: Frame) -> Atoms:
         """What a local name holds: what is assigned to it; its annotations only when that
-        tells nothing (``x: T = None`` assigned a ``T`` later is that ``T``)."""
+        tells nothing (``x: T = None`` assigned a ``T`` later is that ``T``; ``x: T =
+        request.app.state.x``, a value kept where the analysis cannot see, is a ``T``)."""
         found = self._union(self._source(s, frame) for s in sources)
         if _known(found):
             return found
-        for kind, detail in sources:
-            if kind == "annotated":
-                found |= self.annotation(detail[0], frame.func.module, frame.func.cls)
-        return found if _known(found) else found | SOME
+        declared = self._union(
+            self.annotation(detail[0], frame.func.module, frame.func.cls)
+            for kind, detail in sources
+            if kind == "annotated"
+        )
+        return declared if _known(declared) else found | declared | SOME
 
     def _unbound(self, func: FuncInfo, name: str) -> Atoms:
         """A parameter no call site bound: ``self``/``cls``, else its annotation and default."""

@@ -1596,7 +1596,7 @@ CODE_MUTATIONS = [
         first_line_of(
             "retention_purge",
             "from adapters import clients\n"
-            "service = clients.blob_service(runtime.current().settings.storage)\n"
+            "service = clients.blob_service(root.runtime().settings.storage)\n"
             'service.get_container_client("exports").upload_blob("x", b"")',
         ),
         "storage_names",
@@ -1608,7 +1608,7 @@ CODE_MUTATIONS = [
         first_line_of(
             "retention_purge",
             "from adapters import clients\n"
-            "service = clients.table_service(runtime.current().settings.storage)\n"
+            "service = clients.table_service(root.runtime().settings.storage)\n"
             'await service.get_table_client("exports").upsert_entity({})',
         ),
         "storage_names",
@@ -1617,14 +1617,14 @@ CODE_MUTATIONS = [
     CodeMutation(
         "a table call the role check does not know",
         "supervisor/functions.py",
-        first_line_of("supervisor", "runtime.current().store._orders.set_table_access_policy({})"),
+        first_line_of("supervisor", "root.runtime().store._orders.set_table_access_policy({})"),
         "data_roles",
         "Table.set_table_access_policy: the role check cannot classify this client call",
     ),
     CodeMutation(
         "a client call on a value the analysis cannot follow",
         "supervisor/functions.py",
-        first_line_of("supervisor", 'vars(runtime)["anything"].upsert_entity({})'),
+        first_line_of("supervisor", 'vars(root)["anything"].upsert_entity({})'),
         "data_roles",
         "an Azure operation on a client the role check lost track of",
     ),

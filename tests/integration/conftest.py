@@ -9,8 +9,6 @@ from __future__ import annotations
 import pytest
 
 from devstack.fakes.remote_services import FakeServices
-from service.apply import forget_failures
-from service.circuit import reset_breakers
 from tests.support.app import Clock, QueueReader, app_settings, make_runtime
 
 
@@ -31,8 +29,6 @@ def reader(servicebus):
 @pytest.fixture
 def env(servicebus, azurite, fakes, unique_name):
     fakes.set_profile(None)
-    reset_breakers()
-    forget_failures()
     return app_settings(servicebus, azurite.connection_string, fakes.url, unique_name("t"))
 
 

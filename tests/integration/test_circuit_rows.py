@@ -1,6 +1,5 @@
 """The agents' circuit rows in the supervision table (adapters.store.circuits), against Azurite:
-written
-by the process-wide breakers on each transition, read (and reaped) by the dashboard's summary,
+written by a Runtime's breakers on each transition, read (and reaped) by the dashboard's summary,
 and invisible to the Supervisor's roster that shares the table."""
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from adapters.store.circuits import CircuitRow, CircuitState
 from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from domain.messages import utc_now
-from service import circuit, runtime
-from service.circuit import breaker_for, reset_breakers
-from service.operations.context import OperatorContext
+from service.circuit import BreakerRegistry, CircuitReporter
 from service.operations.summary import Summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -66,32 +63,16 @@ async def test_rows_are_written_read_and_reaped_by_etag(rt, table):
     assert {r.instance for r in (await table.read()).rows} == {"live.2"}
 
 
-async def _written_nowhere() -> None:
-    """Write what earlier tests' breakers told off any event loop (a sync fixture's
-    ``reset_breakers``) with no Runtime installed: nowhere, not into this test's table."""
-    previous = runtime.install(None)
-    try:
-        assert await circuit.reporter.flush(timeout=10)
-    finally:
-        runtime.install(previous)
-
-
 async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table):
-    await _written_nowhere()
-    previous = runtime.install(rt)
-    ctx = OperatorContext(rt)
-
-    async def context() -> OperatorContext:
-        return ctx
-
-    summary = Summary(context)
+    breakers = rt.breakers
+    assert breakers.reporter is not None
+    summary = Summary(lambda: rt)
     try:
-        reset_breakers()
-        breaker = breaker_for("payment")
+        breaker = breakers.get("payment")
         for _ in range(breaker.settings.failure_threshold):
             assert breaker.acquire()
             breaker.record_failure()
-        assert await circuit.reporter.flush(timeout=10)
+        assert await breakers.reporter.flush(timeout=10)
         [written] = [r for r in (await table.read()).rows if r.agent == "payment"]
         assert written.instance == circuits.instance_id()
         assert (written.state, written.consecutive_failures) == (
@@ -106,34 +87,26 @@ async def test_an_open_circuit_reaches_the_overview_and_its_close_too(rt, table)
         inventory = next(a for a in view["agents"] if a["agent"] == "inventory")
         assert inventory["state"] is None  # never changed state in this process
 
-        reset_breakers()  # the operator's reset is a transition like any other
-        assert await circuit.reporter.flush(timeout=10)
+        breakers.reset_all()  # the operator's reset is a transition like any other
+        assert await breakers.reporter.flush(timeout=10)
         [closed] = [r for r in (await table.read()).rows if r.agent == "payment"]
         assert closed.state is CircuitState.CLOSED and closed.consecutive_failures == 0
     finally:
-        reset_breakers()
-        await circuit.reporter.flush(timeout=10)
         await summary.close()
-        await ctx.close()
-        runtime.install(previous)
 
 
 async def test_an_unreachable_table_never_fails_the_call(rt, caplog):
     nowhere = rt.settings.storage.connection_string.replace("127.0.0.1:", "127.0.0.1:1")
-    broken = dataclasses.replace(rt, store=OrderStateStore.from_connection_string(nowhere))
-    await _written_nowhere()
-    previous = runtime.install(broken)
+    broken = OrderStateStore.from_connection_string(nowhere)
+    reporter = CircuitReporter(lambda: broken.circuits, circuits.instance_id())
+    breakers = BreakerRegistry(reporter=reporter)
     try:
-        reset_breakers()
-        breaker = breaker_for("shipping")
+        breaker = breakers.get("shipping")
         for _ in range(breaker.settings.failure_threshold):
             assert breaker.acquire()
             breaker.record_failure()  # returns at once: the write is the reporter's task's
         assert not breaker.acquire()
-        assert await circuit.reporter.flush(timeout=60)
+        assert await reporter.flush(timeout=60)
         assert "not recorded for the dashboard" in caplog.text
     finally:
-        runtime.install(previous)
-        reset_breakers()
-        await circuit.reporter.flush(timeout=60)
-        await broken.store.close()
+        await broken.close()

@@ -15,18 +15,8 @@ import pytest
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from orderctl.local import LocalOperations
-from service import runtime
-from service.operations.context import current
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
-
-
-@pytest.fixture
-async def installed(rt):
-    previous = runtime.install(rt)
-    yield rt
-    await (await current()).close()
-    runtime.install(previous)
 
 
 class LinkLog:
@@ -66,10 +56,10 @@ class LinkLog:
         return taken
 
 
-async def test_the_dead_letter_summary_opens_each_link_once_and_at_once(installed, monkeypatch):
+async def test_the_dead_letter_summary_opens_each_link_once_and_at_once(rt, monkeypatch):
     links = LinkLog(monkeypatch)
-    queues = len(installed.settings.queues)
-    ops = LocalOperations(installed)
+    queues = len(rt.settings.queues)
+    ops = LocalOperations(rt)
     try:
         first = await ops.dead_letter_summary()
         cold = links.take()
@@ -80,7 +70,7 @@ async def test_the_dead_letter_summary_opens_each_link_once_and_at_once(installe
     finally:
         await ops.close()
 
-    assert {q.queue for q in first.queues} == set(installed.settings.queues)
+    assert {q.queue for q in first.queues} == set(rt.settings.queues)
     assert again.queues == first.queues
     assert cold == {"receiver": queues, "open": queues, "peek": queues}, cold
     assert links.most_opening > 1, "the links were opened one after the other"

@@ -22,7 +22,6 @@ import pytest
 from domain.order import StepState
 from domain.states import ProcessState
 from service import control
-from service.circuit import breaker_for, reset_breakers
 from service.replies import handle_response
 from tests.support.pattern import (
     SERVICES,
@@ -402,7 +401,7 @@ async def test_a_deferred_reply_rearms_the_step_at_retry_at_without_a_failure(st
     assert (await stage.tick()).retried == 1
     retry, _ = stage.take_scheduled("commands", oid)
     await stage.command(retry)
-    breaker = breaker_for("inventory")
+    breaker = stage.rt.breakers.get("inventory")
     for _ in range(breaker.settings.failure_threshold):  # other calls failed: the circuit opens
         breaker.record_failure()
 
@@ -424,7 +423,7 @@ async def test_a_deferred_reply_rearms_the_step_at_retry_at_without_a_failure(st
     assert json.loads(command)["failure_count"] == 1
     assert (await events(stage, oid))[-1] == "deferred"
 
-    reset_breakers()  # the service is back
+    stage.rt.breakers.reset_all()  # the service is back
     await stage.command(command)
     assert (await stage.step("inventory", oid))["attempt"] == 3
     process = await stage.rt.store.load(oid)

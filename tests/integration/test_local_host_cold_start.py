@@ -13,8 +13,6 @@ past its deadline and drop it.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 import time
 
 import pytest
@@ -24,7 +22,7 @@ from devstack.host.cold_start import COLD_START_SETTING
 from domain.messages import encode
 from domain.states import ProcessState
 from service.intake import handle_submission
-from tests.support.app import install_for_host, make_runtime
+from tests.support.app import make_runtime, pattern_app
 from tests.support.pattern import effects, new_order
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -45,15 +43,15 @@ def cold_env(env):
 @pytest.fixture
 async def hosted(cold_env):
     rt = await make_runtime(cold_env, "scheduler")
-    sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
+    app, root = pattern_app(rt)
     host = LocalHost(
-        importlib.import_module("function_app"),
+        app,
         settings=cold_env,
         host_json="host.json",
         concurrency_override=1,
         functions=FUNCTIONS,
     )
-    install_for_host(rt, host)
+    host.at_stop(root.close)
     host.start()
     try:
         yield rt, host

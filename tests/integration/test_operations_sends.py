@@ -11,7 +11,7 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -23,14 +23,13 @@ from domain.messages import AgentRequest, MessageBase, ReplayDeadLetter, SendOwe
 from domain.states import ProcessState
 from orderctl.local import LocalOperations
 from scheduler.functions import on_command
-from service import inbound, runtime
+from service import inbound
 from service.commands import handle_command
 from service.intake import handle_submission
-from service.operations.context import current
 from tests.integration.test_operator_api import declined_order
 from tests.integration.test_operator_workflows import REPLAY_WINDOW, dead_letter
 from tests.integration.test_trusted_messages import forge, only_alert_for, take, untrusted_alerts
-from tests.support.operations import OperationsApp, call, load
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import new_order, queue
 
 pytestmark = [
@@ -48,16 +47,15 @@ def env(env, servicebus):
 
 
 @pytest.fixture(scope="module")
-def handlers() -> OperationsApp:
+def operations() -> OperationsApp:
     return load()
 
 
 @pytest.fixture
-async def installed(rt):
-    previous = runtime.install(rt)
-    yield rt
-    await (await current()).close()
-    runtime.install(previous)
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
+        yield app
 
 
 class Recording:
@@ -98,8 +96,7 @@ async def pattern_app_takes(rt, reader, kind: str) -> MessageBase:  # type: igno
     return json.loads(b"".join(found.body))
 
 
-async def test_operator_actions_send_only_to_the_commands_queue(installed, handlers, reader, fakes):
-    rt = installed
+async def test_operator_actions_send_only_to_the_commands_queue(rt, handlers, reader, fakes):
     errored = await declined_order(rt, reader, fakes)
     fakes.set_profile(None)
     in_flight = new_order()
@@ -136,9 +133,8 @@ async def test_operator_actions_send_only_to_the_commands_queue(installed, handl
 
 
 async def test_a_dead_letter_of_an_agent_queue_is_sent_back_by_the_pattern_app(
-    installed, servicebus, reader
+    rt, servicebus, reader
 ):
-    rt = installed
     inventory = queue(rt, "inventory")
     order = new_order()
     await handle_submission(encode(order), rt)

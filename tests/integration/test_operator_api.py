@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -20,11 +21,9 @@ from domain.retention import acked_reason
 from domain.states import ProcessState
 from operator_api import http as api
 from operator_api.http import router
-from service import runtime
 from service.commands import handle_command
 from service.intake import handle_submission
-from service.operations.context import current
-from tests.support.operations import OperationsApp, call, load
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import (
     new_order,
     queue,
@@ -37,16 +36,15 @@ HOSTILE_ID = "x' or PartitionKey ne '"
 
 
 @pytest.fixture(scope="module")
-def handlers() -> OperationsApp:
+def operations() -> OperationsApp:
     return load()
 
 
 @pytest.fixture
-async def installed(rt):
-    previous = runtime.install(rt)
-    yield rt
-    await (await current()).close()
-    runtime.install(previous)
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
+        yield app
 
 
 async def declined_order(rt, reader, fakes) -> str:
@@ -70,8 +68,7 @@ async def sent_by_the_pattern_app(rt, reader, order_id: str) -> None:
 # ----------------------------------------------------------------------------------- orders
 
 
-async def test_list_error_orders_page_by_page(installed, handlers, reader, fakes):
-    rt = installed
+async def test_list_error_orders_page_by_page(rt, handlers, reader, fakes):
     errored = {await declined_order(rt, reader, fakes) for _ in range(3)}
     in_flight = new_order()
     await handle_submission(encode(in_flight), rt)  # claimed; its agent never answers
@@ -104,8 +101,8 @@ async def test_list_error_orders_page_by_page(installed, handlers, reader, fakes
     assert (status, page["items"]) == (200, [])
 
 
-async def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, reader, fakes):
-    order_id = await declined_order(installed, reader, fakes)
+async def test_show_order_with_steps_and_a_paged_timeline(rt, handlers, reader, fakes):
+    order_id = await declined_order(rt, reader, fakes)
     status, shown = await call(handlers, "show_order", route={"order_id": order_id})
     assert status == 200
     assert shown["order"]["state"] == "Error" and shown["submitted"]["order_id"] == order_id
@@ -136,8 +133,7 @@ async def test_show_order_with_steps_and_a_paged_timeline(installed, handlers, r
     assert rest["timeline_continuation"] is None
 
 
-async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes):
-    rt = installed
+async def test_resubmit_and_cancel_over_http(rt, handlers, reader, fakes):
     order_id = await declined_order(rt, reader, fakes)
     fakes.set_profile(None)
     status, done = await call(
@@ -174,7 +170,7 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
     undo = json.loads(reader.expect(queue(rt, "inventory"), order_id))
     assert undo["operation"] == "undo"
     assert undo["undoes"] == f"{order_id}:reserve_inventory:do:2"
-    timeline = await installed.store.get_timeline(order_id)
+    timeline = await rt.store.get_timeline(order_id)
     assert [(t.event, t.actor) for t in timeline if t.actor.startswith("operator:")] == [
         ("resubmitted", "operator:ann@example.com"),
         ("compensation_started", "operator:bob"),
@@ -207,9 +203,8 @@ async def test_resubmit_and_cancel_over_http(installed, handlers, reader, fakes)
 
 
 async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothing(
-    installed, handlers, reader, fakes
+    rt, handlers, reader, fakes
 ):
-    rt = installed
     order_id = await declined_order(rt, reader, fakes)
     before = await rt.store.load(order_id)
     for name in ("resubmit_order", "cancel_order"):
@@ -346,9 +341,7 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
         ),
     ],
 )
-async def test_bad_requests_get_a_clear_4xx(
-    installed, handlers, name, params, route, body, status, code
-):
+async def test_bad_requests_get_a_clear_4xx(rt, handlers, name, params, route, body, status, code):
     COUNTS.reset()
     got, answer = await call(handlers, name, params=params, route=route, body=body)
     assert (got, answer["error"]["code"]) == (status, code), answer
@@ -357,7 +350,7 @@ async def test_bad_requests_get_a_clear_4xx(
         assert not any(k.startswith("table.") for k in COUNTS.snapshot()), "refused before I/O"
 
 
-async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(installed, handlers):
+async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(rt, handlers):
     COUNTS.reset()
     status, answer = await call(
         handlers,
@@ -370,18 +363,18 @@ async def test_a_principal_that_is_not_a_valid_name_is_refused_before_io(install
     assert not any(k.startswith("table.") for k in COUNTS.snapshot())
 
 
-async def test_a_purge_without_a_signed_in_caller_is_refused(installed, handlers):
+async def test_a_purge_without_a_signed_in_caller_is_refused(rt, handlers):
     status, answer = await call(handlers, "purge", body={"dry_run": True}, caller=None)
     assert (status, answer["error"]["code"]) == (401, "not_signed_in")
 
 
-async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(installed, handlers):
+async def test_a_hostile_id_is_named_in_the_message_and_touches_nothing(rt, handlers):
     status, answer = await call(handlers, "show_order", route={"order_id": HOSTILE_ID})
     assert status == 400
     assert "order id" in answer["error"]["message"] and '"\'"' in answer["error"]["message"]
 
 
-async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(installed, handlers):
+async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(rt, handlers):
     """Echoed by a refused order id (400), and by the path nothing serves (404: the worker's
     ASGI bridge decodes %2F, so an id with a slash is two path segments)."""
     for hostile, status in (("<img src=x onerror=alert(1)>", 400), ("<script>x</script>", 404)):
@@ -393,11 +386,9 @@ async def test_hostile_text_in_an_answer_is_json_that_a_browser_never_sniffs(ins
         assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
-async def test_a_continuation_of_one_state_is_refused_for_another(
-    installed, handlers, reader, fakes
-):
+async def test_a_continuation_of_one_state_is_refused_for_another(rt, handlers, reader, fakes):
     for _ in range(2):
-        await declined_order(installed, reader, fakes)
+        await declined_order(rt, reader, fakes)
     _, page = await call(handlers, "list_orders", params={"state": "Error", "limit": "1"})
     assert page["continuation"]
     status, answer = await call(
@@ -425,9 +416,9 @@ async def find_alert(handlers, order_id: str) -> dict:
             raise AssertionError(f"no alert for {order_id}")
 
 
-async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, reader, fakes):
-    first = await declined_order(installed, reader, fakes)
-    second = await declined_order(installed, reader, fakes)
+async def test_alerts_are_listed_peeked_and_acknowledged(rt, handlers, reader, fakes):
+    first = await declined_order(rt, reader, fakes)
+    second = await declined_order(rt, reader, fakes)
     alert_a, alert_b = await find_alert(handlers, first), await find_alert(handlers, second)
     assert alert_a["alert"]["reason"] == "step_declined"
     assert alert_b["sequence_number"] > alert_a["sequence_number"]
@@ -487,14 +478,12 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
     assert status == 200 and ack["order_id"] == first
     with pytest.raises(AssertionError):
         await find_alert(handlers, first)
-    acked = [
-        t for t in await installed.store.get_timeline(first) if t.event == "alert_acknowledged"
-    ]
+    acked = [t for t in await rt.store.get_timeline(first) if t.event == "alert_acknowledged"]
     assert [t.actor for t in acked] == ["operator:ann"]
     assert acked[0].to_state is ProcessState.ERROR, "acknowledging changes nothing else"
     assert acked[0].detail.endswith("acknowledged: seen")
     assert acked_reason(acked[0]) == "step_declined"  # retention still reads the alert's reason
-    timeline = await installed.store.get_timeline(second)
+    timeline = await rt.store.get_timeline(second)
     [acked_b] = [t for t in timeline if t.event == "alert_acknowledged"]
     assert acked_b.detail.endswith(": customer called, new card on file")
 
@@ -502,8 +491,7 @@ async def test_alerts_are_listed_peeked_and_acknowledged(installed, handlers, re
 # ----------------------------------------------------------------------------- dead letters
 
 
-async def test_dead_letters_per_queue(installed, handlers, servicebus):
-    rt = installed
+async def test_dead_letters_per_queue(rt, handlers, servicebus):
     status, summary = await call(handlers, "dead_letter_summary")
     assert status == 200
     assert {q["queue"] for q in summary["queues"]} == set(rt.settings.queues)
@@ -553,9 +541,8 @@ async def dead_letter(rt, handlers, servicebus, body: bytes, message_id: str) ->
 
 
 async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
-    installed, handlers, servicebus, unique_name
+    rt, handlers, servicebus, unique_name
 ):
-    rt = installed
     message_id = unique_name("poison")
     number = await dead_letter(rt, handlers, servicebus, b"{not json", message_id)
     status, empty = await call(handlers, "dead_letter_log")
@@ -613,7 +600,7 @@ async def test_the_dead_letter_log_lists_replays_and_purges_with_their_reason(
 # ---------------------------------------------------------------------------------- openapi
 
 
-async def test_the_openapi_document_describes_every_route(installed, handlers):
+async def test_the_openapi_document_describes_every_route(rt, handlers):
     """Every route of the operator API (the dashboard's pages and files are not part of it)."""
     status, document = await call(handlers, "openapi")
     assert status == 200 and document["openapi"] == "3.1.0"
@@ -634,17 +621,17 @@ async def test_the_openapi_document_describes_every_route(installed, handlers):
     )
 
 
-async def test_the_supervisor_view_shows_lag_leases_and_the_bound(installed, handlers):
+async def test_the_supervisor_view_shows_lag_leases_and_the_bound(rt, handlers):
     from service.sweep import run_tick
 
-    report = await run_tick(installed)
+    report = await run_tick(rt)
     status, view = await call(handlers, "show_supervisor")
 
     assert status == 200
     assert len(view["buckets"]) == 16
-    assert view["holders"] == {installed.instance_id: report.held} and report.held == 16
+    assert view["holders"] == {rt.instance_id: report.held} and report.held == 16
     assert view["unswept_buckets"] == [] and view["oldest_sweep_s"] is not None
-    assert all(b["swept_by"] == installed.instance_id for b in view["buckets"])
+    assert all(b["swept_by"] == rt.instance_id for b in view["buckets"])
     bound = view["bound"]
     assert bound["detection_s"] == bound["period_s"] * 2 + bound["budget_s"] + bound["skew_s"]
     assert bound["lease_s"] == bound["period_s"] * 1.5
@@ -666,9 +653,7 @@ DAY = 24 * 3600
         ({"olderThan": 3}, "invalid_request", "olderThan: Extra inputs are not permitted"),
     ],
 )
-async def test_a_bad_purge_request_is_refused_with_what_to_fix(
-    installed, handlers, body, code, message
-):
+async def test_a_bad_purge_request_is_refused_with_what_to_fix(rt, handlers, body, code, message):
     status, answer = await call(handlers, "purge", body=body, caller="ann")
     assert status == 400, answer
     assert answer["error"]["code"] == code
@@ -676,9 +661,8 @@ async def test_a_bad_purge_request_is_refused_with_what_to_fix(
 
 
 async def test_purge_archives_and_deletes_finished_orders_and_records_the_run(
-    installed, handlers, reader, fakes
+    rt, handlers, reader, fakes
 ):
-    rt = installed
     done = new_order(workflow="single_step")
     await handle_submission(encode(done), rt)
     await run_agent_step(rt, reader, done.order_id, "inventory")

@@ -15,11 +15,10 @@ from adapters import deadline
 from adapters.settings import Connection, Settings
 from adapters.store.state_store import OrderStateStore
 from devstack.memory import MemoryBus
-from service import deadlines, runtime
+from service import deadlines
 from service.operations import orders
-from service.operations.context import current
 from service.runtime import Runtime
-from tests.support.operations import OperationsApp, call, load
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.storage_faults import through_proxy
 from tests.support.world import QUEUES
 
@@ -27,11 +26,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(18
 SETTINGS = Settings(
     queues=QUEUES, service_urls={}, servicebus=Connection("sb"), storage=Connection("st")
 )
-
-
-@pytest.fixture(scope="module")
-def handlers() -> OperationsApp:
-    return load()
 
 
 @pytest.fixture
@@ -48,21 +42,25 @@ async def tables(azurite: Any, unique_name: Any) -> AsyncIterator[dict[str, str]
             await s._service.delete_table(name)
 
 
+@pytest.fixture(scope="module")
+def operations() -> OperationsApp:
+    return load()
+
+
 @pytest.fixture
-async def installed(azurite, tables) -> AsyncIterator[tuple[Any, dict[str, str]]]:  # type: ignore[no-untyped-def]
-    """The operations app's Runtime, its Table calls through the fault proxy."""
+async def installed(  # type: ignore[no-untyped-def]
+    operations, azurite, tables
+) -> AsyncIterator[tuple[Any, dict[str, str], OperationsApp]]:
+    """The operations app on a Runtime whose Table calls go through the fault proxy."""
     async with through_proxy(azurite, trickle_s=0.4) as (proxy, service):
         store = OrderStateStore(service, **tables)
         rt = Runtime(SETTINGS, store, MemoryBus(), SETTINGS.workflows())  # type: ignore[arg-type]
-        previous = runtime.install(rt)
-        try:
-            yield proxy, tables
-        finally:
-            await (await current()).close()
-            runtime.install(previous)
+        async with serving(operations, rt) as handlers:
+            yield proxy, tables, handlers
 
 
-async def test_a_request_runs_within_the_front_ends_time(installed, handlers, monkeypatch):
+async def test_a_request_runs_within_the_front_ends_time(installed, monkeypatch):
+    *_, handlers = installed
     seen: list[float | None] = []
     show = orders.show_order
 
@@ -79,10 +77,8 @@ async def test_a_request_runs_within_the_front_ends_time(installed, handlers, mo
     assert deadline.remaining() is None, "the bound ends with the request"
 
 
-async def test_a_request_whose_storage_trickles_is_cut_and_says_so(
-    installed, handlers, monkeypatch
-):
-    proxy, tables = installed
+async def test_a_request_whose_storage_trickles_is_cut_and_says_so(installed, monkeypatch):
+    proxy, tables, handlers = installed
     short = deadlines.ANSWER_MARGIN + timedelta(seconds=2)
     monkeypatch.setattr(deadlines, "HTTP_TIMEOUT", short)
     proxy.arm("trickle", method="GET", path=tables["orders_table"])

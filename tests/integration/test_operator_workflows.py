@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -19,16 +20,15 @@ from adapters.settings import Settings
 from domain.messages import SchedulerCommand, encode
 from domain.states import ProcessState
 from orderctl.local import LocalOperations
-from service import inbound, runtime
+from service import inbound
 from service.commands import handle_command
 from service.intake import handle_submission
 from service.operations import orders
-from service.operations.context import current
 from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
 from tests.integration.test_operator_api import declined_order, find_alert, sent_by_the_pattern_app
 from tests.support.app import make_runtime
-from tests.support.operations import OperationsApp, call, load
+from tests.support.operations import OperationsApp, call, load, serving
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
@@ -50,21 +50,20 @@ HOUR = 3600
 
 
 @pytest.fixture(scope="module")
-def handlers() -> OperationsApp:
+def operations() -> OperationsApp:
     return load()
 
 
 @pytest.fixture
-async def installed(rt):
-    previous = runtime.install(rt)
-    yield rt
-    await (await current()).close()
-    runtime.install(previous)
+async def handlers(operations, rt) -> AsyncIterator[OperationsApp]:
+    """The operations app on a composition root of this test's, around its Runtime."""
+    async with serving(operations, rt) as app:
+        yield app
 
 
 @pytest.fixture
-async def ops(installed):
-    operations = LocalOperations(installed)
+async def ops(rt):
+    operations = LocalOperations(rt)
     yield operations
     await operations.close()
 
@@ -99,8 +98,7 @@ async def all_pages(handlers, **params) -> list[str]:
 # ----------------------------------------------------------------------------------- orders
 
 
-async def test_processed_orders_are_listed_filtered_sorted_and_paged(installed, handlers, reader):
-    rt = installed
+async def test_processed_orders_are_listed_filtered_sorted_and_paged(rt, handlers, reader):
     first = await processed_order(rt, reader, order_id="o-alpha-1")
     rt.clock.advance(2 * HOUR)  # type: ignore[attr-defined]
     second = await processed_order(rt, reader, order_id="o-beta-2")
@@ -142,9 +140,8 @@ async def test_processed_orders_are_listed_filtered_sorted_and_paged(installed, 
 
 
 async def test_in_flight_and_error_listings_filter_by_step_age_and_text(
-    installed, handlers, reader, fakes
+    rt, handlers, reader, fakes
 ):
-    rt = installed
     errored = await declined_order(rt, reader, fakes)
     in_flight = new_order()
     await handle_submission(encode(in_flight), rt)
@@ -171,14 +168,14 @@ async def test_in_flight_and_error_listings_filter_by_step_age_and_text(
         ({"state": "Processed", "continuation": "bm90LWEtY3Vyc29y"}, "invalid_continuation"),
     ],
 )
-async def test_bad_filters_are_refused_with_what_to_write(installed, handlers, params, code):
+async def test_bad_filters_are_refused_with_what_to_write(rt, handlers, params, code):
     status, answer = await call(handlers, "list_orders", params=params)
     assert (status, answer["error"]["code"]) == (400, code), answer
 
 
-async def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, reader):
+async def test_a_sorted_cursor_is_refused_for_another_sort(rt, handlers, reader):
     for _ in range(2):
-        await processed_order(installed, reader)
+        await processed_order(rt, reader)
     page = await listed(handlers, state="Processed", sort="created", limit="1")
     assert page["continuation"]
     status, answer = await call(
@@ -192,10 +189,7 @@ async def test_a_sorted_cursor_is_refused_for_another_sort(installed, handlers, 
 # ------------------------------------------------------------------------------------ watch
 
 
-async def test_watch_returns_each_change_and_ends_when_the_order_is_done(
-    installed, handlers, reader
-):
-    rt = installed
+async def test_watch_returns_each_change_and_ends_when_the_order_is_done(rt, handlers, reader):
     order = new_order(workflow="single_step")
     await handle_submission(encode(order), rt)
     route = {"order_id": order.order_id}
@@ -224,10 +218,7 @@ async def test_watch_returns_each_change_and_ends_when_the_order_is_done(
     assert (status, missing["error"]["code"]) == (404, "order_not_found")
 
 
-async def test_the_order_view_shows_each_steps_failures_and_reasons(
-    installed, handlers, reader, fakes
-):
-    rt = installed
+async def test_the_order_view_shows_each_steps_failures_and_reasons(rt, handlers, reader, fakes):
     order = new_order(workflow="single_step")
     fakes.set_profile({"default": {"fail_first_n": 1}})
     await handle_submission(encode(order), rt)
@@ -242,8 +233,7 @@ async def test_the_order_view_shows_each_steps_failures_and_reasons(
 # ---------------------------------------------------------------------------------- restart
 
 
-async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes):
-    rt = installed
+async def test_restart_from_a_step_over_http(rt, handlers, reader, fakes):
     order_id = await declined_order(rt, reader, fakes)
     fakes.set_profile(None)
     route = {"order_id": order_id}
@@ -286,10 +276,7 @@ async def test_restart_from_a_step_over_http(installed, handlers, reader, fakes)
 # ------------------------------------------------------------------------------------- bulk
 
 
-async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
-    installed, handlers, reader, fakes
-):
-    rt = installed
+async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(rt, handlers, reader, fakes):
     errored = sorted([await declined_order(rt, reader, fakes) for _ in range(2)])
     fakes.set_profile(None)
     body = {"state": "Error", "text": "out_of_stock", "reason": "restocked"}
@@ -302,7 +289,9 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
     assert all([(await rt.store.load(o)).state is ProcessState.ERROR for o in errored])
 
     # One of them is resubmitted by someone else meanwhile: it no longer matches.
-    await orders.resubmit(await current(), errored[0], operator="bob", reason="by hand")
+    await orders.resubmit(
+        await handlers.root.context(), errored[0], operator="bob", reason="by hand"
+    )
     status, done = await call(
         handlers, "bulk_resubmit", body=body | {"order_ids": errored}, caller="ann"
     )
@@ -329,16 +318,17 @@ async def test_bulk_resubmit_lists_first_then_acts_on_what_was_listed(
 
 
 async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
-    installed, handlers, reader, fakes
+    rt, handlers, reader, fakes
 ):
-    rt = installed
     order_id = await declined_order(rt, reader, fakes)
     seq = str((await find_alert(handlers, order_id))["sequence_number"])
     _, alert = await call(handlers, "peek_alert", route={"sequence_number": seq})
     assert (alert["resolution"], alert["order_state"]) == ("open", "Error")
 
     fakes.set_profile(None)
-    await orders.resubmit(await current(), order_id, operator="ann", reason="restocked")
+    await orders.resubmit(
+        await handlers.root.context(), order_id, operator="ann", reason="restocked"
+    )
     _, alert = await call(handlers, "peek_alert", route={"sequence_number": seq})
     assert alert["resolution"] == "retrying"
     assert seq in await open_alerts(handlers)
@@ -351,11 +341,12 @@ async def test_an_alert_resolves_when_its_order_is_resubmitted_and_finishes(
     assert seq not in await open_alerts(handlers)
 
 
-async def test_an_alert_whose_order_failed_again_is_superseded(installed, handlers, reader, fakes):
-    rt = installed
+async def test_an_alert_whose_order_failed_again_is_superseded(rt, handlers, reader, fakes):
     order_id = await declined_order(rt, reader, fakes)  # still declined: the profile stays
     first = str((await find_alert(handlers, order_id))["sequence_number"])
-    await orders.resubmit(await current(), order_id, operator="ann", reason="try again")
+    await orders.resubmit(
+        await handlers.root.context(), order_id, operator="ann", reason="try again"
+    )
     await sent_by_the_pattern_app(rt, reader, order_id)
     await run_agent_step(rt, reader, order_id, "inventory")
     assert (await rt.store.load(order_id)).state is ProcessState.ERROR
@@ -565,7 +556,7 @@ async def test_a_forged_or_altered_message_is_not_replayed_and_can_be_purged(rep
         await ops.close()
 
 
-async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handlers):
+async def test_an_empty_dead_letter_queue_has_nothing_to_replay(rt, handlers):
     status, done = await call(
         handlers,
         "replay_dead_letters",
@@ -577,7 +568,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
     assert (done["items"], done["more"], done["entity"]) == (
         [],
         False,
-        queue(installed, "shipping"),
+        queue(rt, "shipping"),
     )
     status, vague = await call(
         handlers, "purge_dead_letters", route={"queue": "shipping"}, body={}, caller="ann"
@@ -621,7 +612,7 @@ async def test_an_empty_dead_letter_queue_has_nothing_to_replay(installed, handl
 # ----------------------------------------------------------------------------------- health
 
 
-async def test_health_checks_the_table_and_the_bus(installed, handlers, env, unique_name):
+async def test_health_checks_the_table_and_the_bus(rt, handlers, env, unique_name):
     status, health = await call(handlers, "health")
     assert status == 200, health
     assert health["status"] == "ok"

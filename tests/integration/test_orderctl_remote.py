@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,8 +37,7 @@ from orderctl.local import LocalOperations
 from orderctl.options import OPERATOR
 from orderctl.output import validate
 from service.intake import handle_submission
-from service.operations.context import current
-from tests.support.app import install_for_host
+from tests.support.app import operations_app
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -59,18 +57,12 @@ runner = CliRunner()
 
 
 def start_host(settings: dict[str, str], rt) -> LocalHost:  # type: ignore[no-untyped-def]
-    """A functions host serving the operations app, on a free port, its routes on a Runtime
-    like ``rt``; when it stops, the context they built and that Runtime are closed on its
-    loop."""
-    sys.modules.pop("operations_app", None)  # get_functions() runs once per FunctionApp
-    host = LocalHost("operations_app", settings=settings, host_json=None, http_port=0)
-    host.at_stop(close_operations)  # first: while their Runtime is still installed
-    install_for_host(rt, host)
+    """A functions host serving the operations app, on a free port, on a composition root of
+    its own (its Runtime like ``rt``), closed on the host's loop when it stops."""
+    app, root = operations_app(rt)
+    host = LocalHost(app, settings=settings, host_json=None, http_port=0)
+    host.at_stop(root.close)
     return host.start()
-
-
-async def close_operations() -> None:
-    await (await current()).close()
 
 
 @pytest.fixture(autouse=True)

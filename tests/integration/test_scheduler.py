@@ -39,7 +39,7 @@ from domain.messages import (
 from domain.order import Order
 from domain.states import ProcessState
 from service import apply, inbound, resume
-from service.apply import Parked, forget_failures
+from service.apply import Parked
 from service.intake import handle_submission
 from service.replies import handle_response
 from service.runtime import Runtime, new_instance_id
@@ -416,14 +416,14 @@ async def test_an_unreachable_reply_queue_is_alerted_once_and_never_holds_the_or
     assert missing in alerts[0]["detail"]
 
     # Remembered for the process: not tried again, not alerted.
-    assert apply._failures.get(missing, rt.clock()) is not None
+    assert rt.refusing_queues.get(missing, rt.clock()) is not None
     second, first_request = await submitted(rt, reader, reply_to=missing.upper())
     await handle_response(encode(succeeded(first_request)), rt)
     assert (await rt.store.load(second.order_id)).current_step == "charge_payment"
     assert alerts_for(rt, reader, second.order_id) == []
 
-    forget_failures()
-    assert apply._failures.get(missing, rt.clock()) is None
+    rt.refusing_queues.clear()
+    assert rt.refusing_queues.get(missing, rt.clock()) is None
 
 
 async def test_status_updates_reach_a_reply_queue_that_exists(rt, reader, servicebus):

@@ -9,7 +9,6 @@ from azure.servicebus import ServiceBusClient
 
 from domain.messages import encode
 from domain.states import ProcessState
-from service import apply
 from service.intake import handle_submission
 from service.sweep import run_tick
 from tests.support.pattern import (
@@ -152,7 +151,7 @@ async def test_held_updates_reach_the_queue_in_order_once_it_takes_them(
     rt, reader, clock, status_queue, status_client
 ):
     # The process saw the queue refuse moments ago (disabled, say): it does not try it now.
-    apply._failures.put(status_queue, "MessagingEntityDisabledError: disabled", clock())
+    rt.refusing_queues.put(status_queue, "MessagingEntityDisabledError: disabled", clock())
     order = new_order(reply_to=status_queue)
     await handle_submission(encode(order), rt)
     for service in ("inventory", "payment", "shipping"):

@@ -17,8 +17,6 @@ single-step order is submitted inside a client span. Expected, per hop:
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -40,7 +38,7 @@ from devstack.host import LocalHost
 from domain.messages import StatusUpdate, message_id_for
 from domain.states import ProcessState
 from service.runtime import Runtime
-from tests.support.app import install_for_host, make_runtime
+from tests.support.app import make_runtime, pattern_app
 from tests.support.pattern import new_order
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -100,15 +98,15 @@ def env(env):
 @pytest.fixture
 async def hosted(env, spans) -> AsyncIterator[Runtime]:
     rt = await make_runtime(env, "scheduler")
-    sys.modules.pop("function_app", None)  # get_functions() runs once per FunctionApp
+    app, root = pattern_app(rt)
     host = LocalHost(
-        importlib.import_module("function_app"),
+        app,
         settings=env,
         host_json="host.json",
         concurrency_override=1,
         functions=[function for function, _ in HOPS],
     )
-    install_for_host(rt, host)
+    host.at_stop(root.close)
     host.start()
     try:
         yield rt

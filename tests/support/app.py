@@ -18,19 +18,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from azure.functions import AsgiFunctionApp, FunctionApp
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
 from domain.messages import utc_now
 from domain.signing import SIGNING_KEYS_SETTING
-from service import runtime
+from service.composition import PatternRoot
+from service.operations.composition import OperationsRoot
 from service.runtime import Runtime, new_instance_id
 from tests.support.keys import new_key_text
-
-if TYPE_CHECKING:
-    from devstack.host.host import LocalHost
 
 EXAMPLE_SETTINGS = json.loads(
     (Path(__file__).resolve().parents[2] / "local.settings.json.example").read_text()
@@ -95,23 +94,33 @@ async def make_runtime(
     return made
 
 
-def install_for_host(rt: Runtime, host: LocalHost) -> Runtime:
-    """Make a Runtime like ``rt`` (same settings, instance id and clock) the process's Runtime,
-    for the functions of an in-process ``host``; when the host stops, it is closed on the
-    functions' loop and the previous Runtime put back.
+def like(rt: Runtime) -> dict[str, Any]:
+    """What a composition root gives its Runtime so that it is like ``rt`` (its instance id and
+    clock; its settings are ``rt.settings``): the Runtime of an in-process host's functions.
 
     The host runs its functions on an event loop of its own, and a Runtime's clients belong to
-    the loop that opened them, so the functions cannot share the test's ``rt``.
-    """
-    hosted = Runtime.from_settings(rt.settings, instance_id=rt.instance_id, clock=rt.clock)
-    previous = runtime.install(hosted)
+    the loop that opened them, so the functions cannot share the test's ``rt``: the root builds
+    its own on the first invocation, and the test closes the root when the host stops
+    (``host.at_stop(root.close)``)."""
+    return {"instance_id": rt.instance_id, "clock": rt.clock}
 
-    async def close() -> None:
-        runtime.install(previous)
-        await hosted.close()
 
-    host.at_stop(close)
-    return hosted
+def pattern_app(rt: Runtime) -> tuple[FunctionApp, PatternRoot]:
+    """The pattern app's functions on a root of their own, its Runtime like ``rt``."""
+    import function_app
+
+    root = PatternRoot(rt.settings, **like(rt))
+    return function_app.build(root), root
+
+
+def operations_app(rt: Runtime) -> tuple[AsgiFunctionApp, OperationsRoot]:
+    """The operations app's function on a root of its own, its Runtime like ``rt``."""
+    import operations_app
+    from dashboard.routes import router as dashboard
+    from operator_api.app import build
+
+    root = OperationsRoot(rt.settings, **like(rt))
+    return operations_app.serve(build(root, dashboard)), root
 
 
 def _order_of(message: ServiceBusReceivedMessage) -> object:

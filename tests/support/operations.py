@@ -8,16 +8,21 @@ that name, each path parameter percent-encoded as a client would send it.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import azure.functions as func
 from fastapi import FastAPI
+
+import operations_app
+from dashboard.routes import router as dashboard
+from operator_api.app import build
+from service.operations.composition import OperationsRoot
+from service.runtime import Runtime
 
 PRINCIPAL_HEADER = "X-MS-CLIENT-PRINCIPAL-NAME"
 
@@ -26,6 +31,15 @@ PRINCIPAL_HEADER = "X-MS-CLIENT-PRINCIPAL-NAME"
 class OperationsApp:
     api: FastAPI
     function: Callable[..., Awaitable[func.HttpResponse]]
+    functions: func.AsgiFunctionApp
+    """Kept with the app: collected, it runs the ASGI shutdown with ``asyncio.run``, which
+    fails inside a test's running loop."""
+
+    @property
+    def root(self) -> OperationsRoot:
+        """The composition root the routes find in the app's state."""
+        root: OperationsRoot = self.api.state.root
+        return root
 
     def url(self, name: str, route: dict[str, str] | None = None) -> str:
         encoded = {key: quote(str(value), safe="") for key, value in (route or {}).items()}
@@ -43,13 +57,35 @@ class OperationsApp:
         return await self.function(req=request, context=None)
 
 
-def load() -> OperationsApp:
-    """A fresh import of operations_app (``get_functions()`` runs once per FunctionApp)."""
-    sys.modules.pop("operations_app", None)
-    module = importlib.import_module("operations_app")
-    (function,) = module.app.get_functions()
+def load(root: OperationsRoot | None = None) -> OperationsApp:
+    """The operations app as operations_app.py serves it, on ``root`` (None: a root of the
+    environment's settings, for routes that read no state; :func:`serving` gives it another)."""
+    api = build(root or OperationsRoot(), dashboard)
+    functions = operations_app.serve(api)
+    (function,) = functions.get_functions()
     assert function.get_function_name() == "http_app_func"
-    return OperationsApp(module.api, function.get_user_function())
+    return OperationsApp(api, function.get_user_function(), functions)
+
+
+class Around(OperationsRoot):
+    """The operations app's composition root on a test's own Runtime (its clients on the test's
+    event loop, or its store behind a fault proxy)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt.settings)
+        self._runtime = rt
+
+
+@asynccontextmanager
+async def serving(app: OperationsApp, rt: Runtime) -> AsyncIterator[OperationsApp]:
+    """``app`` (one per test module: :func:`load`) on a composition root of this test's, around
+    ``rt``; what the root opened is closed after (``rt`` too)."""
+    root = Around(rt)
+    app.api.state.root = root
+    try:
+        yield app
+    finally:
+        await root.close()
 
 
 async def call(

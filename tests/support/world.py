@@ -327,7 +327,6 @@ class World:
         )
         self.inline_rows = hand_out.INLINE_ROWS
         """How many rows due a tick handles itself; more, it hands them out (service.hand_out)."""
-        apply.forget_failures()  # the process remembers refusing queues; this world is new
         self.services = Services()
         self.pending: list[Envelope] = []
         self.parked: list[AgentRequest] = []

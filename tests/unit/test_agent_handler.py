@@ -34,7 +34,7 @@ from domain.messages import (
 )
 from service import agent as handler
 from service.agent import handle_request, remote_client
-from service.circuit import BreakerSettings, CircuitBreaker, breaker_for
+from service.circuit import BreakerRegistry, BreakerSettings, CircuitBreaker
 from service.consistency import INCONSISTENT_REASON
 from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, json_answer
@@ -93,6 +93,7 @@ class Runtime:
         self.breaker = CircuitBreaker(
             "payment", BreakerSettings(**breaker), clock=self.clock_.monotonic
         )
+        self.breakers = BreakerRegistry()
         self.service = service
         self.remote_http = FakeRemoteHttp(self._answer, {"payment": "http://payment.test/payment"})
         self.requests = self.remote_http.posts
@@ -614,14 +615,14 @@ async def test_requests_waiting_on_their_services_do_not_hold_each_other_up() ->
     assert [m.idempotency_key for _, m in rt.bus.sent] == [UNDO_KEY, FORWARD_KEY]  # type: ignore[attr-defined]
 
 
-def test_the_client_of_a_service_is_built_once_on_the_runtimes_remote_http() -> None:
+def test_the_client_of_a_service_is_built_once_on_the_runtimes_http_and_breaker() -> None:
     service = "payment-handler-test"
     rt = Runtime(answer(200, {}))
     rt.remote_http.urls[service] = "http://svc.test/x"
     rt.agent_clients.clear()
     client = remote_client(rt, service)  # type: ignore[arg-type]
     assert isinstance(client, RemoteServiceClient)
-    assert client._http is rt.remote_http and client.breaker is breaker_for(service)
+    assert client._http is rt.remote_http and client.breaker is rt.breakers.get(service)
     assert remote_client(rt, service) is client  # type: ignore[arg-type]
     assert rt.agent_clients == {service: client}
     assert handler.RemoteServiceClient is RemoteServiceClient

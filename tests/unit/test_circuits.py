@@ -353,10 +353,9 @@ def test_the_process_breakers_set_the_metric_and_queue_the_row(monkeypatch):
     recorded: list[tuple[str, str]] = []
     queued: list[Transition] = []
     monkeypatch.setattr(metrics, "record_circuit_state", lambda a, s: recorded.append((a, s)))
-    monkeypatch.setattr(circuit.reporter, "submit", lambda t: queued.append(t) or True)
-    registry = circuit.BreakerRegistry(
-        BreakerSettings(failure_threshold=1), on_transition=circuit.report_transition
-    )
+    reporter = reporter_on(None)
+    monkeypatch.setattr(reporter, "submit", lambda t: queued.append(t) or True)
+    registry = circuit.BreakerRegistry(BreakerSettings(failure_threshold=1), reporter=reporter)
     breaker = registry.get("shipping")
     breaker.acquire()
     breaker.record_failure()

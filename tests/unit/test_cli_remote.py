@@ -12,7 +12,6 @@ the commands that only work on the local stack.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import sys
 import threading
@@ -25,10 +24,12 @@ from fastapi import FastAPI
 from rich.console import Console
 from typer.testing import CliRunner
 
+import operations_app
 from devstack.host import LocalHost
+from operator_api.http import context
 from orderctl import cli
 from orderctl.local import USE_CASES
-from service.operations.context import current
+from tests.support.operations import load
 from tests.unit.cli_views import Ops, use_ops
 from tests.unit.test_cli_hostile_text import CONTROL, MARKUP
 from tests.unit.test_cli_json import OPERATOR_COMMANDS
@@ -67,7 +68,7 @@ def serve(patch: pytest.MonkeyPatch, ops: Ops, app: FastAPI) -> None:
     async def answer(name: str, ctx: None, *args: Any, **options: Any) -> Any:
         return await getattr(ops, name)(*args, **options)
 
-    patch.setitem(app.dependency_overrides, current, no_context)
+    patch.setitem(app.dependency_overrides, context, no_context)
     for use_case in USE_CASES:
         module = sys.modules[use_case.__module__]
         patch.setattr(module, use_case.__name__, functools.partial(answer, use_case.__name__))
@@ -80,13 +81,18 @@ def no_remote_environment(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def api_url() -> Iterator[str]:
+def served_api() -> FastAPI:
+    """The operator API the ``api_url`` host serves."""
+    return load().api
+
+
+@pytest.fixture(scope="module")
+def api_url(served_api: FastAPI) -> Iterator[str]:
     """The operator HTTP API on a local functions host, over Served views."""
     with pytest.MonkeyPatch.context() as patch:
-        sys.modules.pop("operations_app", None)  # get_functions() runs once per FunctionApp
-        operations_app = importlib.import_module("operations_app")
-        serve(patch, Served(STORED), operations_app.api)
-        host = LocalHost(operations_app, settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
+        serve(patch, Served(STORED), served_api)
+        host = LocalHost(operations_app.serve(served_api),
+                         settings={"DEVHOST_PRINCIPAL_NAME": "ann"},
                          host_json=None, http_port=0)  # fmt: skip
         host.start()
         try:
@@ -138,12 +144,12 @@ def test_a_bulk_action_asks_before_acting_over_http(monkeypatch, api_url):
     assert "would_cancel" in refused.stdout and "not confirmed" in refused.stderr
 
 
-def test_the_operator_is_the_one_the_api_authenticated(monkeypatch, api_url):
+def test_the_operator_is_the_one_the_api_authenticated(monkeypatch, api_url, served_api):
     calls = []
     served = Served(STORED)
     monkeypatch.setattr(served, "resubmit", lambda order_id, **o: calls.append(o) or
                         Ops.resubmit(served, order_id, **o))  # fmt: skip
-    serve(monkeypatch, served, sys.modules["operations_app"].api)  # the api_url host's
+    serve(monkeypatch, served, served_api)
     result = remote(monkeypatch, api_url, "resubmit", "o-1", "--reason", "r", "--operator", "x")
     assert result.exit_code == 0, result.output
     assert calls == [{"operator": "ann", "reason": "r"}]

@@ -26,7 +26,7 @@ import pytest
 
 from adapters.remote_http import Answer, CallFailed, CallTimedOut, RemoteHttp, RemoteService
 from devstack.fakes.remote_services import FakeServices
-from service.circuit import BreakerSettings, BreakerState, CircuitBreaker, breaker_for
+from service.circuit import BreakerRegistry, BreakerSettings, BreakerState, CircuitBreaker
 from service.http_errors import error_details, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
@@ -122,7 +122,8 @@ def error(status: int, code: str, message: str = "m", **headers: str) -> Answer:
 
 
 async def test_call_is_a_coroutine_and_the_default_sleep_is_the_event_loops() -> None:
-    client = RemoteServiceClient("payment", FakeRemoteHttp(lambda p: ok(), {"payment": BASE}))  # type: ignore[arg-type]
+    http = FakeRemoteHttp(lambda p: ok(), {"payment": BASE})
+    client = RemoteServiceClient("payment", http, CircuitBreaker("payment"))  # type: ignore[arg-type]
     assert client._sleep is asyncio.sleep
     deadline = datetime.now(UTC) + timedelta(seconds=5)
     pending = client.call("charge", {"order_id": "o"}, "k", deadline)
@@ -464,13 +465,11 @@ def test_half_open_admits_one_trial_at_a_time() -> None:
     assert breaker.state is BreakerState.CLOSED and breaker.acquire()
 
 
-def test_breaker_is_shared_per_service_name() -> None:
-    assert breaker_for("payment-shared") is breaker_for("payment-shared")
-    assert breaker_for("payment-shared") is not breaker_for("shipping-shared")
-    http = FakeRemoteHttp(lambda p: ok(), {"svc-x": "http://x.test/svc"})
-    one = RemoteServiceClient("svc-x", http)  # type: ignore[arg-type]
-    two = RemoteServiceClient("svc-x", http)  # type: ignore[arg-type]
-    assert one.breaker is two.breaker is breaker_for("svc-x")
+def test_a_registry_has_one_breaker_per_service_name() -> None:
+    breakers, others = BreakerRegistry(), BreakerRegistry()
+    assert breakers.get("payment") is breakers.get("payment")
+    assert breakers.get("payment") is not breakers.get("shipping")
+    assert breakers.get("payment") is not others.get("payment"), "a Runtime's own"
 
 
 async def test_a_cancelled_call_gives_its_half_open_trial_back() -> None:

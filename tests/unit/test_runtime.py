@@ -269,21 +269,18 @@ async def test_close_of_a_runtime_that_opened_nothing(
     assert made == [] and closed_services == [rt.store._service] and closed_remote == []
 
 
-async def test_the_process_wide_runtime_is_built_once_on_first_use(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_each_runtime_has_its_breakers_reporting_to_its_rows_and_its_refused_queues(
+    rt: runtime.Runtime,
 ) -> None:
-    for name, value in app_env().items():
-        monkeypatch.setenv(name, value)
-    previous = runtime.install(None)
-    try:
-        assert runtime.installed() is None
-        built = runtime.current()
-        assert isinstance(built, runtime.Runtime) and runtime.current() is built
-        assert runtime.installed() is built
-        assert runtime.install(None) is built
-        await built.close()
-    finally:
-        runtime.install(previous)
+    """What the process shares between its invocations is the Runtime's, so a test's Runtime
+    shares nothing with another's."""
+    other = runtime.Runtime.from_settings(settings())
+    assert rt.breakers is not other.breakers
+    assert rt.breakers.get("payment") is rt.breakers.get("payment")
+    assert rt.breakers.get("payment") is not other.breakers.get("payment")
+    assert rt.breakers.reporter is not None and rt.breakers.reporter._table() is rt.store.circuits
+    assert rt.refusing_queues is not other.refusing_queues
+    await other.close()
 
 
 class SlowSender(FakeSender):

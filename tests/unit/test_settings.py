@@ -12,7 +12,7 @@ from adapters.settings import MAX_RUN_BUDGET, Connection, ServiceLimits, Setting
 from devstack.stack.processes import REPO_ROOT
 from domain.signing import local_keyring, parse_keyring
 from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
-from service import runtime
+from service.composition import PatternRoot
 from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.keys import new_key_text
 
@@ -300,22 +300,15 @@ def test_what_is_derived_from_the_settings_is_built_when_they_are_made():
 
 
 @pytest.mark.anyio
-async def test_the_runtime_takes_the_settings_the_load_checked(monkeypatch):
-    """What the check on load built (workflows, keyring, period) is what the handlers use."""
-    for name, value in env().items():
-        monkeypatch.setenv(name, value)
-    Settings.check_on_load()
-    checked = Settings.loaded()
-    assert Settings.loaded() is checked
-    previous = runtime.install(None)
-    try:
-        built = runtime.current()
-        assert built.settings is checked and built.workflows is checked.workflows()
-        await built.close()
-    finally:
-        runtime.install(previous)
-    monkeypatch.setenv("FAILURE_THRESHOLD", "7")  # changed since the load: read again
-    assert Settings.loaded() is not checked and Settings.loaded().failure_threshold == 7
+async def test_the_runtime_takes_the_settings_the_load_checked():
+    """What the check on load built (workflows, keyring, period) is what the handlers use: the
+    composition root builds the Runtime on them."""
+    checked = Settings.check_on_load(env())
+    assert checked is not None
+    root = PatternRoot(checked)
+    built = root.runtime()
+    assert built.settings is checked and built.workflows is checked.workflows()
+    await root.close()
 
 
 def test_the_run_budget_stays_inside_the_lock_renewal_of_host_json():

@@ -150,12 +150,18 @@ async def test_the_intake_function_handles_its_message_in_a_child_span(spans, mo
         reply = to_servicebus_message(order("o-7"))
         sent_next.append((reply.application_properties or {})[b"traceparent"])
 
-    monkeypatch.setattr(scheduler.functions.runtime, "current", lambda: FakeRuntime())
+    class FakeRoot:
+        def runtime(self) -> FakeRuntime:
+            return FakeRuntime()
+
     monkeypatch.setattr(scheduler.functions, "handle_submission", handle_submission)
+    app = func.FunctionApp()
+    app.register_functions(scheduler.functions.blueprint(FakeRoot()))  # type: ignore[arg-type]
+    [intake] = [f for f in app.get_functions() if f.get_function_name() == "scheduler_intake"]
     with telemetry.tracer.start_as_current_span("submit") as submitter:
         message = to_servicebus_message(order("o-7"))
 
-    await scheduler.functions.scheduler_intake(
+    await intake.get_user_function()(
         function_message(dict(message.application_properties or {}), "o-7")
     )
 

@@ -1,0 +1,77 @@
+"""The composition roots: what an app's functions share in one process, built once by the app's
+entry point and handed down to them, as cosmicpython's bootstrap builds its message bus. This
+module holds the pattern app's (function_app.py hands it to each blueprint);
+:mod:`service.operations.composition` the operations app's.
+
+A root is made when the app is imported and opens nothing then. Its Runtime (with the breakers
+and the reply queues that refused lately) is built on the first invocation, from the settings
+the load checked, and its clients connect on first use, on the event loop the functions run on:
+the one they belong to. What else the app keeps open (the purge's archive; the operator
+context) is opened the same way, by the root. A test makes a root of its own on its settings
+(its instance id and clock too), so nothing is shared between tests and nothing in what deploys
+keeps a module-level instance of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from adapters.archive import BlobArchive
+from adapters.settings import Settings
+from service.purge import open_archive
+from service.runtime import Runtime
+
+log = logging.getLogger("runtime")
+
+
+class Root:
+    """One process's Runtime, built on first use from ``settings``: those the load checked, or
+    None (a tool that only indexes the functions) for the environment's, read then.
+    ``overrides`` go to :meth:`Runtime.from_settings` (a test's instance id and clock)."""
+
+    def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
+        self._settings = settings
+        self._overrides = overrides
+        self._lock = threading.Lock()
+        self._runtime: Runtime | None = None
+
+    def runtime(self) -> Runtime:
+        """The process's Runtime, built on first use (building awaits nothing, so the
+        invocations on the loop never build two)."""
+        with self._lock:
+            if self._runtime is None:
+                settings = self._settings or Settings.from_env()
+                self._runtime = Runtime.from_settings(settings, **self._overrides)
+                log.info("runtime ready as %s", self._runtime.instance_id)
+            return self._runtime
+
+    async def close(self) -> None:
+        """Close what was opened (a host stopping, a test ending), on the functions' loop."""
+        with self._lock:
+            rt, self._runtime = self._runtime, None
+        if rt is not None:
+            await rt.close()
+
+
+class PatternRoot(Root):
+    """The pattern app's: the Runtime, and the retention purge's archive."""
+
+    def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
+        super().__init__(settings, **overrides)
+        self._archive: BlobArchive | None = None
+
+    def archive(self) -> BlobArchive:
+        """The archive of the Runtime's storage account, opened on first use."""
+        rt = self.runtime()
+        with self._lock:
+            if self._archive is None:
+                self._archive = open_archive(rt.settings)
+            return self._archive
+
+    async def close(self) -> None:
+        with self._lock:
+            archive, self._archive = self._archive, None
+        if archive is not None:
+            await archive.close()
+        await super().close()
