@@ -20,7 +20,7 @@ from service.intake import handle_submission
 from service.listing import list_orders
 from service.replies import handle_response
 from service.sweep import run_tick
-from tests.support.app import make_runtime
+from tests.support.app import UNHURRIED_TICK_S, make_runtime
 from tests.support.pattern import (
     alerts_for,
     effects,
@@ -140,7 +140,7 @@ async def test_unanswered_undos_are_retried_past_the_threshold_until_the_budget_
             release = take_request(rt, reader, oid, "inventory")  # its agent dies: no answer
             assert release["idempotency_key"] == f"{oid}:reserve_inventory:undo:1"
             clock.advance(30)  # past CompleteBy
-            assert (await run_tick(rt)).retried == 1
+            assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).retried == 1
             released = await rt.store.load(oid)
             assert (released.state, released.locked_by) == (ProcessState.COMPENSATING, None)
             assert released.failure_count == failures
@@ -157,7 +157,7 @@ async def test_unanswered_undos_are_retried_past_the_threshold_until_the_budget_
         )
         take_request(rt, reader, oid, "inventory")  # unanswered again, now past the budget
         clock.advance(30)
-        assert (await run_tick(rt)).failed == 1
+        assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).failed == 1
 
         # base 1 s, factor 2, cap 4 s, up to 20 % jitter below: 1, 2, 4, 4, 4, 4
         for delay, nominal in zip(delays, (1, 2, 4, 4, 4, 4), strict=True):
@@ -223,7 +223,7 @@ async def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fake
         delays = []
         for failures in range(1, 5):
             clock.advance(30)  # past CompleteBy
-            assert (await run_tick(rt)).retried == 1
+            assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).retried == 1
             released = await rt.store.load(order.order_id)
             command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
             assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
@@ -238,7 +238,7 @@ async def test_a_hang_backs_off_as_configured_then_compensates(env, reader, fake
 
         clock.advance(30)
         assert (
-            await run_tick(rt)
+            await run_tick(rt, budget_s=UNHURRIED_TICK_S)
         ).compensating == 1  # 5th failure: undo the charge and reservation
         refund = await run_agent_step(rt, reader, order.order_id, "payment")
         assert refund["action"] == "refund"  # the hung charge may have taken effect
@@ -335,7 +335,7 @@ async def test_cancel_of_a_released_order_undoes_the_step_that_timed_out(rt, rea
     await handle_submission(encode(order), rt)
     take_request(rt, reader, order.order_id, "inventory")  # never answers
     clock.advance(30)
-    assert (await run_tick(rt)).retried == 1  # Pending, a retry scheduled
+    assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).retried == 1  # Pending, retry scheduled
     retry, _ = reader.take_scheduled(queue(rt, "commands"), order.order_id)
 
     result = await control.cancel(

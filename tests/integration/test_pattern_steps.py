@@ -19,7 +19,7 @@ from service.commands import handle_command
 from service.intake import handle_submission
 from service.replies import handle_response
 from service.sweep import run_tick
-from tests.support.app import make_runtime
+from tests.support.app import UNHURRIED_TICK_S, make_runtime
 from tests.support.pattern import SERVICES, alerts_for, new_order, queue, run_agent_step
 
 pytestmark = pytest.mark.anyio
@@ -76,7 +76,7 @@ async def test_deadline_expiry_is_recovered_by_the_supervisor(rt, reader, fakes,
     fakes.set_profile(None)
 
     clock.advance(6)  # past CompleteBy (5 s budget)
-    report = await run_tick(rt)
+    report = await run_tick(rt, budget_s=UNHURRIED_TICK_S)
     assert report.retried == 1
     process = await rt.store.load(order.order_id)
     assert (process.state, process.failure_count, process.locked_by) == (
@@ -109,7 +109,7 @@ async def test_a_late_transient_failure_of_a_released_attempt_counts_for_nothing
     await handle_submission(encode(order), rt)
     request = json.loads(reader.expect(queue(rt, "inventory"), order.order_id))
     clock.advance(6)
-    assert (await run_tick(rt)).retried == 1
+    assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).retried == 1
     before = await rt.store.load(order.order_id)
     # A transient failure counts only for the attempt in flight; this one was already counted
     # (released by the Supervisor, FailureCount 1).
@@ -139,7 +139,7 @@ async def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
     delays = []
     for expected_failures in (1, 2):
         clock.advance(30)
-        assert (await run_tick(rt)).retried == 1
+        assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).retried == 1
         released = await rt.store.load(order.order_id)
         command, due = reader.take_scheduled(queue(rt, "commands"), order.order_id)
         assert abs((due - released.next_attempt_at).total_seconds()) < 0.002
@@ -152,7 +152,7 @@ async def test_failure_threshold_ends_in_error_with_an_alert(rt, reader, clock):
     clock.advance(30)
     # At the threshold the step that kept timing out is undone at once (it may have taken
     # effect); the service never saw it, so there is nothing to undo.
-    assert (await run_tick(rt)).compensating == 1
+    assert (await run_tick(rt, budget_s=UNHURRIED_TICK_S)).compensating == 1
     release = await run_agent_step(rt, reader, order.order_id, "inventory")
     assert (release["action"], release["undoes"]) == (
         "release",

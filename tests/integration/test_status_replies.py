@@ -11,6 +11,7 @@ from domain.messages import encode
 from domain.states import ProcessState
 from service.intake import handle_submission
 from service.sweep import run_tick
+from tests.support.app import UNHURRIED_TICK_S
 from tests.support.pattern import (
     alerts_for,
     new_order,
@@ -160,7 +161,7 @@ async def test_held_updates_reach_the_queue_in_order_once_it_takes_them(
     assert statuses(status_client, status_queue, order.order_id, wait=1.0) == []
 
     clock.advance(301)  # the retry is due, and the process tries the queue again
-    await run_tick(rt)
+    await run_tick(rt, budget_s=UNHURRIED_TICK_S)
     updates = [body for body, _ in statuses(status_client, status_queue, order.order_id)]
     assert [u["sequence"] for u in updates] == list(range(8))
     assert [u["state"] for u in updates if u["state"] in ("Processed", "Error")] == ["Processed"]

@@ -30,7 +30,7 @@ from service.intake import handle_submission
 from service.replies import handle_response
 from service.runtime import Runtime
 from service.sweep import run_tick
-from tests.support.app import make_runtime
+from tests.support.app import UNHURRIED_TICK_S, make_runtime
 from tests.support.pattern import new_order
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -203,7 +203,7 @@ async def drain(pump: Pump, rt: Runtime, order_ids: list[str], clock) -> None:  
             if all([(await rt.store.load(o)).state.terminal for o in order_ids]):
                 return
             clock.advance(30)
-            await run_tick(rt)
+            await run_tick(rt, budget_s=UNHURRIED_TICK_S)
     raise AssertionError("orders still in flight after 400 rounds")
 
 
