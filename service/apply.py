@@ -28,8 +28,6 @@ same way). Any other failure is a failure like any send's (the outbox sends it a
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
@@ -45,7 +43,7 @@ from azure.servicebus.exceptions import (
 from adapters import metrics, telemetry
 from adapters.store.rows import ConcurrencyConflict
 from domain.events import DEFAULT_FLUSH_GRACE, Context, Decision, Event, Replied, RepliesRefused
-from domain.lifecycle import REPLY_RETRY_FIRST, decide, due_at
+from domain.lifecycle import decide, due_at
 from domain.messages import (
     AgentRequest,
     OperatorAlert,
@@ -57,6 +55,7 @@ from domain.order import Order, Outgoing
 from domain.states import ProcessState
 from domain.workflows import UnknownWorkflow, workflow_ref
 from service import resume
+from service.refusing_queues import FAILURE_MEMORY
 
 if TYPE_CHECKING:
     from service.runtime import Runtime
@@ -65,10 +64,6 @@ log = logging.getLogger("apply")
 
 
 MAX_CONFLICT_RETRIES: Final = 5
-FAILURE_MEMORY: Final = REPLY_RETRY_FIRST
-"""How long a process does not try a reply queue that refused: no longer than an order holds
-the updates it refused, so their retry finds the queue tried afresh."""
-_MAX_REMEMBERED: Final = 1024
 UNREACHABLE_QUEUE: Final = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,
@@ -394,34 +389,3 @@ def _index_due(rt: Runtime, before: Order, after: Order) -> datetime | None:
         # A migration: the row records the version too (service.versions counts it).
         return min(due_after, due(rt, before))
     return None
-
-
-class RefusingQueues:
-    """Reply queues that refused a status update recently, and why: one process's (its
-    Runtime's), bounded; an entry is forgotten :data:`FAILURE_MEMORY` after it was made."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[datetime, str]] = OrderedDict()
-
-    def get(self, queue: str, now: datetime) -> str | None:
-        key = queue.casefold()
-        with self._lock:
-            at, failure = self._entries.get(key, (now, None))
-            if now - at > FAILURE_MEMORY:
-                del self._entries[key]
-                return None
-            return failure
-
-    def put(self, queue: str, failure: str, now: datetime) -> None:
-        key = queue.casefold()
-        with self._lock:
-            self._entries[key] = (now, failure)
-            self._entries.move_to_end(key)
-            while len(self._entries) > _MAX_REMEMBERED:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        """Forget them all (an operator after fixing a queue)."""
-        with self._lock:
-            self._entries.clear()

@@ -27,8 +27,8 @@ from adapters.store import circuits
 from adapters.store.state_store import OrderStateStore
 from domain.messages import OperatorAlert, utc_now
 from domain.workflows import Workflow, resolve
-from service.apply import RefusingQueues
 from service.circuit import BreakerRegistry, CircuitReporter
+from service.refusing_queues import RefusingQueues
 
 
 def new_instance_id(role: str = "app") -> str:

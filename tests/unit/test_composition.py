@@ -25,12 +25,12 @@ from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from devstack.stack.processes import REPO_ROOT
 from operator_api.http import context
-from service.apply import RefusingQueues
 from service.circuit import BreakerRegistry, CircuitBreaker, CircuitReporter
 from service.composition import PatternRoot, Root
 from service.operations.composition import OperationsRoot
 from service.operations.context import OperatorContext
 from service.operations.summary import Summary
+from service.refusing_queues import RefusingQueues
 from service.runtime import Runtime
 from tests.support.operations import load
 from tests.unit.test_runtime import app_env
