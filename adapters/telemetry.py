@@ -109,7 +109,13 @@ def configure(environ: Mapping[str, str] | None = None, *, role: str = "host") -
         else:  # local: the app's own files (imported here: the SDK costs ~50 ms at a start)
             from adapters import trace_files
 
-            trace_files.install(Path(directory), role)
+            try:
+                trace_files.install(Path(directory), role)
+            except OSError as exc:
+                raise ValueError(
+                    f"{TELEMETRY_DIR_SETTING}={directory}: cannot create that directory ({exc}). "
+                    f"Point {TELEMETRY_DIR_SETTING} at a writable directory, or unset it."
+                ) from exc
         _bind_metrics()
         _configured = True
     return True

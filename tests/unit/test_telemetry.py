@@ -491,8 +491,8 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     assert [s.name for s in trace_files.read_spans(tmp_path, "o-torn")] == ["scheduler_replies"]
 
 
-def test_an_unwritable_telemetry_dir_says_what_to_do(tmp_path):
+def test_an_unwritable_telemetry_dir_says_what_to_do(tmp_path, unconfigured):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ValueError, match=r"TELEMETRY_DIR=.*cannot create that directory.*unset"):
-        trace_files.file_providers(blocker / "telemetry", "host")
+        telemetry.configure({"TELEMETRY_DIR": str(blocker / "telemetry")})
