@@ -31,7 +31,7 @@ from service.http_errors import error_details, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
-from tests.support.scripted_http import Reply, Script, ScriptedServer
+from tests.support.scripted_http import Reply, Serve, replies, scripted_servers
 from tests.support.scripted_http import answer as raw_answer
 
 pytestmark = pytest.mark.anyio
@@ -662,17 +662,9 @@ FAST = RetryPolicy(max_attempts=None, attempt_timeout=5.0, backoff_initial=0.01,
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Script], Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script) -> ScriptedServer:
-        server = await ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
+async def serve() -> AsyncIterator[Serve]:
+    async with scripted_servers() as start:
+        yield start
 
 
 class Calls:
@@ -707,10 +699,6 @@ class Calls:
             )
         finally:
             await self.http.close()
-
-
-def replies(*answers: bytes) -> Script:
-    return lambda request, n: (answers[min(n, len(answers)) - 1], False)
 
 
 def wire_ok(**result: object) -> bytes:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import inspect
 import itertools
 import json
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -45,8 +42,17 @@ from opentelemetry.trace import SpanKind
 from adapters.tables import Sent, TableService, client, odata, pipeline
 from adapters.tables.auth import SharedKey
 from tests.support.certificates import Certificates, make_certificates
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.scripted_http import (
+    Reply,
+    Script,
+    ScriptedServer,
+    Serve,
+    answer,
+    replies,
+    scripted_servers,
+)
 from tests.support.spans import recording
+from tests.support.threaded_http import answering_server
 
 pytestmark = pytest.mark.anyio
 
@@ -56,17 +62,9 @@ ROW = b'{"PartitionKey":"p","RowKey":"r","odata.etag":"W/\\"1\\""}'
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script, tls: Any = None) -> ScriptedServer:
-        server = await ScriptedServer(script, tls=tls).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
+async def serve() -> AsyncIterator[Serve]:
+    async with scripted_servers() as start:
+        yield start
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +75,6 @@ def certificates(tmp_path_factory) -> Certificates:
 def tables(server: ScriptedServer, **options: Any) -> TableService:
     conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={server.origin}/acct"
     return TableService.from_connection_string(conn, **options)
-
-
-def replies(*answers: bytes | None) -> Script:
-    """Answers in turn; the last one again for every later request (None: close unanswered)."""
-
-    def script(request: bytes, n: int) -> Reply:
-        reply = answers[min(n, len(answers)) - 1]
-        return None if reply is None else (reply, False)
-
-    return script
 
 
 def hangs(request: bytes, n: int) -> Any:
@@ -826,7 +814,7 @@ async def test_each_attempt_is_a_client_span_and_sends_its_traceparent(serve, sd
 def test_each_event_loop_gets_a_pipeline_of_its_own() -> None:
     """Each asyncio.run is a new loop (orderctl's commands, each test): the same service opens
     a session on it rather than use the earlier loop's."""
-    with answering_server(ROW) as origin:
+    with answering_server(ROW, JSON) as origin:
         conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={origin}/acct"
         service = TableService.from_connection_string(conn)
         sessions: list[Any] = []
@@ -841,33 +829,6 @@ def test_each_event_loop_gets_a_pipeline_of_its_own() -> None:
         assert asyncio.run(read()) == "r"
         assert asyncio.run(read(close=True)) == "r"
     assert sessions[0] is not sessions[1] and sessions[1].closed
-
-
-@contextlib.contextmanager
-def answering_server(body: bytes) -> Iterator[str]:
-    """A server on its own thread (no event loop's), answering every GET with ``body``."""
-
-    class Answering(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", JSON["Content-Type"])
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_the_apps_credential_is_async_and_the_table_client_takes_it() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -29,7 +29,7 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters import deadline
 from adapters.tables import OutcomeUnknown, TableService, may_have_applied, pipeline
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.scripted_http import Reply, ScriptedServer, Serve, answer, scripted_servers
 
 pytestmark = pytest.mark.anyio
 
@@ -39,17 +39,9 @@ ROW = {"PartitionKey": "p", "RowKey": "r"}
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script) -> ScriptedServer:
-        server = await ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
+async def serve() -> AsyncIterator[Serve]:
+    async with scripted_servers() as start:
+        yield start
 
 
 @pytest.fixture
