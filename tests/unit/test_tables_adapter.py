@@ -663,13 +663,10 @@ async def test_a_token_is_reused_until_about_five_minutes_before_it_expires(
     assert [server.headers(n)["authorization"] for n in (1, 2)] == [f"Bearer {t}" for t in tokens]
 
 
-async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certificates) -> None:
-    claims = '{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}'
-    encoded = base64.urlsafe_b64encode(claims.encode()).decode().rstrip("=")
-    challenge = (
-        'Bearer realm="", authorization_uri="https://login.microsoftonline.com/common/oauth2/'
-        f'authorize", error="insufficient_claims", claims="{encoded}"'
-    )
+async def read_after_challenge(
+    serve: Serve, certificates: Certificates, challenge: str
+) -> tuple[ScriptedServer, AsyncCredential]:
+    """One read over HTTPS, its first answer a 401 with ``challenge`` and the next the row."""
     unauthorized = error(401, "InvalidAuthenticationInfo", {"WWW-Authenticate": challenge})
     server = await serve(
         replies(unauthorized, entity()), Certificates.server(certificates.localhost)
@@ -677,6 +674,17 @@ async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certific
     credential = AsyncCredential()
     async with https_tables(server, certificates, credential) as service:
         await service.get_table_client("t").get_entity("p", "r")
+    return server, credential
+
+
+async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certificates) -> None:
+    claims = '{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}'
+    encoded = base64.urlsafe_b64encode(claims.encode()).decode().rstrip("=")
+    challenge = (
+        'Bearer realm="", authorization_uri="https://login.microsoftonline.com/common/oauth2/'
+        f'authorize", error="insufficient_claims", claims="{encoded}"'
+    )
+    server, credential = await read_after_challenge(serve, certificates, challenge)
     assert [server.headers(n)["authorization"] for n in (1, 2)] == ["Bearer t0", "Bearer t1"]
     assert credential.asked[1]["claims"] == claims
 
@@ -686,13 +694,7 @@ async def test_a_tenant_challenge_gets_a_token_from_that_tenant(serve, certifica
         'Bearer authorization_uri="https://login.microsoftonline.com/tenant-2/oauth2/authorize",'
         ' resource_id="https://storage.azure.com"'
     )
-    unauthorized = error(401, "InvalidAuthenticationInfo", {"WWW-Authenticate": challenge})
-    server = await serve(
-        replies(unauthorized, entity()), Certificates.server(certificates.localhost)
-    )
-    credential = AsyncCredential()
-    async with https_tables(server, certificates, credential) as service:
-        await service.get_table_client("t").get_entity("p", "r")
+    server, credential = await read_after_challenge(serve, certificates, challenge)
     assert credential.asked[1]["tenant_id"] == "tenant-2"
     assert server.headers(2)["authorization"] == "Bearer t1"
 
