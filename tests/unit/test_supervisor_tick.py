@@ -13,7 +13,6 @@ the order it released for a retry.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
 from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -36,6 +35,7 @@ from service.intake import handle_submission
 from service.runtime import Runtime
 from service.sweep import run_tick
 from service.sweep_report import TickReport
+from tests.support.memory_runtime import memory_runtime
 from tests.support.world import QUEUES
 
 pytestmark = pytest.mark.anyio
@@ -156,34 +156,11 @@ def supervisor(
 ) -> Supervisor:
     spy = StoreSpy(store, supervision)
     bus = RecordingBus()
-    config = settings(concurrency)
-    rt = Runtime(
-        settings=config,
-        store=spy,  # type: ignore[arg-type]
-        bus=bus,  # type: ignore[arg-type]
-        workflows=config.workflows(),
-        instance_id=name,
-        clock=clock,
-        rng=random.Random(0),
-    )
-    rt._status_bus = bus  # type: ignore[assignment]
-    return Supervisor(rt, spy, bus)
+    return Supervisor(memory_runtime(settings(concurrency), spy, bus, name, clock), spy, bus)
 
 
 def scheduler(store: MemoryStore, clock: Clock) -> Runtime:
-    config = settings()
-    bus = MemoryBus()
-    rt = Runtime(
-        settings=config,
-        store=store,  # type: ignore[arg-type]
-        bus=bus,  # type: ignore[arg-type]
-        workflows=config.workflows(),
-        instance_id="scheduler-1",
-        clock=clock,
-        rng=random.Random(0),
-    )
-    rt._status_bus = bus  # type: ignore[assignment]
-    return rt
+    return memory_runtime(settings(), store, MemoryBus(), "scheduler-1", clock)
 
 
 def order_ids(buckets: list[int]) -> list[str]:
