@@ -579,6 +579,21 @@ def _reader() -> InMemoryMetricReader:
     )
 
 
+_INSTRUMENTS = [
+    ("_rows_read", "counter", "supervisor.rows_read"),
+    ("_recovered", "counter", "supervisor.recovered"),
+    ("_duration", "histogram", "supervisor.tick.duration"),
+    ("_lag", "gauge", "supervisor.lag"),
+    ("_unfinished", "counter", "supervisor.buckets_unfinished"),
+    ("_handed_out", "counter", "supervisor.handed_out"),
+    ("_returned", "counter", "supervisor.returned"),
+    ("_backlog", "gauge", "supervisor.backlog"),
+    ("_drain_rate", "gauge", "supervisor.drain_rate"),
+    ("_time_to_drain", "gauge", "supervisor.time_to_drain"),
+]
+"""Every instrument of service.sweep_report: (attribute, kind, name)."""
+
+
 @pytest.fixture
 def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
     """What ``service.sweep_report`` records during the test (counters as deltas).
@@ -604,21 +619,9 @@ def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricRea
     reader = _reader()
     provider = MeterProvider(metric_readers=[reader])
     meter = provider.get_meter("orders.supervisor")
-    monkeypatch.setattr(
-        supervisor_metrics, "_rows_read", meter.create_counter("supervisor.rows_read")
-    )
-    monkeypatch.setattr(
-        supervisor_metrics, "_recovered", meter.create_counter("supervisor.recovered")
-    )
-    monkeypatch.setattr(
-        supervisor_metrics, "_duration", meter.create_histogram("supervisor.tick.duration")
-    )
-    monkeypatch.setattr(supervisor_metrics, "_lag", meter.create_gauge("supervisor.lag"))
-    monkeypatch.setattr(
-        supervisor_metrics,
-        "_unfinished",
-        meter.create_counter("supervisor.buckets_unfinished"),
-    )
+    for attribute, kind, name in _INSTRUMENTS:
+        create = getattr(meter, f"create_{kind}")
+        monkeypatch.setattr(supervisor_metrics, attribute, create(name))
     yield reader
     provider.shutdown()
 
