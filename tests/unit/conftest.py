@@ -1,15 +1,21 @@
 """Unit tests run as if the developer's shell pointed orderctl nowhere: remote-mode settings
-from the environment would send the CLI's commands to some deployed app. A test that asks for
-``spans`` reads the spans it finished, from the process's SDK tracer provider (``provider``)."""
+from the environment would send the CLI's commands to some deployed app.
+
+Fixtures several files here share: ``spans``, the spans a test finished, from the process's SDK
+tracer provider (``provider``); ``serve``, scripted HTTP servers on 127.0.0.1 (of
+tests/support/scripted_http.py) closed at the test's end; ``certificates``, a TLS authority and
+certificates for the servers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.support.certificates import Certificates, make_certificates
+from tests.support.scripted_http import Serve, scripted_servers
 from tests.support.spans import recording
 
 REMOTE_SETTINGS = ("ORDERCTL_API_URL", "ORDERCTL_FUNCTION_KEY", "ORDERCTL_AUTH", "ORDERCTL_SCOPE")
@@ -35,3 +41,14 @@ def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    async with scripted_servers() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("tls"))

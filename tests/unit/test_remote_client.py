@@ -31,7 +31,7 @@ from service.http_errors import error_details, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
-from tests.support.scripted_http import Reply, Serve, replies, scripted_servers
+from tests.support.scripted_http import Reply, replies
 from tests.support.scripted_http import answer as raw_answer
 
 pytestmark = pytest.mark.anyio
@@ -659,12 +659,6 @@ def test_error_details_fallbacks() -> None:
 # -- the real adapters.remote_http against scripted servers: real sockets, real time ----------
 
 FAST = RetryPolicy(max_attempts=None, attempt_timeout=5.0, backoff_initial=0.01, backoff_max=0.05)
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    async with scripted_servers() as start:
-        yield start
 
 
 class Calls:

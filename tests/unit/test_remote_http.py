@@ -24,13 +24,11 @@ from adapters.remote_http import (
     RemoteService,
 )
 from adapters.settings import ServiceLimits, Settings
-from tests.support.certificates import Certificates, make_certificates
+from tests.support.certificates import Certificates
 from tests.support.scripted_http import (
     Reply,
     ScriptedServer,
-    Serve,
     answer,
-    scripted_servers,
     slow,
 )
 from tests.support.spans import recording
@@ -39,17 +37,6 @@ from tests.support.threaded_http import answering_server
 pytestmark = pytest.mark.anyio
 
 HEADERS = {"Idempotency-Key": "order-1:reserve:do:1", "Content-Type": "application/json"}
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    async with scripted_servers() as start:
-        yield start
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 def remote(server: ScriptedServer, limits: ServiceLimits | None = None, **options) -> RemoteHttp:

@@ -16,7 +16,6 @@ import inspect
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -41,7 +40,7 @@ from opentelemetry.trace import SpanKind
 
 from adapters.tables import Sent, TableService, client, odata, pipeline
 from adapters.tables.auth import SharedKey
-from tests.support.certificates import Certificates, make_certificates
+from tests.support.certificates import Certificates
 from tests.support.scripted_http import (
     Reply,
     Script,
@@ -49,7 +48,6 @@ from tests.support.scripted_http import (
     Serve,
     answer,
     replies,
-    scripted_servers,
 )
 from tests.support.spans import recording
 from tests.support.threaded_http import answering_server
@@ -59,17 +57,6 @@ pytestmark = pytest.mark.anyio
 KEY = base64.b64encode(b"k" * 32).decode()
 JSON = {"Content-Type": "application/json;odata=minimalmetadata;charset=utf-8"}
 ROW = b'{"PartitionKey":"p","RowKey":"r","odata.etag":"W/\\"1\\""}'
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    async with scripted_servers() as start:
-        yield start
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 def tables(server: ScriptedServer, **options: Any) -> TableService:

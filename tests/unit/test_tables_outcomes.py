@@ -29,19 +29,13 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters import deadline
 from adapters.tables import OutcomeUnknown, TableService, may_have_applied, pipeline
-from tests.support.scripted_http import Reply, ScriptedServer, Serve, answer, scripted_servers
+from tests.support.scripted_http import Reply, ScriptedServer, answer
 
 pytestmark = pytest.mark.anyio
 
 KEY = base64.b64encode(b"k" * 32).decode()
 JSON = {"Content-Type": "application/json;odata=minimalmetadata;charset=utf-8"}
 ROW = {"PartitionKey": "p", "RowKey": "r"}
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    async with scripted_servers() as start:
-        yield start
 
 
 @pytest.fixture
