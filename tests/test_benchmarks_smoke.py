@@ -3,36 +3,19 @@ what they claim (no timing assertions: the numbers depend on the machine)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.broker_throughput import QUICK_MESSAGES, SCENARIOS, STORAGES
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.benchmark_runs import benchmark_report
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def quick_run() -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.broker_throughput", "--quick"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
-        pytest.fail(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}")
+    return benchmark_report("benchmarks.broker_throughput", "--quick", timeout=110)
 
 
 def test_reports_every_scenario_in_memory_and_on_disk(quick_run: dict[str, Any]) -> None:
@@ -63,19 +46,8 @@ HISTORY_ARGS = ["--orders", "30", "--rate", "15", "--history", "400", "--warmup"
 @pytest.fixture(scope="module")
 def history_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     workdir = tmp_path_factory.mktemp("history")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.history", *HISTORY_ARGS, "--workdir", str(workdir)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
-        pytest.fail(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}")
+    args = [*HISTORY_ARGS, "--workdir", str(workdir)]
+    return benchmark_report("benchmarks.history", *args, timeout=300)
 
 
 @pytest.mark.timeout(320)
@@ -101,16 +73,8 @@ def test_history_runs_the_same_load_before_and_after_the_fill(history_run: dict[
 
 @pytest.mark.timeout(200)
 def test_operator_reads_reports_each_time_beside_its_target() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.operator_reads", "--rounds", "2", "--history", "30"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    report = json.loads(proc.stdout)
+    args = ["--rounds", "2", "--history", "30"]
+    report = benchmark_report("benchmarks.operator_reads", *args, timeout=180)
     dead_letters = report["dead_letters"]
     assert dead_letters["queues"] == 7 and len(dead_letters["warm_s"]) == 2
     assert dead_letters["cold_s"] > 0 and all(t > 0 for t in dead_letters["warm_s"])

@@ -4,17 +4,13 @@ the benchmark makes it on its first run (it downloads DBOS). No timing assertion
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks import peers
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.benchmark_runs import benchmark_report
 
 
 def plan(**changes: Any) -> peers.Plan:
@@ -93,19 +89,8 @@ def test_summary_gives_ours_over_dbos() -> None:
 
 
 def run_benchmark(workdir: Path, *args: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.peers", *args, "--json", "--workdir", str(workdir)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert proc.returncode == 0, f"benchmark failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
-        pytest.fail(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}")
+    args = (*args, "--json", "--workdir", str(workdir))
+    return benchmark_report("benchmarks.peers", *args, timeout=280)
 
 
 TINY = ["--orders", "5", "--paced-orders", "5", "--rate", "5", "--warmup", "1"]

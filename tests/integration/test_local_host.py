@@ -7,7 +7,6 @@ test uses its own queue from tests/integration/host_config.json.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -30,6 +29,7 @@ from devstack.stack import processes
 from devstack.stack.processes import REPO_ROOT
 from tests.support.app import EXAMPLE_SETTINGS
 from tests.support.broker import ServiceBusNamespace
+from tests.support.local_host import fresh_module, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -41,23 +41,6 @@ EVERY_SECOND = "*/1 * * * * *"
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def load_app_module() -> types.ModuleType:
-    """A fresh copy of the test app (its own FunctionApp and records)."""
-    spec = importlib.util.spec_from_file_location(f"host_app_{uuid.uuid4().hex}", APP_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def send(namespace: ServiceBusNamespace, queue: str, *bodies: str, **properties: Any) -> None:
@@ -121,7 +104,7 @@ def make_host(
     def factory(
         queue: str = "host-basic", async_queue: str = "host-async", **kwargs: Any
     ) -> tuple[LocalHost, types.ModuleType]:
-        module = load_app_module()
+        module = fresh_module(APP_FILE)
         settings = {
             "ServiceBusConnection": servicebus.connection_string,
             "HOST_TEST_QUEUE": servicebus.queue(queue),
@@ -320,7 +303,7 @@ def test_run_on_startup_async_function_with_context(make_host):
 
 def test_missing_setting_is_a_clear_error():
     with pytest.raises(HostConfigError) as caught:
-        LocalHost(load_app_module(), settings={"ServiceBusConnection": "Endpoint=sb://x/;"})
+        LocalHost(fresh_module(APP_FILE), settings={"ServiceBusConnection": "Endpoint=sb://x/;"})
     message = str(caught.value)
     assert "'on_message'" in message
     assert "'queueName'" in message
@@ -329,7 +312,9 @@ def test_missing_setting_is_a_clear_error():
 
 def test_missing_connection_is_a_clear_error():
     with pytest.raises(HostConfigError, match=r"'on_message'.*'ServiceBusConnection'"):
-        LocalHost(load_app_module(), settings={"HOST_TEST_QUEUE": "q"}, functions=["on_message"])
+        LocalHost(
+            fresh_module(APP_FILE), settings={"HOST_TEST_QUEUE": "q"}, functions=["on_message"]
+        )
 
 
 def _module_with(register: Callable[[func.FunctionApp], None]) -> types.ModuleType:

@@ -13,14 +13,12 @@ only); every queue here has a 5 s lock.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import sys
 import time
 import types
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from devstack.servicebus import stats as broker_stats
 from devstack.stack import processes
 from devstack.stack.processes import REPO_ROOT
 from tests.support.broker import ServiceBusNamespace
+from tests.support.local_host import fresh_module, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -47,23 +46,6 @@ NO_LOSS = {"lock_renewal_failures": 0, "lock_lost_on_settle": 0, "lock_lost": 0}
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def load_app_module() -> types.ModuleType:
-    """A fresh copy of the app (a FunctionApp may be indexed once)."""
-    spec = importlib.util.spec_from_file_location(f"lock_loss_app_{uuid.uuid4().hex}", APP_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def send(namespace: ServiceBusNamespace, queue: str, body: str) -> None:
@@ -118,7 +100,7 @@ def make_host(
         host_json = tmp_path / f"host-{len(hosts)}.json"
         options = {"maxAutoLockRenewalDuration": renewal, "prefetchCount": 0}
         host_json.write_text(json.dumps({"extensions": {"serviceBus": options}}))
-        module = load_app_module()
+        module = fresh_module(APP_FILE)
         settings = {
             "ServiceBusConnection": local_broker.connection_string,
             "LOCK_TEST_QUEUE": local_broker.queue(queue),

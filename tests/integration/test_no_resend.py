@@ -13,15 +13,14 @@ the store's caller. The agents' remote HTTP (adapters.remote_http) and the Table
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
 from adapters.remote_http import CallFailed, CallTimedOut, RemoteHttp, RemoteService
 from adapters.tables import TableService
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.scripted_http import Reply, Serve, answer, scripted_servers, slow
 
 pytestmark = pytest.mark.anyio
 
@@ -29,17 +28,9 @@ _KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOt
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Script], Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script) -> ScriptedServer:
-        server = await ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
+async def serve() -> AsyncIterator[Serve]:
+    async with scripted_servers() as start:
+        yield start
 
 
 def agents_http(origin: str) -> RemoteHttp:
@@ -55,20 +46,8 @@ def tables(origin: str, read_timeout: float) -> TableService:
     return TableService.from_connection_string(conn, read_timeout=read_timeout)
 
 
-def slow_after_first(delay: float) -> Script:
-    """Answers the first request at once (a kept-alive connection), every later one after
-    ``delay`` seconds."""
-
-    async def script(request: bytes, n: int) -> Reply:
-        if n > 1:
-            await asyncio.sleep(delay)
-        return answer(200), False
-
-    return script
-
-
 async def test_a_post_that_times_out_reaches_a_slow_server_once(serve) -> None:
-    server = await serve(slow_after_first(1.5))
+    server = await serve(slow(1.5, after=1))
     http = agents_http(server.origin)
     await http.post("payment", "health", b"{}", KEY)  # a kept-alive connection
     with pytest.raises(CallTimedOut):
@@ -80,21 +59,13 @@ async def test_a_post_that_times_out_reaches_a_slow_server_once(serve) -> None:
 
 
 async def test_a_post_on_a_fresh_connection_that_times_out_is_sent_once(serve) -> None:
-    server = await serve(_always_slow(1.5))
+    server = await serve(slow(1.5))
     http = agents_http(server.origin)
     with pytest.raises(CallTimedOut):
         await http.post("payment", "charge", b"{}", KEY, timeout=1.0)
     await asyncio.sleep(0.7)
     await http.close()
     assert server.methods() == ["POST"]
-
-
-def _always_slow(delay: float) -> Script:
-    async def script(request: bytes, n: int) -> Reply:
-        await asyncio.sleep(delay)
-        return answer(200), False
-
-    return script
 
 
 async def test_a_post_on_a_kept_alive_connection_closed_before_answering_is_not_resent(
@@ -115,7 +86,7 @@ async def test_a_post_on_a_kept_alive_connection_closed_before_answering_is_not_
 
 
 async def test_a_table_batch_to_a_hung_endpoint_is_sent_once(serve) -> None:
-    server = await serve(_always_slow(30))
+    server = await serve(slow(30))
     service = tables(server.origin, read_timeout=0.5)
     entity = {"PartitionKey": "p", "RowKey": "r", "Value": 1}
     with pytest.raises(ServiceResponseError):
@@ -125,7 +96,7 @@ async def test_a_table_batch_to_a_hung_endpoint_is_sent_once(serve) -> None:
 
 
 async def test_a_table_insert_that_times_out_is_sent_once(serve) -> None:
-    server = await serve(slow_after_first(30))
+    server = await serve(slow(30, after=1))
     service = tables(server.origin, read_timeout=0.5)
     table = service.get_table_client("orders")
     await service.request("GET", "Tables")  # a kept-alive connection

@@ -13,13 +13,10 @@ import pytest
 
 from adapters import deadline
 from adapters.settings import Connection, Settings
-from adapters.store.state_store import OrderStateStore
-from devstack.memory import MemoryBus
 from service import deadlines
 from service.operations import orders
-from service.runtime import Runtime
 from tests.support.operations import OperationsApp, call, load, serving
-from tests.support.storage_faults import through_proxy
+from tests.support.proxied_runtime import fresh_tables, runtime_through_proxy
 from tests.support.world import QUEUES
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -29,17 +26,9 @@ SETTINGS = Settings(
 
 
 @pytest.fixture
-async def tables(azurite: Any, unique_name: Any) -> AsyncIterator[dict[str, str]]:
-    names = {
-        "orders_table": unique_name("orders"),
-        "active_table": unique_name("active"),
-        "supervision_table": unique_name("supervision"),
-    }
-    async with OrderStateStore.from_connection_string(azurite.connection_string, **names) as s:
-        await s.ensure_tables()
+async def tables(azurite: Any) -> AsyncIterator[dict[str, str]]:
+    async with fresh_tables(azurite) as names:
         yield names
-        for name in names.values():
-            await s._service.delete_table(name)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +41,7 @@ async def installed(  # type: ignore[no-untyped-def]
     operations, azurite, tables
 ) -> AsyncIterator[tuple[Any, dict[str, str], OperationsApp]]:
     """The operations app on a Runtime whose Table calls go through the fault proxy."""
-    async with through_proxy(azurite, trickle_s=0.4) as (proxy, service):
-        store = OrderStateStore(service, **tables)
-        rt = Runtime(SETTINGS, store, MemoryBus(), SETTINGS.workflows())  # type: ignore[arg-type]
+    async with runtime_through_proxy(azurite, tables, SETTINGS) as (proxy, rt):
         async with serving(operations, rt) as handlers:
             yield proxy, tables, handlers
 

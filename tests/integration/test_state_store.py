@@ -28,6 +28,7 @@ from adapters.store.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_p
 from adapters.store.error_index import ErrorOrderIndex, ErrorRow
 from adapters.store.purge_log import PurgeLog
 from adapters.store.rows import (
+    ActivePage,
     ActiveRow,
     AlreadyExists,
     ConcurrencyConflict,
@@ -47,6 +48,7 @@ from domain.retention import DeleteOutcome
 from domain.states import ProcessState
 from domain.workflows import WORKFLOWS, resolve
 from tests.support.storage_faults import through_proxy
+from tests.support.submissions import submission
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -162,16 +164,7 @@ def backend(request, clock) -> Backend:
 
 
 def submitted(order_id: str = "o-1", **overrides: Any) -> OrderSubmitted:
-    fields: dict[str, Any] = {
-        "order_id": order_id,
-        "customer_id": "c-1",
-        "items": [{"sku": "SKU-1", "quantity": 3, "unit_price_cents": 500}],
-        "currency": "EUR",
-        "reply_to": "status-replies",
-        "submitted_at": T0,
-    }
-    fields.update(overrides)
-    return OrderSubmitted(**fields)
+    return submission(order_id, at=T0, **overrides)
 
 
 def context(clock: Clock, workflow: str = "order", actor: str = "scheduler-1") -> events.Context:
@@ -590,23 +583,36 @@ async def test_index_has_put_discard(backend):
     assert await backend.active_rows() == {("o-9", 2)}
 
 
+async def every_page(
+    read: Callable[[str | None], Awaitable[ActivePage]],
+) -> tuple[list[str], int]:
+    """The order ids on every page ``read`` gives, each continuation followed, and how many
+    pages there were."""
+    seen: list[str] = []
+    continuation = None
+    pages = 0
+    while True:
+        page = await read(continuation)
+        seen.extend(row.order_id for row in page.rows)
+        pages += 1
+        continuation = page.continuation
+        if continuation is None:
+            return seen, pages
+        assert pages < 30, "paging does not end"
+
+
 async def test_list_active_pages_with_continuation(backend):
     store = backend.store
     expected = {f"o-{n}" for n in range(25)}
     for order_id in expected:
         await store.index.put(order_id, 1, "order")  # index rows alone are enough here
-    seen: list[str] = []
-    continuation = None
-    pages = 0
-    while True:
+
+    async def read(continuation: str | None) -> ActivePage:
         page = await store.list_active(7, continuation=continuation)
         assert len(page.rows) <= 7
-        seen.extend(row.order_id for row in page.rows)
-        pages += 1
-        continuation = page.continuation
-        if continuation is None:
-            break
-        assert pages < 30, "paging does not end"
+        return page
+
+    seen, pages = await every_page(read)
     assert sorted(seen) == sorted(expected)
     assert pages >= 4
     assert (await store.list_active(1000)).continuation is None
@@ -1004,10 +1010,10 @@ async def test_an_sdk_retry_of_a_committed_save_is_not_a_conflict(table_store, c
     assert await error_rows(table_store) == {("o-1", 1)}
 
 
-async def test_an_sdk_resend_of_a_committed_save_is_not_a_conflict(table_store, clock, monkeypatch):
-    # The same, with the service's own answer to the resent batch.
-    current = await create(table_store, clock)
-    table = table_store._orders
+def resend_each_batch(store: OrderStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch of the orders table is committed and sent again, as the SDK resends one whose
+    answer it lost; the answer to the resend is the service's own."""
+    table = store._orders
     real_submit = table.submit_transaction
 
     async def commit_then_resend(operations, **kwargs):
@@ -1016,21 +1022,19 @@ async def test_an_sdk_resend_of_a_committed_save_is_not_a_conflict(table_store, 
         return await real_submit(operations, **kwargs)
 
     monkeypatch.setattr(table, "submit_transaction", commit_then_resend)
+
+
+async def test_an_sdk_resend_of_a_committed_save_is_not_a_conflict(table_store, clock, monkeypatch):
+    # The same, with the service's own answer to the resent batch.
+    current = await create(table_store, clock)
+    resend_each_batch(table_store, monkeypatch)
     saved = await move(table_store, current, succeeded(current, clock), clock)
     assert saved == await table_store.load("o-1")
     assert [e.event for e in await table_store.get_timeline("o-1")] == ["created", "step_succeeded"]
 
 
 async def test_an_sdk_resend_of_a_committed_create_is_that_create(table_store, clock, monkeypatch):
-    table = table_store._orders
-    real_submit = table.submit_transaction
-
-    async def commit_then_resend(operations, **kwargs):
-        operations = list(operations)
-        await real_submit(operations, **kwargs)
-        return await real_submit(operations, **kwargs)
-
-    monkeypatch.setattr(table, "submit_transaction", commit_then_resend)
+    resend_each_batch(table_store, monkeypatch)
     order = submitted()
     decided, entry = new_order(clock, order)
     result = await table_store.create(order, decided, entry)
@@ -1343,13 +1347,18 @@ async def test_error_rows_are_reaped_once_old_and_not_live(table_store, clock):
     assert await error_rows(table_store) == set()
 
 
-async def test_a_failed_error_row_delete_is_only_logged(table_store, clock, monkeypatch, caplog):
-    await to_error(table_store, clock)
+def refuse_deletes(table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every delete on ``table`` is answered 503 Server Busy."""
 
     async def refused(*args, **kwargs):
         raise HttpResponseError(message="503 Server Busy")
 
-    monkeypatch.setattr(table_store._orders, "delete_entity", refused)
+    monkeypatch.setattr(table, "delete_entity", refused)
+
+
+async def test_a_failed_error_row_delete_is_only_logged(table_store, clock, monkeypatch, caplog):
+    await to_error(table_store, clock)
+    refuse_deletes(table_store._orders, monkeypatch)
     with caplog.at_level(logging.WARNING):
         await table_store.errors.discard("o-1", 1)
     assert "could not delete error index row o-1.1" in caplog.text
@@ -1383,11 +1392,7 @@ async def test_active_index_put_add_due_postpone_discard(table_store, other, clo
 
 async def test_a_failed_discard_is_only_logged(table_store, monkeypatch, caplog):
     await table_store.index.put("o-9", 1, "order")
-
-    async def refused(*args, **kwargs):
-        raise HttpResponseError(message="503 Server Busy")
-
-    monkeypatch.setattr(table_store._active, "delete_entity", refused)
+    refuse_deletes(table_store._active, monkeypatch)
     with caplog.at_level(logging.WARNING):
         await table_store.index.discard("o-9", 1)
     assert "could not delete index row o-9.1" in caplog.text
@@ -1399,18 +1404,13 @@ async def test_list_active_and_page_after_page_through_the_index(table_store, ot
     expected = {f"o-{n}" for n in range(25)}
     for order_id in sorted(expected):
         await table_store.index.put(order_id, 1, "order")
-    seen: list[str] = []
-    continuation = None
-    pages = 0
-    while True:
+
+    async def read(continuation: str | None) -> ActivePage:
         page = await table_store.list_active(7, continuation=continuation)
         assert page == await other.list_active(7, continuation=continuation)
-        seen.extend(row.order_id for row in page.rows)
-        pages += 1
-        continuation = page.continuation
-        if continuation is None:
-            break
-        assert pages < 30, "paging does not end"
+        return page
+
+    seen, pages = await every_page(read)
     assert sorted(seen) == sorted(expected) and pages >= 4
     assert {row.order_id async for row in table_store.all_active()} == expected
     after = None

@@ -13,29 +13,18 @@ import pytest
 from azure.core.exceptions import ServiceResponseTimeoutError
 
 from adapters.settings import Connection, Settings
-from adapters.store.state_store import OrderStateStore
-from devstack.memory import MemoryBus
 from service import deadlines
-from service.runtime import Runtime
 from service.sweep import run_tick
-from tests.support.storage_faults import through_proxy
+from tests.support.proxied_runtime import fresh_tables, runtime_through_proxy
 from tests.support.world import QUEUES
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 @pytest.fixture
-async def tables(azurite: Any, unique_name: Any) -> AsyncIterator[dict[str, str]]:
-    names = {
-        "orders_table": unique_name("orders"),
-        "active_table": unique_name("active"),
-        "supervision_table": unique_name("supervision"),
-    }
-    async with OrderStateStore.from_connection_string(azurite.connection_string, **names) as s:
-        await s.ensure_tables()
+async def tables(azurite: Any) -> AsyncIterator[dict[str, str]]:
+    async with fresh_tables(azurite) as names:
         yield names
-        for name in names.values():
-            await s._service.delete_table(name)
 
 
 async def test_a_tick_ends_by_its_claim_however_slowly_storage_answers(azurite, tables) -> None:
@@ -46,9 +35,7 @@ async def test_a_tick_ends_by_its_claim_however_slowly_storage_answers(azurite, 
         storage=Connection("st"),
         supervisor_schedule="*/2 * * * * *",  # a tick's claim: 1.75 s; its bound: the floor
     )
-    async with through_proxy(azurite, trickle_s=0.4) as (proxy, service):
-        store = OrderStateStore(service, **tables)
-        rt = Runtime(settings, store, MemoryBus(), settings.workflows())  # type: ignore[arg-type]
+    async with runtime_through_proxy(azurite, tables, settings) as (proxy, rt):
         proxy.arm("trickle", method="GET", path=tables["supervision_table"])
         with pytest.raises(ServiceResponseTimeoutError, match="deadline"):
             await run_tick(rt)

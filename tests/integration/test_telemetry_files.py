@@ -70,44 +70,50 @@ async def stack(env: dict[str, str], azurite, tmp_path: Path) -> AsyncIterator[t
     rt = await make_runtime(env, "test")  # creates the tables
     workdir = tmp_path / "stack"
     workdir.mkdir()
+    # A step budget no hop comes near on a loaded machine: a step past the shared 5 s would be
+    # recovered by the Supervisor, and its trace would hold the recovery too.
+    values, settings = write_settings(workdir, env, azurite, STEP_TIMEOUT_SECONDS="60")
+    try:
+        host = await start_host(workdir, settings, "host-0")
+        try:
+            record_stack(workdir, values, host)
+            yield workdir, rt
+        finally:
+            stop_host(host)
+    finally:
+        await rt.close()
+
+
+def write_settings(
+    workdir: Path, env: dict[str, str], azurite: Any, **extra: str
+) -> tuple[dict[str, str], Path]:
+    """The hosts' settings (``env`` on this Azurite, telemetry to ``<workdir>/telemetry``, and
+    ``extra``), written to ``<workdir>/local.settings.json``: the values and the file."""
     values = (
         base_settings()
         | env
         | {
             "AzureWebJobsStorage": azurite.connection_string,
             "TELEMETRY_DIR": str(workdir / "telemetry"),
-            # A step budget no hop comes near on a loaded machine: a step past the shared 5 s
-            # would be recovered by the Supervisor, and its trace would hold the recovery too.
-            "STEP_TIMEOUT_SECONDS": "60",
+            **extra,
         }
     )
     settings = workdir / "local.settings.json"
     settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
-    argv = [
-        sys.executable, "-m", "devstack.host", "--settings", str(settings),
-        "--concurrency", "2", "--http-port", "-1",
-    ]  # fmt: skip
-    environ = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in ("APPLICATIONINSIGHTS_CONNECTION_STRING", "TELEMETRY_DIR")
-    }
-    environ |= {"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    log = workdir / "host-0.log"
-    host = processes.spawn(argv, log_path=log, cwd=REPO_ROOT, env=environ)
-    try:
-        await wait_until(lambda: "host started" in log.read_text(), 60, "the host to start")
-        StackInfo(settings=values, fakes_url="", pids={"host-0": host.pid}).save(
-            workdir / "stack.json"
-        )
-        yield workdir, rt
-    finally:
-        host.send_signal(signal.SIGTERM)
-        try:
-            host.wait(timeout=20)
-        finally:
-            processes.stop(host)
-            await rt.close()
+    return values, settings
+
+
+def record_stack(workdir: Path, values: dict[str, str], host: Any) -> None:
+    """``<workdir>/stack.json``, naming ``host`` as host-0, for orderctl's ``--workdir``."""
+    StackInfo(settings=values, fakes_url="", pids={"host-0": host.pid}).save(workdir / "stack.json")
+
+
+async def submit(workdir: Path, kind: str) -> str:
+    """An order submitted with `orderctl submit` to the stack in ``workdir``: its id."""
+    order_id = f"ORD-{kind}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
+    assert submitted.exit_code == 0, submitted.output
+    return order_id
 
 
 async def processed(rt: Any, order_id: str) -> bool:
@@ -127,9 +133,7 @@ def names(spans: list[Any]) -> list[str]:
 
 async def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
     workdir, rt = stack
-    order_id = f"ORD-TRACE-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
-    assert submitted.exit_code == 0, submitted.output
+    order_id = await submit(workdir, "TRACE")
     await wait_until(lambda: processed(rt, order_id), 60, "Processed")
 
     expected = ["scheduler_intake", *AGENT_FUNCTIONS, "scheduler_replies"]
@@ -190,9 +194,7 @@ async def test_orderctl_trace_prints_the_whole_order_as_one_tree(stack) -> None:
 
 async def test_the_host_writes_the_order_metrics(stack) -> None:
     workdir, rt = stack
-    order_id = f"ORD-METRICS-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
-    assert submitted.exit_code == 0, submitted.output
+    order_id = await submit(workdir, "METRICS")
     await wait_until(lambda: processed(rt, order_id), 60, "Processed")
 
     def lines() -> list[dict]:
@@ -225,35 +227,22 @@ async def test_an_order_the_supervisor_recovers_is_still_one_tree(
     rt = await make_runtime(env, "test")
     workdir = tmp_path / "stack"
     workdir.mkdir()
-    values = (
-        base_settings()
-        | env
-        | {
-            "AzureWebJobsStorage": azurite.connection_string,
-            "TELEMETRY_DIR": str(workdir / "telemetry"),
-            "FAILURE_THRESHOLD": "10",  # time enough to start the second host
-        }
-    )
-    settings = workdir / "local.settings.json"
-    settings.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
+    # A failure threshold that leaves time enough to start the second host.
+    values, settings = write_settings(workdir, env, azurite, FAILURE_THRESHOLD="10")
     first, *others = AGENT_FUNCTIONS
     core = ["scheduler_intake", "scheduler_replies", "scheduler_commands", "supervisor"]
     hosts: list[Any] = []
     try:
-        hosts.append(await _host(workdir, settings, [*core, *others], "host-0"))
-        StackInfo(settings=values, fakes_url="", pids={"host-0": hosts[0].pid}).save(
-            workdir / "stack.json"
-        )
-        order_id = f"ORD-RECOVER-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        submitted = await cli("submit", "--order-id", order_id, "--workdir", str(workdir))
-        assert submitted.exit_code == 0, submitted.output
+        hosts.append(await start_host(workdir, settings, "host-0", [*core, *others]))
+        record_stack(workdir, values, hosts[0])
+        order_id = await submit(workdir, "RECOVER")
 
         async def released_by_supervisor() -> bool:
             timeline = await rt.store.get_timeline(order_id)
             return any(e.event == "released" and e.actor.startswith("supervisor") for e in timeline)
 
         await wait_until(released_by_supervisor, 60, "the Supervisor to release the order")
-        hosts.append(await _host(workdir, settings, [first], "host-1"))
+        hosts.append(await start_host(workdir, settings, "host-1", [first]))
         await wait_until(lambda: processed(rt, order_id), 90, "Processed")
 
         problems: list[str] = []
@@ -268,11 +257,7 @@ async def test_an_order_the_supervisor_recovers_is_still_one_tree(
         view = await trace_view(workdir, order_id)
     finally:
         for host in reversed(hosts):
-            host.send_signal(signal.SIGTERM)
-            try:
-                host.wait(timeout=20)
-            finally:
-                processes.stop(host)
+            stop_host(host)
         await rt.close()
 
     assert not recovery_problems(view, order_id, first), view
@@ -341,12 +326,17 @@ def find(span: Any, name: str) -> list[Any]:
     return here + [s for c in span.children for s in find(c, name)]
 
 
-async def _host(workdir: Path, settings: Path, functions: list[str], name: str) -> Any:
-    """A host process running only ``functions``, started (its log says so)."""
+async def start_host(
+    workdir: Path, settings: Path, name: str, functions: list[str] | None = None
+) -> Any:
+    """A host process (as `orderctl up` starts one) running ``functions`` (None: all of them),
+    started (its log says so)."""
     argv = [
         sys.executable, "-m", "devstack.host", "--settings", str(settings),
-        "--concurrency", "2", "--http-port", "-1", "--functions", ",".join(functions),
+        "--concurrency", "2", "--http-port", "-1",
     ]  # fmt: skip
+    if functions is not None:
+        argv += ["--functions", ",".join(functions)]
     environ = {
         k: v
         for k, v in os.environ.items()
@@ -361,3 +351,13 @@ async def _host(workdir: Path, settings: Path, functions: list[str], name: str) 
         processes.stop(host)
         raise
     return host
+
+
+def stop_host(host: Any) -> None:
+    """SIGTERM to the host (it flushes its telemetry files at exit), up to 20 s to end; then
+    its process group is stopped whatever happened."""
+    host.send_signal(signal.SIGTERM)
+    try:
+        host.wait(timeout=20)
+    finally:
+        processes.stop(host)

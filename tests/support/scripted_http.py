@@ -5,7 +5,9 @@ and with which headers (a resend, a retry, a ``traceparent``).
 The script gets the raw request and its number (1-based, across connections) and returns the
 bytes to write back (or an async iterator of them, written as each comes: an answer that
 trickles) and whether to close afterwards, or None to close without answering; it may be a
-coroutine (a slow or hung server sleeps in it).
+coroutine (a slow or hung server sleeps in it). :func:`scripted_servers` starts them for one
+test and closes them at its end (a test's ``serve`` fixture); :func:`replies` and :func:`slow` are
+the scripts several files use.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import inspect
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 Reply = tuple[bytes | AsyncIterator[bytes], bool] | None
 Script = Callable[[bytes, int], Reply | Awaitable[Reply]]
@@ -97,3 +100,49 @@ class ScriptedServer:
         self._server.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 1)
+
+
+class Serve(Protocol):
+    async def __call__(
+        self, script: Script, tls: ssl.SSLContext | None = None
+    ) -> ScriptedServer: ...
+
+
+@contextlib.asynccontextmanager
+async def scripted_servers() -> AsyncIterator[Serve]:
+    """Starts a server for each ``script`` it is given (over TLS with ``tls``) and closes them
+    all on leaving."""
+    servers: list[ScriptedServer] = []
+
+    async def serve(script: Script, tls: ssl.SSLContext | None = None) -> ScriptedServer:
+        server = await ScriptedServer(script, tls=tls).start()
+        servers.append(server)
+        return server
+
+    try:
+        yield serve
+    finally:
+        for server in servers:
+            await server.close()
+
+
+def replies(*answers: bytes | None) -> Script:
+    """Answers in turn; the last one again for every later request (None: close unanswered)."""
+
+    def script(request: bytes, n: int) -> Reply:
+        reply = answers[min(n, len(answers)) - 1]
+        return None if reply is None else (reply, False)
+
+    return script
+
+
+def slow(delay: float, after: int = 0) -> Script:
+    """Answers the first ``after`` requests at once (a kept-alive connection), every later one
+    after ``delay`` seconds."""
+
+    async def script(request: bytes, n: int) -> Reply:
+        if n > after:
+            await asyncio.sleep(delay)
+        return answer(200), False
+
+    return script

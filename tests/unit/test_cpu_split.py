@@ -3,6 +3,8 @@ to (what deploys, the development host, shared, idle), and a host's CPU divided 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.cpu_split import Frame, Samples, Split, attribute, classify
@@ -39,137 +41,126 @@ def stack(*frames: str) -> list[Frame]:
     return [Frame.parse(text) for text in frames]
 
 
+def case(why: str, expected: tuple[str, str], *frames: str) -> Any:
+    """A stack (outermost frame first) and the part and kind of work it is counted as."""
+    return pytest.param(list(frames), expected, id=why)
+
+
 CASES = [
-    pytest.param(
-        [
-            *REPLY,
-            f"carry_out ({ROOT}service/apply.py:200)",
-            f"OrderStateStore.save ({ROOT}adapters/store/state_store.py:90)",
-            f"Table.submit_transaction ({ROOT}adapters/tables/client.py:200)",
-            f"AsyncPipeline.run ({SITE}azure/core/pipeline/_base_async.py:220)",
-        ],
+    case(
+        "a reply's Table write",
         ("deploys", "Table requests"),
-        id="a reply's Table write",
+        *REPLY,
+        f"carry_out ({ROOT}service/apply.py:200)",
+        f"OrderStateStore.save ({ROOT}adapters/store/state_store.py:90)",
+        f"Table.submit_transaction ({ROOT}adapters/tables/client.py:200)",
+        f"AsyncPipeline.run ({SITE}azure/core/pipeline/_base_async.py:220)",
     ),
-    pytest.param(
-        [
-            *REPLY,
-            f"send ({ROOT}service/apply.py:240)",
-            f"Bus.send ({ROOT}adapters/servicebus.py:57)",
-            f"ServiceBusSender.send_messages ({SITE}azure/servicebus/aio/_sender.py:1)",
-            f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
-        ],
+    case(
+        "the kernel's work on the app's send",
         ("deploys", "socket writes"),
-        id="the kernel's work on the app's send",
+        *REPLY,
+        f"send ({ROOT}service/apply.py:240)",
+        f"Bus.send ({ROOT}adapters/servicebus.py:57)",
+        f"ServiceBusSender.send_messages ({SITE}azure/servicebus/aio/_sender.py:1)",
+        f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
     ),
-    pytest.param(
-        [
-            *REPLY,
-            f"parse_message ({ROOT}domain/messages.py:640)",
-            f"BaseModel.model_validate ({SITE}pydantic/main.py:1)",
-        ],
+    case(
+        "parsing a reply",
         ("deploys", "validation and encoding"),
-        id="parsing a reply",
+        *REPLY,
+        f"parse_message ({ROOT}domain/messages.py:640)",
+        f"BaseModel.model_validate ({SITE}pydantic/main.py:1)",
     ),
-    pytest.param(
-        [*REPLY, f"restore ({ROOT}service/resume.py:90)", f"loads ({PY}json/__init__.py:346)"],
+    case(
+        "restoring the snapshot",
         ("deploys", "snapshot"),
-        id="restoring the snapshot",
+        *REPLY,
+        f"restore ({ROOT}service/resume.py:90)",
+        f"loads ({PY}json/__init__.py:346)",
     ),
-    pytest.param(
-        [
-            *REPLY,
-            f"Logger.info ({PY}logging/__init__.py:1489)",
-            f"Bus.send ({ROOT}adapters/servicebus.py:57)",
-        ],
+    case(
+        "logging is counted where it is paid",
         ("deploys", "logging"),
-        id="logging is counted where it is paid",
+        *REPLY,
+        f"Logger.info ({PY}logging/__init__.py:1489)",
+        f"Bus.send ({ROOT}adapters/servicebus.py:57)",
     ),
-    pytest.param(
-        [
-            *SLOT,
-            f"_Slot._invoke ({ROOT}devstack/host/servicebus_runner.py:330)",
-            f"to_function_message ({ROOT}devstack/host/servicebus_runner.py:180)",
-            f"ServiceBusMessage.__init__ ({SITE}azure/functions/servicebus.py:40)",
-        ],
+    case(
+        "the host's conversion to func.ServiceBusMessage",
         ("dev_host", "conversion"),
-        id="the host's conversion to func.ServiceBusMessage",
+        *SLOT,
+        f"_Slot._invoke ({ROOT}devstack/host/servicebus_runner.py:330)",
+        f"to_function_message ({ROOT}devstack/host/servicebus_runner.py:180)",
+        f"ServiceBusMessage.__init__ ({SITE}azure/functions/servicebus.py:40)",
     ),
-    pytest.param(
-        [*INVOKE, f"uuid4 ({PY}uuid.py:723)"],
+    case(
+        "the invoker's own work under its call is not the function's",
         ("dev_host", "host other"),
-        id="the invoker's own work under its call is not the function's",
+        *INVOKE,
+        f"uuid4 ({PY}uuid.py:723)",
     ),
-    pytest.param(
-        [
-            *INVOKE,
-            f"_GeneratorContextManager.__exit__ ({PY}contextlib.py:144)",
-            f"Invoker._invocation ({ROOT}devstack/host/invoke.py:230)",
-        ],
+    case(
+        "the host's invocation span",
         ("dev_host", "invocation span"),
-        id="the host's invocation span",
+        *INVOKE,
+        f"_GeneratorContextManager.__exit__ ({PY}contextlib.py:144)",
+        f"Invoker._invocation ({ROOT}devstack/host/invoke.py:230)",
     ),
-    pytest.param(
-        [
-            *LOOP,
-            f"_Slot.run ({ROOT}devstack/host/servicebus_runner.py:272)",
-            f"ServiceBusReceiver.receive_messages ({SITE}azure/servicebus/aio/_receiver.py:702)",
-            f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
-        ],
+    case(
+        "the host's receive, its socket write included",
         ("dev_host", "receive"),
-        id="the host's receive, its socket write included",
+        *LOOP,
+        f"_Slot.run ({ROOT}devstack/host/servicebus_runner.py:272)",
+        f"ServiceBusReceiver.receive_messages ({SITE}azure/servicebus/aio/_receiver.py:702)",
+        f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
     ),
-    pytest.param(
-        [
-            *SLOT,
-            f"_Slot._settle ({ROOT}devstack/host/servicebus_runner.py:360)",
-            f"ServiceBusReceiver.complete_message ({SITE}azure/servicebus/aio/_receiver.py:800)",
-        ],
+    case(
+        "the host's settlement",
         ("dev_host", "settle"),
-        id="the host's settlement",
+        *SLOT,
+        f"_Slot._settle ({ROOT}devstack/host/servicebus_runner.py:360)",
+        f"ServiceBusReceiver.complete_message ({SITE}azure/servicebus/aio/_receiver.py:800)",
     ),
-    pytest.param(
-        [*LOOP, f"AutoLockRenewer._auto_lock_renew ({SITE}azure/servicebus/aio/_autolock.py:90)"],
+    case(
+        "the lock renewer's task has no host frame but is the host's",
         ("dev_host", "lock renewal"),
-        id="the lock renewer's task has no host frame but is the host's",
+        *LOOP,
+        f"AutoLockRenewer._auto_lock_renew ({SITE}azure/servicebus/aio/_autolock.py:90)",
     ),
-    pytest.param(
-        [
-            *LOOP,
-            f"_gather.<locals>.one ({ROOT}service/sweep.py:234)",
-            f"TableService.request ({ROOT}adapters/tables/client.py:135)",
-        ],
+    case(
+        "a task the app started",
         ("deploys", "Table requests"),
-        id="a task the app started",
+        *LOOP,
+        f"_gather.<locals>.one ({ROOT}service/sweep.py:234)",
+        f"TableService.request ({ROOT}adapters/tables/client.py:135)",
     ),
-    pytest.param(
-        [
-            *LOOP,
-            f"ClientRequest.write_bytes ({SITE}aiohttp/client_reqrep.py:1594)",
-            f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
-        ],
+    case(
+        "aiohttp's writer task: only the app makes HTTP requests",
         ("deploys", "socket writes"),
-        id="aiohttp's writer task: only the app makes HTTP requests",
+        *LOOP,
+        f"ClientRequest.write_bytes ({SITE}aiohttp/client_reqrep.py:1594)",
+        f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
     ),
-    pytest.param(
-        [
-            *LOOP,
-            f"AsyncTransportMixin.read ({SITE}azure/servicebus/_pyamqp/aio/_transport_async.py:90)",
-        ],
+    case(
+        "an AMQP read in a task of its own names no owner",
         ("shared", "Service Bus connection reads"),
-        id="an AMQP read in a task of its own names no owner",
+        *LOOP,
+        f"AsyncTransportMixin.read ({SITE}azure/servicebus/_pyamqp/aio/_transport_async.py:90)",
     ),
-    pytest.param(
-        [*LOOP, f"_SelectorSocketTransport._read_ready ({PY}asyncio/selector_events.py:950)"],
+    case(
+        "the loop's own work",
         ("shared", "event loop"),
-        id="the loop's own work",
+        *LOOP,
+        f"_SelectorSocketTransport._read_ready ({PY}asyncio/selector_events.py:950)",
     ),
-    pytest.param(
-        [*LOOP[:3], f"EpollSelector.select ({PY}selectors.py:468)"],
+    case(
+        "a runnable thread still in select is not at work",
         ("idle", "waiting"),
-        id="a runnable thread still in select is not at work",
+        *LOOP[:3],
+        f"EpollSelector.select ({PY}selectors.py:468)",
     ),
-    pytest.param([], ("shared", "cut short"), id="an empty stack"),
+    case("an empty stack", ("shared", "cut short")),
 ]
 
 

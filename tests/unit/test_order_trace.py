@@ -6,16 +6,14 @@ the OpenTelemetry SDK exporting to memory."""
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
@@ -30,7 +28,7 @@ from service.intake import handle_submission
 from service.operations.models import trace_id_of
 from service.runtime import Runtime
 from service.sweep import RECOVER_SPAN, run_tick
-from tests.support.spans import recording
+from tests.support.memory_runtime import memory_runtime
 from tests.support.world import QUEUES
 
 pytestmark = pytest.mark.anyio
@@ -39,21 +37,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STEP_TIMEOUT = timedelta(seconds=30)
 GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 _SHAPE = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[TracerProvider]:
-    with recording(_EXPORTER) as installed:
-        yield installed
-
-
-@pytest.fixture
-def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
 
 
 def named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -202,17 +185,7 @@ def runtime(store: MemoryStore, clock: Clock, name: str) -> tuple[Runtime, Traci
         retry_max_delay=timedelta(seconds=60),
     )
     bus = TracingBus()
-    rt = Runtime(
-        settings=config,
-        store=store,  # type: ignore[arg-type]
-        bus=bus,  # type: ignore[arg-type]
-        workflows=config.workflows(),
-        instance_id=name,
-        clock=clock,
-        rng=random.Random(0),
-    )
-    rt._status_bus = bus  # type: ignore[assignment]
-    return rt, bus
+    return memory_runtime(config, store, bus, name, clock), bus
 
 
 def submission(order_id: str) -> bytes:

@@ -31,7 +31,7 @@ from service.http_errors import error_details, parse_retry_after
 from service.outcomes import CallOutcome, DeadlinePassed, Deferred, Failed, NothingToUndo, Succeeded
 from service.remote_calls import MIN_DEFER_SECONDS, RemoteServiceClient, RetryPolicy
 from tests.support.remote_http import FakeRemoteHttp, Handler, Post, answer, json_answer
-from tests.support.scripted_http import Reply, Script, ScriptedServer
+from tests.support.scripted_http import Reply, replies
 from tests.support.scripted_http import answer as raw_answer
 
 pytestmark = pytest.mark.anyio
@@ -661,20 +661,6 @@ def test_error_details_fallbacks() -> None:
 FAST = RetryPolicy(max_attempts=None, attempt_timeout=5.0, backoff_initial=0.01, backoff_max=0.05)
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Script], Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script) -> ScriptedServer:
-        server = await ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
-
-
 class Calls:
     """A client of ``payment`` at ``origin`` on a RemoteHttp of its own, recording its waits
     instead of sleeping them (``real_waits``: sleeping them too)."""
@@ -707,10 +693,6 @@ class Calls:
             )
         finally:
             await self.http.close()
-
-
-def replies(*answers: bytes) -> Script:
-    return lambda request, n: (answers[min(n, len(answers)) - 1], False)
 
 
 def wire_ok(**result: object) -> bytes:

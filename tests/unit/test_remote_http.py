@@ -7,11 +7,8 @@ session on each event loop it is used on."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,48 +24,24 @@ from adapters.remote_http import (
     RemoteService,
 )
 from adapters.settings import ServiceLimits, Settings
-from tests.support.certificates import Certificates, make_certificates
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.certificates import Certificates
+from tests.support.scripted_http import (
+    Reply,
+    ScriptedServer,
+    answer,
+    slow,
+)
 from tests.support.spans import recording
+from tests.support.threaded_http import answering_server
 
 pytestmark = pytest.mark.anyio
 
 HEADERS = {"Idempotency-Key": "order-1:reserve:do:1", "Content-Type": "application/json"}
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script, tls: Any = None) -> ScriptedServer:
-        server = await ScriptedServer(script, tls=tls).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("tls"))
-
-
 def remote(server: ScriptedServer, limits: ServiceLimits | None = None, **options) -> RemoteHttp:
     service = RemoteService("inventory", f"{server.origin}/inventory", limits or ServiceLimits())
     return RemoteHttp([service], **options)
-
-
-def slow(delay: float, after: int = 0) -> Script:
-    """Answers requests after the first ``after`` once ``delay`` seconds have passed."""
-
-    async def script(request: bytes, n: int) -> Reply:
-        if n > after:
-            await asyncio.sleep(delay)
-        return answer(200, b'{"ok":true}'), False
-
-    return script
 
 
 async def test_a_call_reads_the_whole_answer_and_sends_what_it_was_given(serve) -> None:
@@ -368,33 +341,6 @@ def test_each_event_loop_gets_a_session_of_its_own() -> None:
         assert asyncio.run(call()) == b"ok"
         assert asyncio.run(call(close=True)) == b"ok"
     assert sessions[0] is not sessions[1] and sessions[1].closed
-
-
-@contextlib.contextmanager
-def answering_server(body: bytes) -> Iterator[str]:
-    """A server on its own thread (no event loop's), answering every POST with ``body``."""
-
-    class Answering(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # ----------------------------------------------------------------------------- settings

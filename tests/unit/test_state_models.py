@@ -49,6 +49,7 @@ from domain.messages import (
 from domain.order import Failures, Order, Outgoing, Requests, StepRecord, StepState, TimelineEntry
 from domain.states import ProcessState
 from domain.workflows import ORDER_WORKFLOW
+from tests.support.submissions import submission
 
 pytestmark = pytest.mark.anyio
 
@@ -66,16 +67,7 @@ UNREACHABLE = (
 
 
 def submitted(order_id: str = "o-1", **overrides: Any) -> OrderSubmitted:
-    fields: dict[str, Any] = {
-        "order_id": order_id,
-        "customer_id": "c-1",
-        "items": [{"sku": "SKU-1", "quantity": 3, "unit_price_cents": 500}],
-        "currency": "EUR",
-        "reply_to": "status-replies",
-        "submitted_at": T0,
-    }
-    fields.update(overrides)
-    return OrderSubmitted(**fields)
+    return submission(order_id, at=T0, **overrides)
 
 
 def ctx(now: datetime = T0, actor: str = "scheduler-1") -> lifecycle.Context:

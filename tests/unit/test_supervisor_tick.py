@@ -13,7 +13,6 @@ the order it released for a retry.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
 from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -36,6 +35,7 @@ from service.intake import handle_submission
 from service.runtime import Runtime
 from service.sweep import run_tick
 from service.sweep_report import TickReport
+from tests.support.memory_runtime import memory_runtime
 from tests.support.world import QUEUES
 
 pytestmark = pytest.mark.anyio
@@ -156,34 +156,11 @@ def supervisor(
 ) -> Supervisor:
     spy = StoreSpy(store, supervision)
     bus = RecordingBus()
-    config = settings(concurrency)
-    rt = Runtime(
-        settings=config,
-        store=spy,  # type: ignore[arg-type]
-        bus=bus,  # type: ignore[arg-type]
-        workflows=config.workflows(),
-        instance_id=name,
-        clock=clock,
-        rng=random.Random(0),
-    )
-    rt._status_bus = bus  # type: ignore[assignment]
-    return Supervisor(rt, spy, bus)
+    return Supervisor(memory_runtime(settings(concurrency), spy, bus, name, clock), spy, bus)
 
 
 def scheduler(store: MemoryStore, clock: Clock) -> Runtime:
-    config = settings()
-    bus = MemoryBus()
-    rt = Runtime(
-        settings=config,
-        store=store,  # type: ignore[arg-type]
-        bus=bus,  # type: ignore[arg-type]
-        workflows=config.workflows(),
-        instance_id="scheduler-1",
-        clock=clock,
-        rng=random.Random(0),
-    )
-    rt._status_bus = bus  # type: ignore[assignment]
-    return rt
+    return memory_runtime(settings(), store, MemoryBus(), "scheduler-1", clock)
 
 
 def order_ids(buckets: list[int]) -> list[str]:
@@ -602,6 +579,21 @@ def _reader() -> InMemoryMetricReader:
     )
 
 
+_INSTRUMENTS = [
+    ("_rows_read", "counter", "supervisor.rows_read"),
+    ("_recovered", "counter", "supervisor.recovered"),
+    ("_duration", "histogram", "supervisor.tick.duration"),
+    ("_lag", "gauge", "supervisor.lag"),
+    ("_unfinished", "counter", "supervisor.buckets_unfinished"),
+    ("_handed_out", "counter", "supervisor.handed_out"),
+    ("_returned", "counter", "supervisor.returned"),
+    ("_backlog", "gauge", "supervisor.backlog"),
+    ("_drain_rate", "gauge", "supervisor.drain_rate"),
+    ("_time_to_drain", "gauge", "supervisor.time_to_drain"),
+]
+"""Every instrument of service.sweep_report: (attribute, kind, name)."""
+
+
 @pytest.fixture
 def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
     """What ``service.sweep_report`` records during the test (counters as deltas).
@@ -627,21 +619,9 @@ def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricRea
     reader = _reader()
     provider = MeterProvider(metric_readers=[reader])
     meter = provider.get_meter("orders.supervisor")
-    monkeypatch.setattr(
-        supervisor_metrics, "_rows_read", meter.create_counter("supervisor.rows_read")
-    )
-    monkeypatch.setattr(
-        supervisor_metrics, "_recovered", meter.create_counter("supervisor.recovered")
-    )
-    monkeypatch.setattr(
-        supervisor_metrics, "_duration", meter.create_histogram("supervisor.tick.duration")
-    )
-    monkeypatch.setattr(supervisor_metrics, "_lag", meter.create_gauge("supervisor.lag"))
-    monkeypatch.setattr(
-        supervisor_metrics,
-        "_unfinished",
-        meter.create_counter("supervisor.buckets_unfinished"),
-    )
+    for attribute, kind, name in _INSTRUMENTS:
+        create = getattr(meter, f"create_{kind}")
+        monkeypatch.setattr(supervisor_metrics, attribute, create(name))
     yield reader
     provider.shutdown()
 

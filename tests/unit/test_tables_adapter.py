@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import inspect
 import itertools
 import json
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -44,9 +40,17 @@ from opentelemetry.trace import SpanKind
 
 from adapters.tables import Sent, TableService, client, odata, pipeline
 from adapters.tables.auth import SharedKey
-from tests.support.certificates import Certificates, make_certificates
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.certificates import Certificates
+from tests.support.scripted_http import (
+    Reply,
+    Script,
+    ScriptedServer,
+    Serve,
+    answer,
+    replies,
+)
 from tests.support.spans import recording
+from tests.support.threaded_http import answering_server
 
 pytestmark = pytest.mark.anyio
 
@@ -55,38 +59,9 @@ JSON = {"Content-Type": "application/json;odata=minimalmetadata;charset=utf-8"}
 ROW = b'{"PartitionKey":"p","RowKey":"r","odata.etag":"W/\\"1\\""}'
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script, tls: Any = None) -> ScriptedServer:
-        server = await ScriptedServer(script, tls=tls).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory) -> Certificates:
-    return make_certificates(tmp_path_factory.mktemp("tls"))
-
-
 def tables(server: ScriptedServer, **options: Any) -> TableService:
     conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={server.origin}/acct"
     return TableService.from_connection_string(conn, **options)
-
-
-def replies(*answers: bytes | None) -> Script:
-    """Answers in turn; the last one again for every later request (None: close unanswered)."""
-
-    def script(request: bytes, n: int) -> Reply:
-        reply = answers[min(n, len(answers)) - 1]
-        return None if reply is None else (reply, False)
-
-    return script
 
 
 def hangs(request: bytes, n: int) -> Any:
@@ -675,13 +650,10 @@ async def test_a_token_is_reused_until_about_five_minutes_before_it_expires(
     assert [server.headers(n)["authorization"] for n in (1, 2)] == [f"Bearer {t}" for t in tokens]
 
 
-async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certificates) -> None:
-    claims = '{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}'
-    encoded = base64.urlsafe_b64encode(claims.encode()).decode().rstrip("=")
-    challenge = (
-        'Bearer realm="", authorization_uri="https://login.microsoftonline.com/common/oauth2/'
-        f'authorize", error="insufficient_claims", claims="{encoded}"'
-    )
+async def read_after_challenge(
+    serve: Serve, certificates: Certificates, challenge: str
+) -> tuple[ScriptedServer, AsyncCredential]:
+    """One read over HTTPS, its first answer a 401 with ``challenge`` and the next the row."""
     unauthorized = error(401, "InvalidAuthenticationInfo", {"WWW-Authenticate": challenge})
     server = await serve(
         replies(unauthorized, entity()), Certificates.server(certificates.localhost)
@@ -689,6 +661,17 @@ async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certific
     credential = AsyncCredential()
     async with https_tables(server, certificates, credential) as service:
         await service.get_table_client("t").get_entity("p", "r")
+    return server, credential
+
+
+async def test_a_claims_challenge_gets_a_token_with_those_claims(serve, certificates) -> None:
+    claims = '{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}'
+    encoded = base64.urlsafe_b64encode(claims.encode()).decode().rstrip("=")
+    challenge = (
+        'Bearer realm="", authorization_uri="https://login.microsoftonline.com/common/oauth2/'
+        f'authorize", error="insufficient_claims", claims="{encoded}"'
+    )
+    server, credential = await read_after_challenge(serve, certificates, challenge)
     assert [server.headers(n)["authorization"] for n in (1, 2)] == ["Bearer t0", "Bearer t1"]
     assert credential.asked[1]["claims"] == claims
 
@@ -698,13 +681,7 @@ async def test_a_tenant_challenge_gets_a_token_from_that_tenant(serve, certifica
         'Bearer authorization_uri="https://login.microsoftonline.com/tenant-2/oauth2/authorize",'
         ' resource_id="https://storage.azure.com"'
     )
-    unauthorized = error(401, "InvalidAuthenticationInfo", {"WWW-Authenticate": challenge})
-    server = await serve(
-        replies(unauthorized, entity()), Certificates.server(certificates.localhost)
-    )
-    credential = AsyncCredential()
-    async with https_tables(server, certificates, credential) as service:
-        await service.get_table_client("t").get_entity("p", "r")
+    server, credential = await read_after_challenge(serve, certificates, challenge)
     assert credential.asked[1]["tenant_id"] == "tenant-2"
     assert server.headers(2)["authorization"] == "Bearer t1"
 
@@ -826,7 +803,7 @@ async def test_each_attempt_is_a_client_span_and_sends_its_traceparent(serve, sd
 def test_each_event_loop_gets_a_pipeline_of_its_own() -> None:
     """Each asyncio.run is a new loop (orderctl's commands, each test): the same service opens
     a session on it rather than use the earlier loop's."""
-    with answering_server(ROW) as origin:
+    with answering_server(ROW, JSON) as origin:
         conn = f"AccountName=acct;AccountKey={KEY};TableEndpoint={origin}/acct"
         service = TableService.from_connection_string(conn)
         sessions: list[Any] = []
@@ -841,33 +818,6 @@ def test_each_event_loop_gets_a_pipeline_of_its_own() -> None:
         assert asyncio.run(read()) == "r"
         assert asyncio.run(read(close=True)) == "r"
     assert sessions[0] is not sessions[1] and sessions[1].closed
-
-
-@contextlib.contextmanager
-def answering_server(body: bytes) -> Iterator[str]:
-    """A server on its own thread (no event loop's), answering every GET with ``body``."""
-
-    class Answering(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", JSON["Content-Type"])
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_the_apps_credential_is_async_and_the_table_client_takes_it() -> None:

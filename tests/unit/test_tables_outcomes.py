@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -29,27 +29,13 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from adapters import deadline
 from adapters.tables import OutcomeUnknown, TableService, may_have_applied, pipeline
-from tests.support.scripted_http import Reply, Script, ScriptedServer, answer
+from tests.support.scripted_http import Reply, ScriptedServer, answer
 
 pytestmark = pytest.mark.anyio
 
 KEY = base64.b64encode(b"k" * 32).decode()
 JSON = {"Content-Type": "application/json;odata=minimalmetadata;charset=utf-8"}
 ROW = {"PartitionKey": "p", "RowKey": "r"}
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[ScriptedServer] = []
-
-    async def start(script: Script) -> ScriptedServer:
-        server = await ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.close()
 
 
 @pytest.fixture

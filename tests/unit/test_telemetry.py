@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import azure.functions as func
 import pytest
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -24,22 +24,6 @@ from devstack.host.indexing import IndexedFunction, ServiceBusTrigger, TimerTrig
 from devstack.host.invoke import Invoker, worker_telemetry
 from devstack.host.ncrontab import NcrontabSchedule
 from domain.messages import OrderSubmitted
-from tests.support.spans import recording
-
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[TracerProvider]:
-    with recording(_EXPORTER) as installed:
-        yield installed
-
-
-@pytest.fixture
-def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
 
 
 def order(order_id: str = "o-telemetry-1") -> OrderSubmitted:
