@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.certificates import Certificates, make_certificates
 from tests.support.scripted_http import Serve, scripted_servers
 from tests.support.spans import recording
+from tests.support.supervisor_metrics import metric_reader  # noqa: F401 (a fixture)
 
 REMOTE_SETTINGS = ("ORDERCTL_API_URL", "ORDERCTL_FUNCTION_KEY", "ORDERCTL_AUTH", "ORDERCTL_SCOPE")
 

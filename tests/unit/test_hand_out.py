@@ -32,7 +32,8 @@ from service.operations.supervisor import supervisor as supervisor_view
 from service.runtime import Runtime
 from service.sweep import BACKLOG_REASON, run_tick
 from service.sweep_report import TickReport
-from tests.unit.test_supervisor_tick import (  # noqa: F401 (metric_reader: a fixture)
+from tests.support.supervisor_metrics import recorded
+from tests.unit.test_supervisor_tick import (
     PERIOD,
     STEP_TIMEOUT,
     T0,
@@ -40,9 +41,7 @@ from tests.unit.test_supervisor_tick import (  # noqa: F401 (metric_reader: a fi
     RecordingBus,
     StoreSpy,
     events,
-    metric_reader,
     order_ids,
-    recorded,
     scheduler,
     settings,
     submit,
@@ -494,7 +493,7 @@ async def test_a_tick_hands_out_what_the_fleets_pace_allows_and_the_rest_waits_w
     assert sum(b.returned + b.left for b in roster.buckets) == 0
 
 
-async def test_a_hand_out_records_its_metrics(store, clock, metric_reader):  # noqa: F811
+async def test_a_hand_out_records_its_metrics(store, clock, metric_reader):
     await stalled(store, clock, list(range(INDEX_BUCKETS)) * 2)
     sup = Instance(store, clock, "sup-a")
 

@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from opentelemetry import metrics
-from opentelemetry.sdk.metrics import Counter as SdkCounter
-from opentelemetry.sdk.metrics import Histogram as SdkHistogram
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
-import service.sweep_report as supervisor_metrics
 from adapters.settings import Connection, Settings
 from adapters.store.active_index import INDEX_BUCKETS, bucket_partition, index_partition
 from adapters.store.rows import ActiveRow, ConcurrencyConflict
@@ -36,6 +30,7 @@ from service.runtime import Runtime
 from service.sweep import run_tick
 from service.sweep_report import TickReport
 from tests.support.memory_runtime import memory_runtime
+from tests.support.supervisor_metrics import recorded
 from tests.support.world import QUEUES
 
 pytestmark = pytest.mark.anyio
@@ -566,76 +561,6 @@ async def test_a_due_order_is_released_once_over_repeated_ticks(store, clock):
 
 
 # ------------------------------------------------------------------------------- metrics
-
-_INSTALLED: InMemoryMetricReader | None = None
-
-
-def _reader() -> InMemoryMetricReader:
-    return InMemoryMetricReader(
-        preferred_temporality={
-            SdkCounter: AggregationTemporality.DELTA,
-            SdkHistogram: AggregationTemporality.DELTA,
-        }
-    )
-
-
-_INSTRUMENTS = [
-    ("_rows_read", "counter", "supervisor.rows_read"),
-    ("_recovered", "counter", "supervisor.recovered"),
-    ("_duration", "histogram", "supervisor.tick.duration"),
-    ("_lag", "gauge", "supervisor.lag"),
-    ("_unfinished", "counter", "supervisor.buckets_unfinished"),
-    ("_handed_out", "counter", "supervisor.handed_out"),
-    ("_returned", "counter", "supervisor.returned"),
-    ("_backlog", "gauge", "supervisor.backlog"),
-    ("_drain_rate", "gauge", "supervisor.drain_rate"),
-    ("_time_to_drain", "gauge", "supervisor.time_to_drain"),
-]
-"""Every instrument of service.sweep_report: (attribute, kind, name)."""
-
-
-@pytest.fixture
-def metric_reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
-    """What ``service.sweep_report`` records during the test (counters as deltas).
-
-    The module's meter comes from the global proxy, so installing an SDK provider globally
-    (once per process: it cannot be replaced) makes its instruments record there. If another
-    test installed a different provider first, the module's instruments are swapped for ones
-    of a private provider for this test only.
-    """
-    global _INSTALLED
-    if _INSTALLED is None:
-        reader = _reader()
-        provider = MeterProvider(metric_readers=[reader])
-        metrics.set_meter_provider(provider)  # refused (a warning) if one is installed
-        if metrics.get_meter_provider() is provider:
-            _INSTALLED = reader
-        else:
-            provider.shutdown()
-    if _INSTALLED is not None:
-        _INSTALLED.get_metrics_data()  # drop what earlier tests recorded
-        yield _INSTALLED
-        return
-    reader = _reader()
-    provider = MeterProvider(metric_readers=[reader])
-    meter = provider.get_meter("orders.supervisor")
-    for attribute, kind, name in _INSTRUMENTS:
-        create = getattr(meter, f"create_{kind}")
-        monkeypatch.setattr(supervisor_metrics, attribute, create(name))
-    yield reader
-    provider.shutdown()
-
-
-def recorded(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
-    data = reader.get_metrics_data()
-    found: dict[str, list[Any]] = {}
-    for resource in data.resource_metrics if data else ():
-        for scope in resource.scope_metrics:
-            if scope.scope.name != "orders.supervisor":
-                continue
-            for metric in scope.metrics:
-                found.setdefault(metric.name, []).extend(metric.data.data_points)
-    return found
 
 
 async def test_a_tick_records_lag_rows_read_recovered_and_duration(store, clock, metric_reader):
