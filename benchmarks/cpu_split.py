@@ -23,9 +23,9 @@ thread) while a batch runs, and reads each thread's CPU time from ``/proc`` befo
   whether a receiver of the host or a sender of the app waits for it), and stacks py-spy cut
   short. Shared CPU is divided between the two parts in proportion to what each was seen
   spending (:func:`Split.apportioned`): the loop runs callbacks for both.
-- ``idle``: a thread waiting (in ``select``, a lock, a queue). Under load a thread just woken
-  is runnable but not running, and py-spy counts runnable threads as active; such samples
-  are dropped.
+- ``idle``: a thread waiting (in ``select``, a lock, a queue), or in a socket write (see
+  :data:`SOCKET_WRITE_LEAVES`). Under load a thread just woken is runnable but not running, and
+  py-spy counts runnable threads as active; such samples are dropped.
 
 A thread's CPU (``/proc/<pid>/task/<tid>/stat``) is divided among the kinds its samples show,
 in proportion to their counts, so that threads are weighed by what they really spent, not by
@@ -101,7 +101,12 @@ SOCKET_WRITE_LEAVES: Final = frozenset(
         "socket.sendall",
     }
 )
-"""A leaf here is the kernel's work on a send (loopback TCP: about 23 µs a write here)."""
+"""A leaf here is almost never CPU: a write costs 30 to 50 µs of CPU on this machine (timed per call
+with ``time.process_time``), and it wakes the reader (the broker, Azurite, a fake), which on two
+cores takes the CPU from the writer while it is still in the call; py-spy counts that runnable
+thread as active, and showed 10 times more samples there than the writes' CPU (docs/performance.md,
+"What the sampled socket writes were"). Such samples are dropped, as a thread just woken in
+``select`` is: the thread's CPU is divided among its other samples."""
 IDLE_LEAVES: Final = frozenset(
     {
         "EpollSelector.select",
@@ -141,6 +146,8 @@ def classify(stack: Sequence[Frame], root: str) -> tuple[Part, str]:
         return "shared", "cut short"
     if stack[-1].function in IDLE_LEAVES:
         return "idle", "waiting"
+    if stack[-1].function in SOCKET_WRITE_LEAVES:
+        return "idle", "runnable after a send"
     app = [_is_app(frame.file, root) for frame in stack]
     host = [frame.file.startswith(root + HOST_DIR) for frame in stack]
     entry = _user_function(stack, host, app)
@@ -177,8 +184,6 @@ def _user_function(stack: Sequence[Frame], host: Sequence[bool], app: Sequence[b
 
 
 def _deploy_kind(stack: Sequence[Frame]) -> str:
-    if stack and stack[-1].function in SOCKET_WRITE_LEAVES:
-        return "socket writes"
     return _kind(stack, DEPLOY_KINDS, "app other")
 
 

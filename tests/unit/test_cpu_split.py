@@ -57,8 +57,8 @@ CASES = [
         f"AsyncPipeline.run ({SITE}azure/core/pipeline/_base_async.py:220)",
     ),
     case(
-        "the kernel's work on the app's send",
-        ("deploys", "socket writes"),
+        "the app's send, runnable in its write: the reader woken has the CPU",
+        ("idle", "runnable after a send"),
         *REPLY,
         f"send ({ROOT}service/apply.py:240)",
         f"Bus.send ({ROOT}adapters/servicebus.py:57)",
@@ -108,8 +108,8 @@ CASES = [
         f"Invoker._invocation ({ROOT}devstack/host/invoke.py:230)",
     ),
     case(
-        "the host's receive, its socket write included",
-        ("dev_host", "receive"),
+        "the host's receive, runnable in its write",
+        ("idle", "runnable after a send"),
         *LOOP,
         f"_Slot.run ({ROOT}devstack/host/servicebus_runner.py:272)",
         f"ServiceBusReceiver.receive_messages ({SITE}azure/servicebus/aio/_receiver.py:702)",
@@ -137,10 +137,9 @@ CASES = [
     ),
     case(
         "aiohttp's writer task: only the app makes HTTP requests",
-        ("deploys", "socket writes"),
+        ("deploys", "HTTP (aiohttp, azure-core)"),
         *LOOP,
         f"ClientRequest.write_bytes ({SITE}aiohttp/client_reqrep.py:1594)",
-        f"_SelectorSocketTransport.write ({PY}asyncio/selector_events.py:1040)",
     ),
     case(
         "an AMQP read in a task of its own names no owner",
