@@ -2138,11 +2138,11 @@ def _accessed_symbol(expr: Any) -> str | None:
 
 @_checked
 def check_archive(layout: Layout) -> list[str]:
-    """The archive of purged orders: the Blob Data Contributor role is granted only on the
-    container ARCHIVE_CONTAINER names (the narrowest scope), and a lifecycle rule moves that
-    container's block blobs to cool storage."""
+    """The archive of purged orders (the operations app's: the retention purge runs there): the
+    Blob Data Contributor role is granted only on the container ARCHIVE_CONTAINER names (the
+    narrowest scope), and a lifecycle rule moves that container's block blobs to cool storage."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra.bind(PATTERN))
+    settings = function_app_settings(infra.bind(OPERATIONS))
     container = settings.get(ARCHIVE_CONTAINER_SETTING)
     problems = []
     scoped = 0

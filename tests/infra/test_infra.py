@@ -75,13 +75,19 @@ def test_code_facts_cover_the_settings_contract(facts):
     assert set(checks.FORBIDDEN_SETTINGS).isdisjoint(required)
     assert facts.binding_connections == {SERVICEBUS_CONNECTION}
     assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
+    # The pattern app's code touches no blob: the retention purge is the operations app's.
     assert facts.storage_name_settings == {
+        "ORDERS_TABLE": "table",
+        "ACTIVE_ORDERS_TABLE": "table",
+        "SUPERVISION_TABLE": "table",
+    }
+    assert set(facts.storage_name_settings) <= required
+    assert operations.storage_name_settings == {
         "ORDERS_TABLE": "table",
         "ACTIVE_ORDERS_TABLE": "table",
         "SUPERVISION_TABLE": "table",
         "ARCHIVE_CONTAINER": "container",
     }
-    assert set(facts.storage_name_settings) <= required
     # The metrics the Supervisor alerts query, as one tick records them.
     assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
     assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
@@ -214,8 +220,14 @@ def test_the_operations_are_read_from_the_code(facts):
         }
         assert ("queue", "send", "AGENT_RESPONSES_QUEUE") in agent_ops
     assert ("table", "write", "SUPERVISION_TABLE") in ops("supervisor")
-    assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
+    # The retention purge is the operations app's, beside the operator API's purge: the pattern
+    # app's code touches no blob at all.
+    assert "retention_purge" in operations.accesses
+    assert {("blob", "write", "ARCHIVE_CONTAINER"), ("table", "write", "ORDERS_TABLE")} <= ops(
+        "retention_purge"
+    )
     assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("show_archived_order")
+    assert not any(a.service == "blob" for ops_ in pattern.accesses.values() for a in ops_)
     assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("acknowledge_alert")
     assert {a.resource[1] for a in operations.accesses["list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()

@@ -360,13 +360,7 @@ MUTATIONS = [
     Mutation(
         "archive role dropped",
         RBAC,
-        lambda text: sub(
-            r"resource patternArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", ""
-        )(
-            sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
-                text
-            )
-        ),
+        sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
         "archive",
         "no Storage Blob Data Contributor on the archive container",
     ),
@@ -548,15 +542,14 @@ MUTATIONS = [
         for app, functions in (
             (
                 "pattern",
-                "retention_purge, scheduler_commands, scheduler_intake, scheduler_replies, "
-                "supervisor",
+                "scheduler_commands, scheduler_intake, scheduler_replies, supervisor",
             ),
             (
                 "operations",
                 "acknowledge_alert, bulk_cancel, bulk_resubmit, "
                 "cancel_order, list_orders, purge, "
                 "purge_dead_letters, replay_dead_letters, "
-                "resubmit_order",
+                "resubmit_order, retention_purge",
             ),
         )
     ),
@@ -584,21 +577,33 @@ MUTATIONS = [
         "data_roles",
         "operations app: acknowledge_alert, dashboard_summary,",
     ),
-    *(
-        Mutation(
-            f"both blob roles of the {app} app dropped",
-            RBAC,
-            lambda text, app=app: sub(
-                rf"resource {app}BlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}}\n", ""
-            )(
-                sub(rf"resource {app}ArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}}\n", "")(
-                    text
-                )
-            ),
-            "data_roles",
-            f"{app} app: {function}: writes container 'order-archive' (ARCHIVE_CONTAINER)",
-        )
-        for app, function in (("pattern", "retention_purge"), ("operations", "purge"))
+    # The retention purge (its timer, the operator API's purge and archive reads) is the
+    # operations app's: the archive role is its identity's alone.
+    Mutation(
+        "both blob roles of the operations app dropped: the purge could not archive",
+        RBAC,
+        lambda text: sub(r"resource operationsBlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+            sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+                text
+            )
+        ),
+        "data_roles",
+        "operations app: purge, retention_purge: writes container 'order-archive' "
+        "(ARCHIVE_CONTAINER)",
+    ),
+    Mutation(
+        "the pattern app granted the archive role again: nothing of its code archives",
+        RBAC,
+        extra_role(
+            "patternMetricsPublisher",
+            "patternArchiveBlobDataContributor",
+            "patternPrincipalId",
+            "storageBlobDataContributor",
+            "archiveContainer",
+        ),
+        "surplus_roles",
+        "pattern app: infra/app/rbac.bicep: patternArchiveBlobDataContributor grants Storage Blob "
+        "Data Contributor to its identity, but nothing in its code needs it",
     ),
     *(
         Mutation(
@@ -1601,6 +1606,7 @@ CODE_MUTATIONS = [
         ),
         "storage_names",
         "container exports is used but the storage module does not declare it",
+        checks.OPERATIONS,
     ),
     CodeMutation(
         "the purge writes through the Table client to a table the storage module lacks",
@@ -1613,6 +1619,7 @@ CODE_MUTATIONS = [
         ),
         "storage_names",
         "table exports is used but the storage module does not declare it",
+        checks.OPERATIONS,
     ),
     CodeMutation(
         "a table call the role check does not know",
