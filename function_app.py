@@ -7,11 +7,11 @@ API, the dashboard and the retention purge are the operations app's (operations_
 deployed beside this one from the same package. Queue names, the Supervisor's schedule and
 connections are app settings (`%NAME%`). Telemetry is configured first: export to
 Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set, nothing otherwise.
-Then the settings are checked, so a host with a wrong one fails to load the app, naming every
-wrong setting, instead of failing (and dead-lettering) every message it receives. The settings
-checked make the process's composition root (:mod:`service.composition`: its Runtime, built on
-the first invocation), handed to every blueprint; tests :func:`build` the app on a root of
-their own.
+Then the settings are checked (this app's: not the retention purge's), so a host with a wrong
+one fails to load the app, naming every wrong setting, instead of failing (and dead-lettering)
+every message it receives. The settings checked make the process's composition root
+(:mod:`service.composition`: its Runtime, built on the first invocation), handed to every
+blueprint; tests :func:`build` the app on a root of their own.
 """
 
 import azure.functions as func
@@ -33,4 +33,4 @@ def build(root: PatternRoot) -> func.FunctionApp:
 
 
 telemetry.configure()
-app = build(PatternRoot(Settings.check_on_load()))
+app = build(PatternRoot(Settings.check_on_load(retention=False)))

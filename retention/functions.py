@@ -45,7 +45,7 @@ def blueprint(root: OperationsRoot) -> func.Blueprint:
     @bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
     async def retention_purge(timer: func.TimerRequest) -> None:
         rt = root.runtime()
-        if rt.settings.retention_days == 0:
+        if rt.settings.retention.days == 0:
             log.info("retention purge is off (RETENTION_DAYS = 0)")
             return
         await purge(rt, root.archive())
@@ -60,7 +60,7 @@ async def purge(rt: Runtime, archive: Archive) -> None:
             rt.store,
             archive,
             PurgeRequest(
-                older_than=timedelta(days=rt.settings.retention_days),
+                older_than=timedelta(days=rt.settings.retention.days),
                 requested_by=rt.actor("retention"),
                 budget=RUN_BUDGET,
             ),

@@ -39,10 +39,14 @@ class Root:
         invocations on the loop never build two)."""
         with self._lock:
             if self._runtime is None:
-                settings = self._settings or Settings.from_env()
+                settings = self._settings or self.read_settings()
                 self._runtime = Runtime.from_settings(settings, **self._overrides)
                 log.info("runtime ready as %s", self._runtime.instance_id)
             return self._runtime
+
+    def read_settings(self) -> Settings:
+        """The environment's settings, read on first use when the load checked none."""
+        return Settings.from_env()
 
     async def close(self) -> None:
         """Close what was opened (a host stopping, a test ending), on the functions' loop."""
@@ -54,3 +58,7 @@ class Root:
 
 class PatternRoot(Root):
     """The pattern app's: the Runtime its Scheduler, Agents and Supervisor share."""
+
+    def read_settings(self) -> Settings:
+        """The pattern app's: not the retention purge's (the operations app runs it)."""
+        return Settings.from_env(retention=False)

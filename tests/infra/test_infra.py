@@ -40,6 +40,14 @@ def assert_clean(problems: list[str]) -> None:
 # ------------------------------------------------------- what the code reads (the oracle)
 
 
+RETENTION_SETTINGS = {
+    "RETENTION_DAYS",
+    "PURGE_SCHEDULE",
+    "ARCHIVE_CONTAINER",
+    f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
+}
+
+
 def test_code_facts_cover_the_settings_contract(facts):
     """The oracle the checks compare against really reflects adapters/settings.py and the bindings
     (if the recording trick broke, every other check would pass vacuously)."""
@@ -63,11 +71,7 @@ def test_code_facts_cover_the_settings_contract(facts):
         f"{SERVICEBUS_CONNECTION}__credential",
         f"{SERVICEBUS_CONNECTION}__clientId",
         f"{STATE_STORAGE_CONNECTION}__tableServiceUri",
-        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
         f"{STATE_STORAGE_CONNECTION}__clientId",
-        "RETENTION_DAYS",
-        "PURGE_SCHEDULE",
-        "ARCHIVE_CONTAINER",
     } <= required
     assert not required & {SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION}, "secrets"
     # The Supervisor's leases are table rows: no lease container any more.
@@ -91,9 +95,12 @@ def test_code_facts_cover_the_settings_contract(facts):
     # The metrics the Supervisor alerts query, as one tick records them.
     assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
     assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
-    # The operations app reads the same settings but binds no trigger: the host reads no
-    # connection of its own for it.
-    assert operations.required_settings == required - {f"{SERVICEBUS_CONNECTION}__credential"}
+    # The operations app reads the same settings and the retention purge's (the purge runs
+    # there: the pattern app reads none of them), and binds no Service Bus trigger: the host
+    # reads no connection of its own for it.
+    assert operations.required_settings - required == RETENTION_SETTINGS
+    assert not required & RETENTION_SETTINGS
+    assert required - operations.required_settings == {f"{SERVICEBUS_CONNECTION}__credential"}
     assert operations.binding_connections == set() and operations.trigger_queue_settings == set()
 
 
@@ -131,6 +138,7 @@ def test_tables_and_containers_are_declared_and_used(layout, facts):
     assert_clean(checks.check_storage_names(layout, facts))
     infra = checks.Infra.load(layout)
     settings = checks.function_app_settings(infra.bind(checks.PATTERN))
+    operations = checks.function_app_settings(infra.bind(checks.OPERATIONS))
     tables = set()
     for bicep, symbol, resource in infra.resources(
         "Microsoft.Storage/storageAccounts/tableServices/tables"
@@ -146,13 +154,14 @@ def test_tables_and_containers_are_declared_and_used(layout, facts):
     assert containers == {"app-package", "operations-package", "order-archive"}, (
         "no lease container"
     )
-    assert settings["ARCHIVE_CONTAINER"] == "order-archive"
+    assert operations["ARCHIVE_CONTAINER"] == "order-archive"
+    assert "ARCHIVE_CONTAINER" not in settings, "the pattern app archives nothing"
 
 
 def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
     assert_clean(checks.check_archive(layout))
     infra = checks.Infra.load(layout)
-    settings = checks.function_app_settings(infra.bind(checks.PATTERN))
+    settings = checks.function_app_settings(infra.bind(checks.OPERATIONS))
     assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
     days = infra.main.params["retentionDays"]
     # What adapters/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.

@@ -334,14 +334,34 @@ MUTATIONS = [
         MAIN,
         replace("  StateStorage__blobServiceUri: storage.outputs.blobEndpoint\n", ""),
         "app_settings",
-        "app setting StateStorage__blobServiceUri is read by the code but not set in infra",
+        "operations app: app setting StateStorage__blobServiceUri is read by the code but not set",
     ),
     Mutation(
         "retention setting not set",
         MAIN,
         replace("  RETENTION_DAYS: string(retentionDays)\n", ""),
         "app_settings",
-        "app setting RETENTION_DAYS is read by the code but not set in infra",
+        "operations app: app setting RETENTION_DAYS is read by the code but not set in infra",
+    ),
+    # The retention purge's settings are the operations app's: the pattern app reads none.
+    Mutation(
+        "the pattern app given the retention purge's settings",
+        MAIN,
+        replace(
+            "    appSettings: union(appSettings, {\n      ServiceBusConnection__credential",
+            "    appSettings: union(appSettings, retentionSettings, {\n"
+            "      ServiceBusConnection__credential",
+        ),
+        "app_settings",
+        "pattern app: app setting ARCHIVE_CONTAINER is set in infra but must not be: nothing in "
+        "the code or the host reads it",
+    ),
+    Mutation(
+        "the operations app not given the retention purge's settings",
+        MAIN,
+        replace("union(appSettings, retentionSettings, {", "union(appSettings, {"),
+        "app_settings",
+        "operations app: app setting PURGE_SCHEDULE is read by the code but not set in infra",
     ),
     Mutation(
         "archive container renamed in the app settings only",

@@ -140,10 +140,14 @@ async def test_a_root_of_no_checked_settings_reads_the_environment_at_first_use(
     monkeypatch: pytest.MonkeyPatch, made
 ) -> None:
     root = PatternRoot(None)  # a tool that only indexes the functions: nothing was checked
-    for name, value in (app_env() | {"FAILURE_THRESHOLD": "7"}).items():
+    operations = OperationsRoot(None)
+    for name, value in (app_env() | {"FAILURE_THRESHOLD": "7", "RETENTION_DAYS": "9"}).items():
         monkeypatch.setenv(name, value)
     assert root.runtime().settings.failure_threshold == 7
+    assert root.runtime().settings.retention_config is None, "the purge is the operations app's"
+    assert operations.runtime().settings.retention.days == 9
     await root.close()
+    await operations.close()
 
 
 async def test_the_operations_root_shares_one_context_and_closes_it_with_the_summary(
