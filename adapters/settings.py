@@ -292,7 +292,7 @@ class Settings:
         """The settings in ``env`` (default: the process environment), every one checked; a
         SettingsError names every wrong or missing setting at once, not only the first.
         ``retention``: the retention purge's too (the operations app's and the tools'); the
-        pattern app reads them not, so nothing of the purge is set for it."""
+        pattern app reads none of them, so nothing of the purge is set for it."""
         values = os.environ if env is None else env
         model = RetentionAppSettings if retention else AppSettings
         try:
