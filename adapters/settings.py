@@ -5,12 +5,15 @@ clients authenticate with the app's managed identity; locally they come from
 local.settings.json or the environment and clients use connection strings. This module is the
 one place that decides which.
 
-The settings are one pydantic-settings model, a field per setting named as the setting, each
+The settings are a pydantic-settings model, a field per setting named as the setting, each
 read by its kind (:mod:`adapters.setting_values`): every wrong or missing setting is named at
-once, in one SettingsError. :class:`Settings` is what the app uses, with everything derived from
-it (the tuned workflows, the keyring, the Supervisor's period) built when it is made, so a host
-whose settings the app cannot honour refuses to load (:meth:`Settings.check_on_load`) instead
-of failing every message later.
+once, in one SettingsError. Each app reads the settings its code uses: the pattern app those of
+:data:`AppSettings`, the operations app (and the tools) those and the retention purge's
+(:class:`RetentionAppSettings`: the purge runs there), so infra/ sets each app what it reads.
+:class:`Settings` is what the app uses, with everything derived from it (the tuned workflows,
+the keyring, the Supervisor's period) built when it is made, so a host whose settings the app
+cannot honour refuses to load (:meth:`Settings.check_on_load`) instead of failing every message
+later.
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ class Connection:
     """A connection string (local) or an endpoint reached with a managed identity (Azure).
 
     For the state storage account, ``endpoint`` is the table service and ``blob_endpoint`` the
-    blob service (the purge's archive); a connection string names both.
+    blob service (the purge's archive: the operations app's only); a connection string names
+    both.
     """
 
     name: str
@@ -156,6 +160,19 @@ class ServiceLimits:
 
     timeout_s: float = DEFAULT_REMOTE_TIMEOUT.total_seconds()
     max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The retention purge's settings: the operations app's (its timer and the operator API's
+    purge run there)."""
+
+    days: int = DEFAULT_RETENTION_DAYS
+    """Days a finished order (Processed, or Error once resolved) is kept; 0: never purged by
+    the timer (operators may still purge on demand)."""
+    schedule: str = DEFAULT_PURGE_SCHEDULE
+    container: str = DEFAULT_ARCHIVE_CONTAINER
+    """The archive's blob container, in the state storage account."""
 
 
 @dataclass(frozen=True)
@@ -186,11 +203,8 @@ class Settings:
     stamped only once its own clock is past it by more than this (domain.events.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
-    retention_days: int = DEFAULT_RETENTION_DAYS
-    """Days a finished order (Processed, or Error once resolved) is kept; 0: never purged by
-    the timer (operators may still purge on demand)."""
-    purge_schedule: str = DEFAULT_PURGE_SCHEDULE
-    archive_container: str = DEFAULT_ARCHIVE_CONTAINER
+    retention_config: Retention | None = None
+    """The retention purge's settings; None in the pattern app's, which purges nothing."""
     signing_keys: signing.Keyring | None = None
     """Keys the app signs its internal messages with (the first) and accepts (any); see
     :mod:`domain.signing`. None only in Settings built by hand for code that sends nothing."""
@@ -212,6 +226,16 @@ class Settings:
         if self.signing_keys is None:
             raise SettingsError(f"{signing.SIGNING_KEYS_SETTING} is not configured")
         return self.signing_keys
+
+    @property
+    def retention(self) -> Retention:
+        if self.retention_config is None:
+            raise SettingsError(
+                "the retention purge's settings (RETENTION_DAYS, PURGE_SCHEDULE, "
+                "ARCHIVE_CONTAINER) were not read: these are the pattern app's settings "
+                "(Settings.from_env(retention=False)), and the purge runs in the operations app"
+            )
+        return self.retention_config
 
     def queue(self, role: str) -> str:
         return self.queues[role]
@@ -264,28 +288,33 @@ class Settings:
         return dataclasses.replace(flow, steps=steps, retry=retry, failure_threshold=threshold)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, retention: bool = True) -> Settings:
         """The settings in ``env`` (default: the process environment), every one checked; a
-        SettingsError names every wrong or missing setting at once, not only the first."""
+        SettingsError names every wrong or missing setting at once, not only the first.
+        ``retention``: the retention purge's too (the operations app's and the tools'); the
+        pattern app reads none of them, so nothing of the purge is set for it."""
         values = os.environ if env is None else env
+        model = RetentionAppSettings if retention else AppSettings
         try:
-            environment = AppSettings(_build_sources=((_Given(AppSettings, values),), {}))
+            environment = model(_build_sources=((_Given(model, values),), {}))
         except ValidationError as errors:
             raise SettingsError(_listed(errors)) from None
         return cls(**environment.fields())
 
     @classmethod
-    def check_on_load(cls, env: Mapping[str, str] | None = None) -> Settings | None:
+    def check_on_load(
+        cls, env: Mapping[str, str] | None = None, *, retention: bool = True
+    ) -> Settings | None:
         """Called when the app is loaded: where ``env`` (default: the process environment)
         configures the app (it names one of its connections: a Functions host, in Azure or
         locally), wrong settings stop the load with every problem named, instead of failing
         every message later, and the settings are returned: the app's composition root builds
         on them. Elsewhere (a tool that only indexes the functions) there is nothing to check:
-        None."""
+        None. ``retention``: as :meth:`from_env`."""
         values = os.environ if env is None else env
         if not any(name.startswith(CONNECTION_NAMES) for name in values):
             return None
-        return cls.from_env(values)
+        return cls.from_env(values, retention=retention)
 
 
 def purge_schedule(env: Mapping[str, str]) -> str:
@@ -337,7 +366,6 @@ class _AppSettingsBase(BaseSettings):
     ServiceBusConnection: Annotated[Connection | None, Field(validate_default=True)] = None
     MESSAGE_SIGNING_KEYS: Annotated[signing.Keyring | None, Field(validate_default=True)] = None
     StateStorage__tableServiceUri: Annotated[str | None, reader(plain)] = None
-    StateStorage__blobServiceUri: Annotated[str | None, reader(plain)] = None
     StateStorage__clientId: Annotated[str | None, reader(plain)] = None
     StateStorage: Annotated[Connection | None, Field(validate_default=True)] = None
     REMOTE_TIMEOUT_SECONDS: Annotated[timedelta, reader(_CALL)] = DEFAULT_REMOTE_TIMEOUT
@@ -359,9 +387,6 @@ class _AppSettingsBase(BaseSettings):
     ] = DEFAULT_COMPENSATION_WARN_AFTER
     CLOCK_SKEW_TOLERANCE_SECONDS: Annotated[timedelta, reader(_SKEW)] = DEFAULT_SKEW
     WORKFLOW_VERSIONS: Annotated[dict[str, int], reader(workflow_versions)] = {}
-    RETENTION_DAYS: Annotated[int, reader(_RETENTION)] = DEFAULT_RETENTION_DAYS
-    PURGE_SCHEDULE: Annotated[str, reader(ncrontab)] = DEFAULT_PURGE_SCHEDULE
-    ARCHIVE_CONTAINER: Annotated[str, reader(container_name)] = DEFAULT_ARCHIVE_CONTAINER
 
     @field_validator(SERVICEBUS_CONNECTION, mode="before")
     @classmethod
@@ -409,22 +434,13 @@ class _AppSettingsBase(BaseSettings):
         name = STATE_STORAGE_CONNECTION
         text = value.strip() if isinstance(value, str) else ""
         table = info.data.get(f"{name}__tableServiceUri")
-        blob = info.data.get(f"{name}__blobServiceUri")
         if text:
             return Connection(name, connection_string=text)
-        if table and blob:
-            client_id = info.data[f"{name}__clientId"]
-            return Connection(name, endpoint=table, blob_endpoint=blob, client_id=client_id)
         if table:
-            raise refusal(
-                f"{name}__blobServiceUri is not set: with a managed identity the state storage "
-                f"needs its blob service too (the purge archives finished orders there), e.g. "
-                "https://<account>.blob.core.windows.net/"
-            )
+            return Connection(name, endpoint=table, client_id=info.data[f"{name}__clientId"])
         raise refusal(
             f"state storage {name} is not configured: set {name} to a connection string (local) "
-            f"or {name}__tableServiceUri and {name}__blobServiceUri (+ {name}__clientId) for a "
-            "managed identity (Azure)"
+            f"or {name}__tableServiceUri (+ {name}__clientId) for a managed identity (Azure)"
         )
 
     @field_validator("COMPENSATION_WARN_AFTER_SECONDS")
@@ -464,9 +480,6 @@ class _AppSettingsBase(BaseSettings):
             compensation_warn_after=self.COMPENSATION_WARN_AFTER_SECONDS,
             clock_skew=self.CLOCK_SKEW_TOLERANCE_SECONDS,
             workflow_versions=self.WORKFLOW_VERSIONS,
-            retention_days=self.RETENTION_DAYS,
-            purge_schedule=self.PURGE_SCHEDULE,
-            archive_container=self.ARCHIVE_CONTAINER,
             signing_keys=self.MESSAGE_SIGNING_KEYS,
             remote_limits=ServiceLimits(
                 self.REMOTE_TIMEOUT_SECONDS.total_seconds(), self.REMOTE_MAX_CONNECTIONS
@@ -481,7 +494,41 @@ AppSettings = create_model(
     **{name: (Annotated[str, reader(http_url)], ...) for name in SERVICE_URL_SETTINGS.values()},
 )
 """The app settings model: the base's fields and, required, the queue and service URL
-settings the agent catalog names (one of each per agent)."""
+settings the agent catalog names (one of each per agent). What every app reads: the pattern app
+reads these alone."""
+
+
+class RetentionAppSettings(AppSettings):  # type: ignore[misc,valid-type]
+    """:data:`AppSettings` and the retention purge's: what the operations app reads (the
+    purge's timer and the operator API's purge and archive reads run there), and the tools."""
+
+    StateStorage__blobServiceUri: Annotated[
+        str | None, reader(plain), Field(validate_default=True)
+    ] = None
+    RETENTION_DAYS: Annotated[int, reader(_RETENTION)] = DEFAULT_RETENTION_DAYS
+    PURGE_SCHEDULE: Annotated[str, reader(ncrontab)] = DEFAULT_PURGE_SCHEDULE
+    ARCHIVE_CONTAINER: Annotated[str, reader(container_name)] = DEFAULT_ARCHIVE_CONTAINER
+
+    @field_validator(f"{STATE_STORAGE_CONNECTION}__blobServiceUri")
+    @classmethod
+    def _blob_service(cls, value: str | None, info: ValidationInfo) -> str | None:
+        storage = info.data.get(STATE_STORAGE_CONNECTION)
+        if value or storage is None or storage.connection_string:
+            return value  # a connection string names the blob service (or no storage to name)
+        name = STATE_STORAGE_CONNECTION
+        raise refusal(
+            f"{name}__blobServiceUri is not set: with a managed identity the retention purge "
+            f"needs the state storage's blob service too (it archives finished orders there), "
+            "e.g. https://<account>.blob.core.windows.net/"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        storage = self.StateStorage
+        blob = self.StateStorage__blobServiceUri
+        if storage is not None and storage.connection_string is None:
+            storage = dataclasses.replace(storage, blob_endpoint=blob)
+        retention = Retention(self.RETENTION_DAYS, self.PURGE_SCHEDULE, self.ARCHIVE_CONTAINER)
+        return super().fields() | {"storage": storage, "retention_config": retention}
 
 
 class _Given(PydanticBaseSettingsSource):

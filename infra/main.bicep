@@ -7,10 +7,11 @@
 // connection is Microsoft Entra ID with a user-assigned managed identity.
 //
 // Two function apps, from one package (docs/architecture.md, Two apps): the pattern app
-// (function_app.py: the Scheduler, the Agents, the Supervisor, the retention purge; Service Bus
-// and timer triggers only, no HTTP function) and the operations app (operations_app.py, chosen
-// by the Python worker's PYTHON_SCRIPT_FILE_NAME: the operator API and the dashboard). Each runs
-// as an identity of its own, with the roles its own code needs (app/rbac.bicep).
+// (function_app.py: the Scheduler, the Agents, the Supervisor; Service Bus and timer triggers
+// only, no HTTP function) and the operations app (operations_app.py, chosen by the Python
+// worker's PYTHON_SCRIPT_FILE_NAME: the operator API, the dashboard and the retention purge).
+// Each runs as an identity of its own, with the settings and the roles its own code needs
+// (app/rbac.bicep).
 //
 // tests/infra checks this template offline against the code: every app setting the code reads
 // is set below and nothing else is, queue and table names agree with the Service Bus and
@@ -414,16 +415,15 @@ module workbook 'app/workbook.bicep' = {
 }
 
 // Every app setting the code of both apps reads (adapters/settings.py, the %NAME% binding
-// expressions). Each app's identity (the connections' __clientId) and the Functions host's own
-// settings (AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*) are added in app/function.bicep.
+// expressions); retentionSettings, the operations app's alone. Each app's identity (the
+// connections' __clientId) and the Functions host's own settings (AzureWebJobsStorage__*,
+// APPLICATIONINSIGHTS_*) are added in app/function.bicep.
 var appSettings = {
   // Service Bus, through the app's managed identity (no connection string anywhere);
   // adapters/settings.py reads the namespace and the client id.
   ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
-  // The state store, through the app's managed identity: its tables, and its blobs for the
-  // archive of purged orders.
+  // The state store's tables, through the app's managed identity.
   StateStorage__tableServiceUri: storage.outputs.tableEndpoint
-  StateStorage__blobServiceUri: storage.outputs.blobEndpoint
   // Queues: names declared in app/servicebus.bicep and devstack/servicebus/Config.json.
   ORDERS_QUEUE: 'orders'
   SCHEDULER_COMMANDS_QUEUE: 'scheduler-commands'
@@ -436,8 +436,6 @@ var appSettings = {
   ORDERS_TABLE: 'orders'
   ACTIVE_ORDERS_TABLE: 'activeorders'
   SUPERVISION_TABLE: 'supervision'
-  // The archive of purged orders: declared in app/storage.bicep.
-  ARCHIVE_CONTAINER: 'order-archive'
   // The remote services the agents call.
   INVENTORY_SERVICE_URL: inventoryServiceUrl
   PAYMENT_SERVICE_URL: paymentServiceUrl
@@ -458,12 +456,21 @@ var appSettings = {
   REMOTE_TIMEOUT_SECONDS: remoteTimeoutSeconds
   REMOTE_MAX_CONNECTIONS: remoteMaxConnections
   WORKFLOW_VERSIONS: workflowVersions
-  // Retention: what the code accepts is what the parameters allow (0-3650 days).
-  RETENTION_DAYS: string(retentionDays)
-  PURGE_SCHEDULE: purgeSchedule
   // The keys internal messages are signed with: a Key Vault reference, resolved by the
   // platform with the app identity (function.bicep sets keyVaultReferenceIdentity).
   MESSAGE_SIGNING_KEYS: '@Microsoft.KeyVault(SecretUri=${keyVault.outputs.signingKeysSecretUri})'
+}
+
+// The retention purge's settings: the operations app's alone (its timer and POST /api/purge run
+// there; the pattern app's code reads none of them).
+var retentionSettings = {
+  // The state store's blobs, through the app's managed identity: the archive of purged orders.
+  StateStorage__blobServiceUri: storage.outputs.blobEndpoint
+  // The archive of purged orders: declared in app/storage.bicep.
+  ARCHIVE_CONTAINER: 'order-archive'
+  // What the code accepts is what the parameters allow (0-3650 days).
+  RETENTION_DAYS: string(retentionDays)
+  PURGE_SCHEDULE: purgeSchedule
 }
 
 module rbac 'app/rbac.bicep' = {
@@ -484,7 +491,7 @@ module rbac 'app/rbac.bicep' = {
     submitQueueName: appSettings.ORDERS_QUEUE
     ordersTableName: appSettings.ORDERS_TABLE
     activeTableName: appSettings.ACTIVE_ORDERS_TABLE
-    archiveContainerName: appSettings.ARCHIVE_CONTAINER
+    archiveContainerName: retentionSettings.ARCHIVE_CONTAINER
   }
 }
 
@@ -526,8 +533,8 @@ module pattern 'app/function.bicep' = {
 }
 
 // The operations app: the same package, its entry chosen by the Python worker's
-// PYTHON_SCRIPT_FILE_NAME, so its instances import only the operator surface. App Service
-// Authentication signs operators in here; the pattern app serves no HTTP.
+// PYTHON_SCRIPT_FILE_NAME, so its instances import only the operator surface and the retention
+// purge. App Service Authentication signs operators in here; the pattern app serves no HTTP.
 module operations 'app/function.bicep' = {
   name: 'operations-app'
   scope: rg
@@ -551,7 +558,7 @@ module operations 'app/function.bicep' = {
     storageAccountName: storage.outputs.name
     deploymentContainerName: operationsPackageContainer
     appInsightsName: monitoring.outputs.appInsightsName
-    appSettings: union(appSettings, {
+    appSettings: union(appSettings, retentionSettings, {
       PYTHON_SCRIPT_FILE_NAME: 'operations_app.py'
     })
     maximumInstanceCount: operationsMaximumInstanceCount

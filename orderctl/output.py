@@ -26,7 +26,7 @@ class _Shape(BaseModel):
 class ComponentView(_Shape):
     name: str = Field(
         description="azurite, broker, fakes, host-0, host-1, ... (the pattern app), operations "
-        "(the operations app: operator HTTP API, dashboard)"
+        "(the operations app: operator HTTP API, dashboard, retention timer)"
     )
     pid: int = Field(description="0 while it is down (being restarted)")
     running: bool

@@ -1,1 +1,1 @@
-"""Retention: the timer that purges finished orders past the retention period."""
+"""Retention: the operations app's timer that purges finished orders past the retention period."""

@@ -1,14 +1,20 @@
-"""The retention purge as a timer-triggered function (schedule: the PURGE_SCHEDULE setting).
+"""The retention purge as a timer-triggered function (schedule: the PURGE_SCHEDULE setting) of
+the operations app, beside the operator API's on-demand purge (``POST /api/purge``).
 
 Each run archives and deletes the finished orders (Processed, and Error once resolved) last
 changed more than RETENTION_DAYS ago (:mod:`service.purge`), within a time budget; what is left
 waits for the next run. RETENTION_DAYS = 0 turns the timer's purge off.
 
+It is housekeeping, not the pattern: it runs in the operations app, so the pattern app's
+instances, which scale out with the queues, never load the purge or the archive, and its
+identity holds no role on the archive (docs/decisions/005-two-apps-one-package.md).
+
 The schedule is read from the environment when the app is indexed (the Functions host and the
 local host both export the app settings before importing the app), so a missing setting means
 the default (daily at 02:30 UTC) rather than a host that refuses to start, and a malformed one
 stops the host with a message naming it (:func:`adapters.settings.purge_schedule`). The Runtime
-and the archive are the composition root's (:mod:`service.composition`).
+and the archive are the operations app's composition root's
+(:mod:`service.operations.composition`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import azure.functions as func
 from adapters.archive import Archive
 from adapters.settings import purge_schedule
 from adapters.telemetry import tracer
-from service.composition import PatternRoot
+from service.operations.composition import OperationsRoot
 from service.purge import PurgeRequest, run_purge
 from service.runtime import Runtime
 
@@ -33,13 +39,13 @@ RUN_BUDGET: Final = timedelta(minutes=8)
 log = logging.getLogger("retention")
 
 
-def blueprint(root: PatternRoot) -> func.Blueprint:
+def blueprint(root: OperationsRoot) -> func.Blueprint:
     bp = func.Blueprint()
 
     @bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
     async def retention_purge(timer: func.TimerRequest) -> None:
         rt = root.runtime()
-        if rt.settings.retention_days == 0:
+        if rt.settings.retention.days == 0:
             log.info("retention purge is off (RETENTION_DAYS = 0)")
             return
         await purge(rt, root.archive())
@@ -54,7 +60,7 @@ async def purge(rt: Runtime, archive: Archive) -> None:
             rt.store,
             archive,
             PurgeRequest(
-                older_than=timedelta(days=rt.settings.retention_days),
+                older_than=timedelta(days=rt.settings.retention.days),
                 requested_by=rt.actor("retention"),
                 budget=RUN_BUDGET,
             ),

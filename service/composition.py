@@ -6,7 +6,7 @@ module holds the pattern app's (function_app.py hands it to each blueprint);
 A root is made when the app is imported and opens nothing then. Its Runtime (with the breakers
 and the reply queues that refused lately) is built on the first invocation, from the settings
 the load checked, and its clients connect on first use, on the event loop the functions run on:
-the one they belong to. What else the app keeps open (the purge's archive; the operator
+the one they belong to. What else the app keeps open (the operations app's archive and operator
 context) is opened the same way, by the root. A test makes a root of its own on its settings
 (its instance id and clock too), so nothing is shared between tests and nothing in what deploys
 keeps a module-level instance of its own.
@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from adapters.archive import BlobArchive
 from adapters.settings import Settings
-from service.purge import open_archive
 from service.runtime import Runtime
 
 log = logging.getLogger("runtime")
@@ -41,10 +39,14 @@ class Root:
         invocations on the loop never build two)."""
         with self._lock:
             if self._runtime is None:
-                settings = self._settings or Settings.from_env()
+                settings = self._settings or self.read_settings()
                 self._runtime = Runtime.from_settings(settings, **self._overrides)
                 log.info("runtime ready as %s", self._runtime.instance_id)
             return self._runtime
+
+    def read_settings(self) -> Settings:
+        """The environment's settings, read on first use when the load checked none."""
+        return Settings.from_env()
 
     async def close(self) -> None:
         """Close what was opened (a host stopping, a test ending), on the functions' loop."""
@@ -55,23 +57,8 @@ class Root:
 
 
 class PatternRoot(Root):
-    """The pattern app's: the Runtime, and the retention purge's archive."""
+    """The pattern app's: the Runtime its Scheduler, Agents and Supervisor share."""
 
-    def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
-        super().__init__(settings, **overrides)
-        self._archive: BlobArchive | None = None
-
-    def archive(self) -> BlobArchive:
-        """The archive of the Runtime's storage account, opened on first use."""
-        rt = self.runtime()
-        with self._lock:
-            if self._archive is None:
-                self._archive = open_archive(rt.settings)
-            return self._archive
-
-    async def close(self) -> None:
-        with self._lock:
-            archive, self._archive = self._archive, None
-        if archive is not None:
-            await archive.close()
-        await super().close()
+    def read_settings(self) -> Settings:
+        """The pattern app's: not the retention purge's (the operations app runs it)."""
+        return Settings.from_env(retention=False)

@@ -255,4 +255,4 @@ def open_archive(settings: Settings, kind: type[A] = BlobArchive) -> A:  # type:
     """The archive container of the state storage account, as ``kind`` (the operations app
     reads it back: :class:`adapters.archive_reading.ReadableBlobArchive`); close it when done."""
     service = clients.blob_service(settings.storage)
-    return kind(service.get_container_client(settings.archive_container), owner=service)
+    return kind(service.get_container_client(settings.retention.container), owner=service)

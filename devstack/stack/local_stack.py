@@ -1,7 +1,7 @@
 """The whole pattern on one machine: Azurite, the broker, the fake services and host processes:
-``host-N`` run the pattern app (function_app.py: the Scheduler, the Agents, the Supervisor, the
-retention purge), ``operations`` runs the operations app (operations_app.py: the operator HTTP
-API and the dashboard), one host process per app, as Azure runs them apart.
+``host-N`` run the pattern app (function_app.py: the Scheduler, the Agents, the Supervisor),
+``operations`` runs the operations app (operations_app.py: the operator HTTP API, the dashboard
+and the retention purge's timer), one host process per app, as Azure runs them apart.
 
 `await LocalStack.start()` brings each up, waits until it answers, creates the tables the
 settings name (with the app's async store), and writes `<workdir>/stack.json` (settings, ports,
@@ -56,7 +56,7 @@ STATE_FILE = "stack.json"
 STORAGE_PROXY = "storage-proxy"
 STORAGE_PROXY_STATS = f"{STORAGE_PROXY}.stats.json"
 OPERATIONS = "operations"
-"""The operations app's host: the operator HTTP API and the dashboard."""
+"""The operations app's host: the operator HTTP API, the dashboard and the retention timer."""
 STORAGE_SETTINGS = ("StateStorage", "AzureWebJobsStorage")
 DEFAULT_WORKDIR = processes.REPO_ROOT / ".devstack"
 TELEMETRY_SETTING = "TELEMETRY_DIR"  # adapters.telemetry.TELEMETRY_DIR_SETTING
@@ -229,7 +229,7 @@ class LocalStack:
         for n in range(self.hosts):
             progress(f"starting functions host {n + 1} of {self.hosts} (the pattern app)")
             self._start_host(n)
-        progress("starting the operations app's host (operator HTTP API, dashboard)")
+        progress("starting the operations app's host (operator HTTP API, dashboard, retention)")
         self._start_operations_first()
         api = re.search(r"http triggers at (\S+)", _read(self.workdir / f"{OPERATIONS}.log"))
         self.info.api_url = api.group(1) if api else ""

@@ -12,11 +12,6 @@
 //                                                    deployment package; Owner is the role the
 //                                                    Functions documentation requires for
 //                                                    identity-based host storage
-//   Storage Blob Data Contributor   archive container the purge (adapters/archive.py): the pattern
-//                                                    app's timer, and the operations app's POST
-//                                                    /api/purge and archive reads. Scoped to the
-//                                                    one container, the narrowest scope a role
-//                                                    assignment takes
 //   Storage Table Data Contributor  storage account  the state store tables (orders, active-order
 //                                                    index, the Supervisor's bucket leases); the
 //                                                    host's diagnostic events table
@@ -36,6 +31,14 @@
 //                                                    settle) of every queue
 //   Monitoring Metrics Publisher    App Insights     telemetry (traces, logs, the Supervisor's
 //                                                    metrics) with local auth off
+// The operations app's identity alone:
+//   Storage Blob Data Contributor   archive container the retention purge (adapters/archive.py):
+//                                                    its timer, POST /api/purge and the archive
+//                                                    reads. Scoped to the one container, the
+//                                                    narrowest scope a role assignment takes.
+//                                                    (Each host's Blob Data Owner above spans the
+//                                                    account, the archive too: the host storage
+//                                                    shares the account with the app's state.)
 // Each submitting application (submitterPrincipalIds):
 //   Azure Service Bus Data Sender   orders queue     submit orders; no other queue: the internal
 //                                                    queues take sends from the apps' identities
@@ -153,16 +156,6 @@ resource patternBlobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-0
   scope: storage
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
-    principalId: patternPrincipalId
-    principalType: 'ServicePrincipal'
-  }
-}
-
-resource patternArchiveBlobDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(archiveContainer.id, patternPrincipalId, roles.storageBlobDataContributor)
-  scope: archiveContainer
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataContributor)
     principalId: patternPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -4,7 +4,8 @@ queues (peeks and settling, :mod:`adapters.queues`), the orders table itself and
 One context per front end (the operator API and the dashboard summary, each held by the
 operations app's composition root, :mod:`service.operations.composition`; `orderctl`); its
 clients are built on first use (building awaits nothing, so calls on the event loop never build
-two) and closed with it.
+two) and closed with it. The operator API's archive is the root's, shared with the retention
+timer (the root closes it); any other context opens its own on first use.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from service.runtime import Runtime
 class OperatorContext:
     """``servicebus``: the client factory (default: the app's, with one quick retry);
     ``duplicate_window``: the queues' duplicate detection window (a replay waits it out);
-    ``sleep``: what a watch waits with between reads."""
+    ``sleep``: what a watch waits with between reads; ``archive``: where the archive comes
+    from, its owner closing it (default: the context opens its own, and closes it)."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class OperatorContext:
         servicebus: Callable[[], ServiceBusClient] | None = None,
         duplicate_window: timedelta = DUPLICATE_WINDOW,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        archive: Callable[[], ReadableArchive] | None = None,
     ) -> None:
         self.rt = rt
         self.duplicate_window = duplicate_window
@@ -48,11 +51,12 @@ class OperatorContext:
         )
         self.queues = QueueTools(factory)
         self._orders_table: Table | None = None
+        self._shared_archive = archive
         self._archive: ReadableArchive | None = None
 
     async def close(self) -> None:
         await self.queues.close()
-        if isinstance(self._archive, ReadableBlobArchive):
+        if self._shared_archive is None and isinstance(self._archive, ReadableBlobArchive):
             await self._archive.close()
         if self._orders_table is not None:
             await self._orders_table.close()
@@ -69,7 +73,10 @@ class OperatorContext:
 
     def archive(self) -> ReadableArchive:
         if self._archive is None:
-            self._archive = open_archive(self.rt.settings, ReadableBlobArchive)
+            opened = self._shared_archive
+            self._archive = (
+                opened() if opened else open_archive(self.rt.settings, ReadableBlobArchive)
+            )
         return self._archive
 
     def use_archive(self, store: ReadableArchive) -> None:

@@ -44,7 +44,7 @@ async def purge(
     only) or all. A dry run only counts. Never an order in flight."""
     actor = validation.operator_actor(operator)
     states = _states(state)
-    days = ctx.rt.settings.retention_days if older_than_days is None else older_than_days
+    days = ctx.rt.settings.retention.days if older_than_days is None else older_than_days
     if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 3650:
         if older_than_days is None:
             raise InvalidRequest(

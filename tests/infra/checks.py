@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -532,7 +533,8 @@ class CodeFacts:
     """What the app code reads, taken from the code (see :func:`code_facts`)."""
 
     settings_read: frozenset[str]
-    """Every setting name the settings module looked up with an identity-based configuration."""
+    """Every setting name the app's entry point looks up when it loads, with an identity-based
+    configuration (:func:`settings_read_on_load`)."""
     local_only: frozenset[str]
     """Connection-string settings: read locally, never set in Azure."""
     binding_settings: frozenset[str]
@@ -610,13 +612,57 @@ class _RecordingEnv(Mapping[str, str]):
 
 
 def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
-    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form."""
+    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form: every
+    setting either app may read (what each one does read: :func:`settings_read_on_load`)."""
     from adapters import settings as settings_module
 
     env, local_only = azure_environment(root)
     recorder = _RecordingEnv(env)
     settings_module.Settings.from_env(recorder)
     return recorder.read, local_only
+
+
+_SETTINGS_ON_LOAD_SCRIPT = """
+import json, sys
+from adapters import settings
+
+read = set()
+looked_up = settings._Given.get_field_value
+
+def recording(self, field, field_name):
+    read.add(field_name)
+    return looked_up(self, field, field_name)
+
+settings._Given.get_field_value = recording
+import ENTRY
+json.dump(sorted(read), sys.stdout)
+"""
+
+
+def settings_read_on_load(root: Path, app: App) -> set[str]:
+    """The settings ``app``'s entry point looks up when it loads (its check of the settings,
+    :meth:`adapters.settings.Settings.check_on_load`), in a fresh interpreter whose environment
+    is the Azure one (:func:`azure_environment`): the pattern app reads none of the retention
+    purge's, the operations app reads them too."""
+    from adapters.settings import CONNECTION_NAMES
+
+    env, _ = azure_environment(root)
+    settings = settings_read_by_code(root)[0] | env.keys()
+    # This process's environment (PATH, the venv) less any app setting a test may have set.
+    process = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in settings and not name.startswith(CONNECTION_NAMES)
+    }
+    read = _fresh_json(
+        _SETTINGS_ON_LOAD_SCRIPT.replace("ENTRY", app.entry),
+        root,
+        f"loading {app.entry} with the Azure settings",
+        env=process | env,
+    )
+    if not read:
+        raise CheckError(f"{app.entry} read no setting when it loaded: it checks none on load")
+    return set(read)
 
 
 def azure_environment(root: Path = REPO_ROOT) -> tuple[dict[str, str], set[str]]:
@@ -709,11 +755,13 @@ def route_entries(root: Path = REPO_ROOT) -> dict[str, tuple[str, int]]:
     return {name: (path, line) for name, (path, line) in found.items()}
 
 
-def _fresh_json(script: str, root: Path, what: str) -> Any:
-    """What ``script`` prints as JSON, run by a fresh interpreter in ``root``."""
+def _fresh_json(script: str, root: Path, what: str, env: Mapping[str, str] | None = None) -> Any:
+    """What ``script`` prints as JSON, run by a fresh interpreter in ``root`` (in ``env``:
+    default, this process's environment)."""
     result = subprocess.run(
         [sys.executable, "-c", script],
         cwd=root,
+        env=None if env is None else dict(env),
         capture_output=True,
         text=True,
         timeout=60,
@@ -767,12 +815,12 @@ def metrics_defined(root: Path = REPO_ROOT) -> tuple[frozenset[str], dict[str, f
 
 def code_facts(root: Path = REPO_ROOT) -> dict[str, CodeFacts]:
     """Each app's facts, by app name (:data:`APPS`)."""
-    read, local_only = settings_read_by_code(root)
+    _, local_only = settings_read_by_code(root)
     metrics = metrics_recorded_by_a_tick(root)
     metric_names, metric_attributes = metrics_defined(root)
     return {
         app.name: CodeFacts(
-            **_app_facts(root, app, read, local_only),
+            **_app_facts(root, app, settings_read_on_load(root, app), local_only),
             metrics=metrics,
             metric_names=metric_names,
             metric_attributes=metric_attributes,
@@ -1114,10 +1162,9 @@ def check_receiver_queues(layout: Layout, facts: Facts) -> list[str]:
 @_checked
 def check_storage_names(layout: Layout, facts: Facts) -> list[str]:
     """Tables and containers declared in the storage module are exactly those the code of
-    either app uses (through the settings that name them, or by a literal name) plus each app's
-    deployment package container, and agree with local.settings.json.example."""
+    either app uses (through the settings that name them in that app, or by a literal name) plus
+    each app's deployment package container, and agree with local.settings.json.example."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra.bind(PATTERN))
     example = json.loads(layout.local_settings_example.read_text())["Values"]
     tables = set()
     for bicep, symbol, resource in infra.resources(
@@ -1139,12 +1186,14 @@ def check_storage_names(layout: Layout, facts: Facts) -> list[str]:
                 if access.service in literal and access.resource[0] == "literal":
                     expected[literal[access.service]].add(access.resource[1])
     named = {
-        k: v for app_facts in facts.values() for k, v in app_facts.storage_name_settings.items()
+        (app, setting, kind)
+        for app in APPS
+        for setting, kind in facts[app.name].storage_name_settings.items()
     }
-    for setting, kind in sorted(named.items()):
-        value = settings.get(setting)
+    for app, setting, kind in sorted(named, key=lambda found: (found[1], found[0].name)):
+        value = function_app_settings(infra.bind(app)).get(setting)
         if not isinstance(value, str):
-            problems.append(f"{setting} must be a literal {kind} name in infra")
+            problems += app.say([f"{setting} must be a literal {kind} name in infra"])
             continue
         expected[kind].add(value)
         if example.get(setting, value) != value:
@@ -2138,11 +2187,11 @@ def _accessed_symbol(expr: Any) -> str | None:
 
 @_checked
 def check_archive(layout: Layout) -> list[str]:
-    """The archive of purged orders: the Blob Data Contributor role is granted only on the
-    container ARCHIVE_CONTAINER names (the narrowest scope), and a lifecycle rule moves that
-    container's block blobs to cool storage."""
+    """The archive of purged orders (the operations app's: the retention purge runs there): the
+    Blob Data Contributor role is granted only on the container ARCHIVE_CONTAINER names (the
+    narrowest scope), and a lifecycle rule moves that container's block blobs to cool storage."""
     infra = Infra.load(layout)
-    settings = function_app_settings(infra.bind(PATTERN))
+    settings = function_app_settings(infra.bind(OPERATIONS))
     container = settings.get(ARCHIVE_CONTAINER_SETTING)
     problems = []
     scoped = 0

@@ -16,10 +16,11 @@ How the code is read (a small abstract interpreter over ``ast``):
 - Calls are followed with the arguments of each call site (context-sensitive), so a helper
   called with the orders table and with the active-order table reports each where it is
   called from.
-- Resource names come from the settings: which ``Settings`` field each app setting feeds is
-  found by running ``Settings.from_env`` with a marker value per setting
-  (:func:`settings_fields`). A string the code builds at run time (a submitter's reply queue)
-  is a name "named at run time", which only a role on the whole namespace or account covers.
+- Resource names come from the settings: which field of ``Settings`` (or of a dataclass it
+  holds, such as the retention purge's) each app setting feeds is found by running
+  ``Settings.from_env`` with a marker value per setting (:func:`settings_fields`). A string
+  the code builds at run time (a submitter's reply queue) is a name "named at run time",
+  which only a role on the whole namespace or account covers.
 - Azure clients are recognised by their SDK classes and by the factories the SDKs share
   (``get_table_client``, ``get_container_client``, ``get_blob_client``, ``get_queue_sender``,
   ``get_queue_receiver``); whatever implements a factory (the SDK or the app's own Table client)
@@ -654,13 +655,12 @@ class Analyzer:
     def __init__(
         self,
         program: Program,
-        settings_class: str,
-        settings_fields: Mapping[str, str | Mapping[str, str]],
+        settings_fields: Mapping[str, Mapping[str, str | Mapping[str, str]]],
         reachable: set[str] | None = None,
     ) -> None:
         self.program = program
-        self.settings_class = settings_class
         self.settings_fields = settings_fields
+        """Class (``module.Name``) -> field -> the setting it holds (:func:`settings_fields`)."""
         self.reachable = reachable
         """Functions whose assignments to globals count (None: all of them)."""
         self._summaries: dict[FrameKey, Summary] = {}
@@ -1004,8 +1004,9 @@ class Analyzer:
         return None
 
     def _instance_attribute(self, atom: Obj, attr: str, frame: Frame) -> Atoms:
-        if atom.cls == self.settings_class and attr in self.settings_fields:
-            target = self.settings_fields[attr]
+        fields = self.settings_fields.get(atom.cls, {})
+        if attr in fields:
+            target = fields[attr]
             if isinstance(target, str):
                 return frozenset({Name(("setting", target))})
             return frozenset({NameMap(tuple(sorted(target.items())))})
@@ -1364,30 +1365,39 @@ def _self_assignment(node: ast.AST, attr: str) -> ast.expr | tuple[ast.expr, Any
 # ------------------------------------------------------------------------- settings and entries
 
 
-def settings_fields(env: Mapping[str, str], names: Iterable[str]) -> dict[str, Any]:
-    """Which ``Settings`` field each app setting in ``names`` fills: run ``Settings.from_env``
-    with one setting at a time set to a marker (a valid table, queue and container name), and
-    find the marker among the fields (top level, or a value of a mapping field).
+def settings_fields(env: Mapping[str, str], names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Which field each app setting in ``names`` fills: run ``Settings.from_env`` with one
+    setting at a time set to a marker (a valid table, queue and container name), and find the
+    marker among the fields of ``Settings`` (top level, or a value of a mapping field) and of
+    the dataclasses it holds (the retention purge's :class:`adapters.settings.Retention`).
 
-    Returns field -> setting, or field -> {key: setting} for a mapping field.
+    Returns class (``module.Name``) -> field -> setting, or field -> {key: setting} for a
+    mapping field.
     """
     from adapters.settings import Settings, SettingsError
 
-    found: dict[str, Any] = {}
+    found: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(sorted(names)):
         marker = "zqmark" + "".join(string.ascii_lowercase[int(d)] for d in str(i))
         try:
             settings = Settings.from_env({**env, name: marker})
         except SettingsError:
             continue  # not a name: the marker is not a valid value for it
-        for item in dataclasses.fields(settings):
-            value = getattr(settings, item.name)
-            if value == marker:
-                found[item.name] = name
-            elif isinstance(value, Mapping):
-                keys = [k for k, v in value.items() if v == marker]
-                if keys:
-                    found.setdefault(item.name, {})[keys[0]] = name
+        held = [settings] + [
+            value
+            for item in dataclasses.fields(settings)
+            if dataclasses.is_dataclass(value := getattr(settings, item.name))
+        ]
+        for holder in held:
+            fields = found.setdefault(f"{type(holder).__module__}.{type(holder).__qualname__}", {})
+            for item in dataclasses.fields(holder):
+                value = getattr(holder, item.name)
+                if value == marker:
+                    fields[item.name] = name
+                elif isinstance(value, Mapping):
+                    keys = [k for k, v in value.items() if v == marker]
+                    if keys:
+                        fields.setdefault(item.name, {})[keys[0]] = name
     return found
 
 
@@ -1401,11 +1411,8 @@ def analyse(
     """Each function's operations. ``entries``: function name -> (path, line) of its user
     function (for the operations app, of each route's endpoint); ``env``/``names``: the app
     settings the code reads (for :func:`settings_fields`); ``entry``: the app's entry module."""
-    from adapters.settings import Settings
-
     program = Program(root, entry)
     fields = settings_fields(env, names)
-    settings_class = f"{Settings.__module__}.{Settings.__qualname__}"
     funcs = {}
     for function, (rel, line) in entries.items():
         func = program.function_at(rel, line)
@@ -1413,9 +1420,9 @@ def analyse(
             raise LookupError(f"function {function}: no definition found at {rel}:{line}")
         funcs[function] = func
     # First pass: which functions run at all (for the globals they assign); second: what they do.
-    first = Analyzer(program, settings_class, fields)
+    first = Analyzer(program, fields)
     reachable = set().union(*(first.run(func).reached for func in funcs.values()))
-    second = Analyzer(program, settings_class, fields, reachable)
+    second = Analyzer(program, fields, reachable)
     accesses = {name: frozenset(second.run(func).accesses) for name, func in funcs.items()}
     return CodeAccess(accesses, tuple(sorted(second.unclassified)), _unfollowed(second))
 
@@ -1451,4 +1458,5 @@ def as_json(access: CodeAccess) -> str:
 if __name__ == "__main__":
     from tests.infra import checks
 
-    print(as_json(checks.code_facts().access))
+    for app, facts in checks.code_facts().items():
+        print(f"{app} app:", as_json(facts.access))

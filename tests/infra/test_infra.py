@@ -40,6 +40,14 @@ def assert_clean(problems: list[str]) -> None:
 # ------------------------------------------------------- what the code reads (the oracle)
 
 
+RETENTION_SETTINGS = {
+    "RETENTION_DAYS",
+    "PURGE_SCHEDULE",
+    "ARCHIVE_CONTAINER",
+    f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
+}
+
+
 def test_code_facts_cover_the_settings_contract(facts):
     """The oracle the checks compare against really reflects adapters/settings.py and the bindings
     (if the recording trick broke, every other check would pass vacuously)."""
@@ -63,11 +71,7 @@ def test_code_facts_cover_the_settings_contract(facts):
         f"{SERVICEBUS_CONNECTION}__credential",
         f"{SERVICEBUS_CONNECTION}__clientId",
         f"{STATE_STORAGE_CONNECTION}__tableServiceUri",
-        f"{STATE_STORAGE_CONNECTION}__blobServiceUri",
         f"{STATE_STORAGE_CONNECTION}__clientId",
-        "RETENTION_DAYS",
-        "PURGE_SCHEDULE",
-        "ARCHIVE_CONTAINER",
     } <= required
     assert not required & {SERVICEBUS_CONNECTION, STATE_STORAGE_CONNECTION}, "secrets"
     # The Supervisor's leases are table rows: no lease container any more.
@@ -75,19 +79,28 @@ def test_code_facts_cover_the_settings_contract(facts):
     assert set(checks.FORBIDDEN_SETTINGS).isdisjoint(required)
     assert facts.binding_connections == {SERVICEBUS_CONNECTION}
     assert facts.trigger_queue_settings == set(QUEUE_SETTINGS.values()) - {"OPERATOR_ALERTS_QUEUE"}
+    # The pattern app's code touches no blob: the retention purge is the operations app's.
     assert facts.storage_name_settings == {
+        "ORDERS_TABLE": "table",
+        "ACTIVE_ORDERS_TABLE": "table",
+        "SUPERVISION_TABLE": "table",
+    }
+    assert set(facts.storage_name_settings) <= required
+    assert operations.storage_name_settings == {
         "ORDERS_TABLE": "table",
         "ACTIVE_ORDERS_TABLE": "table",
         "SUPERVISION_TABLE": "table",
         "ARCHIVE_CONTAINER": "container",
     }
-    assert set(facts.storage_name_settings) <= required
     # The metrics the Supervisor alerts query, as one tick records them.
     assert facts.metrics[checks.SUPERVISOR_LAG_METRIC] == "Gauge"
     assert checks.SUPERVISOR_TICK_METRIC in facts.metrics
-    # The operations app reads the same settings but binds no trigger: the host reads no
-    # connection of its own for it.
-    assert operations.required_settings == required - {f"{SERVICEBUS_CONNECTION}__credential"}
+    # The operations app reads the same settings and the retention purge's (the purge runs
+    # there: the pattern app reads none of them), and binds no Service Bus trigger: the host
+    # reads no connection of its own for it.
+    assert operations.required_settings - required == RETENTION_SETTINGS
+    assert not required & RETENTION_SETTINGS
+    assert required - operations.required_settings == {f"{SERVICEBUS_CONNECTION}__credential"}
     assert operations.binding_connections == set() and operations.trigger_queue_settings == set()
 
 
@@ -125,6 +138,7 @@ def test_tables_and_containers_are_declared_and_used(layout, facts):
     assert_clean(checks.check_storage_names(layout, facts))
     infra = checks.Infra.load(layout)
     settings = checks.function_app_settings(infra.bind(checks.PATTERN))
+    operations = checks.function_app_settings(infra.bind(checks.OPERATIONS))
     tables = set()
     for bicep, symbol, resource in infra.resources(
         "Microsoft.Storage/storageAccounts/tableServices/tables"
@@ -140,13 +154,14 @@ def test_tables_and_containers_are_declared_and_used(layout, facts):
     assert containers == {"app-package", "operations-package", "order-archive"}, (
         "no lease container"
     )
-    assert settings["ARCHIVE_CONTAINER"] == "order-archive"
+    assert operations["ARCHIVE_CONTAINER"] == "order-archive"
+    assert "ARCHIVE_CONTAINER" not in settings, "the pattern app archives nothing"
 
 
 def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
     assert_clean(checks.check_archive(layout))
     infra = checks.Infra.load(layout)
-    settings = checks.function_app_settings(infra.bind(checks.PATTERN))
+    settings = checks.function_app_settings(infra.bind(checks.OPERATIONS))
     assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
     days = infra.main.params["retentionDays"]
     # What adapters/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
@@ -214,8 +229,14 @@ def test_the_operations_are_read_from_the_code(facts):
         }
         assert ("queue", "send", "AGENT_RESPONSES_QUEUE") in agent_ops
     assert ("table", "write", "SUPERVISION_TABLE") in ops("supervisor")
-    assert ("blob", "write", "ARCHIVE_CONTAINER") in ops("retention_purge")
+    # The retention purge is the operations app's, beside the operator API's purge: the pattern
+    # app's code touches no blob at all.
+    assert "retention_purge" in operations.accesses
+    assert {("blob", "write", "ARCHIVE_CONTAINER"), ("table", "write", "ORDERS_TABLE")} <= ops(
+        "retention_purge"
+    )
     assert ("blob", "read", "ARCHIVE_CONTAINER") in ops("show_archived_order")
+    assert not any(a.service == "blob" for ops_ in pattern.accesses.values() for a in ops_)
     assert ("queue", "receive", "OPERATOR_ALERTS_QUEUE") in ops("acknowledge_alert")
     assert {a.resource[1] for a in operations.accesses["list_dead_letters"]} >= set(
         QUEUE_SETTINGS.values()

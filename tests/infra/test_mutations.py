@@ -334,14 +334,34 @@ MUTATIONS = [
         MAIN,
         replace("  StateStorage__blobServiceUri: storage.outputs.blobEndpoint\n", ""),
         "app_settings",
-        "app setting StateStorage__blobServiceUri is read by the code but not set in infra",
+        "operations app: app setting StateStorage__blobServiceUri is read by the code but not set",
     ),
     Mutation(
         "retention setting not set",
         MAIN,
         replace("  RETENTION_DAYS: string(retentionDays)\n", ""),
         "app_settings",
-        "app setting RETENTION_DAYS is read by the code but not set in infra",
+        "operations app: app setting RETENTION_DAYS is read by the code but not set in infra",
+    ),
+    # The retention purge's settings are the operations app's: the pattern app reads none.
+    Mutation(
+        "the pattern app given the retention purge's settings",
+        MAIN,
+        replace(
+            "    appSettings: union(appSettings, {\n      ServiceBusConnection__credential",
+            "    appSettings: union(appSettings, retentionSettings, {\n"
+            "      ServiceBusConnection__credential",
+        ),
+        "app_settings",
+        "pattern app: app setting ARCHIVE_CONTAINER is set in infra but must not be: nothing in "
+        "the code or the host reads it",
+    ),
+    Mutation(
+        "the operations app not given the retention purge's settings",
+        MAIN,
+        replace("union(appSettings, retentionSettings, {", "union(appSettings, {"),
+        "app_settings",
+        "operations app: app setting PURGE_SCHEDULE is read by the code but not set in infra",
     ),
     Mutation(
         "archive container renamed in the app settings only",
@@ -360,13 +380,7 @@ MUTATIONS = [
     Mutation(
         "archive role dropped",
         RBAC,
-        lambda text: sub(
-            r"resource patternArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", ""
-        )(
-            sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
-                text
-            )
-        ),
+        sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", ""),
         "archive",
         "no Storage Blob Data Contributor on the archive container",
     ),
@@ -548,15 +562,14 @@ MUTATIONS = [
         for app, functions in (
             (
                 "pattern",
-                "retention_purge, scheduler_commands, scheduler_intake, scheduler_replies, "
-                "supervisor",
+                "scheduler_commands, scheduler_intake, scheduler_replies, supervisor",
             ),
             (
                 "operations",
                 "acknowledge_alert, bulk_cancel, bulk_resubmit, "
                 "cancel_order, list_orders, purge, "
                 "purge_dead_letters, replay_dead_letters, "
-                "resubmit_order",
+                "resubmit_order, retention_purge",
             ),
         )
     ),
@@ -584,21 +597,33 @@ MUTATIONS = [
         "data_roles",
         "operations app: acknowledge_alert, dashboard_summary,",
     ),
-    *(
-        Mutation(
-            f"both blob roles of the {app} app dropped",
-            RBAC,
-            lambda text, app=app: sub(
-                rf"resource {app}BlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}}\n", ""
-            )(
-                sub(rf"resource {app}ArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}}\n", "")(
-                    text
-                )
-            ),
-            "data_roles",
-            f"{app} app: {function}: writes container 'order-archive' (ARCHIVE_CONTAINER)",
-        )
-        for app, function in (("pattern", "retention_purge"), ("operations", "purge"))
+    # The retention purge (its timer, the operator API's purge and archive reads) is the
+    # operations app's: the archive role is its identity's alone.
+    Mutation(
+        "both blob roles of the operations app dropped: the purge could not archive",
+        RBAC,
+        lambda text: sub(r"resource operationsBlobDataOwner [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+            sub(r"resource operationsArchiveBlobDataContributor [^\n]*\n(?:  [^\n]*\n)+}\n", "")(
+                text
+            )
+        ),
+        "data_roles",
+        "operations app: purge, retention_purge: writes container 'order-archive' "
+        "(ARCHIVE_CONTAINER)",
+    ),
+    Mutation(
+        "the pattern app granted the archive role again: nothing of its code archives",
+        RBAC,
+        extra_role(
+            "patternMetricsPublisher",
+            "patternArchiveBlobDataContributor",
+            "patternPrincipalId",
+            "storageBlobDataContributor",
+            "archiveContainer",
+        ),
+        "surplus_roles",
+        "pattern app: infra/app/rbac.bicep: patternArchiveBlobDataContributor grants Storage Blob "
+        "Data Contributor to its identity, but nothing in its code needs it",
     ),
     *(
         Mutation(
@@ -1601,6 +1626,7 @@ CODE_MUTATIONS = [
         ),
         "storage_names",
         "container exports is used but the storage module does not declare it",
+        checks.OPERATIONS,
     ),
     CodeMutation(
         "the purge writes through the Table client to a table the storage module lacks",
@@ -1613,6 +1639,7 @@ CODE_MUTATIONS = [
         ),
         "storage_names",
         "table exports is used but the storage module does not declare it",
+        checks.OPERATIONS,
     ),
     CodeMutation(
         "a table call the role check does not know",

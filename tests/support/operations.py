@@ -62,8 +62,7 @@ def load(root: OperationsRoot | None = None) -> OperationsApp:
     environment's settings, for routes that read no state; :func:`serving` gives it another)."""
     api = build(root or OperationsRoot(), dashboard)
     functions = operations_app.serve(api)
-    (function,) = functions.get_functions()
-    assert function.get_function_name() == "http_app_func"
+    (function,) = [f for f in functions.get_functions() if f.get_function_name() == "http_app_func"]
     return OperationsApp(api, function.get_user_function(), functions)
 
 

@@ -24,6 +24,7 @@ from adapters.settings import Settings
 from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from devstack.stack.processes import REPO_ROOT
+from operator_api.app import build
 from operator_api.http import context
 from service.circuit import BreakerRegistry, CircuitBreaker, CircuitReporter
 from service.composition import PatternRoot, Root
@@ -99,10 +100,21 @@ def test_every_function_of_the_pattern_app_holds_the_root_it_was_built_on() -> N
     first, second = PatternRoot(), PatternRoot()
     for root in (first, second):
         functions = function_app.build(root).get_functions()
-        assert len(functions) == 8
+        assert len(functions) == 7
         for function in functions:
             held = [c.cell_contents for c in function.get_user_function().__closure__ or ()]
             assert root in held and (first if root is second else second) not in held
+
+
+def test_the_retention_timer_holds_the_root_the_operator_api_was_built_on() -> None:
+    import operations_app
+
+    first, second = OperationsRoot(), OperationsRoot()
+    for root in (first, second):
+        functions = operations_app.serve(build(root)).get_functions()
+        (timer,) = [f for f in functions if f.get_function_name() == "retention_purge"]
+        held = [c.cell_contents for c in timer.get_user_function().__closure__ or ()]
+        assert root in held and (first if root is second else second) not in held
 
 
 @pytest.fixture
@@ -121,7 +133,6 @@ async def test_a_root_builds_its_runtime_once_on_first_use_and_closes_it(made, c
     assert root.runtime() is rt and rt.instance_id == "app@root-test"
     assert caplog.text.count("runtime ready as app@root-test") == 1
     assert made == [], "building the Runtime opens no client: the functions' loop does"
-    assert root.archive() is root.archive()
     await root.close()
 
 
@@ -129,10 +140,14 @@ async def test_a_root_of_no_checked_settings_reads_the_environment_at_first_use(
     monkeypatch: pytest.MonkeyPatch, made
 ) -> None:
     root = PatternRoot(None)  # a tool that only indexes the functions: nothing was checked
-    for name, value in (app_env() | {"FAILURE_THRESHOLD": "7"}).items():
+    operations = OperationsRoot(None)
+    for name, value in (app_env() | {"FAILURE_THRESHOLD": "7", "RETENTION_DAYS": "9"}).items():
         monkeypatch.setenv(name, value)
     assert root.runtime().settings.failure_threshold == 7
+    assert root.runtime().settings.retention_config is None, "the purge is the operations app's"
+    assert operations.runtime().settings.retention.days == 9
     await root.close()
+    await operations.close()
 
 
 async def test_the_operations_root_shares_one_context_and_closes_it_with_the_summary(
@@ -146,13 +161,19 @@ async def test_the_operations_root_shares_one_context_and_closes_it_with_the_sum
     async def close_summary(self: Summary, *, wait: bool = False) -> None:
         closed.append(self)
 
+    async def close_archive(self: BlobArchive) -> None:
+        closed.append(self)
+
     monkeypatch.setattr(OperatorContext, "close", close_context)
     monkeypatch.setattr(Summary, "close", close_summary)
+    monkeypatch.setattr(BlobArchive, "close", close_archive)
     root = OperationsRoot(Settings.from_env(app_env()))
     ctx = await root.context()
     assert await root.context() is ctx and ctx.rt is root.runtime()
+    archive = root.archive()
+    assert ctx.archive() is archive is root.archive(), "one archive: the timer's and the API's"
     await root.close()
-    assert closed == [root.summary, ctx]
+    assert closed == [root.summary, ctx, archive]
 
 
 async def test_the_operator_api_takes_the_context_of_the_root_it_was_built_on(made) -> None:

@@ -1,6 +1,7 @@
 """The bindings the Functions host indexes match the declared queues, settings and host.json: the
 pattern app's (function_app.py: Service Bus and timer triggers, no HTTP trigger) and the
-operations app's (operations_app.py: one HTTP function that hands every request to FastAPI)."""
+operations app's (operations_app.py: one HTTP function that hands every request to FastAPI, and
+the retention purge's timer)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import sys
+from typing import Any
 
 import pytest
 
@@ -26,27 +28,31 @@ from tests.support.broker import entity_names, load_config
 DECLARED_QUEUES = set(entity_names(load_config(REPO_ROOT / "devstack/servicebus/Config.json"))[0])
 
 
-@pytest.fixture(scope="module")
-def bindings() -> dict[str, list[dict]]:
-    sys.modules.pop("function_app", None)
-    module = importlib.import_module("function_app")
+def indexed(entry: str) -> dict[str, Any]:
+    """The functions of the app ``entry`` (function_app, operations_app), by name, as the host
+    indexes them (a fresh import: ``get_functions()`` runs once per FunctionApp object)."""
+    sys.modules.pop(entry, None)
+    return {f.get_function_name(): f for f in importlib.import_module(entry).app.get_functions()}
+
+
+def bindings_of(entry: str) -> dict[str, list[dict]]:
     return {
-        f.get_function_name(): json.loads(f.get_function_json())["bindings"]
-        for f in module.app.get_functions()
+        name: json.loads(f.get_function_json())["bindings"] for name, f in indexed(entry).items()
     }
 
 
-def test_every_function_is_a_coroutine_function():
+@pytest.fixture(scope="module")
+def bindings() -> dict[str, list[dict]]:
+    return bindings_of("function_app")
+
+
+@pytest.mark.parametrize("entry", ["function_app", "operations_app"])
+def test_every_function_is_a_coroutine_function(entry):
     """The app is async end to end: the worker awaits each function on its event loop, where the
     app's clients live (a sync function would run on the worker's thread pool, with none)."""
-    sys.modules.pop("function_app", None)
-    module = importlib.import_module("function_app")
-    sync = [
-        f.get_function_name()
-        for f in module.app.get_functions()
-        if not inspect.iscoroutinefunction(f.get_user_function())
-    ]
-    assert sync == []
+    user_functions = {name: f.get_user_function() for name, f in indexed(entry).items()}
+    sync = [name for name, f in user_functions.items() if not inspect.iscoroutinefunction(f)]
+    assert user_functions and sync == []
 
 
 def setting_of(value: str) -> str:
@@ -64,7 +70,6 @@ def test_every_function_is_registered(bindings):
         "payment_agent",
         "shipping_agent",
         "supervisor",
-        "retention_purge",
     }
 
 
@@ -74,17 +79,18 @@ def test_the_pattern_app_has_no_http_trigger(bindings):
     assert kinds == {"serviceBusTrigger", "timerTrigger"}
 
 
-def test_the_operations_app_is_one_http_function_that_needs_a_function_key():
-    sys.modules.pop("operations_app", None)
-    (function,) = importlib.import_module("operations_app").app.get_functions()
-    trigger, answer = json.loads(function.get_function_json())["bindings"]
+def test_the_operations_app_is_one_http_function_that_needs_a_function_key_and_a_timer():
+    operations = bindings_of("operations_app")
+    assert set(operations) == {"http_app_func", "retention_purge"}
+    trigger, answer = operations["http_app_func"]
     assert (trigger["type"], trigger["route"], trigger["authLevel"]) == (
         "httpTrigger",
         "/{*route}",
         "FUNCTION",
     )
     assert answer["type"] == "http"
-    assert inspect.iscoroutinefunction(function.get_user_function())
+    (timer,) = operations["retention_purge"]
+    assert timer["type"] == "timerTrigger"
 
 
 def routes() -> list[tuple[str, str, str]]:
@@ -158,8 +164,8 @@ def test_supervisor_timer_reads_its_schedule_setting(bindings):
     assert len(EXAMPLE_SETTINGS["SUPERVISOR_SCHEDULE"].split()) == 6, "NCRONTAB has 6 fields"
 
 
-def test_retention_timer_reads_its_schedule_setting(bindings):
-    (timer,) = bindings["retention_purge"]
+def test_retention_timer_reads_its_schedule_setting():
+    (timer,) = bindings_of("operations_app")["retention_purge"]
     assert timer["type"] == "timerTrigger" and timer["runOnStartup"] is False
     # Read from PURGE_SCHEDULE when the app is indexed (retention/functions.py says why);
     # the example settings leave it unset, so it is the default.

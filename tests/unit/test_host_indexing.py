@@ -328,12 +328,12 @@ def test_past_due_means_later_than_one_period():
 
 # -- the app's own timers --------------------------------------------------------------------
 
-_INDEX_APP = """
+_INDEX_APPS = """
 import json, sys
-from devstack.host.indexing import index_app
+from devstack.host.indexing import index_apps, load_app
 from tests.support.app import EXAMPLE_SETTINGS
-import function_app
-indexed = index_app(function_app.app, EXAMPLE_SETTINGS)
+indexed = index_apps([load_app(entry) for entry in ("function_app", "operations_app")],
+                     EXAMPLE_SETTINGS)
 timers = {f.name: f.trigger.schedule.expression for f in indexed
           if type(f.trigger).__name__ == "TimerTrigger"}
 json.dump(timers, sys.stdout)
@@ -341,9 +341,11 @@ json.dump(timers, sys.stdout)
 
 
 def _indexed_timers(env: dict[str, str]) -> dict[str, str]:
+    """The timers of both apps as the local host indexes them (the operations app's beside its
+    HTTP function), by name."""
     # A fresh interpreter: the purge's schedule is read from the environment at import.
     result = subprocess.run(
-        [sys.executable, "-c", _INDEX_APP],
+        [sys.executable, "-c", _INDEX_APPS],
         cwd=REPO_ROOT,
         env={k: v for k, v in os.environ.items() if k != "PURGE_SCHEDULE"} | env,
         capture_output=True,

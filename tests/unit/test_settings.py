@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from adapters.setting_values import SettingsError
-from adapters.settings import MAX_RUN_BUDGET, Connection, ServiceLimits, Settings
+from adapters.settings import MAX_RUN_BUDGET, Connection, Retention, ServiceLimits, Settings
 from devstack.stack.processes import REPO_ROOT
 from domain.signing import local_keyring, parse_keyring
 from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
@@ -93,15 +93,31 @@ def test_bad_settings_say_what_to_fix(changes, message):
 
 
 def test_retention_settings_and_their_defaults():
-    settings = Settings.from_env(env())
-    assert (settings.retention_days, settings.purge_schedule) == (30, "0 30 2 * * *")
-    assert settings.archive_container == "order-archive"
+    assert Settings.from_env(env()).retention == Retention(30, "0 30 2 * * *", "order-archive")
     tuned = Settings.from_env(
         env(RETENTION_DAYS="0", PURGE_SCHEDULE=" 0  0 4 * * 1-5 ", ARCHIVE_CONTAINER="arch-1")
     )
-    assert (tuned.retention_days, tuned.purge_schedule) == (0, "0 0 4 * * 1-5")
-    assert tuned.archive_container == "arch-1"
-    assert Settings.from_env(env(RETENTION_DAYS="3650")).retention_days == 3650
+    assert tuned.retention == Retention(0, "0 0 4 * * 1-5", "arch-1")
+    assert Settings.from_env(env(RETENTION_DAYS="3650")).retention.days == 3650
+
+
+def test_the_pattern_app_reads_none_of_the_retention_purges_settings():
+    """The purge runs in the operations app: the pattern app's settings leave its settings
+    unread (a wrong one is the operations app's to refuse), and ask for no blob service."""
+    purge = {"RETENTION_DAYS": "-1", "PURGE_SCHEDULE": "never", "ARCHIVE_CONTAINER": "A_B"}
+    with pytest.raises(SettingsError, match="3 app settings are wrong"):
+        Settings.from_env(env(**purge))
+    settings = Settings.from_env(env(**purge), retention=False)
+    assert settings.retention_config is None
+    with pytest.raises(SettingsError, match="RETENTION_DAYS, PURGE_SCHEDULE, ARCHIVE_CONTAINER"):
+        settings.retention  # noqa: B018
+    identity = {
+        "StateStorage": None,
+        "StateStorage__tableServiceUri": "https://st.table.core.windows.net",
+        "StateStorage__clientId": "1111",
+    }
+    checked = Settings.check_on_load(env(**identity), retention=False)
+    assert checked is not None and checked.storage.blob_endpoint is None
 
 
 def test_compensation_budget_and_warning_and_their_defaults():
@@ -117,13 +133,13 @@ def test_compensation_budget_and_warning_and_their_defaults():
     )
 
 
-def test_managed_identity_storage_needs_the_blob_service_too():
+def test_managed_identity_storage_needs_the_blob_service_too_for_the_purge():
     identity = {
         "StateStorage": None,
         "StateStorage__tableServiceUri": "https://st.table.core.windows.net",
         "StateStorage__clientId": "1111",
     }
-    with pytest.raises(SettingsError, match="StateStorage__blobServiceUri is not set"):
+    with pytest.raises(SettingsError, match=r"StateStorage__blobServiceUri is not set: .* purge"):
         Settings.from_env(env(**identity))
     blob = "https://st.blob.core.windows.net"
     settings = Settings.from_env(env(**identity, StateStorage__blobServiceUri=blob))
@@ -264,7 +280,7 @@ def test_zero_is_zero_where_a_setting_allows_it_and_blank_is_unset():
         env(STEP_QUEUE_SECONDS="0", CLOCK_SKEW_TOLERANCE_SECONDS="0.000", RETENTION_DAYS="0")
     )
     assert settings.step_queue == settings.clock_skew == timedelta(0)
-    assert settings.retention_days == 0
+    assert settings.retention.days == 0
     steps = [step for flow in settings.workflows().values() for step in flow.steps]
     assert {step.queue_budget for step in steps} == {timedelta(0)}
     blank = Settings.from_env(env(STEP_QUEUE_SECONDS=" ", PENDING_STALE_AFTER_SECONDS=""))

@@ -18,7 +18,7 @@ from adapters.settings import (
     MAX_SUPERVISOR_CONCURRENCY,
     MAX_WAIT,
     QUEUE_SETTINGS,
-    AppSettings,
+    RetentionAppSettings,
     Settings,
 )
 from adapters.store.active_index import INDEX_BUCKETS
@@ -47,7 +47,7 @@ COUNTS: dict[str, Callable[[Settings], int]] = {
     "REMOTE_MAX_CONNECTIONS": lambda s: s.remote_limits.max_connections,
     "SUPERVISOR_CONCURRENCY": lambda s: s.supervisor_concurrency,
     "FAILURE_THRESHOLD": lambda s: s.workflows()["order@1"].failure_threshold,
-    "RETENTION_DAYS": lambda s: s.retention_days,
+    "RETENTION_DAYS": lambda s: s.retention.days,
 }
 ZERO_ALLOWED = {"STEP_QUEUE_SECONDS", "CLOCK_SKEW_TOLERANCE_SECONDS", "RETENTION_DAYS"}
 
@@ -75,7 +75,9 @@ CASES = [(name, case) for name in DURATIONS for case in ODD_VALUES] + [
 def test_the_tables_hold_every_numeric_setting():
     numeric = {timedelta, timedelta | None, int, int | None}
     declared = {
-        name for name, field in AppSettings.model_fields.items() if field.annotation in numeric
+        name
+        for name, field in RetentionAppSettings.model_fields.items()
+        if field.annotation in numeric
     }
     assert declared == set(DURATIONS) | set(COUNTS)
 
