@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote, urlencode
 
@@ -17,14 +18,15 @@ from dashboard import assets, vendor
 from dashboard import routes as dashboard
 from domain.order import Order
 from service.operations import summary
-from tests.support.operations import OperationsApp, load
+from tests.support.operations import OperationsApp, loaded
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def ops() -> OperationsApp:
-    return load()
+def ops() -> Iterator[OperationsApp]:
+    with loaded() as app:
+        yield app
 
 
 async def get(ops: OperationsApp, path: str, *, params=None, headers=None) -> func.HttpResponse:

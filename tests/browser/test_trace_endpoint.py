@@ -6,6 +6,7 @@ look (Application Insights) when it is not. No browser and no services here."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from adapters import trace_files
 from dashboard import traces
-from tests.support.operations import load
+from tests.support.operations import OperationsApp, loaded
 
 pytestmark = pytest.mark.anyio
 
@@ -27,12 +28,15 @@ ORIGIN = trace.SpanContext(
 )  # fmt: skip
 
 
-OPS = load()
+@pytest.fixture(scope="module")
+def ops() -> Iterator[OperationsApp]:
+    with loaded() as app:
+        yield app
 
 
-async def call(order_id: str) -> func.HttpResponse:
+async def call(ops: OperationsApp, order_id: str) -> func.HttpResponse:
     encoded = quote(order_id, safe="")
-    return await OPS.request("GET", f"http://localhost/api/dashboard/orders/{encoded}/trace")
+    return await ops.request("GET", f"http://localhost/api/dashboard/orders/{encoded}/trace")
 
 
 def write_spans(directory: Path, order_id: str, *, pid: int = 1) -> None:
@@ -68,28 +72,28 @@ def write_spans(directory: Path, order_id: str, *, pid: int = 1) -> None:
     ],
 )
 async def test_a_bad_order_id_is_refused_before_anything_is_read(
-    bad, status, code, monkeypatch, tmp_path
+    bad, status, code, monkeypatch, tmp_path, ops
 ):
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path / "never-created"))
-    response = await call(bad)
+    response = await call(ops, bad)
     assert response.status_code == status
     assert json.loads(response.get_body())["error"]["code"] == code
     assert not (tmp_path / "never-created").exists()
 
 
-async def test_without_telemetry_files_it_says_where_to_look(monkeypatch):
+async def test_without_telemetry_files_it_says_where_to_look(monkeypatch, ops):
     monkeypatch.delenv("TELEMETRY_DIR", raising=False)
-    response = await call("o-1")
+    response = await call(ops, "o-1")
     body = json.loads(response.get_body())
     assert response.status_code == 200
     assert body["local"] is False and body["traces"] == []
     assert "Application Insights" in body["hint"] and "Transaction search" in body["hint"]
 
 
-async def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch, tmp_path):
+async def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch, tmp_path, ops):
     write_spans(tmp_path, "o-1")
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path))
-    response = await call("o-1")
+    response = await call(ops, "o-1")
     assert response.status_code == 200 and response.headers["Cache-Control"] == "no-store"
     body = json.loads(response.get_body())
     assert body["local"] is True and body["span_count"] == 3 and not body["truncated"]
@@ -102,9 +106,9 @@ async def test_with_telemetry_files_it_returns_the_orders_span_tree(monkeypatch,
     assert root["attributes"] == {"order.id": "o-1"}
 
 
-async def test_an_order_without_spans_yet_says_so(monkeypatch, tmp_path):
+async def test_an_order_without_spans_yet_says_so(monkeypatch, tmp_path, ops):
     monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path / "not-yet"))
-    body = json.loads((await call("o-1")).get_body())
+    body = json.loads((await call(ops, "o-1")).get_body())
     assert body["local"] is True and body["traces"] == [] and "--telemetry" in body["hint"]
 
 

@@ -6,10 +6,13 @@ Modules may define fixtures of the same names; theirs take precedence.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from devstack.fakes.remote_services import FakeServices
 from tests.support.app import Clock, QueueReader, app_settings, make_runtime
+from tests.support.operations import OperationsApp, loaded
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +46,10 @@ async def rt(env, clock):
     runtime = await make_runtime(env, "scheduler", clock)
     yield runtime
     await runtime.close()
+
+
+@pytest.fixture(scope="module")
+def operations() -> Iterator[OperationsApp]:
+    """The operations app as the worker calls it, one for the module's tests, closed after."""
+    with loaded() as app:
+        yield app

@@ -29,7 +29,7 @@ from service.intake import handle_submission
 from tests.integration.test_operator_api import declined_order
 from tests.integration.test_operator_workflows import REPLAY_WINDOW, dead_letter
 from tests.integration.test_trusted_messages import forge, only_alert_for, take, untrusted_alerts
-from tests.support.operations import OperationsApp, call, load, serving
+from tests.support.operations import OperationsApp, call, serving
 from tests.support.pattern import new_order, queue
 
 pytestmark = [
@@ -44,11 +44,6 @@ def env(env, servicebus):
     """The inventory agent's queue is one whose duplicate detection window is 2 s
     (replay_config.json), so a dead letter of it can be replayed within a test."""
     return env | {"INVENTORY_REQUESTS_QUEUE": servicebus.queue("replay-inventory")}
-
-
-@pytest.fixture(scope="module")
-def operations() -> OperationsApp:
-    return load()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from operator_api import http as api
 from operator_api.http import router
 from service.commands import handle_command
 from service.intake import handle_submission
-from tests.support.operations import OperationsApp, call, load, serving
+from tests.support.operations import OperationsApp, call, serving
 from tests.support.pattern import (
     new_order,
     queue,
@@ -33,11 +33,6 @@ from tests.support.pattern import (
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 HOSTILE_ID = "x' or PartitionKey ne '"
-
-
-@pytest.fixture(scope="module")
-def operations() -> OperationsApp:
-    return load()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from adapters import deadline
 from adapters.settings import Connection, Settings
 from service import deadlines
 from service.operations import orders
-from tests.support.operations import OperationsApp, call, load, serving
+from tests.support.operations import OperationsApp, call, serving
 from tests.support.proxied_runtime import fresh_tables, runtime_through_proxy
 from tests.support.world import QUEUES
 
@@ -29,11 +29,6 @@ SETTINGS = Settings(
 async def tables(azurite: Any) -> AsyncIterator[dict[str, str]]:
     async with fresh_tables(azurite) as names:
         yield names
-
-
-@pytest.fixture(scope="module")
-def operations() -> OperationsApp:
-    return load()
 
 
 @pytest.fixture

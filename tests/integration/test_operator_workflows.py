@@ -28,7 +28,7 @@ from service.operations.errors import InvalidRequest
 from service.runtime import Runtime
 from tests.integration.test_operator_api import declined_order, find_alert, sent_by_the_pattern_app
 from tests.support.app import make_runtime
-from tests.support.operations import OperationsApp, call, load, serving
+from tests.support.operations import OperationsApp, call, serving
 from tests.support.pattern import new_order, queue, run_agent_step
 
 pytestmark = [
@@ -47,11 +47,6 @@ def env(env):
 
 
 HOUR = 3600
-
-
-@pytest.fixture(scope="module")
-def operations() -> OperationsApp:
-    return load()
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ that name, each path parameter percent-encoded as a client would send it.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -32,8 +33,8 @@ class OperationsApp:
     api: FastAPI
     function: Callable[..., Awaitable[func.HttpResponse]]
     functions: func.AsgiFunctionApp
-    """Kept with the app: collected, it runs the ASGI shutdown with ``asyncio.run``, which
-    fails inside a test's running loop."""
+    """Kept with the app until :meth:`close`: collected with its ASGI app started, it would run
+    the shutdown with ``asyncio.run``, which fails inside whichever test's loop runs then."""
 
     @property
     def root(self) -> OperationsRoot:
@@ -55,6 +56,24 @@ class OperationsApp:
     ) -> func.HttpResponse:
         request = func.HttpRequest(method=method, url=url, body=body, headers=headers or {})
         return await self.function(req=request, context=None)
+
+    def close(self) -> None:
+        """The ASGI app's lifespan shutdown, as the worker sends it when it stops: after the
+        tests that used the app, with no loop running."""
+        if self.functions.startup_task_done:
+            asyncio.run(self.functions.middleware.notify_shutdown())
+            self.functions.startup_task_done = False
+
+
+@contextmanager
+def loaded() -> Iterator[OperationsApp]:
+    """:func:`load`, closed after (a module's tests share one: :func:`serving` gives each test
+    its root)."""
+    app = load()
+    try:
+        yield app
+    finally:
+        app.close()
 
 
 def load(root: OperationsRoot | None = None) -> OperationsApp:
