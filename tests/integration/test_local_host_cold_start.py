@@ -17,12 +17,11 @@ import time
 
 import pytest
 
-from devstack.host import LocalHost
 from devstack.host.cold_start import COLD_START_SETTING
 from domain.messages import encode
 from domain.states import ProcessState
 from service.intake import handle_submission
-from tests.support.app import make_runtime, pattern_app
+from tests.support.app import hosting, make_runtime, pattern_app
 from tests.support.pattern import effects, new_order
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -44,20 +43,9 @@ def cold_env(env):
 async def hosted(cold_env):
     rt = await make_runtime(cold_env, "scheduler")
     app, root = pattern_app(rt)
-    host = LocalHost(
-        app,
-        settings=cold_env,
-        host_json="host.json",
-        concurrency_override=1,
-        functions=FUNCTIONS,
-    )
-    host.at_stop(root.close)
-    host.start()
-    try:
+    async with hosting(app, root, rt, settings=cold_env, host_json="host.json",
+                       concurrency_override=1, functions=FUNCTIONS) as host:  # fmt: skip
         yield rt, host
-    finally:
-        host.stop(timeout=30)
-        await rt.close()
 
 
 async def test_an_order_finishes_inside_its_budget_after_a_cold_start(hosted, fakes):

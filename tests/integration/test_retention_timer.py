@@ -25,7 +25,7 @@ from domain.states import ProcessState
 from service.runtime import Runtime
 from tests.integration.test_state_store import T0, to_processed
 from tests.integration.test_state_store import Clock as FixedClock
-from tests.support.app import EXAMPLE_SETTINGS, make_runtime, operations_app
+from tests.support.app import EXAMPLE_SETTINGS, hosting, make_runtime, operations_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -64,14 +64,9 @@ async def timer_host(env: dict[str, str]) -> AsyncIterator[tuple[Runtime, LocalH
     test's own (which made the tables)."""
     rt = await make_runtime(env, "retention")
     app, root = operations_app(rt)
-    host = LocalHost(app, settings=env, host_json=None, functions=["retention_purge"])
-    host.at_stop(root.close)
-    host.start()
-    try:
+    async with hosting(app, root, rt, settings=env, host_json=None,
+                       functions=["retention_purge"]) as host:  # fmt: skip
         yield rt, host
-    finally:
-        host.stop(timeout=30)
-        await rt.close()
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:

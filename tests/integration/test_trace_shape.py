@@ -34,11 +34,10 @@ from opentelemetry.trace import SpanContext, SpanKind
 from adapters import telemetry
 from adapters.servicebus import Bus
 from adapters.store.rows import OrderNotFound
-from devstack.host import LocalHost
 from domain.messages import StatusUpdate, message_id_for
 from domain.states import ProcessState
 from service.runtime import Runtime
-from tests.support.app import make_runtime, pattern_app
+from tests.support.app import hosting, make_runtime, pattern_app
 from tests.support.pattern import new_order
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -99,20 +98,10 @@ def env(env):
 async def hosted(env, spans) -> AsyncIterator[Runtime]:
     rt = await make_runtime(env, "scheduler")
     app, root = pattern_app(rt)
-    host = LocalHost(
-        app,
-        settings=env,
-        host_json="host.json",
-        concurrency_override=1,
-        functions=[function for function, _ in HOPS],
-    )
-    host.at_stop(root.close)
-    host.start()
-    try:
+    functions = [function for function, _ in HOPS]
+    async with hosting(app, root, rt, settings=env, host_json="host.json",
+                       concurrency_override=1, functions=functions):  # fmt: skip
         yield rt
-    finally:
-        host.stop(timeout=30)
-        await rt.close()
 
 
 async def test_one_order_is_one_trace_of_invocations_app_spans_and_sends(hosted, spans, fakes):

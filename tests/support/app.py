@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from azure.functions import AsgiFunctionApp, FunctionApp
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+from devstack.host import LocalHost
 from domain.messages import utc_now
 from domain.signing import SIGNING_KEYS_SETTING
 from service.composition import PatternRoot
@@ -121,6 +123,23 @@ def operations_app(rt: Runtime) -> tuple[AsgiFunctionApp, OperationsRoot]:
 
     root = OperationsRoot(rt.settings, **like(rt))
     return operations_app.serve(build(root, dashboard)), root
+
+
+@asynccontextmanager
+async def hosting(
+    app: FunctionApp, root: PatternRoot | OperationsRoot, rt: Runtime, **host: Any
+) -> AsyncIterator[LocalHost]:
+    """``app`` (:func:`pattern_app`, :func:`operations_app`) on a started local host, its
+    ``root`` closed on the host's loop when it stops; after, the host stopped and ``rt``
+    closed."""
+    local = LocalHost(app, **host)
+    local.at_stop(root.close)
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop(timeout=30)
+        await rt.close()
 
 
 def _order_of(message: ServiceBusReceivedMessage) -> object:
