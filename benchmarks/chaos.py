@@ -33,7 +33,7 @@ too. Invariants (DESIGN.md), each reported as a count that must be 0:
   service refused its undo (a compensation budget spent within a run is one too: the run is
   far shorter than the budget);
 - ``recovery_over_bound``: the Supervisor acted on an order later after its deadline than the
-  bound computed from the settings (:func:`adapters.store.supervision.recovery_bound`,
+  bound computed from the settings (:func:`service.operations.supervisor.recovery_bound`,
   ``detection_s``)
   plus a host restart (both hosts may be down at once). Measured from each Supervisor timeline
   entry and the deadline it names;
@@ -88,8 +88,7 @@ from typing import Any
 from azure.servicebus.aio import ServiceBusClient
 
 from adapters.settings import Settings
-from adapters.store.state_store import OrderStateStore
-from adapters.store.supervision import recovery_bound
+from adapters.store.records import OrderRecords
 from benchmarks.nemeses import (
     DEFAULT_STORAGE_RATES,
     NEMESES,
@@ -114,6 +113,7 @@ from domain.order import (
 )
 from domain.states import ProcessState
 from orderctl.demo import QUICK_SETTINGS
+from service.operations.supervisor import recovery_bound
 
 RESTART_ALLOWANCE_S = 15.0  # a killed host is back and receiving within this
 BROKER_STATS_FILE = "broker.stats.json"  # beside broker.port in the stack's workdir
@@ -282,7 +282,7 @@ def skew_tolerance(offsets: dict[int, int] | None) -> dict[str, str]:
     return {"CLOCK_SKEW_TOLERANCE_SECONDS": str(spread)}
 
 
-async def still_pending(store: OrderStateStore, pending: set[str]) -> set[str]:
+async def still_pending(store: OrderRecords, pending: set[str]) -> set[str]:
     """The orders of ``pending`` not yet finished (their index row is gone only once they are
     terminal and owe nothing; a point read confirms it)."""
     active = {row.order_id async for row in store.all_active()}
@@ -365,7 +365,7 @@ class SweepWatch:
         self.by: dict[tuple[int, datetime], str] = {}
         self.max_lag = 0.0
 
-    async def sample(self, store: OrderStateStore) -> None:
+    async def sample(self, store: OrderRecords) -> None:
         for lease in (await store.supervision.read()).buckets:
             self.max_lag = max(self.max_lag, lease.lag_s)
             seen = self.swept[lease.bucket]
@@ -521,7 +521,7 @@ def with_lock_loss(
 
 async def judge(  # type: ignore[no-untyped-def]
     info,
-    store: OrderStateStore,
+    store: OrderRecords,
     ids: set[str],
     sweeps: SweepWatch,
     workdir: Path,
@@ -536,7 +536,7 @@ async def judge(  # type: ignore[no-untyped-def]
 
 
 async def check_invariants(  # type: ignore[no-untyped-def]
-    info, store: OrderStateStore, ids: set[str], *, clocks: Clocks = NO_SKEW
+    info, store: OrderRecords, ids: set[str], *, clocks: Clocks = NO_SKEW
 ) -> dict:
     """``clocks``: the hosts' clock offsets; both bounds grow by their spread (see the module's
     docstring), and Supervisor entries are put back on real time to find early recoveries."""

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.settings import Settings
-from adapters.store.supervision import recovery_bound
+from adapters.store.records import OrderRecords
 from benchmarks import recovery_model
 from benchmarks.broker_throughput import process_cpu_seconds
 from devstack.host.indexing import ServiceBusTrigger, index_app, load_app
@@ -73,6 +73,7 @@ from domain.messages import OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from orderctl.demo import QUICK_SETTINGS
 from service import apply
+from service.operations.supervisor import recovery_bound
 from service.runtime import Runtime
 
 SETTLE_S = 1.5
@@ -171,7 +172,7 @@ async def run_once(hosts: int, args: argparse.Namespace, workdir: Path) -> dict[
     info = await stack.start()
     extra = [] if every else [spawn_host(stack, n) for n in range(1, hosts)]
     settings = Settings.from_env(info.settings)
-    rt = Runtime.from_settings(settings, instance_id="bench@mass-stall")
+    rt = Runtime.from_settings(settings, OrderRecords, instance_id="bench@mass-stall")
     try:
         return await measure(rt, stack, extra, hosts, args)
     finally:

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from adapters.op_counts import COUNTS
 from adapters.settings import Settings
+from adapters.store.records import OrderRecords
 from benchmarks.history import fill_history
 from devstack.stack.azurite import AzuriteProcess
 from devstack.stack.broker import DEFAULT_CONFIG, BrokerProcess
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def measure(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    rt = Runtime.from_settings(Settings.from_env(env), instance_id=new_instance_id("bench"))
+    rt = Runtime.from_settings(
+        Settings.from_env(env), OrderRecords, instance_id=new_instance_id("bench")
+    )
     await rt.store.ensure_tables()
     try:
         dead_letters = await dead_letter_listings(rt, args.rounds)

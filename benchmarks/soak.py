@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from adapters.settings import Settings
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from benchmarks.chaos import SweepWatch, judge, make_orders, still_pending
 from devstack.orders import open_store, send_orders
 from devstack.stack.local_stack import LocalStack
@@ -130,7 +130,7 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if report["invariants_hold"] else 1
 
 
-async def leftovers(store: OrderStateStore, ids: set[str], settings: Settings) -> dict[str, int]:
+async def leftovers(store: OrderRecords, ids: set[str], settings: Settings) -> dict[str, int]:
     active = [row async for row in store.all_active()]
     stray_errors = 0
     after = None

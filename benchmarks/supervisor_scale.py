@@ -31,7 +31,7 @@ Reading the JSON (one document on stdout, times in seconds):
 
 - ``latency_s``: detection latency per order = time of the Supervisor's ``released`` timeline
   entry minus the order's CompleteBy; ``p50``/``p95``/``max`` and how many exceed
-  ``bound.detection_s`` (:func:`adapters.store.supervision.recovery_bound`: period + budget +
+  ``bound.detection_s`` (:func:`service.operations.supervisor.recovery_bound`: period + budget +
   period).
   With N instances ticking on one grid an order waits at most a period for the next tick, plus
   the time the tick takes to reach it.
@@ -77,17 +77,9 @@ from typing import Any, Literal
 from adapters.op_counts import COUNTS, OperationCounts
 from adapters.settings import Connection, Settings
 from adapters.store.active_index import INDEX_BUCKETS, index_partition
+from adapters.store.records import OrderRecords
 from adapters.store.rows import ConcurrencyConflict
-from adapters.store.state_store import OrderStateStore
-from adapters.store.supervision import (
-    BucketLease,
-    Member,
-    RecoveryBound,
-    Roster,
-    Sweep,
-    recovery_bound,
-)
-from adapters.store.supervision import lag as roster_lag
+from adapters.store.supervision import BucketLease, Member, Roster, Sweep
 from adapters.tables import TableService
 from benchmarks.supervisor_tick import QUEUES
 from devstack.memory import MemoryBus, MemoryStore
@@ -96,6 +88,8 @@ from domain import events, lifecycle
 from domain.messages import DueRows, OrderSubmitted, utc_now
 from domain.workflows import ORDER_WORKFLOW, Workflow
 from service import apply
+from service.operations.supervisor import RecoveryBound, recovery_bound
+from service.operations.supervisor import lag as roster_lag
 from service.recovery import handle_due_rows
 from service.runtime import Runtime
 from service.sweep import run_tick
@@ -419,7 +413,7 @@ class Backend:
                 own_hook(request)
 
         service = TableService.from_connection_string(self.connection, request_hook=hook)
-        return OrderStateStore(service, owns_service=True, **self.tables)
+        return OrderRecords(service, owns_service=True, **self.tables)
 
 
 async def run_one(

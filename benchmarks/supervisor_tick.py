@@ -27,7 +27,7 @@ from adapters import clients
 from adapters.op_counts import COUNTS
 from adapters.settings import Connection, Settings
 from adapters.store.active_index import INDEX_BUCKETS
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from devstack.memory import MemoryBus
 from devstack.stack.azurite import AzuriteProcess
 from domain import events, lifecycle
@@ -91,7 +91,7 @@ async def runtime(connection_string: str) -> Runtime:
         storage=Connection("storage", connection_string=connection_string),
         clock_skew=timedelta(0),  # one machine, one clock
     )
-    store = OrderStateStore(clients.table_service(settings.storage))
+    store = OrderRecords(clients.table_service(settings.storage))
     await store.ensure_tables()
     return Runtime(
         settings=settings,

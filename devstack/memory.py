@@ -291,7 +291,8 @@ class MemoryPurgeLog:
 
 
 class MemoryStore:
-    """:class:`adapters.store.state_store.OrderStateStore` in memory."""
+    """:class:`adapters.store.records.OrderRecords` (the state store with operators' reads and the
+    purge) in memory."""
 
     def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
         self._clock = clock

@@ -22,8 +22,8 @@ import httpx
 from azure.servicebus.aio import ServiceBusClient
 
 from adapters.settings import Settings
+from adapters.store.records import OrderRecords
 from adapters.store.rows import TIMELINE_END, TIMELINE_PREFIX, timeline_from_entity
-from adapters.store.state_store import OrderStateStore
 from adapters.tables import Table
 from domain.order import Order, TimelineEntry
 
@@ -147,7 +147,7 @@ class FinishWatch:
     def unfinished(self) -> int:
         return len(self._unseen)
 
-    async def poll(self, store: OrderStateStore) -> list[Order]:
+    async def poll(self, store: OrderRecords) -> list[Order]:
         """One look: the index, then a point read of the next orders that have left it.
         Returns the orders found finished by this look."""
         active = {row.order_id async for row in store.all_active()} & self._ours
@@ -163,7 +163,7 @@ class FinishWatch:
         return found
 
 
-async def any_active(store: OrderStateStore, order_ids: set[str]) -> bool:
+async def any_active(store: OrderRecords, order_ids: set[str]) -> bool:
     """Whether one of ``order_ids`` is in the active-order index (read until one is found)."""
     async for row in store.all_active():
         if row.order_id in order_ids:

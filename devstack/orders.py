@@ -12,7 +12,7 @@ from azure.servicebus.aio import ServiceBusClient
 from adapters import clients
 from adapters.servicebus import to_servicebus_message
 from adapters.settings import Settings
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from adapters.tables import Table as TableClient
 from domain.messages import OrderSubmitted
 
@@ -77,10 +77,10 @@ async def send_orders(
     return sent
 
 
-def open_store(settings: dict[str, str]) -> OrderStateStore:
+def open_store(settings: dict[str, str]) -> OrderRecords:
     """The stack's state store; the caller closes it (``async with``)."""
     config = Settings.from_env(settings)
-    return OrderStateStore(
+    return OrderRecords(
         clients.table_service(config.storage),
         orders_table=config.orders_table,
         active_table=config.active_table,

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from adapters.tables import TableService
 from domain.workflows import WORKFLOWS
 from service.versions import VersionUse, check, versions_in_use
@@ -47,7 +47,7 @@ def table_service(env: Mapping[str, str]) -> TableService:
 
 async def versions_needed(env: Mapping[str, str]) -> dict[str, VersionUse]:
     """The workflow versions of the orders in flight and in Error in the deployed account."""
-    store = OrderStateStore(
+    store = OrderRecords(
         table_service(env),
         orders_table=env.get("ORDERS_TABLE", "orders"),
         active_table=env.get("ACTIVE_ORDERS_TABLE", "activeorders"),

@@ -494,7 +494,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 async def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> int:
     from adapters import clients
     from adapters.settings import Connection
-    from adapters.store.state_store import OrderStateStore
+    from adapters.store.records import OrderRecords
 
     print(
         f"submitting order {order.order_id} ({order.workflow}) to "
@@ -510,7 +510,7 @@ async def _run(args: argparse.Namespace, order: OrderSubmitted, out: TextIO) -> 
             out=out,
         )
     service = clients.table_service(Connection("storage", endpoint=args.storage_table_endpoint))
-    async with OrderStateStore(service, orders_table=args.orders_table, owns_service=True) as store:
+    async with OrderRecords(service, orders_table=args.orders_table, owns_service=True) as store:
         await until_roles_apply(
             lambda: store.find(order.order_id),
             _denied,

@@ -56,7 +56,7 @@ from rich.table import Table
 from rich.text import Text
 
 from adapters.settings import Settings
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from devstack.observe import (
     FinishWatch,
     Ledger,
@@ -361,7 +361,7 @@ class Demo:
             )
         )
         await self._set_faults(info, {"profile": {}, "source": "clean"})
-        runtime = Runtime.from_settings(Settings.from_env(info.settings))
+        runtime = Runtime.from_settings(Settings.from_env(info.settings), OrderRecords)
         ops = LocalOperations(runtime)
         try:
             done = await ops.resubmit(
@@ -386,7 +386,7 @@ class Demo:
         return {"order_id": order_id, "outcome": done.outcome, "final_state": process.state}
 
     async def _watch(
-        self, store: OrderStateStore, order_ids: list[str], started: float
+        self, store: OrderRecords, order_ids: list[str], started: float
     ) -> dict[str, Order]:
         watch = FinishWatch(order_ids, READS_PER_POLL)
         retries_before = host_invocations(self.workdir, RETRY_FUNCTION)
@@ -407,7 +407,7 @@ class Demo:
     async def _summarize(
         self,
         info: StackInfo,
-        store: OrderStateStore,
+        store: OrderRecords,
         orders: list[OrderSubmitted],
         finals: dict[str, Order],
         ops_before: dict[str, int],
@@ -450,7 +450,7 @@ class Demo:
         return summary
 
     async def _observe(
-        self, info: StackInfo, store: OrderStateStore, finals: dict[str, Order], ours: set[str]
+        self, info: StackInfo, store: OrderRecords, finals: dict[str, Order], ours: set[str]
     ) -> Observed:
         """Once the finished orders have sent what they owe, everything the summary needs
         beyond their final states, each in one pass, read concurrently (each mostly waits:
@@ -468,7 +468,7 @@ class Demo:
         async with open_orders_table(info.settings) as table:
             return await timeline_tally(table, self.id_prefix, finished)
 
-    async def _settle(self, store: OrderStateStore, finished: set[str]) -> float:
+    async def _settle(self, store: OrderRecords, finished: set[str]) -> float:
         """Wait (a little) until the finished orders have sent what they owe: a finished order
         leaves the active-order index only after its outbox (its alert) was sent. Returns when
         they had (or the wait ended), as a time.time()."""

@@ -121,12 +121,13 @@ async def migrate(
     """Move the orders in flight on one workflow version to another, where the new version
     keeps every step they have reached (recorded in each order's timeline)."""
     from adapters.settings import Settings
+    from adapters.store.records import OrderRecords
     from service.migration import migrate as run_migration
     from service.runtime import Runtime
 
     screen = output(json_out)
     info = connection.running_stack(workdir)
-    runtime = Runtime.from_settings(Settings.from_env(info.settings))
+    runtime = Runtime.from_settings(Settings.from_env(info.settings), OrderRecords)
     try:
         report = await run_migration(
             runtime,

@@ -18,6 +18,7 @@ import logging
 import threading
 
 from adapters.settings import Settings
+from adapters.store.state_store import OrderStateStore
 from service.runtime import Runtime
 
 log = logging.getLogger("runtime")
@@ -26,7 +27,10 @@ log = logging.getLogger("runtime")
 class Root:
     """One process's Runtime, built on first use from ``settings``: those the load checked, or
     None (a tool that only indexes the functions) for the environment's, read then.
-    ``overrides`` go to :meth:`Runtime.from_settings` (a test's instance id and clock)."""
+    ``overrides`` go to :meth:`Runtime.from_settings` (a test's instance id and clock); the
+    Runtime's store is a :attr:`store_type`."""
+
+    store_type: type[OrderStateStore] = OrderStateStore
 
     def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
         self._settings = settings
@@ -40,7 +44,7 @@ class Root:
         with self._lock:
             if self._runtime is None:
                 settings = self._settings or self.read_settings()
-                self._runtime = Runtime.from_settings(settings, **self._overrides)
+                self._runtime = Runtime.from_settings(settings, self.store_type, **self._overrides)
                 log.info("runtime ready as %s", self._runtime.instance_id)
             return self._runtime
 

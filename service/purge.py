@@ -2,7 +2,7 @@
 
 One run (the retention timer, ``POST /api/purge`` or ``orderctl purge``):
 
-1. Scan for candidates (:meth:`adapters.store.state_store.OrderStateStore.purge_candidates`):
+1. Scan for candidates (:meth:`adapters.store.records.OrderRecords.purge_candidates`):
    process rows of the selected finished states last changed before the cutoff.
 2. Per chunk of candidates, read each order whole (one partition query) and whether its
    active-index row is still there (one point read), and decide (:func:`domain.retention.verdict`):

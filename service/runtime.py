@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from adapters import clients
 from adapters.remote_http import RemoteHttp
@@ -39,6 +39,8 @@ def new_instance_id(role: str = "app") -> str:
 
 log = logging.getLogger("runtime")
 
+Store = TypeVar("Store", bound=OrderStateStore)
+
 STATUS_SENDERS = 64
 """Reply-queue senders kept open per process (each holds an AMQP link)."""
 CLOSE_FLUSH_S = 5.0
@@ -46,9 +48,9 @@ CLOSE_FLUSH_S = 5.0
 
 
 @dataclass
-class Runtime:
+class Runtime(Generic[Store]):
     settings: Settings
-    store: OrderStateStore
+    store: Store
     bus: Bus
     workflows: Mapping[str, Workflow]
     instance_id: str = field(default_factory=new_instance_id)
@@ -66,9 +68,16 @@ class Runtime:
     _status_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> Runtime:
+    def from_settings(
+        cls,
+        settings: Settings,
+        store_type: type[Store] = OrderStateStore,  # type: ignore[assignment]
+        **overrides: object,
+    ) -> Runtime[Store]:
+        """The Runtime of ``settings``; its store a ``store_type`` (the operations app and the
+        tools: :class:`adapters.store.records.OrderRecords`, which the pattern app never loads)."""
         workflows = settings.workflows()
-        store = OrderStateStore(
+        store = store_type(
             clients.table_service(settings.storage),
             orders_table=settings.orders_table,
             active_table=settings.active_table,

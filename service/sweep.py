@@ -27,7 +27,7 @@ Work that survives the worker (:mod:`service.leases`):
   :func:`look`, as the tick would). A bucket whose due rows were all handled or handed out
   records a checkpoint; one the budget cut short keeps its old checkpoint and is claimed first
   next tick, by whoever holds it. Either way the bucket's row records what the tick measured
-  of the backlog and the fleet's pace (:func:`adapters.store.supervision.lag` sums it up).
+  of the backlog and the fleet's pace (:func:`service.operations.supervisor.lag` sums it up).
 - Progress inside a bucket needs no checkpoint: a handled row is moved to its next due time,
   and a handed-out row to the end of its hand-out's lease, so a new holder finds only the rows
   not handled yet, and those whose hand-out was not carried out.

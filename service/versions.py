@@ -22,7 +22,7 @@ from domain.workflows import Workflow, parse_ref, workflow_ref
 from service.listing import MAX_LIMIT, list_orders
 
 if TYPE_CHECKING:
-    from adapters.store.state_store import OrderStateStore
+    from adapters.store.records import OrderRecords
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ def check(in_use: Mapping[str, VersionUse], carried: Iterable[str]) -> tuple[boo
     )
 
 
-async def versions_in_use(store: OrderStateStore) -> dict[str, VersionUse]:
+async def versions_in_use(store: OrderRecords) -> dict[str, VersionUse]:
     """Read the active-order index and the Error index (see the module docstring for cost)."""
     flight = [row.workflow async for row in store.all_active()]
     errors: list[str] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from adapters.archive_reading import ReadableBlobArchive
 from adapters.settings import Settings
+from adapters.store.records import OrderRecords
 from service.composition import Root
 from service.operations.context import OperatorContext
 from service.operations.summary import Summary
@@ -16,6 +17,8 @@ from service.purge import open_archive
 
 
 class OperationsRoot(Root):
+    store_type = OrderRecords
+
     def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
         super().__init__(settings, **overrides)
         self._archive: ReadableBlobArchive | None = None

@@ -5,7 +5,7 @@ What each part reads, and how often (each part is cached for its own time, so an
 browsers refreshing every few seconds cost one read per part per period and instance):
 
 - **In flight** (every ``ACTIVE_TTL``): the active-order index, one request per 1,000 rows
-  (:meth:`adapters.store.state_store.OrderStateStore.list_active`). Its rows say which orders are in
+  (:meth:`adapters.store.records.OrderRecords.list_active`). Its rows say which orders are in
   flight and when each is due (``overdue``: due now, the Supervisor acts on it next), not their
   state: the split into Pending, Processing and Compensating comes from point reads of at most
   ``STATE_READS`` orders per period. With more in flight the split is estimated from those

@@ -22,8 +22,8 @@ from adapters import archive, archive_reading
 from adapters.archive import ArchivedOrder
 from adapters.archive_reading import ReadableBlobArchive
 from adapters.op_counts import OperationCounts
+from adapters.store.records import PURGE_MARKER_ROW, OrderRecords
 from adapters.store.rows import OrderNotFound
-from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.tables import TableService
 from devstack.memory import MemoryArchive, MemoryStore
 from domain.order import Order
@@ -96,7 +96,7 @@ async def table_backend(azurite, unique_name, clock, counts) -> AsyncIterator[Ba
     )
     names = [unique_name(n) for n in ("orders", "active", "supervision")]
     orders, active, supervision = names
-    store = OrderStateStore(
+    store = OrderRecords(
         tables, orders_table=orders, active_table=active, supervision_table=supervision, clock=clock
     )
     await store.ensure_tables()

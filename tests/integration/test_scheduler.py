@@ -26,6 +26,7 @@ from adapters import clients
 from adapters.op_counts import OperationCounts
 from adapters.servicebus import Bus
 from adapters.settings import Settings
+from adapters.store.records import OrderRecords
 from devstack.host.servicebus_runner import to_function_message
 from domain.events import Replied
 from domain.messages import (
@@ -64,7 +65,7 @@ def counts(monkeypatch) -> OperationCounts:
 async def rt(env, clock, counts) -> AsyncIterator[Runtime]:
     """The Runtime on this test's fresh tables and the session broker, its requests counted."""
     runtime = Runtime.from_settings(
-        Settings.from_env(env), instance_id=new_instance_id("scheduler"), clock=clock
+        Settings.from_env(env), OrderRecords, instance_id=new_instance_id("scheduler"), clock=clock
     )
     await runtime.store.ensure_tables()
     counts.reset()

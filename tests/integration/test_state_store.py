@@ -27,6 +27,7 @@ from adapters.store import state_store as store_module
 from adapters.store.active_index import INDEX_BUCKETS, ActiveOrderIndex, index_partition
 from adapters.store.error_index import ErrorOrderIndex, ErrorRow
 from adapters.store.purge_log import PurgeLog
+from adapters.store.records import PURGE_MARKER_ROW, OrderRecords
 from adapters.store.rows import (
     ActivePage,
     ActiveRow,
@@ -36,7 +37,6 @@ from adapters.store.rows import (
     OrderNotFound,
     Unconfirmed,
 )
-from adapters.store.state_store import PURGE_MARKER_ROW, OrderStateStore
 from adapters.store.supervision import BucketLease, Member, SupervisionTable, Sweep
 from adapters.tables import OutcomeUnknown, TableService
 from devstack.memory import MemoryStore
@@ -56,7 +56,7 @@ T0 = datetime(2025, 6, 1, 12, 0, 0, 123456, tzinfo=UTC)
 GRACE = timedelta(minutes=10)
 HOSTILE = "x' or PartitionKey ne '"
 
-Store = MemoryStore | OrderStateStore
+Store = MemoryStore | OrderRecords
 
 
 class Clock:
@@ -133,8 +133,8 @@ def tables(unique_name) -> Tables:
 
 
 @pytest.fixture
-async def table_store(service, tables, clock, counts) -> AsyncIterator[OrderStateStore]:
-    store = OrderStateStore(service, clock=clock, **tables.kwargs())
+async def table_store(service, tables, clock, counts) -> AsyncIterator[OrderRecords]:
+    store = OrderRecords(service, clock=clock, **tables.kwargs())
     await store.ensure_tables()
     counts.reset()
     yield store
@@ -143,10 +143,10 @@ async def table_store(service, tables, clock, counts) -> AsyncIterator[OrderStat
 
 
 @pytest.fixture
-async def other(azurite, tables, clock, table_store) -> AsyncIterator[OrderStateStore]:
+async def other(azurite, tables, clock, table_store) -> AsyncIterator[OrderRecords]:
     """Another store over the tables of ``table_store``, on its own connections: an independent
     look at what the store under test wrote."""
-    store = OrderStateStore.from_connection_string(
+    store = OrderRecords.from_connection_string(
         azurite.connection_string, clock=clock, **tables.kwargs()
     )
     yield store
@@ -265,12 +265,12 @@ def bare(order: Order) -> Order:
     return dataclasses.replace(order, etag="", write_id="")
 
 
-async def error_rows(store: OrderStateStore) -> set[tuple[str, int]]:
+async def error_rows(store: OrderRecords) -> set[tuple[str, int]]:
     page = await store.errors.page(1000)
     return {(row.order_id, row.generation) for row in page.rows}
 
 
-async def active_rows(store: OrderStateStore) -> set[tuple[str, int]]:
+async def active_rows(store: OrderRecords) -> set[tuple[str, int]]:
     return {(row.order_id, row.generation) async for row in store.all_active()}
 
 
@@ -855,7 +855,7 @@ async def test_a_recovery_leaves_a_handed_out_row_a_writer_moved_since(backend):
 # ======================================================================= Table store only
 
 
-async def raw_rows(store: OrderStateStore, service: TableService, pk: str) -> dict[str, Any]:
+async def raw_rows(store: OrderRecords, service: TableService, pk: str) -> dict[str, Any]:
     table = service.get_table_client(store.orders_table)
     rows = table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
     return {row["RowKey"]: row async for row in rows}
@@ -1010,7 +1010,7 @@ async def test_an_sdk_retry_of_a_committed_save_is_not_a_conflict(table_store, c
     assert await error_rows(table_store) == {("o-1", 1)}
 
 
-def resend_each_batch(store: OrderStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def resend_each_batch(store: OrderRecords, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each batch of the orders table is committed and sent again, as the SDK resends one whose
     answer it lost; the answer to the resend is the service's own."""
     table = store._orders
@@ -1605,7 +1605,7 @@ async def test_requests_per_operation_step_by_step(table_store, counts, clock):
     assert seen == REQUESTS
 
 
-Step = Callable[[OrderStateStore, Clock], Awaitable[Any]]
+Step = Callable[[OrderRecords, Clock], Awaitable[Any]]
 
 
 def scenario() -> list[tuple[str, Step]]:
@@ -1613,7 +1613,7 @@ def scenario() -> list[tuple[str, Step]]:
     state: dict[str, Any] = {}
 
     def create_step(order_id: str, key: str, workflow: str = "order") -> Step:
-        async def step(store: OrderStateStore, clock: Clock) -> None:
+        async def step(store: OrderRecords, clock: Clock) -> None:
             order = submitted(order_id, workflow=workflow)
             state[key] = await store.create(order, *new_order(clock, order))
 
@@ -1622,7 +1622,7 @@ def scenario() -> list[tuple[str, Step]]:
     def save_step(
         key: str, event: Callable[[Order, Clock], Any], actor: str = "scheduler-1"
     ) -> Step:
-        async def step(store: OrderStateStore, clock: Clock) -> None:
+        async def step(store: OrderRecords, clock: Clock) -> None:
             current = state[key]
             after, entry = decide(current, event(current, clock), clock, actor)
             state[key] = await store.save(current, after, entry)
@@ -1630,7 +1630,7 @@ def scenario() -> list[tuple[str, Step]]:
         return step
 
     def call(method: str, *args: Any, **kwargs: Any) -> Step:
-        async def step(store: OrderStateStore, clock: Clock) -> Any:
+        async def step(store: OrderRecords, clock: Clock) -> Any:
             target: Any = store
             for part in method.split("."):
                 target = getattr(target, part)
@@ -1639,25 +1639,25 @@ def scenario() -> list[tuple[str, Step]]:
         return step
 
     def collect(method: str, *args: Any) -> Step:
-        async def step(store: OrderStateStore, clock: Clock) -> list[Any]:
+        async def step(store: OrderRecords, clock: Clock) -> list[Any]:
             return [item async for item in getattr(store, method)(*args)]
 
         return step
 
-    async def annotate_step(store: OrderStateStore, clock: Clock) -> None:
+    async def annotate_step(store: OrderRecords, clock: Clock) -> None:
         await store.annotate(state["o2"], actor="op", event="n")
 
-    async def purge_step(store: OrderStateStore, clock: Clock) -> None:
+    async def purge_step(store: OrderRecords, clock: Clock) -> None:
         snapshot = await store.snapshot("o-4")
         assert snapshot is not None
         await store.purge(snapshot)
 
-    async def claim_step(store: OrderStateStore, clock: Clock) -> None:
+    async def claim_step(store: OrderRecords, clock: Clock) -> None:
         until = T0 + timedelta(minutes=1)
         hold = [lease(b, "sup-a") for b in range(INDEX_BUCKETS)]
         state["etags"] = await store.supervision.claim(Member("sup-a", until), hold, [])
 
-    async def checkpoint_step(store: OrderStateStore, clock: Clock) -> None:
+    async def checkpoint_step(store: OrderRecords, clock: Clock) -> None:
         sweeps = [Sweep(lease(b, "sup-a", state["etags"][b]), T0, 0.0, 0) for b in range(4)]
         await store.supervision.checkpoint(sweeps, "sup-a")
 
@@ -1700,14 +1700,14 @@ def scenario() -> list[tuple[str, Step]]:
 
 
 async def test_a_store_used_as_a_context_manager_closes(azurite, tables, clock, service):
-    async with OrderStateStore.from_connection_string(
+    async with OrderRecords.from_connection_string(
         azurite.connection_string, clock=clock, **tables.kwargs()
     ) as store:
         await store.ensure_tables()
         created = await create(store, clock)
         assert await store.load("o-1") == created
     try:
-        assert await OrderStateStore(service, **tables.kwargs()).load("o-1") == created
+        assert await OrderRecords(service, **tables.kwargs()).load("o-1") == created
     finally:
         for name in (tables.orders, tables.active, tables.supervision):
             await service.delete_table(name)
@@ -1824,7 +1824,7 @@ LOST_ANSWERS = ["reset_after_apply", "timeout_after_apply", "error_after_apply"]
 async def faulty(azurite, tables, clock):
     """The proxy, and a store over ``table_store``'s tables that reaches Azurite through it."""
     async with through_proxy(azurite, hold_s=2.0, read_timeout=1) as (proxy, service):
-        yield proxy, OrderStateStore(service, clock=clock, **tables.kwargs())
+        yield proxy, OrderRecords(service, clock=clock, **tables.kwargs())
 
 
 @pytest.mark.parametrize("fault", LOST_ANSWERS)

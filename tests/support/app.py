@@ -25,6 +25,7 @@ from azure.functions import AsgiFunctionApp, FunctionApp
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+from adapters.store.records import OrderRecords
 from devstack.host import LocalHost
 from domain.messages import utc_now
 from domain.signing import SIGNING_KEYS_SETTING
@@ -89,6 +90,7 @@ async def make_runtime(
     """A Runtime on ``env`` whose tables exist; the caller closes it."""
     made = Runtime.from_settings(
         Settings.from_env(env),
+        OrderRecords,
         instance_id=new_instance_id(role),
         clock=clock or Clock(),
     )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from adapters.settings import Settings
-from adapters.store.state_store import OrderStateStore
+from adapters.store.records import OrderRecords
 from devstack.faults.storage_proxy import StorageProxy
 from devstack.memory import MemoryBus
 from devstack.stack.azurite import StorageAccount
@@ -25,7 +25,7 @@ async def fresh_tables(account: StorageAccount) -> AsyncIterator[dict[str, str]]
         "active_table": unique_name("active"),
         "supervision_table": unique_name("supervision"),
     }
-    async with OrderStateStore.from_connection_string(account.connection_string, **names) as s:
+    async with OrderRecords.from_connection_string(account.connection_string, **names) as s:
         await s.ensure_tables()
         yield names
         for name in names.values():
@@ -39,6 +39,6 @@ async def runtime_through_proxy(
     """A Runtime on ``tables`` (a memory bus), its Table calls through a proxy that trickles an
     armed answer a byte every 0.4 s (no read timeout fires)."""
     async with through_proxy(account, trickle_s=0.4) as (proxy, service):
-        store = OrderStateStore(service, **tables)
+        store = OrderRecords(service, **tables)
         rt = Runtime(settings, store, MemoryBus(), settings.workflows())  # type: ignore[arg-type]
         yield proxy, rt

@@ -43,6 +43,7 @@ OPERATIONS_ONLY = (
 OPERATOR_SERVICE = (
     "service.operations", "service.listing", "adapters.queues", "service.control",
     "service.migration", "domain.operator_actions", "service.purge", "adapters.archive",
+    "adapters.store.records", "adapters.store.purge_log", "domain.retention",
 )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from adapters.archive import BlobArchive
 from adapters.remote_http import RemoteHttp
 from adapters.servicebus import Bus
 from adapters.settings import Settings
+from adapters.store.records import OrderRecords
 from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from devstack.stack.processes import REPO_ROOT
@@ -134,6 +135,18 @@ async def test_a_root_builds_its_runtime_once_on_first_use_and_closes_it(made, c
     assert caplog.text.count("runtime ready as app@root-test") == 1
     assert made == [], "building the Runtime opens no client: the functions' loop does"
     await root.close()
+
+
+async def test_only_the_operations_root_builds_the_store_that_reads_and_purges_for_operators(
+    made,
+) -> None:
+    pattern = PatternRoot(Settings.from_env(app_env()))
+    operations = OperationsRoot(Settings.from_env(app_env()))
+    assert type(pattern.runtime().store) is OrderStateStore
+    assert not hasattr(pattern.runtime().store, "get_timeline"), "the pattern app never reads one"
+    assert isinstance(operations.runtime().store, OrderRecords)
+    await pattern.close()
+    await operations.close()
 
 
 async def test_a_root_of_no_checked_settings_reads_the_environment_at_first_use(

@@ -126,7 +126,7 @@ async def test_the_operator_scene_says_it_sets_the_clean_profile_and_it_is_set_b
         store = Store()
 
         @classmethod
-        def from_settings(cls, settings):
+        def from_settings(cls, settings, store_type):
             return cls()
 
         async def close(self):

@@ -22,12 +22,13 @@ from azure.core.exceptions import ServiceResponseError
 
 from adapters.settings import Settings
 from adapters.store.active_index import INDEX_BUCKETS, index_partition
-from adapters.store.supervision import BucketLease, Drain, drain
+from adapters.store.supervision import BucketLease
 from devstack.memory import MemoryStore
 from domain.messages import DueRows, SchedulerCommand, encode, message_id_for
 from service import hand_out
 from service.commands import handle_command
 from service.operations.context import OperatorContext
+from service.operations.supervisor import Drain, drain
 from service.operations.supervisor import supervisor as supervisor_view
 from service.runtime import Runtime
 from service.sweep import BACKLOG_REASON, run_tick

@@ -17,9 +17,9 @@ from datetime import timedelta
 import pytest
 
 from adapters.settings import CLOCK_SKEW_SETTING, Settings, SettingsError
-from adapters.store.supervision import recovery_bound
 from domain.events import DEFAULT_FLUSH_GRACE, DEFAULT_STALE_AFTER, Replied, Swept
 from domain.lifecycle import decide, due_at
+from service.operations.supervisor import recovery_bound
 from tests.support.world import World, order_id
 from tests.unit.test_lifecycle import T0, answer, apply, ctx, new_order, request_of
 from tests.unit.test_settings import env

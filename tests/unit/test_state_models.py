@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from azure.data.tables import EntityProperty
 
+from adapters.store.records import OrderRecords
 from adapters.store.rows import (
     DETAILS_ROW,
     JSON_CHUNK_CHARS,
@@ -33,7 +34,6 @@ from adapters.store.rows import (
     timeline_row_key,
     utc,
 )
-from adapters.store.state_store import OrderStateStore
 from adapters.tables import TableService
 from domain import ids, lifecycle
 from domain.ids import InvalidId
@@ -590,14 +590,14 @@ class NoRequests(AssertionError):
 
 
 @pytest.fixture
-def offline_store() -> OrderStateStore:
+def offline_store() -> OrderRecords:
     """A store whose every HTTP request fails the test: what it refuses, it refuses locally."""
 
     def hook(request):
         raise NoRequests(f"unexpected request {request.method} {request.url}")
 
     service = TableService.from_connection_string(UNREACHABLE, request_hook=hook)
-    return OrderStateStore(service, clock=lambda: T0)
+    return OrderRecords(service, clock=lambda: T0)
 
 
 def answer(order: Order) -> AgentResponse:
@@ -652,9 +652,9 @@ class TestRefusedBeforeAnyRequest:
     def test_table_names_are_validated(self):
         service = TableService.from_connection_string(UNREACHABLE)
         with pytest.raises(InvalidId):
-            OrderStateStore(service, orders_table="orders;drop")
+            OrderRecords(service, orders_table="orders;drop")
         with pytest.raises(ValueError, match="must differ"):
-            OrderStateStore(service, orders_table="orders", active_table="Orders")
+            OrderRecords(service, orders_table="orders", active_table="Orders")
 
     async def test_list_and_timeline_limits_and_tokens(self, offline_store):
         for bad in (0, 1001):
