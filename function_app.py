@@ -33,4 +33,4 @@ def build(root: PatternRoot) -> func.FunctionApp:
 
 
 telemetry.configure()
-app = build(PatternRoot(Settings.check_on_load(retention=False)))
+app = build(PatternRoot(Settings.check_on_load()))

@@ -11,10 +11,11 @@ time, as each trigger of the pattern app does within its own
 (:func:`service.deadlines.http_request`: its Table calls end before Azure's front end gives up
 on it). One timer function (`retention_purge`, retention/functions.py) archives and deletes the
 finished orders past retention, with the same code and archive as ``POST /api/purge``.
-Telemetry first, then the settings check, as function_app.py does; the settings checked make
-the process's composition root (:mod:`service.operations.composition`), which the FastAPI app
-hands to its routes and :func:`serve` to the timer. Tests :func:`serve` an API of their own, on
-a root of their own.
+Telemetry first, then the settings check (every app's and the retention purge's:
+:class:`adapters.retention_settings.RetentionSettings`), as function_app.py does; the settings
+checked make the process's composition root (:mod:`service.operations.composition`), which the
+FastAPI app hands to its routes and :func:`serve` to the timer. Tests :func:`serve` an API of
+their own, on a root of their own.
 """
 
 from typing import Any
@@ -23,7 +24,7 @@ import azure.functions as func
 from fastapi import FastAPI
 
 from adapters import telemetry
-from adapters.settings import Settings
+from adapters.retention_settings import RetentionSettings
 from dashboard.routes import router as dashboard
 from operator_api.app import build, mounted
 from retention import functions as retention
@@ -48,5 +49,5 @@ def serve(api: FastAPI) -> func.AsgiFunctionApp:
 
 
 telemetry.configure()
-api = build(OperationsRoot(Settings.check_on_load()), dashboard)
+api = build(OperationsRoot(RetentionSettings.check_on_load()), dashboard)
 app = serve(api)

@@ -27,18 +27,19 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceModifiedError, ResourceNotFoundError
+from azure.storage.blob import BlobBlock
+from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
+from adapters.credentials import credential
+from adapters.op_counts import COUNTS
+from adapters.settings import Connection
 from adapters.store.rows import iso, outgoing_json, step_json
 from domain.messages import OrderSubmitted
 from domain.order import Order, TimelineEntry
-
-if TYPE_CHECKING:  # the Blob SDK is imported with the first blob client (adapters.clients)
-    from azure.storage.blob import BlobBlock
-    from azure.storage.blob.aio import ContainerClient
 
 FORMAT: Final = 1
 MAX_BLOCKS_PER_BLOB: Final = 49_000
@@ -77,16 +78,24 @@ def blob_name(day: date, part: int = 0) -> str:
 # ------------------------------------------------------------------------------- blob store
 
 
-def _block(block_id: str) -> BlobBlock:
-    from azure.storage.blob import BlobBlock  # loaded with the container's client already
-
-    return BlobBlock(block_id=block_id)
+def blob_service(conn: Connection) -> BlobServiceClient:
+    """The state storage account's blob service (the retention purge's ``storage``:
+    :class:`adapters.retention_settings.Retention`), reporting to adapters.op_counts.COUNTS."""
+    hook = COUNTS.request_hook("blob")
+    if conn.connection_string:
+        return BlobServiceClient.from_connection_string(
+            conn.connection_string, raw_request_hook=hook
+        )
+    assert conn.endpoint is not None
+    return BlobServiceClient(conn.endpoint, credential=credential(conn), raw_request_hook=hook)
 
 
 class BlobArchive:
     """:class:`Archive` on one Blob container (created on first use if missing)."""
 
-    def __init__(self, container: ContainerClient, *, owner: Any = None) -> None:
+    def __init__(
+        self, container: ContainerClient, *, owner: BlobServiceClient | None = None
+    ) -> None:
         self._container = container
         self._owner = owner
         """The BlobServiceClient the container client came from, closed with it."""
@@ -113,7 +122,8 @@ class BlobArchive:
                 condition: dict[str, Any] = {"match_condition": MatchConditions.IfMissing}
                 if etag:
                     condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
-                await blob.commit_block_list([*committed, _block(block_id)], **condition)
+                blocks = [*committed, BlobBlock(block_id=block_id)]
+                await blob.commit_block_list(blocks, **condition)
             except ResourceModifiedError:
                 continue  # another purge appended first: restage against its list
             except HttpResponseError as exc:
@@ -134,7 +144,7 @@ class BlobArchive:
             await self._ensure_container()
             return None, []
         committed, _ = await blob.get_block_list("committed")
-        return etag, [_block(b.id) for b in committed]
+        return etag, [BlobBlock(block_id=b.id) for b in committed]
 
     async def _ensure_container(self) -> None:
         try:

@@ -1,7 +1,8 @@
 """The kinds of value an app setting holds: how each is read from its text, and its refusals.
 
-Each kind is a pydantic validator for a field of the settings model (:mod:`adapters.settings`),
-whose fields are named as the settings are, so a refusal names its setting and says what is
+Each kind is a pydantic validator for a field of the settings model (:mod:`adapters.settings`;
+the retention purge's own kinds are in :mod:`adapters.retention_settings`), whose fields are
+named as the settings are, so a refusal names its setting and says what is
 expected. A blank setting is unset (the field's default); any other text is a value, and one
 outside what the app can honour is refused, never rounded, clamped or taken for unset.
 """
@@ -135,21 +136,8 @@ class WholeNumber:
         return number
 
 
-_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-]+", re.ASCII)
-_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}", re.ASCII)
 _UNITS = ((1, 60), (60, 60), (3600, 24))
 """(seconds, cycle) of the seconds, minutes and hours fields."""
-
-
-def ncrontab(text: str, setting: str) -> str:
-    """A six-field NCRONTAB schedule (seconds first, UTC), its fields one space apart."""
-    fields = text.split()
-    if len(fields) != 6 or not all(_CRON_FIELD.fullmatch(field) for field in fields):
-        raise SettingsError(
-            f"{setting} must be an NCRONTAB schedule of six fields, seconds first, e.g. "
-            f"'0 30 2 * * *' (every day at 02:30 UTC); got {text!r}"
-        )
-    return " ".join(fields)
 
 
 def schedule_period(schedule: str) -> timedelta:
@@ -190,16 +178,6 @@ def entity_name(text: str, setting: str) -> str:
 
 def table_name(text: str, setting: str) -> str:
     return ids.validate_table_name(text)
-
-
-def container_name(text: str, setting: str) -> str:
-    """A Blob container name: 3-63 lowercase letters, digits and single hyphens."""
-    if not _CONTAINER.fullmatch(text):
-        raise SettingsError(
-            f"{setting} must be a blob container name (3-63 lowercase letters, digits and "
-            f"single hyphens, starting and ending with a letter or digit); got {text!r}"
-        )
-    return text
 
 
 def http_url(text: str, setting: str) -> str:

@@ -9,8 +9,8 @@ The settings are a pydantic-settings model, a field per setting named as the set
 read by its kind (:mod:`adapters.setting_values`): every wrong or missing setting is named at
 once, in one SettingsError. Each app reads the settings its code uses: the pattern app those of
 :data:`AppSettings`, the operations app (and the tools) those and the retention purge's
-(:class:`RetentionAppSettings`: the purge runs there), so infra/ sets each app what it reads.
-:class:`Settings` is what the app uses, with everything derived from it (the tuned workflows,
+(:mod:`adapters.retention_settings`: the purge runs there), so infra/ sets each app what it
+reads. :class:`Settings` is what the app uses, with everything derived from it (the tuned workflows,
 the keyring, the Supervisor's period) built when it is made, so a host whose settings the app
 cannot honour refuses to load (:meth:`Settings.check_on_load`) instead of failing every message
 later.
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import Field, ValidationError, ValidationInfo, create_model, field_validator
 from pydantic.fields import FieldInfo
@@ -34,11 +34,9 @@ from adapters.setting_values import (
     Seconds,
     SettingsError,
     WholeNumber,
-    container_name,
     entity_name,
     fixed_interval,
     http_url,
-    ncrontab,
     plain,
     reader,
     refusal,
@@ -67,10 +65,6 @@ DEFAULT_REMOTE_TIMEOUT = timedelta(seconds=10)
 """One call's bound when no setting names one: the remote client's attempt timeout."""
 DEFAULT_REMOTE_MAX_CONNECTIONS = 32
 DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
-DEFAULT_RETENTION_DAYS = 30
-DEFAULT_PURGE_SCHEDULE = "0 30 2 * * *"
-"""Every day at 02:30 UTC."""
-DEFAULT_ARCHIVE_CONTAINER = "order-archive"
 
 # What the app can honour, and why: each bound is quoted when a setting is refused.
 MAX_RUN_BUDGET = timedelta(seconds=270)
@@ -85,7 +79,6 @@ MAX_FAILURE_THRESHOLD = 100
 MAX_SUPERVISOR_CONCURRENCY = 16
 """One per bucket of the active-orders index (``adapters.store.active_index.INDEX_BUCKETS``)."""
 MAX_REMOTE_CONNECTIONS = 256
-MAX_RETENTION_DAYS = 3650
 
 _RUN_BUDGET = Seconds(
     most=MAX_RUN_BUDGET,
@@ -127,29 +120,21 @@ _CONNECTIONS = WholeNumber(
     why="each is a socket, and three services at 256 stay within the 1,024 open files a Linux "
     "process gets by default, with room for Service Bus and Tables",
 )
-_RETENTION = WholeNumber(
-    0,
-    MAX_RETENTION_DAYS,
-    unit=" of days",
-    zero="never purge",
-    why="ten years is the longest a finished order is kept; 0 keeps it for good",
-)
 
 
 @dataclass(frozen=True)
 class Connection:
     """A connection string (local) or an endpoint reached with a managed identity (Azure).
 
-    For the state storage account, ``endpoint`` is the table service and ``blob_endpoint`` the
-    blob service (the purge's archive: the operations app's only); a connection string names
-    both.
+    For the state storage account, ``endpoint`` is the table service (the blob service, where
+    the purge archives, is the operations app's: :mod:`adapters.retention_settings`); a
+    connection string names both.
     """
 
     name: str
     connection_string: str | None = None
     endpoint: str | None = None
     client_id: str | None = None
-    blob_endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,19 +145,6 @@ class ServiceLimits:
 
     timeout_s: float = DEFAULT_REMOTE_TIMEOUT.total_seconds()
     max_connections: int = DEFAULT_REMOTE_MAX_CONNECTIONS
-
-
-@dataclass(frozen=True)
-class Retention:
-    """The retention purge's settings: the operations app's (its timer and the operator API's
-    purge run there)."""
-
-    days: int = DEFAULT_RETENTION_DAYS
-    """Days a finished order (Processed, or Error once resolved) is kept; 0: never purged by
-    the timer (operators may still purge on demand)."""
-    schedule: str = DEFAULT_PURGE_SCHEDULE
-    container: str = DEFAULT_ARCHIVE_CONTAINER
-    """The archive's blob container, in the state storage account."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +175,6 @@ class Settings:
     stamped only once its own clock is past it by more than this (domain.events.Context)."""
     workflow_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The version new orders take, per workflow name (``WORKFLOW_VERSIONS=order=2``)."""
-    retention_config: Retention | None = None
-    """The retention purge's settings; None in the pattern app's, which purges nothing."""
     signing_keys: signing.Keyring | None = None
     """Keys the app signs its internal messages with (the first) and accepts (any); see
     :mod:`domain.signing`. None only in Settings built by hand for code that sends nothing."""
@@ -226,16 +196,6 @@ class Settings:
         if self.signing_keys is None:
             raise SettingsError(f"{signing.SIGNING_KEYS_SETTING} is not configured")
         return self.signing_keys
-
-    @property
-    def retention(self) -> Retention:
-        if self.retention_config is None:
-            raise SettingsError(
-                "the retention purge's settings (RETENTION_DAYS, PURGE_SCHEDULE, "
-                "ARCHIVE_CONTAINER) were not read: these are the pattern app's settings "
-                "(Settings.from_env(retention=False)), and the purge runs in the operations app"
-            )
-        return self.retention_config
 
     def queue(self, role: str) -> str:
         return self.queues[role]
@@ -288,13 +248,19 @@ class Settings:
         return dataclasses.replace(flow, steps=steps, retry=retry, failure_threshold=threshold)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, retention: bool = True) -> Settings:
-        """The settings in ``env`` (default: the process environment), every one checked; a
-        SettingsError names every wrong or missing setting at once, not only the first.
-        ``retention``: the retention purge's too (the operations app's and the tools'); the
-        pattern app reads none of them, so nothing of the purge is set for it."""
+    def model(cls) -> type[AppSettingsBase]:
+        """The app settings these are read from: :data:`AppSettings`, what every app reads (the
+        pattern app's alone; :class:`adapters.retention_settings.RetentionSettings` reads the
+        retention purge's too)."""
+        return AppSettings
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """The settings in ``env`` (default: the process environment), every one of
+        :meth:`model` checked; a SettingsError names every wrong or missing setting at once,
+        not only the first."""
         values = os.environ if env is None else env
-        model = RetentionAppSettings if retention else AppSettings
+        model = cls.model()
         try:
             environment = model(_build_sources=((_Given(model, values),), {}))
         except ValidationError as errors:
@@ -302,29 +268,17 @@ class Settings:
         return cls(**environment.fields())
 
     @classmethod
-    def check_on_load(
-        cls, env: Mapping[str, str] | None = None, *, retention: bool = True
-    ) -> Settings | None:
+    def check_on_load(cls, env: Mapping[str, str] | None = None) -> Self | None:
         """Called when the app is loaded: where ``env`` (default: the process environment)
         configures the app (it names one of its connections: a Functions host, in Azure or
         locally), wrong settings stop the load with every problem named, instead of failing
         every message later, and the settings are returned: the app's composition root builds
         on them. Elsewhere (a tool that only indexes the functions) there is nothing to check:
-        None. ``retention``: as :meth:`from_env`."""
+        None."""
         values = os.environ if env is None else env
         if not any(name.startswith(CONNECTION_NAMES) for name in values):
             return None
-        return cls.from_env(values, retention=retention)
-
-
-def purge_schedule(env: Mapping[str, str]) -> str:
-    """The purge timer's NCRONTAB schedule (``PURGE_SCHEDULE``: six fields, seconds first, UTC).
-
-    The timer function reads this while the app is indexed (the schedule is part of its
-    binding), so a bad value stops the host with this message.
-    """
-    text = (env.get("PURGE_SCHEDULE", "") or "").strip()
-    return ncrontab(text, "PURGE_SCHEDULE") if text else DEFAULT_PURGE_SCHEDULE
+        return cls.from_env(values)
 
 
 def development_sas_key(connection_string: str | None) -> str | None:
@@ -346,7 +300,7 @@ _NOT_SET = (
 )
 
 
-class _AppSettingsBase(BaseSettings):
+class AppSettingsBase(BaseSettings):
     """The app settings as the host gives them, a field per setting named as the setting, each
     read by its kind (:mod:`adapters.setting_values`).
 
@@ -489,46 +443,14 @@ class _AppSettingsBase(BaseSettings):
 
 AppSettings = create_model(
     "AppSettings",
-    __base__=_AppSettingsBase,
+    __base__=AppSettingsBase,
     **{name: (Annotated[str, reader(entity_name)], ...) for name in QUEUE_SETTINGS.values()},
     **{name: (Annotated[str, reader(http_url)], ...) for name in SERVICE_URL_SETTINGS.values()},
 )
 """The app settings model: the base's fields and, required, the queue and service URL
 settings the agent catalog names (one of each per agent). What every app reads: the pattern app
-reads these alone."""
-
-
-class RetentionAppSettings(AppSettings):  # type: ignore[misc,valid-type]
-    """:data:`AppSettings` and the retention purge's: what the operations app reads (the
-    purge's timer and the operator API's purge and archive reads run there), and the tools."""
-
-    StateStorage__blobServiceUri: Annotated[
-        str | None, reader(plain), Field(validate_default=True)
-    ] = None
-    RETENTION_DAYS: Annotated[int, reader(_RETENTION)] = DEFAULT_RETENTION_DAYS
-    PURGE_SCHEDULE: Annotated[str, reader(ncrontab)] = DEFAULT_PURGE_SCHEDULE
-    ARCHIVE_CONTAINER: Annotated[str, reader(container_name)] = DEFAULT_ARCHIVE_CONTAINER
-
-    @field_validator(f"{STATE_STORAGE_CONNECTION}__blobServiceUri")
-    @classmethod
-    def _blob_service(cls, value: str | None, info: ValidationInfo) -> str | None:
-        storage = info.data.get(STATE_STORAGE_CONNECTION)
-        if value or storage is None or storage.connection_string:
-            return value  # a connection string names the blob service (or no storage to name)
-        name = STATE_STORAGE_CONNECTION
-        raise refusal(
-            f"{name}__blobServiceUri is not set: with a managed identity the retention purge "
-            f"needs the state storage's blob service too (it archives finished orders there), "
-            "e.g. https://<account>.blob.core.windows.net/"
-        )
-
-    def fields(self) -> dict[str, Any]:
-        storage = self.StateStorage
-        blob = self.StateStorage__blobServiceUri
-        if storage is not None and storage.connection_string is None:
-            storage = dataclasses.replace(storage, blob_endpoint=blob)
-        retention = Retention(self.RETENTION_DAYS, self.PURGE_SCHEDULE, self.ARCHIVE_CONTAINER)
-        return super().fields() | {"storage": storage, "retention_config": retention}
+reads these alone, the operations app these and the retention purge's
+(:class:`adapters.retention_settings.RetentionAppSettings`)."""
 
 
 class _Given(PydanticBaseSettingsSource):

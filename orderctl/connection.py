@@ -89,13 +89,13 @@ async def backend(workdir: Path) -> AsyncIterator[OperatorBackend]:
         finally:
             await remote.close()
         return
-    from adapters.settings import Settings
+    from adapters.retention_settings import RetentionSettings
     from adapters.store.records import OrderRecords
     from orderctl.local import LocalOperations
     from service.runtime import Runtime
 
     info = running_stack(workdir)
-    runtime = Runtime.from_settings(Settings.from_env(info.settings), OrderRecords)
+    runtime = Runtime.from_settings(RetentionSettings.from_env(info.settings), OrderRecords)
     ops = LocalOperations(runtime)
     try:
         yield cast("OperatorBackend", ops)  # its use cases, set per instance, are the protocol's

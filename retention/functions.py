@@ -12,9 +12,10 @@ identity holds no role on the archive (docs/decisions/005-two-apps-one-package.m
 The schedule is read from the environment when the app is indexed (the Functions host and the
 local host both export the app settings before importing the app), so a missing setting means
 the default (daily at 02:30 UTC) rather than a host that refuses to start, and a malformed one
-stops the host with a message naming it (:func:`adapters.settings.purge_schedule`). The Runtime
-and the archive are the operations app's composition root's
-(:mod:`service.operations.composition`).
+stops the host with a message naming it (:func:`adapters.retention_settings.purge_schedule`).
+The Runtime and the archive are the operations app's composition root's
+(:mod:`service.operations.composition`), its settings the operations app's
+(:class:`adapters.retention_settings.RetentionSettings`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Final
 import azure.functions as func
 
 from adapters.archive import Archive
-from adapters.settings import purge_schedule
+from adapters.retention_settings import purge_schedule, retention_of
 from adapters.telemetry import tracer
 from service.operations.composition import OperationsRoot
 from service.purge import PurgeRequest, run_purge
@@ -45,7 +46,7 @@ def blueprint(root: OperationsRoot) -> func.Blueprint:
     @bp.timer_trigger(arg_name="timer", schedule=purge_schedule(os.environ), run_on_startup=False)
     async def retention_purge(timer: func.TimerRequest) -> None:
         rt = root.runtime()
-        if rt.settings.retention.days == 0:
+        if retention_of(rt.settings).days == 0:
             log.info("retention purge is off (RETENTION_DAYS = 0)")
             return
         await purge(rt, root.archive())
@@ -60,7 +61,7 @@ async def purge(rt: Runtime, archive: Archive) -> None:
             rt.store,
             archive,
             PurgeRequest(
-                older_than=timedelta(days=rt.settings.retention.days),
+                older_than=timedelta(days=retention_of(rt.settings).days),
                 requested_by=rt.actor("retention"),
                 budget=RUN_BUDGET,
             ),

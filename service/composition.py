@@ -49,7 +49,8 @@ class Root:
             return self._runtime
 
     def read_settings(self) -> Settings:
-        """The environment's settings, read on first use when the load checked none."""
+        """The environment's settings, read on first use when the load checked none: every
+        app's (the pattern app's alone; the operations root reads the retention purge's too)."""
         return Settings.from_env()
 
     async def close(self) -> None:
@@ -62,7 +63,3 @@ class Root:
 
 class PatternRoot(Root):
     """The pattern app's: the Runtime its Scheduler, Agents and Supervisor share."""
-
-    def read_settings(self) -> Settings:
-        """The pattern app's: not the retention purge's (the operations app runs it)."""
-        return Settings.from_env(retention=False)

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol, TypeVar
 
-from adapters import clients
-from adapters.archive import Archive, ArchivedOrder, BlobArchive
+from adapters.archive import Archive, ArchivedOrder, BlobArchive, blob_service
+from adapters.retention_settings import retention_of
 from adapters.settings import Settings
 from adapters.store.rows import StoreError, utc
 from domain.retention import (
@@ -253,6 +253,8 @@ async def _archive_then_delete(
 
 def open_archive(settings: Settings, kind: type[A] = BlobArchive) -> A:  # type: ignore[assignment]
     """The archive container of the state storage account, as ``kind`` (the operations app
-    reads it back: :class:`adapters.archive_reading.ReadableBlobArchive`); close it when done."""
-    service = clients.blob_service(settings.storage)
-    return kind(service.get_container_client(settings.retention.container), owner=service)
+    reads it back: :class:`adapters.archive_reading.ReadableBlobArchive`); close it when done.
+    ``settings``: the operations app's (:class:`adapters.retention_settings.RetentionSettings`)."""
+    retention = retention_of(settings)
+    service = blob_service(retention.storage)
+    return kind(service.get_container_client(retention.container), owner=service)

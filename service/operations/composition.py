@@ -8,7 +8,7 @@ per process and hands it to the FastAPI app, which hands it to its routes
 from __future__ import annotations
 
 from adapters.archive_reading import ReadableBlobArchive
-from adapters.settings import Settings
+from adapters.retention_settings import RetentionSettings
 from adapters.store.records import OrderRecords
 from service.composition import Root
 from service.operations.context import OperatorContext
@@ -19,11 +19,15 @@ from service.purge import open_archive
 class OperationsRoot(Root):
     store_type = OrderRecords
 
-    def __init__(self, settings: Settings | None = None, **overrides: object) -> None:
+    def __init__(self, settings: RetentionSettings | None = None, **overrides: object) -> None:
         super().__init__(settings, **overrides)
         self._archive: ReadableBlobArchive | None = None
         self._context: OperatorContext | None = None
         self.summary = Summary(self.runtime)
+
+    def read_settings(self) -> RetentionSettings:
+        """The operations app's: every app's and the retention purge's."""
+        return RetentionSettings.from_env()
 
     def archive(self) -> ReadableBlobArchive:
         """The archive of the Runtime's storage account, opened on first use: one per process,

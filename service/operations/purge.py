@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from adapters import archive_reading as archive
 from adapters.archive import ArchiveError
+from adapters.retention_settings import retention_of
 from adapters.store.rows import OrderRecord
 from domain.retention import PURGEABLE_STATES
 from domain.states import ProcessState
@@ -44,7 +45,7 @@ async def purge(
     only) or all. A dry run only counts. Never an order in flight."""
     actor = validation.operator_actor(operator)
     states = _states(state)
-    days = ctx.rt.settings.retention.days if older_than_days is None else older_than_days
+    days = retention_of(ctx.rt.settings).days if older_than_days is None else older_than_days
     if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 3650:
         if older_than_days is None:
             raise InvalidRequest(

@@ -612,13 +612,14 @@ class _RecordingEnv(Mapping[str, str]):
 
 
 def settings_read_by_code(root: Path = REPO_ROOT) -> tuple[set[str], set[str]]:
-    """(names read, connection-string names) by ``Settings.from_env`` in its Azure form: every
-    setting either app may read (what each one does read: :func:`settings_read_on_load`)."""
-    from adapters import settings as settings_module
+    """(names read, connection-string names) by ``RetentionSettings.from_env`` in its Azure
+    form: every setting either app may read (the operations app's; what each one does read:
+    :func:`settings_read_on_load`)."""
+    from adapters.retention_settings import RetentionSettings
 
     env, local_only = azure_environment(root)
     recorder = _RecordingEnv(env)
-    settings_module.Settings.from_env(recorder)
+    RetentionSettings.from_env(recorder)
     return recorder.read, local_only
 
 

@@ -18,7 +18,7 @@ How the code is read (a small abstract interpreter over ``ast``):
   called from.
 - Resource names come from the settings: which field of ``Settings`` (or of a dataclass it
   holds, such as the retention purge's) each app setting feeds is found by running
-  ``Settings.from_env`` with a marker value per setting (:func:`settings_fields`). A string
+  ``RetentionSettings.from_env`` with a marker value per setting (:func:`settings_fields`). A string
   the code builds at run time (a submitter's reply queue) is a name "named at run time",
   which only a role on the whole namespace or account covers.
 - Azure clients are recognised by their SDK classes and by the factories the SDKs share
@@ -1064,7 +1064,20 @@ class Analyzer:
         # Annotations only fill in what no assignment tells (``x: T | None = None``).
         if not _known(frozenset(found)):
             found |= annotations
+        if not found and not any(attr in cls.annotations for cls in self.program.mro(info)):
+            found |= self._subclass_attribute(info, attr)
         return frozenset(found) if _known(frozenset(found)) else frozenset(found) | SOME
+
+    def _subclass_attribute(self, info: ClassInfo, attr: str) -> Atoms:
+        """What ``attr`` holds on an instance of ``info`` whose class declares no such
+        attribute: the subclasses' that declare it as a field (an instance known by its
+        annotation may be of a subclass: a ``Settings`` that is a ``RetentionSettings``)."""
+        found: set[Any] = set()
+        for key, sub in self.program.classes.items():
+            if sub is info or info not in self.program.mro(sub) or attr not in sub.annotations:
+                continue
+            found |= self._instance_attribute(Obj(key), attr, self._module_frame(sub.module))
+        return frozenset(found)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -1366,21 +1379,24 @@ def _self_assignment(node: ast.AST, attr: str) -> ast.expr | tuple[ast.expr, Any
 
 
 def settings_fields(env: Mapping[str, str], names: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Which field each app setting in ``names`` fills: run ``Settings.from_env`` with one
-    setting at a time set to a marker (a valid table, queue and container name), and find the
-    marker among the fields of ``Settings`` (top level, or a value of a mapping field) and of
-    the dataclasses it holds (the retention purge's :class:`adapters.settings.Retention`).
+    """Which field each app setting in ``names`` fills: run ``RetentionSettings.from_env`` (the
+    settings either app reads) with one setting at a time set to a marker (a valid table, queue
+    and container name), and find the marker among the fields of the settings (top level, or a
+    value of a mapping field) and of the dataclasses they hold (the retention purge's
+    :class:`adapters.retention_settings.Retention`).
 
     Returns class (``module.Name``) -> field -> setting, or field -> {key: setting} for a
-    mapping field.
+    mapping field; a field of :class:`adapters.settings.Settings` under that class too, which
+    the pattern app's code holds.
     """
-    from adapters.settings import Settings, SettingsError
+    from adapters.retention_settings import RetentionSettings
+    from adapters.settings import SettingsError
 
     found: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(sorted(names)):
         marker = "zqmark" + "".join(string.ascii_lowercase[int(d)] for d in str(i))
         try:
-            settings = Settings.from_env({**env, name: marker})
+            settings = RetentionSettings.from_env({**env, name: marker})
         except SettingsError:
             continue  # not a name: the marker is not a valid value for it
         held = [settings] + [
@@ -1389,15 +1405,16 @@ def settings_fields(env: Mapping[str, str], names: Iterable[str]) -> dict[str, d
             if dataclasses.is_dataclass(value := getattr(settings, item.name))
         ]
         for holder in held:
-            fields = found.setdefault(f"{type(holder).__module__}.{type(holder).__qualname__}", {})
-            for item in dataclasses.fields(holder):
-                value = getattr(holder, item.name)
-                if value == marker:
-                    fields[item.name] = name
-                elif isinstance(value, Mapping):
-                    keys = [k for k, v in value.items() if v == marker]
-                    if keys:
-                        fields.setdefault(item.name, {})[keys[0]] = name
+            for cls in filter(dataclasses.is_dataclass, type(holder).__mro__):
+                fields = found.setdefault(f"{cls.__module__}.{cls.__qualname__}", {})
+                for item in dataclasses.fields(cls):
+                    value = getattr(holder, item.name)
+                    if value == marker:
+                        fields[item.name] = name
+                    elif isinstance(value, Mapping):
+                        keys = [k for k, v in value.items() if v == marker]
+                        if keys:
+                            fields.setdefault(item.name, {})[keys[0]] = name
     return found
 
 

@@ -13,10 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from croniter import croniter
 
-from adapters.settings import (
+from adapters.retention_settings import (
     DEFAULT_PURGE_SCHEDULE,
     DEFAULT_RETENTION_DAYS,
     MAX_RETENTION_DAYS,
+)
+from adapters.settings import (
     QUEUE_SETTINGS,
     SERVICE_URL_SETTINGS,
     SERVICEBUS_CONNECTION,
@@ -164,7 +166,7 @@ def test_the_archive_has_its_own_role_and_moves_to_cool_storage(layout):
     settings = checks.function_app_settings(infra.bind(checks.OPERATIONS))
     assert settings["RETENTION_DAYS"] != "", "set from the retentionDays parameter"
     days = infra.main.params["retentionDays"]
-    # What adapters/settings.py accepts (0..MAX_RETENTION_DAYS) is what the parameter allows.
+    # What adapters/retention_settings.py accepts (0..MAX_RETENTION_DAYS) the parameter allows.
     bounds = {d["type"]: d["argument"] for d in days["decorators"]}
     assert (days["type"], bounds["min_value"], bounds["max_value"]) == (
         "int",

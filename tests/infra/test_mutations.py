@@ -1620,8 +1620,8 @@ CODE_MUTATIONS = [
         "retention/functions.py",
         first_line_of(
             "retention_purge",
-            "from adapters import clients\n"
-            "service = clients.blob_service(root.runtime().settings.storage)\n"
+            "from adapters.archive import blob_service\n"
+            "service = blob_service(retention_of(root.runtime().settings).storage)\n"
             'service.get_container_client("exports").upload_blob("x", b"")',
         ),
         "storage_names",

@@ -24,7 +24,8 @@ from typing import Any
 from azure.functions import AsgiFunctionApp, FunctionApp
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
-from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS, Settings
+from adapters.retention_settings import RetentionSettings
+from adapters.settings import QUEUE_SETTINGS, SERVICE_URL_SETTINGS
 from adapters.store.records import OrderRecords
 from devstack.host import LocalHost
 from domain.messages import utc_now
@@ -87,9 +88,10 @@ class Clock:
 async def make_runtime(
     env: dict[str, str], role: str = "app", clock: Clock | None = None
 ) -> Runtime:
-    """A Runtime on ``env`` whose tables exist; the caller closes it."""
+    """A Runtime on ``env`` whose tables exist; the caller closes it. Its settings are those
+    either app reads (the operations app's), so either app's root may take them."""
     made = Runtime.from_settings(
-        Settings.from_env(env),
+        RetentionSettings.from_env(env),
         OrderRecords,
         instance_id=new_instance_id(role),
         clock=clock or Clock(),
@@ -123,7 +125,9 @@ def operations_app(rt: Runtime) -> tuple[AsgiFunctionApp, OperationsRoot]:
     from dashboard.routes import router as dashboard
     from operator_api.app import build
 
-    root = OperationsRoot(rt.settings, **like(rt))
+    settings = rt.settings
+    assert isinstance(settings, RetentionSettings), "the operations app's: make_runtime's"
+    root = OperationsRoot(settings, **like(rt))
     return operations_app.serve(build(root, dashboard)), root
 
 

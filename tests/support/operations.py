@@ -90,7 +90,7 @@ class Around(OperationsRoot):
     event loop, or its store behind a fault proxy)."""
 
     def __init__(self, rt: Runtime) -> None:
-        super().__init__(rt.settings)
+        super().__init__()  # no settings to read: the Runtime, built already, is the test's
         self._runtime = rt
 
 

@@ -2,8 +2,8 @@
 import nothing from devstack/ or the tests, and nothing either app's entry point loads
 (``import function_app``, ``import operations_app``), however deep, is of the development stack
 or a library only requirements-dev.txt installs. And the pattern app loads nothing of the
-operations app: no operator API, dashboard or operator use case, no FastAPI, no retention purge
-or archive."""
+operations app: no operator API, dashboard or operator use case, no FastAPI, no retention purge,
+archive (nor the Blob SDK) or retention settings."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ OPERATOR_SERVICE = (
     "service.operations", "service.listing", "adapters.queues", "service.control",
     "service.migration", "domain.operator_actions", "service.purge", "adapters.archive",
     "adapters.store.records", "adapters.store.purge_log", "domain.retention",
+    "adapters.retention_settings", "azure.storage.blob",
 )  # fmt: skip
 
 
@@ -69,4 +70,7 @@ def test_the_pattern_app_loads_nothing_of_the_operations_app() -> None:
     ]
     assert not operator, f"import function_app loads {operator}"
     operations = loaded_by("operations_app")
-    assert {"operator_api.routes", "retention.functions", "adapters.archive"} <= set(operations)
+    assert {
+        "operator_api.routes", "retention.functions", "adapters.archive",
+        "adapters.retention_settings", "azure.storage.blob",
+    } <= set(operations)  # fmt: skip

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from adapters import clients
 from adapters.archive import BlobArchive
 from adapters.remote_http import RemoteHttp
+from adapters.retention_settings import RetentionSettings, retention_of
 from adapters.servicebus import Bus
 from adapters.settings import Settings
 from adapters.store.records import OrderRecords
@@ -157,8 +158,8 @@ async def test_a_root_of_no_checked_settings_reads_the_environment_at_first_use(
     for name, value in (app_env() | {"FAILURE_THRESHOLD": "7", "RETENTION_DAYS": "9"}).items():
         monkeypatch.setenv(name, value)
     assert root.runtime().settings.failure_threshold == 7
-    assert root.runtime().settings.retention_config is None, "the purge is the operations app's"
-    assert operations.runtime().settings.retention.days == 9
+    assert type(root.runtime().settings) is Settings, "the purge is the operations app's"
+    assert retention_of(operations.runtime().settings).days == 9
     await root.close()
     await operations.close()
 
@@ -180,7 +181,7 @@ async def test_the_operations_root_shares_one_context_and_closes_it_with_the_sum
     monkeypatch.setattr(OperatorContext, "close", close_context)
     monkeypatch.setattr(Summary, "close", close_summary)
     monkeypatch.setattr(BlobArchive, "close", close_archive)
-    root = OperationsRoot(Settings.from_env(app_env()))
+    root = OperationsRoot(RetentionSettings.from_env(app_env()))
     ctx = await root.context()
     assert await root.context() is ctx and ctx.rt is root.runtime()
     archive = root.archive()
@@ -190,8 +191,8 @@ async def test_the_operations_root_shares_one_context_and_closes_it_with_the_sum
 
 
 async def test_the_operator_api_takes_the_context_of_the_root_it_was_built_on(made) -> None:
-    first = load(OperationsRoot(Settings.from_env(app_env())))
-    second = load(OperationsRoot(Settings.from_env(app_env())))
+    first = load(OperationsRoot(RetentionSettings.from_env(app_env())))
+    second = load(OperationsRoot(RetentionSettings.from_env(app_env())))
     for app in (first, second):
         request = Request({"type": "http", "app": app.api, "headers": []})
         assert await context(request) is await app.root.context()

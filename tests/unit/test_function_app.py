@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
+from adapters.retention_settings import DEFAULT_PURGE_SCHEDULE, purge_schedule
 from adapters.settings import (
-    DEFAULT_PURGE_SCHEDULE,
     QUEUE_SETTINGS,
     SERVICEBUS_CONNECTION,
-    purge_schedule,
 )
 from devstack.stack.processes import REPO_ROOT
 from tests.support.app import EXAMPLE_SETTINGS

@@ -16,7 +16,7 @@ from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 from azure.storage.blob.aio import BlobServiceClient
 
-from adapters import clients
+from adapters import archive, clients
 from adapters import servicebus as bus
 from adapters.remote_http import RemoteHttp
 from adapters.settings import Connection, Settings
@@ -445,13 +445,8 @@ async def test_the_table_service_authenticates_with_the_async_credential() -> No
 
 
 async def test_the_blob_service_authenticates_with_the_async_credential() -> None:
-    conn = Connection(
-        "StateStorage",
-        endpoint="https://st.table.core.windows.net",
-        blob_endpoint="https://st.blob.core.windows.net",
-        client_id="1",
-    )
-    client = clients.blob_service(conn)
+    conn = Connection("StateStorage", endpoint="https://st.blob.core.windows.net", client_id="1")
+    client = archive.blob_service(conn)
     try:
         assert isinstance(client, BlobServiceClient)
         assert isinstance(client.credential, ManagedIdentityCredential)

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.retention_settings import Retention, RetentionSettings, retention_of
 from adapters.setting_values import SettingsError
-from adapters.settings import MAX_RUN_BUDGET, Connection, Retention, ServiceLimits, Settings
+from adapters.settings import MAX_RUN_BUDGET, Connection, ServiceLimits, Settings
 from devstack.stack.processes import REPO_ROOT
 from domain.signing import local_keyring, parse_keyring
 from domain.workflows import ORDER_WORKFLOW, WORKFLOWS
@@ -88,17 +89,22 @@ def test_managed_identity_endpoints_instead_of_connection_strings():
 )
 def test_bad_settings_say_what_to_fix(changes, message):
     with pytest.raises((SettingsError, ValueError)) as caught:
-        Settings.from_env(env(**changes))
+        RetentionSettings.from_env(env(**changes))
     assert message in str(caught.value)
 
 
 def test_retention_settings_and_their_defaults():
-    assert Settings.from_env(env()).retention == Retention(30, "0 30 2 * * *", "order-archive")
-    tuned = Settings.from_env(
+    storage = Connection("StateStorage", connection_string="UseDevelopmentStorage=true")
+    assert RetentionSettings.from_env(env()).retention == Retention(
+        storage=storage, days=30, schedule="0 30 2 * * *", container="order-archive"
+    )
+    tuned = RetentionSettings.from_env(
         env(RETENTION_DAYS="0", PURGE_SCHEDULE=" 0  0 4 * * 1-5 ", ARCHIVE_CONTAINER="arch-1")
     )
-    assert tuned.retention == Retention(0, "0 0 4 * * 1-5", "arch-1")
-    assert Settings.from_env(env(RETENTION_DAYS="3650")).retention.days == 3650
+    assert tuned.retention == Retention(
+        storage=storage, days=0, schedule="0 0 4 * * 1-5", container="arch-1"
+    )
+    assert RetentionSettings.from_env(env(RETENTION_DAYS="3650")).retention.days == 3650
 
 
 def test_the_pattern_app_reads_none_of_the_retention_purges_settings():
@@ -106,18 +112,34 @@ def test_the_pattern_app_reads_none_of_the_retention_purges_settings():
     unread (a wrong one is the operations app's to refuse), and ask for no blob service."""
     purge = {"RETENTION_DAYS": "-1", "PURGE_SCHEDULE": "never", "ARCHIVE_CONTAINER": "A_B"}
     with pytest.raises(SettingsError, match="3 app settings are wrong"):
-        Settings.from_env(env(**purge))
-    settings = Settings.from_env(env(**purge), retention=False)
-    assert settings.retention_config is None
+        RetentionSettings.from_env(env(**purge))
+    settings = Settings.from_env(env(**purge))
+    assert type(settings) is Settings
     with pytest.raises(SettingsError, match="RETENTION_DAYS, PURGE_SCHEDULE, ARCHIVE_CONTAINER"):
-        settings.retention  # noqa: B018
+        retention_of(settings)
     identity = {
         "StateStorage": None,
         "StateStorage__tableServiceUri": "https://st.table.core.windows.net",
         "StateStorage__clientId": "1111",
     }
-    checked = Settings.check_on_load(env(**identity), retention=False)
-    assert checked is not None and checked.storage.blob_endpoint is None
+    checked = Settings.check_on_load(env(**identity))
+    assert (
+        checked is not None
+        and checked.storage.endpoint == identity["StateStorage__tableServiceUri"]
+    )
+
+
+def test_the_operations_app_checks_the_purges_settings_with_every_apps_at_load():
+    """One SettingsError names a wrong setting of either kind: the operations app's load checks
+    the retention purge's settings together with the common ones."""
+    with pytest.raises(SettingsError) as caught:
+        RetentionSettings.check_on_load(env(STEP_TIMEOUT_SECONDS="soon", RETENTION_DAYS="-1"))
+    message = str(caught.value)
+    assert message.startswith("2 app settings are wrong:")
+    assert "STEP_TIMEOUT_SECONDS" in message and "RETENTION_DAYS" in message
+    checked = RetentionSettings.check_on_load(env(RETENTION_DAYS="9"))
+    assert checked is not None and retention_of(checked).days == 9
+    assert RetentionSettings.check_on_load({}) is None  # only indexing the functions
 
 
 def test_compensation_budget_and_warning_and_their_defaults():
@@ -140,13 +162,13 @@ def test_managed_identity_storage_needs_the_blob_service_too_for_the_purge():
         "StateStorage__clientId": "1111",
     }
     with pytest.raises(SettingsError, match=r"StateStorage__blobServiceUri is not set: .* purge"):
-        Settings.from_env(env(**identity))
+        RetentionSettings.from_env(env(**identity))
     blob = "https://st.blob.core.windows.net"
-    settings = Settings.from_env(env(**identity, StateStorage__blobServiceUri=blob))
-    assert (settings.storage.endpoint, settings.storage.blob_endpoint) == (
-        "https://st.table.core.windows.net",
-        blob,
+    settings = RetentionSettings.from_env(env(**identity, StateStorage__blobServiceUri=blob))
+    assert settings.storage == Connection(
+        "StateStorage", endpoint="https://st.table.core.windows.net", client_id="1111"
     )
+    assert settings.retention.storage == Connection("StateStorage", endpoint=blob, client_id="1111")
 
 
 def test_tuning_applies_to_every_workflow():
@@ -276,7 +298,7 @@ def test_a_step_budget_the_workflows_cannot_take_stops_the_load():
 
 
 def test_zero_is_zero_where_a_setting_allows_it_and_blank_is_unset():
-    settings = Settings.from_env(
+    settings = RetentionSettings.from_env(
         env(STEP_QUEUE_SECONDS="0", CLOCK_SKEW_TOLERANCE_SECONDS="0.000", RETENTION_DAYS="0")
     )
     assert settings.step_queue == settings.clock_skew == timedelta(0)

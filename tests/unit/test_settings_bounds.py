@@ -13,14 +13,9 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.retention_settings import RetentionAppSettings, RetentionSettings, retention_of
 from adapters.setting_values import SettingsError
-from adapters.settings import (
-    MAX_SUPERVISOR_CONCURRENCY,
-    MAX_WAIT,
-    QUEUE_SETTINGS,
-    RetentionAppSettings,
-    Settings,
-)
+from adapters.settings import MAX_SUPERVISOR_CONCURRENCY, MAX_WAIT, QUEUE_SETTINGS, Settings
 from adapters.store.active_index import INDEX_BUCKETS
 from devstack.stack.processes import REPO_ROOT
 from domain.workflows import Step
@@ -47,7 +42,7 @@ COUNTS: dict[str, Callable[[Settings], int]] = {
     "REMOTE_MAX_CONNECTIONS": lambda s: s.remote_limits.max_connections,
     "SUPERVISOR_CONCURRENCY": lambda s: s.supervisor_concurrency,
     "FAILURE_THRESHOLD": lambda s: s.workflows()["order@1"].failure_threshold,
-    "RETENTION_DAYS": lambda s: s.retention.days,
+    "RETENTION_DAYS": lambda s: retention_of(s).days,
 }
 ZERO_ALLOWED = {"STEP_QUEUE_SECONDS", "CLOCK_SKEW_TOLERANCE_SECONDS", "RETENTION_DAYS"}
 
@@ -86,11 +81,11 @@ def test_the_tables_hold_every_numeric_setting():
 def test_an_odd_number_is_refused_naming_its_setting_or_is_exactly_zero(name, case):
     value = ODD_VALUES.get(case, "0.5")
     if value == "0" and name in ZERO_ALLOWED:
-        settings = Settings.from_env(EXAMPLE_SETTINGS | {name: value})
+        settings = RetentionSettings.from_env(EXAMPLE_SETTINGS | {name: value})
         assert (DURATIONS | COUNTS)[name](settings) in (0, timedelta(0))
         return
     with pytest.raises(SettingsError) as refused:
-        Settings.from_env(EXAMPLE_SETTINGS | {name: value})
+        RetentionSettings.from_env(EXAMPLE_SETTINGS | {name: value})
     message = str(refused.value)
     assert message.startswith(f"{name} must be "), message  # one problem: this setting's
     assert "\n" not in message and repr(value[:40]) in message
@@ -106,7 +101,7 @@ def test_a_duration_of_milliseconds_is_those_milliseconds(name):
 
 @pytest.mark.parametrize("name", COUNTS)
 def test_a_count_is_that_count(name):
-    assert COUNTS[name](Settings.from_env(EXAMPLE_SETTINGS | {name: " 007 "})) == 7
+    assert COUNTS[name](RetentionSettings.from_env(EXAMPLE_SETTINGS | {name: " 007 "})) == 7
 
 
 def test_the_longest_wait_is_what_a_queue_keeps_a_message():
