@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -115,8 +115,7 @@ def route(method: str, path: str, tag: str, summary: str, answer: Answer,
 
 def root(request: Request) -> OperationsRoot:
     """The app's composition root, which :func:`operator_api.app.build` keeps in its state."""
-    built: OperationsRoot = request.app.state.root
-    return built
+    return cast(OperationsRoot, request.app.state.root)
 
 
 async def context(request: Request) -> OperatorContext:
