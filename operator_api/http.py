@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, APIKeyQuery
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from adapters import deadline
 from service.operations import errors
@@ -30,6 +31,7 @@ PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
 TOO_LARGE: Final = errors.TooLarge("body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
 INTERNAL: Final = errors.ServerFault("internal", "the request failed on our side; it is logged")
 OUT_OF_TIME: Final = errors.ServerFault("out_of_time", "the request ran out of time: try again")
+UNREADABLE: Final = errors.InvalidRequest("invalid_json", "the body is not UTF-8 JSON, or too deep")
 ERRORS: Final = {
     400: "Invalid input: the message says what to fix",
     401: "Missing or wrong function key (answered by the Functions host)",
@@ -54,7 +56,8 @@ def refusal(error: errors.OperatorError) -> Response:
 
 class OperatorRoute(APIRoute):
     """A route whose every refusal is the API's error: an :class:`OperatorError` raised anywhere
-    (a use case, a parameter's validator), a request FastAPI finds invalid (400), a body over
+    (a use case, a parameter's validator), a request FastAPI finds invalid or cannot read (400:
+    its HTTPException for a body not UTF-8 or nested too deep), a body over
     :data:`MAX_BODY_BYTES` (413, before it is parsed), a fault (500)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
@@ -69,6 +72,8 @@ class OperatorRoute(APIRoute):
                 return refusal(_invalid(invalid.errors()))
             except errors.OperatorError as refused:
                 return refusal(refused)
+            except HTTPException:
+                return refusal(UNREADABLE)
             except Exception:
                 log.exception("operator API request %s %s failed", request.method, self.path)
                 left = deadline.remaining()
