@@ -56,9 +56,8 @@ def refusal(error: errors.OperatorError) -> Response:
 
 class OperatorRoute(APIRoute):
     """A route whose every refusal is the API's error: an :class:`OperatorError` raised anywhere
-    (a use case, a parameter's validator), a request FastAPI finds invalid or cannot read (400:
-    its HTTPException for a body not UTF-8 or nested too deep), a body over
-    :data:`MAX_BODY_BYTES` (413, before it is parsed), a fault (500)."""
+    (a use case, a parameter's validator), a request FastAPI finds invalid or cannot read (400),
+    a body over :data:`MAX_BODY_BYTES` (413, before it is parsed), a fault (500)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handle = super().get_route_handler()
@@ -72,7 +71,7 @@ class OperatorRoute(APIRoute):
                 return refusal(_invalid(invalid.errors()))
             except errors.OperatorError as refused:
                 return refusal(refused)
-            except HTTPException:
+            except HTTPException:  # FastAPI's, for a body it cannot decode (not UTF-8, too deep)
                 return refusal(UNREADABLE)
             except Exception:
                 log.exception("operator API request %s %s failed", request.method, self.path)
