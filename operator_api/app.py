@@ -5,7 +5,6 @@ routes find what they work with on the app's composition root, kept in its state
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -15,6 +14,7 @@ from starlette.routing import Mount
 
 from operator_api import routes
 from operator_api.http import json_response
+from service.operations import errors
 from service.operations.composition import OperationsRoot
 
 PREFIX: Final = "/api"
@@ -26,10 +26,23 @@ DESCRIPTION: Final = (
 )
 
 
+class _OperatorAPI(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document (which it makes once, then keeps) less the 422 it adds to routes with
+        parameters: this API refuses invalid input with 400, documented per route."""
+        made = super().openapi()
+        for item in made["paths"].values():
+            for operation in item.values():
+                operation["responses"].pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            made["components"]["schemas"].pop(unused, None)
+        return made
+
+
 def build(root: OperationsRoot, *beside: APIRouter) -> FastAPI:
     """The operator API on ``root``, with the routers ``beside`` it (the dashboard's) left
     undocumented."""
-    api = FastAPI(
+    api = _OperatorAPI(
         title="Order processing operator API", version="1.0.0", description=DESCRIPTION,
         servers=[{"url": PREFIX}], root_path_in_servers=False,
         openapi_url=None, docs_url=None, redoc_url=None,
@@ -43,7 +56,6 @@ def build(root: OperationsRoot, *beside: APIRouter) -> FastAPI:
     for router in beside:
         api.include_router(router, include_in_schema=False)
     api.add_exception_handler(HTTPException, _unrouted)
-    api.openapi = _without_422(api.openapi)  # type: ignore[method-assign]
     return api
 
 
@@ -56,22 +68,5 @@ async def _unrouted(request: Request, error: Exception) -> Response:
     """No route for the path (404) or the method (405): the API's error, not FastAPI's."""
     assert isinstance(error, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "bad_request")
-    body = {"error": {"code": code, "message": f"no function serves {request.method} "
-                      f"{request.url.path}"}}  # fmt: skip
-    return json_response(error.status_code, body, error.headers)
-
-
-def _without_422(generate: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """FastAPI's document (made once, then cached) less the 422 it adds to every route with
-    parameters: this API refuses invalid input with 400, documented per route."""
-
-    def document() -> dict[str, Any]:
-        made = generate()
-        for item in made["paths"].values():
-            for operation in item.values():
-                operation["responses"].pop("422", None)
-        for unused in ("HTTPValidationError", "ValidationError"):
-            made["components"]["schemas"].pop(unused, None)
-        return made
-
-    return document
+    unserved = errors.OperatorError(code, f"no function serves {request.method} {request.url.path}")
+    return json_response(error.status_code, unserved.to_json(), error.headers)

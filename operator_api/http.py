@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, APIKeyQuery
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from adapters import deadline
 from service.operations import errors
@@ -30,6 +31,7 @@ PRINCIPAL_HEADER: Final = "X-MS-CLIENT-PRINCIPAL-NAME"
 TOO_LARGE: Final = errors.TooLarge("body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
 INTERNAL: Final = errors.ServerFault("internal", "the request failed on our side; it is logged")
 OUT_OF_TIME: Final = errors.ServerFault("out_of_time", "the request ran out of time: try again")
+UNREADABLE: Final = errors.InvalidRequest("invalid_json", "the body is not UTF-8 JSON, or too deep")
 ERRORS: Final = {
     400: "Invalid input: the message says what to fix",
     401: "Missing or wrong function key (answered by the Functions host)",
@@ -54,8 +56,8 @@ def refusal(error: errors.OperatorError) -> Response:
 
 class OperatorRoute(APIRoute):
     """A route whose every refusal is the API's error: an :class:`OperatorError` raised anywhere
-    (a use case, a parameter's validator), a request FastAPI finds invalid (400), a body over
-    :data:`MAX_BODY_BYTES` (413, before it is parsed), a fault (500)."""
+    (a use case, a parameter's validator), a request FastAPI finds invalid or cannot read (400),
+    a body over :data:`MAX_BODY_BYTES` (413, before it is parsed), a fault (500)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handle = super().get_route_handler()
@@ -69,6 +71,8 @@ class OperatorRoute(APIRoute):
                 return refusal(_invalid(invalid.errors()))
             except errors.OperatorError as refused:
                 return refusal(refused)
+            except HTTPException:  # FastAPI's, for a body it cannot decode (not UTF-8, too deep)
+                return refusal(UNREADABLE)
             except Exception:
                 log.exception("operator API request %s %s failed", request.method, self.path)
                 left = deadline.remaining()
@@ -115,8 +119,7 @@ def route(method: str, path: str, tag: str, summary: str, answer: Answer,
 
 def root(request: Request) -> OperationsRoot:
     """The app's composition root, which :func:`operator_api.app.build` keeps in its state."""
-    built: OperationsRoot = request.app.state.root
-    return built
+    return cast(OperationsRoot, request.app.state.root)
 
 
 async def context(request: Request) -> OperatorContext:

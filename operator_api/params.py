@@ -4,11 +4,11 @@ values itself."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypeVar
 
 import fastapi
 from fastapi import Path
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator
 
 from adapters.settings import QUEUE_SETTINGS
 from service.operations.queries import ORDER_ID_FORM, alert_sequence
@@ -23,8 +23,5 @@ SequenceNumber = Annotated[
 QueueRole = Annotated[
     str, Path(description="The queue's role", json_schema_extra={"enum": list(QUEUE_SETTINGS)})
 ]
-
-
-class Query:
-    def __class_getitem__(cls, model: type) -> Any:
-        return Annotated[model, fastapi.Query()]
+Listing = TypeVar("Listing", bound=BaseModel)
+Query = Annotated[Listing, fastapi.Query()]

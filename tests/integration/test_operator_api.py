@@ -272,6 +272,8 @@ async def test_an_action_without_a_signed_in_caller_is_refused_and_changes_nothi
         ),
         ("cancel_order", {}, {"order_id": "o-1"}, b"{not json", 400, "invalid_json"),
         ("cancel_order", {}, {"order_id": "o-1"}, b"[1, 2]", 400, "invalid_json"),
+        ("cancel_order", {}, {"order_id": "o-1"}, b'{"reason": "\xff"}', 400, "invalid_json"),
+        ("cancel_order", {}, {"order_id": "o-1"}, b"[" * 5000 + b"]" * 5000, 400, "invalid_json"),
         (
             "cancel_order",
             {},
