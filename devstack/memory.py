@@ -36,13 +36,13 @@ from adapters.store.active_index import (
     index_row_key,
 )
 from adapters.store.purge_log import MAX_RECENT
+from adapters.store.records import OrderRecord
 from adapters.store.rows import (
     ActivePage,
     ActiveRow,
     AlreadyExists,
     ConcurrencyConflict,
     OrderNotFound,
-    OrderRecord,
     newest_first_key,
     utc,
 )

@@ -37,7 +37,6 @@ from adapters.store.rows import (
     ActiveRow,
     CorruptOrderState,
     OrderNotFound,
-    OrderRecord,
     etag_of,
     get_json,
     if_unchanged,
@@ -50,7 +49,7 @@ from adapters.store.state_store import OrderStateStore
 from adapters.tables import Entity, may_have_applied
 from domain import ids
 from domain.messages import OrderSubmitted
-from domain.order import Order, TimelineEntry
+from domain.order import Order, StepRecord, TimelineEntry
 from domain.retention import (
     MAX_BATCH,
     PURGEABLE_STATES,
@@ -63,6 +62,23 @@ from domain.states import ProcessState
 
 PURGE_MARKER_ROW: Final = "purging"
 """Written by the first transaction of a purge that needs several; deleted by the last."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OrderRecord:
+    """An order as operators see it: what was submitted and its state (timeline apart)."""
+
+    details: OrderSubmitted
+    payload_hash: str
+    process: Order
+
+    @property
+    def order_id(self) -> str:
+        return self.process.order_id
+
+    @property
+    def steps(self) -> tuple[StepRecord, ...]:
+        return self.process.steps
 
 
 class OrderRecords(OrderStateStore):

@@ -404,23 +404,6 @@ def timeline_from_entity(entity: Mapping[str, Any]) -> TimelineEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class OrderRecord:
-    """An order as operators see it: what was submitted and its state (timeline apart)."""
-
-    details: OrderSubmitted
-    payload_hash: str
-    process: Order
-
-    @property
-    def order_id(self) -> str:
-        return self.process.order_id
-
-    @property
-    def steps(self) -> tuple[StepRecord, ...]:
-        return self.process.steps
-
-
-@dataclass(frozen=True, slots=True)
 class AlreadyExists:
     """An order with this id exists. ``same_payload``: carry on; otherwise reject and alert."""
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from adapters.store.rows import OrderRecord
+from adapters.store.records import OrderRecord
 from domain.order import Order, StepRecord, TimelineEntry, valid_trace_parent
 from service.control import Action, Outcome
 from service.operations.step_activity import StepActivity, step_activity

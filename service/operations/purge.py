@@ -14,7 +14,7 @@ from typing import Any, Final
 from adapters import archive_reading as archive
 from adapters.archive import ArchiveError
 from adapters.retention_settings import retention_of
-from adapters.store.rows import OrderRecord
+from adapters.store.records import OrderRecord
 from domain.retention import PURGEABLE_STATES
 from domain.states import ProcessState
 from service.listing import MAX_LIMIT

@@ -84,7 +84,7 @@ def test_status_shows_each_steps_state_generation_and_attempts(monkeypatch):
 
     from rich.console import Console
 
-    from adapters.store.rows import OrderRecord
+    from adapters.store.records import OrderRecord
     from domain.order import Order, StepRecord, StepState, TimelineEntry
     from domain.states import ProcessState
     from service.operations.models import OrderDetail
