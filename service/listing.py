@@ -48,8 +48,8 @@ from typing import Any, Final
 
 from adapters.store.active_index import ActiveRow
 from adapters.store.error_index import ERROR_PARTITION, ErrorRow
-from adapters.store.records import OrderRecords
 from adapters.store.rows import PROCESS_ROW, etag_of, order_from_entity, utc
+from adapters.store.state_store import OrderStateStore
 from adapters.tables import Table
 from domain.order import Order
 from domain.states import ProcessState
@@ -129,7 +129,7 @@ class OrderListing:
 
 
 async def list_orders(
-    store: OrderRecords,
+    store: OrderStateStore,
     state: ProcessState,
     *,
     where: OrderFilter = ANY,
@@ -206,7 +206,7 @@ class _Scan:
     iteration stops (or is stopped), ``position`` is the key after which to go on and
     ``exhausted`` says there is nothing after it."""
 
-    store: OrderRecords
+    store: OrderStateStore
     history: Table | None
     state: ProcessState
     where: OrderFilter
@@ -300,7 +300,7 @@ def _resume_at(token: Any) -> tuple[str, str]:
 
 
 async def _fetch(
-    store: OrderRecords, state: ProcessState, size: int, after: tuple[str, str] | None
+    store: OrderStateStore, state: ProcessState, size: int, after: tuple[str, str] | None
 ) -> tuple[tuple[ActiveRow, ...] | tuple[ErrorRow, ...], bool]:
     if state is ProcessState.ERROR:
         page = await store.errors.page(size, after=after[1] if after else None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Final
 
 from azure.core.exceptions import AzureError
@@ -84,10 +85,10 @@ class OrderRecord:
 class OrderRecords(OrderStateStore):
     """The state store with operators' reads, their annotations and the retention purge."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.purges = PurgeLog(self._orders)
+    @cached_property
+    def purges(self) -> PurgeLog:
         """The record of purge runs (a partition of the orders table)."""
+        return PurgeLog(self._orders)
 
     # ------------------------------------------------------------------------------ reads
 

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from adapters.store.records import OrderRecords
+from adapters.store.state_store import OrderStateStore
 from domain import ids
 from domain.order import Order
 from domain.states import ProcessState
@@ -48,7 +48,7 @@ def states_for(action: BulkAction, state: object) -> tuple[ProcessState, ...]:
 
 
 async def select(
-    store: OrderRecords,
+    store: OrderStateStore,
     states: Sequence[ProcessState],
     where: OrderFilter,
     limit: int,

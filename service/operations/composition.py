@@ -10,6 +10,7 @@ from __future__ import annotations
 from adapters.archive_reading import ReadableBlobArchive
 from adapters.retention_settings import RetentionSettings
 from adapters.store.records import OrderRecords
+from adapters.store.state_store import OrderStateStore
 from service.composition import Root
 from service.operations.context import OperatorContext
 from service.operations.summary import Summary
@@ -17,7 +18,7 @@ from service.purge import open_archive
 
 
 class OperationsRoot(Root):
-    store_type = OrderRecords
+    store_type: type[OrderStateStore] = OrderRecords
 
     def __init__(self, settings: RetentionSettings | None = None, **overrides: object) -> None:
         super().__init__(settings, **overrides)
